@@ -1,0 +1,147 @@
+//! fill, copy (strided copy and cast), unary, binary and ternary ops.
+//!
+//! Every kernel walks the output's shape with [`Walk`]; an all-`f32`, unit-stride run takes a
+//! fast path whose loop the compiler vectorises, everything else loads and stores through the
+//! dtype-converting [`Src`]/[`Dst`].
+
+use crate::storage::{Dst, Src};
+use crate::walk::Walk;
+use hal::{BinaryOp, DType, Layout, TernaryOp, UnaryOp};
+
+pub(crate) fn fill(out: Dst, layout: &Layout, value: f64) {
+    let walk = Walk::new(&layout.shape, [layout]);
+    let v = value as f32;
+    // Integers take the value directly so that large integers are not rounded through f32.
+    let ival = value.clamp(i32::MIN as f64, u32::MAX as f64) as i64;
+    walk.par_runs(|_, [o], [so], len| unsafe {
+        for j in 0..len as isize {
+            match out.dtype {
+                DType::I32 => *(out.ptr as *mut i32).offset(o + j * so) = ival.clamp(i32::MIN as i64, i32::MAX as i64) as i32,
+                DType::U32 => *(out.ptr as *mut u32).offset(o + j * so) = ival.clamp(0, u32::MAX as i64) as u32,
+                _ => out.store(o + j * so, v),
+            }
+        }
+    });
+}
+
+pub(crate) fn copy(src: Src, sl: &Layout, out: Dst, ol: &Layout) {
+    let walk = Walk::new(&ol.shape, [ol, sl]);
+    let same = src.dtype == out.dtype;
+    walk.par_runs(|_, [o, s], [so, ss], len| unsafe {
+        let n = len as isize;
+        if same {
+            // Bit-exact for every dtype, integers included.
+            match out.dtype.size_in_bytes() {
+                4 => {
+                    let (d, s0) = (out.ptr as *mut u32, src.ptr as *const u32);
+                    for j in 0..n {
+                        *d.offset(o + j * so) = *s0.offset(s + j * ss);
+                    }
+                }
+                _ => {
+                    let (d, s0) = (out.ptr as *mut u16, src.ptr as *const u16);
+                    for j in 0..n {
+                        *d.offset(o + j * so) = *s0.offset(s + j * ss);
+                    }
+                }
+            }
+        } else if !src.dtype.is_float() && !out.dtype.is_float() {
+            for j in 0..n {
+                let v = src.load_index(s + j * ss);
+                match out.dtype {
+                    DType::I32 => *(out.ptr as *mut i32).offset(o + j * so) = v.clamp(i32::MIN as i64, i32::MAX as i64) as i32,
+                    _ => *(out.ptr as *mut u32).offset(o + j * so) = v.clamp(0, u32::MAX as i64) as u32,
+                }
+            }
+        } else {
+            for j in 0..n {
+                out.store(o + j * so, src.load(s + j * ss));
+            }
+        }
+    });
+}
+
+/// Runs `f` elementwise; `fast` is the same function on plain `f32`s for the vectorised path.
+#[inline(always)]
+fn map1(x: Src, xl: &Layout, out: Dst, ol: &Layout, f: impl Fn(f32) -> f32 + Sync) {
+    let walk = Walk::new(&ol.shape, [ol, xl]);
+    let all_f32 = x.dtype == DType::F32 && out.dtype == DType::F32;
+    walk.par_runs(|_, [o, a], [so, sa], len| unsafe {
+        if all_f32 && so == 1 && sa == 1 {
+            let (d, s) = ((out.ptr as *mut f32).offset(o), (x.ptr as *const f32).offset(a));
+            for j in 0..len {
+                *d.add(j) = f(*s.add(j));
+            }
+        } else {
+            for j in 0..len as isize {
+                out.store(o + j * so, f(x.load(a + j * sa)));
+            }
+        }
+    });
+}
+
+pub(crate) fn unary(op: UnaryOp, x: Src, xl: &Layout, out: Dst, ol: &Layout) {
+    macro_rules! go {
+        ($($pat:pat => $f:expr),* $(,)?) => {
+            match op {
+                $($pat => map1(x, xl, out, ol, $f),)*
+                _ => map1(x, xl, out, ol, |v| op.apply(v)),
+            }
+        };
+    }
+    go! {
+        UnaryOp::Neg => |v: f32| -v,
+        UnaryOp::Abs => |v: f32| v.abs(),
+        UnaryOp::Relu => |v: f32| if v < 0.0 { 0.0 } else { v },
+        UnaryOp::Square => |v: f32| v * v,
+        UnaryOp::Exp => |v: f32| v.exp(),
+    }
+}
+
+#[inline(always)]
+fn map2(a: Src, al: &Layout, b: Src, bl: &Layout, out: Dst, ol: &Layout, f: impl Fn(f32, f32) -> f32 + Sync) {
+    let walk = Walk::new(&ol.shape, [ol, al, bl]);
+    let all_f32 = a.dtype == DType::F32 && b.dtype == DType::F32 && out.dtype == DType::F32;
+    walk.par_runs(|_, [o, x, y], [so, sx, sy], len| unsafe {
+        if all_f32 && so == 1 && sx == 1 && (sy == 1 || sy == 0) {
+            let d = (out.ptr as *mut f32).offset(o);
+            let p = (a.ptr as *const f32).offset(x);
+            let q = (b.ptr as *const f32).offset(y);
+            if sy == 1 {
+                for j in 0..len {
+                    *d.add(j) = f(*p.add(j), *q.add(j));
+                }
+            } else {
+                let c = *q;
+                for j in 0..len {
+                    *d.add(j) = f(*p.add(j), c);
+                }
+            }
+        } else {
+            for j in 0..len as isize {
+                out.store(o + j * so, f(a.load(x + j * sx), b.load(y + j * sy)));
+            }
+        }
+    });
+}
+
+pub(crate) fn binary(op: BinaryOp, a: Src, al: &Layout, b: Src, bl: &Layout, out: Dst, ol: &Layout) {
+    match op {
+        BinaryOp::Add => map2(a, al, b, bl, out, ol, |x, y| x + y),
+        BinaryOp::Sub => map2(a, al, b, bl, out, ol, |x, y| x - y),
+        BinaryOp::Mul => map2(a, al, b, bl, out, ol, |x, y| x * y),
+        BinaryOp::Div => map2(a, al, b, bl, out, ol, |x, y| x / y),
+        _ => map2(a, al, b, bl, out, ol, |x, y| op.apply(x, y)),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ternary(op: TernaryOp, a: Src, al: &Layout, b: Src, bl: &Layout, c: Src, cl: &Layout, out: Dst, ol: &Layout) {
+    let walk = Walk::new(&ol.shape, [ol, al, bl, cl]);
+    walk.par_runs(|_, [o, x, y, z], [so, sx, sy, sz], len| unsafe {
+        for j in 0..len as isize {
+            let v = op.apply(a.load(x + j * sx), b.load(y + j * sy), c.load(z + j * sz));
+            out.store(o + j * so, v);
+        }
+    });
+}

@@ -1,0 +1,356 @@
+//! The scalar program IR on the CPU: a vectorised interpreter.
+//!
+//! Compilation validates the program and assigns each value a register slot, reusing slots
+//! whose value is dead (liveness from [`Program::last_uses`]). A launch runs the instructions
+//! one at a time over blocks of [`LANES`] launch indices, so each instruction is a tight loop
+//! the compiler vectorises, and blocks run in parallel. Memory is accessed with relaxed
+//! atomics: plain loads and stores on x86 and ARM, but defined behaviour when two indices
+//! touch one element (which the IR allows).
+
+use crate::storage::CpuBuffer;
+use hal::ir::{Constant, Inst, IrBinary, IrCmp, IrUnary, Program, ScalarType};
+use hal::{DType, DeviceBuffer, Error, Result, bf16, f16};
+use rayon::prelude::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
+
+const LANES: usize = 64;
+type Reg = [u32; LANES];
+
+/// A compiled program: the program, each value's type and register slot.
+#[derive(Debug)]
+pub struct CompiledProgram {
+    pub program: Program,
+    types: Vec<Option<ScalarType>>,
+    slots: Vec<usize>,
+    n_slots: usize,
+}
+
+/// The CPU backend's kernel handle.
+#[derive(Clone, Debug)]
+pub struct CpuKernel(pub(crate) Arc<CompiledProgram>);
+
+impl CpuKernel {
+    pub fn program(&self) -> &Program {
+        &self.0.program
+    }
+    /// Registers the kernel needs per block of lanes (after slot reuse).
+    pub fn registers(&self) -> usize {
+        self.0.n_slots
+    }
+}
+
+pub(crate) fn compile(program: &Program) -> Result<CompiledProgram> {
+    let types = program.validate()?;
+    let last = program.last_uses();
+    let mut free: Vec<usize> = Vec::new();
+    let mut slots = vec![usize::MAX; program.insts.len()];
+    let mut n_slots = 0;
+    // Values whose last use is instruction `at` are freed after `at` defines its own value.
+    let mut dying: Vec<Vec<usize>> = vec![Vec::new(); program.insts.len()];
+    for (v, &l) in last.iter().enumerate() {
+        if types[v].is_some() {
+            dying[l].push(v);
+        }
+    }
+    for at in 0..program.insts.len() {
+        if types[at].is_some() {
+            slots[at] = free.pop().unwrap_or_else(|| {
+                n_slots += 1;
+                n_slots - 1
+            });
+        }
+        for &v in &dying[at] {
+            free.push(slots[v]);
+        }
+    }
+    Ok(CompiledProgram { program: program.clone(), types, slots, n_slots })
+}
+
+#[derive(Clone, Copy)]
+struct Mem {
+    ptr: *mut u8,
+    len: usize,
+    dtype: DType,
+}
+unsafe impl Send for Mem {}
+unsafe impl Sync for Mem {}
+
+impl Mem {
+    #[inline(always)]
+    fn load(&self, i: usize) -> u32 {
+        // SAFETY: the caller checked `i < len`; atomics make concurrent access defined.
+        unsafe {
+            match self.dtype {
+                DType::F32 | DType::I32 | DType::U32 => (*(self.ptr as *const AtomicU32).add(i)).load(Relaxed),
+                DType::F16 => f16::from_bits((*(self.ptr as *const AtomicU16).add(i)).load(Relaxed)).to_f32().to_bits(),
+                DType::BF16 => bf16::from_bits((*(self.ptr as *const AtomicU16).add(i)).load(Relaxed)).to_f32().to_bits(),
+            }
+        }
+    }
+    #[inline(always)]
+    fn store(&self, i: usize, bits: u32) {
+        unsafe {
+            match self.dtype {
+                DType::F32 | DType::I32 | DType::U32 => (*(self.ptr as *const AtomicU32).add(i)).store(bits, Relaxed),
+                DType::F16 => (*(self.ptr as *const AtomicU16).add(i)).store(f16::from_f32(f32::from_bits(bits)).to_bits(), Relaxed),
+                DType::BF16 => (*(self.ptr as *const AtomicU16).add(i)).store(bf16::from_f32(f32::from_bits(bits)).to_bits(), Relaxed),
+            }
+        }
+    }
+    #[inline(always)]
+    fn atomic_add(&self, i: usize, bits: u32) {
+        unsafe {
+            let a = &*(self.ptr as *const AtomicU32).add(i);
+            match self.dtype {
+                DType::F32 => {
+                    let mut cur = a.load(Relaxed);
+                    loop {
+                        let new = (f32::from_bits(cur) + f32::from_bits(bits)).to_bits();
+                        match a.compare_exchange_weak(cur, new, Relaxed, Relaxed) {
+                            Ok(_) => break,
+                            Err(seen) => cur = seen,
+                        }
+                    }
+                }
+                _ => {
+                    a.fetch_add(bits, Relaxed);
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn launch(k: &CompiledProgram, args: &[&CpuBuffer], n: usize) -> Result<()> {
+    let p = &k.program;
+    if args.len() != p.buffers.len() {
+        return Err(Error::InvalidArgument {
+            op: "launch",
+            detail: format!("program `{}` takes {} buffers, {} were bound", p.name, p.buffers.len(), args.len()),
+        });
+    }
+    for (i, (a, decl)) in args.iter().zip(&p.buffers).enumerate() {
+        if a.dtype() != decl.dtype {
+            return Err(Error::DTypeMismatch { op: "launch (buffer argument)", expected: decl.dtype, got: a.dtype() })
+                .map_err(|e| Error::InvalidArgument { op: "launch", detail: format!("buffer {i}: {e}") });
+        }
+    }
+    if n > u32::MAX as usize + 1 {
+        return Err(Error::InvalidArgument { op: "launch", detail: format!("{n} launch indices exceed the u32 index range") });
+    }
+    let mems: Vec<Mem> = args.iter().map(|a| Mem { ptr: a.0.as_ptr(), len: a.len(), dtype: a.dtype() }).collect();
+    // First out-of-range access, as (buffer index + 1) << 32 | element index; 0 = none.
+    let fault = AtomicU64::new(0);
+    const BLOCKS_PER_TASK: usize = 16;
+    let tasks = n.div_ceil(LANES * BLOCKS_PER_TASK);
+    (0..tasks).into_par_iter().for_each_init(
+        || vec![[0u32; LANES]; k.n_slots.max(1)],
+        |regs, t| {
+            let start = t * LANES * BLOCKS_PER_TASK;
+            let end = (start + LANES * BLOCKS_PER_TASK).min(n);
+            let mut s = start;
+            while s < end {
+                let lanes = LANES.min(end - s);
+                run_block(k, &mems, regs, s as u32, lanes, &fault);
+                s += lanes;
+            }
+        },
+    );
+    match fault.load(Relaxed) {
+        0 => Ok(()),
+        f => {
+            let (buf, idx) = ((f >> 32) - 1, f & 0xffff_ffff);
+            Err(Error::IndexOutOfRange { op: "launch (program load/store)", index: idx as i64, bound: mems[buf as usize].len })
+        }
+    }
+}
+
+#[inline(always)]
+fn f(x: u32) -> f32 {
+    f32::from_bits(x)
+}
+#[inline(always)]
+fn b(x: f32) -> u32 {
+    x.to_bits()
+}
+
+fn run_block(k: &CompiledProgram, mems: &[Mem], regs: &mut [Reg], base: u32, lanes: usize, fault: &AtomicU64) {
+    let record_fault = |buf: u32, idx: u32| {
+        let _ = fault.compare_exchange(0, ((buf as u64 + 1) << 32) | idx as u64, Relaxed, Relaxed);
+    };
+    for (at, inst) in k.program.insts.iter().enumerate() {
+        let ty = k.types[at];
+        let dst = k.slots[at];
+        // Copies of operand registers: a value's slot may be reused by this very instruction.
+        let op = |v: hal::ir::Value| k.slots[v.0 as usize];
+        match *inst {
+            Inst::Index => {
+                for (l, r) in regs[dst].iter_mut().enumerate() {
+                    *r = base.wrapping_add(l as u32);
+                }
+            }
+            Inst::Const(c) => {
+                let bits = match c {
+                    Constant::F32(x) | Constant::U32(x) => x,
+                    Constant::I32(x) => x as u32,
+                    Constant::Bool(x) => x as u32,
+                };
+                regs[dst] = [bits; LANES];
+            }
+            Inst::Load { buffer, index } => {
+                let (m, ix) = (mems[buffer.0 as usize], regs[op(index)]);
+                let mut out = [0u32; LANES];
+                for l in 0..lanes {
+                    let i = ix[l] as usize;
+                    if i < m.len {
+                        out[l] = m.load(i);
+                    } else {
+                        record_fault(buffer.0, ix[l]);
+                    }
+                }
+                regs[dst] = out;
+            }
+            Inst::Store { buffer, index, value } | Inst::AtomicAdd { buffer, index, value } => {
+                let (m, ix, val) = (mems[buffer.0 as usize], regs[op(index)], regs[op(value)]);
+                let atomic = matches!(inst, Inst::AtomicAdd { .. });
+                for l in 0..lanes {
+                    let i = ix[l] as usize;
+                    if i >= m.len {
+                        record_fault(buffer.0, ix[l]);
+                    } else if atomic {
+                        m.atomic_add(i, val[l]);
+                    } else {
+                        m.store(i, val[l]);
+                    }
+                }
+            }
+            Inst::Unary { op: u, x } => {
+                let xs = regs[op(x)];
+                let t = ty.expect("typed");
+                regs[dst] = unary(u, t, &xs);
+            }
+            Inst::Binary { op: o, a, b: bv } => {
+                let (xa, xb) = (regs[op(a)], regs[op(bv)]);
+                regs[dst] = binary(o, ty.expect("typed"), &xa, &xb);
+            }
+            Inst::Cmp { op: c, a, b: bv } => {
+                let (xa, xb) = (regs[op(a)], regs[op(bv)]);
+                let t = k.types[a.0 as usize].expect("typed");
+                regs[dst] = compare(c, t, &xa, &xb);
+            }
+            Inst::Fma { a, b: bv, c } => {
+                let (xa, xb, xc) = (regs[op(a)], regs[op(bv)], regs[op(c)]);
+                regs[dst] = std::array::from_fn(|l| b(f(xa[l]).mul_add(f(xb[l]), f(xc[l]))));
+            }
+            Inst::Select { cond, a, b: bv } => {
+                let (xc, xa, xb) = (regs[op(cond)], regs[op(a)], regs[op(bv)]);
+                regs[dst] = std::array::from_fn(|l| if xc[l] != 0 { xa[l] } else { xb[l] });
+            }
+            Inst::Cast { to, x } => {
+                let from = k.types[x.0 as usize].expect("typed");
+                let xs = regs[op(x)];
+                regs[dst] = std::array::from_fn(|l| cast(from, to, xs[l]));
+            }
+        }
+    }
+}
+
+fn cast(from: ScalarType, to: ScalarType, x: u32) -> u32 {
+    use ScalarType::*;
+    match (from, to) {
+        (a, b) if a == b => x,
+        (F32, I32) => f(x) as i32 as u32,
+        (F32, U32) => f(x) as u32,
+        (F32, Bool) => (f(x) != 0.0) as u32,
+        (I32, F32) => b(x as i32 as f32),
+        (U32, F32) => b(x as f32),
+        (Bool, F32) => b(x as f32),
+        (I32, U32) | (U32, I32) | (Bool, I32) | (Bool, U32) => x,
+        (I32, Bool) | (U32, Bool) => (x != 0) as u32,
+        _ => unreachable!("all pairs covered"),
+    }
+}
+
+fn unary(op: IrUnary, t: ScalarType, x: &Reg) -> Reg {
+    let fl = |g: fn(f32) -> f32| -> Reg { std::array::from_fn(|l| b(g(f(x[l])))) };
+    match (op, t) {
+        (IrUnary::Neg, ScalarType::F32) => fl(|v| -v),
+        (IrUnary::Neg, _) => std::array::from_fn(|l| (x[l] as i32).wrapping_neg() as u32),
+        (IrUnary::Abs, ScalarType::F32) => fl(f32::abs),
+        (IrUnary::Abs, ScalarType::I32) => std::array::from_fn(|l| (x[l] as i32).wrapping_abs() as u32),
+        (IrUnary::Abs, _) => *x,
+        (IrUnary::Not, ScalarType::Bool) => std::array::from_fn(|l| (x[l] == 0) as u32),
+        (IrUnary::Not, _) => std::array::from_fn(|l| !x[l]),
+        (IrUnary::Sqrt, _) => fl(f32::sqrt),
+        (IrUnary::Rsqrt, _) => fl(|v| 1.0 / v.sqrt()),
+        (IrUnary::Recip, _) => fl(|v| 1.0 / v),
+        (IrUnary::Exp, _) => fl(f32::exp),
+        (IrUnary::Exp2, _) => fl(f32::exp2),
+        (IrUnary::Log, _) => fl(f32::ln),
+        (IrUnary::Log2, _) => fl(f32::log2),
+        (IrUnary::Sin, _) => fl(f32::sin),
+        (IrUnary::Cos, _) => fl(f32::cos),
+        (IrUnary::Tan, _) => fl(f32::tan),
+        (IrUnary::Tanh, _) => fl(f32::tanh),
+        (IrUnary::Floor, _) => fl(f32::floor),
+        (IrUnary::Ceil, _) => fl(f32::ceil),
+    }
+}
+
+fn binary(op: IrBinary, t: ScalarType, x: &Reg, y: &Reg) -> Reg {
+    use ScalarType::*;
+    macro_rules! lanes {
+        (|$a:ident, $b2:ident| $e:expr) => {
+            std::array::from_fn(|l| {
+                let ($a, $b2) = (x[l], y[l]);
+                $e
+            })
+        };
+    }
+    match (op, t) {
+        (IrBinary::Add, F32) => lanes!(|p, q| b(f(p) + f(q))),
+        (IrBinary::Sub, F32) => lanes!(|p, q| b(f(p) - f(q))),
+        (IrBinary::Mul, F32) => lanes!(|p, q| b(f(p) * f(q))),
+        (IrBinary::Div, F32) => lanes!(|p, q| b(f(p) / f(q))),
+        (IrBinary::Rem, F32) => lanes!(|p, q| b(f(p) % f(q))),
+        (IrBinary::Min, F32) => lanes!(|p, q| b(f(p).min(f(q)))),
+        (IrBinary::Max, F32) => lanes!(|p, q| b(f(p).max(f(q)))),
+        (IrBinary::Pow, _) => lanes!(|p, q| b(f(p).powf(f(q)))),
+        (IrBinary::Atan2, _) => lanes!(|p, q| b(f(p).atan2(f(q)))),
+        (IrBinary::Add, _) => lanes!(|p, q| p.wrapping_add(q)),
+        (IrBinary::Sub, _) => lanes!(|p, q| p.wrapping_sub(q)),
+        (IrBinary::Mul, _) => lanes!(|p, q| p.wrapping_mul(q)),
+        (IrBinary::Div, I32) => lanes!(|p, q| if q == 0 { 0 } else { (p as i32).wrapping_div(q as i32) as u32 }),
+        (IrBinary::Div, _) => lanes!(|p, q| p.checked_div(q).unwrap_or(0)),
+        (IrBinary::Rem, I32) => lanes!(|p, q| if q == 0 { 0 } else { (p as i32).wrapping_rem(q as i32) as u32 }),
+        (IrBinary::Rem, _) => lanes!(|p, q| p.checked_rem(q).unwrap_or(0)),
+        (IrBinary::Min, I32) => lanes!(|p, q| (p as i32).min(q as i32) as u32),
+        (IrBinary::Max, I32) => lanes!(|p, q| (p as i32).max(q as i32) as u32),
+        (IrBinary::Min, _) => lanes!(|p, q| p.min(q)),
+        (IrBinary::Max, _) => lanes!(|p, q| p.max(q)),
+        (IrBinary::And, _) => lanes!(|p, q| p & q),
+        (IrBinary::Or, _) => lanes!(|p, q| p | q),
+        (IrBinary::Xor, _) => lanes!(|p, q| p ^ q),
+        (IrBinary::Shl, _) => lanes!(|p, q| p.wrapping_shl(q)),
+        (IrBinary::Shr, I32) => lanes!(|p, q| (p as i32).wrapping_shr(q) as u32),
+        (IrBinary::Shr, _) => lanes!(|p, q| p.wrapping_shr(q)),
+    }
+}
+
+fn compare(op: IrCmp, t: ScalarType, x: &Reg, y: &Reg) -> Reg {
+    fn pick<T: PartialOrd>(op: IrCmp, a: T, b: T) -> u32 {
+        (match op {
+            IrCmp::Eq => a == b,
+            IrCmp::Ne => a != b,
+            IrCmp::Lt => a < b,
+            IrCmp::Le => a <= b,
+            IrCmp::Gt => a > b,
+            IrCmp::Ge => a >= b,
+        }) as u32
+    }
+    std::array::from_fn(|l| match t {
+        ScalarType::F32 => pick(op, f(x[l]), f(y[l])),
+        ScalarType::I32 => pick(op, x[l] as i32, y[l] as i32),
+        _ => pick(op, x[l], y[l]),
+    })
+}

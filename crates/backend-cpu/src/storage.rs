@@ -1,0 +1,164 @@
+//! Buffer memory and typed element access.
+//!
+//! A [`CpuBuffer`] is an `Arc` over one 64-byte-aligned allocation. Kernels reach it through
+//! raw pointers ([`Src`], [`Dst`]) because an in-place elementwise op legitimately reads and
+//! writes one buffer; every access happens while the backend's execution lock is held (see
+//! `lib.rs`), so no two operations touch memory at once, and inside one operation the threads
+//! write disjoint elements.
+
+use hal::{DType, DeviceBuffer, Element, bf16, f16};
+use std::alloc::{Layout as AllocLayout, alloc_zeroed, dealloc};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+pub(crate) const ALIGN: usize = 64;
+
+pub(crate) struct Storage {
+    pub dtype: DType,
+    pub len: usize,
+    ptr: NonNull<u8>,
+    bytes: usize,
+}
+
+// SAFETY: the storage is plain memory; all access is serialised by the backend's execution lock
+// and disjoint between the threads of one operation.
+unsafe impl Send for Storage {}
+unsafe impl Sync for Storage {}
+
+impl Storage {
+    /// Zeroed storage, or `None` when the allocator refuses.
+    pub fn zeroed(dtype: DType, len: usize) -> Option<Self> {
+        let bytes = len.checked_mul(dtype.size_in_bytes())?;
+        if bytes == 0 {
+            let ptr = NonNull::new(ALIGN as *mut u8)?; // dangling, aligned, never dereferenced
+            return Some(Self { dtype, len, ptr, bytes });
+        }
+        let layout = AllocLayout::from_size_align(bytes, ALIGN).ok()?;
+        // SAFETY: layout has non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+        Some(Self { dtype, len, ptr, bytes })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            // SAFETY: allocated in `zeroed` with this exact layout.
+            unsafe { dealloc(self.ptr.as_ptr(), AllocLayout::from_size_align_unchecked(self.bytes, ALIGN)) }
+        }
+    }
+}
+
+/// A CPU buffer handle. Clones share memory.
+#[derive(Clone)]
+pub struct CpuBuffer(pub(crate) Arc<Storage>);
+
+impl std::fmt::Debug for CpuBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CpuBuffer({} x {})", self.0.len, self.0.dtype)
+    }
+}
+
+impl DeviceBuffer for CpuBuffer {
+    fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    fn len(&self) -> usize {
+        self.0.len
+    }
+    fn same_memory(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl CpuBuffer {
+    pub(crate) fn src(&self) -> Src {
+        Src { ptr: self.0.as_ptr(), dtype: self.0.dtype }
+    }
+    pub(crate) fn dst(&self) -> Dst {
+        Dst { ptr: self.0.as_ptr(), dtype: self.0.dtype }
+    }
+    /// The memory as a typed pointer; the caller has checked the dtype.
+    pub(crate) fn typed<T: Element>(&self) -> *mut T {
+        debug_assert_eq!(self.0.dtype, T::DTYPE);
+        self.0.as_ptr() as *mut T
+    }
+}
+
+/// Read access to elements of any dtype, as `f32`.
+#[derive(Clone, Copy)]
+pub(crate) struct Src {
+    pub ptr: *const u8,
+    pub dtype: DType,
+}
+
+/// Write access to elements of any dtype, from `f32`.
+#[derive(Clone, Copy)]
+pub(crate) struct Dst {
+    pub ptr: *mut u8,
+    pub dtype: DType,
+}
+
+// SAFETY: see the module documentation.
+unsafe impl Send for Src {}
+unsafe impl Sync for Src {}
+unsafe impl Send for Dst {}
+unsafe impl Sync for Dst {}
+
+impl Src {
+    /// Element `i` as `f32`. `i` lies inside the buffer (views are checked up front).
+    #[inline(always)]
+    pub unsafe fn load(self, i: isize) -> f32 {
+        unsafe {
+            match self.dtype {
+                DType::F32 => *(self.ptr as *const f32).offset(i),
+                DType::F16 => (*(self.ptr as *const f16).offset(i)).to_f32(),
+                DType::BF16 => (*(self.ptr as *const bf16).offset(i)).to_f32(),
+                DType::I32 => *(self.ptr as *const i32).offset(i) as f32,
+                DType::U32 => *(self.ptr as *const u32).offset(i) as f32,
+            }
+        }
+    }
+
+    /// Element `i` of an integer buffer as `i64` (for indices).
+    #[inline(always)]
+    pub unsafe fn load_index(self, i: isize) -> i64 {
+        unsafe {
+            match self.dtype {
+                DType::I32 => *(self.ptr as *const i32).offset(i) as i64,
+                DType::U32 => *(self.ptr as *const u32).offset(i) as i64,
+                _ => self.load(i) as i64,
+            }
+        }
+    }
+}
+
+impl Dst {
+    #[inline(always)]
+    pub unsafe fn store(self, i: isize, v: f32) {
+        unsafe {
+            match self.dtype {
+                DType::F32 => *(self.ptr as *mut f32).offset(i) = v,
+                DType::F16 => *(self.ptr as *mut f16).offset(i) = f16::from_f32(v),
+                DType::BF16 => *(self.ptr as *mut bf16).offset(i) = bf16::from_f32(v),
+                DType::I32 => *(self.ptr as *mut i32).offset(i) = v as i32,
+                DType::U32 => *(self.ptr as *mut u32).offset(i) = v as u32,
+            }
+        }
+    }
+    #[inline(always)]
+    pub fn as_u32(self) -> *mut u32 {
+        self.ptr as *mut u32
+    }
+    pub fn src(self) -> Src {
+        Src { ptr: self.ptr, dtype: self.dtype }
+    }
+}

@@ -1,0 +1,291 @@
+//! The [`Backend`] trait: every primitive, specified once.
+//!
+//! Conventions shared by all primitives:
+//! - Operands are [`View`]s: a buffer and a [`Layout`]. A view must lie inside its buffer
+//!   ([`Error::OutOfBounds`] otherwise). Views of zero elements are valid and do nothing,
+//!   except where a primitive says an empty input is an error.
+//! - Float storage (`f32`, `f16`, `bf16`) is loaded as `f32`, computed in `f32` (reductions
+//!   may accumulate wider), and rounded to the output dtype once, on store.
+//! - An output must not overlap an input, except that an elementwise primitive may write to an
+//!   input whose view is identical to the output's (in-place update).
+//! - Work is enqueued, not waited on: a primitive may return before the device finished.
+//!   [`Backend::read`] and [`Backend::synchronize`] wait.
+//! - Tolerances ("may differ from the CPU reference by") are stated per primitive. `u` is the
+//!   unit roundoff of the output dtype ([`DType::unit_roundoff`]).
+
+use crate::ir::Program;
+use crate::{
+    AdamParams, ArgReduceOp, BinaryOp, Capabilities, Conv2dGeometry, DType, DeviceInfo,
+    Distribution, Element, Error, Layout, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp,
+};
+
+/// A backend-owned buffer handle: cheap to clone (clones share the memory), freed (or returned
+/// to the backend's pool) when the last clone is dropped.
+pub trait DeviceBuffer: Clone + Send + Sync + std::fmt::Debug + 'static {
+    fn dtype(&self) -> DType;
+    /// Length in elements.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// True when both handles refer to the same memory.
+    fn same_memory(&self, other: &Self) -> bool;
+}
+
+/// An operand: a buffer seen through a layout.
+#[derive(Debug)]
+pub struct View<'a, Buf> {
+    pub buffer: &'a Buf,
+    pub layout: &'a Layout,
+}
+
+impl<Buf> Clone for View<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Buf> Copy for View<'_, Buf> {}
+
+impl<'a, Buf: DeviceBuffer> View<'a, Buf> {
+    pub fn new(buffer: &'a Buf, layout: &'a Layout) -> Self {
+        Self { buffer, layout }
+    }
+    pub fn dtype(&self) -> DType {
+        self.buffer.dtype()
+    }
+    pub fn shape(&self) -> &[usize] {
+        &self.layout.shape
+    }
+}
+
+/// A sparse matrix in compressed sparse row form: row `r` holds `values[k]` at column
+/// `col_indices[k]` for `k` in `row_offsets[r]..row_offsets[r + 1]`. `row_offsets` (`u32`,
+/// `rows + 1` entries, non-decreasing, starting at 0) and `col_indices` (`u32`) and `values`
+/// (`f32`) are contiguous buffers.
+#[derive(Debug)]
+pub struct Csr<'a, Buf> {
+    pub rows: usize,
+    pub cols: usize,
+    pub row_offsets: &'a Buf,
+    pub col_indices: &'a Buf,
+    pub values: &'a Buf,
+}
+
+/// A compute device and everything it can run.
+///
+/// Implemented by a cheap-to-clone handle. Workloads are generic over `B: Backend`; binaries
+/// pick the implementation at run time.
+pub trait Backend: Clone + Send + Sync + 'static {
+    type Buffer: DeviceBuffer;
+    /// A compiled scalar program.
+    type Kernel: Clone + Send + Sync + std::fmt::Debug;
+
+    // ----- device -----
+
+    fn info(&self) -> DeviceInfo;
+    fn capabilities(&self) -> Capabilities;
+    /// Waits until all enqueued work has finished; reports a deferred error if one occurred.
+    fn synchronize(&self) -> Result<()>;
+
+    // ----- memory -----
+
+    /// A zero-filled buffer of `len` elements. Fails with [`Error::AllocationTooLarge`] when
+    /// the size exceeds the device's largest buffer, [`Error::OutOfMemory`] when the device
+    /// cannot supply it now.
+    fn alloc(&self, dtype: DType, len: usize) -> Result<Self::Buffer>;
+    /// A new buffer holding `bytes` (little-endian elements of `dtype`).
+    fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<Self::Buffer>;
+    /// Overwrites the whole buffer with `bytes`, which must be exactly its size.
+    fn write_bytes(&self, dst: &Self::Buffer, bytes: &[u8]) -> Result<()>;
+    /// Waits for pending work and returns the buffer's contents.
+    fn read_bytes(&self, src: &Self::Buffer) -> Result<Vec<u8>>;
+
+    // ----- elementwise -----
+
+    /// Writes `value` (rounded to the dtype; integers truncate) to every element of `out`.
+    fn fill(&self, out: View<'_, Self::Buffer>, value: f64) -> Result<()>;
+
+    /// `out = src`, element by element, converting dtype (float to int truncates toward zero
+    /// and saturates, NaN gives 0). Shapes must be equal. This is both strided copy ("make
+    /// contiguous") and cast. Exact: backends agree bit for bit.
+    fn copy(&self, src: View<'_, Self::Buffer>, out: View<'_, Self::Buffer>) -> Result<()>;
+
+    /// `out = op(x)`; `x` broadcasts to `out`'s shape. Float dtypes only. Tolerance: exact for
+    /// Neg, Abs, Relu, LeakyRelu, Floor, Ceil, Round, Sign, Square, Affine, Clamp; otherwise
+    /// `4u + 2^-22` relative (the math library's last bits).
+    fn unary(&self, op: UnaryOp, x: View<'_, Self::Buffer>, out: View<'_, Self::Buffer>) -> Result<()>;
+
+    /// `out = op(a, b)`; `a` and `b` broadcast to `out`'s shape. `a` and `b` may have any
+    /// dtype (loaded as `f32`); `out` any dtype. Tolerance: exact for Add, Sub, Mul, Div, Max,
+    /// Min and comparisons; `4u + 2^-22` relative for Rem, Pow, Atan2.
+    fn binary(&self, op: BinaryOp, a: View<'_, Self::Buffer>, b: View<'_, Self::Buffer>, out: View<'_, Self::Buffer>) -> Result<()>;
+
+    /// `out = op(a, b, c)`, all broadcasting to `out`'s shape. Exact.
+    fn ternary(
+        &self,
+        op: TernaryOp,
+        a: View<'_, Self::Buffer>,
+        b: View<'_, Self::Buffer>,
+        c: View<'_, Self::Buffer>,
+        out: View<'_, Self::Buffer>,
+    ) -> Result<()>;
+
+    // ----- reductions -----
+
+    /// Reduces `x` over `axes` (distinct, each `< rank`). `out` has `x`'s shape with those axes
+    /// set to 1 (keep-dims). NaN propagates. Max and Min over an empty axis are an
+    /// [`Error::Empty`]. Tolerance for Sum and Mean: `|got - ref| <= 2^-20 * sum|x| + u|ref|`
+    /// (any summation order); Max and Min exact.
+    fn reduce(&self, op: ReduceOp, x: View<'_, Self::Buffer>, axes: &[usize], out: View<'_, Self::Buffer>) -> Result<()>;
+
+    /// The index (`u32`) of the largest / smallest element along `axis`; `out` has `x`'s shape
+    /// with `axis` set to 1. Ties give the lowest index; a NaN counts as the extreme (the first
+    /// NaN's index). An empty axis is an [`Error::Empty`]. Exact.
+    fn arg_reduce(&self, op: ArgReduceOp, x: View<'_, Self::Buffer>, axis: usize, out: View<'_, Self::Buffer>) -> Result<()>;
+
+    // ----- linear algebra -----
+
+    /// Batched matrix product `out = alpha * a @ b + beta * out` over rank-3 views
+    /// `a: [batch, m, k]`, `b: [batch, k, n]`, `out: [batch, m, n]` (rank-2 views are one
+    /// batch). Any strides, so transposed and broadcast (stride-0 batch) operands need no
+    /// copy. `a` and `b` share a float dtype; `beta == 0` ignores `out`'s old contents (even
+    /// NaN). Tolerance: `|got - ref| <= 2^-18 * k * (|a| @ |b|)` elementwise, plus `u|ref|`.
+    fn matmul(
+        &self,
+        a: View<'_, Self::Buffer>,
+        b: View<'_, Self::Buffer>,
+        out: View<'_, Self::Buffer>,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<()>;
+
+    /// Sparse matrix times dense vector: `y = alpha * A x + beta * y` (`f32`, contiguous `x` of
+    /// `cols` and `y` of `rows`). Column indices `>= cols` are an
+    /// [`Error::IndexOutOfRange`]. Tolerance as matmul with `k` the row's length.
+    fn spmv_csr(&self, a: Csr<'_, Self::Buffer>, x: &Self::Buffer, y: &Self::Buffer, alpha: f32, beta: f32) -> Result<()>;
+
+    // ----- indexing -----
+
+    /// `out[p] = x[p with p[axis] replaced by index[p]]` (PyTorch's `gather`). `index`
+    /// (`u32` or `i32`) and `out` have the same shape; `x` has the same rank, and for every
+    /// other dimension `index.shape[d] <= x.shape[d]`. `index_select` is a gather with an
+    /// index broadcast along the other dimensions. An index outside `0..x.shape[axis]` is an
+    /// [`Error::IndexOutOfRange`]. Exact.
+    fn gather(&self, x: View<'_, Self::Buffer>, axis: usize, index: View<'_, Self::Buffer>, out: View<'_, Self::Buffer>) -> Result<()>;
+
+    /// `out[p with p[axis] replaced by index[p]] += src[p]` for every `p` in `src`'s shape
+    /// (PyTorch's `scatter_add_`; `index_add` is the broadcast-index case). `index` and `src`
+    /// share a shape; `out` has the same rank, with `index.shape[d] <= out.shape[d]` off
+    /// `axis`. Float `out` only. Tolerance as Sum, with the terms landing in any order.
+    fn scatter_add(&self, src: View<'_, Self::Buffer>, axis: usize, index: View<'_, Self::Buffer>, out: View<'_, Self::Buffer>) -> Result<()>;
+
+    /// Unfolds NCHW patches into columns: `out[n, (c*kh + i)*kw + j, oy*ow + ox] =
+    /// x[n, c, oy*sh - ph + i*dh, ox*sw - pw + j*dw]` (0 where that falls in the padding).
+    /// `x` has the geometry's image shape, `out` its columns shape. Exact.
+    fn im2col(&self, x: View<'_, Self::Buffer>, geometry: &Conv2dGeometry, out: View<'_, Self::Buffer>) -> Result<()>;
+
+    /// The adjoint of [`Backend::im2col`]: `out` (image shape) is overwritten with the sum of
+    /// every column entry that reads each pixel. Tolerance as Sum.
+    fn col2im(&self, cols: View<'_, Self::Buffer>, geometry: &Conv2dGeometry, out: View<'_, Self::Buffer>) -> Result<()>;
+
+    // ----- clustering -----
+
+    /// For each row of `x: [n, d]`, the index (`u32`, into `out_index: [n]`) and squared
+    /// Euclidean distance (`f32`, into `out_distance: [n]`) of its nearest row of
+    /// `centroids: [m, d]`; ties give the lowest index. The reference computes
+    /// `sum_k (x_k - c_k)^2` in order of `k` with fused multiply-adds; backends may use the
+    /// expansion `|x|^2 - 2 x.c + |c|^2`. Tolerance: the distance within `2^-16 (|x|^2 + |c|^2)`
+    /// and, if the index differs, the reference's distance to the backend's centroid within the
+    /// same bound. `m == 0` with `n > 0` is an [`Error::Empty`].
+    fn nearest_centroid(
+        &self,
+        x: View<'_, Self::Buffer>,
+        centroids: View<'_, Self::Buffer>,
+        out_index: View<'_, Self::Buffer>,
+        out_distance: View<'_, Self::Buffer>,
+    ) -> Result<()>;
+
+    /// Per-segment sums of rows: `sums[s] = sum of w_i * x[i]` and `counts[s] = sum of w_i`
+    /// over rows `i` with `segment[i] == s` (`w_i = 1` without weights). `x: [n, d]`,
+    /// `segment: [n]` (`u32`), `weights: [n]`, `sums: [m, d]`, `counts: [m]` (both
+    /// overwritten). A segment id `>= m` is an [`Error::IndexOutOfRange`]. Deterministic on a
+    /// given backend. Tolerance as Sum.
+    fn segment_sum(
+        &self,
+        x: View<'_, Self::Buffer>,
+        segment: View<'_, Self::Buffer>,
+        weights: Option<View<'_, Self::Buffer>>,
+        sums: View<'_, Self::Buffer>,
+        counts: View<'_, Self::Buffer>,
+    ) -> Result<()>;
+
+    // ----- optimisers (contiguous f32 buffers of one length) -----
+
+    /// One SGD step as specified by [`SgdParams`]; `momentum_buffer` is required when
+    /// `momentum != 0`. Tolerance `8u` relative.
+    fn sgd_step(&self, param: &Self::Buffer, grad: &Self::Buffer, momentum_buffer: Option<&Self::Buffer>, p: &SgdParams) -> Result<()>;
+
+    /// One Adam / AdamW step as specified by [`AdamParams`]. Tolerance `16u` relative.
+    fn adam_step(&self, param: &Self::Buffer, grad: &Self::Buffer, m: &Self::Buffer, v: &Self::Buffer, p: &AdamParams) -> Result<()>;
+
+    // ----- random -----
+
+    /// Fills `out` (float) with the counter-based stream of [`crate::random`]: the element at
+    /// row-major position `i` of `out`'s shape gets `random_value(dist, seed, offset + i)`.
+    /// Uniform values are bit-exact across backends; normal values within `2^-20` absolute
+    /// of `std`-scaled reference.
+    fn random(&self, out: View<'_, Self::Buffer>, dist: Distribution, seed: u64, offset: u64) -> Result<()>;
+
+    // ----- scalar programs -----
+
+    /// Validates and compiles a program, or returns the cached kernel of a structurally equal
+    /// one.
+    fn compile(&self, program: &Program) -> Result<Self::Kernel>;
+
+    /// Runs the kernel for launch indices `0..n`. `args` bind the program's buffers in order
+    /// and must match their dtypes. Tolerance: exact for arithmetic, comparisons, select and
+    /// casts; `4u + 2^-22` relative per math function; atomic float adds as Sum.
+    fn launch(&self, kernel: &Self::Kernel, args: &[&Self::Buffer], n: usize) -> Result<()>;
+}
+
+/// Conveniences every backend gets for free.
+pub trait BackendExt: Backend {
+    /// A new buffer holding `data`.
+    fn upload<T: Element>(&self, data: &[T]) -> Result<Self::Buffer> {
+        self.upload_bytes(T::DTYPE, bytemuck::cast_slice(data))
+    }
+
+    /// Waits for pending work and returns the buffer's contents as `T`, which must be its dtype.
+    fn read<T: Element>(&self, src: &Self::Buffer) -> Result<Vec<T>> {
+        if src.dtype() != T::DTYPE {
+            return Err(Error::DTypeMismatch { op: "read", expected: src.dtype(), got: T::DTYPE });
+        }
+        let bytes = self.read_bytes(src)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Reads any float or integer buffer as `f32`.
+    fn read_f32(&self, src: &Self::Buffer) -> Result<Vec<f32>> {
+        let bytes = self.read_bytes(src)?;
+        fn conv<T: Element>(b: &[u8]) -> Vec<f32> {
+            bytemuck::pod_collect_to_vec::<u8, T>(b).into_iter().map(T::to_f32).collect()
+        }
+        Ok(match src.dtype() {
+            DType::F32 => conv::<f32>(&bytes),
+            DType::F16 => conv::<half::f16>(&bytes),
+            DType::BF16 => conv::<half::bf16>(&bytes),
+            DType::I32 => conv::<i32>(&bytes),
+            DType::U32 => conv::<u32>(&bytes),
+        })
+    }
+
+    /// Writes `data` over the whole of `dst`.
+    fn write<T: Element>(&self, dst: &Self::Buffer, data: &[T]) -> Result<()> {
+        if dst.dtype() != T::DTYPE {
+            return Err(Error::DTypeMismatch { op: "write", expected: dst.dtype(), got: T::DTYPE });
+        }
+        self.write_bytes(dst, bytemuck::cast_slice(data))
+    }
+}
+
+impl<B: Backend> BackendExt for B {}

@@ -1,0 +1,47 @@
+//! What a device is and what it can do.
+
+use crate::DType;
+
+/// The broad kind of a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    Cpu,
+    DiscreteGpu,
+    IntegratedGpu,
+    /// A software rasteriser or emulator (lavapipe, for instance).
+    Software,
+    Other,
+}
+
+/// A description of the device a backend runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The backend's short name: `cpu`, `wgpu`, `cuda`.
+    pub backend: &'static str,
+    /// The device's name as the driver reports it.
+    pub name: String,
+    pub kind: DeviceKind,
+    /// Total device memory in bytes (system memory for the CPU).
+    pub memory_total: u64,
+    /// Memory available now in bytes, as best the backend can tell.
+    pub memory_available: u64,
+}
+
+/// Which optional paths a backend offers. Workloads consult this instead of probing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Dtypes buffers may hold.
+    pub dtypes: Vec<DType>,
+    /// The largest single buffer in bytes.
+    pub max_buffer_bytes: u64,
+    /// Parallel workers (CPU threads, GPU streaming multiprocessors, ...).
+    pub parallelism: usize,
+    /// Float atomics in the IR's `AtomicAdd` are native rather than emulated.
+    pub native_float_atomics: bool,
+    /// Subgroup (warp) operations are available to the backend's kernels.
+    pub subgroups: bool,
+    /// Matrix units (tensor cores / cooperative matrices) are available to the backend.
+    pub matrix_units: bool,
+    /// `record`/`replay` capture launches into a device graph rather than re-running them.
+    pub graph_capture: bool,
+}

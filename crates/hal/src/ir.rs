@@ -1,0 +1,492 @@
+//! The scalar program IR: the open door for kernels that are not primitives (residuals and
+//! their Jacobians, fused elementwise chains).
+//!
+//! A [`Program`] is straight-line typed SSA run once per launch index `i` in `0..n`: each
+//! instruction defines at most one value, whose id is the instruction's position. Buffers are
+//! declared up front with a dtype and an access mode and bound at launch. Conditionals are
+//! expressed with [`Inst::Select`]; there are no loops or branches, which keeps every backend's
+//! lowering trivial and the program hashable.
+//!
+//! ```
+//! use hal::ir::{Access, ProgramBuilder, IrBinary};
+//! use hal::DType;
+//! // y[i] = a[i] * x[i] + y[i]
+//! let mut b = ProgramBuilder::new("axpy");
+//! let a = b.buffer(DType::F32, Access::Read);
+//! let x = b.buffer(DType::F32, Access::Read);
+//! let y = b.buffer(DType::F32, Access::ReadWrite);
+//! let i = b.index();
+//! let (av, xv, yv) = (b.load(a, i), b.load(x, i), b.load(y, i));
+//! let r = b.fma(av, xv, yv);
+//! b.store(y, i, r);
+//! let program = b.build().unwrap();
+//! assert_eq!(program.insts.len(), 6);
+//! # let _ = IrBinary::Add;
+//! ```
+//!
+//! Launch semantics (every backend): instructions run in order for each index; a load or store
+//! outside its buffer is an error ([`Error::IndexOutOfRange`]) — the CPU backend reports it
+//! when the launch returns, device backends when it is detected (a load then yields 0 and a
+//! store is dropped); two indices storing to one element leave one of the values, unspecified
+//! which; [`Inst::AtomicAdd`]s to one element all land, in an unspecified order.
+
+use crate::{DType, Error, Result};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+/// The type of an SSA value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScalarType {
+    F32,
+    I32,
+    U32,
+    Bool,
+}
+
+impl ScalarType {
+    /// The value type a load from a buffer of `dtype` yields (float storage loads as `F32`).
+    pub fn of_dtype(dtype: DType) -> ScalarType {
+        match dtype {
+            DType::F32 | DType::F16 | DType::BF16 => ScalarType::F32,
+            DType::I32 => ScalarType::I32,
+            DType::U32 => ScalarType::U32,
+        }
+    }
+}
+
+/// A value: the id of the instruction that defines it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Value(pub u32);
+
+/// A buffer parameter: its position in the launch arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BufferId(pub u32);
+
+/// How a program uses a buffer. Atomic adds need `ReadWrite`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    Read,
+    Write,
+    ReadWrite,
+}
+
+/// A declared buffer parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BufferParam {
+    pub dtype: DType,
+    pub access: Access,
+}
+
+/// A constant. Floats are stored as bits so programs hash and compare exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Constant {
+    F32(u32),
+    I32(i32),
+    U32(u32),
+    Bool(bool),
+}
+
+impl Constant {
+    pub fn ty(self) -> ScalarType {
+        match self {
+            Constant::F32(_) => ScalarType::F32,
+            Constant::I32(_) => ScalarType::I32,
+            Constant::U32(_) => ScalarType::U32,
+            Constant::Bool(_) => ScalarType::Bool,
+        }
+    }
+}
+
+/// One-operand IR functions. Float-only unless noted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IrUnary {
+    /// Any numeric type (wrapping for integers).
+    Neg,
+    /// Any numeric type (wrapping for `i32::MIN`).
+    Abs,
+    Sqrt,
+    Rsqrt,
+    Recip,
+    Exp,
+    Exp2,
+    Log,
+    Log2,
+    Sin,
+    Cos,
+    Tan,
+    Tanh,
+    Floor,
+    Ceil,
+    /// Bool or integer: logical / bitwise not.
+    Not,
+}
+
+/// Two-operand IR functions; both operands have the same type, as does the result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IrBinary {
+    /// Numeric types; integers wrap.
+    Add,
+    Sub,
+    Mul,
+    /// Integer division truncates toward zero; division by zero gives 0 for integers.
+    Div,
+    /// Remainder with the sign of the dividend (C's `%`, `fmod` for floats); 0 for integer
+    /// division by zero.
+    Rem,
+    /// Numeric; for floats the result with a NaN operand is unspecified.
+    Min,
+    Max,
+    /// Float only.
+    Pow,
+    /// Float only: `atan2(a, b)`.
+    Atan2,
+    /// Bool or integer.
+    And,
+    Or,
+    Xor,
+    /// Integers: shift by `b mod 32`.
+    Shl,
+    Shr,
+}
+
+/// Comparisons; both operands have the same numeric type; the result is `Bool`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IrCmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+/// One instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Inst {
+    /// The launch index `i` (`U32`).
+    Index,
+    Const(Constant),
+    /// Loads element `index` (`U32`) of a buffer.
+    Load { buffer: BufferId, index: Value },
+    Unary { op: IrUnary, x: Value },
+    Binary { op: IrBinary, a: Value, b: Value },
+    Cmp { op: IrCmp, a: Value, b: Value },
+    /// `a * b + c` with one rounding (`F32`).
+    Fma { a: Value, b: Value, c: Value },
+    /// `cond ? a : b`.
+    Select { cond: Value, a: Value, b: Value },
+    /// Numeric conversion: float to int truncates toward zero and saturates (NaN gives 0);
+    /// `Bool` converts to and from 0/1.
+    Cast { to: ScalarType, x: Value },
+    /// Stores `value` at element `index` (rounding floats to the buffer's dtype). Defines no value.
+    Store { buffer: BufferId, index: Value, value: Value },
+    /// Atomically adds `value` to element `index` of an `F32`, `I32` or `U32` buffer. Defines no value.
+    AtomicAdd { buffer: BufferId, index: Value, value: Value },
+}
+
+impl Inst {
+    /// The values this instruction reads.
+    pub fn operands(&self) -> impl Iterator<Item = Value> {
+        let ops: [Option<Value>; 3] = match *self {
+            Inst::Index | Inst::Const(_) => [None, None, None],
+            Inst::Load { index, .. } => [Some(index), None, None],
+            Inst::Unary { x, .. } | Inst::Cast { x, .. } => [Some(x), None, None],
+            Inst::Binary { a, b, .. } | Inst::Cmp { a, b, .. } => [Some(a), Some(b), None],
+            Inst::Fma { a, b, c } => [Some(a), Some(b), Some(c)],
+            Inst::Select { cond, a, b } => [Some(cond), Some(a), Some(b)],
+            Inst::Store { index, value, .. } | Inst::AtomicAdd { index, value, .. } => [Some(index), Some(value), None],
+        };
+        ops.into_iter().flatten()
+    }
+}
+
+/// A validated program: plain data, hashable, printable.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Program {
+    /// A name for reports and errors; not part of the structural hash.
+    pub name: String,
+    pub buffers: Vec<BufferParam>,
+    pub insts: Vec<Inst>,
+}
+
+/// FNV-1a, 64-bit: a hasher whose output is the same in every process and on every machine,
+/// so structural hashes can name cached kernels on disk too.
+struct Fnv1a(u64);
+
+impl Hasher for Fnv1a {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+impl Program {
+    /// Checks that every operand is defined before use and that types, buffer ids and access
+    /// modes agree; returns the type of each instruction's value (`None` for stores).
+    pub fn validate(&self) -> Result<Vec<Option<ScalarType>>> {
+        let err = |at: usize, detail: String| Error::InvalidProgram {
+            program: self.name.clone(),
+            detail: format!("instruction {at} ({:?}): {detail}", self.insts.get(at)),
+        };
+        let mut types: Vec<Option<ScalarType>> = Vec::with_capacity(self.insts.len());
+        for (at, inst) in self.insts.iter().enumerate() {
+            for v in inst.operands() {
+                if v.0 as usize >= at || types[v.0 as usize].is_none() {
+                    return Err(err(at, format!("operand %{} is not a value defined earlier", v.0)));
+                }
+            }
+            let ty = |v: Value| types[v.0 as usize].unwrap();
+            let buffer = |id: BufferId| {
+                self.buffers.get(id.0 as usize).copied().ok_or_else(|| err(at, format!("buffer {} is not declared", id.0)))
+            };
+            use ScalarType::*;
+            let t = match *inst {
+                Inst::Index => Some(U32),
+                Inst::Const(c) => Some(c.ty()),
+                Inst::Load { buffer: id, index } => {
+                    let p = buffer(id)?;
+                    if p.access == Access::Write {
+                        return Err(err(at, "load from a write-only buffer".into()));
+                    }
+                    if ty(index) != U32 {
+                        return Err(err(at, "index must be u32".into()));
+                    }
+                    Some(ScalarType::of_dtype(p.dtype))
+                }
+                Inst::Unary { op, x } => {
+                    let t = ty(x);
+                    let ok = match op {
+                        IrUnary::Neg | IrUnary::Abs => t != Bool,
+                        IrUnary::Not => t != F32,
+                        _ => t == F32,
+                    };
+                    if !ok {
+                        return Err(err(at, format!("{op:?} does not take {t:?}")));
+                    }
+                    Some(t)
+                }
+                Inst::Binary { op, a, b } => {
+                    let (ta, tb) = (ty(a), ty(b));
+                    if ta != tb {
+                        return Err(err(at, format!("operand types differ: {ta:?} and {tb:?}")));
+                    }
+                    let ok = match op {
+                        IrBinary::Add | IrBinary::Sub | IrBinary::Mul | IrBinary::Div | IrBinary::Rem | IrBinary::Min | IrBinary::Max => ta != Bool,
+                        IrBinary::Pow | IrBinary::Atan2 => ta == F32,
+                        IrBinary::And | IrBinary::Or | IrBinary::Xor => ta != F32,
+                        IrBinary::Shl | IrBinary::Shr => ta == I32 || ta == U32,
+                    };
+                    if !ok {
+                        return Err(err(at, format!("{op:?} does not take {ta:?}")));
+                    }
+                    Some(ta)
+                }
+                Inst::Cmp { a, b, .. } => {
+                    if ty(a) != ty(b) || ty(a) == Bool {
+                        return Err(err(at, format!("cannot compare {:?} with {:?}", ty(a), ty(b))));
+                    }
+                    Some(Bool)
+                }
+                Inst::Fma { a, b, c } => {
+                    if [a, b, c].iter().any(|&v| ty(v) != F32) {
+                        return Err(err(at, "fma takes f32 operands".into()));
+                    }
+                    Some(F32)
+                }
+                Inst::Select { cond, a, b } => {
+                    if ty(cond) != Bool || ty(a) != ty(b) {
+                        return Err(err(at, "select needs a bool condition and operands of one type".into()));
+                    }
+                    Some(ty(a))
+                }
+                Inst::Cast { to, .. } => Some(to),
+                Inst::Store { buffer: id, index, value } | Inst::AtomicAdd { buffer: id, index, value } => {
+                    let p = buffer(id)?;
+                    let atomic = matches!(inst, Inst::AtomicAdd { .. });
+                    if p.access == Access::Read || (atomic && p.access != Access::ReadWrite) {
+                        return Err(err(at, format!("buffer {} is declared {:?}", id.0, p.access)));
+                    }
+                    if atomic && !matches!(p.dtype, DType::F32 | DType::I32 | DType::U32) {
+                        return Err(err(at, format!("atomic add into {} is not supported", p.dtype)));
+                    }
+                    if ty(index) != U32 {
+                        return Err(err(at, "index must be u32".into()));
+                    }
+                    if ty(value) != ScalarType::of_dtype(p.dtype) {
+                        return Err(err(at, format!("a {:?} value cannot be stored into a {} buffer", ty(value), p.dtype)));
+                    }
+                    None
+                }
+            };
+            types.push(t);
+        }
+        Ok(types)
+    }
+
+    /// A hash of the program's structure (buffers and instructions, not its name), stable
+    /// across processes: the key under which backends cache compiled kernels.
+    pub fn structural_hash(&self) -> u64 {
+        let mut h = Fnv1a(0xcbf2_9ce4_8422_2325);
+        self.buffers.hash(&mut h);
+        self.insts.hash(&mut h);
+        h.finish()
+    }
+
+    /// For each instruction, the index of the last instruction that reads its value (itself
+    /// when nothing does). Backends use it to reuse registers.
+    pub fn last_uses(&self) -> Vec<usize> {
+        let mut last: Vec<usize> = (0..self.insts.len()).collect();
+        for (at, inst) in self.insts.iter().enumerate() {
+            for v in inst.operands() {
+                last[v.0 as usize] = at;
+            }
+        }
+        last
+    }
+}
+
+impl fmt::Display for Program {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "program {} {{", self.name)?;
+        for (i, p) in self.buffers.iter().enumerate() {
+            writeln!(f, "  buffer b{i}: {} {:?}", p.dtype, p.access)?;
+        }
+        for (i, inst) in self.insts.iter().enumerate() {
+            match inst {
+                Inst::Store { .. } | Inst::AtomicAdd { .. } => writeln!(f, "  {inst:?}")?,
+                _ => writeln!(f, "  %{i} = {inst:?}")?,
+            }
+        }
+        write!(f, "}}")
+    }
+}
+
+/// Appends instructions and returns their values. Type errors are reported by
+/// [`ProgramBuilder::build`], which validates the whole program.
+#[derive(Debug)]
+pub struct ProgramBuilder {
+    program: Program,
+}
+
+impl ProgramBuilder {
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { program: Program { name: name.into(), buffers: Vec::new(), insts: Vec::new() } }
+    }
+
+    /// Declares the next buffer parameter.
+    pub fn buffer(&mut self, dtype: DType, access: Access) -> BufferId {
+        self.program.buffers.push(BufferParam { dtype, access });
+        BufferId(self.program.buffers.len() as u32 - 1)
+    }
+
+    /// Appends any instruction; returns the value it defines (meaningless for stores).
+    pub fn push(&mut self, inst: Inst) -> Value {
+        self.program.insts.push(inst);
+        Value(self.program.insts.len() as u32 - 1)
+    }
+
+    pub fn index(&mut self) -> Value {
+        self.push(Inst::Index)
+    }
+    pub fn const_f32(&mut self, v: f32) -> Value {
+        self.push(Inst::Const(Constant::F32(v.to_bits())))
+    }
+    pub fn const_u32(&mut self, v: u32) -> Value {
+        self.push(Inst::Const(Constant::U32(v)))
+    }
+    pub fn const_i32(&mut self, v: i32) -> Value {
+        self.push(Inst::Const(Constant::I32(v)))
+    }
+    pub fn const_bool(&mut self, v: bool) -> Value {
+        self.push(Inst::Const(Constant::Bool(v)))
+    }
+    pub fn load(&mut self, buffer: BufferId, index: Value) -> Value {
+        self.push(Inst::Load { buffer, index })
+    }
+    pub fn unary(&mut self, op: IrUnary, x: Value) -> Value {
+        self.push(Inst::Unary { op, x })
+    }
+    pub fn binary(&mut self, op: IrBinary, a: Value, b: Value) -> Value {
+        self.push(Inst::Binary { op, a, b })
+    }
+    pub fn add(&mut self, a: Value, b: Value) -> Value {
+        self.binary(IrBinary::Add, a, b)
+    }
+    pub fn sub(&mut self, a: Value, b: Value) -> Value {
+        self.binary(IrBinary::Sub, a, b)
+    }
+    pub fn mul(&mut self, a: Value, b: Value) -> Value {
+        self.binary(IrBinary::Mul, a, b)
+    }
+    pub fn div(&mut self, a: Value, b: Value) -> Value {
+        self.binary(IrBinary::Div, a, b)
+    }
+    pub fn cmp(&mut self, op: IrCmp, a: Value, b: Value) -> Value {
+        self.push(Inst::Cmp { op, a, b })
+    }
+    pub fn fma(&mut self, a: Value, b: Value, c: Value) -> Value {
+        self.push(Inst::Fma { a, b, c })
+    }
+    pub fn select(&mut self, cond: Value, a: Value, b: Value) -> Value {
+        self.push(Inst::Select { cond, a, b })
+    }
+    pub fn cast(&mut self, to: ScalarType, x: Value) -> Value {
+        self.push(Inst::Cast { to, x })
+    }
+    pub fn store(&mut self, buffer: BufferId, index: Value, value: Value) {
+        self.push(Inst::Store { buffer, index, value });
+    }
+    pub fn atomic_add(&mut self, buffer: BufferId, index: Value, value: Value) {
+        self.push(Inst::AtomicAdd { buffer, index, value });
+    }
+
+    /// Validates and returns the program.
+    pub fn build(self) -> Result<Program> {
+        self.program.validate()?;
+        Ok(self.program)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_catches_type_and_access_errors() {
+        let mut b = ProgramBuilder::new("bad");
+        let x = b.buffer(DType::F32, Access::Read);
+        let i = b.index();
+        let v = b.load(x, i);
+        b.store(x, i, v); // store into a read-only buffer
+        assert!(matches!(b.build(), Err(Error::InvalidProgram { .. })));
+
+        let mut b = ProgramBuilder::new("bad2");
+        let x = b.buffer(DType::F32, Access::ReadWrite);
+        let i = b.index();
+        let one = b.const_u32(1);
+        let v = b.load(x, i);
+        let s = b.add(v, one); // f32 + u32
+        b.store(x, i, s);
+        assert!(b.build().is_err());
+    }
+
+    #[test]
+    fn structural_hash_ignores_the_name() {
+        let make = |name: &str, c: f32| {
+            let mut b = ProgramBuilder::new(name);
+            let x = b.buffer(DType::F32, Access::ReadWrite);
+            let i = b.index();
+            let v = b.load(x, i);
+            let k = b.const_f32(c);
+            let r = b.mul(v, k);
+            b.store(x, i, r);
+            b.build().unwrap()
+        };
+        assert_eq!(make("a", 2.0).structural_hash(), make("b", 2.0).structural_hash());
+        assert_ne!(make("a", 2.0).structural_hash(), make("a", 3.0).structural_hash());
+    }
+}

@@ -1,0 +1,296 @@
+//! Views: a shape, strides and an offset over a buffer's elements.
+//!
+//! Every primitive takes its operands as a buffer plus a [`Layout`]. Movement operations
+//! (permute, transpose, broadcast, narrow, flip, step, reshape of a contiguous view) only build a
+//! new `Layout`; no data moves until a primitive reads through it.
+
+use crate::{Error, Result};
+
+/// A strided view of a buffer. Strides are in elements and may be zero (broadcast) or negative
+/// (flip). Element `[i0, i1, ...]` lives at `offset + sum(i_k * strides[k])`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    pub shape: Vec<usize>,
+    pub strides: Vec<isize>,
+    pub offset: usize,
+}
+
+/// Row-major strides of a contiguous tensor of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
+    let mut strides = vec![0isize; shape.len()];
+    let mut acc = 1isize;
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc = acc.saturating_mul(d.max(1) as isize);
+    }
+    strides
+}
+
+/// The number of elements of `shape` (1 for a scalar, 0 when any dimension is 0).
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// The shape two operands broadcast to, by NumPy's rules (align on the right; a dimension of 1
+/// stretches). Fails with [`Error::ShapeMismatch`] naming both shapes.
+pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    let mut out = vec![0; rank];
+    for i in 0..rank {
+        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
+        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => {
+                return Err(Error::ShapeMismatch {
+                    op,
+                    expected: a.to_vec(),
+                    got: b.to_vec(),
+                    detail: "shapes cannot be broadcast together".into(),
+                });
+            }
+        };
+    }
+    Ok(out)
+}
+
+impl Layout {
+    /// A contiguous row-major view of `shape` starting at element 0.
+    pub fn contiguous(shape: &[usize]) -> Self {
+        Self { shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 }
+    }
+
+    /// A view with explicit strides and offset. Whether it fits a buffer is checked by the
+    /// primitive that uses it ([`Layout::check_fits`]).
+    pub fn strided(shape: &[usize], strides: &[isize], offset: usize) -> Result<Self> {
+        if shape.len() != strides.len() {
+            return Err(Error::InvalidArgument {
+                op: "Layout::strided",
+                detail: format!("shape {:?} has rank {} but strides {:?} have rank {}", shape, shape.len(), strides, strides.len()),
+            });
+        }
+        Ok(Self { shape: shape.to_vec(), strides: strides.to_vec(), offset })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+
+    /// True when the view is row-major contiguous (any offset). Dimensions of size 1 may have
+    /// any stride.
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1isize;
+        for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if d != 1 && s != expected {
+                return false;
+            }
+            expected *= d as isize;
+        }
+        true
+    }
+
+    /// The lowest and highest element index the view touches, or `None` for an empty view.
+    pub fn address_range(&self) -> Option<(isize, isize)> {
+        if self.numel() == 0 {
+            return None;
+        }
+        let (mut lo, mut hi) = (self.offset as isize, self.offset as isize);
+        for (&d, &s) in self.shape.iter().zip(&self.strides) {
+            let span = (d as isize - 1) * s;
+            if span < 0 {
+                lo += span;
+            } else {
+                hi += span;
+            }
+        }
+        Some((lo, hi))
+    }
+
+    /// Checks that every element of the view lies inside a buffer of `len` elements.
+    pub fn check_fits(&self, op: &'static str, len: usize) -> Result<()> {
+        match self.address_range() {
+            None => Ok(()),
+            Some((lo, hi)) if lo >= 0 && (hi as usize) < len => Ok(()),
+            Some((lo, hi)) => Err(Error::OutOfBounds {
+                op,
+                detail: format!(
+                    "view {self:?} touches elements {lo}..={hi} of a buffer of {len} elements"
+                ),
+            }),
+        }
+    }
+
+    /// Reorders the dimensions: dimension `i` of the result is dimension `perm[i]` of `self`.
+    pub fn permute(&self, perm: &[usize]) -> Result<Self> {
+        let mut seen = vec![false; self.rank()];
+        if perm.len() != self.rank() || perm.iter().any(|&p| p >= self.rank() || std::mem::replace(&mut seen[p], true)) {
+            return Err(Error::InvalidArgument {
+                op: "permute",
+                detail: format!("{perm:?} is not a permutation of 0..{}", self.rank()),
+            });
+        }
+        Ok(Self {
+            shape: perm.iter().map(|&p| self.shape[p]).collect(),
+            strides: perm.iter().map(|&p| self.strides[p]).collect(),
+            offset: self.offset,
+        })
+    }
+
+    /// Swaps two dimensions.
+    pub fn transpose(&self, a: usize, b: usize) -> Result<Self> {
+        let mut perm: Vec<usize> = (0..self.rank()).collect();
+        if a >= self.rank() || b >= self.rank() {
+            return Err(self.axis_error("transpose", a.max(b)));
+        }
+        perm.swap(a, b);
+        self.permute(&perm)
+    }
+
+    /// Broadcasts the view to `shape` (NumPy rules): new leading dimensions and stretched
+    /// size-1 dimensions get stride 0.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Self> {
+        let target = broadcast_shapes("broadcast_to", &self.shape, shape)?;
+        if target != shape {
+            return Err(Error::ShapeMismatch {
+                op: "broadcast_to",
+                expected: shape.to_vec(),
+                got: self.shape.clone(),
+                detail: "the view cannot be broadcast to the requested shape".into(),
+            });
+        }
+        let pad = shape.len() - self.rank();
+        let strides = (0..shape.len())
+            .map(|i| if i < pad || self.shape[i - pad] != shape[i] { 0 } else { self.strides[i - pad] })
+            .collect();
+        Ok(Self { shape: shape.to_vec(), strides, offset: self.offset })
+    }
+
+    /// Keeps `len` elements of dimension `axis` starting at `start`.
+    pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Result<Self> {
+        if axis >= self.rank() {
+            return Err(self.axis_error("narrow", axis));
+        }
+        if start.checked_add(len).is_none_or(|end| end > self.shape[axis]) {
+            return Err(Error::InvalidArgument {
+                op: "narrow",
+                detail: format!("range {start}..{} exceeds dimension {axis} of size {}", start + len, self.shape[axis]),
+            });
+        }
+        let mut out = self.clone();
+        if len > 0 {
+            out.offset = (self.offset as isize + start as isize * self.strides[axis]) as usize;
+        }
+        out.shape[axis] = len;
+        Ok(out)
+    }
+
+    /// Reverses dimension `axis`.
+    pub fn flip(&self, axis: usize) -> Result<Self> {
+        if axis >= self.rank() {
+            return Err(self.axis_error("flip", axis));
+        }
+        let mut out = self.clone();
+        if self.shape[axis] > 0 {
+            out.offset = (self.offset as isize + (self.shape[axis] as isize - 1) * self.strides[axis]) as usize;
+        }
+        out.strides[axis] = -self.strides[axis];
+        Ok(out)
+    }
+
+    /// Keeps every `step`-th element of dimension `axis` (like `x[::step]`).
+    pub fn step(&self, axis: usize, step: usize) -> Result<Self> {
+        if axis >= self.rank() {
+            return Err(self.axis_error("step", axis));
+        }
+        if step == 0 {
+            return Err(Error::InvalidArgument { op: "step", detail: "step must be at least 1".into() });
+        }
+        let mut out = self.clone();
+        out.shape[axis] = self.shape[axis].div_ceil(step);
+        out.strides[axis] *= step as isize;
+        Ok(out)
+    }
+
+    /// A new shape over the same elements. Only a contiguous view can be reshaped without a
+    /// copy; otherwise this fails and the caller makes the view contiguous first.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
+        if numel(shape) != self.numel() {
+            return Err(Error::ShapeMismatch {
+                op: "reshape",
+                expected: self.shape.clone(),
+                got: shape.to_vec(),
+                detail: "reshape must keep the number of elements".into(),
+            });
+        }
+        if !self.is_contiguous() {
+            return Err(Error::InvalidArgument {
+                op: "reshape",
+                detail: format!("view {self:?} is not contiguous; copy it first"),
+            });
+        }
+        Ok(Self { shape: shape.to_vec(), strides: contiguous_strides(shape), offset: self.offset })
+    }
+
+    /// Inserts a dimension of size 1 at `axis`.
+    pub fn unsqueeze(&self, axis: usize) -> Result<Self> {
+        if axis > self.rank() {
+            return Err(self.axis_error("unsqueeze", axis));
+        }
+        let mut out = self.clone();
+        out.shape.insert(axis, 1);
+        out.strides.insert(axis, 0);
+        Ok(out)
+    }
+
+    /// The element index of multi-index `idx` (no bounds check beyond debug assertions).
+    pub fn index_of(&self, idx: &[usize]) -> usize {
+        debug_assert_eq!(idx.len(), self.rank());
+        let mut at = self.offset as isize;
+        for (&i, &s) in idx.iter().zip(&self.strides) {
+            at += i as isize * s;
+        }
+        at as usize
+    }
+
+    fn axis_error(&self, op: &'static str, axis: usize) -> Error {
+        Error::InvalidArgument { op, detail: format!("axis {axis} is out of range for rank {}", self.rank()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn movement_ops_are_metadata() {
+        let l = Layout::contiguous(&[2, 3, 4]);
+        let t = l.transpose(0, 2).unwrap();
+        assert_eq!(t.shape, vec![4, 3, 2]);
+        assert_eq!(t.strides, vec![1, 4, 12]);
+        assert!(!t.is_contiguous());
+        let f = l.flip(1).unwrap();
+        assert_eq!(f.index_of(&[0, 0, 0]), 8);
+        assert_eq!(f.address_range(), Some((0, 23)));
+        let n = l.narrow(2, 1, 2).unwrap();
+        assert_eq!(n.index_of(&[1, 2, 1]), 12 + 8 + 2);
+        let b = Layout::contiguous(&[3, 1]).broadcast_to(&[2, 3, 5]).unwrap();
+        assert_eq!(b.strides, vec![0, 1, 0]);
+        assert!(Layout::contiguous(&[3, 2]).broadcast_to(&[3, 3]).is_err());
+        assert!(t.reshape(&[24]).is_err());
+        assert_eq!(l.step(2, 3).unwrap().shape, vec![2, 3, 2]);
+    }
+
+    #[test]
+    fn fits_detects_out_of_range_views() {
+        let l = Layout::strided(&[4], &[3], 2).unwrap();
+        assert!(l.check_fits("t", 11).is_err());
+        assert!(l.check_fits("t", 12).is_ok());
+        assert!(Layout::contiguous(&[0, 5]).check_fits("t", 0).is_ok());
+    }
+}

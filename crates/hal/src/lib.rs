@@ -1,0 +1,52 @@
+//! # hal: the hardware abstraction layer
+//!
+//! The traits, types and kernel IR that every backend implements (`backend-cpu`,
+//! `backend-wgpu`, `backend-cuda`) and every workload uses (`tensor-autograd`, `vlc-anneal`,
+//! `residual-compile`). Workloads are written once, generic over [`Backend`], and run on
+//! whichever device the user picks at run time.
+//!
+//! What lives here:
+//! - [`Backend`]: a small closed set of primitives (elementwise over strided, broadcast views;
+//!   reductions; batched matmul; gather/scatter-add; im2col/col2im; nearest-centroid search and
+//!   segment sums; fused optimiser steps; counter-based random numbers; CSR mat-vec), each
+//!   specified once in its rustdoc: semantics, NaN and tie rules, accumulation, and the
+//!   tolerance a backend may differ from the CPU reference by.
+//! - [`Layout`]: shape, strides and offset. Movement ops are metadata; only copies move data.
+//! - [`ir`]: the scalar program IR, the open door for kernels that are not primitives.
+//! - [`Error`]: the one error type; nothing here panics on bad input.
+//! - [`random`]: Philox 4x32-10, the random stream every backend reproduces.
+//!
+//! ```
+//! use hal::{Layout, DType};
+//! let x = Layout::contiguous(&[2, 3]);
+//! let xt = x.transpose(0, 1).unwrap();          // a view: no data moves
+//! assert_eq!(xt.shape, vec![3, 2]);
+//! assert!(!xt.is_contiguous());
+//! assert_eq!(DType::BF16.size_in_bytes(), 2);
+//! let wide = Layout::contiguous(&[3]).broadcast_to(&[4, 3]).unwrap();
+//! assert_eq!(wide.strides, vec![0, 1]);
+//! ```
+//!
+//! The design and its invariants are in `docs/ARCHITECTURE.md` at the repository root.
+
+mod backend;
+mod device;
+mod dtype;
+mod error;
+pub mod ir;
+mod layout;
+mod ops;
+pub mod random;
+
+pub use backend::{Backend, BackendExt, Csr, DeviceBuffer, View};
+pub use device::{Capabilities, DeviceInfo, DeviceKind};
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use layout::{Layout, broadcast_shapes, contiguous_strides, numel};
+pub use ops::{
+    AdamParams, ArgReduceOp, BinaryOp, Conv2dGeometry, Distribution, ReduceOp, SgdParams,
+    TernaryOp, UnaryOp, erf_f32,
+};
+
+/// Re-exported so users of buffers of 16-bit floats need not name the `half` crate.
+pub use half::{bf16, f16};

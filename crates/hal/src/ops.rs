@@ -1,0 +1,342 @@
+//! Operation enums and parameter structs for the primitive families. The semantics of each
+//! primitive are specified on the [`Backend`](crate::Backend) method that runs it; the
+//! per-element formulas are specified here, on each op, and implemented once for the host in
+//! [`UnaryOp::apply`] and [`BinaryOp::apply`] so every backend has one definition to match.
+
+/// An elementwise function of one operand. Computed in `f32`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Exp,
+    Exp2,
+    /// Natural logarithm; `log(0) = -inf`, `log(x<0) = NaN`.
+    Log,
+    Log2,
+    Sqrt,
+    /// `1 / sqrt(x)`.
+    Rsqrt,
+    /// `1 / x`.
+    Recip,
+    Sin,
+    Cos,
+    Tanh,
+    /// `1 / (1 + exp(-x))`.
+    Sigmoid,
+    /// `max(x, 0)`; NaN stays NaN.
+    Relu,
+    /// `x` for `x >= 0`, `slope * x` otherwise.
+    LeakyRelu { slope: f32 },
+    /// `0.5 x (1 + erf(x / sqrt 2))` with `erf` from [`erf_f32`] (absolute error below 2e-7).
+    Gelu,
+    /// `x * sigmoid(x)`.
+    Silu,
+    Floor,
+    Ceil,
+    /// Round half to even.
+    Round,
+    /// -1, 0 or 1 (NaN stays NaN).
+    Sign,
+    /// `x * x`.
+    Square,
+    /// `scale * x + shift` (one rounding: fused multiply-add).
+    Affine { scale: f32, shift: f32 },
+    /// `min(max(x, lo), hi)`; NaN stays NaN.
+    Clamp { lo: f32, hi: f32 },
+}
+
+/// The error function, by the rational approximation every backend uses for [`UnaryOp::Gelu`]
+/// (Abramowitz & Stegun 7.1.26 refined: absolute error below 2e-7 in f32).
+#[inline]
+pub fn erf_f32(x: f32) -> f32 {
+    // A&S 7.1.26 with an extra Newton-free correction term; evaluated in f32 with fma so GPU
+    // backends can reproduce it to within a few ulps.
+    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
+    let poly = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
+    let r = 1.0 - poly * (-x * x).exp();
+    if x < 0.0 { -r } else { r }
+}
+
+impl UnaryOp {
+    /// The reference definition of the op on one `f32`.
+    #[inline(always)]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            UnaryOp::Neg => -x,
+            UnaryOp::Abs => x.abs(),
+            UnaryOp::Exp => x.exp(),
+            UnaryOp::Exp2 => x.exp2(),
+            UnaryOp::Log => x.ln(),
+            UnaryOp::Log2 => x.log2(),
+            UnaryOp::Sqrt => x.sqrt(),
+            UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+            UnaryOp::Recip => 1.0 / x,
+            UnaryOp::Sin => x.sin(),
+            UnaryOp::Cos => x.cos(),
+            UnaryOp::Tanh => x.tanh(),
+            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnaryOp::Relu => {
+                if x < 0.0 {
+                    0.0
+                } else {
+                    x
+                }
+            }
+            UnaryOp::LeakyRelu { slope } => {
+                if x < 0.0 {
+                    slope * x
+                } else {
+                    x
+                }
+            }
+            UnaryOp::Gelu => 0.5 * x * (1.0 + erf_f32(x * std::f32::consts::FRAC_1_SQRT_2)),
+            UnaryOp::Silu => x / (1.0 + (-x).exp()),
+            UnaryOp::Floor => x.floor(),
+            UnaryOp::Ceil => x.ceil(),
+            UnaryOp::Round => x.round_ties_even(),
+            UnaryOp::Sign => {
+                if x > 0.0 {
+                    1.0
+                } else if x < 0.0 {
+                    -1.0
+                } else {
+                    x
+                }
+            }
+            UnaryOp::Square => x * x,
+            UnaryOp::Affine { scale, shift } => scale.mul_add(x, shift),
+            UnaryOp::Clamp { lo, hi } => {
+                if x.is_nan() {
+                    x
+                } else {
+                    x.max(lo).min(hi)
+                }
+            }
+        }
+    }
+
+    /// Every op, with representative parameters (for tests and reports).
+    pub fn all() -> Vec<UnaryOp> {
+        use UnaryOp::*;
+        vec![
+            Neg, Abs, Exp, Exp2, Log, Log2, Sqrt, Rsqrt, Recip, Sin, Cos, Tanh, Sigmoid, Relu,
+            LeakyRelu { slope: 0.01 }, Gelu, Silu, Floor, Ceil, Round, Sign, Square,
+            Affine { scale: 1.5, shift: -0.25 }, Clamp { lo: -0.5, hi: 0.75 },
+        ]
+    }
+}
+
+/// An elementwise function of two operands. Computed in `f32`. Comparisons produce 1 or 0 in
+/// the output's dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    /// Floored remainder, the sign of `b` (Python's `%`, PyTorch's `remainder`):
+    /// `a - b * floor(a / b)`.
+    Rem,
+    /// `a^b` (`powf`).
+    Pow,
+    /// Elementwise maximum; NaN in either operand gives NaN.
+    Max,
+    /// Elementwise minimum; NaN in either operand gives NaN.
+    Min,
+    /// `atan2(a, b)`.
+    Atan2,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 15] = [
+        BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Rem, BinaryOp::Pow,
+        BinaryOp::Max, BinaryOp::Min, BinaryOp::Atan2, BinaryOp::Eq, BinaryOp::Ne, BinaryOp::Lt,
+        BinaryOp::Le, BinaryOp::Gt, BinaryOp::Ge,
+    ];
+
+    /// True for the comparisons, whose result is 1 or 0 and which have no gradient.
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
+    }
+
+    /// The reference definition of the op on two `f32`s.
+    #[inline(always)]
+    pub fn apply(self, a: f32, b: f32) -> f32 {
+        let flag = |c: bool| if c { 1.0 } else { 0.0 };
+        match self {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div => a / b,
+            BinaryOp::Rem => {
+                let r = a % b;
+                if r != 0.0 && ((r < 0.0) != (b < 0.0)) { r + b } else { r }
+            }
+            BinaryOp::Pow => a.powf(b),
+            BinaryOp::Max => {
+                if a.is_nan() || b.is_nan() {
+                    f32::NAN
+                } else {
+                    a.max(b)
+                }
+            }
+            BinaryOp::Min => {
+                if a.is_nan() || b.is_nan() {
+                    f32::NAN
+                } else {
+                    a.min(b)
+                }
+            }
+            BinaryOp::Atan2 => a.atan2(b),
+            BinaryOp::Eq => flag(a == b),
+            BinaryOp::Ne => flag(a != b),
+            BinaryOp::Lt => flag(a < b),
+            BinaryOp::Le => flag(a <= b),
+            BinaryOp::Gt => flag(a > b),
+            BinaryOp::Ge => flag(a >= b),
+        }
+    }
+}
+
+/// An elementwise function of three operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TernaryOp {
+    /// `if a != 0 { b } else { c }` (a NaN condition counts as true, as in C).
+    Where,
+    /// `a * b + c` with one rounding.
+    Fma,
+    /// `b + a * (c - b)`: linear interpolation from `b` to `c` by weight `a`.
+    Lerp,
+}
+
+impl TernaryOp {
+    pub const ALL: [TernaryOp; 3] = [TernaryOp::Where, TernaryOp::Fma, TernaryOp::Lerp];
+
+    #[inline(always)]
+    pub fn apply(self, a: f32, b: f32, c: f32) -> f32 {
+        match self {
+            TernaryOp::Where => {
+                if a != 0.0 {
+                    b
+                } else {
+                    c
+                }
+            }
+            TernaryOp::Fma => a.mul_add(b, c),
+            TernaryOp::Lerp => a.mul_add(c - b, b),
+        }
+    }
+}
+
+/// A reduction along axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum; 0 over no elements.
+    Sum,
+    /// Sum divided by the count; NaN over no elements.
+    Mean,
+    /// Maximum; NaN if any element is NaN; an error over no elements.
+    Max,
+    /// Minimum; NaN if any element is NaN; an error over no elements.
+    Min,
+}
+
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min];
+}
+
+/// The index of the extreme element along one axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArgReduceOp {
+    ArgMax,
+    ArgMin,
+}
+
+/// Geometry of a 2-D convolution over NCHW data, shared by `im2col` and `col2im`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Conv2dGeometry {
+    pub batch: usize,
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub kernel: (usize, usize),
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+    pub dilation: (usize, usize),
+}
+
+impl Conv2dGeometry {
+    /// Output height and width, or `None` when the kernel does not fit the padded input or a
+    /// stride or dilation is 0.
+    pub fn output_size(&self) -> Option<(usize, usize)> {
+        let dim = |input: usize, k: usize, s: usize, p: usize, d: usize| -> Option<usize> {
+            if s == 0 || d == 0 || k == 0 {
+                return None;
+            }
+            let span = d * (k - 1) + 1;
+            let padded = input + 2 * p;
+            (padded >= span).then(|| (padded - span) / s + 1)
+        };
+        Some((
+            dim(self.height, self.kernel.0, self.stride.0, self.padding.0, self.dilation.0)?,
+            dim(self.width, self.kernel.1, self.stride.1, self.padding.1, self.dilation.1)?,
+        ))
+    }
+
+    /// Shape of the column matrix: `[batch, channels * kh * kw, oh * ow]`.
+    pub fn cols_shape(&self) -> Option<[usize; 3]> {
+        let (oh, ow) = self.output_size()?;
+        Some([self.batch, self.channels * self.kernel.0 * self.kernel.1, oh * ow])
+    }
+
+    /// Shape of the image: `[batch, channels, height, width]`.
+    pub fn image_shape(&self) -> [usize; 4] {
+        [self.batch, self.channels, self.height, self.width]
+    }
+}
+
+/// Stochastic gradient descent with momentum, PyTorch's formulation:
+/// `g = grad + weight_decay * p`; with momentum `buf = momentum * buf + (1 - dampening) * g`
+/// (on the first step, `step == 1`, `buf = g`); `g = nesterov ? g + momentum * buf : buf`;
+/// `p -= lr * g`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdParams {
+    pub lr: f32,
+    pub momentum: f32,
+    pub dampening: f32,
+    pub weight_decay: f32,
+    pub nesterov: bool,
+    /// 1-based step count; only `step == 1` is special (the momentum buffer starts as `g`).
+    pub step: u64,
+}
+
+/// Adam and AdamW (PyTorch's formulation). With `decoupled_weight_decay` (AdamW):
+/// `p *= 1 - lr * weight_decay`; otherwise `g = grad + weight_decay * p`. Then
+/// `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`,
+/// `p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamParams {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    pub decoupled_weight_decay: bool,
+    /// 1-based step count, for bias correction.
+    pub step: u64,
+}
+
+/// The distribution of [`Backend::random`](crate::Backend::random).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Distribution {
+    /// Uniform on `[low, high)`.
+    Uniform { low: f32, high: f32 },
+    /// Normal with the given mean and standard deviation.
+    Normal { mean: f32, std: f32 },
+}
