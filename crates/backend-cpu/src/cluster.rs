@@ -10,7 +10,15 @@ const CBLOCK: usize = 32;
 
 fn contiguous_f32(src: Src, l: &Layout) -> Vec<f32> {
     let mut v = vec![0f32; l.numel()];
-    elementwise::copy(src, l, Dst { ptr: v.as_mut_ptr() as *mut u8, dtype: DType::F32 }, &Layout::contiguous(&l.shape));
+    elementwise::copy(
+        src,
+        l,
+        Dst {
+            ptr: v.as_mut_ptr() as *mut u8,
+            dtype: DType::F32,
+        },
+        &Layout::contiguous(&l.shape),
+    );
     v
 }
 
@@ -18,7 +26,14 @@ fn contiguous_f32(src: Src, l: &Layout) -> Vec<f32> {
 /// matrix, `[d, m]`), each summed over `k` in order with fused multiply-adds, which is the
 /// reference order: vectorising across centroids keeps it.
 #[inline(always)]
-fn block_distances(x: &[f32], ct: &[f32], m: usize, j0: usize, width: usize, acc: &mut [f32; CBLOCK]) {
+fn block_distances(
+    x: &[f32],
+    ct: &[f32],
+    m: usize,
+    j0: usize,
+    width: usize,
+    acc: &mut [f32; CBLOCK],
+) {
     *acc = [0.0; CBLOCK];
     for (k, &xv) in x.iter().enumerate() {
         let row = &ct[k * m + j0..k * m + j0 + width];
@@ -55,11 +70,27 @@ fn search_rows(xs: &[f32], d: usize, ct: &[f32], m: usize, idx: &mut [u32], dist
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn search_rows_fma(xs: &[f32], d: usize, ct: &[f32], m: usize, idx: &mut [u32], dist: &mut [f32]) {
+unsafe fn search_rows_fma(
+    xs: &[f32],
+    d: usize,
+    ct: &[f32],
+    m: usize,
+    idx: &mut [u32],
+    dist: &mut [f32],
+) {
     search_rows(xs, d, ct, m, idx, dist)
 }
 
-pub(crate) fn nearest_centroid(x: Src, xl: &Layout, c: Src, cl: &Layout, out_i: Dst, il: &Layout, out_d: Dst, dl: &Layout) {
+pub(crate) fn nearest_centroid(
+    x: Src,
+    xl: &Layout,
+    c: Src,
+    cl: &Layout,
+    out_i: Dst,
+    il: &Layout,
+    out_d: Dst,
+    dl: &Layout,
+) {
     let (n, d, m) = (xl.shape[0], xl.shape[1], cl.shape[0]);
     if n == 0 {
         return;
@@ -69,21 +100,41 @@ pub(crate) fn nearest_centroid(x: Src, xl: &Layout, c: Src, cl: &Layout, out_i: 
     let mut idx = vec![0u32; n];
     let mut dist = vec![0f32; n];
     #[cfg(target_arch = "x86_64")]
-    let fma = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    let fma =
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
     const ROWS: usize = 64;
-    idx.par_chunks_mut(ROWS).zip(dist.par_chunks_mut(ROWS)).enumerate().for_each(|(b, (ib, db))| {
-        let rows = &xs[b * ROWS * d..((b * ROWS + ib.len()) * d)];
-        #[cfg(target_arch = "x86_64")]
-        if fma {
-            // SAFETY: the CPU supports the enabled features (checked above).
-            unsafe { search_rows_fma(rows, d, &ct, m, ib, db) };
-            return;
-        }
-        search_rows(rows, d, &ct, m, ib, db);
-    });
+    idx.par_chunks_mut(ROWS)
+        .zip(dist.par_chunks_mut(ROWS))
+        .enumerate()
+        .for_each(|(b, (ib, db))| {
+            let rows = &xs[b * ROWS * d..((b * ROWS + ib.len()) * d)];
+            #[cfg(target_arch = "x86_64")]
+            if fma {
+                // SAFETY: the CPU supports the enabled features (checked above).
+                unsafe { search_rows_fma(rows, d, &ct, m, ib, db) };
+                return;
+            }
+            search_rows(rows, d, &ct, m, ib, db);
+        });
     let contiguous = Layout::contiguous(&[n]);
-    elementwise::copy(Src { ptr: idx.as_ptr() as *const u8, dtype: DType::U32 }, &contiguous, out_i, il);
-    elementwise::copy(Src { ptr: dist.as_ptr() as *const u8, dtype: DType::F32 }, &contiguous, out_d, dl);
+    elementwise::copy(
+        Src {
+            ptr: idx.as_ptr() as *const u8,
+            dtype: DType::U32,
+        },
+        &contiguous,
+        out_i,
+        il,
+    );
+    elementwise::copy(
+        Src {
+            ptr: dist.as_ptr() as *const u8,
+            dtype: DType::F32,
+        },
+        &contiguous,
+        out_d,
+        dl,
+    );
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -16,8 +16,14 @@ pub(crate) fn fill(out: Dst, layout: &Layout, value: f64) {
     walk.par_runs(|_, [o], [so], len| unsafe {
         for j in 0..len as isize {
             match out.dtype {
-                DType::I32 => *(out.ptr as *mut i32).offset(o + j * so) = ival.clamp(i32::MIN as i64, i32::MAX as i64) as i32,
-                DType::U32 => *(out.ptr as *mut u32).offset(o + j * so) = ival.clamp(0, u32::MAX as i64) as u32,
+                DType::I32 => {
+                    *(out.ptr as *mut i32).offset(o + j * so) =
+                        ival.clamp(i32::MIN as i64, i32::MAX as i64) as i32
+                }
+                DType::U32 => {
+                    *(out.ptr as *mut u32).offset(o + j * so) =
+                        ival.clamp(0, u32::MAX as i64) as u32
+                }
                 _ => out.store(o + j * so, v),
             }
         }
@@ -49,8 +55,14 @@ pub(crate) fn copy(src: Src, sl: &Layout, out: Dst, ol: &Layout) {
             for j in 0..n {
                 let v = src.load_index(s + j * ss);
                 match out.dtype {
-                    DType::I32 => *(out.ptr as *mut i32).offset(o + j * so) = v.clamp(i32::MIN as i64, i32::MAX as i64) as i32,
-                    _ => *(out.ptr as *mut u32).offset(o + j * so) = v.clamp(0, u32::MAX as i64) as u32,
+                    DType::I32 => {
+                        *(out.ptr as *mut i32).offset(o + j * so) =
+                            v.clamp(i32::MIN as i64, i32::MAX as i64) as i32
+                    }
+                    _ => {
+                        *(out.ptr as *mut u32).offset(o + j * so) =
+                            v.clamp(0, u32::MAX as i64) as u32
+                    }
                 }
             }
         } else {
@@ -68,7 +80,10 @@ fn map1(x: Src, xl: &Layout, out: Dst, ol: &Layout, f: impl Fn(f32) -> f32 + Syn
     let all_f32 = x.dtype == DType::F32 && out.dtype == DType::F32;
     walk.par_runs(|_, [o, a], [so, sa], len| unsafe {
         if all_f32 && so == 1 && sa == 1 {
-            let (d, s) = ((out.ptr as *mut f32).offset(o), (x.ptr as *const f32).offset(a));
+            let (d, s) = (
+                (out.ptr as *mut f32).offset(o),
+                (x.ptr as *const f32).offset(a),
+            );
             for j in 0..len {
                 *d.add(j) = f(*s.add(j));
             }
@@ -99,7 +114,15 @@ pub(crate) fn unary(op: UnaryOp, x: Src, xl: &Layout, out: Dst, ol: &Layout) {
 }
 
 #[inline(always)]
-fn map2(a: Src, al: &Layout, b: Src, bl: &Layout, out: Dst, ol: &Layout, f: impl Fn(f32, f32) -> f32 + Sync) {
+fn map2(
+    a: Src,
+    al: &Layout,
+    b: Src,
+    bl: &Layout,
+    out: Dst,
+    ol: &Layout,
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) {
     let walk = Walk::new(&ol.shape, [ol, al, bl]);
     let all_f32 = a.dtype == DType::F32 && b.dtype == DType::F32 && out.dtype == DType::F32;
     walk.par_runs(|_, [o, x, y], [so, sx, sy], len| unsafe {
@@ -125,7 +148,15 @@ fn map2(a: Src, al: &Layout, b: Src, bl: &Layout, out: Dst, ol: &Layout, f: impl
     });
 }
 
-pub(crate) fn binary(op: BinaryOp, a: Src, al: &Layout, b: Src, bl: &Layout, out: Dst, ol: &Layout) {
+pub(crate) fn binary(
+    op: BinaryOp,
+    a: Src,
+    al: &Layout,
+    b: Src,
+    bl: &Layout,
+    out: Dst,
+    ol: &Layout,
+) {
     match op {
         BinaryOp::Add => map2(a, al, b, bl, out, ol, |x, y| x + y),
         BinaryOp::Sub => map2(a, al, b, bl, out, ol, |x, y| x - y),
@@ -136,7 +167,17 @@ pub(crate) fn binary(op: BinaryOp, a: Src, al: &Layout, b: Src, bl: &Layout, out
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn ternary(op: TernaryOp, a: Src, al: &Layout, b: Src, bl: &Layout, c: Src, cl: &Layout, out: Dst, ol: &Layout) {
+pub(crate) fn ternary(
+    op: TernaryOp,
+    a: Src,
+    al: &Layout,
+    b: Src,
+    bl: &Layout,
+    c: Src,
+    cl: &Layout,
+    out: Dst,
+    ol: &Layout,
+) {
     let walk = Walk::new(&ol.shape, [ol, al, bl, cl]);
     walk.par_runs(|_, [o, x, y, z], [so, sx, sy, sz], len| unsafe {
         for j in 0..len as isize {

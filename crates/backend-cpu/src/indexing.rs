@@ -8,12 +8,24 @@ use rayon::prelude::*;
 /// `x`'s strides on `shape` (the index's shape), with `axis` masked to stride 0: the offset of
 /// `x[p with p[axis] = 0]` for each position `p`.
 fn masked(x: &Layout, shape: &[usize], axis: usize) -> Layout {
-    let mut l = Layout { shape: shape.to_vec(), strides: x.strides.clone(), offset: x.offset };
+    let mut l = Layout {
+        shape: shape.to_vec(),
+        strides: x.strides.clone(),
+        offset: x.offset,
+    };
     l.strides[axis] = 0;
     l
 }
 
-pub(crate) fn gather(x: Src, xl: &Layout, axis: usize, index: Src, il: &Layout, out: Dst, ol: &Layout) {
+pub(crate) fn gather(
+    x: Src,
+    xl: &Layout,
+    axis: usize,
+    index: Src,
+    il: &Layout,
+    out: Dst,
+    ol: &Layout,
+) {
     let xm = masked(xl, &il.shape, axis);
     let step = xl.strides[axis];
     let walk = Walk::new(&il.shape, [ol, il, &xm]);
@@ -25,7 +37,15 @@ pub(crate) fn gather(x: Src, xl: &Layout, axis: usize, index: Src, il: &Layout, 
     });
 }
 
-pub(crate) fn scatter_add(src: Src, sl: &Layout, axis: usize, index: Src, il: &Layout, out: Dst, ol: &Layout) {
+pub(crate) fn scatter_add(
+    src: Src,
+    sl: &Layout,
+    axis: usize,
+    index: Src,
+    il: &Layout,
+    out: Dst,
+    ol: &Layout,
+) {
     // Threads own disjoint "lines" (all positions but `axis`), so every output element is
     // written by one thread, in index order: deterministic, no atomics.
     let mut outer = il.shape.clone();
@@ -63,10 +83,15 @@ pub(crate) fn im2col(x: Src, xl: &Layout, g: &Conv2dGeometry, out: Dst, ol: &Lay
             let iy = (oy * g.stride.0 + i * g.dilation.0) as isize - g.padding.0 as isize;
             for ox in 0..ow {
                 let ix = (ox * g.stride.1 + j * g.dilation.1) as isize - g.padding.1 as isize;
-                let inside = iy >= 0 && ix >= 0 && (iy as usize) < g.height && (ix as usize) < g.width;
+                let inside =
+                    iy >= 0 && ix >= 0 && (iy as usize) < g.height && (ix as usize) < g.width;
                 // SAFETY: views checked by the caller; rows are disjoint between threads.
                 unsafe {
-                    let v = if inside { x.load(xl.index_of(&[n, c, iy as usize, ix as usize]) as isize) } else { 0.0 };
+                    let v = if inside {
+                        x.load(xl.index_of(&[n, c, iy as usize, ix as usize]) as isize)
+                    } else {
+                        0.0
+                    };
                     out.store(ol.index_of(&[n, row, oy * ow + ox]) as isize, v);
                 }
             }
@@ -89,12 +114,14 @@ pub(crate) fn col2im(cols: Src, cl: &Layout, g: &Conv2dGeometry, out: Dst, ol: &
                         continue;
                     }
                     for ox in 0..ow {
-                        let ix = (ox * g.stride.1 + j * g.dilation.1) as isize - g.padding.1 as isize;
+                        let ix =
+                            (ox * g.stride.1 + j * g.dilation.1) as isize - g.padding.1 as isize;
                         if ix < 0 || ix as usize >= g.width {
                             continue;
                         }
                         // SAFETY: views checked by the caller.
-                        acc[iy as usize * g.width + ix as usize] += unsafe { cols.load(cl.index_of(&[n, row, oy * ow + ox]) as isize) };
+                        acc[iy as usize * g.width + ix as usize] +=
+                            unsafe { cols.load(cl.index_of(&[n, row, oy * ow + ox]) as isize) };
                     }
                 }
             }

@@ -39,8 +39,8 @@ pub use storage::CpuBuffer;
 use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
-    DeviceBuffer, DeviceInfo, DeviceKind, Distribution, Error, Layout, ReduceOp, Result,
-    SgdParams, TernaryOp, UnaryOp, View,
+    DeviceBuffer, DeviceInfo, DeviceKind, Distribution, Error, Layout, ReduceOp, Result, SgdParams,
+    TernaryOp, UnaryOp, View,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -70,7 +70,10 @@ impl CpuBackend {
     }
     /// Kernels compiled so far (structurally distinct programs).
     pub fn cached_kernels(&self) -> usize {
-        self.kernels.lock().map(|k| k.values().map(Vec::len).sum()).unwrap_or(0)
+        self.kernels
+            .lock()
+            .map(|k| k.values().map(Vec::len).sum())
+            .unwrap_or(0)
     }
 }
 
@@ -96,14 +99,23 @@ fn fits(op: &'static str, v: View<'_, CpuBuffer>) -> Result<()> {
 
 fn same_shape(op: &'static str, expected: &[usize], got: &[usize], what: &str) -> Result<()> {
     if expected != got {
-        return Err(Error::ShapeMismatch { op, expected: expected.to_vec(), got: got.to_vec(), detail: what.to_string() });
+        return Err(Error::ShapeMismatch {
+            op,
+            expected: expected.to_vec(),
+            got: got.to_vec(),
+            detail: what.to_string(),
+        });
     }
     Ok(())
 }
 
 fn float(op: &'static str, dtype: DType) -> Result<()> {
     if !dtype.is_float() {
-        return Err(Error::UnsupportedDType { op, dtype, detail: " (a float dtype is required)".into() });
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            detail: " (a float dtype is required)".into(),
+        });
     }
     Ok(())
 }
@@ -117,14 +129,21 @@ fn dtype_is(op: &'static str, expected: DType, got: DType) -> Result<()> {
 
 fn index_dtype(op: &'static str, dtype: DType) -> Result<()> {
     if !matches!(dtype, DType::U32 | DType::I32) {
-        return Err(Error::UnsupportedDType { op, dtype, detail: " (indices are u32 or i32)".into() });
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            detail: " (indices are u32 or i32)".into(),
+        });
     }
     Ok(())
 }
 
 fn rank(op: &'static str, v: View<'_, CpuBuffer>, r: usize, what: &str) -> Result<()> {
     if v.layout.rank() != r {
-        return Err(Error::InvalidArgument { op, detail: format!("{what} must have rank {r}, got shape {:?}", v.layout.shape) });
+        return Err(Error::InvalidArgument {
+            op,
+            detail: format!("{what} must have rank {r}, got shape {:?}", v.layout.shape),
+        });
     }
     Ok(())
 }
@@ -132,12 +151,14 @@ fn rank(op: &'static str, v: View<'_, CpuBuffer>, r: usize, what: &str) -> Resul
 /// `v`'s layout broadcast to the output's shape.
 fn broadcast(op: &'static str, v: View<'_, CpuBuffer>, shape: &[usize]) -> Result<Layout> {
     fits(op, v)?;
-    v.layout.broadcast_to(shape).map_err(|_| Error::ShapeMismatch {
-        op,
-        expected: shape.to_vec(),
-        got: v.layout.shape.clone(),
-        detail: "operand cannot be broadcast to the output shape".into(),
-    })
+    v.layout
+        .broadcast_to(shape)
+        .map_err(|_| Error::ShapeMismatch {
+            op,
+            expected: shape.to_vec(),
+            got: v.layout.shape.clone(),
+            detail: "operand cannot be broadcast to the output shape".into(),
+        })
 }
 
 /// Checks that every index in `index` lies in `0..bound`; the first one that does not is the error.
@@ -172,8 +193,16 @@ fn u32_slice(buf: &CpuBuffer) -> &[u32] {
 /// A contiguous `u32` copy of an index view (for kernels that want a slice).
 fn indices_u32(v: View<'_, CpuBuffer>) -> Vec<u32> {
     let mut out = vec![0u32; v.layout.numel()];
-    let dst = storage::Dst { ptr: out.as_mut_ptr() as *mut u8, dtype: DType::U32 };
-    elementwise::copy(v.buffer.src(), v.layout, dst, &Layout::contiguous(&v.layout.shape));
+    let dst = storage::Dst {
+        ptr: out.as_mut_ptr() as *mut u8,
+        dtype: DType::U32,
+    };
+    elementwise::copy(
+        v.buffer.src(),
+        v.layout,
+        dst,
+        &Layout::contiguous(&v.layout.shape),
+    );
     out
 }
 
@@ -185,7 +214,12 @@ impl Backend for CpuBackend {
         let (total, available) = memory();
         let name = std::fs::read_to_string("/proc/cpuinfo")
             .ok()
-            .and_then(|t| t.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|s| s.trim().to_string())
+            })
             .unwrap_or_else(|| std::env::consts::ARCH.to_string());
         DeviceInfo {
             backend: "cpu",
@@ -219,18 +253,28 @@ impl Backend for CpuBackend {
             return Err(Error::AllocationTooLarge {
                 requested_bytes: requested,
                 limit_bytes: total,
-                what: format!("{len} elements of {dtype}; the CPU backend's limit is the system memory"),
+                what: format!(
+                    "{len} elements of {dtype}; the CPU backend's limit is the system memory"
+                ),
             });
         }
         storage::Storage::zeroed(dtype, len)
             .map(|s| CpuBuffer(Arc::new(s)))
-            .ok_or(Error::OutOfMemory { requested_bytes: requested })
+            .ok_or(Error::OutOfMemory {
+                requested_bytes: requested,
+            })
     }
 
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<CpuBuffer> {
         let size = dtype.size_in_bytes();
         if bytes.len() % size != 0 {
-            return Err(Error::InvalidArgument { op: "upload", detail: format!("{} bytes is not a whole number of {dtype} elements", bytes.len()) });
+            return Err(Error::InvalidArgument {
+                op: "upload",
+                detail: format!(
+                    "{} bytes is not a whole number of {dtype} elements",
+                    bytes.len()
+                ),
+            });
         }
         let buf = self.alloc(dtype, bytes.len() / size)?;
         let _g = exec();
@@ -241,7 +285,14 @@ impl Backend for CpuBackend {
 
     fn write_bytes(&self, dst: &CpuBuffer, bytes: &[u8]) -> Result<()> {
         if bytes.len() != dst.0.bytes() {
-            return Err(Error::InvalidArgument { op: "write", detail: format!("{} bytes written to a buffer of {} bytes", bytes.len(), dst.0.bytes()) });
+            return Err(Error::InvalidArgument {
+                op: "write",
+                detail: format!(
+                    "{} bytes written to a buffer of {} bytes",
+                    bytes.len(),
+                    dst.0.bytes()
+                ),
+            });
         }
         let _g = exec();
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.0.as_ptr(), bytes.len()) };
@@ -264,7 +315,12 @@ impl Backend for CpuBackend {
     fn copy(&self, src: View<'_, CpuBuffer>, out: View<'_, CpuBuffer>) -> Result<()> {
         fits("copy", src)?;
         fits("copy", out)?;
-        same_shape("copy", &out.layout.shape, &src.layout.shape, "copy needs equal shapes")?;
+        same_shape(
+            "copy",
+            &out.layout.shape,
+            &src.layout.shape,
+            "copy needs equal shapes",
+        )?;
         let _g = exec();
         elementwise::copy(src.buffer.src(), src.layout, out.buffer.dst(), out.layout);
         Ok(())
@@ -280,98 +336,226 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn binary(&self, op: BinaryOp, a: View<'_, CpuBuffer>, b: View<'_, CpuBuffer>, out: View<'_, CpuBuffer>) -> Result<()> {
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: View<'_, CpuBuffer>,
+        b: View<'_, CpuBuffer>,
+        out: View<'_, CpuBuffer>,
+    ) -> Result<()> {
         fits("binary", out)?;
         let al = broadcast("binary", a, &out.layout.shape)?;
         let bl = broadcast("binary", b, &out.layout.shape)?;
         let _g = exec();
-        elementwise::binary(op, a.buffer.src(), &al, b.buffer.src(), &bl, out.buffer.dst(), out.layout);
+        elementwise::binary(
+            op,
+            a.buffer.src(),
+            &al,
+            b.buffer.src(),
+            &bl,
+            out.buffer.dst(),
+            out.layout,
+        );
         Ok(())
     }
 
-    fn ternary(&self, op: TernaryOp, a: View<'_, CpuBuffer>, b: View<'_, CpuBuffer>, c: View<'_, CpuBuffer>, out: View<'_, CpuBuffer>) -> Result<()> {
+    fn ternary(
+        &self,
+        op: TernaryOp,
+        a: View<'_, CpuBuffer>,
+        b: View<'_, CpuBuffer>,
+        c: View<'_, CpuBuffer>,
+        out: View<'_, CpuBuffer>,
+    ) -> Result<()> {
         fits("ternary", out)?;
         let s = &out.layout.shape;
-        let (al, bl, cl) = (broadcast("ternary", a, s)?, broadcast("ternary", b, s)?, broadcast("ternary", c, s)?);
+        let (al, bl, cl) = (
+            broadcast("ternary", a, s)?,
+            broadcast("ternary", b, s)?,
+            broadcast("ternary", c, s)?,
+        );
         let _g = exec();
-        elementwise::ternary(op, a.buffer.src(), &al, b.buffer.src(), &bl, c.buffer.src(), &cl, out.buffer.dst(), out.layout);
+        elementwise::ternary(
+            op,
+            a.buffer.src(),
+            &al,
+            b.buffer.src(),
+            &bl,
+            c.buffer.src(),
+            &cl,
+            out.buffer.dst(),
+            out.layout,
+        );
         Ok(())
     }
 
-    fn reduce(&self, op: ReduceOp, x: View<'_, CpuBuffer>, axes: &[usize], out: View<'_, CpuBuffer>) -> Result<()> {
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        x: View<'_, CpuBuffer>,
+        axes: &[usize],
+        out: View<'_, CpuBuffer>,
+    ) -> Result<()> {
         fits("reduce", x)?;
         fits("reduce", out)?;
         float("reduce", out.dtype())?;
         let mut expected = x.layout.shape.clone();
         for (i, &a) in axes.iter().enumerate() {
             if a >= x.layout.rank() || axes[..i].contains(&a) {
-                return Err(Error::InvalidArgument { op: "reduce", detail: format!("axes {axes:?} are not distinct axes of rank {}", x.layout.rank()) });
+                return Err(Error::InvalidArgument {
+                    op: "reduce",
+                    detail: format!(
+                        "axes {axes:?} are not distinct axes of rank {}",
+                        x.layout.rank()
+                    ),
+                });
             }
             expected[a] = 1;
         }
-        same_shape("reduce", &expected, &out.layout.shape, "the output keeps reduced axes as size 1")?;
+        same_shape(
+            "reduce",
+            &expected,
+            &out.layout.shape,
+            "the output keeps reduced axes as size 1",
+        )?;
         let reduced: usize = axes.iter().map(|&a| x.layout.shape[a]).product();
         if reduced == 0 && out.layout.numel() > 0 && matches!(op, ReduceOp::Max | ReduceOp::Min) {
-            return Err(Error::Empty { op: "reduce", detail: format!("{op:?} over axes {axes:?} of shape {:?} has no elements", x.layout.shape) });
+            return Err(Error::Empty {
+                op: "reduce",
+                detail: format!(
+                    "{op:?} over axes {axes:?} of shape {:?} has no elements",
+                    x.layout.shape
+                ),
+            });
         }
         let _g = exec();
-        reduce::reduce(op, x.buffer.src(), x.layout, axes, out.buffer.dst(), out.layout);
+        reduce::reduce(
+            op,
+            x.buffer.src(),
+            x.layout,
+            axes,
+            out.buffer.dst(),
+            out.layout,
+        );
         Ok(())
     }
 
-    fn arg_reduce(&self, op: ArgReduceOp, x: View<'_, CpuBuffer>, axis: usize, out: View<'_, CpuBuffer>) -> Result<()> {
+    fn arg_reduce(
+        &self,
+        op: ArgReduceOp,
+        x: View<'_, CpuBuffer>,
+        axis: usize,
+        out: View<'_, CpuBuffer>,
+    ) -> Result<()> {
         fits("arg_reduce", x)?;
         fits("arg_reduce", out)?;
         dtype_is("arg_reduce", DType::U32, out.dtype())?;
         if axis >= x.layout.rank() {
-            return Err(Error::InvalidArgument { op: "arg_reduce", detail: format!("axis {axis} is out of range for shape {:?}", x.layout.shape) });
+            return Err(Error::InvalidArgument {
+                op: "arg_reduce",
+                detail: format!("axis {axis} is out of range for shape {:?}", x.layout.shape),
+            });
         }
         let mut expected = x.layout.shape.clone();
         expected[axis] = 1;
-        same_shape("arg_reduce", &expected, &out.layout.shape, "the output keeps the reduced axis as size 1")?;
+        same_shape(
+            "arg_reduce",
+            &expected,
+            &out.layout.shape,
+            "the output keeps the reduced axis as size 1",
+        )?;
         if x.layout.shape[axis] == 0 && out.layout.numel() > 0 {
-            return Err(Error::Empty { op: "arg_reduce", detail: format!("axis {axis} of shape {:?} has no elements", x.layout.shape) });
+            return Err(Error::Empty {
+                op: "arg_reduce",
+                detail: format!("axis {axis} of shape {:?} has no elements", x.layout.shape),
+            });
         }
         let _g = exec();
-        reduce::arg_reduce(op, x.buffer.src(), x.layout, axis, out.buffer.dst(), out.layout);
+        reduce::arg_reduce(
+            op,
+            x.buffer.src(),
+            x.layout,
+            axis,
+            out.buffer.dst(),
+            out.layout,
+        );
         Ok(())
     }
 
-    fn matmul(&self, a: View<'_, CpuBuffer>, b: View<'_, CpuBuffer>, out: View<'_, CpuBuffer>, alpha: f32, beta: f32) -> Result<()> {
+    fn matmul(
+        &self,
+        a: View<'_, CpuBuffer>,
+        b: View<'_, CpuBuffer>,
+        out: View<'_, CpuBuffer>,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<()> {
         for (v, what) in [(a, "a"), (b, "b"), (out, "out")] {
             fits("matmul", v)?;
             float("matmul", v.dtype())?;
             if !(2..=3).contains(&v.layout.rank()) {
-                return Err(Error::InvalidArgument { op: "matmul", detail: format!("{what} must have rank 2 or 3, got shape {:?}", v.layout.shape) });
+                return Err(Error::InvalidArgument {
+                    op: "matmul",
+                    detail: format!(
+                        "{what} must have rank 2 or 3, got shape {:?}",
+                        v.layout.shape
+                    ),
+                });
             }
         }
         dtype_is("matmul", a.dtype(), b.dtype())?;
-        let (am, bm, om) = (linalg::Mat::of(a.layout), linalg::Mat::of(b.layout), linalg::Mat::of(out.layout));
+        let (am, bm, om) = (
+            linalg::Mat::of(a.layout),
+            linalg::Mat::of(b.layout),
+            linalg::Mat::of(out.layout),
+        );
         let batch_ok = |x: usize| x == om.batch || x == 1;
-        if am.cols != bm.rows || am.rows != om.rows || bm.cols != om.cols || !batch_ok(am.batch) || !batch_ok(bm.batch) {
+        if am.cols != bm.rows
+            || am.rows != om.rows
+            || bm.cols != om.cols
+            || !batch_ok(am.batch)
+            || !batch_ok(bm.batch)
+        {
             return Err(Error::ShapeMismatch {
                 op: "matmul",
                 expected: a.layout.shape.clone(),
                 got: b.layout.shape.clone(),
-                detail: format!("[batch, m, k] @ [batch, k, n] cannot produce an output of shape {:?}", out.layout.shape),
+                detail: format!(
+                    "[batch, m, k] @ [batch, k, n] cannot produce an output of shape {:?}",
+                    out.layout.shape
+                ),
             });
         }
         if out.buffer.same_memory(a.buffer) || out.buffer.same_memory(b.buffer) {
-            return Err(Error::InvalidArgument { op: "matmul", detail: "the output must not share memory with an operand".into() });
+            return Err(Error::InvalidArgument {
+                op: "matmul",
+                detail: "the output must not share memory with an operand".into(),
+            });
         }
         let _g = exec();
         linalg::matmul(a.buffer, am, b.buffer, bm, out.buffer, om, alpha, beta);
         Ok(())
     }
 
-    fn spmv_csr(&self, a: Csr<'_, CpuBuffer>, x: &CpuBuffer, y: &CpuBuffer, alpha: f32, beta: f32) -> Result<()> {
+    fn spmv_csr(
+        &self,
+        a: Csr<'_, CpuBuffer>,
+        x: &CpuBuffer,
+        y: &CpuBuffer,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<()> {
         const OP: &str = "spmv_csr";
         dtype_is(OP, DType::U32, a.row_offsets.dtype())?;
         dtype_is(OP, DType::U32, a.col_indices.dtype())?;
         for buf in [a.values, x, y] {
             dtype_is(OP, DType::F32, buf.dtype())?;
         }
-        if a.row_offsets.len() != a.rows + 1 || x.len() != a.cols || y.len() != a.rows || a.col_indices.len() != a.values.len() {
+        if a.row_offsets.len() != a.rows + 1
+            || x.len() != a.cols
+            || y.len() != a.rows
+            || a.col_indices.len() != a.values.len()
+        {
             return Err(Error::ShapeMismatch {
                 op: OP,
                 expected: vec![a.rows + 1, a.cols, a.rows],
@@ -382,61 +566,165 @@ impl Backend for CpuBackend {
         let _g = exec();
         let offsets = u32_slice(a.row_offsets);
         let nnz = a.values.len();
-        if offsets[0] != 0 || offsets.windows(2).any(|w| w[0] > w[1]) || offsets[a.rows] as usize > nnz {
-            return Err(Error::InvalidArgument { op: OP, detail: "row_offsets must start at 0, never decrease and end within the stored entries".into() });
+        if offsets[0] != 0
+            || offsets.windows(2).any(|w| w[0] > w[1])
+            || offsets[a.rows] as usize > nnz
+        {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                detail:
+                    "row_offsets must start at 0, never decrease and end within the stored entries"
+                        .into(),
+            });
         }
         let cols = u32_slice(a.col_indices);
-        if let Some(&bad) = cols[..offsets[a.rows] as usize].iter().find(|&&c| c as usize >= a.cols) {
-            return Err(Error::IndexOutOfRange { op: OP, index: bad as i64, bound: a.cols });
+        if let Some(&bad) = cols[..offsets[a.rows] as usize]
+            .iter()
+            .find(|&&c| c as usize >= a.cols)
+        {
+            return Err(Error::IndexOutOfRange {
+                op: OP,
+                index: bad as i64,
+                bound: a.cols,
+            });
         }
-        linalg::spmv(a.rows, offsets, cols, f32_slice(a.values), f32_slice(x), y.typed::<f32>(), alpha, beta);
+        linalg::spmv(
+            a.rows,
+            offsets,
+            cols,
+            f32_slice(a.values),
+            f32_slice(x),
+            y.typed::<f32>(),
+            alpha,
+            beta,
+        );
         Ok(())
     }
 
-    fn gather(&self, x: View<'_, CpuBuffer>, axis: usize, index: View<'_, CpuBuffer>, out: View<'_, CpuBuffer>) -> Result<()> {
+    fn gather(
+        &self,
+        x: View<'_, CpuBuffer>,
+        axis: usize,
+        index: View<'_, CpuBuffer>,
+        out: View<'_, CpuBuffer>,
+    ) -> Result<()> {
         check_gather_shapes("gather", x, axis, index)?;
         fits("gather", out)?;
-        same_shape("gather", &index.layout.shape, &out.layout.shape, "the output has the index's shape")?;
+        same_shape(
+            "gather",
+            &index.layout.shape,
+            &out.layout.shape,
+            "the output has the index's shape",
+        )?;
         let _g = exec();
         check_indices("gather", index, x.layout.shape[axis])?;
-        indexing::gather(x.buffer.src(), x.layout, axis, index.buffer.src(), index.layout, out.buffer.dst(), out.layout);
+        indexing::gather(
+            x.buffer.src(),
+            x.layout,
+            axis,
+            index.buffer.src(),
+            index.layout,
+            out.buffer.dst(),
+            out.layout,
+        );
         Ok(())
     }
 
-    fn scatter_add(&self, src: View<'_, CpuBuffer>, axis: usize, index: View<'_, CpuBuffer>, out: View<'_, CpuBuffer>) -> Result<()> {
+    fn scatter_add(
+        &self,
+        src: View<'_, CpuBuffer>,
+        axis: usize,
+        index: View<'_, CpuBuffer>,
+        out: View<'_, CpuBuffer>,
+    ) -> Result<()> {
         check_gather_shapes("scatter_add", out, axis, index)?;
         fits("scatter_add", src)?;
         float("scatter_add", out.dtype())?;
-        same_shape("scatter_add", &index.layout.shape, &src.layout.shape, "the source has the index's shape")?;
+        same_shape(
+            "scatter_add",
+            &index.layout.shape,
+            &src.layout.shape,
+            "the source has the index's shape",
+        )?;
         let _g = exec();
         check_indices("scatter_add", index, out.layout.shape[axis])?;
-        indexing::scatter_add(src.buffer.src(), src.layout, axis, index.buffer.src(), index.layout, out.buffer.dst(), out.layout);
+        indexing::scatter_add(
+            src.buffer.src(),
+            src.layout,
+            axis,
+            index.buffer.src(),
+            index.layout,
+            out.buffer.dst(),
+            out.layout,
+        );
         Ok(())
     }
 
-    fn im2col(&self, x: View<'_, CpuBuffer>, g: &Conv2dGeometry, out: View<'_, CpuBuffer>) -> Result<()> {
+    fn im2col(
+        &self,
+        x: View<'_, CpuBuffer>,
+        g: &Conv2dGeometry,
+        out: View<'_, CpuBuffer>,
+    ) -> Result<()> {
         let cols = check_conv("im2col", g)?;
         fits("im2col", x)?;
         fits("im2col", out)?;
-        same_shape("im2col", &g.image_shape(), &x.layout.shape, "the input has the geometry's image shape")?;
-        same_shape("im2col", &cols, &out.layout.shape, "the output has the geometry's columns shape")?;
+        same_shape(
+            "im2col",
+            &g.image_shape(),
+            &x.layout.shape,
+            "the input has the geometry's image shape",
+        )?;
+        same_shape(
+            "im2col",
+            &cols,
+            &out.layout.shape,
+            "the output has the geometry's columns shape",
+        )?;
         let _g = exec();
         indexing::im2col(x.buffer.src(), x.layout, g, out.buffer.dst(), out.layout);
         Ok(())
     }
 
-    fn col2im(&self, cols: View<'_, CpuBuffer>, g: &Conv2dGeometry, out: View<'_, CpuBuffer>) -> Result<()> {
+    fn col2im(
+        &self,
+        cols: View<'_, CpuBuffer>,
+        g: &Conv2dGeometry,
+        out: View<'_, CpuBuffer>,
+    ) -> Result<()> {
         let shape = check_conv("col2im", g)?;
         fits("col2im", cols)?;
         fits("col2im", out)?;
-        same_shape("col2im", &shape, &cols.layout.shape, "the input has the geometry's columns shape")?;
-        same_shape("col2im", &g.image_shape(), &out.layout.shape, "the output has the geometry's image shape")?;
+        same_shape(
+            "col2im",
+            &shape,
+            &cols.layout.shape,
+            "the input has the geometry's columns shape",
+        )?;
+        same_shape(
+            "col2im",
+            &g.image_shape(),
+            &out.layout.shape,
+            "the output has the geometry's image shape",
+        )?;
         let _g = exec();
-        indexing::col2im(cols.buffer.src(), cols.layout, g, out.buffer.dst(), out.layout);
+        indexing::col2im(
+            cols.buffer.src(),
+            cols.layout,
+            g,
+            out.buffer.dst(),
+            out.layout,
+        );
         Ok(())
     }
 
-    fn nearest_centroid(&self, x: View<'_, CpuBuffer>, c: View<'_, CpuBuffer>, out_index: View<'_, CpuBuffer>, out_distance: View<'_, CpuBuffer>) -> Result<()> {
+    fn nearest_centroid(
+        &self,
+        x: View<'_, CpuBuffer>,
+        c: View<'_, CpuBuffer>,
+        out_index: View<'_, CpuBuffer>,
+        out_distance: View<'_, CpuBuffer>,
+    ) -> Result<()> {
         const OP: &str = "nearest_centroid";
         for v in [x, c, out_index, out_distance] {
             fits(OP, v)?;
@@ -448,21 +736,47 @@ impl Backend for CpuBackend {
         dtype_is(OP, DType::U32, out_index.dtype())?;
         dtype_is(OP, DType::F32, out_distance.dtype())?;
         let (n, d) = (x.layout.shape[0], x.layout.shape[1]);
-        same_shape(OP, &[c.layout.shape[0], d], &c.layout.shape, "centroids have the points' dimension")?;
+        same_shape(
+            OP,
+            &[c.layout.shape[0], d],
+            &c.layout.shape,
+            "centroids have the points' dimension",
+        )?;
         same_shape(OP, &[n], &out_index.layout.shape, "one index per point")?;
-        same_shape(OP, &[n], &out_distance.layout.shape, "one distance per point")?;
+        same_shape(
+            OP,
+            &[n],
+            &out_distance.layout.shape,
+            "one distance per point",
+        )?;
         if c.layout.shape[0] == 0 && n > 0 {
-            return Err(Error::Empty { op: OP, detail: "no centroids to search".into() });
+            return Err(Error::Empty {
+                op: OP,
+                detail: "no centroids to search".into(),
+            });
         }
         let _g = exec();
         cluster::nearest_centroid(
-            x.buffer.src(), x.layout, c.buffer.src(), c.layout,
-            out_index.buffer.dst(), out_index.layout, out_distance.buffer.dst(), out_distance.layout,
+            x.buffer.src(),
+            x.layout,
+            c.buffer.src(),
+            c.layout,
+            out_index.buffer.dst(),
+            out_index.layout,
+            out_distance.buffer.dst(),
+            out_distance.layout,
         );
         Ok(())
     }
 
-    fn segment_sum(&self, x: View<'_, CpuBuffer>, segment: View<'_, CpuBuffer>, weights: Option<View<'_, CpuBuffer>>, sums: View<'_, CpuBuffer>, counts: View<'_, CpuBuffer>) -> Result<()> {
+    fn segment_sum(
+        &self,
+        x: View<'_, CpuBuffer>,
+        segment: View<'_, CpuBuffer>,
+        weights: Option<View<'_, CpuBuffer>>,
+        sums: View<'_, CpuBuffer>,
+        counts: View<'_, CpuBuffer>,
+    ) -> Result<()> {
         const OP: &str = "segment_sum";
         for v in [x, segment, sums, counts].into_iter().chain(weights) {
             fits(OP, v)?;
@@ -474,7 +788,12 @@ impl Backend for CpuBackend {
         float(OP, counts.dtype())?;
         let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
         same_shape(OP, &[n], &segment.layout.shape, "one segment id per row")?;
-        same_shape(OP, &[m, d], &sums.layout.shape, "sums are [segments, columns]")?;
+        same_shape(
+            OP,
+            &[m, d],
+            &sums.layout.shape,
+            "sums are [segments, columns]",
+        )?;
         same_shape(OP, &[m], &counts.layout.shape, "one count per segment")?;
         if let Some(w) = weights {
             same_shape(OP, &[n], &w.layout.shape, "one weight per row")?;
@@ -484,27 +803,64 @@ impl Backend for CpuBackend {
         let seg = indices_u32(segment);
         let w = weights.map(|w| {
             let mut v = vec![0f32; n];
-            elementwise::copy(w.buffer.src(), w.layout, storage::Dst { ptr: v.as_mut_ptr() as *mut u8, dtype: DType::F32 }, &Layout::contiguous(&[n]));
+            elementwise::copy(
+                w.buffer.src(),
+                w.layout,
+                storage::Dst {
+                    ptr: v.as_mut_ptr() as *mut u8,
+                    dtype: DType::F32,
+                },
+                &Layout::contiguous(&[n]),
+            );
             v
         });
-        cluster::segment_sum(x.buffer.src(), x.layout, &seg, w.as_deref(), sums.buffer.dst(), sums.layout, counts.buffer.dst(), counts.layout);
+        cluster::segment_sum(
+            x.buffer.src(),
+            x.layout,
+            &seg,
+            w.as_deref(),
+            sums.buffer.dst(),
+            sums.layout,
+            counts.buffer.dst(),
+            counts.layout,
+        );
         Ok(())
     }
 
-    fn sgd_step(&self, param: &CpuBuffer, grad: &CpuBuffer, momentum_buffer: Option<&CpuBuffer>, p: &SgdParams) -> Result<()> {
+    fn sgd_step(
+        &self,
+        param: &CpuBuffer,
+        grad: &CpuBuffer,
+        momentum_buffer: Option<&CpuBuffer>,
+        p: &SgdParams,
+    ) -> Result<()> {
         let bufs: Vec<&CpuBuffer> = [param, grad].into_iter().chain(momentum_buffer).collect();
         check_optimizer("sgd_step", &bufs)?;
         if p.momentum != 0.0 && momentum_buffer.is_none() {
-            return Err(Error::InvalidArgument { op: "sgd_step", detail: "momentum != 0 needs a momentum buffer".into() });
+            return Err(Error::InvalidArgument {
+                op: "sgd_step",
+                detail: "momentum != 0 needs a momentum buffer".into(),
+            });
         }
         let _g = exec();
         let sh = |b: &CpuBuffer| optim::Shared(b.typed::<f32>());
-        let buf = if p.momentum != 0.0 { momentum_buffer.map(sh) } else { None };
+        let buf = if p.momentum != 0.0 {
+            momentum_buffer.map(sh)
+        } else {
+            None
+        };
         optim::sgd(param.len(), sh(param), sh(grad), buf, p);
         Ok(())
     }
 
-    fn adam_step(&self, param: &CpuBuffer, grad: &CpuBuffer, m: &CpuBuffer, v: &CpuBuffer, p: &AdamParams) -> Result<()> {
+    fn adam_step(
+        &self,
+        param: &CpuBuffer,
+        grad: &CpuBuffer,
+        m: &CpuBuffer,
+        v: &CpuBuffer,
+        p: &AdamParams,
+    ) -> Result<()> {
         check_optimizer("adam_step", &[param, grad, m, v])?;
         let _g = exec();
         let sh = |b: &CpuBuffer| optim::Shared(b.typed::<f32>());
@@ -512,7 +868,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn random(&self, out: View<'_, CpuBuffer>, dist: Distribution, seed: u64, offset: u64) -> Result<()> {
+    fn random(
+        &self,
+        out: View<'_, CpuBuffer>,
+        dist: Distribution,
+        seed: u64,
+        offset: u64,
+    ) -> Result<()> {
         fits("random", out)?;
         float("random", out.dtype())?;
         let _g = exec();
@@ -524,7 +886,10 @@ impl Backend for CpuBackend {
         let hash = program.structural_hash();
         let mut cache = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
         let bucket = cache.entry(hash).or_default();
-        if let Some(k) = bucket.iter().find(|k| k.0.program.buffers == program.buffers && k.0.program.insts == program.insts) {
+        if let Some(k) = bucket
+            .iter()
+            .find(|k| k.0.program.buffers == program.buffers && k.0.program.insts == program.insts)
+        {
             return Ok(k.clone());
         }
         let kernel = CpuKernel(Arc::new(program::compile(program)?));
@@ -538,17 +903,25 @@ impl Backend for CpuBackend {
     }
 }
 
-fn check_gather_shapes(op: &'static str, x: View<'_, CpuBuffer>, axis: usize, index: View<'_, CpuBuffer>) -> Result<()> {
+fn check_gather_shapes(
+    op: &'static str,
+    x: View<'_, CpuBuffer>,
+    axis: usize,
+    index: View<'_, CpuBuffer>,
+) -> Result<()> {
     fits(op, x)?;
     fits(op, index)?;
     index_dtype(op, index.dtype())?;
     let (xs, is) = (&x.layout.shape, &index.layout.shape);
-    if axis >= xs.len() || xs.len() != is.len() || (0..xs.len()).any(|d| d != axis && is[d] > xs[d]) {
+    if axis >= xs.len() || xs.len() != is.len() || (0..xs.len()).any(|d| d != axis && is[d] > xs[d])
+    {
         return Err(Error::ShapeMismatch {
             op,
             expected: xs.clone(),
             got: is.clone(),
-            detail: format!("the index must have the data's rank, axis {axis} inside it, and no larger dimension off the axis"),
+            detail: format!(
+                "the index must have the data's rank, axis {axis} inside it, and no larger dimension off the axis"
+            ),
         });
     }
     Ok(())
@@ -564,7 +937,12 @@ fn check_optimizer(op: &'static str, bufs: &[&CpuBuffer]) -> Result<()> {
     for b in bufs {
         dtype_is(op, DType::F32, b.dtype())?;
         if b.len() != bufs[0].len() {
-            return Err(Error::ShapeMismatch { op, expected: vec![bufs[0].len()], got: vec![b.len()], detail: "optimizer buffers have one length".into() });
+            return Err(Error::ShapeMismatch {
+                op,
+                expected: vec![bufs[0].len()],
+                got: vec![b.len()],
+                detail: "optimizer buffers have one length".into(),
+            });
         }
     }
     Ok(())

@@ -18,42 +18,115 @@ pub(crate) struct Mat {
 impl Mat {
     pub fn of(l: &Layout) -> Mat {
         let r = l.rank();
-        let (batch, sb) = if r == 3 { (l.shape[0], l.strides[0]) } else { (1, 0) };
-        Mat { batch, rows: l.shape[r - 2], cols: l.shape[r - 1], s: [sb, l.strides[r - 2], l.strides[r - 1]], offset: l.offset as isize }
+        let (batch, sb) = if r == 3 {
+            (l.shape[0], l.strides[0])
+        } else {
+            (1, 0)
+        };
+        Mat {
+            batch,
+            rows: l.shape[r - 2],
+            cols: l.shape[r - 1],
+            s: [sb, l.strides[r - 2], l.strides[r - 1]],
+            offset: l.offset as isize,
+        }
     }
     fn at(&self, b: usize) -> isize {
         // A batch of 1 broadcasts.
-        if self.batch == 1 { self.offset } else { self.offset + b as isize * self.s[0] }
+        if self.batch == 1 {
+            self.offset
+        } else {
+            self.offset + b as isize * self.s[0]
+        }
     }
     fn layout(&self) -> Layout {
-        Layout { shape: vec![self.batch, self.rows, self.cols], strides: self.s.to_vec(), offset: self.offset as usize }
+        Layout {
+            shape: vec![self.batch, self.rows, self.cols],
+            strides: self.s.to_vec(),
+            offset: self.offset as usize,
+        }
     }
 }
 
 /// `out = alpha * a @ b + beta * out`; shapes were checked by the caller.
-pub(crate) fn matmul(a: &CpuBuffer, am: Mat, b: &CpuBuffer, bm: Mat, out: &CpuBuffer, om: Mat, alpha: f32, beta: f32) {
+pub(crate) fn matmul(
+    a: &CpuBuffer,
+    am: Mat,
+    b: &CpuBuffer,
+    bm: Mat,
+    out: &CpuBuffer,
+    om: Mat,
+    alpha: f32,
+    beta: f32,
+) {
     let all_f32 = a.0.dtype == DType::F32 && b.0.dtype == DType::F32 && out.0.dtype == DType::F32;
     if all_f32 {
-        gemm_f32(a.typed::<f32>(), am, b.typed::<f32>(), bm, out.typed::<f32>(), om, alpha, beta);
+        gemm_f32(
+            a.typed::<f32>(),
+            am,
+            b.typed::<f32>(),
+            bm,
+            out.typed::<f32>(),
+            om,
+            alpha,
+            beta,
+        );
         return;
     }
     // Other dtypes: convert the operands to contiguous f32, multiply, round once on store.
     let to_f32 = |src: Src, m: Mat| -> Vec<f32> {
         let mut v = vec![0f32; m.batch * m.rows * m.cols];
-        let dst = Dst { ptr: v.as_mut_ptr() as *mut u8, dtype: DType::F32 };
-        elementwise::copy(src, &m.layout(), dst, &Layout::contiguous(&[m.batch, m.rows, m.cols]));
+        let dst = Dst {
+            ptr: v.as_mut_ptr() as *mut u8,
+            dtype: DType::F32,
+        };
+        elementwise::copy(
+            src,
+            &m.layout(),
+            dst,
+            &Layout::contiguous(&[m.batch, m.rows, m.cols]),
+        );
         v
     };
     let (av, bv) = (to_f32(a.src(), am), to_f32(b.src(), bm));
-    let mut ov = if beta != 0.0 { to_f32(out.src(), om) } else { vec![0f32; om.batch * om.rows * om.cols] };
-    let contig = |m: Mat| Mat { s: [(m.rows * m.cols) as isize, m.cols as isize, 1], offset: 0, ..m };
-    gemm_f32(av.as_ptr() as *mut f32, contig(am), bv.as_ptr() as *mut f32, contig(bm), ov.as_mut_ptr(), contig(om), alpha, beta);
-    let src = Src { ptr: ov.as_ptr() as *const u8, dtype: DType::F32 };
+    let mut ov = if beta != 0.0 {
+        to_f32(out.src(), om)
+    } else {
+        vec![0f32; om.batch * om.rows * om.cols]
+    };
+    let contig = |m: Mat| Mat {
+        s: [(m.rows * m.cols) as isize, m.cols as isize, 1],
+        offset: 0,
+        ..m
+    };
+    gemm_f32(
+        av.as_ptr() as *mut f32,
+        contig(am),
+        bv.as_ptr() as *mut f32,
+        contig(bm),
+        ov.as_mut_ptr(),
+        contig(om),
+        alpha,
+        beta,
+    );
+    let src = Src {
+        ptr: ov.as_ptr() as *const u8,
+        dtype: DType::F32,
+    };
     elementwise::copy(src, &contig(om).layout(), out.dst(), &om.layout());
 }
 
 #[allow(clippy::too_many_arguments)]
-fn gemm_f32(a: *mut f32, am: Mat, b: *mut f32, bm: Mat, out: *mut f32, om: Mat, alpha: f32, beta: f32) {
+fn gemm_f32(
+    a: *mut f32,
+    am: Mat,
+    b: *mut f32,
+    bm: Mat,
+    out: *mut f32,
+    om: Mat,
+    alpha: f32,
+    beta: f32,
+) {
     let (m, k, n) = (om.rows, am.cols, om.cols);
     if m == 0 || n == 0 || om.batch == 0 {
         return;
@@ -78,19 +151,39 @@ fn gemm_f32(a: *mut f32, am: Mat, b: *mut f32, bm: Mat, out: *mut f32, om: Mat, 
                 return;
             }
             gemm::gemm(
-                m, n, k,
-                dst, om.s[2], om.s[1], beta != 0.0,
-                pa.0.offset(am.at(bi)), am.s[2], am.s[1],
-                pb.0.offset(bm.at(bi)), bm.s[2], bm.s[1],
-                beta, alpha, false, false, false, par,
+                m,
+                n,
+                k,
+                dst,
+                om.s[2],
+                om.s[1],
+                beta != 0.0,
+                pa.0.offset(am.at(bi)),
+                am.s[2],
+                am.s[1],
+                pb.0.offset(bm.at(bi)),
+                bm.s[2],
+                bm.s[1],
+                beta,
+                alpha,
+                false,
+                false,
+                false,
+                par,
             );
         }
     };
     let small = m * n * k < (1 << 18);
     if om.batch > 1 && small {
-        (0..om.batch).into_par_iter().for_each(|bi| one(bi, gemm::Parallelism::None));
+        (0..om.batch)
+            .into_par_iter()
+            .for_each(|bi| one(bi, gemm::Parallelism::None));
     } else {
-        let par = if small { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(0) };
+        let par = if small {
+            gemm::Parallelism::None
+        } else {
+            gemm::Parallelism::Rayon(0)
+        };
         for bi in 0..om.batch {
             one(bi, par);
         }
@@ -98,7 +191,16 @@ fn gemm_f32(a: *mut f32, am: Mat, b: *mut f32, bm: Mat, out: *mut f32, om: Mat, 
 }
 
 /// `y = alpha * A x + beta * y`; structure and indices were validated by the caller.
-pub(crate) fn spmv(rows: usize, offsets: &[u32], cols: &[u32], values: &[f32], x: &[f32], y: *mut f32, alpha: f32, beta: f32) {
+pub(crate) fn spmv(
+    rows: usize,
+    offsets: &[u32],
+    cols: &[u32],
+    values: &[f32],
+    x: &[f32],
+    y: *mut f32,
+    alpha: f32,
+    beta: f32,
+) {
     struct P(*mut f32);
     unsafe impl Sync for P {}
     unsafe impl Send for P {}
@@ -113,7 +215,11 @@ pub(crate) fn spmv(rows: usize, offsets: &[u32], cols: &[u32], values: &[f32], x
         // SAFETY: each row writes its own element.
         unsafe {
             let d = py.0.add(r);
-            *d = if beta == 0.0 { alpha * acc as f32 } else { alpha * acc as f32 + beta * *d };
+            *d = if beta == 0.0 {
+                alpha * acc as f32
+            } else {
+                alpha * acc as f32 + beta * *d
+            };
         }
     });
 }

@@ -20,7 +20,9 @@ impl Shared {
 }
 
 fn par_ranges(n: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
-    (0..n.div_ceil(CHUNK)).into_par_iter().for_each(|c| f(c * CHUNK..((c + 1) * CHUNK).min(n)));
+    (0..n.div_ceil(CHUNK))
+        .into_par_iter()
+        .for_each(|c| f(c * CHUNK..((c + 1) * CHUNK).min(n)));
 }
 
 pub(crate) fn sgd(n: usize, p: Shared, g: Shared, buf: Option<Shared>, h: &SgdParams) {
@@ -32,8 +34,16 @@ pub(crate) fn sgd(n: usize, p: Shared, g: Shared, buf: Option<Shared>, h: &SgdPa
                 let mut gi = *g.at(i) + h.weight_decay * *pi;
                 if let Some(b) = buf {
                     let bi = b.at(i);
-                    *bi = if h.step <= 1 { gi } else { h.momentum * *bi + (1.0 - h.dampening) * gi };
-                    gi = if h.nesterov { gi + h.momentum * *bi } else { *bi };
+                    *bi = if h.step <= 1 {
+                        gi
+                    } else {
+                        h.momentum * *bi + (1.0 - h.dampening) * gi
+                    };
+                    gi = if h.nesterov {
+                        gi + h.momentum * *bi
+                    } else {
+                        *bi
+                    };
                 }
                 *pi -= h.lr * gi;
             }

@@ -64,7 +64,12 @@ pub(crate) fn compile(program: &Program) -> Result<CompiledProgram> {
             free.push(slots[v]);
         }
     }
-    Ok(CompiledProgram { program: program.clone(), types, slots, n_slots })
+    Ok(CompiledProgram {
+        program: program.clone(),
+        types,
+        slots,
+        n_slots,
+    })
 }
 
 #[derive(Clone, Copy)]
@@ -82,9 +87,19 @@ impl Mem {
         // SAFETY: the caller checked `i < len`; atomics make concurrent access defined.
         unsafe {
             match self.dtype {
-                DType::F32 | DType::I32 | DType::U32 => (*(self.ptr as *const AtomicU32).add(i)).load(Relaxed),
-                DType::F16 => f16::from_bits((*(self.ptr as *const AtomicU16).add(i)).load(Relaxed)).to_f32().to_bits(),
-                DType::BF16 => bf16::from_bits((*(self.ptr as *const AtomicU16).add(i)).load(Relaxed)).to_f32().to_bits(),
+                DType::F32 | DType::I32 | DType::U32 => {
+                    (*(self.ptr as *const AtomicU32).add(i)).load(Relaxed)
+                }
+                DType::F16 => {
+                    f16::from_bits((*(self.ptr as *const AtomicU16).add(i)).load(Relaxed))
+                        .to_f32()
+                        .to_bits()
+                }
+                DType::BF16 => {
+                    bf16::from_bits((*(self.ptr as *const AtomicU16).add(i)).load(Relaxed))
+                        .to_f32()
+                        .to_bits()
+                }
             }
         }
     }
@@ -92,9 +107,13 @@ impl Mem {
     fn store(&self, i: usize, bits: u32) {
         unsafe {
             match self.dtype {
-                DType::F32 | DType::I32 | DType::U32 => (*(self.ptr as *const AtomicU32).add(i)).store(bits, Relaxed),
-                DType::F16 => (*(self.ptr as *const AtomicU16).add(i)).store(f16::from_f32(f32::from_bits(bits)).to_bits(), Relaxed),
-                DType::BF16 => (*(self.ptr as *const AtomicU16).add(i)).store(bf16::from_f32(f32::from_bits(bits)).to_bits(), Relaxed),
+                DType::F32 | DType::I32 | DType::U32 => {
+                    (*(self.ptr as *const AtomicU32).add(i)).store(bits, Relaxed)
+                }
+                DType::F16 => (*(self.ptr as *const AtomicU16).add(i))
+                    .store(f16::from_f32(f32::from_bits(bits)).to_bits(), Relaxed),
+                DType::BF16 => (*(self.ptr as *const AtomicU16).add(i))
+                    .store(bf16::from_f32(f32::from_bits(bits)).to_bits(), Relaxed),
             }
         }
     }
@@ -126,19 +145,41 @@ pub(crate) fn launch(k: &CompiledProgram, args: &[&CpuBuffer], n: usize) -> Resu
     if args.len() != p.buffers.len() {
         return Err(Error::InvalidArgument {
             op: "launch",
-            detail: format!("program `{}` takes {} buffers, {} were bound", p.name, p.buffers.len(), args.len()),
+            detail: format!(
+                "program `{}` takes {} buffers, {} were bound",
+                p.name,
+                p.buffers.len(),
+                args.len()
+            ),
         });
     }
     for (i, (a, decl)) in args.iter().zip(&p.buffers).enumerate() {
         if a.dtype() != decl.dtype {
-            return Err(Error::DTypeMismatch { op: "launch (buffer argument)", expected: decl.dtype, got: a.dtype() })
-                .map_err(|e| Error::InvalidArgument { op: "launch", detail: format!("buffer {i}: {e}") });
+            return Err(Error::DTypeMismatch {
+                op: "launch (buffer argument)",
+                expected: decl.dtype,
+                got: a.dtype(),
+            })
+            .map_err(|e| Error::InvalidArgument {
+                op: "launch",
+                detail: format!("buffer {i}: {e}"),
+            });
         }
     }
     if n > u32::MAX as usize + 1 {
-        return Err(Error::InvalidArgument { op: "launch", detail: format!("{n} launch indices exceed the u32 index range") });
+        return Err(Error::InvalidArgument {
+            op: "launch",
+            detail: format!("{n} launch indices exceed the u32 index range"),
+        });
     }
-    let mems: Vec<Mem> = args.iter().map(|a| Mem { ptr: a.0.as_ptr(), len: a.len(), dtype: a.dtype() }).collect();
+    let mems: Vec<Mem> = args
+        .iter()
+        .map(|a| Mem {
+            ptr: a.0.as_ptr(),
+            len: a.len(),
+            dtype: a.dtype(),
+        })
+        .collect();
     // First out-of-range access, as (buffer index + 1) << 32 | element index; 0 = none.
     let fault = AtomicU64::new(0);
     const BLOCKS_PER_TASK: usize = 16;
@@ -160,7 +201,11 @@ pub(crate) fn launch(k: &CompiledProgram, args: &[&CpuBuffer], n: usize) -> Resu
         0 => Ok(()),
         f => {
             let (buf, idx) = ((f >> 32) - 1, f & 0xffff_ffff);
-            Err(Error::IndexOutOfRange { op: "launch (program load/store)", index: idx as i64, bound: mems[buf as usize].len })
+            Err(Error::IndexOutOfRange {
+                op: "launch (program load/store)",
+                index: idx as i64,
+                bound: mems[buf as usize].len,
+            })
         }
     }
 }
@@ -174,7 +219,14 @@ fn b(x: f32) -> u32 {
     x.to_bits()
 }
 
-fn run_block(k: &CompiledProgram, mems: &[Mem], regs: &mut [Reg], base: u32, lanes: usize, fault: &AtomicU64) {
+fn run_block(
+    k: &CompiledProgram,
+    mems: &[Mem],
+    regs: &mut [Reg],
+    base: u32,
+    lanes: usize,
+    fault: &AtomicU64,
+) {
     let record_fault = |buf: u32, idx: u32| {
         let _ = fault.compare_exchange(0, ((buf as u64 + 1) << 32) | idx as u64, Relaxed, Relaxed);
     };
@@ -210,7 +262,16 @@ fn run_block(k: &CompiledProgram, mems: &[Mem], regs: &mut [Reg], base: u32, lan
                 }
                 regs[dst] = out;
             }
-            Inst::Store { buffer, index, value } | Inst::AtomicAdd { buffer, index, value } => {
+            Inst::Store {
+                buffer,
+                index,
+                value,
+            }
+            | Inst::AtomicAdd {
+                buffer,
+                index,
+                value,
+            } => {
                 let (m, ix, val) = (mems[buffer.0 as usize], regs[op(index)], regs[op(value)]);
                 let atomic = matches!(inst, Inst::AtomicAdd { .. });
                 for l in 0..lanes {
@@ -277,7 +338,9 @@ fn unary(op: IrUnary, t: ScalarType, x: &Reg) -> Reg {
         (IrUnary::Neg, ScalarType::F32) => fl(|v| -v),
         (IrUnary::Neg, _) => std::array::from_fn(|l| (x[l] as i32).wrapping_neg() as u32),
         (IrUnary::Abs, ScalarType::F32) => fl(f32::abs),
-        (IrUnary::Abs, ScalarType::I32) => std::array::from_fn(|l| (x[l] as i32).wrapping_abs() as u32),
+        (IrUnary::Abs, ScalarType::I32) => {
+            std::array::from_fn(|l| (x[l] as i32).wrapping_abs() as u32)
+        }
         (IrUnary::Abs, _) => *x,
         (IrUnary::Not, ScalarType::Bool) => std::array::from_fn(|l| (x[l] == 0) as u32),
         (IrUnary::Not, _) => std::array::from_fn(|l| !x[l]),
@@ -320,9 +383,17 @@ fn binary(op: IrBinary, t: ScalarType, x: &Reg, y: &Reg) -> Reg {
         (IrBinary::Add, _) => lanes!(|p, q| p.wrapping_add(q)),
         (IrBinary::Sub, _) => lanes!(|p, q| p.wrapping_sub(q)),
         (IrBinary::Mul, _) => lanes!(|p, q| p.wrapping_mul(q)),
-        (IrBinary::Div, I32) => lanes!(|p, q| if q == 0 { 0 } else { (p as i32).wrapping_div(q as i32) as u32 }),
+        (IrBinary::Div, I32) => lanes!(|p, q| if q == 0 {
+            0
+        } else {
+            (p as i32).wrapping_div(q as i32) as u32
+        }),
         (IrBinary::Div, _) => lanes!(|p, q| p.checked_div(q).unwrap_or(0)),
-        (IrBinary::Rem, I32) => lanes!(|p, q| if q == 0 { 0 } else { (p as i32).wrapping_rem(q as i32) as u32 }),
+        (IrBinary::Rem, I32) => lanes!(|p, q| if q == 0 {
+            0
+        } else {
+            (p as i32).wrapping_rem(q as i32) as u32
+        }),
         (IrBinary::Rem, _) => lanes!(|p, q| p.checked_rem(q).unwrap_or(0)),
         (IrBinary::Min, I32) => lanes!(|p, q| (p as i32).min(q as i32) as u32),
         (IrBinary::Max, I32) => lanes!(|p, q| (p as i32).max(q as i32) as u32),

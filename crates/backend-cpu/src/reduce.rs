@@ -13,7 +13,11 @@ use rayon::prelude::*;
 /// Splits `x` into (kept layout with the output's shape, reduced layout based at offset 0).
 fn split(x: &Layout, axes: &[usize]) -> (Layout, Layout) {
     let mut kept = x.clone();
-    let mut red = Layout { shape: Vec::new(), strides: Vec::new(), offset: 0 };
+    let mut red = Layout {
+        shape: Vec::new(),
+        strides: Vec::new(),
+        offset: 0,
+    };
     for &a in axes {
         kept.shape[a] = 1;
         kept.strides[a] = 0;
@@ -32,7 +36,12 @@ struct Acc {
 }
 
 impl Acc {
-    const EMPTY: Acc = Acc { sum: 0.0, max: f32::NEG_INFINITY, min: f32::INFINITY, nan: false };
+    const EMPTY: Acc = Acc {
+        sum: 0.0,
+        max: f32::NEG_INFINITY,
+        min: f32::INFINITY,
+        nan: false,
+    };
     #[inline(always)]
     fn push(&mut self, v: f32) {
         self.sum += v as f64;
@@ -90,7 +99,9 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
                 let base = k + j * sk;
                 let partials: Vec<Acc> = (0..count.div_ceil(CHUNK))
                     .into_par_iter()
-                    .map(|c| accumulate(x, &red_walk, base, c * CHUNK, ((c + 1) * CHUNK).min(count)))
+                    .map(|c| {
+                        accumulate(x, &red_walk, base, c * CHUNK, ((c + 1) * CHUNK).min(count))
+                    })
                     .collect();
                 let acc = partials.into_iter().fold(Acc::EMPTY, Acc::merge);
                 unsafe { out.store(o + j * so, acc.finish(op, count)) };

@@ -31,12 +31,22 @@ impl Storage {
         let bytes = len.checked_mul(dtype.size_in_bytes())?;
         if bytes == 0 {
             let ptr = NonNull::new(ALIGN as *mut u8)?; // dangling, aligned, never dereferenced
-            return Some(Self { dtype, len, ptr, bytes });
+            return Some(Self {
+                dtype,
+                len,
+                ptr,
+                bytes,
+            });
         }
         let layout = AllocLayout::from_size_align(bytes, ALIGN).ok()?;
         // SAFETY: layout has non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
-        Some(Self { dtype, len, ptr, bytes })
+        Some(Self {
+            dtype,
+            len,
+            ptr,
+            bytes,
+        })
     }
 
     pub fn as_ptr(&self) -> *mut u8 {
@@ -52,7 +62,12 @@ impl Drop for Storage {
     fn drop(&mut self) {
         if self.bytes > 0 {
             // SAFETY: allocated in `zeroed` with this exact layout.
-            unsafe { dealloc(self.ptr.as_ptr(), AllocLayout::from_size_align_unchecked(self.bytes, ALIGN)) }
+            unsafe {
+                dealloc(
+                    self.ptr.as_ptr(),
+                    AllocLayout::from_size_align_unchecked(self.bytes, ALIGN),
+                )
+            }
         }
     }
 }
@@ -81,10 +96,16 @@ impl DeviceBuffer for CpuBuffer {
 
 impl CpuBuffer {
     pub(crate) fn src(&self) -> Src {
-        Src { ptr: self.0.as_ptr(), dtype: self.0.dtype }
+        Src {
+            ptr: self.0.as_ptr(),
+            dtype: self.0.dtype,
+        }
     }
     pub(crate) fn dst(&self) -> Dst {
-        Dst { ptr: self.0.as_ptr(), dtype: self.0.dtype }
+        Dst {
+            ptr: self.0.as_ptr(),
+            dtype: self.0.dtype,
+        }
     }
     /// The memory as a typed pointer; the caller has checked the dtype.
     pub(crate) fn typed<T: Element>(&self) -> *mut T {
@@ -159,6 +180,9 @@ impl Dst {
         self.ptr as *mut u32
     }
     pub fn src(self) -> Src {
-        Src { ptr: self.ptr, dtype: self.dtype }
+        Src {
+            ptr: self.ptr,
+            dtype: self.dtype,
+        }
     }
 }

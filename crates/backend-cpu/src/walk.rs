@@ -55,7 +55,12 @@ impl<const K: usize> Walk<K> {
 
     /// Calls `f(linear_start, offsets, inner_strides, len)` for each run covering the
     /// row-major positions `start..end`.
-    pub fn runs(&self, start: usize, end: usize, mut f: impl FnMut(usize, [isize; K], [isize; K], usize)) {
+    pub fn runs(
+        &self,
+        start: usize,
+        end: usize,
+        mut f: impl FnMut(usize, [isize; K], [isize; K], usize),
+    ) {
         if start >= end {
             return;
         }
@@ -128,7 +133,11 @@ mod tests {
     #[test]
     fn runs_visit_every_offset_in_row_major_order() {
         let base = Layout::contiguous(&[3, 4, 5]);
-        let views = [base.clone(), base.permute(&[2, 0, 1]).unwrap(), base.flip(1).unwrap().narrow(2, 1, 3).unwrap()];
+        let views = [
+            base.clone(),
+            base.permute(&[2, 0, 1]).unwrap(),
+            base.flip(1).unwrap().narrow(2, 1, 3).unwrap(),
+        ];
         for v in &views {
             let walk = Walk::new(&v.shape, [v]);
             for (start, end) in [(0, v.numel()), (3, v.numel() - 2), (7, 8)] {

@@ -113,12 +113,23 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// `out = op(x)`; `x` broadcasts to `out`'s shape. Float dtypes only. Tolerance: exact for
     /// Neg, Abs, Relu, LeakyRelu, Floor, Ceil, Round, Sign, Square, Affine, Clamp; otherwise
     /// `4u + 2^-22` relative (the math library's last bits).
-    fn unary(&self, op: UnaryOp, x: View<'_, Self::Buffer>, out: View<'_, Self::Buffer>) -> Result<()>;
+    fn unary(
+        &self,
+        op: UnaryOp,
+        x: View<'_, Self::Buffer>,
+        out: View<'_, Self::Buffer>,
+    ) -> Result<()>;
 
     /// `out = op(a, b)`; `a` and `b` broadcast to `out`'s shape. `a` and `b` may have any
     /// dtype (loaded as `f32`); `out` any dtype. Tolerance: exact for Add, Sub, Mul, Div, Max,
     /// Min and comparisons; `4u + 2^-22` relative for Rem, Pow, Atan2.
-    fn binary(&self, op: BinaryOp, a: View<'_, Self::Buffer>, b: View<'_, Self::Buffer>, out: View<'_, Self::Buffer>) -> Result<()>;
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: View<'_, Self::Buffer>,
+        b: View<'_, Self::Buffer>,
+        out: View<'_, Self::Buffer>,
+    ) -> Result<()>;
 
     /// `out = op(a, b, c)`, all broadcasting to `out`'s shape. Exact.
     fn ternary(
@@ -136,12 +147,24 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// set to 1 (keep-dims). NaN propagates. Max and Min over an empty axis are an
     /// [`Error::Empty`]. Tolerance for Sum and Mean: `|got - ref| <= 2^-20 * sum|x| + u|ref|`
     /// (any summation order); Max and Min exact.
-    fn reduce(&self, op: ReduceOp, x: View<'_, Self::Buffer>, axes: &[usize], out: View<'_, Self::Buffer>) -> Result<()>;
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        x: View<'_, Self::Buffer>,
+        axes: &[usize],
+        out: View<'_, Self::Buffer>,
+    ) -> Result<()>;
 
     /// The index (`u32`) of the largest / smallest element along `axis`; `out` has `x`'s shape
     /// with `axis` set to 1. Ties give the lowest index; a NaN counts as the extreme (the first
     /// NaN's index). An empty axis is an [`Error::Empty`]. Exact.
-    fn arg_reduce(&self, op: ArgReduceOp, x: View<'_, Self::Buffer>, axis: usize, out: View<'_, Self::Buffer>) -> Result<()>;
+    fn arg_reduce(
+        &self,
+        op: ArgReduceOp,
+        x: View<'_, Self::Buffer>,
+        axis: usize,
+        out: View<'_, Self::Buffer>,
+    ) -> Result<()>;
 
     // ----- linear algebra -----
 
@@ -162,7 +185,14 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Sparse matrix times dense vector: `y = alpha * A x + beta * y` (`f32`, contiguous `x` of
     /// `cols` and `y` of `rows`). Column indices `>= cols` are an
     /// [`Error::IndexOutOfRange`]. Tolerance as matmul with `k` the row's length.
-    fn spmv_csr(&self, a: Csr<'_, Self::Buffer>, x: &Self::Buffer, y: &Self::Buffer, alpha: f32, beta: f32) -> Result<()>;
+    fn spmv_csr(
+        &self,
+        a: Csr<'_, Self::Buffer>,
+        x: &Self::Buffer,
+        y: &Self::Buffer,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<()>;
 
     // ----- indexing -----
 
@@ -171,22 +201,45 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// other dimension `index.shape[d] <= x.shape[d]`. `index_select` is a gather with an
     /// index broadcast along the other dimensions. An index outside `0..x.shape[axis]` is an
     /// [`Error::IndexOutOfRange`]. Exact.
-    fn gather(&self, x: View<'_, Self::Buffer>, axis: usize, index: View<'_, Self::Buffer>, out: View<'_, Self::Buffer>) -> Result<()>;
+    fn gather(
+        &self,
+        x: View<'_, Self::Buffer>,
+        axis: usize,
+        index: View<'_, Self::Buffer>,
+        out: View<'_, Self::Buffer>,
+    ) -> Result<()>;
 
     /// `out[p with p[axis] replaced by index[p]] += src[p]` for every `p` in `src`'s shape
     /// (PyTorch's `scatter_add_`; `index_add` is the broadcast-index case). `index` and `src`
     /// share a shape; `out` has the same rank, with `index.shape[d] <= out.shape[d]` off
-    /// `axis`. Float `out` only. Tolerance as Sum, with the terms landing in any order.
-    fn scatter_add(&self, src: View<'_, Self::Buffer>, axis: usize, index: View<'_, Self::Buffer>, out: View<'_, Self::Buffer>) -> Result<()>;
+    /// `axis`. Float `out` only. The terms landing on one element may be added in any order,
+    /// each add rounding to `out`'s dtype: with `k` terms, `|got - ref| <= 2k(2^-24 + u) sum|terms|`.
+    fn scatter_add(
+        &self,
+        src: View<'_, Self::Buffer>,
+        axis: usize,
+        index: View<'_, Self::Buffer>,
+        out: View<'_, Self::Buffer>,
+    ) -> Result<()>;
 
     /// Unfolds NCHW patches into columns: `out[n, (c*kh + i)*kw + j, oy*ow + ox] =
     /// x[n, c, oy*sh - ph + i*dh, ox*sw - pw + j*dw]` (0 where that falls in the padding).
     /// `x` has the geometry's image shape, `out` its columns shape. Exact.
-    fn im2col(&self, x: View<'_, Self::Buffer>, geometry: &Conv2dGeometry, out: View<'_, Self::Buffer>) -> Result<()>;
+    fn im2col(
+        &self,
+        x: View<'_, Self::Buffer>,
+        geometry: &Conv2dGeometry,
+        out: View<'_, Self::Buffer>,
+    ) -> Result<()>;
 
     /// The adjoint of [`Backend::im2col`]: `out` (image shape) is overwritten with the sum of
     /// every column entry that reads each pixel. Tolerance as Sum.
-    fn col2im(&self, cols: View<'_, Self::Buffer>, geometry: &Conv2dGeometry, out: View<'_, Self::Buffer>) -> Result<()>;
+    fn col2im(
+        &self,
+        cols: View<'_, Self::Buffer>,
+        geometry: &Conv2dGeometry,
+        out: View<'_, Self::Buffer>,
+    ) -> Result<()>;
 
     // ----- clustering -----
 
@@ -223,10 +276,23 @@ pub trait Backend: Clone + Send + Sync + 'static {
 
     /// One SGD step as specified by [`SgdParams`]; `momentum_buffer` is required when
     /// `momentum != 0`. Tolerance `8u` relative.
-    fn sgd_step(&self, param: &Self::Buffer, grad: &Self::Buffer, momentum_buffer: Option<&Self::Buffer>, p: &SgdParams) -> Result<()>;
+    fn sgd_step(
+        &self,
+        param: &Self::Buffer,
+        grad: &Self::Buffer,
+        momentum_buffer: Option<&Self::Buffer>,
+        p: &SgdParams,
+    ) -> Result<()>;
 
     /// One Adam / AdamW step as specified by [`AdamParams`]. Tolerance `16u` relative.
-    fn adam_step(&self, param: &Self::Buffer, grad: &Self::Buffer, m: &Self::Buffer, v: &Self::Buffer, p: &AdamParams) -> Result<()>;
+    fn adam_step(
+        &self,
+        param: &Self::Buffer,
+        grad: &Self::Buffer,
+        m: &Self::Buffer,
+        v: &Self::Buffer,
+        p: &AdamParams,
+    ) -> Result<()>;
 
     // ----- random -----
 
@@ -234,7 +300,13 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// row-major position `i` of `out`'s shape gets `random_value(dist, seed, offset + i)`.
     /// Uniform values are bit-exact across backends; normal values within `2^-20` absolute
     /// of `std`-scaled reference.
-    fn random(&self, out: View<'_, Self::Buffer>, dist: Distribution, seed: u64, offset: u64) -> Result<()>;
+    fn random(
+        &self,
+        out: View<'_, Self::Buffer>,
+        dist: Distribution,
+        seed: u64,
+        offset: u64,
+    ) -> Result<()>;
 
     // ----- scalar programs -----
 
@@ -244,7 +316,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
 
     /// Runs the kernel for launch indices `0..n`. `args` bind the program's buffers in order
     /// and must match their dtypes. Tolerance: exact for arithmetic, comparisons, select and
-    /// casts; `4u + 2^-22` relative per math function; atomic float adds as Sum.
+    /// casts; `4u + 2^-22` relative per math function; `k` atomic float adds landing on one
+    /// element in any order: `|got - ref| <= 2 k 2^-24 sum|terms|` (the bound of sequential
+    /// summation, which is what contended atomics do).
     fn launch(&self, kernel: &Self::Kernel, args: &[&Self::Buffer], n: usize) -> Result<()>;
 }
 
@@ -258,7 +332,11 @@ pub trait BackendExt: Backend {
     /// Waits for pending work and returns the buffer's contents as `T`, which must be its dtype.
     fn read<T: Element>(&self, src: &Self::Buffer) -> Result<Vec<T>> {
         if src.dtype() != T::DTYPE {
-            return Err(Error::DTypeMismatch { op: "read", expected: src.dtype(), got: T::DTYPE });
+            return Err(Error::DTypeMismatch {
+                op: "read",
+                expected: src.dtype(),
+                got: T::DTYPE,
+            });
         }
         let bytes = self.read_bytes(src)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
@@ -268,7 +346,10 @@ pub trait BackendExt: Backend {
     fn read_f32(&self, src: &Self::Buffer) -> Result<Vec<f32>> {
         let bytes = self.read_bytes(src)?;
         fn conv<T: Element>(b: &[u8]) -> Vec<f32> {
-            bytemuck::pod_collect_to_vec::<u8, T>(b).into_iter().map(T::to_f32).collect()
+            bytemuck::pod_collect_to_vec::<u8, T>(b)
+                .into_iter()
+                .map(T::to_f32)
+                .collect()
         }
         Ok(match src.dtype() {
             DType::F32 => conv::<f32>(&bytes),
@@ -282,7 +363,11 @@ pub trait BackendExt: Backend {
     /// Writes `data` over the whole of `dst`.
     fn write<T: Element>(&self, dst: &Self::Buffer, data: &[T]) -> Result<()> {
         if dst.dtype() != T::DTYPE {
-            return Err(Error::DTypeMismatch { op: "write", expected: dst.dtype(), got: T::DTYPE });
+            return Err(Error::DTypeMismatch {
+                op: "write",
+                expected: dst.dtype(),
+                got: T::DTYPE,
+            });
         }
         self.write_bytes(dst, bytemuck::cast_slice(data))
     }

@@ -8,19 +8,35 @@ use crate::DType;
 pub enum Error {
     /// The backend cannot run here: no driver, no adapter, no library, or not built yet.
     #[error("backend `{backend}` is unavailable: {reason}")]
-    Unavailable { backend: &'static str, reason: String },
+    Unavailable {
+        backend: &'static str,
+        reason: String,
+    },
 
     /// Operand shapes do not agree.
     #[error("{op}: shape mismatch: expected {expected:?}, got {got:?} ({detail})")]
-    ShapeMismatch { op: &'static str, expected: Vec<usize>, got: Vec<usize>, detail: String },
+    ShapeMismatch {
+        op: &'static str,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+        detail: String,
+    },
 
     /// An operand has the wrong element type.
     #[error("{op}: dtype mismatch: expected {expected}, got {got}")]
-    DTypeMismatch { op: &'static str, expected: DType, got: DType },
+    DTypeMismatch {
+        op: &'static str,
+        expected: DType,
+        got: DType,
+    },
 
     /// The operation does not support this element type (on this backend).
     #[error("{op}: dtype {dtype} is not supported{detail}")]
-    UnsupportedDType { op: &'static str, dtype: DType, detail: String },
+    UnsupportedDType {
+        op: &'static str,
+        dtype: DType,
+        detail: String,
+    },
 
     /// A view reaches outside its buffer.
     #[error("{op}: view out of bounds: {detail}")]
@@ -28,15 +44,25 @@ pub enum Error {
 
     /// An index operand holds a value outside the dimension it indexes.
     #[error("{op}: index {index} is out of range for a dimension of size {bound}")]
-    IndexOutOfRange { op: &'static str, index: i64, bound: usize },
+    IndexOutOfRange {
+        op: &'static str,
+        index: i64,
+        bound: usize,
+    },
 
     /// A reduction or search over zero elements, which has no defined result.
     #[error("{op}: empty input: {detail}")]
     Empty { op: &'static str, detail: String },
 
     /// The requested allocation exceeds what the device can ever hold in one buffer.
-    #[error("allocation of {requested_bytes} bytes exceeds the device limit of {limit_bytes} bytes ({what})")]
-    AllocationTooLarge { requested_bytes: u128, limit_bytes: u64, what: String },
+    #[error(
+        "allocation of {requested_bytes} bytes exceeds the device limit of {limit_bytes} bytes ({what})"
+    )]
+    AllocationTooLarge {
+        requested_bytes: u128,
+        limit_bytes: u64,
+        what: String,
+    },
 
     /// The allocation was within limits but the device had no memory left for it.
     #[error("out of device memory allocating {requested_bytes} bytes")]
@@ -52,7 +78,10 @@ pub enum Error {
 
     /// The device was lost or reported an internal error.
     #[error("backend `{backend}` failed: {detail}")]
-    Backend { backend: &'static str, detail: String },
+    Backend {
+        backend: &'static str,
+        detail: String,
+    },
 }
 
 /// `Result` with [`Error`].

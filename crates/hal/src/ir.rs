@@ -167,21 +167,54 @@ pub enum Inst {
     Index,
     Const(Constant),
     /// Loads element `index` (`U32`) of a buffer.
-    Load { buffer: BufferId, index: Value },
-    Unary { op: IrUnary, x: Value },
-    Binary { op: IrBinary, a: Value, b: Value },
-    Cmp { op: IrCmp, a: Value, b: Value },
+    Load {
+        buffer: BufferId,
+        index: Value,
+    },
+    Unary {
+        op: IrUnary,
+        x: Value,
+    },
+    Binary {
+        op: IrBinary,
+        a: Value,
+        b: Value,
+    },
+    Cmp {
+        op: IrCmp,
+        a: Value,
+        b: Value,
+    },
     /// `a * b + c` with one rounding (`F32`).
-    Fma { a: Value, b: Value, c: Value },
+    Fma {
+        a: Value,
+        b: Value,
+        c: Value,
+    },
     /// `cond ? a : b`.
-    Select { cond: Value, a: Value, b: Value },
+    Select {
+        cond: Value,
+        a: Value,
+        b: Value,
+    },
     /// Numeric conversion: float to int truncates toward zero and saturates (NaN gives 0);
     /// `Bool` converts to and from 0/1.
-    Cast { to: ScalarType, x: Value },
+    Cast {
+        to: ScalarType,
+        x: Value,
+    },
     /// Stores `value` at element `index` (rounding floats to the buffer's dtype). Defines no value.
-    Store { buffer: BufferId, index: Value, value: Value },
+    Store {
+        buffer: BufferId,
+        index: Value,
+        value: Value,
+    },
     /// Atomically adds `value` to element `index` of an `F32`, `I32` or `U32` buffer. Defines no value.
-    AtomicAdd { buffer: BufferId, index: Value, value: Value },
+    AtomicAdd {
+        buffer: BufferId,
+        index: Value,
+        value: Value,
+    },
 }
 
 impl Inst {
@@ -194,7 +227,9 @@ impl Inst {
             Inst::Binary { a, b, .. } | Inst::Cmp { a, b, .. } => [Some(a), Some(b), None],
             Inst::Fma { a, b, c } => [Some(a), Some(b), Some(c)],
             Inst::Select { cond, a, b } => [Some(cond), Some(a), Some(b)],
-            Inst::Store { index, value, .. } | Inst::AtomicAdd { index, value, .. } => [Some(index), Some(value), None],
+            Inst::Store { index, value, .. } | Inst::AtomicAdd { index, value, .. } => {
+                [Some(index), Some(value), None]
+            }
         };
         ops.into_iter().flatten()
     }
@@ -236,12 +271,18 @@ impl Program {
         for (at, inst) in self.insts.iter().enumerate() {
             for v in inst.operands() {
                 if v.0 as usize >= at || types[v.0 as usize].is_none() {
-                    return Err(err(at, format!("operand %{} is not a value defined earlier", v.0)));
+                    return Err(err(
+                        at,
+                        format!("operand %{} is not a value defined earlier", v.0),
+                    ));
                 }
             }
             let ty = |v: Value| types[v.0 as usize].unwrap();
             let buffer = |id: BufferId| {
-                self.buffers.get(id.0 as usize).copied().ok_or_else(|| err(at, format!("buffer {} is not declared", id.0)))
+                self.buffers
+                    .get(id.0 as usize)
+                    .copied()
+                    .ok_or_else(|| err(at, format!("buffer {} is not declared", id.0)))
             };
             use ScalarType::*;
             let t = match *inst {
@@ -275,7 +316,13 @@ impl Program {
                         return Err(err(at, format!("operand types differ: {ta:?} and {tb:?}")));
                     }
                     let ok = match op {
-                        IrBinary::Add | IrBinary::Sub | IrBinary::Mul | IrBinary::Div | IrBinary::Rem | IrBinary::Min | IrBinary::Max => ta != Bool,
+                        IrBinary::Add
+                        | IrBinary::Sub
+                        | IrBinary::Mul
+                        | IrBinary::Div
+                        | IrBinary::Rem
+                        | IrBinary::Min
+                        | IrBinary::Max => ta != Bool,
                         IrBinary::Pow | IrBinary::Atan2 => ta == F32,
                         IrBinary::And | IrBinary::Or | IrBinary::Xor => ta != F32,
                         IrBinary::Shl | IrBinary::Shr => ta == I32 || ta == U32,
@@ -287,7 +334,10 @@ impl Program {
                 }
                 Inst::Cmp { a, b, .. } => {
                     if ty(a) != ty(b) || ty(a) == Bool {
-                        return Err(err(at, format!("cannot compare {:?} with {:?}", ty(a), ty(b))));
+                        return Err(err(
+                            at,
+                            format!("cannot compare {:?} with {:?}", ty(a), ty(b)),
+                        ));
                     }
                     Some(Bool)
                 }
@@ -299,25 +349,50 @@ impl Program {
                 }
                 Inst::Select { cond, a, b } => {
                     if ty(cond) != Bool || ty(a) != ty(b) {
-                        return Err(err(at, "select needs a bool condition and operands of one type".into()));
+                        return Err(err(
+                            at,
+                            "select needs a bool condition and operands of one type".into(),
+                        ));
                     }
                     Some(ty(a))
                 }
                 Inst::Cast { to, .. } => Some(to),
-                Inst::Store { buffer: id, index, value } | Inst::AtomicAdd { buffer: id, index, value } => {
+                Inst::Store {
+                    buffer: id,
+                    index,
+                    value,
+                }
+                | Inst::AtomicAdd {
+                    buffer: id,
+                    index,
+                    value,
+                } => {
                     let p = buffer(id)?;
                     let atomic = matches!(inst, Inst::AtomicAdd { .. });
                     if p.access == Access::Read || (atomic && p.access != Access::ReadWrite) {
-                        return Err(err(at, format!("buffer {} is declared {:?}", id.0, p.access)));
+                        return Err(err(
+                            at,
+                            format!("buffer {} is declared {:?}", id.0, p.access),
+                        ));
                     }
                     if atomic && !matches!(p.dtype, DType::F32 | DType::I32 | DType::U32) {
-                        return Err(err(at, format!("atomic add into {} is not supported", p.dtype)));
+                        return Err(err(
+                            at,
+                            format!("atomic add into {} is not supported", p.dtype),
+                        ));
                     }
                     if ty(index) != U32 {
                         return Err(err(at, "index must be u32".into()));
                     }
                     if ty(value) != ScalarType::of_dtype(p.dtype) {
-                        return Err(err(at, format!("a {:?} value cannot be stored into a {} buffer", ty(value), p.dtype)));
+                        return Err(err(
+                            at,
+                            format!(
+                                "a {:?} value cannot be stored into a {} buffer",
+                                ty(value),
+                                p.dtype
+                            ),
+                        ));
                     }
                     None
                 }
@@ -374,7 +449,13 @@ pub struct ProgramBuilder {
 
 impl ProgramBuilder {
     pub fn new(name: impl Into<String>) -> Self {
-        Self { program: Program { name: name.into(), buffers: Vec::new(), insts: Vec::new() } }
+        Self {
+            program: Program {
+                name: name.into(),
+                buffers: Vec::new(),
+                insts: Vec::new(),
+            },
+        }
     }
 
     /// Declares the next buffer parameter.
@@ -438,10 +519,18 @@ impl ProgramBuilder {
         self.push(Inst::Cast { to, x })
     }
     pub fn store(&mut self, buffer: BufferId, index: Value, value: Value) {
-        self.push(Inst::Store { buffer, index, value });
+        self.push(Inst::Store {
+            buffer,
+            index,
+            value,
+        });
     }
     pub fn atomic_add(&mut self, buffer: BufferId, index: Value, value: Value) {
-        self.push(Inst::AtomicAdd { buffer, index, value });
+        self.push(Inst::AtomicAdd {
+            buffer,
+            index,
+            value,
+        });
     }
 
     /// Validates and returns the program.
@@ -486,7 +575,13 @@ mod tests {
             b.store(x, i, r);
             b.build().unwrap()
         };
-        assert_eq!(make("a", 2.0).structural_hash(), make("b", 2.0).structural_hash());
-        assert_ne!(make("a", 2.0).structural_hash(), make("a", 3.0).structural_hash());
+        assert_eq!(
+            make("a", 2.0).structural_hash(),
+            make("b", 2.0).structural_hash()
+        );
+        assert_ne!(
+            make("a", 2.0).structural_hash(),
+            make("a", 3.0).structural_hash()
+        );
     }
 }

@@ -37,8 +37,16 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
     let rank = a.len().max(b.len());
     let mut out = vec![0; rank];
     for i in 0..rank {
-        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
-        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+        let da = if i + a.len() >= rank {
+            a[i + a.len() - rank]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= rank {
+            b[i + b.len() - rank]
+        } else {
+            1
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -59,7 +67,11 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
 impl Layout {
     /// A contiguous row-major view of `shape` starting at element 0.
     pub fn contiguous(shape: &[usize]) -> Self {
-        Self { shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 }
+        Self {
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        }
     }
 
     /// A view with explicit strides and offset. Whether it fits a buffer is checked by the
@@ -68,10 +80,20 @@ impl Layout {
         if shape.len() != strides.len() {
             return Err(Error::InvalidArgument {
                 op: "Layout::strided",
-                detail: format!("shape {:?} has rank {} but strides {:?} have rank {}", shape, shape.len(), strides, strides.len()),
+                detail: format!(
+                    "shape {:?} has rank {} but strides {:?} have rank {}",
+                    shape,
+                    shape.len(),
+                    strides,
+                    strides.len()
+                ),
             });
         }
-        Ok(Self { shape: shape.to_vec(), strides: strides.to_vec(), offset })
+        Ok(Self {
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+        })
     }
 
     pub fn rank(&self) -> usize {
@@ -129,7 +151,11 @@ impl Layout {
     /// Reorders the dimensions: dimension `i` of the result is dimension `perm[i]` of `self`.
     pub fn permute(&self, perm: &[usize]) -> Result<Self> {
         let mut seen = vec![false; self.rank()];
-        if perm.len() != self.rank() || perm.iter().any(|&p| p >= self.rank() || std::mem::replace(&mut seen[p], true)) {
+        if perm.len() != self.rank()
+            || perm
+                .iter()
+                .any(|&p| p >= self.rank() || std::mem::replace(&mut seen[p], true))
+        {
             return Err(Error::InvalidArgument {
                 op: "permute",
                 detail: format!("{perm:?} is not a permutation of 0..{}", self.rank()),
@@ -166,9 +192,19 @@ impl Layout {
         }
         let pad = shape.len() - self.rank();
         let strides = (0..shape.len())
-            .map(|i| if i < pad || self.shape[i - pad] != shape[i] { 0 } else { self.strides[i - pad] })
+            .map(|i| {
+                if i < pad || self.shape[i - pad] != shape[i] {
+                    0
+                } else {
+                    self.strides[i - pad]
+                }
+            })
             .collect();
-        Ok(Self { shape: shape.to_vec(), strides, offset: self.offset })
+        Ok(Self {
+            shape: shape.to_vec(),
+            strides,
+            offset: self.offset,
+        })
     }
 
     /// Keeps `len` elements of dimension `axis` starting at `start`.
@@ -176,10 +212,17 @@ impl Layout {
         if axis >= self.rank() {
             return Err(self.axis_error("narrow", axis));
         }
-        if start.checked_add(len).is_none_or(|end| end > self.shape[axis]) {
+        if start
+            .checked_add(len)
+            .is_none_or(|end| end > self.shape[axis])
+        {
             return Err(Error::InvalidArgument {
                 op: "narrow",
-                detail: format!("range {start}..{} exceeds dimension {axis} of size {}", start + len, self.shape[axis]),
+                detail: format!(
+                    "range {start}..{} exceeds dimension {axis} of size {}",
+                    start + len,
+                    self.shape[axis]
+                ),
             });
         }
         let mut out = self.clone();
@@ -197,7 +240,9 @@ impl Layout {
         }
         let mut out = self.clone();
         if self.shape[axis] > 0 {
-            out.offset = (self.offset as isize + (self.shape[axis] as isize - 1) * self.strides[axis]) as usize;
+            out.offset = (self.offset as isize
+                + (self.shape[axis] as isize - 1) * self.strides[axis])
+                as usize;
         }
         out.strides[axis] = -self.strides[axis];
         Ok(out)
@@ -209,7 +254,10 @@ impl Layout {
             return Err(self.axis_error("step", axis));
         }
         if step == 0 {
-            return Err(Error::InvalidArgument { op: "step", detail: "step must be at least 1".into() });
+            return Err(Error::InvalidArgument {
+                op: "step",
+                detail: "step must be at least 1".into(),
+            });
         }
         let mut out = self.clone();
         out.shape[axis] = self.shape[axis].div_ceil(step);
@@ -234,7 +282,11 @@ impl Layout {
                 detail: format!("view {self:?} is not contiguous; copy it first"),
             });
         }
-        Ok(Self { shape: shape.to_vec(), strides: contiguous_strides(shape), offset: self.offset })
+        Ok(Self {
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: self.offset,
+        })
     }
 
     /// Inserts a dimension of size 1 at `axis`.
@@ -259,7 +311,10 @@ impl Layout {
     }
 
     fn axis_error(&self, op: &'static str, axis: usize) -> Error {
-        Error::InvalidArgument { op, detail: format!("axis {axis} is out of range for rank {}", self.rank()) }
+        Error::InvalidArgument {
+            op,
+            detail: format!("axis {axis} is out of range for rank {}", self.rank()),
+        }
     }
 }
 
@@ -279,7 +334,9 @@ mod tests {
         assert_eq!(f.address_range(), Some((0, 23)));
         let n = l.narrow(2, 1, 2).unwrap();
         assert_eq!(n.index_of(&[1, 2, 1]), 12 + 8 + 2);
-        let b = Layout::contiguous(&[3, 1]).broadcast_to(&[2, 3, 5]).unwrap();
+        let b = Layout::contiguous(&[3, 1])
+            .broadcast_to(&[2, 3, 5])
+            .unwrap();
         assert_eq!(b.strides, vec![0, 1, 0]);
         assert!(Layout::contiguous(&[3, 2]).broadcast_to(&[3, 3]).is_err());
         assert!(t.reshape(&[24]).is_err());

@@ -26,7 +26,9 @@ pub enum UnaryOp {
     /// `max(x, 0)`; NaN stays NaN.
     Relu,
     /// `x` for `x >= 0`, `slope * x` otherwise.
-    LeakyRelu { slope: f32 },
+    LeakyRelu {
+        slope: f32,
+    },
     /// `0.5 x (1 + erf(x / sqrt 2))` with `erf` from [`erf_f32`] (absolute error below 2e-7).
     Gelu,
     /// `x * sigmoid(x)`.
@@ -40,9 +42,15 @@ pub enum UnaryOp {
     /// `x * x`.
     Square,
     /// `scale * x + shift` (one rounding: fused multiply-add).
-    Affine { scale: f32, shift: f32 },
+    Affine {
+        scale: f32,
+        shift: f32,
+    },
     /// `min(max(x, lo), hi)`; NaN stays NaN.
-    Clamp { lo: f32, hi: f32 },
+    Clamp {
+        lo: f32,
+        hi: f32,
+    },
 }
 
 /// The error function, by the rational approximation every backend uses for [`UnaryOp::Gelu`]
@@ -52,7 +60,9 @@ pub fn erf_f32(x: f32) -> f32 {
     // A&S 7.1.26 with an extra Newton-free correction term; evaluated in f32 with fma so GPU
     // backends can reproduce it to within a few ulps.
     let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
-    let poly = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
+    let poly = t
+        * (0.254_829_6
+            + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
     let r = 1.0 - poly * (-x * x).exp();
     if x < 0.0 { -r } else { r }
 }
@@ -119,9 +129,33 @@ impl UnaryOp {
     pub fn all() -> Vec<UnaryOp> {
         use UnaryOp::*;
         vec![
-            Neg, Abs, Exp, Exp2, Log, Log2, Sqrt, Rsqrt, Recip, Sin, Cos, Tanh, Sigmoid, Relu,
-            LeakyRelu { slope: 0.01 }, Gelu, Silu, Floor, Ceil, Round, Sign, Square,
-            Affine { scale: 1.5, shift: -0.25 }, Clamp { lo: -0.5, hi: 0.75 },
+            Neg,
+            Abs,
+            Exp,
+            Exp2,
+            Log,
+            Log2,
+            Sqrt,
+            Rsqrt,
+            Recip,
+            Sin,
+            Cos,
+            Tanh,
+            Sigmoid,
+            Relu,
+            LeakyRelu { slope: 0.01 },
+            Gelu,
+            Silu,
+            Floor,
+            Ceil,
+            Round,
+            Sign,
+            Square,
+            Affine {
+                scale: 1.5,
+                shift: -0.25,
+            },
+            Clamp { lo: -0.5, hi: 0.75 },
         ]
     }
 }
@@ -155,14 +189,29 @@ pub enum BinaryOp {
 
 impl BinaryOp {
     pub const ALL: [BinaryOp; 15] = [
-        BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Rem, BinaryOp::Pow,
-        BinaryOp::Max, BinaryOp::Min, BinaryOp::Atan2, BinaryOp::Eq, BinaryOp::Ne, BinaryOp::Lt,
-        BinaryOp::Le, BinaryOp::Gt, BinaryOp::Ge,
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Rem,
+        BinaryOp::Pow,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Atan2,
+        BinaryOp::Eq,
+        BinaryOp::Ne,
+        BinaryOp::Lt,
+        BinaryOp::Le,
+        BinaryOp::Gt,
+        BinaryOp::Ge,
     ];
 
     /// True for the comparisons, whose result is 1 or 0 and which have no gradient.
     pub fn is_comparison(self) -> bool {
-        matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
+        matches!(
+            self,
+            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
+        )
     }
 
     /// The reference definition of the op on two `f32`s.
@@ -176,7 +225,11 @@ impl BinaryOp {
             BinaryOp::Div => a / b,
             BinaryOp::Rem => {
                 let r = a % b;
-                if r != 0.0 && ((r < 0.0) != (b < 0.0)) { r + b } else { r }
+                if r != 0.0 && ((r < 0.0) != (b < 0.0)) {
+                    r + b
+                } else {
+                    r
+                }
             }
             BinaryOp::Pow => a.powf(b),
             BinaryOp::Max => {
@@ -284,15 +337,31 @@ impl Conv2dGeometry {
             (padded >= span).then(|| (padded - span) / s + 1)
         };
         Some((
-            dim(self.height, self.kernel.0, self.stride.0, self.padding.0, self.dilation.0)?,
-            dim(self.width, self.kernel.1, self.stride.1, self.padding.1, self.dilation.1)?,
+            dim(
+                self.height,
+                self.kernel.0,
+                self.stride.0,
+                self.padding.0,
+                self.dilation.0,
+            )?,
+            dim(
+                self.width,
+                self.kernel.1,
+                self.stride.1,
+                self.padding.1,
+                self.dilation.1,
+            )?,
         ))
     }
 
     /// Shape of the column matrix: `[batch, channels * kh * kw, oh * ow]`.
     pub fn cols_shape(&self) -> Option<[usize; 3]> {
         let (oh, ow) = self.output_size()?;
-        Some([self.batch, self.channels * self.kernel.0 * self.kernel.1, oh * ow])
+        Some([
+            self.batch,
+            self.channels * self.kernel.0 * self.kernel.1,
+            oh * ow,
+        ])
     }
 
     /// Shape of the image: `[batch, channels, height, width]`.

@@ -36,7 +36,10 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 /// The four 32-bit words for stream position `index` under `seed`.
 #[inline]
 pub fn philox_words(seed: u64, index: u64) -> [u32; 4] {
-    philox4x32_10([index as u32, (index >> 32) as u32, 0, 0], [seed as u32, (seed >> 32) as u32])
+    philox4x32_10(
+        [index as u32, (index >> 32) as u32, 0, 0],
+        [seed as u32, (seed >> 32) as u32],
+    )
 }
 
 /// A uniform value in `[0, 1)` with 24 random bits: `(word >> 8) * 2^-24`.
@@ -71,13 +74,19 @@ mod tests {
     #[test]
     fn philox_matches_the_published_known_answers() {
         // Known-answer vectors from the Random123 distribution (kat_vectors, philox4x32_10).
-        assert_eq!(philox4x32_10([0, 0, 0, 0], [0, 0]), [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]);
+        assert_eq!(
+            philox4x32_10([0, 0, 0, 0], [0, 0]),
+            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+        );
         assert_eq!(
             philox4x32_10([u32::MAX; 4], [u32::MAX; 2]),
             [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
         );
         assert_eq!(
-            philox4x32_10([0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344], [0xa409_3822, 0x299f_31d0]),
+            philox4x32_10(
+                [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+                [0xa409_3822, 0x299f_31d0]
+            ),
             [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
         );
     }
@@ -87,10 +96,24 @@ mod tests {
         let n = 200_000u64;
         let (mut su, mut sn, mut sn2) = (0f64, 0f64, 0f64);
         for i in 0..n {
-            let u = random_value(Distribution::Uniform { low: 0.0, high: 1.0 }, 7, i) as f64;
+            let u = random_value(
+                Distribution::Uniform {
+                    low: 0.0,
+                    high: 1.0,
+                },
+                7,
+                i,
+            ) as f64;
             assert!((0.0..1.0).contains(&u));
             su += u;
-            let z = random_value(Distribution::Normal { mean: 0.0, std: 1.0 }, 7, i) as f64;
+            let z = random_value(
+                Distribution::Normal {
+                    mean: 0.0,
+                    std: 1.0,
+                },
+                7,
+                i,
+            ) as f64;
             sn += z;
             sn2 += z * z;
         }

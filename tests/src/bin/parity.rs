@@ -1,0 +1,115 @@
+//! `parity`: runs the parity suite on the requested backends and prints the table.
+//!
+//! ```text
+//! parity [--backend cpu,wgpu,cuda] [--require cpu,...] [--cases N] [--seed S]
+//! ```
+//! Exits 1 when a check fails or a required backend is not present. A self-contained binary,
+//! so it runs on GPU hosts without a Rust toolchain (`cargo xtask parity` builds and runs it).
+
+use hal_parity::{Report, Suite, SuiteConfig, format_table};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let mut backends = vec!["cpu".to_string(), "wgpu".into(), "cuda".into()];
+    let mut require: Vec<String> = Vec::new();
+    let mut cases = 12usize;
+    let mut seed: u64 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| {
+            args.next().unwrap_or_else(|| {
+                eprintln!("parity: {name} needs a value");
+                std::process::exit(2)
+            })
+        };
+        match a.as_str() {
+            "--backend" => backends = value("--backend").split(',').map(str::to_string).collect(),
+            "--require" => require = value("--require").split(',').map(str::to_string).collect(),
+            "--cases" => {
+                cases = value("--cases").parse().unwrap_or_else(|_| {
+                    eprintln!("parity: --cases takes a number");
+                    std::process::exit(2)
+                })
+            }
+            "--seed" => {
+                seed = value("--seed").parse().unwrap_or_else(|_| {
+                    eprintln!("parity: --seed takes a number");
+                    std::process::exit(2)
+                })
+            }
+            "-h" | "--help" => {
+                println!(
+                    "parity [--backend cpu,wgpu,cuda] [--require LIST] [--cases N] [--seed S]"
+                );
+                return ExitCode::SUCCESS;
+            }
+            other => {
+                eprintln!("parity: unknown argument {other}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    for name in backends.iter().chain(&require) {
+        if !["cpu", "wgpu", "cuda"].contains(&name.as_str()) {
+            eprintln!("parity: unknown backend {name} (expected cpu, wgpu or cuda)");
+            return ExitCode::from(2);
+        }
+    }
+    for r in &require {
+        if !backends.contains(r) {
+            backends.push(r.clone());
+        }
+    }
+    let cfg = SuiteConfig { cases, seed };
+    println!("parity: seed {seed}, {cases} random cases per primitive (replay with --seed {seed})");
+    let cpu = backend_cpu::CpuBackend::new();
+    let mut reports: Vec<Report> = Vec::new();
+    let mut absent: Vec<(String, String)> = Vec::new();
+    for name in &backends {
+        let started = std::time::Instant::now();
+        match name.as_str() {
+            "cpu" => reports.push(Suite::new(&cpu, &cpu, true, cfg).run()),
+            "wgpu" => absent.push((name.clone(), backend_wgpu::NOT_IMPLEMENTED.to_string())),
+            "cuda" => absent.push((name.clone(), backend_cuda::NOT_IMPLEMENTED.to_string())),
+            _ => unreachable!(),
+        }
+        if reports.last().is_some_and(|r| r.backend == *name) {
+            eprintln!(
+                "parity: {name} done in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    print!("{}", format_table(&reports, &absent));
+    let failed: usize = reports
+        .iter()
+        .map(|r| r.rows.iter().filter(|row| !row.passed()).count())
+        .sum();
+    let passed: usize = reports
+        .iter()
+        .map(|r| r.rows.iter().filter(|row| row.passed()).count())
+        .sum();
+    let missing: Vec<&String> = require
+        .iter()
+        .filter(|r| absent.iter().any(|(n, _)| n == *r))
+        .collect();
+    println!("parity: {passed} passed, {failed} failed");
+    if !missing.is_empty() {
+        println!(
+            "parity: required backend(s) not present: {}",
+            missing
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if failed > 0 || !missing.is_empty() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
