@@ -428,15 +428,14 @@ fn binary<B: Backend>(s: &mut Suite<'_, B>) {
                 Vec::new()
             };
             let tol = |i: usize, w: f64| {
-                let base = rel * w.abs()
+                rel * w.abs()
                     + abs
                     + rounding(dout, 0.0, 2.0)
                     + if op == BinaryOp::Rem {
                         4.0 * U32F * rem_slack[i]
                     } else {
                         0.0
-                    };
-                base
+                    }
             };
             match both!(s, run_binary(op, &x, &y, &out)) {
                 Ok((c, t)) => {
@@ -1731,7 +1730,7 @@ fn math_f64(v: f64, i: u32) -> (f64, f64) {
     acc += p.min(at) + rm / pos;
     let md = ((i.wrapping_mul(7)) ^ (i >> 1)) % 13;
     let centered = md as i64 - 6;
-    let z = if !(v < 0.1f32 as f64) {
+    let z = if v >= 0.1f32 as f64 {
         centered.abs() as f64
     } else {
         (acc as f32) as i32 as f64

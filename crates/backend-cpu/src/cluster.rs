@@ -137,7 +137,6 @@ pub(crate) fn nearest_centroid(
     );
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn segment_sum(
     x: Src,
     xl: &Layout,

@@ -166,7 +166,6 @@ pub(crate) fn binary(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn ternary(
     op: TernaryOp,
     a: Src,

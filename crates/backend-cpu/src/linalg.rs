@@ -116,7 +116,6 @@ pub(crate) fn matmul(
     elementwise::copy(src, &contig(om).layout(), out.dst(), &om.layout());
 }
 
-#[allow(clippy::too_many_arguments)]
 fn gemm_f32(
     a: *mut f32,
     am: Mat,

@@ -6,6 +6,9 @@
 //! first, so a contiguous tensor of any rank becomes one long run. Callers get *runs*: a start
 //! offset per operand, a stride per operand and a length, so inner loops are tight.
 
+// The loops index several parallel per-operand arrays by the same dimension or operand index.
+#![allow(clippy::needless_range_loop)]
+
 use hal::Layout;
 use rayon::prelude::*;
 

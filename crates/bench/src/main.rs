@@ -1,0 +1,348 @@
+//! `bench`: measures `hal` primitives on a backend and, where a peer can run on the same
+//! machine, the peer in the same run, and prints medians with ratios.
+//!
+//! ```text
+//! bench [--backend cpu] [--suite gemm,elementwise] [--reps N] [--gemm-size N] [--elements N]
+//! ```
+//! A self-contained binary (no cargo needed), so it also runs on GPU hosts. Every timed run
+//! gets fresh random inputs (drawn by the backend's random primitive, outside the timed
+//! region), warm-up runs come first, and results are checked before they are timed.
+
+use backend_cpu::CpuBackend;
+use hal::{Backend, BackendExt, BinaryOp, DType, Distribution, Layout, View};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+struct Args {
+    backend: String,
+    suites: Vec<String>,
+    reps: usize,
+    gemm_size: usize,
+    elements: usize,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        backend: "cpu".into(),
+        suites: vec!["gemm".into(), "elementwise".into()],
+        reps: 9,
+        gemm_size: 2048,
+        elements: 64 << 20,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let num = |v: String| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{v} is not a number"))
+        };
+        match flag.as_str() {
+            "--backend" => a.backend = value()?,
+            "--suite" => a.suites = value()?.split(',').map(str::to_string).collect(),
+            "--reps" => a.reps = num(value()?)?.max(1),
+            "--gemm-size" => a.gemm_size = num(value()?)?,
+            "--elements" => a.elements = num(value()?)?,
+            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise] [--reps N] [--gemm-size N] [--elements N]".into()),
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    for s in &a.suites {
+        if !["gemm", "elementwise"].contains(&s.as_str()) {
+            return Err(format!(
+                "unknown suite {s} (this build has: gemm, elementwise)"
+            ));
+        }
+    }
+    Ok(a)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Times `run` `reps` times after two warm-ups, calling `prepare` (untimed) before each.
+fn time_it(reps: usize, mut prepare: impl FnMut(usize), mut run: impl FnMut()) -> f64 {
+    let mut times = Vec::new();
+    for i in 0..reps + 2 {
+        prepare(i);
+        let t = Instant::now();
+        run();
+        if i >= 2 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    median(times)
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match args.backend.as_str() {
+        "cpu" => run(&CpuBackend::new(), &args),
+        "wgpu" => not_present("wgpu", backend_wgpu::NOT_IMPLEMENTED),
+        "cuda" => not_present("cuda", backend_cuda::NOT_IMPLEMENTED),
+        other => {
+            eprintln!("bench: unknown backend {other} (expected cpu, wgpu or cuda)");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn not_present(name: &str, why: &str) -> ExitCode {
+    println!("bench: backend {name} not present: {why}");
+    ExitCode::FAILURE
+}
+
+fn run<B: Backend>(b: &B, args: &Args) -> ExitCode {
+    let info = b.info();
+    println!(
+        "bench: backend {} on {} ({:.1} GiB), medians of {} runs after 2 warm-ups",
+        info.backend,
+        info.name,
+        info.memory_total as f64 / (1u64 << 30) as f64,
+        args.reps
+    );
+    let mut ok = true;
+    for suite in &args.suites {
+        let result = match suite.as_str() {
+            "gemm" => gemm(b, args),
+            _ => elementwise(b, args),
+        };
+        if let Err(e) = result {
+            println!("bench: suite {suite} failed: {e}");
+            ok = false;
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// numpy's matmul timed by python3 on this machine, or why it could not run.
+fn numpy_gemm(n: usize, reps: usize) -> Result<(f64, String), String> {
+    const SCRIPT: &str = r#"
+import json, sys, time
+import numpy as np
+n, reps = int(sys.argv[1]), int(sys.argv[2])
+rng = np.random.default_rng()
+times = []
+for i in range(reps + 2):
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    t = time.perf_counter(); c = a @ b; t = time.perf_counter() - t
+    if i >= 2: times.append(t)
+times.sort()
+blas = "unknown BLAS"
+try:
+    cfg = np.show_config(mode="dicts")
+    blas = cfg["Build Dependencies"]["blas"]["name"] + " " + str(cfg["Build Dependencies"]["blas"].get("version", ""))
+except Exception:
+    pass
+print(json.dumps({"median": times[len(times) // 2], "what": "numpy " + np.__version__ + " (" + blas + ")"}))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", SCRIPT, &n.to_string(), &reps.to_string()])
+        .output()
+        .map_err(|e| format!("python3 could not start: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(if err.contains("No module named 'numpy'") {
+            "numpy is not installed (pip install numpy)".into()
+        } else {
+            format!("python3 failed: {}", err.trim())
+        });
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |k: &str| {
+        text.split(&format!("\"{k}\": ")).nth(1).map(|s| {
+            s.trim_start_matches('"')
+                .split(['"', ',', '}'])
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+    };
+    let median = field("median")
+        .and_then(|m| m.parse::<f64>().ok())
+        .ok_or(format!("unreadable output: {text}"))?;
+    Ok((median, field("what").unwrap_or_default()))
+}
+
+fn gemm<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
+    let n = args.gemm_size;
+    let l = Layout::contiguous(&[n, n]);
+    let (x, y, out) = (
+        b.alloc(DType::F32, n * n)?,
+        b.alloc(DType::F32, n * n)?,
+        b.alloc(DType::F32, n * n)?,
+    );
+    let normal = Distribution::Normal {
+        mean: 0.0,
+        std: 1.0,
+    };
+    let fresh = |i: usize| {
+        b.random(View::new(&x, &l), normal, 11, (2 * i * n * n) as u64)
+            .expect("random");
+        b.random(View::new(&y, &l), normal, 11, ((2 * i + 1) * n * n) as u64)
+            .expect("random");
+        b.fill(View::new(&out, &l), f64::NAN).expect("fill"); // poison: every element must be written
+        b.synchronize().expect("sync");
+    };
+    // Correct first: sampled entries against float64.
+    fresh(0);
+    b.matmul(
+        View::new(&x, &l),
+        View::new(&y, &l),
+        View::new(&out, &l),
+        1.0,
+        0.0,
+    )?;
+    let (xs, ys, os) = (b.read::<f32>(&x)?, b.read::<f32>(&y)?, b.read::<f32>(&out)?);
+    let mut worst = 0f64;
+    for s in 0..64 {
+        let (i, j) = ((s * 7919) % n, (s * 104_729 + 13) % n);
+        let want: f64 = (0..n)
+            .map(|k| xs[i * n + k] as f64 * ys[k * n + j] as f64)
+            .sum();
+        let scale: f64 = (0..n)
+            .map(|k| (xs[i * n + k] as f64 * ys[k * n + j] as f64).abs())
+            .sum();
+        worst = worst.max((os[i * n + j] as f64 - want).abs() / scale);
+    }
+    if os.iter().any(|v| v.is_nan()) || worst > 1e-5 {
+        return Err(hal::Error::Backend {
+            backend: "bench",
+            detail: format!(
+                "GEMM check failed: worst error {worst:.2e} of |a||b|, or unwritten output"
+            ),
+        });
+    }
+    let t = time_it(args.reps, fresh, || {
+        b.matmul(
+            View::new(&x, &l),
+            View::new(&y, &l),
+            View::new(&out, &l),
+            1.0,
+            0.0,
+        )
+        .expect("matmul");
+        b.synchronize().expect("sync");
+    });
+    let flops = 2.0 * (n as f64).powi(3);
+    println!(
+        "gemm f32 {n}^3: {:.2} ms, {:.1} GFLOP/s (checked: worst sampled error {worst:.1e} of |a||b|)",
+        t * 1e3,
+        flops / t / 1e9
+    );
+    match numpy_gemm(n, args.reps) {
+        Ok((tp, what)) => println!(
+            "gemm f32 {n}^3: peer {what}: {:.2} ms, {:.1} GFLOP/s; ours / peer time = {:.2}x",
+            tp * 1e3,
+            flops / tp / 1e9,
+            t / tp
+        ),
+        Err(why) => println!("gemm f32 {n}^3: peer numpy not run: {why}"),
+    }
+    Ok(())
+}
+
+fn elementwise<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
+    let n = args.elements;
+    let bytes = (n * 4) as f64;
+    // The bound: a plain memcpy of the same size on the host (read + write counted).
+    let src: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
+    let mut dst = vec![0f32; n];
+    let t_copy = time_it(args.reps, |_| {}, || dst.copy_from_slice(&src));
+    // The stricter bound: the same copy split across every hardware thread.
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let t_par = time_it(
+        args.reps,
+        |_| {},
+        || {
+            let chunk = n.div_ceil(threads);
+            std::thread::scope(|sc| {
+                for (d, s) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+                    sc.spawn(move || d.copy_from_slice(s));
+                }
+            });
+        },
+    );
+    std::hint::black_box(&dst);
+    drop((src, dst));
+    let copy_bw = 2.0 * bytes / t_copy;
+    let par_bw = 2.0 * bytes / t_par;
+    println!(
+        "memcpy {} MiB (plain, one call): {:.2} ms, {:.2} GB/s read+write",
+        (n * 4) >> 20,
+        t_copy * 1e3,
+        copy_bw / 1e9
+    );
+    println!(
+        "memcpy {} MiB ({threads} threads): {:.2} ms, {:.2} GB/s read+write",
+        (n * 4) >> 20,
+        t_par * 1e3,
+        par_bw / 1e9
+    );
+
+    let l = Layout::contiguous(&[n]);
+    let (x, y, out) = (
+        b.alloc(DType::F32, n)?,
+        b.alloc(DType::F32, n)?,
+        b.alloc(DType::F32, n)?,
+    );
+    let u = Distribution::Uniform {
+        low: -1.0,
+        high: 1.0,
+    };
+    let fresh = |i: usize| {
+        b.random(View::new(&x, &l), u, 5, (2 * i * n) as u64)
+            .expect("random");
+        b.random(View::new(&y, &l), u, 5, ((2 * i + 1) * n) as u64)
+            .expect("random");
+        b.synchronize().expect("sync");
+    };
+    fresh(0);
+    b.fill(View::new(&out, &l), f64::NAN)?;
+    b.binary(
+        BinaryOp::Add,
+        View::new(&x, &l),
+        View::new(&y, &l),
+        View::new(&out, &l),
+    )?;
+    let (xs, ys, os) = (b.read::<f32>(&x)?, b.read::<f32>(&y)?, b.read::<f32>(&out)?);
+    if (0..n).any(|i| os[i] != xs[i] + ys[i]) {
+        return Err(hal::Error::Backend {
+            backend: "bench",
+            detail: "elementwise add check failed".into(),
+        });
+    }
+    drop((xs, ys, os));
+    let t = time_it(args.reps, fresh, || {
+        b.binary(
+            BinaryOp::Add,
+            View::new(&x, &l),
+            View::new(&y, &l),
+            View::new(&out, &l),
+        )
+        .expect("add");
+        b.synchronize().expect("sync");
+    });
+    let bw = 3.0 * bytes / t;
+    println!(
+        "add f32 {}M: {:.2} ms, {:.2} GB/s read+write = {:.0}% of plain memcpy, {:.0}% of {threads}-thread memcpy (checked exactly)",
+        n >> 20,
+        t * 1e3,
+        bw / 1e9,
+        100.0 * bw / copy_bw,
+        100.0 * bw / par_bw
+    );
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! `cargo xtask <command>`: the project's automation, in Rust so it runs wherever cargo does.
+//!
+//! - `parity [--backend cpu,wgpu,cuda] [--require LIST] [--cases N] [--seed S]`: the parity
+//!   suite (crate `hal-parity`, binary `parity`); prints the primitive x backend table and
+//!   exits non-zero on a failure or a required backend that is not present.
+//! - `bench [--backend cpu] [--suite gemm,elementwise] [...]`: the benchmarks (crate `bench`),
+//!   with peers measured in the same run where they can run.
+//!
+//! - `deps`: checks the dependency rule (workload and backend crates have no normal dependency
+//!   on a workspace crate other than `hal`), reading the crates' manifests.
+//!
+//! `parity` and `bench` build a release binary and runs it. The binaries need no cargo, so on a GPU
+//! host they are bundled (`../shared/tools/gpu-bundle.sh -p hal-parity -p bench`) and run
+//! directly; xtask only saves typing here.
+
+use std::process::{Command, ExitCode};
+
+const USAGE: &str = "usage: cargo xtask <parity|bench> [ARGS...]
+  parity [--backend cpu,wgpu,cuda] [--require LIST] [--cases N] [--seed S]
+  bench  [--backend cpu|wgpu|cuda] [--suite gemm,elementwise] [--reps N] [--gemm-size N] [--elements N]
+  deps   check that workloads and backends depend on no workspace crate but hal";
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let Some(cmd) = args.next() else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest: Vec<String> = args.collect();
+    let (package, bin) = match cmd.as_str() {
+        "parity" => ("hal-parity", "parity"),
+        "bench" => ("bench", "bench"),
+        "deps" => return check_dependency_rule(),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        other => {
+            eprintln!("xtask: unknown command {other}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    run_release_binary(package, bin, &rest)
+}
+
+/// Builds `bin` of `package` in release mode and runs it with `args`, passing its exit code on.
+fn run_release_binary(package: &str, bin: &str, args: &[String]) -> ExitCode {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .args(["build", "--release", "--quiet", "-p", package, "--bin", bin])
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => {
+            eprintln!("xtask: building {bin} failed ({s})");
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("xtask: could not run {cargo}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("xtask lives in the workspace root");
+        root.join("target").to_string_lossy().into_owned()
+    });
+    let exe = std::path::Path::new(&target).join("release").join(bin);
+    match Command::new(&exe).args(args).status() {
+        Ok(s) => ExitCode::from(s.code().unwrap_or(1).clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("xtask: could not run {}: {e}", exe.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The crates the rule covers: they may depend on `hal` and on nothing else in the workspace.
+const RULED: [&str; 6] = [
+    "backend-cpu",
+    "backend-wgpu",
+    "backend-cuda",
+    "tensor-autograd",
+    "vlc-anneal",
+    "residual-compile",
+];
+
+/// Reads each ruled crate's manifest and lists workspace crates named in its `[dependencies]`
+/// (dev- and build-dependencies are allowed: tests and examples may use backends).
+fn check_dependency_rule() -> ExitCode {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf();
+    let members: Vec<String> = std::fs::read_dir(root.join("crates"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut broken = Vec::new();
+    for krate in RULED {
+        let path = root.join("crates").join(krate).join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            eprintln!("xtask deps: cannot read {}", path.display());
+            return ExitCode::FAILURE;
+        };
+        let mut normal = false;
+        for line in text.lines().map(str::trim) {
+            if line.starts_with('[') {
+                // `[dependencies]` or `[target.'cfg(..)'.dependencies]`, not dev- or build-.
+                normal = line.ends_with("dependencies]")
+                    && !line.contains("dev-")
+                    && !line.contains("build-");
+                continue;
+            }
+            let name = line
+                .split(['=', '.', ' '])
+                .next()
+                .unwrap_or("")
+                .trim_matches('"');
+            if normal
+                && name != "hal"
+                && (members.iter().any(|m| m == name) || name == "hal-parity" || name == "xtask")
+            {
+                broken.push(format!("{krate} -> {name}"));
+            }
+        }
+    }
+    if broken.is_empty() {
+        println!(
+            "xtask deps: the dependency rule holds for {} crates",
+            RULED.len()
+        );
+        ExitCode::SUCCESS
+    } else {
+        println!(
+            "xtask deps: dependency rule broken (only `hal` may be a normal dependency): {}",
+            broken.join("; ")
+        );
+        ExitCode::FAILURE
+    }
+}
