@@ -96,6 +96,17 @@ impl<B: Backend> Suite<'_, B> {
         out
     }
 
+    /// An index shape for gather/scatter over data of `shape`: each other dimension as large
+    /// or one smaller, and a length along `axis` of 0, 1, 7 or 300.
+    fn index_shape(&mut self, shape: &[usize], axis: usize) -> Vec<usize> {
+        let mut ishape: Vec<usize> = shape
+            .iter()
+            .map(|&d| if d > 1 { d - self.rng().below(2) } else { d })
+            .collect();
+        ishape[axis] = [0usize, 1, 7, 300][self.rng().below(4)];
+        ishape
+    }
+
     fn kind(&mut self) -> ViewKind {
         KINDS[self.rng().below(KINDS.len())]
     }
@@ -971,11 +982,7 @@ fn gather<B: Backend>(s: &mut Suite<'_, B>) {
         let (dx, kind) = (s.float_dtype(), s.kind());
         let x = random_tensor(s.rng(), shape, dx, kind, |r| r.range(-3.0, 3.0));
         let select = i % 2 == 1; // index_select: one index list broadcast along the other dims
-        let mut ishape: Vec<usize> = shape
-            .iter()
-            .map(|&d| if d > 1 { d - s.rng().below(2) } else { d })
-            .collect();
-        ishape[axis] = [0usize, 1, 7, 300][s.rng().below(4)];
+        let ishape = s.index_shape(shape, axis);
         let bound = shape[axis];
         let idt = if s.rng().below(2) == 0 {
             DType::U32
@@ -1053,11 +1060,7 @@ fn scatter_add<B: Backend>(s: &mut Suite<'_, B>) {
         if shape[axis] == 0 {
             continue;
         }
-        let mut ishape: Vec<usize> = shape
-            .iter()
-            .map(|&d| if d > 1 { d - s.rng().below(2) } else { d })
-            .collect();
-        ishape[axis] = [0usize, 1, 7, 300][s.rng().below(4)];
+        let ishape = s.index_shape(&shape, axis);
         let bound = shape[axis];
         let index = random_tensor(s.rng(), &ishape, DType::U32, ViewKind::Contiguous, |r| {
             r.below(bound) as f32
