@@ -44,7 +44,7 @@ use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
     DeviceBuffer, DeviceInfo, DeviceKind, Distribution, Error, Layout, ReduceOp, Result, SgdParams,
-    TernaryOp, UnaryOp, View,
+    TernaryOp, UnaryOp, View, validate,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -95,77 +95,8 @@ fn memory() -> (u64, u64) {
     (total, field("MemAvailable:").unwrap_or(total))
 }
 
-// ----- argument checks shared by the primitives -----
-
-fn fits(op: &'static str, v: View<'_, CpuBuffer>) -> Result<()> {
-    v.layout.check_fits(op, v.buffer.len())
-}
-
-fn same_shape(op: &'static str, expected: &[usize], got: &[usize], what: &str) -> Result<()> {
-    if expected != got {
-        return Err(Error::ShapeMismatch {
-            op,
-            expected: expected.to_vec(),
-            got: got.to_vec(),
-            detail: what.to_string(),
-        });
-    }
-    Ok(())
-}
-
-fn float(op: &'static str, dtype: DType) -> Result<()> {
-    if !dtype.is_float() {
-        return Err(Error::UnsupportedDType {
-            op,
-            dtype,
-            detail: " (a float dtype is required)".into(),
-        });
-    }
-    Ok(())
-}
-
-fn dtype_is(op: &'static str, expected: DType, got: DType) -> Result<()> {
-    if expected != got {
-        return Err(Error::DTypeMismatch { op, expected, got });
-    }
-    Ok(())
-}
-
-fn index_dtype(op: &'static str, dtype: DType) -> Result<()> {
-    if !matches!(dtype, DType::U32 | DType::I32) {
-        return Err(Error::UnsupportedDType {
-            op,
-            dtype,
-            detail: " (indices are u32 or i32)".into(),
-        });
-    }
-    Ok(())
-}
-
-fn rank(op: &'static str, v: View<'_, CpuBuffer>, r: usize, what: &str) -> Result<()> {
-    if v.layout.rank() != r {
-        return Err(Error::InvalidArgument {
-            op,
-            detail: format!("{what} must have rank {r}, got shape {:?}", v.layout.shape),
-        });
-    }
-    Ok(())
-}
-
-/// `v`'s layout broadcast to the output's shape.
-fn broadcast(op: &'static str, v: View<'_, CpuBuffer>, shape: &[usize]) -> Result<Layout> {
-    fits(op, v)?;
-    v.layout
-        .broadcast_to(shape)
-        .map_err(|_| Error::ShapeMismatch {
-            op,
-            expected: shape.to_vec(),
-            got: v.layout.shape.clone(),
-            detail: "operand cannot be broadcast to the output shape".into(),
-        })
-}
-
-/// Checks that every index in `index` lies in `0..bound`; the first one that does not is the error.
+/// Checks that every index in `index` lies in `0..bound`; the first one that does not is the
+/// error. Runs before the primitive writes anything, so a failed call leaves its output as it was.
 fn check_indices(op: &'static str, index: View<'_, CpuBuffer>, bound: usize) -> Result<()> {
     let walk = walk::Walk::new(&index.layout.shape, [index.layout]);
     let src = index.buffer.src();
@@ -194,12 +125,12 @@ fn u32_slice(buf: &CpuBuffer) -> &[u32] {
     unsafe { std::slice::from_raw_parts(buf.typed::<u32>(), buf.len()) }
 }
 
-/// A contiguous `u32` copy of an index view (for kernels that want a slice).
-fn indices_u32(v: View<'_, CpuBuffer>) -> Vec<u32> {
-    let mut out = vec![0u32; v.layout.numel()];
+/// A contiguous copy of a view as `T` (for kernels that want a slice).
+fn contiguous<T: hal::Element + Default>(v: View<'_, CpuBuffer>) -> Vec<T> {
+    let mut out = vec![T::default(); v.layout.numel()];
     let dst = storage::Dst {
         ptr: out.as_mut_ptr() as *mut u8,
-        dtype: DType::U32,
+        dtype: T::DTYPE,
     };
     elementwise::copy(
         v.buffer.src(),
@@ -209,6 +140,8 @@ fn indices_u32(v: View<'_, CpuBuffer>) -> Vec<u32> {
     );
     out
 }
+
+type V<'a> = View<'a, CpuBuffer>;
 
 impl Backend for CpuBackend {
     type Buffer = CpuBuffer;
@@ -252,7 +185,7 @@ impl Backend for CpuBackend {
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<CpuBuffer> {
         let requested = len as u128 * dtype.size_in_bytes() as u128;
-        let (total, _) = memory();
+        let (total, available) = memory();
         if requested > total as u128 {
             return Err(Error::AllocationTooLarge {
                 requested_bytes: requested,
@@ -260,6 +193,13 @@ impl Backend for CpuBackend {
                 what: format!(
                     "{len} elements of {dtype}; the CPU backend's limit is the system memory"
                 ),
+            });
+        }
+        // Linux would hand out such an allocation lazily and kill the process when it is
+        // touched; refusing it here keeps the error an error.
+        if requested > available as u128 {
+            return Err(Error::OutOfMemory {
+                requested_bytes: requested,
             });
         }
         storage::Storage::zeroed(dtype, len)
@@ -309,47 +249,29 @@ impl Backend for CpuBackend {
         Ok(unsafe { std::slice::from_raw_parts(src.0.as_ptr(), src.0.bytes()) }.to_vec())
     }
 
-    fn fill(&self, out: View<'_, CpuBuffer>, value: f64) -> Result<()> {
-        fits("fill", out)?;
+    fn fill(&self, out: V<'_>, value: f64) -> Result<()> {
+        validate::fill(out)?;
         let _g = exec();
         elementwise::fill(out.buffer.dst(), out.layout, value);
         Ok(())
     }
 
-    fn copy(&self, src: View<'_, CpuBuffer>, out: View<'_, CpuBuffer>) -> Result<()> {
-        fits("copy", src)?;
-        fits("copy", out)?;
-        same_shape(
-            "copy",
-            &out.layout.shape,
-            &src.layout.shape,
-            "copy needs equal shapes",
-        )?;
+    fn copy(&self, src: V<'_>, out: V<'_>) -> Result<()> {
+        validate::copy(src, out)?;
         let _g = exec();
         elementwise::copy(src.buffer.src(), src.layout, out.buffer.dst(), out.layout);
         Ok(())
     }
 
-    fn unary(&self, op: UnaryOp, x: View<'_, CpuBuffer>, out: View<'_, CpuBuffer>) -> Result<()> {
-        fits("unary", out)?;
-        float("unary", x.dtype())?;
-        float("unary", out.dtype())?;
-        let xl = broadcast("unary", x, &out.layout.shape)?;
+    fn unary(&self, op: UnaryOp, x: V<'_>, out: V<'_>) -> Result<()> {
+        let xl = validate::unary(x, out)?;
         let _g = exec();
         elementwise::unary(op, x.buffer.src(), &xl, out.buffer.dst(), out.layout);
         Ok(())
     }
 
-    fn binary(
-        &self,
-        op: BinaryOp,
-        a: View<'_, CpuBuffer>,
-        b: View<'_, CpuBuffer>,
-        out: View<'_, CpuBuffer>,
-    ) -> Result<()> {
-        fits("binary", out)?;
-        let al = broadcast("binary", a, &out.layout.shape)?;
-        let bl = broadcast("binary", b, &out.layout.shape)?;
+    fn binary(&self, op: BinaryOp, a: V<'_>, b: V<'_>, out: V<'_>) -> Result<()> {
+        let (al, bl) = validate::binary(a, b, out)?;
         let _g = exec();
         elementwise::binary(
             op,
@@ -363,21 +285,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn ternary(
-        &self,
-        op: TernaryOp,
-        a: View<'_, CpuBuffer>,
-        b: View<'_, CpuBuffer>,
-        c: View<'_, CpuBuffer>,
-        out: View<'_, CpuBuffer>,
-    ) -> Result<()> {
-        fits("ternary", out)?;
-        let s = &out.layout.shape;
-        let (al, bl, cl) = (
-            broadcast("ternary", a, s)?,
-            broadcast("ternary", b, s)?,
-            broadcast("ternary", c, s)?,
-        );
+    fn ternary(&self, op: TernaryOp, a: V<'_>, b: V<'_>, c: V<'_>, out: V<'_>) -> Result<()> {
+        let [al, bl, cl] = validate::ternary(a, b, c, out)?;
         let _g = exec();
         elementwise::ternary(
             op,
@@ -393,45 +302,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn reduce(
-        &self,
-        op: ReduceOp,
-        x: View<'_, CpuBuffer>,
-        axes: &[usize],
-        out: View<'_, CpuBuffer>,
-    ) -> Result<()> {
-        fits("reduce", x)?;
-        fits("reduce", out)?;
-        float("reduce", out.dtype())?;
-        let mut expected = x.layout.shape.clone();
-        for (i, &a) in axes.iter().enumerate() {
-            if a >= x.layout.rank() || axes[..i].contains(&a) {
-                return Err(Error::InvalidArgument {
-                    op: "reduce",
-                    detail: format!(
-                        "axes {axes:?} are not distinct axes of rank {}",
-                        x.layout.rank()
-                    ),
-                });
-            }
-            expected[a] = 1;
-        }
-        same_shape(
-            "reduce",
-            &expected,
-            &out.layout.shape,
-            "the output keeps reduced axes as size 1",
-        )?;
-        let reduced: usize = axes.iter().map(|&a| x.layout.shape[a]).product();
-        if reduced == 0 && out.layout.numel() > 0 && matches!(op, ReduceOp::Max | ReduceOp::Min) {
-            return Err(Error::Empty {
-                op: "reduce",
-                detail: format!(
-                    "{op:?} over axes {axes:?} of shape {:?} has no elements",
-                    x.layout.shape
-                ),
-            });
-        }
+    fn reduce(&self, op: ReduceOp, x: V<'_>, axes: &[usize], out: V<'_>) -> Result<()> {
+        validate::reduce(op, x, axes, out)?;
         let _g = exec();
         reduce::reduce(
             op,
@@ -444,36 +316,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn arg_reduce(
-        &self,
-        op: ArgReduceOp,
-        x: View<'_, CpuBuffer>,
-        axis: usize,
-        out: View<'_, CpuBuffer>,
-    ) -> Result<()> {
-        fits("arg_reduce", x)?;
-        fits("arg_reduce", out)?;
-        dtype_is("arg_reduce", DType::U32, out.dtype())?;
-        if axis >= x.layout.rank() {
-            return Err(Error::InvalidArgument {
-                op: "arg_reduce",
-                detail: format!("axis {axis} is out of range for shape {:?}", x.layout.shape),
-            });
-        }
-        let mut expected = x.layout.shape.clone();
-        expected[axis] = 1;
-        same_shape(
-            "arg_reduce",
-            &expected,
-            &out.layout.shape,
-            "the output keeps the reduced axis as size 1",
-        )?;
-        if x.layout.shape[axis] == 0 && out.layout.numel() > 0 {
-            return Err(Error::Empty {
-                op: "arg_reduce",
-                detail: format!("axis {axis} of shape {:?} has no elements", x.layout.shape),
-            });
-        }
+    fn arg_reduce(&self, op: ArgReduceOp, x: V<'_>, axis: usize, out: V<'_>) -> Result<()> {
+        validate::arg_reduce(x, axis, out)?;
         let _g = exec();
         reduce::arg_reduce(
             op,
@@ -486,58 +330,19 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn matmul(
-        &self,
-        a: View<'_, CpuBuffer>,
-        b: View<'_, CpuBuffer>,
-        out: View<'_, CpuBuffer>,
-        alpha: f32,
-        beta: f32,
-    ) -> Result<()> {
-        for (v, what) in [(a, "a"), (b, "b"), (out, "out")] {
-            fits("matmul", v)?;
-            float("matmul", v.dtype())?;
-            if !(2..=3).contains(&v.layout.rank()) {
-                return Err(Error::InvalidArgument {
-                    op: "matmul",
-                    detail: format!(
-                        "{what} must have rank 2 or 3, got shape {:?}",
-                        v.layout.shape
-                    ),
-                });
-            }
-        }
-        dtype_is("matmul", a.dtype(), b.dtype())?;
-        let (am, bm, om) = (
-            linalg::Mat::of(a.layout),
-            linalg::Mat::of(b.layout),
-            linalg::Mat::of(out.layout),
-        );
-        let batch_ok = |x: usize| x == om.batch || x == 1;
-        if am.cols != bm.rows
-            || am.rows != om.rows
-            || bm.cols != om.cols
-            || !batch_ok(am.batch)
-            || !batch_ok(bm.batch)
-        {
-            return Err(Error::ShapeMismatch {
-                op: "matmul",
-                expected: a.layout.shape.clone(),
-                got: b.layout.shape.clone(),
-                detail: format!(
-                    "[batch, m, k] @ [batch, k, n] cannot produce an output of shape {:?}",
-                    out.layout.shape
-                ),
-            });
-        }
-        if out.buffer.same_memory(a.buffer) || out.buffer.same_memory(b.buffer) {
-            return Err(Error::InvalidArgument {
-                op: "matmul",
-                detail: "the output must not share memory with an operand".into(),
-            });
-        }
+    fn matmul(&self, a: V<'_>, b: V<'_>, out: V<'_>, alpha: f32, beta: f32) -> Result<()> {
+        let [am, bm, om] = validate::matmul(a, b, out)?;
         let _g = exec();
-        linalg::matmul(a.buffer, am, b.buffer, bm, out.buffer, om, alpha, beta);
+        linalg::matmul(
+            a.buffer,
+            am.into(),
+            b.buffer,
+            bm.into(),
+            out.buffer,
+            om.into(),
+            alpha,
+            beta,
+        );
         Ok(())
     }
 
@@ -549,49 +354,10 @@ impl Backend for CpuBackend {
         alpha: f32,
         beta: f32,
     ) -> Result<()> {
-        const OP: &str = "spmv_csr";
-        dtype_is(OP, DType::U32, a.row_offsets.dtype())?;
-        dtype_is(OP, DType::U32, a.col_indices.dtype())?;
-        for buf in [a.values, x, y] {
-            dtype_is(OP, DType::F32, buf.dtype())?;
-        }
-        if a.row_offsets.len() != a.rows + 1
-            || x.len() != a.cols
-            || y.len() != a.rows
-            || a.col_indices.len() != a.values.len()
-        {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                expected: vec![a.rows + 1, a.cols, a.rows],
-                got: vec![a.row_offsets.len(), x.len(), y.len()],
-                detail: "row_offsets needs rows + 1 entries, x cols, y rows; col_indices and values one length".into(),
-            });
-        }
+        validate::spmv_csr(&a, x, y)?;
         let _g = exec();
-        let offsets = u32_slice(a.row_offsets);
-        let nnz = a.values.len();
-        if offsets[0] != 0
-            || offsets.windows(2).any(|w| w[0] > w[1])
-            || offsets[a.rows] as usize > nnz
-        {
-            return Err(Error::InvalidArgument {
-                op: OP,
-                detail:
-                    "row_offsets must start at 0, never decrease and end within the stored entries"
-                        .into(),
-            });
-        }
-        let cols = u32_slice(a.col_indices);
-        if let Some(&bad) = cols[..offsets[a.rows] as usize]
-            .iter()
-            .find(|&&c| c as usize >= a.cols)
-        {
-            return Err(Error::IndexOutOfRange {
-                op: OP,
-                index: bad as i64,
-                bound: a.cols,
-            });
-        }
+        let (offsets, cols) = (u32_slice(a.row_offsets), u32_slice(a.col_indices));
+        validate::csr_structure(offsets, cols, a.cols, a.values.len())?;
         linalg::spmv(
             a.rows,
             offsets,
@@ -605,21 +371,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn gather(
-        &self,
-        x: View<'_, CpuBuffer>,
-        axis: usize,
-        index: View<'_, CpuBuffer>,
-        out: View<'_, CpuBuffer>,
-    ) -> Result<()> {
-        check_gather_shapes("gather", x, axis, index)?;
-        fits("gather", out)?;
-        same_shape(
-            "gather",
-            &index.layout.shape,
-            &out.layout.shape,
-            "the output has the index's shape",
-        )?;
+    fn gather(&self, x: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
+        validate::gather(x, axis, index, out)?;
         let _g = exec();
         check_indices("gather", index, x.layout.shape[axis])?;
         indexing::gather(
@@ -634,22 +387,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn scatter_add(
-        &self,
-        src: View<'_, CpuBuffer>,
-        axis: usize,
-        index: View<'_, CpuBuffer>,
-        out: View<'_, CpuBuffer>,
-    ) -> Result<()> {
-        check_gather_shapes("scatter_add", out, axis, index)?;
-        fits("scatter_add", src)?;
-        float("scatter_add", out.dtype())?;
-        same_shape(
-            "scatter_add",
-            &index.layout.shape,
-            &src.layout.shape,
-            "the source has the index's shape",
-        )?;
+    fn scatter_add(&self, src: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
+        validate::scatter_add(src, axis, index, out)?;
         let _g = exec();
         check_indices("scatter_add", index, out.layout.shape[axis])?;
         indexing::scatter_add(
@@ -664,53 +403,15 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn im2col(
-        &self,
-        x: View<'_, CpuBuffer>,
-        g: &Conv2dGeometry,
-        out: View<'_, CpuBuffer>,
-    ) -> Result<()> {
-        let cols = check_conv("im2col", g)?;
-        fits("im2col", x)?;
-        fits("im2col", out)?;
-        same_shape(
-            "im2col",
-            &g.image_shape(),
-            &x.layout.shape,
-            "the input has the geometry's image shape",
-        )?;
-        same_shape(
-            "im2col",
-            &cols,
-            &out.layout.shape,
-            "the output has the geometry's columns shape",
-        )?;
+    fn im2col(&self, x: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
+        validate::im2col(x, g, out)?;
         let _g = exec();
         indexing::im2col(x.buffer.src(), x.layout, g, out.buffer.dst(), out.layout);
         Ok(())
     }
 
-    fn col2im(
-        &self,
-        cols: View<'_, CpuBuffer>,
-        g: &Conv2dGeometry,
-        out: View<'_, CpuBuffer>,
-    ) -> Result<()> {
-        let shape = check_conv("col2im", g)?;
-        fits("col2im", cols)?;
-        fits("col2im", out)?;
-        same_shape(
-            "col2im",
-            &shape,
-            &cols.layout.shape,
-            "the input has the geometry's columns shape",
-        )?;
-        same_shape(
-            "col2im",
-            &g.image_shape(),
-            &out.layout.shape,
-            "the output has the geometry's image shape",
-        )?;
+    fn col2im(&self, cols: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
+        validate::col2im(cols, g, out)?;
         let _g = exec();
         indexing::col2im(
             cols.buffer.src(),
@@ -724,41 +425,12 @@ impl Backend for CpuBackend {
 
     fn nearest_centroid(
         &self,
-        x: View<'_, CpuBuffer>,
-        c: View<'_, CpuBuffer>,
-        out_index: View<'_, CpuBuffer>,
-        out_distance: View<'_, CpuBuffer>,
+        x: V<'_>,
+        c: V<'_>,
+        out_index: V<'_>,
+        out_distance: V<'_>,
     ) -> Result<()> {
-        const OP: &str = "nearest_centroid";
-        for v in [x, c, out_index, out_distance] {
-            fits(OP, v)?;
-        }
-        rank(OP, x, 2, "x")?;
-        rank(OP, c, 2, "centroids")?;
-        float(OP, x.dtype())?;
-        float(OP, c.dtype())?;
-        dtype_is(OP, DType::U32, out_index.dtype())?;
-        dtype_is(OP, DType::F32, out_distance.dtype())?;
-        let (n, d) = (x.layout.shape[0], x.layout.shape[1]);
-        same_shape(
-            OP,
-            &[c.layout.shape[0], d],
-            &c.layout.shape,
-            "centroids have the points' dimension",
-        )?;
-        same_shape(OP, &[n], &out_index.layout.shape, "one index per point")?;
-        same_shape(
-            OP,
-            &[n],
-            &out_distance.layout.shape,
-            "one distance per point",
-        )?;
-        if c.layout.shape[0] == 0 && n > 0 {
-            return Err(Error::Empty {
-                op: OP,
-                detail: "no centroids to search".into(),
-            });
-        }
+        validate::nearest_centroid(x, c, out_index, out_distance)?;
         let _g = exec();
         cluster::nearest_centroid(
             x.buffer.src(),
@@ -775,49 +447,17 @@ impl Backend for CpuBackend {
 
     fn segment_sum(
         &self,
-        x: View<'_, CpuBuffer>,
-        segment: View<'_, CpuBuffer>,
-        weights: Option<View<'_, CpuBuffer>>,
-        sums: View<'_, CpuBuffer>,
-        counts: View<'_, CpuBuffer>,
+        x: V<'_>,
+        segment: V<'_>,
+        weights: Option<V<'_>>,
+        sums: V<'_>,
+        counts: V<'_>,
     ) -> Result<()> {
-        const OP: &str = "segment_sum";
-        for v in [x, segment, sums, counts].into_iter().chain(weights) {
-            fits(OP, v)?;
-        }
-        rank(OP, x, 2, "x")?;
-        rank(OP, sums, 2, "sums")?;
-        dtype_is(OP, DType::U32, segment.dtype())?;
-        float(OP, sums.dtype())?;
-        float(OP, counts.dtype())?;
-        let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
-        same_shape(OP, &[n], &segment.layout.shape, "one segment id per row")?;
-        same_shape(
-            OP,
-            &[m, d],
-            &sums.layout.shape,
-            "sums are [segments, columns]",
-        )?;
-        same_shape(OP, &[m], &counts.layout.shape, "one count per segment")?;
-        if let Some(w) = weights {
-            same_shape(OP, &[n], &w.layout.shape, "one weight per row")?;
-        }
+        validate::segment_sum(x, segment, weights, sums, counts)?;
         let _g = exec();
-        check_indices(OP, segment, m)?;
-        let seg = indices_u32(segment);
-        let w = weights.map(|w| {
-            let mut v = vec![0f32; n];
-            elementwise::copy(
-                w.buffer.src(),
-                w.layout,
-                storage::Dst {
-                    ptr: v.as_mut_ptr() as *mut u8,
-                    dtype: DType::F32,
-                },
-                &Layout::contiguous(&[n]),
-            );
-            v
-        });
+        check_indices("segment_sum", segment, sums.layout.shape[0])?;
+        let seg: Vec<u32> = contiguous(segment);
+        let w: Option<Vec<f32>> = weights.map(contiguous);
         cluster::segment_sum(
             x.buffer.src(),
             x.layout,
@@ -838,14 +478,7 @@ impl Backend for CpuBackend {
         momentum_buffer: Option<&CpuBuffer>,
         p: &SgdParams,
     ) -> Result<()> {
-        let bufs: Vec<&CpuBuffer> = [param, grad].into_iter().chain(momentum_buffer).collect();
-        check_optimizer("sgd_step", &bufs)?;
-        if p.momentum != 0.0 && momentum_buffer.is_none() {
-            return Err(Error::InvalidArgument {
-                op: "sgd_step",
-                detail: "momentum != 0 needs a momentum buffer".into(),
-            });
-        }
+        validate::sgd_step(param, grad, momentum_buffer, p)?;
         let _g = exec();
         let sh = |b: &CpuBuffer| optim::Shared(b.typed::<f32>());
         let buf = if p.momentum != 0.0 {
@@ -865,22 +498,15 @@ impl Backend for CpuBackend {
         v: &CpuBuffer,
         p: &AdamParams,
     ) -> Result<()> {
-        check_optimizer("adam_step", &[param, grad, m, v])?;
+        validate::adam_step(param, grad, m, v, p)?;
         let _g = exec();
         let sh = |b: &CpuBuffer| optim::Shared(b.typed::<f32>());
         optim::adam(param.len(), sh(param), sh(grad), sh(m), sh(v), p);
         Ok(())
     }
 
-    fn random(
-        &self,
-        out: View<'_, CpuBuffer>,
-        dist: Distribution,
-        seed: u64,
-        offset: u64,
-    ) -> Result<()> {
-        fits("random", out)?;
-        float("random", out.dtype())?;
+    fn random(&self, out: V<'_>, dist: Distribution, seed: u64, offset: u64) -> Result<()> {
+        validate::random(out)?;
         let _g = exec();
         optim::random(out.buffer.dst(), out.layout, dist, seed, offset);
         Ok(())
@@ -905,49 +531,4 @@ impl Backend for CpuBackend {
         let _g = exec();
         program::launch(&kernel.0, args, n)
     }
-}
-
-fn check_gather_shapes(
-    op: &'static str,
-    x: View<'_, CpuBuffer>,
-    axis: usize,
-    index: View<'_, CpuBuffer>,
-) -> Result<()> {
-    fits(op, x)?;
-    fits(op, index)?;
-    index_dtype(op, index.dtype())?;
-    let (xs, is) = (&x.layout.shape, &index.layout.shape);
-    if axis >= xs.len() || xs.len() != is.len() || (0..xs.len()).any(|d| d != axis && is[d] > xs[d])
-    {
-        return Err(Error::ShapeMismatch {
-            op,
-            expected: xs.clone(),
-            got: is.clone(),
-            detail: format!(
-                "the index must have the data's rank, axis {axis} inside it, and no larger dimension off the axis"
-            ),
-        });
-    }
-    Ok(())
-}
-
-fn check_conv(op: &'static str, g: &Conv2dGeometry) -> Result<Vec<usize>> {
-    g.cols_shape()
-        .map(|s| s.to_vec())
-        .ok_or_else(|| Error::InvalidArgument { op, detail: format!("{g:?} has a zero stride, dilation or kernel, or a kernel larger than the padded input") })
-}
-
-fn check_optimizer(op: &'static str, bufs: &[&CpuBuffer]) -> Result<()> {
-    for b in bufs {
-        dtype_is(op, DType::F32, b.dtype())?;
-        if b.len() != bufs[0].len() {
-            return Err(Error::ShapeMismatch {
-                op,
-                expected: vec![bufs[0].len()],
-                got: vec![b.len()],
-                detail: "optimizer buffers have one length".into(),
-            });
-        }
-    }
-    Ok(())
 }

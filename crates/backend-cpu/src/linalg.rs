@@ -15,22 +15,19 @@ pub(crate) struct Mat {
     pub offset: isize,
 }
 
-impl Mat {
-    pub fn of(l: &Layout) -> Mat {
-        let r = l.rank();
-        let (batch, sb) = if r == 3 {
-            (l.shape[0], l.strides[0])
-        } else {
-            (1, 0)
-        };
+impl From<hal::validate::MatrixView> for Mat {
+    fn from(m: hal::validate::MatrixView) -> Mat {
         Mat {
-            batch,
-            rows: l.shape[r - 2],
-            cols: l.shape[r - 1],
-            s: [sb, l.strides[r - 2], l.strides[r - 1]],
-            offset: l.offset as isize,
+            batch: m.batch,
+            rows: m.rows,
+            cols: m.cols,
+            s: m.strides,
+            offset: m.offset as isize,
         }
     }
+}
+
+impl Mat {
     fn at(&self, b: usize) -> isize {
         // A batch of 1 broadcasts.
         if self.batch == 1 {

@@ -15,6 +15,7 @@
 //! - [`ir`]: the scalar program IR, the open door for kernels that are not primitives.
 //! - [`Error`]: the one error type; nothing here panics on bad input.
 //! - [`random`]: Philox 4x32-10, the random stream every backend reproduces.
+//! - [`validate`]: every primitive's argument checks, called by every backend first.
 //!
 //! ```
 //! use hal::{Layout, DType};
@@ -37,6 +38,7 @@ pub mod ir;
 mod layout;
 mod ops;
 pub mod random;
+pub mod validate;
 
 pub use backend::{Backend, BackendExt, Csr, DeviceBuffer, View};
 pub use device::{Capabilities, DeviceInfo, DeviceKind};

@@ -1,0 +1,552 @@
+//! Argument checks for every primitive, written once and called by every backend before it
+//! launches anything, so that bad input gets the same clear [`Error`] everywhere and a failed
+//! call has touched nothing. (Checks that need the *contents* of an index buffer are the
+//! backend's, since reading them may cost a device round trip.)
+
+use crate::{
+    AdamParams, Conv2dGeometry, Csr, DType, DeviceBuffer, Error, Layout, ReduceOp, Result,
+    SgdParams, View,
+};
+
+/// The view lies inside its buffer.
+pub fn fits<B: DeviceBuffer>(op: &'static str, v: View<'_, B>) -> Result<()> {
+    v.layout.check_fits(op, v.buffer.len())
+}
+
+pub fn same_shape(op: &'static str, expected: &[usize], got: &[usize], what: &str) -> Result<()> {
+    if expected != got {
+        return Err(Error::ShapeMismatch {
+            op,
+            expected: expected.to_vec(),
+            got: got.to_vec(),
+            detail: what.to_string(),
+        });
+    }
+    Ok(())
+}
+
+pub fn float(op: &'static str, dtype: DType) -> Result<()> {
+    if !dtype.is_float() {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            detail: " (a float dtype is required)".into(),
+        });
+    }
+    Ok(())
+}
+
+pub fn dtype_is(op: &'static str, expected: DType, got: DType) -> Result<()> {
+    if expected != got {
+        return Err(Error::DTypeMismatch { op, expected, got });
+    }
+    Ok(())
+}
+
+pub fn index_dtype(op: &'static str, dtype: DType) -> Result<()> {
+    if !matches!(dtype, DType::U32 | DType::I32) {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype,
+            detail: " (indices are u32 or i32)".into(),
+        });
+    }
+    Ok(())
+}
+
+pub fn rank<B: DeviceBuffer>(op: &'static str, v: View<'_, B>, r: usize, what: &str) -> Result<()> {
+    if v.layout.rank() != r {
+        return Err(Error::InvalidArgument {
+            op,
+            detail: format!("{what} must have rank {r}, got shape {:?}", v.layout.shape),
+        });
+    }
+    Ok(())
+}
+
+/// `v`'s layout broadcast to `shape` (after checking it fits its buffer).
+pub fn broadcast<B: DeviceBuffer>(
+    op: &'static str,
+    v: View<'_, B>,
+    shape: &[usize],
+) -> Result<Layout> {
+    fits(op, v)?;
+    v.layout
+        .broadcast_to(shape)
+        .map_err(|_| Error::ShapeMismatch {
+            op,
+            expected: shape.to_vec(),
+            got: v.layout.shape.clone(),
+            detail: "operand cannot be broadcast to the output shape".into(),
+        })
+}
+
+pub fn fill<B: DeviceBuffer>(out: View<'_, B>) -> Result<()> {
+    fits("fill", out)
+}
+
+pub fn copy<B: DeviceBuffer>(src: View<'_, B>, out: View<'_, B>) -> Result<()> {
+    fits("copy", src)?;
+    fits("copy", out)?;
+    same_shape(
+        "copy",
+        &out.layout.shape,
+        &src.layout.shape,
+        "copy needs equal shapes",
+    )
+}
+
+/// Returns `x`'s layout broadcast to the output's shape.
+pub fn unary<B: DeviceBuffer>(x: View<'_, B>, out: View<'_, B>) -> Result<Layout> {
+    fits("unary", out)?;
+    float("unary", x.dtype())?;
+    float("unary", out.dtype())?;
+    broadcast("unary", x, &out.layout.shape)
+}
+
+/// Returns both operands' layouts broadcast to the output's shape.
+pub fn binary<B: DeviceBuffer>(
+    a: View<'_, B>,
+    b: View<'_, B>,
+    out: View<'_, B>,
+) -> Result<(Layout, Layout)> {
+    fits("binary", out)?;
+    Ok((
+        broadcast("binary", a, &out.layout.shape)?,
+        broadcast("binary", b, &out.layout.shape)?,
+    ))
+}
+
+/// Returns the three operands' layouts broadcast to the output's shape.
+pub fn ternary<B: DeviceBuffer>(
+    a: View<'_, B>,
+    b: View<'_, B>,
+    c: View<'_, B>,
+    out: View<'_, B>,
+) -> Result<[Layout; 3]> {
+    fits("ternary", out)?;
+    let s = &out.layout.shape;
+    Ok([
+        broadcast("ternary", a, s)?,
+        broadcast("ternary", b, s)?,
+        broadcast("ternary", c, s)?,
+    ])
+}
+
+pub fn reduce<B: DeviceBuffer>(
+    op: ReduceOp,
+    x: View<'_, B>,
+    axes: &[usize],
+    out: View<'_, B>,
+) -> Result<()> {
+    fits("reduce", x)?;
+    fits("reduce", out)?;
+    float("reduce", out.dtype())?;
+    let mut expected = x.layout.shape.clone();
+    for (i, &a) in axes.iter().enumerate() {
+        if a >= x.layout.rank() || axes[..i].contains(&a) {
+            return Err(Error::InvalidArgument {
+                op: "reduce",
+                detail: format!(
+                    "axes {axes:?} are not distinct axes of rank {}",
+                    x.layout.rank()
+                ),
+            });
+        }
+        expected[a] = 1;
+    }
+    same_shape(
+        "reduce",
+        &expected,
+        &out.layout.shape,
+        "the output keeps reduced axes as size 1",
+    )?;
+    let reduced: usize = axes.iter().map(|&a| x.layout.shape[a]).product();
+    if reduced == 0 && out.layout.numel() > 0 && matches!(op, ReduceOp::Max | ReduceOp::Min) {
+        return Err(Error::Empty {
+            op: "reduce",
+            detail: format!(
+                "{op:?} over axes {axes:?} of shape {:?} has no elements",
+                x.layout.shape
+            ),
+        });
+    }
+    Ok(())
+}
+
+pub fn arg_reduce<B: DeviceBuffer>(x: View<'_, B>, axis: usize, out: View<'_, B>) -> Result<()> {
+    fits("arg_reduce", x)?;
+    fits("arg_reduce", out)?;
+    dtype_is("arg_reduce", DType::U32, out.dtype())?;
+    if axis >= x.layout.rank() {
+        return Err(Error::InvalidArgument {
+            op: "arg_reduce",
+            detail: format!("axis {axis} is out of range for shape {:?}", x.layout.shape),
+        });
+    }
+    let mut expected = x.layout.shape.clone();
+    expected[axis] = 1;
+    same_shape(
+        "arg_reduce",
+        &expected,
+        &out.layout.shape,
+        "the output keeps the reduced axis as size 1",
+    )?;
+    if x.layout.shape[axis] == 0 && out.layout.numel() > 0 {
+        return Err(Error::Empty {
+            op: "arg_reduce",
+            detail: format!("axis {axis} of shape {:?} has no elements", x.layout.shape),
+        });
+    }
+    Ok(())
+}
+
+/// A matmul operand as `(batch, rows, cols)` and strides `[batch, row, col]`; a rank-2 view is
+/// one batch with batch stride 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatrixView {
+    pub batch: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub strides: [isize; 3],
+    pub offset: usize,
+}
+
+impl MatrixView {
+    pub fn of(l: &Layout) -> MatrixView {
+        let r = l.rank();
+        let (batch, sb) = if r == 3 {
+            (l.shape[0], l.strides[0])
+        } else {
+            (1, 0)
+        };
+        MatrixView {
+            batch,
+            rows: l.shape[r - 2],
+            cols: l.shape[r - 1],
+            strides: [sb, l.strides[r - 2], l.strides[r - 1]],
+            offset: l.offset,
+        }
+    }
+}
+
+/// Returns the three operands as matrices; batches of 1 broadcast.
+pub fn matmul<B: DeviceBuffer>(
+    a: View<'_, B>,
+    b: View<'_, B>,
+    out: View<'_, B>,
+) -> Result<[MatrixView; 3]> {
+    for (v, what) in [(a, "a"), (b, "b"), (out, "out")] {
+        fits("matmul", v)?;
+        float("matmul", v.dtype())?;
+        if !(2..=3).contains(&v.layout.rank()) {
+            return Err(Error::InvalidArgument {
+                op: "matmul",
+                detail: format!(
+                    "{what} must have rank 2 or 3, got shape {:?}",
+                    v.layout.shape
+                ),
+            });
+        }
+    }
+    dtype_is("matmul", a.dtype(), b.dtype())?;
+    let (am, bm, om) = (
+        MatrixView::of(a.layout),
+        MatrixView::of(b.layout),
+        MatrixView::of(out.layout),
+    );
+    let batch_ok = |x: usize| x == om.batch || x == 1;
+    if am.cols != bm.rows
+        || am.rows != om.rows
+        || bm.cols != om.cols
+        || !batch_ok(am.batch)
+        || !batch_ok(bm.batch)
+    {
+        return Err(Error::ShapeMismatch {
+            op: "matmul",
+            expected: a.layout.shape.clone(),
+            got: b.layout.shape.clone(),
+            detail: format!(
+                "[batch, m, k] @ [batch, k, n] cannot produce an output of shape {:?}",
+                out.layout.shape
+            ),
+        });
+    }
+    if out.buffer.same_memory(a.buffer) || out.buffer.same_memory(b.buffer) {
+        return Err(Error::InvalidArgument {
+            op: "matmul",
+            detail: "the output must not share memory with an operand".into(),
+        });
+    }
+    Ok([am, bm, om])
+}
+
+pub fn spmv_csr<B: DeviceBuffer>(a: &Csr<'_, B>, x: &B, y: &B) -> Result<()> {
+    const OP: &str = "spmv_csr";
+    dtype_is(OP, DType::U32, a.row_offsets.dtype())?;
+    dtype_is(OP, DType::U32, a.col_indices.dtype())?;
+    for buf in [a.values, x, y] {
+        dtype_is(OP, DType::F32, buf.dtype())?;
+    }
+    if a.row_offsets.len() != a.rows + 1
+        || x.len() != a.cols
+        || y.len() != a.rows
+        || a.col_indices.len() != a.values.len()
+    {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            expected: vec![a.rows + 1, a.cols, a.rows],
+            got: vec![a.row_offsets.len(), x.len(), y.len()],
+            detail: "row_offsets needs rows + 1 entries, x cols, y rows; col_indices and values one length".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a CSR structure read to the host: offsets start at 0, never decrease, end within the
+/// stored entries, and every column index is below `cols`.
+pub fn csr_structure(offsets: &[u32], cols: &[u32], ncols: usize, nnz: usize) -> Result<()> {
+    const OP: &str = "spmv_csr";
+    let rows = offsets.len().saturating_sub(1);
+    if offsets.first() != Some(&0)
+        || offsets.windows(2).any(|w| w[0] > w[1])
+        || offsets[rows] as usize > nnz
+    {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            detail: "row_offsets must start at 0, never decrease and end within the stored entries"
+                .into(),
+        });
+    }
+    if let Some(&bad) = cols[..offsets[rows] as usize]
+        .iter()
+        .find(|&&c| c as usize >= ncols)
+    {
+        return Err(Error::IndexOutOfRange {
+            op: OP,
+            index: bad as i64,
+            bound: ncols,
+        });
+    }
+    Ok(())
+}
+
+fn gather_shapes<B: DeviceBuffer>(
+    op: &'static str,
+    x: View<'_, B>,
+    axis: usize,
+    index: View<'_, B>,
+) -> Result<()> {
+    fits(op, x)?;
+    fits(op, index)?;
+    index_dtype(op, index.dtype())?;
+    let (xs, is) = (&x.layout.shape, &index.layout.shape);
+    if axis >= xs.len() || xs.len() != is.len() || (0..xs.len()).any(|d| d != axis && is[d] > xs[d])
+    {
+        return Err(Error::ShapeMismatch {
+            op,
+            expected: xs.clone(),
+            got: is.clone(),
+            detail: format!(
+                "the index must have the data's rank, axis {axis} inside it, and no larger dimension off the axis"
+            ),
+        });
+    }
+    Ok(())
+}
+
+pub fn gather<B: DeviceBuffer>(
+    x: View<'_, B>,
+    axis: usize,
+    index: View<'_, B>,
+    out: View<'_, B>,
+) -> Result<()> {
+    gather_shapes("gather", x, axis, index)?;
+    fits("gather", out)?;
+    same_shape(
+        "gather",
+        &index.layout.shape,
+        &out.layout.shape,
+        "the output has the index's shape",
+    )
+}
+
+pub fn scatter_add<B: DeviceBuffer>(
+    src: View<'_, B>,
+    axis: usize,
+    index: View<'_, B>,
+    out: View<'_, B>,
+) -> Result<()> {
+    gather_shapes("scatter_add", out, axis, index)?;
+    fits("scatter_add", src)?;
+    float("scatter_add", out.dtype())?;
+    same_shape(
+        "scatter_add",
+        &index.layout.shape,
+        &src.layout.shape,
+        "the source has the index's shape",
+    )
+}
+
+fn conv_cols(op: &'static str, g: &Conv2dGeometry) -> Result<Vec<usize>> {
+    g.cols_shape()
+        .map(|s| s.to_vec())
+        .ok_or_else(|| Error::InvalidArgument { op, detail: format!("{g:?} has a zero stride, dilation or kernel, or a kernel larger than the padded input") })
+}
+
+pub fn im2col<B: DeviceBuffer>(x: View<'_, B>, g: &Conv2dGeometry, out: View<'_, B>) -> Result<()> {
+    let cols = conv_cols("im2col", g)?;
+    fits("im2col", x)?;
+    fits("im2col", out)?;
+    same_shape(
+        "im2col",
+        &g.image_shape(),
+        &x.layout.shape,
+        "the input has the geometry's image shape",
+    )?;
+    same_shape(
+        "im2col",
+        &cols,
+        &out.layout.shape,
+        "the output has the geometry's columns shape",
+    )
+}
+
+pub fn col2im<B: DeviceBuffer>(
+    cols: View<'_, B>,
+    g: &Conv2dGeometry,
+    out: View<'_, B>,
+) -> Result<()> {
+    let shape = conv_cols("col2im", g)?;
+    fits("col2im", cols)?;
+    fits("col2im", out)?;
+    same_shape(
+        "col2im",
+        &shape,
+        &cols.layout.shape,
+        "the input has the geometry's columns shape",
+    )?;
+    same_shape(
+        "col2im",
+        &g.image_shape(),
+        &out.layout.shape,
+        "the output has the geometry's image shape",
+    )
+}
+
+pub fn nearest_centroid<B: DeviceBuffer>(
+    x: View<'_, B>,
+    c: View<'_, B>,
+    out_index: View<'_, B>,
+    out_distance: View<'_, B>,
+) -> Result<()> {
+    const OP: &str = "nearest_centroid";
+    for v in [x, c, out_index, out_distance] {
+        fits(OP, v)?;
+    }
+    rank(OP, x, 2, "x")?;
+    rank(OP, c, 2, "centroids")?;
+    float(OP, x.dtype())?;
+    float(OP, c.dtype())?;
+    dtype_is(OP, DType::U32, out_index.dtype())?;
+    dtype_is(OP, DType::F32, out_distance.dtype())?;
+    let (n, d) = (x.layout.shape[0], x.layout.shape[1]);
+    same_shape(
+        OP,
+        &[c.layout.shape[0], d],
+        &c.layout.shape,
+        "centroids have the points' dimension",
+    )?;
+    same_shape(OP, &[n], &out_index.layout.shape, "one index per point")?;
+    same_shape(
+        OP,
+        &[n],
+        &out_distance.layout.shape,
+        "one distance per point",
+    )?;
+    if c.layout.shape[0] == 0 && n > 0 {
+        return Err(Error::Empty {
+            op: OP,
+            detail: "no centroids to search".into(),
+        });
+    }
+    Ok(())
+}
+
+pub fn segment_sum<B: DeviceBuffer>(
+    x: View<'_, B>,
+    segment: View<'_, B>,
+    weights: Option<View<'_, B>>,
+    sums: View<'_, B>,
+    counts: View<'_, B>,
+) -> Result<()> {
+    const OP: &str = "segment_sum";
+    for v in [x, segment, sums, counts].into_iter().chain(weights) {
+        fits(OP, v)?;
+    }
+    rank(OP, x, 2, "x")?;
+    rank(OP, sums, 2, "sums")?;
+    dtype_is(OP, DType::U32, segment.dtype())?;
+    float(OP, sums.dtype())?;
+    float(OP, counts.dtype())?;
+    let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
+    same_shape(OP, &[n], &segment.layout.shape, "one segment id per row")?;
+    same_shape(
+        OP,
+        &[m, d],
+        &sums.layout.shape,
+        "sums are [segments, columns]",
+    )?;
+    same_shape(OP, &[m], &counts.layout.shape, "one count per segment")?;
+    if let Some(w) = weights {
+        same_shape(OP, &[n], &w.layout.shape, "one weight per row")?;
+    }
+    Ok(())
+}
+
+fn optimizer<B: DeviceBuffer>(op: &'static str, bufs: &[&B]) -> Result<()> {
+    for b in bufs {
+        dtype_is(op, DType::F32, b.dtype())?;
+        if b.len() != bufs[0].len() {
+            return Err(Error::ShapeMismatch {
+                op,
+                expected: vec![bufs[0].len()],
+                got: vec![b.len()],
+                detail: "optimizer buffers have one length".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+pub fn sgd_step<B: DeviceBuffer>(
+    param: &B,
+    grad: &B,
+    momentum_buffer: Option<&B>,
+    p: &SgdParams,
+) -> Result<()> {
+    let bufs: Vec<&B> = [param, grad].into_iter().chain(momentum_buffer).collect();
+    optimizer("sgd_step", &bufs)?;
+    if p.momentum != 0.0 && momentum_buffer.is_none() {
+        return Err(Error::InvalidArgument {
+            op: "sgd_step",
+            detail: "momentum != 0 needs a momentum buffer".into(),
+        });
+    }
+    Ok(())
+}
+
+pub fn adam_step<B: DeviceBuffer>(
+    param: &B,
+    grad: &B,
+    m: &B,
+    v: &B,
+    _p: &AdamParams,
+) -> Result<()> {
+    optimizer("adam_step", &[param, grad, m, v])
+}
+
+pub fn random<B: DeviceBuffer>(out: View<'_, B>) -> Result<()> {
+    fits("random", out)?;
+    float("random", out.dtype())
+}
