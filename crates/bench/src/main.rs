@@ -85,7 +85,10 @@ fn main() -> ExitCode {
     };
     match args.backend.as_str() {
         "cpu" => run(&CpuBackend::new(), &args),
-        "wgpu" => not_present("wgpu", backend_wgpu::NOT_IMPLEMENTED),
+        "wgpu" => match backend_wgpu::WgpuBackend::new() {
+            Ok(gpu) => run(&gpu, &args),
+            Err(e) => not_present("wgpu", &e.to_string()),
+        },
         "cuda" => not_present("cuda", backend_cuda::NOT_IMPLEMENTED),
         other => {
             eprintln!("bench: unknown backend {other} (expected cpu, wgpu or cuda)");

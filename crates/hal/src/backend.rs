@@ -111,8 +111,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn copy(&self, src: View<'_, Self::Buffer>, out: View<'_, Self::Buffer>) -> Result<()>;
 
     /// `out = op(x)`; `x` broadcasts to `out`'s shape. Float dtypes only. Tolerance: exact for
-    /// Neg, Abs, Relu, LeakyRelu, Floor, Ceil, Round, Sign, Square, Affine, Clamp; otherwise
-    /// `4u + 2^-22` relative (the math library's last bits).
+    /// Neg, Abs, Relu, LeakyRelu, Floor, Ceil, Round, Sign, Square, Affine, Clamp (up to the
+    /// fused or unfused multiply-add of Affine: `2u` relative); otherwise
+    /// `|got - ref| <= (4u + 2^-18)|ref| + 2^-21` (GPU math libraries are a few ulps off).
     fn unary(
         &self,
         op: UnaryOp,
@@ -122,7 +123,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
 
     /// `out = op(a, b)`; `a` and `b` broadcast to `out`'s shape. `a` and `b` may have any
     /// dtype (loaded as `f32`); `out` any dtype. Tolerance: exact for Add, Sub, Mul, Div, Max,
-    /// Min and comparisons; `4u + 2^-22` relative for Rem, Pow, Atan2.
+    /// Min and comparisons (a device's division may be 2 ulps off: `2u` relative); Pow and
+    /// Atan2 `(4u + 2^-16)|ref| + 2^-20`; Rem `2^-20 (|a| + |b|)`.
     fn binary(
         &self,
         op: BinaryOp,
@@ -145,8 +147,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
 
     /// Reduces `x` over `axes` (distinct, each `< rank`). `out` has `x`'s shape with those axes
     /// set to 1 (keep-dims). NaN propagates. Max and Min over an empty axis are an
-    /// [`Error::Empty`]. Tolerance for Sum and Mean: `|got - ref| <= 2^-20 * sum|x| + u|ref|`
-    /// (any summation order); Max and Min exact.
+    /// [`Error::Empty`]. Tolerance for Sum and Mean: `|got - ref| <= 2^-17 * sum|x| + u|ref|`
+    /// (any summation order, f32 partial sums); Max and Min exact.
     fn reduce(
         &self,
         op: ReduceOp,
@@ -298,8 +300,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
 
     /// Fills `out` (float) with the counter-based stream of [`crate::random`]: the element at
     /// row-major position `i` of `out`'s shape gets `random_value(dist, seed, offset + i)`.
-    /// Uniform values are bit-exact across backends; normal values within `2^-20` absolute
-    /// of `std`-scaled reference.
+    /// The Philox words are bit-exact across backends; uniform values within `2u|ref|` (one
+    /// multiply-add, fused or not), normal values within `2^-15 * std` (ln, sqrt, cos).
     fn random(
         &self,
         out: View<'_, Self::Buffer>,

@@ -72,7 +72,13 @@ fn main() -> ExitCode {
         let started = std::time::Instant::now();
         match name.as_str() {
             "cpu" => reports.push(Suite::new(&cpu, &cpu, true, cfg).run()),
-            "wgpu" => absent.push((name.clone(), backend_wgpu::NOT_IMPLEMENTED.to_string())),
+            "wgpu" => match backend_wgpu::WgpuBackend::new() {
+                Ok(gpu) => {
+                    eprintln!("parity: wgpu on {}", hal::Backend::info(&gpu).name);
+                    reports.push(Suite::new(&gpu, &cpu, false, cfg).run())
+                }
+                Err(e) => absent.push((name.clone(), e.to_string())),
+            },
             "cuda" => absent.push((name.clone(), backend_cuda::NOT_IMPLEMENTED.to_string())),
             _ => unreachable!(),
         }

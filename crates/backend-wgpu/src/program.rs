@@ -1,0 +1,238 @@
+//! The scalar program IR lowered to WGSL: one `let` per SSA value, bounds-checked loads and
+//! stores, float atomic adds as compare-and-swap loops on the bits.
+//!
+//! Binding 0 holds the launch parameters (the length of each buffer in the scalar slots),
+//! bindings `1..=k` the program's buffers, binding `k+1` a two-word fault record: the first
+//! out-of-range access stores `(buffer + 1, index)` there, the access itself yields 0 or is
+//! dropped, and the backend reports it as [`hal::Error::IndexOutOfRange`] at the next
+//! synchronize or read.
+
+use crate::wgsl::{self, Access};
+use hal::ir::{Access as IrAccess, Constant, Inst, IrBinary, IrCmp, IrUnary, Program, ScalarType};
+use hal::{DType, Error, Result};
+use std::fmt::Write;
+use std::sync::Arc;
+
+/// A compiled program: its pipeline and the WGSL it came from.
+#[derive(Clone)]
+pub struct WgpuKernel {
+    pub(crate) program: Arc<Program>,
+    pub(crate) pipeline: Arc<wgpu::ComputePipeline>,
+    pub(crate) source: Arc<String>,
+}
+
+impl WgpuKernel {
+    /// The generated WGSL, for inspection and for `xtask wgsl`.
+    pub fn wgsl(&self) -> &str {
+        &self.source
+    }
+}
+
+impl std::fmt::Debug for WgpuKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WgpuKernel({})", self.program.name)
+    }
+}
+
+fn ty(t: ScalarType) -> &'static str {
+    match t {
+        ScalarType::F32 => "f32",
+        ScalarType::I32 => "i32",
+        ScalarType::U32 => "u32",
+        ScalarType::Bool => "bool",
+    }
+}
+
+fn zero(t: ScalarType) -> &'static str {
+    match t {
+        ScalarType::F32 => "0.0",
+        ScalarType::I32 => "0",
+        ScalarType::U32 => "0u",
+        ScalarType::Bool => "false",
+    }
+}
+
+/// WGSL source for `program` (already validated).
+pub fn lower(program: &Program) -> Result<String> {
+    let types = program.validate()?;
+    let k = program.buffers.len();
+    if k > 14 {
+        return Err(Error::InvalidProgram {
+            program: program.name.clone(),
+            detail: format!("{k} buffers; the wgpu backend binds at most 14"),
+        });
+    }
+    let atomic_target: Vec<bool> = (0..k)
+        .map(|b| {
+            program
+                .insts
+                .iter()
+                .any(|i| matches!(i, Inst::AtomicAdd { buffer, .. } if buffer.0 as usize == b))
+        })
+        .collect();
+    let mut src = String::from(wgsl::PRELUDE);
+    for (b, p) in program.buffers.iter().enumerate() {
+        let access = match p.access {
+            IrAccess::Read => Access::Read,
+            _ if atomic_target[b] => Access::Atomic,
+            _ => Access::Write,
+        };
+        src += &wgsl::binding(b as u32 + 1, p.dtype, access);
+    }
+    let f = k + 1;
+    let _ = writeln!(
+        src,
+        "@group(0) @binding({f}) var<storage, read_write> F: array<atomic<u32>>;"
+    );
+    src += "fn fault(b: u32, i: u32) { let r = atomicCompareExchangeWeak(&F[0], 0u, b + 1u); if (r.exchanged) { atomicStore(&F[1], i); } }\n";
+    let mut body = wgsl::touch(k) + "    _ = arrayLength(&F);\n";
+    let v = |x: hal::ir::Value| format!("v{}", x.0);
+    for (n, inst) in program.insts.iter().enumerate() {
+        let t = types[n];
+        let line = match *inst {
+            Inst::Index => "t".to_string(),
+            Inst::Const(c) => match c {
+                Constant::F32(bits) => format!("bitcast<f32>({bits}u)"),
+                Constant::I32(x) => format!("bitcast<i32>({}u)", x as u32),
+                Constant::U32(x) => format!("{x}u"),
+                Constant::Bool(x) => x.to_string(),
+            },
+            Inst::Load { buffer, index } => {
+                let b = buffer.0 + 1;
+                let dt = program.buffers[buffer.0 as usize].dtype;
+                let load = match dt {
+                    DType::F32 | DType::F16 | DType::BF16 => format!("ld{b}(i32({}))", v(index)),
+                    DType::I32 => format!("bitcast<i32>(bits{b}(i32({})))", v(index)),
+                    DType::U32 => format!("bits{b}(i32({}))", v(index)),
+                };
+                let tt = t.expect("loads define a value");
+                let _ = writeln!(body, "    var v{n}: {} = {};", ty(tt), zero(tt));
+                let _ = writeln!(
+                    body,
+                    "    if ({} < s({}u)) {{ v{n} = {load}; }} else {{ fault({}u, {}); }}",
+                    v(index),
+                    buffer.0,
+                    buffer.0,
+                    v(index)
+                );
+                continue;
+            }
+            Inst::Store {
+                buffer,
+                index,
+                value,
+            }
+            | Inst::AtomicAdd {
+                buffer,
+                index,
+                value,
+            } => {
+                let b = buffer.0 + 1;
+                let dt = program.buffers[buffer.0 as usize].dtype;
+                let (i, x) = (v(index), v(value));
+                let op = if matches!(inst, Inst::AtomicAdd { .. }) {
+                    match dt {
+                        DType::F32 => format!(
+                            "loop {{ let old = atomicLoad(&B{b}[{i}]); let r = atomicCompareExchangeWeak(&B{b}[{i}], old, bitcast<u32>(bitcast<f32>(old) + {x})); if (r.exchanged) {{ break; }} }}"
+                        ),
+                        DType::I32 => format!("atomicAdd(&B{b}[{i}], bitcast<u32>({x}));"),
+                        _ => format!("atomicAdd(&B{b}[{i}], {x});"),
+                    }
+                } else {
+                    match dt {
+                        DType::F32 | DType::F16 | DType::BF16 => format!("st{b}(i32({i}), {x});"),
+                        DType::I32 => format!("stbits{b}(i32({i}), bitcast<u32>({x}));"),
+                        DType::U32 => format!("stbits{b}(i32({i}), {x});"),
+                    }
+                };
+                let _ = writeln!(
+                    body,
+                    "    if ({i} < s({}u)) {{ {op} }} else {{ fault({}u, {i}); }}",
+                    buffer.0, buffer.0
+                );
+                continue;
+            }
+            Inst::Unary { op, x } => {
+                let (a, xt) = (v(x), types[x.0 as usize].expect("typed"));
+                match (op, xt) {
+                    (IrUnary::Neg, ScalarType::U32) => format!("0u - {a}"),
+                    (IrUnary::Neg, _) => format!("-{a}"),
+                    (IrUnary::Abs, ScalarType::U32) => a,
+                    (IrUnary::Abs, _) => format!("abs({a})"),
+                    (IrUnary::Not, ScalarType::Bool) => format!("!{a}"),
+                    (IrUnary::Not, _) => format!("~{a}"),
+                    (IrUnary::Sqrt, _) => format!("sqrt({a})"),
+                    (IrUnary::Rsqrt, _) => format!("1.0 / sqrt({a})"),
+                    (IrUnary::Recip, _) => format!("1.0 / {a}"),
+                    (IrUnary::Exp, _) => format!("exp({a})"),
+                    (IrUnary::Exp2, _) => format!("exp2({a})"),
+                    (IrUnary::Log, _) => format!("log({a})"),
+                    (IrUnary::Log2, _) => format!("log2({a})"),
+                    (IrUnary::Sin, _) => format!("sin({a})"),
+                    (IrUnary::Cos, _) => format!("cos({a})"),
+                    (IrUnary::Tan, _) => format!("tan({a})"),
+                    (IrUnary::Tanh, _) => format!("tanh(clamp({a}, -15.0, 15.0))"),
+                    (IrUnary::Floor, _) => format!("floor({a})"),
+                    (IrUnary::Ceil, _) => format!("ceil({a})"),
+                }
+            }
+            Inst::Binary { op, a, b } => {
+                let (x, y, at) = (v(a), v(b), types[a.0 as usize].expect("typed"));
+                let int = matches!(at, ScalarType::I32 | ScalarType::U32);
+                let zero = zero(at);
+                match op {
+                    IrBinary::Add => format!("{x} + {y}"),
+                    IrBinary::Sub => format!("{x} - {y}"),
+                    IrBinary::Mul => format!("{x} * {y}"),
+                    IrBinary::Div if int => format!("select({x} / {y}, {zero}, {y} == {zero})"),
+                    IrBinary::Div => format!("{x} / {y}"),
+                    IrBinary::Rem if int => format!("select({x} % {y}, {zero}, {y} == {zero})"),
+                    IrBinary::Rem => format!("{x} % {y}"),
+                    IrBinary::Min => format!("min({x}, {y})"),
+                    IrBinary::Max => format!("max({x}, {y})"),
+                    IrBinary::Pow => format!("pow({x}, {y})"),
+                    IrBinary::Atan2 => format!("atan2({x}, {y})"),
+                    IrBinary::And => format!("{x} & {y}"),
+                    IrBinary::Or => format!("{x} | {y}"),
+                    IrBinary::Xor if at == ScalarType::Bool => format!("{x} != {y}"),
+                    IrBinary::Xor => format!("{x} ^ {y}"),
+                    IrBinary::Shl => format!("{x} << (u32({y}) & 31u)"),
+                    IrBinary::Shr => format!("{x} >> (u32({y}) & 31u)"),
+                }
+            }
+            Inst::Cmp { op, a, b } => {
+                let sym = match op {
+                    IrCmp::Eq => "==",
+                    IrCmp::Ne => "!=",
+                    IrCmp::Lt => "<",
+                    IrCmp::Le => "<=",
+                    IrCmp::Gt => ">",
+                    IrCmp::Ge => ">=",
+                };
+                format!("{} {sym} {}", v(a), v(b))
+            }
+            Inst::Fma { a, b, c } => format!("fma({}, {}, {})", v(a), v(b), v(c)),
+            Inst::Select { cond, a, b } => format!("select({}, {}, {})", v(b), v(a), v(cond)),
+            Inst::Cast { to, x } => {
+                use ScalarType::*;
+                let (a, from) = (v(x), types[x.0 as usize].expect("typed"));
+                match (from, to) {
+                    (p, q) if p == q => a,
+                    (F32, I32) => format!("f2i({a})"),
+                    (F32, U32) => format!("f2u({a})"),
+                    (F32, Bool) | (I32, Bool) | (U32, Bool) => format!("{a} != {}", zero(from)),
+                    (I32, F32) | (U32, F32) => format!("f32({a})"),
+                    (Bool, F32) => format!("select(0.0, 1.0, {a})"),
+                    (Bool, I32) => format!("select(0, 1, {a})"),
+                    (Bool, U32) => format!("select(0u, 1u, {a})"),
+                    (I32, U32) => format!("bitcast<u32>({a})"),
+                    (U32, I32) => format!("bitcast<i32>({a})"),
+                    _ => unreachable!("every pair is covered"),
+                }
+            }
+        };
+        let _ = writeln!(body, "    let v{n}: {} = {line};", ty(t.expect("value")));
+    }
+    src += &wgsl::entry(&body);
+    Ok(src)
+}

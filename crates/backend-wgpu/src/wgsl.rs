@@ -1,0 +1,272 @@
+//! WGSL generation: the shared prelude, per-binding typed loads and stores, and one kernel
+//! body per primitive family.
+//!
+//! Every kernel reads its launch parameters from binding 0, `P: array<u32>`:
+//! `P[0]` the number of threads, `P[1..17]` sixteen scalar slots (`s(i)`), `P[17..25]` the
+//! start of up to eight *layout blocks*, then the blocks. A block is `[rank, offset, shape..,
+//! strides..]` and `off(k, i)` is the element offset of row-major position `i` in block `k`.
+//! Buffers are bound as `array<u32>`: 32-bit elements one per word, f16/bf16 two per word
+//! (element `i` is the low half of word `i/2` when `i` is even). A writable 16-bit buffer is
+//! `array<atomic<u32>>`, so two threads writing the two halves of one word cannot lose either.
+
+use hal::DType;
+
+pub const WORKGROUP: u32 = 256;
+
+/// How a kernel uses a buffer binding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    Read,
+    /// Written (and perhaps read back) by the kernel.
+    Write,
+    /// Target of IR atomic adds: every 32-bit access goes through atomics.
+    Atomic,
+}
+
+pub const PRELUDE: &str = r#"
+@group(0) @binding(0) var<storage, read> P: array<u32>;
+
+fn s(i: u32) -> u32 { return P[1u + i]; }
+fn sf(i: u32) -> f32 { return bitcast<f32>(P[1u + i]); }
+fn si(i: u32) -> i32 { return bitcast<i32>(P[1u + i]); }
+
+fn offset_in(base: u32, lin: u32) -> i32 {
+    let r = P[base];
+    var rem = lin;
+    var o = bitcast<i32>(P[base + 1u]);
+    var d = r;
+    loop {
+        if (d == 0u) { break; }
+        d = d - 1u;
+        let n = P[base + 2u + d];
+        let i = rem % n;
+        rem = rem / n;
+        o = o + i32(i) * bitcast<i32>(P[base + 2u + r + d]);
+    }
+    return o;
+}
+fn off(k: u32, lin: u32) -> i32 { return offset_in(P[17u + k], lin); }
+
+fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
+fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
+fn f2i(v: f32) -> i32 {
+    if (is_nan(v)) { return 0; }
+    if (v >= 2147483647.0) { return 2147483647; }
+    if (v <= -2147483648.0) { return -2147483647 - 1; }
+    return i32(v);
+}
+fn f2u(v: f32) -> u32 {
+    if (is_nan(v) || v <= 0.0) { return 0u; }
+    if (v >= 4294967295.0) { return 4294967295u; }
+    return u32(v);
+}
+fn f16_to_f32(h: u32) -> f32 { return unpack2x16float(h).x; }
+// Round to nearest even, as the `half` crate does on the CPU.
+fn f32_to_f16(v: f32) -> u32 {
+    let x = bitcast<u32>(v);
+    let sign = (x >> 16u) & 0x8000u;
+    let e = i32((x >> 23u) & 0xffu);
+    let m = x & 0x7fffffu;
+    if (e == 255) {
+        if (m != 0u) { return sign | 0x7e00u | (m >> 13u); }
+        return sign | 0x7c00u;
+    }
+    let ne = e - 112;
+    if (ne >= 31) { return sign | 0x7c00u; }
+    if (ne <= 0) {
+        if (ne < -10) { return sign; }
+        let mm = m | 0x800000u;
+        let shift = u32(14 - ne);
+        let half = 1u << (shift - 1u);
+        let rest = mm & ((1u << shift) - 1u);
+        var r = mm >> shift;
+        if (rest > half || (rest == half && (r & 1u) == 1u)) { r = r + 1u; }
+        return sign | r;
+    }
+    var r = (u32(ne) << 10u) | (m >> 13u);
+    let rest = m & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (r & 1u) == 1u)) { r = r + 1u; }
+    return sign | r;
+}
+fn bf16_to_f32(h: u32) -> f32 { return bitcast<f32>(h << 16u); }
+fn f32_to_bf16(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    if (is_nan(v)) { return (b >> 16u) | 0x40u; }
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+fn half_of(word: u32, i: i32) -> u32 { return (word >> (16u * (u32(i) & 1u))) & 0xffffu; }
+
+fn thread_id(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 { return (wg.y * nwg.x + wg.x) * 256u + lid; }
+
+// Philox 4x32-10 (hal::random): 32x32 -> 64-bit products from 16-bit halves.
+fn mulhilo(a: u32, b: u32) -> vec2<u32> {
+    let al = a & 0xffffu; let ah = a >> 16u; let bl = b & 0xffffu; let bh = b >> 16u;
+    let ll = al * bl; let lh = al * bh; let hl = ah * bl; let hh = ah * bh;
+    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
+    return vec2<u32>(hh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u), a * b);
+}
+fn philox(ctr: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+    var c = ctr; var k = key;
+    for (var round = 0u; round < 10u; round = round + 1u) {
+        if (round > 0u) { k = k + vec2<u32>(0x9E3779B9u, 0xBB67AE85u); }
+        let p0 = mulhilo(0xD2511F53u, c.x);
+        let p1 = mulhilo(0xCD9E8D57u, c.z);
+        c = vec4<u32>(p1.x ^ c.y ^ k.x, p1.y, p0.x ^ c.w ^ k.y, p0.y);
+    }
+    return c;
+}
+fn erf_approx(x: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    let poly = t * (0.2548296 + t * (-0.28449674 + t * (1.4214137 + t * (-1.4531521 + t * 1.0614054))));
+    let r = 1.0 - poly * exp(-x * x);
+    return select(r, -r, x < 0.0);
+}
+"#;
+
+/// Declares binding `b` and its typed accessors `ld{b}` (as f32), `ldi{b}` (as i32, for
+/// indices), `bits{b}` (raw element bits), and for writable bindings `st{b}` (from f32,
+/// rounding / saturating) and `stbits{b}` (raw element bits).
+pub fn binding(b: u32, dtype: DType, access: Access) -> String {
+    let sixteen = dtype.size_in_bytes() == 2;
+    let atomic = access == Access::Atomic || (access == Access::Write && sixteen);
+    let mut s = String::new();
+    let (mode, ty) = match access {
+        Access::Read => ("read", "array<u32>"),
+        _ if atomic => ("read_write", "array<atomic<u32>>"),
+        _ => ("read_write", "array<u32>"),
+    };
+    s += &format!("@group(0) @binding({b}) var<storage, {mode}> B{b}: {ty};\n");
+    let word = |idx: &str| {
+        if atomic {
+            format!("atomicLoad(&B{b}[{idx}])")
+        } else {
+            format!("B{b}[{idx}]")
+        }
+    };
+    // raw element bits
+    if sixteen {
+        s += &format!(
+            "fn bits{b}(i: i32) -> u32 {{ return half_of({}, i); }}\n",
+            word("u32(i) >> 1u")
+        );
+    } else {
+        s += &format!("fn bits{b}(i: i32) -> u32 {{ return {}; }}\n", word("i"));
+    }
+    let to_f32 = match dtype {
+        DType::F32 => "bitcast<f32>(w)",
+        DType::F16 => "f16_to_f32(w)",
+        DType::BF16 => "bf16_to_f32(w)",
+        DType::I32 => "f32(bitcast<i32>(w))",
+        DType::U32 => "f32(w)",
+    };
+    s += &format!("fn ld{b}(i: i32) -> f32 {{ let w = bits{b}(i); return {to_f32}; }}\n");
+    let to_i32 = match dtype {
+        DType::I32 => "bitcast<i32>(w)".to_string(),
+        DType::U32 => "i32(min(w, 0x7fffffffu))".to_string(),
+        _ => format!("f2i(ld{b}(i))"),
+    };
+    s += &format!("fn ldi{b}(i: i32) -> i32 {{ let w = bits{b}(i); return {to_i32}; }}\n");
+    if access == Access::Read {
+        return s;
+    }
+    if sixteen {
+        s += &format!(
+            "fn stbits{b}(i: i32, v: u32) {{ let w = u32(i) >> 1u; let sh = 16u * (u32(i) & 1u); \
+             atomicAnd(&B{b}[w], ~(0xffffu << sh)); atomicOr(&B{b}[w], (v & 0xffffu) << sh); }}\n"
+        );
+    } else if atomic {
+        s += &format!("fn stbits{b}(i: i32, v: u32) {{ atomicStore(&B{b}[i], v); }}\n");
+    } else {
+        s += &format!("fn stbits{b}(i: i32, v: u32) {{ B{b}[i] = v; }}\n");
+    }
+    let from_f32 = match dtype {
+        DType::F32 => "bitcast<u32>(v)",
+        DType::F16 => "f32_to_f16(v)",
+        DType::BF16 => "f32_to_bf16(v)",
+        DType::I32 => "bitcast<u32>(f2i(v))",
+        DType::U32 => "f2u(v)",
+    };
+    s += &format!("fn st{b}(i: i32, v: f32) {{ stbits{b}(i, {from_f32}); }}\n");
+    s
+}
+
+/// A compute entry point around `body`, which sees `t` (the thread index, already checked
+/// against `P[0]`).
+pub fn entry(body: &str) -> String {
+    format!(
+        "@compute @workgroup_size({WORKGROUP})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n    let t = thread_id(wg, nwg, lid);\n    if (t >= P[0]) {{ return; }}\n{body}\n}}\n"
+    )
+}
+
+/// A whole shader: prelude, bindings, entry.
+pub fn shader(bindings: &[(DType, Access)], body: &str) -> String {
+    let mut s = String::from(PRELUDE);
+    for (i, &(d, a)) in bindings.iter().enumerate() {
+        s += &binding(i as u32 + 1, d, a);
+    }
+    s += &entry(&(touch(bindings.len()) + body));
+    s
+}
+
+/// Statements that use bindings `1..=n`: wgpu derives the bind-group layout from what the
+/// shader uses, and a binding the body happens not to touch would then be refused.
+pub fn touch(n: usize) -> String {
+    (1..=n)
+        .map(|b| format!("    _ = arrayLength(&B{b});\n"))
+        .collect()
+}
+
+/// The WGSL expression of a unary op on `v` (scalar parameters in slots 0 and 1).
+pub fn unary_expr(op: hal::UnaryOp) -> &'static str {
+    use hal::UnaryOp::*;
+    match op {
+        Neg => "-v",
+        Abs => "abs(v)",
+        Exp => "exp(v)",
+        Exp2 => "exp2(v)",
+        Log => "log(v)",
+        Log2 => "log2(v)",
+        Sqrt => "sqrt(v)",
+        Rsqrt => "1.0 / sqrt(v)",
+        Recip => "1.0 / v",
+        Sin => "sin(v)",
+        Cos => "cos(v)",
+        Tanh => "tanh(clamp(v, -15.0, 15.0))",
+        Sigmoid => "1.0 / (1.0 + exp(-v))",
+        Relu => "select(v, 0.0, v < 0.0)",
+        LeakyRelu { .. } => "select(v, sf(0u) * v, v < 0.0)",
+        Gelu => "0.5 * v * (1.0 + erf_approx(v * 0.70710678118654752))",
+        Silu => "v / (1.0 + exp(-v))",
+        Floor => "floor(v)",
+        Ceil => "ceil(v)",
+        Round => "round(v)",
+        Sign => "select(select(v, -1.0, v < 0.0), 1.0, v > 0.0)",
+        Square => "v * v",
+        Affine { .. } => "fma(sf(0u), v, sf(1u))",
+        Clamp { .. } => "select(min(max(v, sf(0u)), sf(1u)), v, is_nan(v))",
+    }
+}
+
+/// The WGSL expression of a binary op on `a` and `b`.
+pub fn binary_expr(op: hal::BinaryOp) -> &'static str {
+    use hal::BinaryOp::*;
+    match op {
+        Add => "a + b",
+        Sub => "a - b",
+        Mul => "a * b",
+        Div => "a / b",
+        Rem => "rem_floored(a, b)",
+        Pow => "pow(a, b)",
+        Max => "select(max(a, b), nan(), is_nan(a) || is_nan(b))",
+        Min => "select(min(a, b), nan(), is_nan(a) || is_nan(b))",
+        Atan2 => "atan2(a, b)",
+        Eq => "select(0.0, 1.0, a == b)",
+        Ne => "select(0.0, 1.0, a != b)",
+        Lt => "select(0.0, 1.0, a < b)",
+        Le => "select(0.0, 1.0, a <= b)",
+        Gt => "select(0.0, 1.0, a > b)",
+        Ge => "select(0.0, 1.0, a >= b)",
+    }
+}
+
+pub const REM_FLOORED: &str = "fn rem_floored(a: f32, b: f32) -> f32 { let r = a - b * trunc(a / b); return select(r, r + b, r != 0.0 && ((r < 0.0) != (b < 0.0))); }\n";

@@ -1,0 +1,122 @@
+//! The parity suite on the wgpu backend against the CPU reference. Requires a wgpu adapter:
+//! on a machine without a GPU, Mesa's software Vulkan driver (`apt-get install
+//! mesa-vulkan-drivers libvulkan1`) provides one. A missing adapter fails these tests; they do
+//! not pass by skipping.
+
+use backend_wgpu::WgpuBackend;
+use hal::{Backend, BackendExt, DType, Layout, ReduceOp, View};
+use hal_parity::{Suite, SuiteConfig, format_table};
+
+fn gpu() -> WgpuBackend {
+    WgpuBackend::new().unwrap_or_else(|e| panic!("the wgpu backend is required here: {e}"))
+}
+
+#[test]
+fn wgpu_matches_the_cpu_reference_on_every_primitive() {
+    let (gpu, cpu) = (gpu(), backend_cpu::CpuBackend::new());
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let report = Suite::new(&gpu, &cpu, false, SuiteConfig { cases: 6, seed }).run();
+    println!(
+        "seed {seed} on {}\n{}",
+        gpu.info().name,
+        format_table(std::slice::from_ref(&report), &[])
+    );
+    assert!(report.rows.len() >= 25);
+    assert!(
+        report.passed(),
+        "parity failures (seed {seed}):\n{}",
+        format_table(std::slice::from_ref(&report), &[])
+    );
+}
+
+/// llvmpipe stops any shader invocation's loops after 65535 iterations; long reductions and
+/// segment sums must split their work so no thread comes near that (they once silently
+/// summed only the first 13107 rows).
+#[test]
+fn long_reductions_are_not_truncated() {
+    let gpu = gpu();
+    for n in [16_385usize, 200_000] {
+        let ones = gpu.upload(&vec![1.0f32; n]).unwrap();
+        let zeros = gpu.upload(&vec![0u32; n]).unwrap();
+        let (sums, counts, total) = (
+            gpu.alloc(DType::F32, 1).unwrap(),
+            gpu.alloc(DType::F32, 1).unwrap(),
+            gpu.alloc(DType::F32, 1).unwrap(),
+        );
+        let (l1, ln) = (Layout::contiguous(&[1]), Layout::contiguous(&[n]));
+        gpu.segment_sum(
+            View::new(&ones, &Layout::contiguous(&[n, 1])),
+            View::new(&zeros, &ln),
+            None,
+            View::new(&sums, &Layout::contiguous(&[1, 1])),
+            View::new(&counts, &l1),
+        )
+        .unwrap();
+        gpu.reduce(
+            ReduceOp::Sum,
+            View::new(&ones, &ln),
+            &[0],
+            View::new(&total, &l1),
+        )
+        .unwrap();
+        for (what, buf) in [
+            ("segment sum", &sums),
+            ("segment count", &counts),
+            ("reduce", &total),
+        ] {
+            assert_eq!(
+                gpu.read::<f32>(buf).unwrap(),
+                vec![n as f32],
+                "{what} over {n} ones"
+            );
+        }
+        let idx = gpu.alloc(DType::U32, 1).unwrap();
+        let mut v = vec![0.0f32; n];
+        v[n - 3] = 5.0;
+        let vb = gpu.upload(&v).unwrap();
+        gpu.arg_reduce(
+            hal::ArgReduceOp::ArgMax,
+            View::new(&vb, &ln),
+            0,
+            View::new(&idx, &l1),
+        )
+        .unwrap();
+        assert_eq!(gpu.read::<u32>(&idx).unwrap(), vec![(n - 3) as u32]);
+    }
+}
+
+#[test]
+fn wgpu_errors_are_errors() {
+    let gpu = gpu();
+    let too_big = gpu.max_binding_bytes() / 4 + 1;
+    match gpu.alloc(DType::F32, too_big as usize) {
+        Err(hal::Error::AllocationTooLarge { limit_bytes, .. }) => {
+            assert_eq!(limit_bytes, gpu.max_binding_bytes())
+        }
+        other => panic!("expected AllocationTooLarge, got {other:?}"),
+    }
+    // An out-of-range load in a program is reported at the next synchronize.
+    let mut b = hal::ir::ProgramBuilder::new("past_the_end");
+    let x = b.buffer(DType::F32, hal::ir::Access::Read);
+    let y = b.buffer(DType::F32, hal::ir::Access::Write);
+    let i = b.index();
+    let ten = b.const_u32(10);
+    let j = b.add(i, ten);
+    let v = b.load(x, j);
+    b.store(y, i, v);
+    let k = gpu.compile(&b.build().unwrap()).unwrap();
+    let (xb, yb) = (
+        gpu.alloc(DType::F32, 12).unwrap(),
+        gpu.alloc(DType::F32, 12).unwrap(),
+    );
+    gpu.launch(&k, &[&xb, &yb], 4).unwrap();
+    let err = gpu.synchronize().unwrap_err();
+    assert!(
+        matches!(err, hal::Error::IndexOutOfRange { bound: 12, .. }),
+        "{err}"
+    );
+    gpu.synchronize().unwrap();
+}
