@@ -1546,7 +1546,7 @@ fn random<B: Backend>(s: &mut Suite<'_, B>) {
         } else {
             "random uniform"
         };
-        let u = out.dtype.unit_roundoff();
+        let dout = out.dtype;
         match both!(s, run_random(&out, dist, seed, offset)) {
             Ok((c, t)) => {
                 // Moments of large draws: the stream must also look like its distribution.
@@ -1571,9 +1571,9 @@ fn random<B: Backend>(s: &mut Suite<'_, B>) {
                 // std = 2 in the normal case.
                 let tol = move |_: usize, w: f64| {
                     if normal {
-                        2f64.powi(-15) * 2.0 + u * w.abs()
+                        2f64.powi(-15) * 2.0 + rounding(dout, w, 2.0)
                     } else {
-                        2.0 * u * w.abs()
+                        rounding(dout, w, 2.0)
                     }
                 };
                 s.judge(

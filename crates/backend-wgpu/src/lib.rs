@@ -333,6 +333,69 @@ impl WgpuBackend {
         Ok(())
     }
 
+    /// [`Self::dispatch`] for kernels that index their own workgroup grid (`P[0]` is 0).
+    fn dispatch_groups(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        params: &Params,
+        buffers: &[(&WgpuBuffer, bool)],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let d = &self.0.device;
+        if buffers
+            .iter()
+            .any(|&(b, w)| !w && buffers.iter().any(|&(o, ow)| ow && o.same_memory(b)))
+        {
+            return Err(Error::InvalidArgument {
+                op: "dispatch",
+                detail: "an operand shares memory with the output".into(),
+            });
+        }
+        let words = params.encode(0);
+        let pbuf = wgpu::util::DeviceExt::create_buffer_init(
+            d,
+            &wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: bytemuck::cast_slice(&words),
+                usage: wgpu::BufferUsages::STORAGE,
+            },
+        );
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: pbuf.as_entire_binding(),
+        }];
+        for (i, (b, _)) in buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.0.buffer.as_entire_binding(),
+            });
+        }
+        let group = d.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let max = self.0.limits.max_compute_workgroups_per_dimension;
+        if groups.iter().any(|&g| g > max) {
+            return Err(Error::InvalidArgument {
+                op: "dispatch",
+                detail: format!("{groups:?} workgroups exceed the adapter's {max} per dimension"),
+            });
+        }
+        let mut encoder = d.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        }
+        self.0.queue.submit([encoder.finish()]);
+        Ok(())
+    }
+
     /// Compiles (once) and runs a kernel whose source depends only on `key`.
     fn run(
         &self,
@@ -666,6 +729,22 @@ impl WgpuBackend {
 
 type V<'a> = View<'a, WgpuBuffer>;
 
+/// True when every layout is contiguous over `shape` (so element `t` of each is `offset + t`).
+fn all_contiguous(shape: &[usize], layouts: &[&Layout]) -> bool {
+    layouts
+        .iter()
+        .all(|l| l.shape == shape && l.is_contiguous())
+}
+
+/// The elementwise shader for `bindings` and `body`, contiguous or strided; the key says which.
+fn elementwise_source(fast: bool, bindings: &[(DType, Access)], body: &str) -> String {
+    if fast {
+        wgsl::shader_contiguous(bindings, body)
+    } else {
+        wgsl::shader(bindings, body)
+    }
+}
+
 fn key(parts: &[&dyn std::fmt::Debug]) -> String {
     parts
         .iter()
@@ -819,9 +898,10 @@ impl Backend for WgpuBackend {
         } else {
             "stbits1(off(0u, t), s(1u));"
         };
+        let fast = out.layout.is_contiguous();
         self.run(
-            key(&[&"fill", &dt]),
-            || wgsl::shader(&[(dt, Access::Write)], body),
+            key(&[&"fill", &dt, &fast]),
+            || elementwise_source(fast, &[(dt, Access::Write)], body),
             p,
             &[(out.buffer, true)],
             out.layout.numel(),
@@ -838,9 +918,10 @@ impl Backend for WgpuBackend {
             _ => "st2(off(0u, t), ld1(off(1u, t)));",
         };
         let p = Params::default().block(out.layout).block(src.layout);
+        let fast = all_contiguous(&out.layout.shape, &[out.layout, src.layout]);
         self.run(
-            key(&[&"copy", &a, &b]),
-            || wgsl::shader(&[(a, Access::Read), (b, Access::Write)], body),
+            key(&[&"copy", &a, &b, &fast]),
+            || elementwise_source(fast, &[(a, Access::Read), (b, Access::Write)], body),
             p,
             &[(src.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -864,9 +945,10 @@ impl Backend for WgpuBackend {
             .unwrap_or("")
             .to_string();
         let body = format!("let v = ld1(off(1u, t)); st2(off(0u, t), {expr});");
+        let fast = all_contiguous(&out.layout.shape, &[out.layout, &xl]);
         self.run(
-            key(&[&"unary", &name, &a, &b]),
-            || wgsl::shader(&[(a, Access::Read), (b, Access::Write)], &body),
+            key(&[&"unary", &name, &a, &b, &fast]),
+            || elementwise_source(fast, &[(a, Access::Read), (b, Access::Write)], &body),
             p,
             &[(x.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -881,9 +963,11 @@ impl Backend for WgpuBackend {
             wgsl::binary_expr(op)
         );
         let p = Params::default().block(out.layout).block(&al).block(&bl);
+        let fast = all_contiguous(&out.layout.shape, &[out.layout, &al, &bl]);
         let source = || {
             wgsl::REM_FLOORED.to_string()
-                + &wgsl::shader(
+                + &elementwise_source(
+                    fast,
                     &[
                         (da, Access::Read),
                         (db, Access::Read),
@@ -893,7 +977,7 @@ impl Backend for WgpuBackend {
                 )
         };
         self.run(
-            key(&[&"binary", &op, &da, &db, &dout]),
+            key(&[&"binary", &op, &da, &db, &dout, &fast]),
             source,
             p,
             &[(a.buffer, false), (b.buffer, false), (out.buffer, true)],
@@ -923,9 +1007,10 @@ impl Backend for WgpuBackend {
             (dts[2], Access::Read),
             (dts[3], Access::Write),
         ];
+        let fast = all_contiguous(&out.layout.shape, &[out.layout, &al, &bl, &cl]);
         self.run(
-            key(&[&"ternary", &op, &dts]),
-            || wgsl::shader(&bind, &body),
+            key(&[&"ternary", &op, &dts, &fast]),
+            || elementwise_source(fast, &bind, &body),
             p,
             &[
                 (a.buffer, false),
@@ -968,62 +1053,51 @@ impl Backend for WgpuBackend {
 
     fn matmul(&self, a: V<'_>, b: V<'_>, out: V<'_>, alpha: f32, beta: f32) -> Result<()> {
         let [am, bm, om] = validate::matmul(a, b, out)?;
-        let shape = [om.batch, om.rows, om.cols];
-        let bs = |m: &validate::MatrixView| if m.batch == 1 { 0 } else { m.strides[0] };
-        let arow = Layout {
-            shape: shape.to_vec(),
-            strides: vec![bs(&am), am.strides[1], 0],
-            offset: am.offset,
+        if om.batch == 0 || om.rows == 0 || om.cols == 0 {
+            return Ok(());
+        }
+        let batch = |mv: &validate::MatrixView| Layout {
+            shape: vec![om.batch],
+            strides: vec![if mv.batch == 1 { 0 } else { mv.strides[0] }],
+            offset: mv.offset,
         };
-        let bcol = Layout {
-            shape: shape.to_vec(),
-            strides: vec![bs(&bm), 0, bm.strides[2]],
-            offset: bm.offset,
-        };
-        let ol = Layout {
-            shape: shape.to_vec(),
-            strides: om.strides.to_vec(),
-            offset: om.offset,
-        };
-        let k = am.cols;
-        let body = "let pa = off(1u, t); let pb = off(2u, t);
-    var acc = 0.0;
-    for (var k = s(5u); k < s(0u); k = k + 1u) { acc = acc + ld1(pa + i32(k) * si(1u)) * ld2(pb + i32(k) * si(2u)); }
-    let o = off(0u, t);
-    var r = sf(3u) * acc;
-    if (sf(4u) != 0.0) { r = r + sf(4u) * ld3(o); }
-    st3(o, r);";
         let dts = [a.dtype(), b.dtype(), out.dtype()];
-        // Slices of at most CHUNK along k, the later ones accumulating into `out`.
+        let pipeline = self.pipeline(&key(&[&"gemm_tiled", &dts]), || {
+            wgsl::gemm_tiled(dts[0], dts[1], dts[2])
+        })?;
+        let i32s = |v: isize| v as i32 as u32;
+        // Slices along k keep any one invocation's loops short (lavapipe); later slices
+        // accumulate into `out`. k = 0 still runs once, to apply beta.
+        let k = am.cols;
         let mut k0 = 0;
         loop {
-            let k1 = (k0 + CHUNK).min(k);
-            let slice_beta = if k0 == 0 { beta } else { 1.0 };
+            let k1 = (k0 + 8 * CHUNK).min(k);
             let p = Params::default()
-                .block(&ol)
-                .block(&arow)
-                .block(&bcol)
-                .scalar(0, k1 as u32)
-                .scalar(1, am.strides[2] as i32 as u32)
-                .scalar(2, bm.strides[1] as i32 as u32)
-                .f(3, alpha)
-                .f(4, slice_beta)
-                .scalar(5, k0 as u32);
-            self.run(
-                key(&[&"matmul", &dts]),
-                || {
-                    wgsl::shader(
-                        &[
-                            (dts[0], Access::Read),
-                            (dts[1], Access::Read),
-                            (dts[2], Access::Write),
-                        ],
-                        body,
-                    )
-                },
-                p,
+                .block(&batch(&am))
+                .block(&batch(&bm))
+                .block(&batch(&om))
+                .scalar(0, om.rows as u32)
+                .scalar(1, om.cols as u32)
+                .scalar(2, k0 as u32)
+                .scalar(3, k1 as u32)
+                .f(4, alpha)
+                .f(5, if k0 == 0 { beta } else { 1.0 })
+                .scalar(7, i32s(am.strides[1]))
+                .scalar(8, i32s(am.strides[2]))
+                .scalar(10, i32s(bm.strides[1]))
+                .scalar(11, i32s(bm.strides[2]))
+                .scalar(13, i32s(om.strides[1]))
+                .scalar(14, i32s(om.strides[2]));
+            let groups = [
+                om.cols.div_ceil(64) as u32,
+                om.rows.div_ceil(64) as u32,
+                om.batch as u32,
+            ];
+            self.dispatch_groups(
+                &pipeline,
+                &p,
                 &[(a.buffer, false), (b.buffer, false), (out.buffer, true)],
-                om.batch * om.rows * om.cols,
+                groups,
             )?;
             if k1 >= k {
                 return Ok(());

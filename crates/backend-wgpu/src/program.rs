@@ -187,7 +187,7 @@ pub fn lower(program: &Program) -> Result<String> {
                     IrBinary::Div if int => format!("select({x} / {y}, {zero}, {y} == {zero})"),
                     IrBinary::Div => format!("{x} / {y}"),
                     IrBinary::Rem if int => format!("select({x} % {y}, {zero}, {y} == {zero})"),
-                    IrBinary::Rem => format!("{x} % {y}"),
+                    IrBinary::Rem => format!("fmod({x}, {y})"),
                     IrBinary::Min => format!("min({x}, {y})"),
                     IrBinary::Max => format!("max({x}, {y})"),
                     IrBinary::Pow => format!("pow({x}, {y})"),

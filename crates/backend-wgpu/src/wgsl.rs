@@ -115,6 +115,16 @@ fn philox(ctr: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
     }
     return c;
 }
+// C's fmod. WGSL's `%` is a - b * trunc(a / b) with an approximate division: when a / b is
+// (nearly) an integer the truncated quotient can be one off, leaving a remainder of b, or one
+// of the wrong sign. Two fix-ups bring it back into (-|b|, |b|) with the sign of a.
+fn fmod(a: f32, b: f32) -> f32 {
+    var r = a - b * trunc(a / b);
+    let m = abs(b);
+    if (abs(r) >= m) { r = r - select(m, -m, r < 0.0); }
+    if (r != 0.0 && ((r < 0.0) != (a < 0.0))) { r = r + select(m, -m, a < 0.0); }
+    return r;
+}
 fn erf_approx(x: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.3275911 * abs(x));
     let poly = t * (0.2548296 + t * (-0.28449674 + t * (1.4214137 + t * (-1.4531521 + t * 1.0614054))));
@@ -198,6 +208,18 @@ pub fn entry(body: &str) -> String {
     )
 }
 
+/// The prelude's strided `off`, and its replacement when every block is contiguous over the
+/// thread index (elementwise kernels on contiguous operands): no index decomposition.
+const OFF_STRIDED: &str = "fn off(k: u32, lin: u32) -> i32 { return offset_in(P[17u + k], lin); }";
+const OFF_CONTIGUOUS: &str =
+    "fn off(k: u32, lin: u32) -> i32 { return bitcast<i32>(P[P[17u + k] + 1u]) + i32(lin); }";
+
+/// [`shader`] for elementwise kernels whose every layout block is contiguous over the
+/// thread index.
+pub fn shader_contiguous(bindings: &[(DType, Access)], body: &str) -> String {
+    shader(bindings, body).replace(OFF_STRIDED, OFF_CONTIGUOUS)
+}
+
 /// A whole shader: prelude, bindings, entry.
 pub fn shader(bindings: &[(DType, Access)], body: &str) -> String {
     let mut s = String::from(PRELUDE);
@@ -269,4 +291,68 @@ pub fn binary_expr(op: hal::BinaryOp) -> &'static str {
     }
 }
 
-pub const REM_FLOORED: &str = "fn rem_floored(a: f32, b: f32) -> f32 { let r = a - b * trunc(a / b); return select(r, r + b, r != 0.0 && ((r < 0.0) != (b < 0.0))); }\n";
+pub const REM_FLOORED: &str = "fn rem_floored(a: f32, b: f32) -> f32 { let r = fmod(a, b); return select(r, r + b, r != 0.0 && ((r < 0.0) != (b < 0.0))); }\n";
+
+/// Tiled matrix product: a 256-thread workgroup computes a 64 x 64 tile of one batch's output,
+/// stepping through k 16 at a time with both operand tiles staged in workgroup memory; each
+/// thread accumulates a 4 x 4 block at rows `ty + 16 i`, columns `tx + 16 j`, so neighbouring
+/// threads read neighbouring words of the staged tiles. Operand loads go through the typed,
+/// strided `ld1`/`ld2`, so any dtype and any strides work (each staged value is used 64 times).
+///
+/// Scalars: 0 m, 1 n, 2 first k, 3 end k, 4 alpha, 5 beta, 7-8 a's row and column strides,
+/// 10-11 b's, 13-14 out's. Blocks 0, 1, 2 give a's, b's and out's offset for each batch.
+pub fn gemm_tiled(a: DType, b: DType, out: DType) -> String {
+    let mut s = String::from(PRELUDE);
+    s += &binding(1, a, Access::Read);
+    s += &binding(2, b, Access::Read);
+    s += &binding(3, out, Access::Write);
+    s += r#"
+var<workgroup> As: array<f32, 1024>;
+var<workgroup> Bs: array<f32, 1024>;
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    _ = arrayLength(&B1); _ = arrayLength(&B2); _ = arrayLength(&B3);
+    let m = s(0u); let n = s(1u);
+    let tx = lid.x; let ty = lid.y;
+    let row0 = wg.y * 64u; let col0 = wg.x * 64u;
+    let abase = off(0u, wg.z) ; let bbase = off(1u, wg.z); let obase = off(2u, wg.z);
+    var acc: array<f32, 16>;
+    for (var i = 0u; i < 16u; i = i + 1u) { acc[i] = 0.0; }
+    for (var kk = s(2u); kk < s(3u); kk = kk + 16u) {
+        // Stage A[row0..+64, kk..+16] as As[k][r] and B[kk..+16, col0..+64] as Bs[k][c].
+        for (var e = 0u; e < 4u; e = e + 1u) {
+            let idx = li + e * 256u;
+            let r = idx % 64u; let k = idx / 64u;
+            var av = 0.0;
+            if (row0 + r < m && kk + k < s(3u)) { av = ld1(abase + i32(row0 + r) * si(7u) + i32(kk + k) * si(8u)); }
+            As[k * 64u + r] = av;
+            var bv = 0.0;
+            if (col0 + r < n && kk + k < s(3u)) { bv = ld2(bbase + i32(kk + k) * si(10u) + i32(col0 + r) * si(11u)); }
+            Bs[k * 64u + r] = bv;
+        }
+        workgroupBarrier();
+        for (var k = 0u; k < 16u; k = k + 1u) {
+            var av: array<f32, 4>; var bv: array<f32, 4>;
+            for (var i = 0u; i < 4u; i = i + 1u) { av[i] = As[k * 64u + ty + 16u * i]; bv[i] = Bs[k * 64u + tx + 16u * i]; }
+            for (var i = 0u; i < 4u; i = i + 1u) {
+                for (var j = 0u; j < 4u; j = j + 1u) { acc[i * 4u + j] = fma(av[i], bv[j], acc[i * 4u + j]); }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let r = row0 + ty + 16u * i; let c = col0 + tx + 16u * j;
+            if (r < m && c < n) {
+                let o = obase + i32(r) * si(13u) + i32(c) * si(14u);
+                var v = sf(4u) * acc[i * 4u + j];
+                if (sf(5u) != 0.0) { v = v + sf(5u) * ld3(o); }
+                st3(o, v);
+            }
+        }
+    }
+}
+"#;
+    s
+}
