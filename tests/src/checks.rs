@@ -117,6 +117,39 @@ impl<B: Backend> Suite<'_, B> {
     }
 }
 
+/// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
+pub(crate) const EXPECTED_ROWS: [&str; 29] = [
+    "fill",
+    "copy (strided)",
+    "copy (cast)",
+    "unary",
+    "binary",
+    "binary (comparison)",
+    "ternary",
+    "reduce sum",
+    "reduce mean",
+    "reduce max",
+    "reduce min",
+    "argmax",
+    "argmin",
+    "matmul",
+    "spmv_csr",
+    "gather",
+    "gather (index_select)",
+    "scatter_add",
+    "im2col",
+    "col2im",
+    "nearest_centroid",
+    "segment_sum",
+    "segment_sum (weighted)",
+    "sgd_step",
+    "adam_step",
+    "random uniform",
+    "random normal",
+    "ir program (edge residual, atomics)",
+    "ir program (math, int, select, cast)",
+];
+
 pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     fill(s);
     copy(s);
@@ -176,8 +209,15 @@ fn run_copy<B: Backend>(b: &B, src: &HostTensor, out: &HostTensor) -> Result<Vec
 }
 
 fn copy<B: Backend>(s: &mut Suite<'_, B>) {
-    for shape in s.shapes(0..=4, 1 << 18) {
-        let (from, to) = (DType::ALL[s.rng().below(5)], DType::ALL[s.rng().below(5)]);
+    for (i, shape) in s.shapes(0..=4, 1 << 18).into_iter().enumerate() {
+        // Every other case keeps the dtype (a strided copy), the rest cast.
+        let f = s.rng().below(5);
+        let from = DType::ALL[f];
+        let to = if i % 2 == 0 {
+            from
+        } else {
+            DType::ALL[(f + 1 + s.rng().below(4)) % 5]
+        };
         let kind = s.kind();
         let src = random_tensor(s.rng(), &shape, from, kind, |r| r.range(-300.0, 300.0));
         let out = output_tensor(s.rng(), &shape, to);

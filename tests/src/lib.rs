@@ -100,6 +100,14 @@ impl<'a, B: Backend> Suite<'a, B> {
     /// Runs every check and returns the report.
     pub fn run(mut self) -> Report {
         checks::run_all(&mut self);
+        for name in checks::EXPECTED_ROWS {
+            if self.rows.iter().all(|r| r.primitive != name) {
+                self.fail(
+                    name,
+                    "no case was drawn for this primitive: the suite must cover it".into(),
+                );
+            }
+        }
         Report {
             backend: self.target.info().backend.to_string(),
             compared_against: if self.target_is_reference {

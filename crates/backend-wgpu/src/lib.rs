@@ -51,6 +51,8 @@ const SUM_CHUNK: usize = 256;
 struct Params {
     scalars: [u32; 16],
     blocks: Vec<(Vec<usize>, Vec<isize>, isize)>,
+    /// Elements each invocation handles (0 means 1).
+    per_thread: u32,
 }
 
 impl Params {
@@ -320,7 +322,7 @@ impl WgpuBackend {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        let groups = threads.div_ceil(wgsl::WORKGROUP);
+        let groups = threads.div_ceil(wgsl::WORKGROUP * params.per_thread.max(1));
         let max = self.0.limits.max_compute_workgroups_per_dimension.max(1);
         let (x, y) = (groups.min(max), groups.div_ceil(max));
         {
@@ -899,6 +901,7 @@ impl Backend for WgpuBackend {
             "stbits1(off(0u, t), s(1u));"
         };
         let fast = out.layout.is_contiguous();
+        let p = per_thread(p, fast);
         self.run(
             key(&[&"fill", &dt, &fast]),
             || elementwise_source(fast, &[(dt, Access::Write)], body),
@@ -919,6 +922,7 @@ impl Backend for WgpuBackend {
         };
         let p = Params::default().block(out.layout).block(src.layout);
         let fast = all_contiguous(&out.layout.shape, &[out.layout, src.layout]);
+        let p = per_thread(p, fast);
         self.run(
             key(&[&"copy", &a, &b, &fast]),
             || elementwise_source(fast, &[(a, Access::Read), (b, Access::Write)], body),
@@ -946,6 +950,7 @@ impl Backend for WgpuBackend {
             .to_string();
         let body = format!("let v = ld1(off(1u, t)); st2(off(0u, t), {expr});");
         let fast = all_contiguous(&out.layout.shape, &[out.layout, &xl]);
+        let p = per_thread(p, fast);
         self.run(
             key(&[&"unary", &name, &a, &b, &fast]),
             || elementwise_source(fast, &[(a, Access::Read), (b, Access::Write)], &body),
@@ -964,6 +969,7 @@ impl Backend for WgpuBackend {
         );
         let p = Params::default().block(out.layout).block(&al).block(&bl);
         let fast = all_contiguous(&out.layout.shape, &[out.layout, &al, &bl]);
+        let p = per_thread(p, fast);
         let source = || {
             wgsl::REM_FLOORED.to_string()
                 + &elementwise_source(
@@ -1008,6 +1014,7 @@ impl Backend for WgpuBackend {
             (dts[3], Access::Write),
         ];
         let fast = all_contiguous(&out.layout.shape, &[out.layout, &al, &bl, &cl]);
+        let p = per_thread(p, fast);
         self.run(
             key(&[&"ternary", &op, &dts, &fast]),
             || elementwise_source(fast, &bind, &body),
@@ -1701,4 +1708,12 @@ fn conv_params(g: &Conv2dGeometry, oh: usize, ow: usize) -> Params {
         p = p.scalar(i, x as u32);
     }
     p
+}
+
+/// Marks `p` for the contiguous kernels' several elements per invocation.
+fn per_thread(p: Params, fast: bool) -> Params {
+    Params {
+        per_thread: if fast { wgsl::PER_THREAD } else { 1 },
+        ..p
+    }
 }

@@ -216,9 +216,23 @@ const OFF_CONTIGUOUS: &str =
 
 /// [`shader`] for elementwise kernels whose every layout block is contiguous over the
 /// thread index.
+/// Each invocation handles [`PER_THREAD`] elements, `WORKGROUP` apart, so the parameter reads
+/// are amortised and every access stays coalesced.
 pub fn shader_contiguous(bindings: &[(DType, Access)], body: &str) -> String {
-    shader(bindings, body).replace(OFF_STRIDED, OFF_CONTIGUOUS)
+    let mut s = String::from(PRELUDE).replace(OFF_STRIDED, OFF_CONTIGUOUS);
+    for (i, &(d, a)) in bindings.iter().enumerate() {
+        s += &binding(i as u32 + 1, d, a);
+    }
+    s += &format!(
+        "@compute @workgroup_size({WORKGROUP})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n{}    let first = (wg.y * nwg.x + wg.x) * {} + lid;\n    for (var q = 0u; q < {PER_THREAD}u; q = q + 1u) {{\n    let t = first + q * {WORKGROUP}u;\n    if (t >= P[0]) {{ return; }}\n{body}\n    }}\n}}\n",
+        touch(bindings.len()),
+        WORKGROUP * PER_THREAD
+    );
+    s
 }
+
+/// Elements per invocation in contiguous elementwise kernels.
+pub const PER_THREAD: u32 = 4;
 
 /// A whole shader: prelude, bindings, entry.
 pub fn shader(bindings: &[(DType, Access)], body: &str) -> String {
@@ -306,53 +320,65 @@ pub fn gemm_tiled(a: DType, b: DType, out: DType) -> String {
     s += &binding(1, a, Access::Read);
     s += &binding(2, b, Access::Read);
     s += &binding(3, out, Access::Write);
-    s += r#"
+    // Generated fully unrolled: accumulators and fragments are named scalars, so the shader
+    // compiler keeps them in registers (arrays indexed in loops ended up in local memory).
+    let mut stage = String::new();
+    for e in 0..4 {
+        stage += &format!(
+            "        {{ let idx = li + {e}u * 256u; let r = idx % 64u; let k = idx / 64u;
+          var av = 0.0; if (row0 + r < m && kk + k < kend) {{ av = ld1(abase + i32(row0 + r) * si(7u) + i32(kk + k) * si(8u)); }}
+          As[k * 64u + r] = av;
+          var bv = 0.0; if (col0 + r < n && kk + k < kend) {{ bv = ld2(bbase + i32(kk + k) * si(10u) + i32(col0 + r) * si(11u)); }}
+          Bs[k * 64u + r] = bv; }}\n"
+        );
+    }
+    let mut decl = String::new();
+    let mut fmas = String::new();
+    let mut store = String::new();
+    for i in 0..4 {
+        fmas += &format!(
+            "            let a{i} = As[k * 64u + ty + {}u]; let b{i} = Bs[k * 64u + tx + {}u];\n",
+            16 * i,
+            16 * i
+        );
+    }
+    for i in 0..4 {
+        for j in 0..4 {
+            decl += &format!("    var c{i}{j} = 0.0;\n");
+            fmas += &format!("            c{i}{j} = fma(a{i}, b{j}, c{i}{j});\n");
+            store += &format!(
+                "    {{ let r = row0 + ty + {}u; let c = col0 + tx + {}u;
+      if (r < m && c < n) {{ let o = obase + i32(r) * si(13u) + i32(c) * si(14u);
+        var v = sf(4u) * c{i}{j}; if (sf(5u) != 0.0) {{ v = v + sf(5u) * ld3(o); }} st3(o, v); }} }}\n",
+                16 * i,
+                16 * j
+            );
+        }
+    }
+    s += &format!(
+        r#"
 var<workgroup> As: array<f32, 1024>;
 var<workgroup> Bs: array<f32, 1024>;
 
 @compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
     _ = arrayLength(&B1); _ = arrayLength(&B2); _ = arrayLength(&B3);
-    let m = s(0u); let n = s(1u);
+    let m = s(0u); let n = s(1u); let kend = s(3u);
     let tx = lid.x; let ty = lid.y;
     let row0 = wg.y * 64u; let col0 = wg.x * 64u;
-    let abase = off(0u, wg.z) ; let bbase = off(1u, wg.z); let obase = off(2u, wg.z);
-    var acc: array<f32, 16>;
-    for (var i = 0u; i < 16u; i = i + 1u) { acc[i] = 0.0; }
-    for (var kk = s(2u); kk < s(3u); kk = kk + 16u) {
-        // Stage A[row0..+64, kk..+16] as As[k][r] and B[kk..+16, col0..+64] as Bs[k][c].
-        for (var e = 0u; e < 4u; e = e + 1u) {
-            let idx = li + e * 256u;
-            let r = idx % 64u; let k = idx / 64u;
-            var av = 0.0;
-            if (row0 + r < m && kk + k < s(3u)) { av = ld1(abase + i32(row0 + r) * si(7u) + i32(kk + k) * si(8u)); }
-            As[k * 64u + r] = av;
-            var bv = 0.0;
-            if (col0 + r < n && kk + k < s(3u)) { bv = ld2(bbase + i32(kk + k) * si(10u) + i32(col0 + r) * si(11u)); }
-            Bs[k * 64u + r] = bv;
-        }
+    let abase = off(0u, wg.z); let bbase = off(1u, wg.z); let obase = off(2u, wg.z);
+{decl}
+    for (var kk = s(2u); kk < kend; kk = kk + 16u) {{
+{stage}
         workgroupBarrier();
-        for (var k = 0u; k < 16u; k = k + 1u) {
-            var av: array<f32, 4>; var bv: array<f32, 4>;
-            for (var i = 0u; i < 4u; i = i + 1u) { av[i] = As[k * 64u + ty + 16u * i]; bv[i] = Bs[k * 64u + tx + 16u * i]; }
-            for (var i = 0u; i < 4u; i = i + 1u) {
-                for (var j = 0u; j < 4u; j = j + 1u) { acc[i * 4u + j] = fma(av[i], bv[j], acc[i * 4u + j]); }
-            }
-        }
+        for (var k = 0u; k < 16u; k = k + 1u) {{
+{fmas}
+        }}
         workgroupBarrier();
-    }
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            let r = row0 + ty + 16u * i; let c = col0 + tx + 16u * j;
-            if (r < m && c < n) {
-                let o = obase + i32(r) * si(13u) + i32(c) * si(14u);
-                var v = sf(4u) * acc[i * 4u + j];
-                if (sf(5u) != 0.0) { v = v + sf(5u) * ld3(o); }
-                st3(o, v);
-            }
-        }
-    }
-}
-"#;
+    }}
+{store}
+}}
+"#
+    );
     s
 }

@@ -339,6 +339,21 @@ fn elementwise<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
         b.synchronize().expect("sync");
     });
     let bw = 3.0 * bytes / t;
+    // Latency: one tiny dispatch, submitted and waited for.
+    let one = b.alloc(DType::F32, 1)?;
+    let l1 = Layout::contiguous(&[1]);
+    let t_trip = time_it(
+        args.reps.max(51),
+        |_| {},
+        || {
+            b.fill(View::new(&one, &l1), 1.0).expect("fill");
+            b.synchronize().expect("sync");
+        },
+    );
+    println!(
+        "round trip of a 1-element dispatch (submit + wait): {:.1} us",
+        t_trip * 1e6
+    );
     println!(
         "add f32 {}M: {:.2} ms, {:.2} GB/s read+write = {:.0}% of plain memcpy, {:.0}% of {threads}-thread memcpy (checked exactly)",
         n >> 20,
