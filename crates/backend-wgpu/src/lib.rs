@@ -86,13 +86,28 @@ impl Params {
     }
 }
 
+/// A compiled compute pipeline and its bind-group layout (fetched once: wgpu creates a new
+/// layout object on every `get_bind_group_layout` call).
+pub(crate) struct Kernel {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+/// Size of the launch-parameter buffer: far more than any kernel's parameters need.
+const PARAMS_BYTES: u64 = 16 << 10;
+
 struct Inner {
     device: wgpu::Device,
     queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     limits: wgpu::Limits,
     features: wgpu::Features,
-    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    pipelines: Mutex<HashMap<String, Arc<Kernel>>>,
+    /// Launch parameters of the dispatch being submitted. One buffer serves every dispatch:
+    /// each dispatch writes it and submits under `submit_lock`, and queue writes land in
+    /// submission order, so no dispatch sees another's parameters.
+    params: wgpu::Buffer,
+    submit_lock: Mutex<()>,
     kernels: Mutex<HashMap<u64, Vec<program::WgpuKernel>>>,
     /// Errors wgpu reported outside an error scope, returned by the next synchronize.
     deferred: Arc<Mutex<Option<String>>>,
@@ -189,7 +204,15 @@ impl WgpuBackend {
             let mut d = sink.lock().unwrap_or_else(|p| p.into_inner());
             d.get_or_insert_with(|| e.to_string());
         }));
+        let params = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("launch parameters"),
+            size: PARAMS_BYTES,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         Ok(Self(Arc::new(Inner {
+            params,
+            submit_lock: Mutex::default(),
             device,
             queue,
             info: adapter.get_info(),
@@ -210,11 +233,7 @@ impl WgpuBackend {
             .min(self.0.limits.max_buffer_size)
     }
 
-    fn pipeline(
-        &self,
-        key: &str,
-        source: impl FnOnce() -> String,
-    ) -> Result<Arc<wgpu::ComputePipeline>> {
+    fn pipeline(&self, key: &str, source: impl FnOnce() -> String) -> Result<Arc<Kernel>> {
         if let Some(p) = self
             .0
             .pipelines
@@ -244,7 +263,10 @@ impl WgpuBackend {
                 "shader `{key}` failed to compile: {e}"
             )));
         }
-        let p = Arc::new(pipeline);
+        let p = Arc::new(Kernel {
+            layout: pipeline.get_bind_group_layout(0),
+            pipeline,
+        });
         self.0
             .pipelines
             .lock()
@@ -258,7 +280,7 @@ impl WgpuBackend {
     /// the same call is copied first: wgpu forbids binding one buffer both ways.
     fn dispatch(
         &self,
-        pipeline: &wgpu::ComputePipeline,
+        kernel: &Kernel,
         params: &Params,
         buffers: &[(&WgpuBuffer, bool)],
         threads: usize,
@@ -299,17 +321,24 @@ impl WgpuBackend {
             });
         }
         let words = params.encode(threads);
-        let pbuf = wgpu::util::DeviceExt::create_buffer_init(
-            d,
-            &wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: bytemuck::cast_slice(&words),
-                usage: wgpu::BufferUsages::STORAGE,
-            },
-        );
+        let params_bytes: &[u8] = bytemuck::cast_slice(&words);
+        if params_bytes.len() as u64 > PARAMS_BYTES {
+            return Err(Error::InvalidArgument {
+                op: "dispatch",
+                detail: format!(
+                    "{} bytes of launch parameters exceed {PARAMS_BYTES}",
+                    params_bytes.len()
+                ),
+            });
+        }
+        let params_binding = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.0.params,
+            offset: 0,
+            size: std::num::NonZeroU64::new(params_bytes.len() as u64),
+        });
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
-            resource: pbuf.as_entire_binding(),
+            resource: params_binding,
         }];
         for (i, b) in resolved.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
@@ -319,7 +348,7 @@ impl WgpuBackend {
         }
         let group = d.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
-            layout: &pipeline.get_bind_group_layout(0),
+            layout: &kernel.layout,
             entries: &entries,
         });
         let groups = threads.div_ceil(wgsl::WORKGROUP * params.per_thread.max(1));
@@ -327,10 +356,12 @@ impl WgpuBackend {
         let (x, y) = (groups.min(max), groups.div_ceil(max));
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());
-            pass.set_pipeline(pipeline);
+            pass.set_pipeline(&kernel.pipeline);
             pass.set_bind_group(0, &group, &[]);
             pass.dispatch_workgroups(x, y, 1);
         }
+        let _submitting = self.0.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.0.queue.write_buffer(&self.0.params, 0, params_bytes);
         self.0.queue.submit([encoder.finish()]);
         Ok(())
     }
@@ -338,7 +369,7 @@ impl WgpuBackend {
     /// [`Self::dispatch`] for kernels that index their own workgroup grid (`P[0]` is 0).
     fn dispatch_groups(
         &self,
-        pipeline: &wgpu::ComputePipeline,
+        kernel: &Kernel,
         params: &Params,
         buffers: &[(&WgpuBuffer, bool)],
         groups: [u32; 3],
@@ -357,17 +388,24 @@ impl WgpuBackend {
             });
         }
         let words = params.encode(0);
-        let pbuf = wgpu::util::DeviceExt::create_buffer_init(
-            d,
-            &wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: bytemuck::cast_slice(&words),
-                usage: wgpu::BufferUsages::STORAGE,
-            },
-        );
+        let params_bytes: &[u8] = bytemuck::cast_slice(&words);
+        if params_bytes.len() as u64 > PARAMS_BYTES {
+            return Err(Error::InvalidArgument {
+                op: "dispatch",
+                detail: format!(
+                    "{} bytes of launch parameters exceed {PARAMS_BYTES}",
+                    params_bytes.len()
+                ),
+            });
+        }
+        let params_binding = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.0.params,
+            offset: 0,
+            size: std::num::NonZeroU64::new(params_bytes.len() as u64),
+        });
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
-            resource: pbuf.as_entire_binding(),
+            resource: params_binding,
         }];
         for (i, (b, _)) in buffers.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
@@ -377,7 +415,7 @@ impl WgpuBackend {
         }
         let group = d.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
-            layout: &pipeline.get_bind_group_layout(0),
+            layout: &kernel.layout,
             entries: &entries,
         });
         let max = self.0.limits.max_compute_workgroups_per_dimension;
@@ -390,10 +428,12 @@ impl WgpuBackend {
         let mut encoder = d.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());
-            pass.set_pipeline(pipeline);
+            pass.set_pipeline(&kernel.pipeline);
             pass.set_bind_group(0, &group, &[]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
+        let _submitting = self.0.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.0.queue.write_buffer(&self.0.params, 0, params_bytes);
         self.0.queue.submit([encoder.finish()]);
         Ok(())
     }

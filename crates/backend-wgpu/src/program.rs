@@ -17,7 +17,7 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct WgpuKernel {
     pub(crate) program: Arc<Program>,
-    pub(crate) pipeline: Arc<wgpu::ComputePipeline>,
+    pub(crate) pipeline: Arc<crate::Kernel>,
     pub(crate) source: Arc<String>,
 }
 
