@@ -260,7 +260,7 @@ impl WgpuBackend {
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(backend_error(format!(
-                "shader `{key}` failed to compile: {e}"
+                "shader `{key}` failed to compile: {e:?}"
             )));
         }
         let p = Arc::new(Kernel {
