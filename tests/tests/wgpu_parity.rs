@@ -120,3 +120,57 @@ fn wgpu_errors_are_errors() {
     );
     gpu.synchronize().unwrap();
 }
+
+/// The vec4 path for f32 arithmetic on aligned contiguous operands, and the scalar fallback
+/// next to it (an offset of 1 element, a length not a multiple of 4), against the CPU.
+#[test]
+fn vec4_arithmetic_matches_the_cpu() {
+    let (gpu, cpu) = (gpu(), backend_cpu::CpuBackend::new());
+    let data: Vec<f32> = (0..4100)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 37.0)
+        .collect();
+    let other: Vec<f32> = (0..4100)
+        .map(|i| ((i * 104_729 % 997) as f32 + 1.0) / 91.0)
+        .collect();
+    for (offset, len) in [(0usize, 4096usize), (4, 4092), (1, 4096), (0, 4097)] {
+        let l = Layout::contiguous(&[len]).narrow(0, 0, len).unwrap();
+        let l = Layout { offset, ..l };
+        for op in [
+            hal::BinaryOp::Add,
+            hal::BinaryOp::Sub,
+            hal::BinaryOp::Mul,
+            hal::BinaryOp::Div,
+        ] {
+            let run = |b: &dyn Fn() -> Vec<f32>| b();
+            let g = run(&|| {
+                let (x, y, o) = (
+                    gpu.upload(&data).unwrap(),
+                    gpu.upload(&other).unwrap(),
+                    gpu.alloc(DType::F32, 4100).unwrap(),
+                );
+                gpu.binary(op, View::new(&x, &l), View::new(&y, &l), View::new(&o, &l))
+                    .unwrap();
+                gpu.read::<f32>(&o).unwrap()
+            });
+            let c = run(&|| {
+                let (x, y, o) = (
+                    cpu.upload(&data).unwrap(),
+                    cpu.upload(&other).unwrap(),
+                    cpu.alloc(DType::F32, 4100).unwrap(),
+                );
+                cpu.binary(op, View::new(&x, &l), View::new(&y, &l), View::new(&o, &l))
+                    .unwrap();
+                cpu.read::<f32>(&o).unwrap()
+            });
+            for i in 0..4100 {
+                let tol = 2.5e-7 * c[i].abs();
+                assert!(
+                    (g[i] - c[i]).abs() <= tol,
+                    "{op:?} offset {offset} len {len} element {i}: {} vs {}",
+                    g[i],
+                    c[i]
+                );
+            }
+        }
+    }
+}

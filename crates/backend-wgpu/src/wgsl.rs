@@ -211,8 +211,8 @@ pub fn entry(body: &str) -> String {
 /// The prelude's strided `off`, and its replacement when every block is contiguous over the
 /// thread index (elementwise kernels on contiguous operands): no index decomposition.
 const OFF_STRIDED: &str = "fn off(k: u32, lin: u32) -> i32 { return offset_in(P[17u + k], lin); }";
-// Each block's offset, read once per invocation by the entry point (`BASE`).
-const OFF_CONTIGUOUS: &str = "var<private> BASE: array<i32, 8>;\nfn off(k: u32, lin: u32) -> i32 { return BASE[k] + i32(lin); }";
+const OFF_CONTIGUOUS: &str =
+    "fn off(k: u32, lin: u32) -> i32 { return bitcast<i32>(P[P[17u + k] + 1u]) + i32(lin); }";
 
 /// [`shader`] for elementwise kernels whose every layout block is contiguous over the
 /// thread index.
@@ -223,11 +223,35 @@ pub fn shader_contiguous(bindings: &[(DType, Access)], body: &str) -> String {
     for (i, &(d, a)) in bindings.iter().enumerate() {
         s += &binding(i as u32 + 1, d, a);
     }
+    // Each block's offset is read once per invocation into a `let` (a scalar, so a register),
+    // and the body's `off(k, t)` becomes `base_k + t`.
+    let mut bases = String::new();
+    let mut body = body.to_string();
+    for k in 0..8 {
+        let call = format!("off({k}u, t)");
+        if body.contains(&call) {
+            bases += &format!("    let base{k} = bitcast<i32>(P[P[{}u] + 1u]);\n", 17 + k);
+            body = body.replace(&call, &format!("(base{k} + i32(t))"));
+        }
+    }
     s += &format!(
-        "@compute @workgroup_size({WORKGROUP})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n{}    for (var k = 0u; k < 8u; k = k + 1u) {{ BASE[k] = bitcast<i32>(P[P[17u + k] + 1u]); }}\n    let total = P[0];\n    let first = (wg.y * nwg.x + wg.x) * {} + lid;\n    for (var q = 0u; q < {PER_THREAD}u; q = q + 1u) {{\n    let t = first + q * {WORKGROUP}u;\n    if (t >= total) {{ return; }}\n{body}\n    }}\n}}\n",
+        "@compute @workgroup_size({WORKGROUP})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n{}{bases}    let total = P[0];\n    let first = (wg.y * nwg.x + wg.x) * {} + lid;\n    for (var q = 0u; q < {PER_THREAD}u; q = q + 1u) {{\n    let t = first + q * {WORKGROUP}u;\n    if (t >= total) {{ return; }}\n{body}\n    }}\n}}\n",
         touch(bindings.len()),
         WORKGROUP * PER_THREAD
     );
+    s
+}
+
+/// A kernel over `vec4` words: inputs `V1`, `V2` read-only, output `V3`, each thread one
+/// word; `body` sees `t`.
+pub fn shader_vec4(body: &str) -> String {
+    let mut s = String::from(PRELUDE);
+    s += "@group(0) @binding(1) var<storage, read> V1: array<vec4<u32>>;\n";
+    s += "@group(0) @binding(2) var<storage, read> V2: array<vec4<u32>>;\n";
+    s += "@group(0) @binding(3) var<storage, read_write> V3: array<vec4<u32>>;\n";
+    s += &entry(&format!(
+        "    _ = arrayLength(&V1); _ = arrayLength(&V2); _ = arrayLength(&V3);\n    {body}"
+    ));
     s
 }
 
@@ -322,34 +346,30 @@ pub fn gemm_tiled(a: DType, b: DType, out: DType) -> String {
     s += &binding(3, out, Access::Write);
     // Generated fully unrolled: accumulators and fragments are named scalars, so the shader
     // compiler keeps them in registers (arrays indexed in loops ended up in local memory).
-    // Tiles: 128 x 128 outputs per workgroup, 8 of k per step; each thread owns rows
-    // ty + 16 i and columns tx + 16 j (i, j < 8). A is staged k-fastest (neighbouring threads
-    // read neighbouring words of a row-major A), B column-fastest; the staged A rows are
-    // padded to 132 words so those stores do not collide in one shared-memory bank.
     let mut stage = String::new();
     for e in 0..4 {
         stage += &format!(
             "        {{ let idx = li + {e}u * 256u;
-          let ar = idx / 8u; let ak = idx % 8u;
+          let ar = idx / 16u; let ak = idx % 16u;
           var av = 0.0; if (row0 + ar < m && kk + ak < kend) {{ av = ld1(abase + i32(row0 + ar) * si(7u) + i32(kk + ak) * si(8u)); }}
-          As[ak * 132u + ar] = av;
-          let bk = idx / 128u; let bc = idx % 128u;
-          var bv = 0.0; if (col0 + bc < n && kk + bk < kend) {{ bv = ld2(bbase + i32(kk + bk) * si(10u) + i32(col0 + bc) * si(11u)); }}
-          Bs[bk * 128u + bc] = bv; }}\n"
+          As[ak * 68u + ar] = av;
+          let r = idx % 64u; let k = idx / 64u;
+          var bv = 0.0; if (col0 + r < n && kk + k < kend) {{ bv = ld2(bbase + i32(kk + k) * si(10u) + i32(col0 + r) * si(11u)); }}
+          Bs[k * 64u + r] = bv; }}\n"
         );
     }
     let mut decl = String::new();
     let mut fmas = String::new();
     let mut store = String::new();
-    for i in 0..8 {
+    for i in 0..4 {
         fmas += &format!(
-            "            let a{i} = As[k * 132u + ty + {}u]; let b{i} = Bs[k * 128u + tx + {}u];\n",
+            "            let a{i} = As[k * 68u + ty + {}u]; let b{i} = Bs[k * 64u + tx + {}u];\n",
             16 * i,
             16 * i
         );
     }
-    for i in 0..8 {
-        for j in 0..8 {
+    for i in 0..4 {
+        for j in 0..4 {
             decl += &format!("    var c{i}{j} = 0.0;\n");
             fmas += &format!("            c{i}{j} = fma(a{i}, b{j}, c{i}{j});\n");
             store += &format!(
@@ -363,7 +383,7 @@ pub fn gemm_tiled(a: DType, b: DType, out: DType) -> String {
     }
     s += &format!(
         r#"
-var<workgroup> As: array<f32, 1056>;
+var<workgroup> As: array<f32, 1088>;
 var<workgroup> Bs: array<f32, 1024>;
 
 @compute @workgroup_size(16, 16)
@@ -371,13 +391,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     _ = arrayLength(&B1); _ = arrayLength(&B2); _ = arrayLength(&B3);
     let m = s(0u); let n = s(1u); let kend = s(3u);
     let tx = lid.x; let ty = lid.y;
-    let row0 = wg.y * 128u; let col0 = wg.x * 128u;
+    let row0 = wg.y * 64u; let col0 = wg.x * 64u;
     let abase = off(0u, wg.z); let bbase = off(1u, wg.z); let obase = off(2u, wg.z);
 {decl}
-    for (var kk = s(2u); kk < kend; kk = kk + 8u) {{
+    for (var kk = s(2u); kk < kend; kk = kk + 16u) {{
 {stage}
         workgroupBarrier();
-        for (var k = 0u; k < 8u; k = k + 1u) {{
+        for (var k = 0u; k < 16u; k = k + 1u) {{
 {fmas}
         }}
         workgroupBarrier();
