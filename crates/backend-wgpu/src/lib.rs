@@ -225,6 +225,22 @@ impl WgpuBackend {
         })))
     }
 
+    /// Copies all of `src` into `dst` (same dtype and length) with the device's own buffer
+    /// copy: no kernel, no view arithmetic. The bench uses it as the device's copy bandwidth.
+    pub fn copy_whole_buffer(&self, src: &WgpuBuffer, dst: &WgpuBuffer) -> Result<()> {
+        if src.dtype() != dst.dtype() || src.len() != dst.len() {
+            return Err(Error::InvalidArgument {
+                op: "copy_whole_buffer",
+                detail: format!("{src:?} and {dst:?} differ"),
+            });
+        }
+        let mut encoder = self.0.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(&src.0.buffer, 0, &dst.0.buffer, 0, src.0.buffer.size());
+        let _submitting = self.0.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.0.queue.submit([encoder.finish()]);
+        Ok(())
+    }
+
     /// The largest buffer a kernel can bind, in bytes.
     pub fn max_binding_bytes(&self) -> u64 {
         self.0

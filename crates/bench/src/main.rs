@@ -84,9 +84,14 @@ fn main() -> ExitCode {
         }
     };
     match args.backend.as_str() {
-        "cpu" => run(&CpuBackend::new(), &args),
+        "cpu" => run(&CpuBackend::new(), &args, None),
         "wgpu" => match backend_wgpu::WgpuBackend::new() {
-            Ok(gpu) => run(&gpu, &args),
+            Ok(gpu) => {
+                let copy = |src: &backend_wgpu::WgpuBuffer, dst: &backend_wgpu::WgpuBuffer| {
+                    gpu.copy_whole_buffer(src, dst)
+                };
+                run(&gpu, &args, Some(&copy))
+            }
             Err(e) => not_present("wgpu", &e.to_string()),
         },
         "cuda" => not_present("cuda", backend_cuda::NOT_IMPLEMENTED),
@@ -102,7 +107,11 @@ fn not_present(name: &str, why: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
-fn run<B: Backend>(b: &B, args: &Args) -> ExitCode {
+/// The device's own whole-buffer copy, where the backend has one: the bandwidth bound.
+type DeviceCopy<'a, B> =
+    Option<&'a dyn Fn(&<B as Backend>::Buffer, &<B as Backend>::Buffer) -> hal::Result<()>>;
+
+fn run<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -> ExitCode {
     let info = b.info();
     println!(
         "bench: backend {} on {} ({:.1} GiB), medians of {} runs after 2 warm-ups",
@@ -115,7 +124,7 @@ fn run<B: Backend>(b: &B, args: &Args) -> ExitCode {
     for suite in &args.suites {
         let result = match suite.as_str() {
             "gemm" => gemm(b, args),
-            _ => elementwise(b, args),
+            _ => elementwise(b, args, device_copy),
         };
         if let Err(e) = result {
             println!("bench: suite {suite} failed: {e}");
@@ -257,7 +266,7 @@ fn gemm<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
     Ok(())
 }
 
-fn elementwise<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
+fn elementwise<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -> hal::Result<()> {
     let n = args.elements;
     let bytes = (n * 4) as f64;
     // The bound: a plain memcpy of the same size on the host (read + write counted).
@@ -339,6 +348,35 @@ fn elementwise<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
         b.synchronize().expect("sync");
     });
     let bw = 3.0 * bytes / t;
+    println!(
+        "add f32 {}M: {:.2} ms, {:.2} GB/s read+write = {:.0}% of plain memcpy, {:.0}% of {threads}-thread memcpy (checked exactly)",
+        n >> 20,
+        t * 1e3,
+        bw / 1e9,
+        100.0 * bw / copy_bw,
+        100.0 * bw / par_bw
+    );
+    if let Some(copy) = device_copy {
+        // The device bound: its own copy of one buffer into another (read + write counted).
+        copy(&x, &out)?;
+        b.synchronize()?;
+        let t_dev = time_it(
+            args.reps,
+            |_| {},
+            || {
+                copy(&x, &out).expect("device copy");
+                b.synchronize().expect("sync");
+            },
+        );
+        let dev_bw = 2.0 * bytes / t_dev;
+        println!(
+            "device buffer copy {} MiB (bound): {:.3} ms, {:.1} GB/s read+write; add reaches {:.0}% of it",
+            (n * 4) >> 20,
+            t_dev * 1e3,
+            dev_bw / 1e9,
+            100.0 * bw / dev_bw
+        );
+    }
     // Latency: one tiny dispatch, submitted and waited for.
     let one = b.alloc(DType::F32, 1)?;
     let l1 = Layout::contiguous(&[1]);
@@ -353,14 +391,6 @@ fn elementwise<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
     println!(
         "round trip of a 1-element dispatch (submit + wait): {:.1} us",
         t_trip * 1e6
-    );
-    println!(
-        "add f32 {}M: {:.2} ms, {:.2} GB/s read+write = {:.0}% of plain memcpy, {:.0}% of {threads}-thread memcpy (checked exactly)",
-        n >> 20,
-        t * 1e3,
-        bw / 1e9,
-        100.0 * bw / copy_bw,
-        100.0 * bw / par_bw
     );
     Ok(())
 }
