@@ -346,7 +346,7 @@ fn unary<B: Backend>(s: &mut Suite<'_, B>) {
             let (rel, abs) = if is_exact_unary(op) {
                 (2.0 * u + 2.0 * U32F, 0.0)
             } else {
-                (4.0 * u + 2f64.powi(-18), 2f64.powi(-21))
+                (4.0 * u + 2f64.powi(-18), 2f64.powi(-19))
             };
             match both!(s, run_unary(op, &x, &out)) {
                 Ok((c, t)) => s.judge(
