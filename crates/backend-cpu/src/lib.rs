@@ -46,7 +46,6 @@ use hal::{
     DeviceBuffer, DeviceInfo, DeviceKind, Distribution, Error, Layout, ReduceOp, Result, SgdParams,
     TernaryOp, UnaryOp, View, validate,
 };
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 static EXEC: Mutex<()> = Mutex::new(());
@@ -59,7 +58,7 @@ fn exec() -> MutexGuard<'static, ()> {
 /// The CPU device handle. Cheap to clone; clones share the kernel cache.
 #[derive(Clone, Default)]
 pub struct CpuBackend {
-    kernels: Arc<Mutex<HashMap<u64, Vec<CpuKernel>>>>,
+    kernels: Arc<hal::ir::KernelCache<CpuKernel>>,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -74,10 +73,7 @@ impl CpuBackend {
     }
     /// Kernels compiled so far (structurally distinct programs).
     pub fn cached_kernels(&self) -> usize {
-        self.kernels
-            .lock()
-            .map(|k| k.values().map(Vec::len).sum())
-            .unwrap_or(0)
+        self.kernels.len()
     }
 }
 
@@ -513,18 +509,8 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, program: &Program) -> Result<CpuKernel> {
-        let hash = program.structural_hash();
-        let mut cache = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
-        let bucket = cache.entry(hash).or_default();
-        if let Some(k) = bucket
-            .iter()
-            .find(|k| k.0.program.buffers == program.buffers && k.0.program.insts == program.insts)
-        {
-            return Ok(k.clone());
-        }
-        let kernel = CpuKernel(Arc::new(program::compile(program)?));
-        bucket.push(kernel.clone());
-        Ok(kernel)
+        self.kernels
+            .get_or_compile(program, |p| Ok(CpuKernel(Arc::new(program::compile(p)?))))
     }
 
     fn launch(&self, kernel: &CpuKernel, args: &[&CpuBuffer], n: usize) -> Result<()> {

@@ -141,37 +141,7 @@ impl Mem {
 }
 
 pub(crate) fn launch(k: &CompiledProgram, args: &[&CpuBuffer], n: usize) -> Result<()> {
-    let p = &k.program;
-    if args.len() != p.buffers.len() {
-        return Err(Error::InvalidArgument {
-            op: "launch",
-            detail: format!(
-                "program `{}` takes {} buffers, {} were bound",
-                p.name,
-                p.buffers.len(),
-                args.len()
-            ),
-        });
-    }
-    for (i, (a, decl)) in args.iter().zip(&p.buffers).enumerate() {
-        if a.dtype() != decl.dtype {
-            return Err(Error::DTypeMismatch {
-                op: "launch (buffer argument)",
-                expected: decl.dtype,
-                got: a.dtype(),
-            })
-            .map_err(|e| Error::InvalidArgument {
-                op: "launch",
-                detail: format!("buffer {i}: {e}"),
-            });
-        }
-    }
-    if n > u32::MAX as usize + 1 {
-        return Err(Error::InvalidArgument {
-            op: "launch",
-            detail: format!("{n} launch indices exceed the u32 index range"),
-        });
-    }
+    hal::validate::launch(&k.program, args, n)?;
     let mems: Vec<Mem> = args
         .iter()
         .map(|a| Mem {

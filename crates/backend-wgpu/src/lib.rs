@@ -110,7 +110,7 @@ struct Inner {
     /// submission order, so no dispatch sees another's parameters.
     params: wgpu::Buffer,
     submit_lock: Mutex<()>,
-    kernels: Mutex<HashMap<u64, Vec<program::WgpuKernel>>>,
+    kernels: hal::ir::KernelCache<program::WgpuKernel>,
     /// Errors wgpu reported outside an error scope, returned by the next synchronize.
     deferred: Arc<Mutex<Option<String>>>,
     /// Fault flags of IR launches not yet checked (read at the next synchronize).
@@ -221,7 +221,7 @@ impl WgpuBackend {
             limits,
             features,
             pipelines: Mutex::default(),
-            kernels: Mutex::default(),
+            kernels: Default::default(),
             deferred,
             pending_faults: Mutex::default(),
         })))
@@ -251,6 +251,7 @@ impl WgpuBackend {
             .min(self.0.limits.max_buffer_size)
     }
 
+    /// The pipeline of a built-in kernel, compiled on first use and cached under `key`.
     fn pipeline(&self, key: &str, source: impl FnOnce() -> String) -> Result<Arc<Kernel>> {
         if let Some(p) = self
             .0
@@ -261,30 +262,7 @@ impl WgpuBackend {
         {
             return Ok(p.clone());
         }
-        let code = source();
-        let d = &self.0.device;
-        let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(key),
-            source: wgpu::ShaderSource::Wgsl(code.into()),
-        });
-        let pipeline = d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(key),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(backend_error(format!(
-                "shader `{key}` failed to compile: {e:?}"
-            )));
-        }
-        let p = Arc::new(Kernel {
-            layout: pipeline.get_bind_group_layout(0),
-            pipeline,
-        });
+        let p = self.build_pipeline(key, source())?;
         self.0
             .pipelines
             .lock()
@@ -293,9 +271,36 @@ impl WgpuBackend {
         Ok(p)
     }
 
-    /// Runs `threads` invocations of the pipeline with `params` at binding 0 and `buffers` at
-    /// 1.. (`true` marks a buffer the kernel writes). A read-only buffer that is also written in
-    /// the same call is copied first: wgpu forbids binding one buffer both ways.
+    /// Compiles WGSL into a pipeline; a validation error is returned with the validator's report.
+    fn build_pipeline(&self, label: &str, code: String) -> Result<Arc<Kernel>> {
+        let d = &self.0.device;
+        let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(code.into()),
+        });
+        let pipeline = d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(backend_error(format!(
+                "shader `{label}` failed to compile: {e:?}"
+            )));
+        }
+        Ok(Arc::new(Kernel {
+            layout: pipeline.get_bind_group_layout(0),
+            pipeline,
+        }))
+    }
+
+    /// Runs `threads` invocations of the kernel (workgroups of [`wgsl::WORKGROUP`], each
+    /// invocation handling `params.per_thread` elements) with `params` at binding 0 and
+    /// `buffers` at 1.. (`true` marks a buffer the kernel writes).
     fn dispatch(
         &self,
         kernel: &Kernel,
@@ -310,34 +315,49 @@ impl WgpuBackend {
             op: "dispatch",
             detail: format!("{threads} threads exceed 2^32"),
         })?;
-        let d = &self.0.device;
-        let mut encoder = d.create_command_encoder(&Default::default());
-        let mut copies: Vec<wgpu::Buffer> = Vec::new();
-        let mut resolved: Vec<&wgpu::Buffer> = Vec::new();
-        for (i, &(b, writes)) in buffers.iter().enumerate() {
-            let aliased = !writes && buffers.iter().any(|&(o, w)| w && o.same_memory(b));
-            if aliased {
-                let size = b.0.buffer.size();
-                let tmp = d.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("alias copy"),
-                    size,
-                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                });
-                encoder.copy_buffer_to_buffer(&b.0.buffer, 0, &tmp, 0, size);
-                copies.push(tmp);
-                let _ = i;
-            }
-        }
-        let mut copy_iter = copies.iter();
-        for &(b, writes) in buffers {
-            let aliased = !writes && buffers.iter().any(|&(o, w)| w && o.same_memory(b));
-            resolved.push(if aliased {
-                copy_iter.next().expect("one copy per aliased buffer")
-            } else {
-                &b.0.buffer
+        let groups = threads.div_ceil(wgsl::WORKGROUP * params.per_thread.max(1));
+        let max = self.0.limits.max_compute_workgroups_per_dimension.max(1);
+        self.submit(
+            kernel,
+            params,
+            threads,
+            buffers,
+            [groups.min(max), groups.div_ceil(max), 1],
+        )
+    }
+
+    /// [`Self::dispatch`] for kernels that index their own workgroup grid (`P[0]` is 0).
+    fn dispatch_groups(
+        &self,
+        kernel: &Kernel,
+        params: &Params,
+        buffers: &[(&WgpuBuffer, bool)],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        let max = self.0.limits.max_compute_workgroups_per_dimension;
+        if groups.iter().any(|&g| g > max) {
+            return Err(Error::InvalidArgument {
+                op: "dispatch",
+                detail: format!("{groups:?} workgroups exceed the adapter's {max} per dimension"),
             });
         }
+        self.submit(kernel, params, 0, buffers, groups)
+    }
+
+    /// Encodes and submits one dispatch. A read-only buffer that is also written in the same
+    /// call is copied first: wgpu forbids binding one buffer both ways.
+    fn submit(
+        &self,
+        kernel: &Kernel,
+        params: &Params,
+        threads: u32,
+        buffers: &[(&WgpuBuffer, bool)],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let d = &self.0.device;
         let words = params.encode(threads);
         let params_bytes: &[u8] = bytemuck::cast_slice(&words);
         if params_bytes.len() as u64 > PARAMS_BYTES {
@@ -349,101 +369,44 @@ impl WgpuBackend {
                 ),
             });
         }
-        let params_binding = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-            buffer: &self.0.params,
-            offset: 0,
-            size: std::num::NonZeroU64::new(params_bytes.len() as u64),
-        });
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: params_binding,
-        }];
-        for (i, b) in resolved.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: b.as_entire_binding(),
-            });
-        }
-        let group = d.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &kernel.layout,
-            entries: &entries,
-        });
-        let groups = threads.div_ceil(wgsl::WORKGROUP * params.per_thread.max(1));
-        let max = self.0.limits.max_compute_workgroups_per_dimension.max(1);
-        let (x, y) = (groups.min(max), groups.div_ceil(max));
-        {
-            let mut pass = encoder.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&kernel.pipeline);
-            pass.set_bind_group(0, &group, &[]);
-            pass.dispatch_workgroups(x, y, 1);
-        }
-        let _submitting = self.0.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.0.queue.write_buffer(&self.0.params, 0, params_bytes);
-        self.0.queue.submit([encoder.finish()]);
-        Ok(())
-    }
-
-    /// [`Self::dispatch`] for kernels that index their own workgroup grid (`P[0]` is 0).
-    fn dispatch_groups(
-        &self,
-        kernel: &Kernel,
-        params: &Params,
-        buffers: &[(&WgpuBuffer, bool)],
-        groups: [u32; 3],
-    ) -> Result<()> {
-        if groups.contains(&0) {
-            return Ok(());
-        }
-        let d = &self.0.device;
-        if buffers
-            .iter()
-            .any(|&(b, w)| !w && buffers.iter().any(|&(o, ow)| ow && o.same_memory(b)))
-        {
-            return Err(Error::InvalidArgument {
-                op: "dispatch",
-                detail: "an operand shares memory with the output".into(),
-            });
-        }
-        let words = params.encode(0);
-        let params_bytes: &[u8] = bytemuck::cast_slice(&words);
-        if params_bytes.len() as u64 > PARAMS_BYTES {
-            return Err(Error::InvalidArgument {
-                op: "dispatch",
-                detail: format!(
-                    "{} bytes of launch parameters exceed {PARAMS_BYTES}",
-                    params_bytes.len()
-                ),
-            });
-        }
-        let params_binding = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-            buffer: &self.0.params,
-            offset: 0,
-            size: std::num::NonZeroU64::new(params_bytes.len() as u64),
-        });
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: params_binding,
-        }];
-        for (i, (b, _)) in buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: b.0.buffer.as_entire_binding(),
-            });
-        }
-        let group = d.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &kernel.layout,
-            entries: &entries,
-        });
-        let max = self.0.limits.max_compute_workgroups_per_dimension;
-        if groups.iter().any(|&g| g > max) {
-            return Err(Error::InvalidArgument {
-                op: "dispatch",
-                detail: format!("{groups:?} workgroups exceed the adapter's {max} per dimension"),
-            });
-        }
         let mut encoder = d.create_command_encoder(&Default::default());
+        let copies: Vec<Option<wgpu::Buffer>> = buffers
+            .iter()
+            .map(|&(b, writes)| {
+                let aliased = !writes && buffers.iter().any(|&(o, w)| w && o.same_memory(b));
+                aliased.then(|| {
+                    let size = b.0.buffer.size();
+                    let tmp = d.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("alias copy"),
+                        size,
+                        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    });
+                    encoder.copy_buffer_to_buffer(&b.0.buffer, 0, &tmp, 0, size);
+                    tmp
+                })
+            })
+            .collect();
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.0.params,
+                offset: 0,
+                size: std::num::NonZeroU64::new(params_bytes.len() as u64),
+            }),
+        }];
+        for (i, (&(b, _), copy)) in buffers.iter().zip(&copies).enumerate() {
+            let buffer = copy.as_ref().unwrap_or(&b.0.buffer);
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: buffer.as_entire_binding(),
+            });
+        }
+        let group = d.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &kernel.layout,
+            entries: &entries,
+        });
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());
             pass.set_pipeline(&kernel.pipeline);
@@ -1696,55 +1659,21 @@ impl Backend for WgpuBackend {
     }
 
     fn compile(&self, program: &Program) -> Result<program::WgpuKernel> {
-        let hash = program.structural_hash();
-        let mut cache = self.0.kernels.lock().unwrap_or_else(|p| p.into_inner());
-        let bucket = cache.entry(hash).or_default();
-        if let Some(k) = bucket
-            .iter()
-            .find(|k| k.program.buffers == program.buffers && k.program.insts == program.insts)
-        {
-            return Ok(k.clone());
-        }
-        program.validate()?;
-        let source = program::lower(program)?;
-        let pipeline = self.pipeline(&format!("ir/{hash:016x}/{}", bucket.len()), || {
-            source.clone()
-        })?;
-        let kernel = program::WgpuKernel {
-            program: Arc::new(program.clone()),
-            pipeline,
-            source: Arc::new(source),
-        };
-        bucket.push(kernel.clone());
-        Ok(kernel)
+        self.0.kernels.get_or_compile(program, |program| {
+            let source = program::lower(program)?;
+            // The kernel cache is this pipeline's cache: no string key to collide on.
+            let pipeline = self.build_pipeline(&program.name, source.clone())?;
+            Ok(program::WgpuKernel {
+                program: Arc::new(program.clone()),
+                pipeline,
+                source: Arc::new(source),
+            })
+        })
     }
 
     fn launch(&self, kernel: &program::WgpuKernel, args: &[&WgpuBuffer], n: usize) -> Result<()> {
         let prog = &kernel.program;
-        if args.len() != prog.buffers.len() {
-            return Err(Error::InvalidArgument {
-                op: "launch",
-                detail: format!(
-                    "program `{}` takes {} buffers, {} were bound",
-                    prog.name,
-                    prog.buffers.len(),
-                    args.len()
-                ),
-            });
-        }
-        for (i, (a, decl)) in args.iter().zip(&prog.buffers).enumerate() {
-            if a.dtype() != decl.dtype {
-                return Err(Error::InvalidArgument {
-                    op: "launch",
-                    detail: format!(
-                        "buffer {i} of program `{}` is declared {} but a {} buffer was bound",
-                        prog.name,
-                        decl.dtype,
-                        a.dtype()
-                    ),
-                });
-            }
-        }
+        validate::launch(prog, args, n)?;
         if n == 0 {
             return Ok(());
         }

@@ -440,6 +440,55 @@ impl fmt::Display for Program {
     }
 }
 
+/// Compiled kernels keyed by structure: a program structurally equal to one compiled before
+/// (same buffers and instructions, any name) gets the earlier kernel. Hash collisions are
+/// resolved by comparing the programs. Backends keep one per device.
+#[derive(Debug)]
+pub struct KernelCache<K> {
+    entries: std::sync::Mutex<std::collections::HashMap<u64, Vec<(Program, K)>>>,
+}
+
+impl<K> Default for KernelCache<K> {
+    fn default() -> Self {
+        Self {
+            entries: Default::default(),
+        }
+    }
+}
+
+impl<K: Clone> KernelCache<K> {
+    /// The cached kernel for `program`, or the one `compile` makes (then cached).
+    pub fn get_or_compile(
+        &self,
+        program: &Program,
+        compile: impl FnOnce(&Program) -> Result<K>,
+    ) -> Result<K> {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let bucket = entries.entry(program.structural_hash()).or_default();
+        if let Some((_, k)) = bucket
+            .iter()
+            .find(|(p, _)| p.buffers == program.buffers && p.insts == program.insts)
+        {
+            return Ok(k.clone());
+        }
+        let kernel = compile(program)?;
+        bucket.push((program.clone(), kernel.clone()));
+        Ok(kernel)
+    }
+
+    /// How many structurally distinct programs have been compiled.
+    pub fn len(&self) -> usize {
+        self.entries
+            .lock()
+            .map(|e| e.values().map(Vec::len).sum())
+            .unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Appends instructions and returns their values. Type errors are reported by
 /// [`ProgramBuilder::build`], which validates the whole program.
 #[derive(Debug)]

@@ -3,6 +3,7 @@
 //! call has touched nothing. (Checks that need the *contents* of an index buffer are the
 //! backend's, since reading them may cost a device round trip.)
 
+use crate::ir::Program;
 use crate::{
     AdamParams, Conv2dGeometry, Csr, DType, DeviceBuffer, Error, Layout, ReduceOp, Result,
     SgdParams, View,
@@ -549,4 +550,40 @@ pub fn adam_step<B: DeviceBuffer>(
 pub fn random<B: DeviceBuffer>(out: View<'_, B>) -> Result<()> {
     fits("random", out)?;
     float("random", out.dtype())
+}
+
+/// The buffers bound to a program launch: one per declared buffer, each of its declared dtype;
+/// launch indices fit the IR's `u32` index.
+pub fn launch<B: DeviceBuffer>(program: &Program, args: &[&B], n: usize) -> Result<()> {
+    if args.len() != program.buffers.len() {
+        return Err(Error::InvalidArgument {
+            op: "launch",
+            detail: format!(
+                "program `{}` takes {} buffers, {} were bound",
+                program.name,
+                program.buffers.len(),
+                args.len()
+            ),
+        });
+    }
+    for (i, (a, decl)) in args.iter().zip(&program.buffers).enumerate() {
+        if a.dtype() != decl.dtype {
+            return Err(Error::InvalidArgument {
+                op: "launch",
+                detail: format!(
+                    "buffer {i} of program `{}` is declared {} but a {} buffer was bound",
+                    program.name,
+                    decl.dtype,
+                    a.dtype()
+                ),
+            });
+        }
+    }
+    if n > u32::MAX as usize + 1 {
+        return Err(Error::InvalidArgument {
+            op: "launch",
+            detail: format!("{n} launch indices exceed the u32 index range"),
+        });
+    }
+    Ok(())
 }
