@@ -332,10 +332,13 @@ pub fn binary_expr(op: hal::BinaryOp) -> &'static str {
 pub const REM_FLOORED: &str = "fn rem_floored(a: f32, b: f32) -> f32 { let r = fmod(a, b); return select(r, r + b, r != 0.0 && ((r < 0.0) != (b < 0.0))); }\n";
 
 /// Tiled matrix product: a 256-thread workgroup computes a 64 x 64 tile of one batch's output,
-/// stepping through k 16 at a time with both operand tiles staged in workgroup memory; each
-/// thread accumulates a 4 x 4 block at rows `ty + 16 i`, columns `tx + 16 j`, so neighbouring
-/// threads read neighbouring words of the staged tiles. Operand loads go through the typed,
-/// strided `ld1`/`ld2`, so any dtype and any strides work (each staged value is used 64 times).
+/// stepping through k 16 at a time with both operand tiles staged in workgroup memory as
+/// `vec4`s; each thread accumulates the 4 x 4 block at rows `4 ty ..`, columns `4 tx ..`, so
+/// its fragments of A and B are one `vec4` read each per k (broadcast for A, consecutive for B).
+/// A is staged k-fastest (neighbouring threads read neighbouring words of a row-major A), B
+/// column-fastest. Operand loads go through the typed, strided `ld1`/`ld2`, so any dtype and
+/// any strides work (each staged value is used 64 times). Generated unrolled, so the 16
+/// accumulators stay in registers.
 ///
 /// Scalars: 0 m, 1 n, 2 first k, 3 end k, 4 alpha, 5 beta, 7-8 a's row and column strides,
 /// 10-11 b's, 13-14 out's. Blocks 0, 1, 2 give a's, b's and out's offset for each batch.
@@ -344,47 +347,37 @@ pub fn gemm_tiled(a: DType, b: DType, out: DType) -> String {
     s += &binding(1, a, Access::Read);
     s += &binding(2, b, Access::Read);
     s += &binding(3, out, Access::Write);
-    // Generated fully unrolled: accumulators and fragments are named scalars, so the shader
-    // compiler keeps them in registers (arrays indexed in loops ended up in local memory).
     let mut stage = String::new();
     for e in 0..4 {
         stage += &format!(
             "        {{ let idx = li + {e}u * 256u;
           let ar = idx / 16u; let ak = idx % 16u;
           var av = 0.0; if (row0 + ar < m && kk + ak < kend) {{ av = ld1(abase + i32(row0 + ar) * si(7u) + i32(kk + ak) * si(8u)); }}
-          As[ak * 68u + ar] = av;
-          let r = idx % 64u; let k = idx / 64u;
-          var bv = 0.0; if (col0 + r < n && kk + k < kend) {{ bv = ld2(bbase + i32(kk + k) * si(10u) + i32(col0 + r) * si(11u)); }}
-          Bs[k * 64u + r] = bv; }}\n"
+          As[ak * 16u + ar / 4u][ar % 4u] = av;
+          let bk = idx / 64u; let bc = idx % 64u;
+          var bv = 0.0; if (col0 + bc < n && kk + bk < kend) {{ bv = ld2(bbase + i32(kk + bk) * si(10u) + i32(col0 + bc) * si(11u)); }}
+          Bs[bk * 16u + bc / 4u][bc % 4u] = bv; }}\n"
         );
     }
     let mut decl = String::new();
-    let mut fmas = String::new();
+    let mut fmas =
+        String::from("            let a = As[k * 16u + ty]; let b = Bs[k * 16u + tx];\n");
     let mut store = String::new();
-    for i in 0..4 {
-        fmas += &format!(
-            "            let a{i} = As[k * 68u + ty + {}u]; let b{i} = Bs[k * 64u + tx + {}u];\n",
-            16 * i,
-            16 * i
-        );
-    }
     for i in 0..4 {
         for j in 0..4 {
             decl += &format!("    var c{i}{j} = 0.0;\n");
-            fmas += &format!("            c{i}{j} = fma(a{i}, b{j}, c{i}{j});\n");
+            fmas += &format!("            c{i}{j} = fma(a[{i}], b[{j}], c{i}{j});\n");
             store += &format!(
-                "    {{ let r = row0 + ty + {}u; let c = col0 + tx + {}u;
+                "    {{ let r = row0 + 4u * ty + {i}u; let c = col0 + 4u * tx + {j}u;
       if (r < m && c < n) {{ let o = obase + i32(r) * si(13u) + i32(c) * si(14u);
-        var v = sf(4u) * c{i}{j}; if (sf(5u) != 0.0) {{ v = v + sf(5u) * ld3(o); }} st3(o, v); }} }}\n",
-                16 * i,
-                16 * j
+        var v = sf(4u) * c{i}{j}; if (sf(5u) != 0.0) {{ v = v + sf(5u) * ld3(o); }} st3(o, v); }} }}\n"
             );
         }
     }
     s += &format!(
         r#"
-var<workgroup> As: array<f32, 1088>;
-var<workgroup> Bs: array<f32, 1024>;
+var<workgroup> As: array<vec4<f32>, 256>;
+var<workgroup> Bs: array<vec4<f32>, 256>;
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
