@@ -356,6 +356,25 @@ fn elementwise<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -
         100.0 * bw / copy_bw,
         100.0 * bw / par_bw
     );
+    // The same adds back to back, one wait at the end: per-call waiting excluded.
+    let t_batch = time_it(args.reps, fresh, || {
+        for _ in 0..10 {
+            b.binary(
+                BinaryOp::Add,
+                View::new(&x, &l),
+                View::new(&y, &l),
+                View::new(&out, &l),
+            )
+            .expect("add");
+        }
+        b.synchronize().expect("sync");
+    }) / 10.0;
+    println!(
+        "add f32 {}M, 10 back to back, one wait: {:.3} ms each, {:.2} GB/s read+write",
+        n >> 20,
+        t_batch * 1e3,
+        3.0 * bytes / t_batch / 1e9
+    );
     if let Some(copy) = device_copy {
         // For reference: the driver's own buffer-to-buffer copy (read + write counted). Not a
         // bound: on NVIDIA through Vulkan it runs slower than our add kernel.
