@@ -11,7 +11,7 @@ use crate::host::{
 use hal::ir::{Access, IrBinary, IrCmp, IrUnary, ProgramBuilder, ScalarType};
 use hal::{
     AdamParams, ArgReduceOp, Backend, BackendExt, BinaryOp, Conv2dGeometry, Csr, DType,
-    Distribution, Error, Layout, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View, numel,
+    Distribution, Layout, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View, numel,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -1881,9 +1881,4 @@ fn programs<B: Backend>(s: &mut Suite<'_, B>) {
             ),
         }
     }
-}
-
-/// Errors that a check expects, for tests of bad input.
-pub fn is_index_error(e: &Error) -> bool {
-    matches!(e, Error::IndexOutOfRange { .. })
 }

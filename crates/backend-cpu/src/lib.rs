@@ -206,17 +206,7 @@ impl Backend for CpuBackend {
     }
 
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<CpuBuffer> {
-        let size = dtype.size_in_bytes();
-        if bytes.len() % size != 0 {
-            return Err(Error::InvalidArgument {
-                op: "upload",
-                detail: format!(
-                    "{} bytes is not a whole number of {dtype} elements",
-                    bytes.len()
-                ),
-            });
-        }
-        let buf = self.alloc(dtype, bytes.len() / size)?;
+        let buf = self.alloc(dtype, validate::upload(dtype, bytes)?)?;
         let _g = exec();
         // SAFETY: the new buffer has exactly `bytes.len()` bytes.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.0.as_ptr(), bytes.len()) };
@@ -224,16 +214,7 @@ impl Backend for CpuBackend {
     }
 
     fn write_bytes(&self, dst: &CpuBuffer, bytes: &[u8]) -> Result<()> {
-        if bytes.len() != dst.0.bytes() {
-            return Err(Error::InvalidArgument {
-                op: "write",
-                detail: format!(
-                    "{} bytes written to a buffer of {} bytes",
-                    bytes.len(),
-                    dst.0.bytes()
-                ),
-            });
-        }
+        validate::write(dst, bytes)?;
         let _g = exec();
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.0.as_ptr(), bytes.len()) };
         Ok(())
@@ -329,16 +310,7 @@ impl Backend for CpuBackend {
     fn matmul(&self, a: V<'_>, b: V<'_>, out: V<'_>, alpha: f32, beta: f32) -> Result<()> {
         let [am, bm, om] = validate::matmul(a, b, out)?;
         let _g = exec();
-        linalg::matmul(
-            a.buffer,
-            am.into(),
-            b.buffer,
-            bm.into(),
-            out.buffer,
-            om.into(),
-            alpha,
-            beta,
-        );
+        linalg::matmul(a.buffer, am, b.buffer, bm, out.buffer, om, alpha, beta);
         Ok(())
     }
 

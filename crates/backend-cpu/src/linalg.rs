@@ -2,57 +2,18 @@
 
 use crate::elementwise;
 use crate::storage::{CpuBuffer, Dst, Src};
+use hal::validate::MatrixView;
 use hal::{DType, Layout};
 use rayon::prelude::*;
-
-/// A rank-3 view of a matrix operand: (batch, rows, cols) with strides.
-#[derive(Clone, Copy)]
-pub(crate) struct Mat {
-    pub batch: usize,
-    pub rows: usize,
-    pub cols: usize,
-    pub s: [isize; 3],
-    pub offset: isize,
-}
-
-impl From<hal::validate::MatrixView> for Mat {
-    fn from(m: hal::validate::MatrixView) -> Mat {
-        Mat {
-            batch: m.batch,
-            rows: m.rows,
-            cols: m.cols,
-            s: m.strides,
-            offset: m.offset as isize,
-        }
-    }
-}
-
-impl Mat {
-    fn at(&self, b: usize) -> isize {
-        // A batch of 1 broadcasts.
-        if self.batch == 1 {
-            self.offset
-        } else {
-            self.offset + b as isize * self.s[0]
-        }
-    }
-    fn layout(&self) -> Layout {
-        Layout {
-            shape: vec![self.batch, self.rows, self.cols],
-            strides: self.s.to_vec(),
-            offset: self.offset as usize,
-        }
-    }
-}
 
 /// `out = alpha * a @ b + beta * out`; shapes were checked by the caller.
 pub(crate) fn matmul(
     a: &CpuBuffer,
-    am: Mat,
+    am: MatrixView,
     b: &CpuBuffer,
-    bm: Mat,
+    bm: MatrixView,
     out: &CpuBuffer,
-    om: Mat,
+    om: MatrixView,
     alpha: f32,
     beta: f32,
 ) {
@@ -71,7 +32,7 @@ pub(crate) fn matmul(
         return;
     }
     // Other dtypes: convert the operands to contiguous f32, multiply, round once on store.
-    let to_f32 = |src: Src, m: Mat| -> Vec<f32> {
+    let to_f32 = |src: Src, m: MatrixView| -> Vec<f32> {
         let mut v = vec![0f32; m.batch * m.rows * m.cols];
         let dst = Dst {
             ptr: v.as_mut_ptr() as *mut u8,
@@ -91,8 +52,8 @@ pub(crate) fn matmul(
     } else {
         vec![0f32; om.batch * om.rows * om.cols]
     };
-    let contig = |m: Mat| Mat {
-        s: [(m.rows * m.cols) as isize, m.cols as isize, 1],
+    let contig = |m: MatrixView| MatrixView {
+        strides: [(m.rows * m.cols) as isize, m.cols as isize, 1],
         offset: 0,
         ..m
     };
@@ -115,11 +76,11 @@ pub(crate) fn matmul(
 
 fn gemm_f32(
     a: *mut f32,
-    am: Mat,
+    am: MatrixView,
     b: *mut f32,
-    bm: Mat,
+    bm: MatrixView,
     out: *mut f32,
-    om: Mat,
+    om: MatrixView,
     alpha: f32,
     beta: f32,
 ) {
@@ -136,11 +97,11 @@ fn gemm_f32(
         let (pa, pb, po) = (&pa, &pb, &po);
         // SAFETY: every view was checked to lie inside its buffer.
         unsafe {
-            let dst = po.0.offset(om.at(bi));
+            let dst = po.0.offset(om.batch_offset(bi));
             if k == 0 {
                 for i in 0..m as isize {
                     for j in 0..n as isize {
-                        let d = dst.offset(i * om.s[1] + j * om.s[2]);
+                        let d = dst.offset(i * om.strides[1] + j * om.strides[2]);
                         *d = if beta == 0.0 { 0.0 } else { beta * *d };
                     }
                 }
@@ -151,15 +112,15 @@ fn gemm_f32(
                 n,
                 k,
                 dst,
-                om.s[2],
-                om.s[1],
+                om.strides[2],
+                om.strides[1],
                 beta != 0.0,
-                pa.0.offset(am.at(bi)),
-                am.s[2],
-                am.s[1],
-                pb.0.offset(bm.at(bi)),
-                bm.s[2],
-                bm.s[1],
+                pa.0.offset(am.batch_offset(bi)),
+                am.strides[2],
+                am.strides[1],
+                pb.0.offset(bm.batch_offset(bi)),
+                bm.strides[2],
+                bm.strides[1],
                 beta,
                 alpha,
                 false,

@@ -114,7 +114,11 @@ struct Inner {
     /// Errors wgpu reported outside an error scope, returned by the next synchronize.
     deferred: Arc<Mutex<Option<String>>>,
     /// Fault flags of IR launches not yet checked (read at the next synchronize).
-    pending_faults: Mutex<Vec<(wgpu::Buffer, String, Vec<usize>)>>,
+    /// The fault record every IR launch writes its first out-of-range access into:
+    /// `[buffer + 1, index, bound]`, all 0 while there is none (see `program.rs`).
+    faults: WgpuBuffer,
+    /// An IR launch happened since the fault record was last read.
+    faults_unread: std::sync::atomic::AtomicBool,
 }
 
 /// The wgpu device handle. Cheap to clone.
@@ -212,6 +216,21 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let faults = {
+            let f = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("IR fault record"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            WgpuBuffer(Arc::new(BufferInner {
+                buffer: f,
+                dtype: DType::U32,
+                len: 4,
+            }))
+        };
         Ok(Self(Arc::new(Inner {
             params,
             submit_lock: Mutex::default(),
@@ -223,7 +242,8 @@ impl WgpuBackend {
             pipelines: Mutex::default(),
             kernels: Default::default(),
             deferred,
-            pending_faults: Mutex::default(),
+            faults,
+            faults_unread: Default::default(),
         })))
     }
 
@@ -467,22 +487,22 @@ impl WgpuBackend {
         {
             return Err(backend_error(e));
         }
-        let faults: Vec<_> = std::mem::take(
-            &mut *self
-                .0
-                .pending_faults
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-        for (buf, program, lens) in faults {
-            let w: Vec<u32> = bytemuck::pod_collect_to_vec(&self.read_words(&buf)?);
+        // One read of the shared fault record, and only when an IR launch may have written it.
+        if self
+            .0
+            .faults_unread
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            let w: Vec<u32> =
+                bytemuck::pod_collect_to_vec(&self.read_words(&self.0.faults.0.buffer)?);
             if w[0] != 0 {
-                let bound = lens.get((w[0] - 1) as usize).copied().unwrap_or(0);
-                let _ = program;
+                self.0
+                    .queue
+                    .write_buffer(&self.0.faults.0.buffer, 0, &[0u8; 16]);
                 return Err(Error::IndexOutOfRange {
                     op: "launch (program load/store)",
                     index: w[1] as i64,
-                    bound,
+                    bound: w[2] as usize,
                 });
             }
         }
@@ -580,7 +600,7 @@ impl WgpuBackend {
             let b = out.dtype();
             return self.run(
                 key(&[&"reduce", &op, &a, &b]),
-                || wgsl::shader(&[(a, Access::Read), (b, Access::Write)], &body),
+                || wgsl::shader(&wgsl::io(&[a], b), &body),
                 p,
                 &[(x.buffer, false), (out.buffer, true)],
                 n_out,
@@ -599,7 +619,7 @@ impl WgpuBackend {
         let f = DType::F32;
         self.run(
             key(&[&"reduce", &op, &a, &f]),
-            || wgsl::shader(&[(a, Access::Read), (f, Access::Write)], &body),
+            || wgsl::shader(&wgsl::io(&[a], f), &body),
             p,
             &[(x.buffer, false), (&partial, true)],
             n_out * chunks,
@@ -864,32 +884,13 @@ impl Backend for WgpuBackend {
     }
 
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<WgpuBuffer> {
-        let size = dtype.size_in_bytes();
-        if bytes.len() % size != 0 {
-            return Err(Error::InvalidArgument {
-                op: "upload",
-                detail: format!(
-                    "{} bytes is not a whole number of {dtype} elements",
-                    bytes.len()
-                ),
-            });
-        }
-        let buf = self.alloc(dtype, bytes.len() / size)?;
+        let buf = self.alloc(dtype, validate::upload(dtype, bytes)?)?;
         self.write_bytes(&buf, bytes)?;
         Ok(buf)
     }
 
     fn write_bytes(&self, dst: &WgpuBuffer, bytes: &[u8]) -> Result<()> {
-        if bytes.len() != dst.len() * dst.dtype().size_in_bytes() {
-            return Err(Error::InvalidArgument {
-                op: "write",
-                detail: format!(
-                    "{} bytes written to a buffer of {} bytes",
-                    bytes.len(),
-                    dst.len() * dst.dtype().size_in_bytes()
-                ),
-            });
-        }
+        validate::write(dst, bytes)?;
         let mut padded = bytes.to_vec();
         padded.resize(dst.0.buffer.size() as usize, 0);
         self.0.queue.write_buffer(&dst.0.buffer, 0, &padded);
@@ -946,7 +947,7 @@ impl Backend for WgpuBackend {
         let p = per_thread(p, fast);
         self.run(
             key(&[&"copy", &a, &b, &fast]),
-            || elementwise_source(fast, &[(a, Access::Read), (b, Access::Write)], body),
+            || elementwise_source(fast, &wgsl::io(&[a], b), body),
             p,
             &[(src.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -974,7 +975,7 @@ impl Backend for WgpuBackend {
         let p = per_thread(p, fast);
         self.run(
             key(&[&"unary", &name, &a, &b, &fast]),
-            || elementwise_source(fast, &[(a, Access::Read), (b, Access::Write)], &body),
+            || elementwise_source(fast, &wgsl::io(&[a], b), &body),
             p,
             &[(x.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1022,15 +1023,7 @@ impl Backend for WgpuBackend {
         let p = per_thread(p, fast);
         let source = || {
             wgsl::REM_FLOORED.to_string()
-                + &elementwise_source(
-                    fast,
-                    &[
-                        (da, Access::Read),
-                        (db, Access::Read),
-                        (dout, Access::Write),
-                    ],
-                    &body,
-                )
+                + &elementwise_source(fast, &wgsl::io(&[da, db], dout), &body)
         };
         self.run(
             key(&[&"binary", &op, &da, &db, &dout, &fast]),
@@ -1057,12 +1050,7 @@ impl Backend for WgpuBackend {
             .block(&al)
             .block(&bl)
             .block(&cl);
-        let bind = [
-            (dts[0], Access::Read),
-            (dts[1], Access::Read),
-            (dts[2], Access::Read),
-            (dts[3], Access::Write),
-        ];
+        let bind = wgsl::io(&[dts[0], dts[1], dts[2]], dts[3]);
         let fast = all_contiguous(&out.layout.shape, &[out.layout, &al, &bl, &cl]);
         let p = per_thread(p, fast);
         self.run(
@@ -1115,7 +1103,7 @@ impl Backend for WgpuBackend {
         }
         let batch = |mv: &validate::MatrixView| Layout {
             shape: vec![om.batch],
-            strides: vec![if mv.batch == 1 { 0 } else { mv.strides[0] }],
+            strides: vec![mv.batch_stride()],
             offset: mv.offset,
         };
         let dts = [a.dtype(), b.dtype(), out.dtype()];
@@ -1182,13 +1170,10 @@ impl Backend for WgpuBackend {
     var v = sf(0u) * acc;
     if (sf(1u) != 0.0) { v = v + sf(1u) * ld5(r); }
     st5(r, v);";
-        let bind = [
-            (DType::U32, Access::Read),
-            (DType::U32, Access::Read),
-            (DType::F32, Access::Read),
-            (DType::F32, Access::Read),
-            (DType::F32, Access::Write),
-        ];
+        let bind = wgsl::io(
+            &[DType::U32, DType::U32, DType::F32, DType::F32],
+            DType::F32,
+        );
         self.run(
             "spmv".into(),
             || wgsl::shader(&bind, body),
@@ -1217,16 +1202,7 @@ impl Backend for WgpuBackend {
         let dts = [x.dtype(), index.dtype(), out.dtype()];
         self.run(
             key(&[&"gather", &dts]),
-            || {
-                wgsl::shader(
-                    &[
-                        (dts[0], Access::Read),
-                        (dts[1], Access::Read),
-                        (dts[2], Access::Write),
-                    ],
-                    body,
-                )
-            },
+            || wgsl::shader(&wgsl::io(&[dts[0], dts[1]], dts[2]), body),
             p,
             &[(x.buffer, false), (index.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1271,16 +1247,7 @@ impl Backend for WgpuBackend {
                 .scalar(4, j0 as u32);
             self.run(
                 key(&[&"scatter", &dts]),
-                || {
-                    wgsl::shader(
-                        &[
-                            (dts[0], Access::Read),
-                            (dts[1], Access::Read),
-                            (dts[2], Access::Write),
-                        ],
-                        body,
-                    )
-                },
+                || wgsl::shader(&wgsl::io(&[dts[0], dts[1]], dts[2]), body),
                 p,
                 &[
                     (src.buffer, false),
@@ -1309,7 +1276,7 @@ impl Backend for WgpuBackend {
         let dts = [x.dtype(), out.dtype()];
         self.run(
             key(&[&"im2col", &dts]),
-            || wgsl::shader(&[(dts[0], Access::Read), (dts[1], Access::Write)], body),
+            || wgsl::shader(&wgsl::io(&[dts[0]], dts[1]), body),
             p,
             &[(x.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1341,7 +1308,7 @@ impl Backend for WgpuBackend {
         let dts = [cols.dtype(), out.dtype()];
         self.run(
             key(&[&"col2im", &dts]),
-            || wgsl::shader(&[(dts[0], Access::Read), (dts[1], Access::Write)], body),
+            || wgsl::shader(&wgsl::io(&[dts[0]], dts[1]), body),
             p,
             &[(cols.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1453,14 +1420,11 @@ impl Backend for WgpuBackend {
         // the count, each summing its rows in order with Kahan compensation; then the chunks'
         // partials are summed by the reduction. Deterministic, no atomics; O(n m d) work, the
         // straightforward version, correct before fast.
-        let ones;
+        // Without weights, `x` stands in for the weight buffer and slot 7 says not to read it:
+        // no per-call buffer of ones.
         let (w, wl) = match weights {
             Some(w) => (w.buffer, w.layout.clone()),
-            None => {
-                ones = self.alloc(DType::F32, 1)?;
-                self.fill(View::new(&ones, &Layout::contiguous(&[1])), 1.0)?;
-                (&ones, Layout::contiguous(&[1]).broadcast_to(&[n])?)
-            }
+            None => (x.buffer, Layout::contiguous(&[1]).broadcast_to(&[n])?),
         };
         let chunks = n.div_ceil(SUM_CHUNK).max(1);
         let width = m * (d + 1);
@@ -1475,7 +1439,8 @@ impl Backend for WgpuBackend {
             .scalar(3, i32s(x.layout.offset as isize))
             .scalar(4, i32s(x.layout.strides[0]))
             .scalar(5, i32s(x.layout.strides[1]))
-            .scalar(6, SUM_CHUNK as u32);
+            .scalar(6, SUM_CHUNK as u32)
+            .scalar(7, weights.is_some() as u32);
         // Partial layout: [chunk, segment, column 0..d (sums) and d (count)].
         let body = "let d = s(1u); let m = s(2u);
     let chunk = t / (m * (d + 1u)); let r = t % (m * (d + 1u));
@@ -1484,18 +1449,14 @@ impl Backend for WgpuBackend {
     let end = min(s(0u), (chunk + 1u) * s(6u));
     for (var i = chunk * s(6u); i < end; i = i + 1u) {
         if (bits2(off(0u, i)) != seg) { continue; }
-        var v = ld3(off(1u, i));
+        var v = 1.0;
+        if (s(7u) == 1u) { v = ld3(off(1u, i)); }
         if (!counting) { v = v * ld1(si(3u) + i32(i) * si(4u) + i32(col) * si(5u)); }
         let y = v - comp; let tt = sum + y; comp = (tt - sum) - y; sum = tt;
     }
     st4(i32(t), sum);";
         let dts = [x.dtype(), w.dtype()];
-        let bind = [
-            (dts[0], Access::Read),
-            (DType::U32, Access::Read),
-            (dts[1], Access::Read),
-            (DType::F32, Access::Write),
-        ];
+        let bind = wgsl::io(&[dts[0], DType::U32, dts[1]], DType::F32);
         self.run(
             key(&[&"segsum", &dts]),
             || wgsl::shader(&bind, body),
@@ -1677,7 +1638,6 @@ impl Backend for WgpuBackend {
         if n == 0 {
             return Ok(());
         }
-        let fault = self.alloc(DType::U32, 2)?;
         let mut p = Params::default();
         for (i, a) in args.iter().enumerate().take(15) {
             p = p.scalar(i, a.len() as u32);
@@ -1687,17 +1647,11 @@ impl Backend for WgpuBackend {
             .zip(&prog.buffers)
             .map(|(a, d)| (*a, d.access != hal::ir::Access::Read))
             .collect();
-        bufs.push((&fault, true));
+        bufs.push((&self.0.faults, true));
         self.dispatch(&kernel.pipeline, &p, &bufs, n)?;
         self.0
-            .pending_faults
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((
-                fault.0.buffer.clone(),
-                prog.name.clone(),
-                args.iter().map(|a| a.len()).collect(),
-            ));
+            .faults_unread
+            .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 }

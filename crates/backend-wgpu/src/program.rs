@@ -2,10 +2,10 @@
 //! stores, float atomic adds as compare-and-swap loops on the bits.
 //!
 //! Binding 0 holds the launch parameters (the length of each buffer in the scalar slots),
-//! bindings `1..=k` the program's buffers, binding `k+1` a two-word fault record: the first
-//! out-of-range access stores `(buffer + 1, index)` there, the access itself yields 0 or is
-//! dropped, and the backend reports it as [`hal::Error::IndexOutOfRange`] at the next
-//! synchronize or read.
+//! bindings `1..=k` the program's buffers, binding `k+1` the device's fault record: the first
+//! out-of-range access of any launch stores `(buffer + 1, index, bound)` there, the access
+//! itself yields 0 or is dropped, and the backend reports it as
+//! [`hal::Error::IndexOutOfRange`] at the next synchronize or read (one read for all launches).
 
 use crate::wgsl::{self, Access};
 use hal::ir::{Access as IrAccess, Constant, Inst, IrBinary, IrCmp, IrUnary, Program, ScalarType};
@@ -84,7 +84,7 @@ pub fn lower(program: &Program) -> Result<String> {
         src,
         "@group(0) @binding({f}) var<storage, read_write> F: array<atomic<u32>>;"
     );
-    src += "fn fault(b: u32, i: u32) { let r = atomicCompareExchangeWeak(&F[0], 0u, b + 1u); if (r.exchanged) { atomicStore(&F[1], i); } }\n";
+    src += "fn fault(b: u32, i: u32) { let r = atomicCompareExchangeWeak(&F[0], 0u, b + 1u); if (r.exchanged) { atomicStore(&F[1], i); atomicStore(&F[2], s(b)); } }\n";
     let mut body = wgsl::touch(k) + "    _ = arrayLength(&F);\n";
     let v = |x: hal::ir::Value| format!("v{}", x.0);
     for (n, inst) in program.insts.iter().enumerate() {

@@ -200,6 +200,15 @@ pub fn binding(b: u32, dtype: DType, access: Access) -> String {
     s
 }
 
+/// The bindings of the common kernel shape: read-only inputs, then one written output.
+pub fn io(reads: &[DType], write: DType) -> Vec<(DType, Access)> {
+    reads
+        .iter()
+        .map(|&d| (d, Access::Read))
+        .chain([(write, Access::Write)])
+        .collect()
+}
+
 /// A compute entry point around `body`, which sees `t` (the thread index, already checked
 /// against `P[0]`).
 pub fn entry(body: &str) -> String {

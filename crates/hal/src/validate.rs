@@ -214,6 +214,25 @@ pub struct MatrixView {
 }
 
 impl MatrixView {
+    /// The batch stride as used: a batch of 1 broadcasts (stride 0).
+    pub fn batch_stride(&self) -> isize {
+        if self.batch == 1 { 0 } else { self.strides[0] }
+    }
+
+    /// The element offset of batch `b`'s matrix.
+    pub fn batch_offset(&self, b: usize) -> isize {
+        self.offset as isize + b as isize * self.batch_stride()
+    }
+
+    /// The view as a rank-3 layout `[batch, rows, cols]`.
+    pub fn layout(&self) -> Layout {
+        Layout {
+            shape: vec![self.batch, self.rows, self.cols],
+            strides: self.strides.to_vec(),
+            offset: self.offset,
+        }
+    }
+
     pub fn of(l: &Layout) -> MatrixView {
         let r = l.rank();
         let (batch, sb) = if r == 3 {
@@ -583,6 +602,33 @@ pub fn launch<B: DeviceBuffer>(program: &Program, args: &[&B], n: usize) -> Resu
         return Err(Error::InvalidArgument {
             op: "launch",
             detail: format!("{n} launch indices exceed the u32 index range"),
+        });
+    }
+    Ok(())
+}
+
+/// The number of `dtype` elements in an upload of `bytes`, which must be a whole number of them.
+pub fn upload(dtype: DType, bytes: &[u8]) -> Result<usize> {
+    let size = dtype.size_in_bytes();
+    if bytes.len() % size != 0 {
+        return Err(Error::InvalidArgument {
+            op: "upload",
+            detail: format!(
+                "{} bytes is not a whole number of {dtype} elements",
+                bytes.len()
+            ),
+        });
+    }
+    Ok(bytes.len() / size)
+}
+
+/// A write must cover the whole buffer, byte for byte.
+pub fn write<B: DeviceBuffer>(dst: &B, bytes: &[u8]) -> Result<()> {
+    let size = dst.len() * dst.dtype().size_in_bytes();
+    if bytes.len() != size {
+        return Err(Error::InvalidArgument {
+            op: "write",
+            detail: format!("{} bytes written to a buffer of {size} bytes", bytes.len()),
         });
     }
     Ok(())
