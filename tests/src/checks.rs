@@ -1795,6 +1795,11 @@ fn run_math<B: Backend>(b: &B, x: &[f32]) -> Result<Vec<f64>> {
     Ok(out)
 }
 
+/// The IR programs the suite runs, for tools that check their lowering (`cargo xtask wgsl`).
+pub fn sample_programs() -> Vec<hal::ir::Program> {
+    vec![edge_program(), math_program()]
+}
+
 fn programs<B: Backend>(s: &mut Suite<'_, B>) {
     assert!(
         edge_program().insts.len() >= 20,

@@ -174,3 +174,43 @@ fn vec4_arithmetic_matches_the_cpu() {
         }
     }
 }
+
+/// A loop that allocates and drops the same shapes each iteration creates no device buffers
+/// after the first (the pool serves them), and a reused buffer still reads as zeros.
+#[test]
+fn steady_state_loop_allocates_nothing_and_reused_buffers_are_zero() {
+    let gpu = gpu();
+    let step = |i: usize| {
+        let x = gpu.upload(&vec![1.5f32 + i as f32; 3000]).unwrap();
+        let out = gpu.alloc(DType::F32, 1).unwrap();
+        // A long sum: per-chunk partials are scratch buffers inside the backend.
+        gpu.reduce(
+            ReduceOp::Sum,
+            View::new(&x, &Layout::contiguous(&[3000])),
+            &[0],
+            View::new(&out, &Layout::contiguous(&[1])),
+        )
+        .unwrap();
+        gpu.read::<f32>(&out).unwrap()[0]
+    };
+    assert_eq!(step(0), 4500.0);
+    let created = gpu.buffers_created();
+    for i in 1..4 {
+        assert_eq!(step(i), (1.5 + i as f32) * 3000.0);
+    }
+    assert_eq!(
+        gpu.buffers_created(),
+        created,
+        "the loop created device buffers"
+    );
+    let dirty = gpu.upload(&vec![7u32; 777]).unwrap();
+    drop(dirty);
+    let before = gpu.buffers_created();
+    let fresh = gpu.alloc(DType::U32, 777).unwrap();
+    assert_eq!(
+        gpu.buffers_created(),
+        before,
+        "the freed buffer was not reused"
+    );
+    assert!(gpu.read::<u32>(&fresh).unwrap().iter().all(|&v| v == 0));
+}

@@ -6,6 +6,9 @@
 //! - `bench [--backend cpu] [--suite gemm,elementwise] [...]`: the benchmarks (crate `bench`),
 //!   with peers measured in the same run where they can run.
 //!
+//! - `wgsl`: parses and validates with naga every kernel file in `shaders/` (composed with its
+//!   includes and the prelude, under each entry point it can have, as the backend builds it)
+//!   and the WGSL of the parity suite's IR programs; a failure names the file, line and message.
 //! - `deps`: checks the dependency rule (workload and backend crates have no normal dependency
 //!   on a workspace crate other than `hal`), reading the crates' manifests.
 //!
@@ -18,6 +21,7 @@ use std::process::{Command, ExitCode};
 const USAGE: &str = "usage: cargo xtask <parity|bench> [ARGS...]
   parity [--backend cpu,wgpu,cuda] [--require LIST] [--cases N] [--seed S]
   bench  [--backend cpu|wgpu|cuda] [--suite gemm,elementwise] [--reps N] [--gemm-size N] [--elements N]
+  wgsl   validate shaders/*.wgsl and sample IR-generated shaders with naga
   deps   check that workloads and backends depend on no workspace crate but hal";
 
 fn main() -> ExitCode {
@@ -31,6 +35,7 @@ fn main() -> ExitCode {
         "parity" => ("hal-parity", "parity"),
         "bench" => ("bench", "bench"),
         "deps" => return check_dependency_rule(),
+        "wgsl" => return validate_wgsl(),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -140,6 +145,98 @@ fn check_dependency_rule() -> ExitCode {
             "xtask deps: dependency rule broken (only `hal` may be a normal dependency): {}",
             broken.join("; ")
         );
+        ExitCode::FAILURE
+    }
+}
+
+/// One shader module through naga's WGSL front end and validator. On failure, the file and
+/// line the error points at (mapped back through the module's segments) and naga's report.
+fn check_module(what: &str, module: &backend_wgpu::wgsl::Module) -> Result<(), String> {
+    let src = &module.source;
+    let located = |line: Option<u32>| {
+        line.map(|l| {
+            let (file, line) = module.locate(l as usize);
+            if file.starts_with('<') {
+                format!("{file}:{line}")
+            } else {
+                format!("shaders/{file}:{line}")
+            }
+        })
+        .unwrap_or_else(|| "(no location)".into())
+    };
+    let parsed = naga::front::wgsl::parse_str(src).map_err(|e| {
+        format!(
+            "{}: {what}: {}\n{}",
+            located(e.location(src).map(|l| l.line_number)),
+            e.message(),
+            e.emit_to_string(src)
+        )
+    })?;
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::default(),
+    )
+    .validate(&parsed)
+    .map_err(|e| {
+        format!(
+            "{}: {what}: {}\n{}",
+            located(e.location(src).map(|l| l.line_number)),
+            e.as_inner(),
+            e.emit_to_string(src)
+        )
+    })?;
+    Ok(())
+}
+
+fn validate_wgsl() -> ExitCode {
+    use backend_wgpu::wgsl;
+    let mut failures = 0;
+    let mut checked = 0;
+    let mut report = |what: String, result: Result<(), String>| {
+        checked += 1;
+        match result {
+            Ok(()) => println!("ok    {what}"),
+            Err(e) => {
+                failures += 1;
+                println!("FAIL  {e}");
+            }
+        }
+    };
+    for (name, entry, module) in wgsl::default_modules() {
+        let what = format!("{name} ({entry})");
+        let r = check_module(&what, &module);
+        report(what, r);
+    }
+    // Library files are checked through the kernels above; each must be included by one.
+    for f in wgsl::FILES {
+        let included = wgsl::FILES
+            .iter()
+            .any(|k| k.text.contains(&format!("// @include {}", f.name)));
+        if !f.text.contains("@compute")
+            && !f.text.contains("fn kernel(")
+            && !included
+            && f.name != "prelude.wgsl"
+        {
+            report(
+                f.name.to_string(),
+                Err(format!(
+                    "shaders/{}: neither a kernel nor included by one",
+                    f.name
+                )),
+            );
+        }
+    }
+    for program in hal_parity::checks::sample_programs() {
+        let what = format!("IR program `{}`", program.name);
+        let r = backend_wgpu::program_wgsl(&program)
+            .map_err(|e| format!("{what}: lowering failed: {e}"))
+            .and_then(|src| check_module(&what, &wgsl::Module::generated("<ir program>", src)));
+        report(what, r);
+    }
+    println!("wgsl: {checked} modules checked, {failures} failed");
+    if failures == 0 {
+        ExitCode::SUCCESS
+    } else {
         ExitCode::FAILURE
     }
 }

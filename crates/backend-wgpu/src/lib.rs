@@ -20,15 +20,23 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Status: every primitive is implemented and passes the parity suite on lavapipe and on an
-//! NVIDIA H200. Matrix products use shared-memory tiles (16.5-17.9 TFLOP/s f32 on the H200);
-//! contiguous f32 arithmetic uses vec4 loads; the rest are straightforward kernels with bounded
-//! per-thread loops, correct before they are fast (docs/PERF.md has the figures). Index operands
-//! (gather, scatter-add, segment ids, CSR columns) are validated on the host before a kernel
-//! runs, which costs a read-back per call.
+//! Kernels live in `shaders/` at the repository root, one WGSL file per primitive family
+//! (see [`wgsl`] for how they are specialised and composed). Matrix products and the fused
+//! nearest-centroid search share a 128 x 128 shared-memory tile (23.5-26.7 TFLOP/s f32 GEMM on
+//! an H200; 1M x 128 points against 4096 centroids in 60 ms); contiguous f32 arithmetic uses
+//! vec4 loads (3.9 TB/s); docs/PERF.md has the figures. Buffers are pooled. Not done yet:
+//! subgroup operations, native `shader-f16` arithmetic (16-bit data is stored packed and
+//! computed in f32 everywhere), and device-side index validation: index operands (gather,
+//! scatter-add, segment ids, CSR columns) are checked on the host, a read-back per call.
 
 mod program;
-mod wgsl;
+pub mod wgsl;
+
+/// The WGSL a scalar IR program lowers to (what [`Backend::compile`] builds), for inspection
+/// and for `cargo xtask wgsl`.
+pub fn program_wgsl(program: &Program) -> Result<String> {
+    program::lower(program)
+}
 
 use hal::ir::Program;
 use hal::{
@@ -38,7 +46,7 @@ use hal::{
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use wgsl::Access;
+use wgsl::{Access, Entry};
 
 const NAME: &str = "wgpu";
 
@@ -95,6 +103,46 @@ pub(crate) struct Kernel {
     layout: wgpu::BindGroupLayout,
 }
 
+/// The output block one GEMM or nearest-centroid workgroup computes (`tile.wgsl`): rows and
+/// columns, each 64 or 128.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileShape {
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl TileShape {
+    /// The `tile_shape` slot of `tile.wgsl` (rows and columns per thread).
+    fn slot(self) -> (&'static str, String) {
+        (
+            "tile_shape",
+            format!(
+                "const TM: u32 = {}u;\nconst TN: u32 = {}u;",
+                self.rows / 16,
+                self.cols / 16
+            ),
+        )
+    }
+}
+
+/// The GEMM tile: 128 x 128 unless the environment's `HAL_WGPU_TILE` names another of
+/// `128x64`, `64x64` (a tuning knob for comparing them on a new GPU; `bench` reports the one
+/// in use). Nearest-centroid always uses 128 rows, with the same columns.
+pub fn tile_shape() -> TileShape {
+    static SHAPE: std::sync::OnceLock<TileShape> = std::sync::OnceLock::new();
+    *SHAPE.get_or_init(|| {
+        let (rows, cols) = match std::env::var("HAL_WGPU_TILE").as_deref() {
+            Ok("128x64") => (128, 64),
+            Ok("64x64") => (64, 64),
+            _ => (128, 128),
+        };
+        TileShape { rows, cols }
+    })
+}
+
+/// How long `synchronize` polls before it blocks.
+const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(500);
+
 /// Size of the launch-parameter buffer: far more than any kernel's parameters need.
 const PARAMS_BYTES: u64 = 16 << 10;
 
@@ -119,6 +167,7 @@ struct Inner {
     faults: WgpuBuffer,
     /// An IR launch happened since the fault record was last read.
     faults_unread: std::sync::atomic::AtomicBool,
+    pool: Arc<Mutex<Pool>>,
 }
 
 /// The wgpu device handle. Cheap to clone.
@@ -143,6 +192,58 @@ struct BufferInner {
     buffer: wgpu::Buffer,
     dtype: DType,
     len: usize,
+    /// Where the buffer goes when the last handle drops.
+    pool: Arc<Mutex<Pool>>,
+}
+
+impl Drop for BufferInner {
+    fn drop(&mut self) {
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .put(self.buffer.clone());
+    }
+}
+
+/// Freed buffers by size, reused by later allocations of the same size class, so a loop that
+/// allocates and drops the same shapes each iteration creates no device buffers after the
+/// first. Reuse is safe without waiting: the queue runs work in submission order, so work
+/// submitted with the old owner finishes before any work of the new one starts.
+#[derive(Default)]
+struct Pool {
+    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    bytes: u64,
+    /// Buffers created by the device (not reused), for tests and the bench.
+    created: u64,
+}
+
+/// The most bytes of freed buffers the pool keeps; beyond it, freed buffers are released.
+const POOL_MAX_BYTES: u64 = 1 << 30;
+
+impl Pool {
+    /// The size class of an allocation: four classes per power of two (at most 25% spare).
+    fn class(bytes: u64, limit: u64) -> u64 {
+        let bytes = bytes.max(16);
+        let top = bytes.next_power_of_two();
+        let step = (top / 8).max(4);
+        let class = bytes.div_ceil(step) * step;
+        if class > limit {
+            bytes.div_ceil(4) * 4
+        } else {
+            class
+        }
+    }
+    fn take(&mut self, size: u64) -> Option<wgpu::Buffer> {
+        let b = self.free.get_mut(&size)?.pop()?;
+        self.bytes -= size;
+        Some(b)
+    }
+    fn put(&mut self, b: wgpu::Buffer) {
+        if self.bytes + b.size() <= POOL_MAX_BYTES {
+            self.bytes += b.size();
+            self.free.entry(b.size()).or_default().push(b);
+        }
+    }
 }
 
 impl std::fmt::Debug for WgpuBuffer {
@@ -161,10 +262,6 @@ impl DeviceBuffer for WgpuBuffer {
     fn same_memory(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
-}
-
-fn byte_size(dtype: DType, len: usize) -> u64 {
-    ((len as u64 * dtype.size_in_bytes() as u64).div_ceil(4) * 4).max(4)
 }
 
 fn backend_error(detail: impl std::fmt::Display) -> Error {
@@ -216,6 +313,7 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let pool: Arc<Mutex<Pool>> = Arc::default();
         let faults = {
             let f = device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("IR fault record"),
@@ -229,6 +327,7 @@ impl WgpuBackend {
                 buffer: f,
                 dtype: DType::U32,
                 len: 4,
+                pool: pool.clone(),
             }))
         };
         Ok(Self(Arc::new(Inner {
@@ -244,6 +343,7 @@ impl WgpuBackend {
             deferred,
             faults,
             faults_unread: Default::default(),
+            pool,
         })))
     }
 
@@ -271,8 +371,80 @@ impl WgpuBackend {
             .min(self.0.limits.max_buffer_size)
     }
 
+    /// A buffer of `len` elements whose contents are unspecified (from the pool when one of its
+    /// size class is free: then the flag is true). Checks the size against the adapter.
+    fn alloc_uninit(&self, dtype: DType, len: usize) -> Result<(WgpuBuffer, bool)> {
+        let bytes = len as u128 * dtype.size_in_bytes() as u128;
+        let limit = self.max_binding_bytes();
+        if bytes > limit as u128 {
+            return Err(Error::AllocationTooLarge {
+                requested_bytes: bytes,
+                limit_bytes: limit,
+                what: format!(
+                    "{len} elements of {dtype}; the adapter's largest storage binding (max_storage_buffer_binding_size) is {limit} bytes"
+                ),
+            });
+        }
+        let size = Pool::class(bytes as u64, limit);
+        let reused = self
+            .0
+            .pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(size);
+        let fresh = reused.is_none();
+        let buffer = match reused {
+            Some(b) => b,
+            None => {
+                let d = &self.0.device;
+                let scope = d.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+                let buffer = d.create_buffer(&wgpu::BufferDescriptor {
+                    label: None,
+                    size,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                if pollster::block_on(scope.pop()).is_some() {
+                    return Err(Error::OutOfMemory {
+                        requested_bytes: bytes,
+                    });
+                }
+                self.0
+                    .pool
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .created += 1;
+                buffer
+            }
+        };
+        let inner = BufferInner {
+            buffer,
+            dtype,
+            len,
+            pool: self.0.pool.clone(),
+        };
+        Ok((WgpuBuffer(Arc::new(inner)), !fresh))
+    }
+
+    /// Scratch space a kernel overwrites completely (partials, unused dummies): no clearing.
+    fn scratch(&self, dtype: DType, len: usize) -> Result<WgpuBuffer> {
+        Ok(self.alloc_uninit(dtype, len)?.0)
+    }
+
+    /// Device buffers created so far; allocations served from the pool are not counted. A
+    /// steady-state loop that frees what it allocates leaves this unchanged.
+    pub fn buffers_created(&self) -> u64 {
+        self.0
+            .pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .created
+    }
+
     /// The pipeline of a built-in kernel, compiled on first use and cached under `key`.
-    fn pipeline(&self, key: &str, source: impl FnOnce() -> String) -> Result<Arc<Kernel>> {
+    fn pipeline(&self, key: &str, source: impl FnOnce() -> wgsl::Module) -> Result<Arc<Kernel>> {
         if let Some(p) = self
             .0
             .pipelines
@@ -282,7 +454,7 @@ impl WgpuBackend {
         {
             return Ok(p.clone());
         }
-        let p = self.build_pipeline(key, source())?;
+        let p = self.build_pipeline(key, &source(), true)?;
         self.0
             .pipelines
             .lock()
@@ -291,14 +463,39 @@ impl WgpuBackend {
         Ok(p)
     }
 
-    /// Compiles WGSL into a pipeline; a validation error is returned with the validator's report.
-    fn build_pipeline(&self, label: &str, code: String) -> Result<Arc<Kernel>> {
+    /// Compiles WGSL into a pipeline; a validation error is returned with the validator's
+    /// report and the shader file and line it points at.
+    ///
+    /// `built_in`: one of this crate's kernels, compiled without the checks naga would
+    /// otherwise inject: a clamp on every workgroup-array index and an iteration counter in
+    /// every loop, which together cost about a quarter of the GEMM's inner loop. That is sound
+    /// because every loop in `shaders/` runs to a bound read from the launch parameters, every
+    /// workgroup-array index is in range by construction, and buffer accesses stay inside the
+    /// views `hal::validate` (and the index checks) accepted on the host; on Vulkan the driver's
+    /// robust buffer access still bounds buffer accesses. Integer division keeps its guard. IR
+    /// programs, which users write, keep every check.
+    fn build_pipeline(
+        &self,
+        label: &str,
+        code: &wgsl::Module,
+        built_in: bool,
+    ) -> Result<Arc<Kernel>> {
         let d = &self.0.device;
         let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let desc = wgpu::ShaderModuleDescriptor {
             label: Some(label),
-            source: wgpu::ShaderSource::Wgsl(code.into()),
-        });
+            source: wgpu::ShaderSource::Wgsl(code.source.as_str().into()),
+        };
+        let module = if built_in {
+            let mut checks = wgpu::ShaderRuntimeChecks::checked();
+            checks.bounds_checks = false;
+            checks.force_loop_bounding = false;
+            // SAFETY: see above: the crate's own kernels have bounded loops and in-range
+            // indices; only those two checks are dropped.
+            unsafe { d.create_shader_module_trusted(desc, checks) }
+        } else {
+            d.create_shader_module(desc)
+        };
         let pipeline = d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(label),
             layout: None,
@@ -308,8 +505,19 @@ impl WgpuBackend {
             cache: None,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
+            let report = e.to_string();
+            // The report points at `wgsl:LINE:COLUMN` of the composed module.
+            let at = report
+                .split("wgsl:")
+                .nth(1)
+                .and_then(|r| r.split(':').next()?.parse::<usize>().ok())
+                .map(|line| {
+                    let (file, line) = code.locate(line);
+                    format!(" (at {file} line {line})")
+                })
+                .unwrap_or_default();
             return Err(backend_error(format!(
-                "shader `{label}` failed to compile: {e:?}"
+                "shader `{label}` failed to compile{at}: {report}"
             )));
         }
         Ok(Arc::new(Kernel {
@@ -443,7 +651,7 @@ impl WgpuBackend {
     fn run(
         &self,
         key: String,
-        source: impl FnOnce() -> String,
+        source: impl FnOnce() -> wgsl::Module,
         params: Params,
         buffers: &[(&WgpuBuffer, bool)],
         threads: usize,
@@ -574,19 +782,12 @@ impl WgpuBackend {
             ReduceOp::Min => "select(mn, nan(), seen_nan)",
             _ => "sum * sf(1u)",
         };
-        let body = format!(
-            "let o = t / s(3u); let c = t % s(3u);
-    let base = off(1u, o);
-    let end = min(s(0u), (c + 1u) * s(2u));
-    var sum = 0.0; var comp = 0.0; var mx = bitcast<f32>(0xff800000u); var mn = bitcast<f32>(0x7f800000u); var seen_nan = false;
-    for (var j = c * s(2u); j < end; j = j + 1u) {{
-        let v = ld1(base + off(2u, j));
-        let y = v - comp; let tt = sum + y; comp = (tt - sum) - y; sum = tt;
-        mx = max(mx, v); mn = min(mn, v); seen_nan = seen_nan || is_nan(v);
-    }}
-    if (seen_nan) {{ sum = nan(); }}
-    st2(off(0u, t), {finish});"
-        );
+        let source = |bind: Vec<(DType, Access)>| {
+            let f = format!(
+                "fn finish(sum: f32, mx: f32, mn: f32, seen_nan: bool) -> f32 {{ return {finish}; }}"
+            );
+            compose("reduce.wgsl", Some(&bind), &[("finish", f)], Entry::Strided)
+        };
         let a = x.dtype();
         if chunks == 1 {
             let p = Params::default()
@@ -600,13 +801,13 @@ impl WgpuBackend {
             let b = out.dtype();
             return self.run(
                 key(&[&"reduce", &op, &a, &b]),
-                || wgsl::shader(&wgsl::io(&[a], b), &body),
+                || source(wgsl::io(&[a], b)),
                 p,
                 &[(x.buffer, false), (out.buffer, true)],
                 n_out,
             );
         }
-        let partial = self.alloc(DType::F32, n_out * chunks)?;
+        let partial = self.scratch(DType::F32, n_out * chunks)?;
         let pl = Layout::contiguous(&[n_out * chunks]);
         let p = Params::default()
             .block(&pl)
@@ -619,7 +820,7 @@ impl WgpuBackend {
         let f = DType::F32;
         self.run(
             key(&[&"reduce", &op, &a, &f]),
-            || wgsl::shader(&wgsl::io(&[a], f), &body),
+            || source(wgsl::io(&[a], f)),
             p,
             &[(x.buffer, false), (&partial, true)],
             n_out * chunks,
@@ -663,25 +864,11 @@ impl WgpuBackend {
         } else {
             "v < best"
         };
-        let take_nan = if nan_wins { "is_nan(v)" } else { "false" };
-        let skip_nan = if nan_wins { "is_nan(best)" } else { "false" };
-        let body = format!(
-            "let o = t / s(3u); let c = t % s(3u);
-    let base = off(1u, o);
-    let start = c * s(2u); let end = min(s(0u), start + s(2u));
-    var best = nan(); var at = 0u; var first = true;
-    for (var j = start; j < end; j = j + 1u) {{
-        let v = ld1(base + off(2u, j));
-        var pos = j;
-        if (s(4u) == 1u) {{ pos = bits3(base + off(2u, j)); }}
-        if (first || (!{skip_nan} && ({take_nan} || {better} || (is_nan(best) && !is_nan(v))))) {{ best = v; at = pos; first = false; }}
-        if ({skip_nan}) {{ break; }}
-    }}
-    stbits2(off(0u, t), at);
-    if (s(5u) == 1u) {{ st4(off(3u, t), best); }}"
+        let rule = format!(
+            "fn better(v: f32, best: f32) -> bool {{ return {better}; }}\nconst NAN_WINS: bool = {nan_wins};"
         );
         let a = x.dtype();
-        let dummy = self.alloc(DType::U32, 1)?;
+        let dummy = self.scratch(DType::U32, 1)?;
         let idx = index.unwrap_or(&dummy);
         let bind = [
             (a, Access::Read),
@@ -697,7 +884,7 @@ impl WgpuBackend {
                 .scalar(4, index.is_some() as u32)
         };
         if chunks == 1 {
-            let vdummy = self.alloc(DType::F32, 1)?;
+            let vdummy = self.scratch(DType::F32, 1)?;
             let (vb, vl, has) = match out_value {
                 Some((b, l)) => (b, l.clone(), 1),
                 None => (
@@ -716,15 +903,22 @@ impl WgpuBackend {
             .scalar(5, has);
             return self.run(
                 key,
-                || wgsl::shader(&bind, &body),
+                || {
+                    compose(
+                        "arg_reduce.wgsl",
+                        Some(&bind),
+                        &[("rule", rule.clone())],
+                        Entry::Strided,
+                    )
+                },
                 p,
                 &[(x, false), (out, true), (idx, false), (vb, true)],
                 n_out,
             );
         }
         let (pv, pi) = (
-            self.alloc(DType::F32, n_out * chunks)?,
-            self.alloc(DType::U32, n_out * chunks)?,
+            self.scratch(DType::F32, n_out * chunks)?,
+            self.scratch(DType::U32, n_out * chunks)?,
         );
         let pl = Layout::contiguous(&[n_out * chunks]);
         let p = scalars(
@@ -737,7 +931,14 @@ impl WgpuBackend {
         .scalar(5, 1);
         self.run(
             key,
-            || wgsl::shader(&bind, &body),
+            || {
+                compose(
+                    "arg_reduce.wgsl",
+                    Some(&bind),
+                    &[("rule", rule)],
+                    Entry::Strided,
+                )
+            },
             p,
             &[(x, false), (&pi, true), (idx, false), (&pv, true)],
             n_out * chunks,
@@ -779,13 +980,23 @@ fn all_contiguous(shape: &[usize], layouts: &[&Layout]) -> bool {
         .all(|l| l.shape == shape && l.is_contiguous())
 }
 
-/// The elementwise shader for `bindings` and `body`, contiguous or strided; the key says which.
-fn elementwise_source(fast: bool, bindings: &[(DType, Access)], body: &str) -> String {
-    if fast {
-        wgsl::shader_contiguous(bindings, body)
+/// The entry for an elementwise kernel: contiguous when every operand is.
+fn entry_for(all_contiguous: bool) -> Entry {
+    if all_contiguous {
+        Entry::Contiguous
     } else {
-        wgsl::shader(bindings, body)
+        Entry::Strided
     }
+}
+
+/// The WGSL of a kernel file (see [`wgsl::compose`]).
+fn compose(
+    name: &str,
+    bindings: Option<&[(DType, Access)]>,
+    slots: &[(&str, String)],
+    entry: Entry,
+) -> wgsl::Module {
+    wgsl::compose(name, bindings, slots, entry)
 }
 
 fn key(parts: &[&dyn std::fmt::Debug]) -> String {
@@ -846,45 +1057,44 @@ impl Backend for WgpuBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.0
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(backend_error)?;
+        // Short work is awaited by polling without blocking for a while: a blocking wait sleeps
+        // in the driver and wakes up tens of microseconds after the GPU is done.
+        let start = std::time::Instant::now();
+        loop {
+            let status = self
+                .0
+                .device
+                .poll(wgpu::PollType::Poll)
+                .map_err(backend_error)?;
+            if status.is_queue_empty() {
+                break;
+            }
+            if start.elapsed() > SPIN_BEFORE_SLEEP {
+                self.0
+                    .device
+                    .poll(wgpu::PollType::wait_indefinitely())
+                    .map_err(backend_error)?;
+                break;
+            }
+            std::hint::spin_loop();
+        }
         self.check_deferred()
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<WgpuBuffer> {
-        let bytes = len as u128 * dtype.size_in_bytes() as u128;
-        let limit = self.max_binding_bytes();
-        if bytes > limit as u128 {
-            return Err(Error::AllocationTooLarge {
-                requested_bytes: bytes,
-                limit_bytes: limit,
-                what: format!(
-                    "{len} elements of {dtype}; the adapter's largest storage binding (max_storage_buffer_binding_size) is {limit} bytes"
-                ),
-            });
+        let (buf, reused) = self.alloc_uninit(dtype, len)?;
+        if reused {
+            // A reused buffer holds its last owner's data; the contract is zeros.
+            let mut encoder = self.0.device.create_command_encoder(&Default::default());
+            encoder.clear_buffer(&buf.0.buffer, 0, None);
+            let _submitting = self.0.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.0.queue.submit([encoder.finish()]);
         }
-        let d = &self.0.device;
-        let scope = d.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buffer = d.create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size: byte_size(dtype, len),
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        if pollster::block_on(scope.pop()).is_some() {
-            return Err(Error::OutOfMemory {
-                requested_bytes: bytes,
-            });
-        }
-        Ok(WgpuBuffer(Arc::new(BufferInner { buffer, dtype, len })))
+        Ok(buf)
     }
 
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<WgpuBuffer> {
-        let buf = self.alloc(dtype, validate::upload(dtype, bytes)?)?;
+        let (buf, _) = self.alloc_uninit(dtype, validate::upload(dtype, bytes)?)?;
         self.write_bytes(&buf, bytes)?;
         Ok(buf)
     }
@@ -908,25 +1118,19 @@ impl Backend for WgpuBackend {
     fn fill(&self, out: V<'_>, value: f64) -> Result<()> {
         validate::fill(out)?;
         let dt = out.dtype();
-        let p = Params::default().block(out.layout).f(0, value as f32);
-        let p = match dt {
-            DType::I32 => p.scalar(
-                1,
-                value.clamp(i32::MIN as f64, i32::MAX as f64) as i32 as u32,
-            ),
-            DType::U32 => p.scalar(1, value.clamp(0.0, u32::MAX as f64) as u32),
-            _ => p,
+        // The value in the output's own element bits, rounded as the f32 -> dtype stores round.
+        let bits = match dt {
+            DType::F32 => (value as f32).to_bits(),
+            DType::F16 => hal::f16::from_f32(value as f32).to_bits() as u32,
+            DType::BF16 => hal::bf16::from_f32(value as f32).to_bits() as u32,
+            DType::I32 => value.clamp(i32::MIN as f64, i32::MAX as f64) as i32 as u32,
+            DType::U32 => value.clamp(0.0, u32::MAX as f64) as u32,
         };
-        let body = if dt.is_float() {
-            "st1(off(0u, t), sf(0u));"
-        } else {
-            "stbits1(off(0u, t), s(1u));"
-        };
-        let fast = out.layout.is_contiguous();
-        let p = per_thread(p, fast);
+        let entry = entry_for(out.layout.is_contiguous());
+        let p = per_thread(Params::default().block(out.layout).scalar(0, bits), entry);
         self.run(
-            key(&[&"fill", &dt, &fast]),
-            || elementwise_source(fast, &[(dt, Access::Write)], body),
+            key(&[&"fill", &dt, &entry]),
+            || compose("fill.wgsl", Some(&[(dt, Access::Write)]), &[], entry),
             p,
             &[(out.buffer, true)],
             out.layout.numel(),
@@ -936,18 +1140,21 @@ impl Backend for WgpuBackend {
     fn copy(&self, src: V<'_>, out: V<'_>) -> Result<()> {
         validate::copy(src, out)?;
         let (a, b) = (src.dtype(), out.dtype());
-        let body = match (a, b) {
-            _ if a == b => "stbits2(off(0u, t), bits1(off(1u, t)));",
-            (DType::I32, DType::U32) => "stbits2(off(0u, t), u32(max(ldi1(off(1u, t)), 0)));",
-            (DType::U32, DType::I32) => "stbits2(off(0u, t), min(bits1(off(1u, t)), 0x7fffffffu));",
-            _ => "st2(off(0u, t), ld1(off(1u, t)));",
+        let convert = match (a, b) {
+            _ if a == b => "stbits2(dst, bits1(src));",
+            (DType::I32, DType::U32) => "stbits2(dst, u32(max(ldi1(src), 0)));",
+            (DType::U32, DType::I32) => "stbits2(dst, min(bits1(src), 0x7fffffffu));",
+            _ => "st2(dst, ld1(src));",
         };
         let p = Params::default().block(out.layout).block(src.layout);
-        let fast = all_contiguous(&out.layout.shape, &[out.layout, src.layout]);
-        let p = per_thread(p, fast);
+        let entry = entry_for(all_contiguous(&out.layout.shape, &[out.layout, src.layout]));
+        let p = per_thread(p, entry);
         self.run(
-            key(&[&"copy", &a, &b, &fast]),
-            || elementwise_source(fast, &wgsl::io(&[a], b), body),
+            key(&[&"copy", &a, &b, &entry]),
+            || {
+                let slots = [("convert", format!("    {convert}"))];
+                compose("copy.wgsl", Some(&wgsl::io(&[a], b)), &slots, entry)
+            },
             p,
             &[(src.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -970,12 +1177,14 @@ impl Backend for WgpuBackend {
             .next()
             .unwrap_or("")
             .to_string();
-        let body = format!("let v = ld1(off(1u, t)); st2(off(0u, t), {expr});");
-        let fast = all_contiguous(&out.layout.shape, &[out.layout, &xl]);
-        let p = per_thread(p, fast);
+        let entry = entry_for(all_contiguous(&out.layout.shape, &[out.layout, &xl]));
+        let p = per_thread(p, entry);
         self.run(
-            key(&[&"unary", &name, &a, &b, &fast]),
-            || elementwise_source(fast, &wgsl::io(&[a], b), &body),
+            key(&[&"unary", &name, &a, &b, &entry]),
+            || {
+                let slots = [("op", format!("fn op(v: f32) -> f32 {{ return {expr}; }}"))];
+                compose("unary.wgsl", Some(&wgsl::io(&[a], b)), &slots, entry)
+            },
             p,
             &[(x.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1003,30 +1212,34 @@ impl Backend for WgpuBackend {
                 .scalar(1, (bl.offset / 4) as u32)
                 .scalar(2, (out.layout.offset / 4) as u32);
             let expr = wgsl::binary_expr(op);
-            let body = format!(
-                "let a = bitcast<vec4<f32>>(V1[s(0u) + t]); let b = bitcast<vec4<f32>>(V2[s(1u) + t]); V3[s(2u) + t] = bitcast<vec4<u32>>({expr});"
-            );
             return self.run(
                 key(&[&"binary_vec4", &op]),
-                || wgsl::shader_vec4(&body),
+                || {
+                    let op = format!(
+                        "fn op(a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {{ return {expr}; }}"
+                    );
+                    compose("binary_vec4.wgsl", None, &[("op", op)], Entry::Strided)
+                },
                 p,
                 &[(a.buffer, false), (b.buffer, false), (out.buffer, true)],
                 n / 4,
             );
         }
-        let body = format!(
-            "let a = ld1(off(1u, t)); let b = ld2(off(2u, t)); st3(off(0u, t), {});",
-            wgsl::binary_expr(op)
-        );
         let p = Params::default().block(out.layout).block(&al).block(&bl);
-        let fast = all_contiguous(&out.layout.shape, &[out.layout, &al, &bl]);
-        let p = per_thread(p, fast);
+        let entry = entry_for(all_contiguous(&out.layout.shape, &[out.layout, &al, &bl]));
+        let p = per_thread(p, entry);
         let source = || {
-            wgsl::REM_FLOORED.to_string()
-                + &elementwise_source(fast, &wgsl::io(&[da, db], dout), &body)
+            let expr = wgsl::binary_expr(op);
+            let op = format!("fn op(a: f32, b: f32) -> f32 {{ return {expr}; }}");
+            compose(
+                "binary.wgsl",
+                Some(&wgsl::io(&[da, db], dout)),
+                &[("op", op)],
+                entry,
+            )
         };
         self.run(
-            key(&[&"binary", &op, &da, &db, &dout, &fast]),
+            key(&[&"binary", &op, &da, &db, &dout, &entry]),
             source,
             p,
             &[(a.buffer, false), (b.buffer, false), (out.buffer, true)],
@@ -1042,20 +1255,23 @@ impl Backend for WgpuBackend {
             TernaryOp::Fma => "fma(x, y, z)",
             TernaryOp::Lerp => "fma(x, z - y, y)",
         };
-        let body = format!(
-            "let x = ld1(off(1u, t)); let y = ld2(off(2u, t)); let z = ld3(off(3u, t)); st4(off(0u, t), {expr});"
-        );
         let p = Params::default()
             .block(out.layout)
             .block(&al)
             .block(&bl)
             .block(&cl);
         let bind = wgsl::io(&[dts[0], dts[1], dts[2]], dts[3]);
-        let fast = all_contiguous(&out.layout.shape, &[out.layout, &al, &bl, &cl]);
-        let p = per_thread(p, fast);
+        let entry = entry_for(all_contiguous(
+            &out.layout.shape,
+            &[out.layout, &al, &bl, &cl],
+        ));
+        let p = per_thread(p, entry);
         self.run(
-            key(&[&"ternary", &op, &dts, &fast]),
-            || elementwise_source(fast, &bind, &body),
+            key(&[&"ternary", &op, &dts, &entry]),
+            || {
+                let op = format!("fn op(x: f32, y: f32, z: f32) -> f32 {{ return {expr}; }}");
+                compose("ternary.wgsl", Some(&bind), &[("op", op)], entry)
+            },
             p,
             &[
                 (a.buffer, false),
@@ -1107,8 +1323,10 @@ impl Backend for WgpuBackend {
             offset: mv.offset,
         };
         let dts = [a.dtype(), b.dtype(), out.dtype()];
-        let pipeline = self.pipeline(&key(&[&"gemm_tiled", &dts]), || {
-            wgsl::gemm_tiled(dts[0], dts[1], dts[2])
+        let tile = tile_shape();
+        let pipeline = self.pipeline(&key(&[&"gemm", &dts, &tile]), || {
+            let bind = wgsl::io(&[dts[0], dts[1]], dts[2]);
+            compose("gemm.wgsl", Some(&bind), &[tile.slot()], Entry::Strided)
         })?;
         let i32s = |v: isize| v as i32 as u32;
         // Slices along k keep any one invocation's loops short (lavapipe); later slices
@@ -1134,8 +1352,8 @@ impl Backend for WgpuBackend {
                 .scalar(13, i32s(om.strides[1]))
                 .scalar(14, i32s(om.strides[2]));
             let groups = [
-                om.cols.div_ceil(64) as u32,
-                om.rows.div_ceil(64) as u32,
+                om.cols.div_ceil(tile.cols) as u32,
+                om.rows.div_ceil(tile.rows) as u32,
                 om.batch as u32,
             ];
             self.dispatch_groups(
@@ -1164,19 +1382,9 @@ impl Backend for WgpuBackend {
         let cols: Vec<u32> = bytemuck::pod_collect_to_vec(&self.read_bytes(a.col_indices)?);
         validate::csr_structure(&offsets, &cols, a.cols, a.values.len())?;
         let p = Params::default().f(0, alpha).f(1, beta);
-        let body = "let r = i32(t);
-    var acc = 0.0;
-    for (var k = i32(bits1(r)); k < i32(bits1(r + 1)); k = k + 1) { acc = acc + ld3(k) * ld4(i32(bits2(k))); }
-    var v = sf(0u) * acc;
-    if (sf(1u) != 0.0) { v = v + sf(1u) * ld5(r); }
-    st5(r, v);";
-        let bind = wgsl::io(
-            &[DType::U32, DType::U32, DType::F32, DType::F32],
-            DType::F32,
-        );
         self.run(
             "spmv".into(),
-            || wgsl::shader(&bind, body),
+            || compose("spmv.wgsl", None, &[], Entry::Strided),
             p,
             &[
                 (a.row_offsets, false),
@@ -1198,11 +1406,13 @@ impl Backend for WgpuBackend {
             .block(index.layout)
             .block(&xm)
             .scalar(0, x.layout.strides[axis] as i32 as u32);
-        let body = "let i = ldi2(off(1u, t)); st3(off(0u, t), ld1(off(2u, t) + i * si(0u)));";
         let dts = [x.dtype(), index.dtype(), out.dtype()];
         self.run(
             key(&[&"gather", &dts]),
-            || wgsl::shader(&wgsl::io(&[dts[0], dts[1]], dts[2]), body),
+            || {
+                let bind = wgsl::io(&[dts[0], dts[1]], dts[2]);
+                compose("gather.wgsl", Some(&bind), &[], Entry::Strided)
+            },
             p,
             &[(x.buffer, false), (index.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1220,11 +1430,6 @@ impl Backend for WgpuBackend {
             kept(index.layout, &outer, &[axis]),
             kept(out.layout, &outer, &[axis]),
         );
-        let body = "let s0 = off(0u, t); let i0 = off(1u, t); let o0 = off(2u, t);
-    for (var j = s(4u); j < s(0u); j = j + 1u) {
-        let at = o0 + ldi2(i0 + i32(j) * si(2u)) * si(3u);
-        st3(at, ld3(at) + ld1(s0 + i32(j) * si(1u)));
-    }";
         let dts = [src.dtype(), index.dtype(), out.dtype()];
         let line = index.layout.shape[axis];
         let threads = if index.layout.numel() == 0 {
@@ -1247,7 +1452,10 @@ impl Backend for WgpuBackend {
                 .scalar(4, j0 as u32);
             self.run(
                 key(&[&"scatter", &dts]),
-                || wgsl::shader(&wgsl::io(&[dts[0], dts[1]], dts[2]), body),
+                || {
+                    let bind = wgsl::io(&[dts[0], dts[1]], dts[2]);
+                    compose("scatter_add.wgsl", Some(&bind), &[], Entry::Strided)
+                },
                 p,
                 &[
                     (src.buffer, false),
@@ -1265,18 +1473,17 @@ impl Backend for WgpuBackend {
         validate::im2col(x, g, out)?;
         let (oh, ow) = g.output_size().expect("validated");
         let p = conv_params(g, oh, ow).block(out.layout).block(x.layout);
-        let body = "let ow = s(13u); let oh = s(12u); let kw = s(5u); let kh = s(4u); let C = s(1u); let H = s(2u); let W = s(3u);
-    let pos = t % (oh * ow); let row = (t / (oh * ow)) % (C * kh * kw); let n = t / (oh * ow * C * kh * kw);
-    let c = row / (kh * kw); let i = (row / kw) % kh; let j = row % kw;
-    let iy = i32((pos / ow) * s(6u) + i * s(10u)) - i32(s(8u));
-    let ix = i32((pos % ow) * s(7u) + j * s(11u)) - i32(s(9u));
-    var v = 0.0;
-    if (iy >= 0 && ix >= 0 && u32(iy) < H && u32(ix) < W) { v = ld1(off(1u, ((n * C + c) * H + u32(iy)) * W + u32(ix))); }
-    st2(off(0u, t), v);";
         let dts = [x.dtype(), out.dtype()];
         self.run(
             key(&[&"im2col", &dts]),
-            || wgsl::shader(&wgsl::io(&[dts[0]], dts[1]), body),
+            || {
+                compose(
+                    "im2col.wgsl",
+                    Some(&wgsl::io(&[dts[0]], dts[1])),
+                    &[],
+                    Entry::Strided,
+                )
+            },
             p,
             &[(x.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1288,27 +1495,17 @@ impl Backend for WgpuBackend {
         let (oh, ow) = g.output_size().expect("validated");
         let p = conv_params(g, oh, ow).block(out.layout).block(cols.layout);
         // One thread per pixel gathers every column entry that reads it: no atomics.
-        let body = "let ow = s(13u); let oh = s(12u); let kw = s(5u); let kh = s(4u); let C = s(1u); let H = s(2u); let W = s(3u);
-    let x = t % W; let y = (t / W) % H; let c = (t / (W * H)) % C; let n = t / (W * H * C);
-    var acc = 0.0;
-    for (var i = 0u; i < kh; i = i + 1u) {
-        let ty = i32(y + s(8u)) - i32(i * s(10u));
-        if (ty < 0 || u32(ty) % s(6u) != 0u) { continue; }
-        let oy = u32(ty) / s(6u);
-        if (oy >= oh) { continue; }
-        for (var j = 0u; j < kw; j = j + 1u) {
-            let tx = i32(x + s(9u)) - i32(j * s(11u));
-            if (tx < 0 || u32(tx) % s(7u) != 0u) { continue; }
-            let ox = u32(tx) / s(7u);
-            if (ox >= ow) { continue; }
-            acc = acc + ld1(off(1u, (n * C * kh * kw + (c * kh + i) * kw + j) * oh * ow + oy * ow + ox));
-        }
-    }
-    st2(off(0u, t), acc);";
         let dts = [cols.dtype(), out.dtype()];
         self.run(
             key(&[&"col2im", &dts]),
-            || wgsl::shader(&wgsl::io(&[dts[0]], dts[1]), body),
+            || {
+                compose(
+                    "col2im.wgsl",
+                    Some(&wgsl::io(&[dts[0]], dts[1])),
+                    &[],
+                    Entry::Strided,
+                )
+            },
             p,
             &[(cols.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1327,82 +1524,83 @@ impl Backend for WgpuBackend {
         if n == 0 {
             return Ok(());
         }
-        // Each thread scans a chunk of centroids for one point (at most CHUNK multiply-adds);
-        // the chunks' winners are combined in centroid order, so ties still go to the lowest
-        // index.
-        let per = (CHUNK / d.max(1)).max(1);
-        let chunks = m.div_ceil(per);
+        // One fused pass (nearest_centroid.wgsl): no n x m distance matrix. The centroids are
+        // swept in slices that keep each invocation's loops short (lavapipe stops loops after
+        // 65535 iterations; each 64-centroid tile costs about 30 iterations per 16 of d).
+        let tiles_per_slice = (1000 / d.div_ceil(16).max(1)).max(1);
+        let tile = TileShape {
+            rows: 128,
+            cols: tile_shape().cols,
+        };
+        let slice = tiles_per_slice * tile.cols;
         let i32s = |v: isize| v as i32 as u32;
-        let (pd, pi) = (
-            self.alloc(DType::F32, n * chunks)?,
-            self.alloc(DType::U32, n * chunks)?,
-        );
-        let p = Params::default()
-            .scalar(0, m as u32)
-            .scalar(1, d as u32)
-            .scalar(2, i32s(x.layout.offset as isize))
-            .scalar(3, i32s(x.layout.strides[0]))
-            .scalar(4, i32s(x.layout.strides[1]))
-            .scalar(5, i32s(c.layout.offset as isize))
-            .scalar(6, i32s(c.layout.strides[0]))
-            .scalar(7, i32s(c.layout.strides[1]))
-            .scalar(8, per as u32)
-            .scalar(9, chunks as u32);
-        let body = "let row = t / s(9u); let chunk = t % s(9u);
-    let xb = si(2u) + i32(row) * si(3u);
-    var best = nan(); var at = chunk * s(8u);
-    let end = min(s(0u), (chunk + 1u) * s(8u));
-    for (var j = chunk * s(8u); j < end; j = j + 1u) {
-        let cb = si(5u) + i32(j) * si(6u);
-        var acc = 0.0;
-        for (var k = 0u; k < s(1u); k = k + 1u) {
-            let diff = ld1(xb + i32(k) * si(4u)) - ld2(cb + i32(k) * si(7u));
-            acc = fma(diff, diff, acc);
-        }
-        if (acc < best || (is_nan(best) && !is_nan(acc))) { best = acc; at = j; }
-    }
-    stbits3(i32(t), at);
-    st4(i32(t), best);";
         let dts = [x.dtype(), c.dtype()];
-        let bind = [
-            (dts[0], Access::Read),
-            (dts[1], Access::Read),
-            (DType::U32, Access::Write),
-            (DType::F32, Access::Write),
-        ];
+        let pipeline = self.pipeline(&key(&[&"nearest", &dts, &tile]), || {
+            let bind = [
+                (dts[0], Access::Read),
+                (dts[1], Access::Read),
+                (DType::U32, Access::Write),
+                (DType::F32, Access::Write),
+            ];
+            compose(
+                "nearest_centroid.wgsl",
+                Some(&bind),
+                &[tile.slot()],
+                Entry::Strided,
+            )
+        })?;
+        // The centroids' squared norms, once per call.
+        let norms = self.scratch(DType::F32, m)?;
+        let np = Params::default()
+            .scalar(0, d as u32)
+            .scalar(1, i32s(c.layout.offset as isize))
+            .scalar(2, i32s(c.layout.strides[0]))
+            .scalar(3, i32s(c.layout.strides[1]));
         self.run(
-            key(&[&"nearest", &dts]),
-            || wgsl::shader(&bind, body),
-            p,
-            &[
-                (x.buffer, false),
-                (c.buffer, false),
-                (&pi, true),
-                (&pd, true),
-            ],
-            n * chunks,
+            key(&[&"row_norms", &dts[1]]),
+            || {
+                let bind = wgsl::io(&[dts[1]], DType::F32);
+                compose("row_norms.wgsl", Some(&bind), &[], Entry::Strided)
+            },
+            np,
+            &[(c.buffer, false), (&norms, true)],
+            m,
         )?;
-        let keep = Layout {
-            shape: vec![n],
-            strides: vec![chunks as isize],
-            offset: 0,
-        };
-        let line = Layout {
-            shape: vec![chunks],
-            strides: vec![1],
-            offset: 0,
-        };
-        self.arg_chunked(
-            ArgReduceOp::ArgMin,
-            false,
-            &pd,
-            &keep,
-            &line,
-            Some(&pi),
-            out_index.buffer,
-            out_index.layout,
-            Some((out_distance.buffer, out_distance.layout)),
-        )
+        let blocks = n.div_ceil(tile.rows);
+        let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
+        let groups = [blocks.min(max) as u32, blocks.div_ceil(max) as u32, 1];
+        let mut first = 0;
+        while first < m {
+            let end = (first + slice).min(m);
+            let p = Params::default()
+                .block(out_index.layout)
+                .block(out_distance.layout)
+                .scalar(0, n as u32)
+                .scalar(1, end as u32)
+                .scalar(2, d as u32)
+                .scalar(3, i32s(x.layout.offset as isize))
+                .scalar(4, i32s(x.layout.strides[0]))
+                .scalar(5, i32s(x.layout.strides[1]))
+                .scalar(6, i32s(c.layout.offset as isize))
+                .scalar(7, i32s(c.layout.strides[0]))
+                .scalar(8, i32s(c.layout.strides[1]))
+                .scalar(9, first as u32)
+                .scalar(10, (first > 0) as u32);
+            self.dispatch_groups(
+                &pipeline,
+                &p,
+                &[
+                    (x.buffer, false),
+                    (c.buffer, false),
+                    (out_index.buffer, true),
+                    (out_distance.buffer, true),
+                    (&norms, false),
+                ],
+                groups,
+            )?;
+            first = end;
+        }
+        Ok(())
     }
 
     fn segment_sum(
@@ -1428,7 +1626,7 @@ impl Backend for WgpuBackend {
         };
         let chunks = n.div_ceil(SUM_CHUNK).max(1);
         let width = m * (d + 1);
-        let partial = self.alloc(DType::F32, chunks * width)?;
+        let partial = self.scratch(DType::F32, chunks * width)?;
         let i32s = |v: isize| v as i32 as u32;
         let p = Params::default()
             .block(segment.layout)
@@ -1442,24 +1640,11 @@ impl Backend for WgpuBackend {
             .scalar(6, SUM_CHUNK as u32)
             .scalar(7, weights.is_some() as u32);
         // Partial layout: [chunk, segment, column 0..d (sums) and d (count)].
-        let body = "let d = s(1u); let m = s(2u);
-    let chunk = t / (m * (d + 1u)); let r = t % (m * (d + 1u));
-    let seg = r / (d + 1u); let col = r % (d + 1u); let counting = col == d;
-    var sum = 0.0; var comp = 0.0;
-    let end = min(s(0u), (chunk + 1u) * s(6u));
-    for (var i = chunk * s(6u); i < end; i = i + 1u) {
-        if (bits2(off(0u, i)) != seg) { continue; }
-        var v = 1.0;
-        if (s(7u) == 1u) { v = ld3(off(1u, i)); }
-        if (!counting) { v = v * ld1(si(3u) + i32(i) * si(4u) + i32(col) * si(5u)); }
-        let y = v - comp; let tt = sum + y; comp = (tt - sum) - y; sum = tt;
-    }
-    st4(i32(t), sum);";
         let dts = [x.dtype(), w.dtype()];
         let bind = wgsl::io(&[dts[0], DType::U32, dts[1]], DType::F32);
         self.run(
             key(&[&"segsum", &dts]),
-            || wgsl::shader(&bind, body),
+            || compose("segment_sum.wgsl", Some(&bind), &[], Entry::Strided),
             p,
             &[
                 (x.buffer, false),
@@ -1508,32 +1693,17 @@ impl Backend for WgpuBackend {
             .scalar(4, h.nesterov as u32)
             .scalar(5, (h.step <= 1) as u32)
             .scalar(6, use_momentum as u32);
-        let body = "let i = i32(t);
-    let pv = ld1(i);
-    var g = ld2(i) + sf(3u) * pv;
-    if (s(6u) == 1u) {
-        var b = g;
-        if (s(5u) == 0u) { b = sf(1u) * ld3(i) + (1.0 - sf(2u)) * g; }
-        st3(i, b);
-        g = select(b, g + sf(1u) * b, s(4u) == 1u);
-    }
-    st1(i, pv - sf(0u) * g);";
         let dummy;
         let mb = match momentum_buffer {
             Some(b) if use_momentum => b,
             _ => {
-                dummy = self.alloc(DType::F32, 1)?;
+                dummy = self.scratch(DType::F32, 1)?;
                 &dummy
             }
         };
-        let bind = [
-            (DType::F32, Access::Write),
-            (DType::F32, Access::Read),
-            (DType::F32, Access::Write),
-        ];
         self.run(
             "sgd".into(),
-            || wgsl::shader(&bind, body),
+            || compose("sgd.wgsl", None, &[], Entry::Strided),
             p,
             &[(param, true), (grad, false), (mb, true)],
             param.len(),
@@ -1559,23 +1729,9 @@ impl Backend for WgpuBackend {
             .scalar(5, h.decoupled_weight_decay as u32)
             .f(6, 1.0 - h.beta1.powi(t))
             .f(7, 1.0 - h.beta2.powi(t));
-        let body = "let i = i32(t);
-    var pv = ld1(i);
-    var g = ld2(i);
-    if (s(5u) == 1u) { pv = pv * (1.0 - sf(0u) * sf(4u)); } else { g = g + sf(4u) * pv; }
-    let mv = sf(1u) * ld3(i) + (1.0 - sf(1u)) * g;
-    let vv = sf(2u) * ld4(i) + (1.0 - sf(2u)) * g * g;
-    st3(i, mv); st4(i, vv);
-    st1(i, pv - sf(0u) * (mv / sf(6u)) / (sqrt(vv / sf(7u)) + sf(3u)));";
-        let bind = [
-            (DType::F32, Access::Write),
-            (DType::F32, Access::Read),
-            (DType::F32, Access::Write),
-            (DType::F32, Access::Write),
-        ];
         self.run(
             "adam".into(),
-            || wgsl::shader(&bind, body),
+            || compose("adam.wgsl", None, &[], Entry::Strided),
             p,
             &[(param, true), (grad, false), (m, true), (v, true)],
             param.len(),
@@ -1597,22 +1753,17 @@ impl Backend for WgpuBackend {
             .f(4, a)
             .f(5, b)
             .scalar(6, normal);
-        let body = "let lo = s(2u) + t;
-    let hi = s(3u) + select(0u, 1u, lo < t);
-    let w = philox(vec4<u32>(lo, hi, 0u, 0u), vec2<u32>(s(0u), s(1u)));
-    var v = 0.0;
-    if (s(6u) == 0u) {
-        v = sf(4u) + (sf(5u) - sf(4u)) * (f32(w.x >> 8u) * (1.0 / 16777216.0));
-    } else {
-        let u1 = f32((w.x >> 8u) + 1u) * (1.0 / 16777216.0);
-        let u2 = f32(w.y >> 8u) * (1.0 / 16777216.0);
-        v = sf(4u) + sf(5u) * (sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-    }
-    st1(off(0u, t), v);";
         let dt = out.dtype();
         self.run(
             key(&[&"random", &dt]),
-            || wgsl::shader(&[(dt, Access::Write)], body),
+            || {
+                compose(
+                    "random.wgsl",
+                    Some(&[(dt, Access::Write)]),
+                    &[],
+                    Entry::Strided,
+                )
+            },
             p,
             &[(out.buffer, true)],
             out.layout.numel(),
@@ -1623,7 +1774,8 @@ impl Backend for WgpuBackend {
         self.0.kernels.get_or_compile(program, |program| {
             let source = program::lower(program)?;
             // The kernel cache is this pipeline's cache: no string key to collide on.
-            let pipeline = self.build_pipeline(&program.name, source.clone())?;
+            let module = wgsl::Module::generated("<ir program>", source.clone());
+            let pipeline = self.build_pipeline(&program.name, &module, false)?;
             Ok(program::WgpuKernel {
                 program: Arc::new(program.clone()),
                 pipeline,
@@ -1681,9 +1833,12 @@ fn conv_params(g: &Conv2dGeometry, oh: usize, ow: usize) -> Params {
 }
 
 /// Marks `p` for the contiguous kernels' several elements per invocation.
-fn per_thread(p: Params, fast: bool) -> Params {
+fn per_thread(p: Params, entry: Entry) -> Params {
     Params {
-        per_thread: if fast { wgsl::PER_THREAD } else { 1 },
+        per_thread: match entry {
+            Entry::Contiguous => wgsl::PER_THREAD,
+            Entry::Strided => 1,
+        },
         ..p
     }
 }

@@ -1,5 +1,13 @@
-//! WGSL generation: the shared prelude, per-binding typed loads and stores, and one kernel
-//! body per primitive family.
+//! WGSL assembly: the kernel files of `shaders/` (embedded), their specialisation slots, the
+//! per-dtype binding accessors, and the entry points of one-thread-per-element kernels.
+//!
+//! A kernel file is valid WGSL on its own once the prelude (and any file it names with
+//! `// @include FILE`) is appended, which is how `cargo xtask wgsl` validates it. Regions
+//! between `// @slot NAME` and `// @end` hold a default that the backend replaces per
+//! instantiation: `bindings` (the typed accessors for the call's dtypes), an op's expression, a
+//! dtype conversion. A file either has its own `@compute` entry point or defines
+//! `fn kernel(t: u32)`, one thread's work, and gets a generated entry: strided (one element
+//! per thread) or contiguous (several elements per thread, offsets hoisted).
 //!
 //! Every kernel reads its launch parameters from binding 0, `P: array<u32>`:
 //! `P[0]` the number of threads, `P[1..17]` sixteen scalar slots (`s(i)`), `P[17..25]` the
@@ -23,115 +31,8 @@ pub enum Access {
     Atomic,
 }
 
-pub const PRELUDE: &str = r#"
-@group(0) @binding(0) var<storage, read> P: array<u32>;
-
-fn s(i: u32) -> u32 { return P[1u + i]; }
-fn sf(i: u32) -> f32 { return bitcast<f32>(P[1u + i]); }
-fn si(i: u32) -> i32 { return bitcast<i32>(P[1u + i]); }
-
-fn offset_in(base: u32, lin: u32) -> i32 {
-    let r = P[base];
-    var rem = lin;
-    var o = bitcast<i32>(P[base + 1u]);
-    var d = r;
-    loop {
-        if (d == 0u) { break; }
-        d = d - 1u;
-        let n = P[base + 2u + d];
-        let i = rem % n;
-        rem = rem / n;
-        o = o + i32(i) * bitcast<i32>(P[base + 2u + r + d]);
-    }
-    return o;
-}
-fn off(k: u32, lin: u32) -> i32 { return offset_in(P[17u + k], lin); }
-
-fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
-fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
-fn f2i(v: f32) -> i32 {
-    if (is_nan(v)) { return 0; }
-    if (v >= 2147483647.0) { return 2147483647; }
-    if (v <= -2147483648.0) { return -2147483647 - 1; }
-    return i32(v);
-}
-fn f2u(v: f32) -> u32 {
-    if (is_nan(v) || v <= 0.0) { return 0u; }
-    if (v >= 4294967295.0) { return 4294967295u; }
-    return u32(v);
-}
-fn f16_to_f32(h: u32) -> f32 { return unpack2x16float(h).x; }
-// Round to nearest even, as the `half` crate does on the CPU.
-fn f32_to_f16(v: f32) -> u32 {
-    let x = bitcast<u32>(v);
-    let sign = (x >> 16u) & 0x8000u;
-    let e = i32((x >> 23u) & 0xffu);
-    let m = x & 0x7fffffu;
-    if (e == 255) {
-        if (m != 0u) { return sign | 0x7e00u | (m >> 13u); }
-        return sign | 0x7c00u;
-    }
-    let ne = e - 112;
-    if (ne >= 31) { return sign | 0x7c00u; }
-    if (ne <= 0) {
-        if (ne < -10) { return sign; }
-        let mm = m | 0x800000u;
-        let shift = u32(14 - ne);
-        let half = 1u << (shift - 1u);
-        let rest = mm & ((1u << shift) - 1u);
-        var r = mm >> shift;
-        if (rest > half || (rest == half && (r & 1u) == 1u)) { r = r + 1u; }
-        return sign | r;
-    }
-    var r = (u32(ne) << 10u) | (m >> 13u);
-    let rest = m & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (r & 1u) == 1u)) { r = r + 1u; }
-    return sign | r;
-}
-fn bf16_to_f32(h: u32) -> f32 { return bitcast<f32>(h << 16u); }
-fn f32_to_bf16(v: f32) -> u32 {
-    let b = bitcast<u32>(v);
-    if (is_nan(v)) { return (b >> 16u) | 0x40u; }
-    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
-}
-fn half_of(word: u32, i: i32) -> u32 { return (word >> (16u * (u32(i) & 1u))) & 0xffffu; }
-
-fn thread_id(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 { return (wg.y * nwg.x + wg.x) * 256u + lid; }
-
-// Philox 4x32-10 (hal::random): 32x32 -> 64-bit products from 16-bit halves.
-fn mulhilo(a: u32, b: u32) -> vec2<u32> {
-    let al = a & 0xffffu; let ah = a >> 16u; let bl = b & 0xffffu; let bh = b >> 16u;
-    let ll = al * bl; let lh = al * bh; let hl = ah * bl; let hh = ah * bh;
-    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
-    return vec2<u32>(hh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u), a * b);
-}
-fn philox(ctr: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
-    var c = ctr; var k = key;
-    for (var round = 0u; round < 10u; round = round + 1u) {
-        if (round > 0u) { k = k + vec2<u32>(0x9E3779B9u, 0xBB67AE85u); }
-        let p0 = mulhilo(0xD2511F53u, c.x);
-        let p1 = mulhilo(0xCD9E8D57u, c.z);
-        c = vec4<u32>(p1.x ^ c.y ^ k.x, p1.y, p0.x ^ c.w ^ k.y, p0.y);
-    }
-    return c;
-}
-// C's fmod. WGSL's `%` is a - b * trunc(a / b) with an approximate division: when a / b is
-// (nearly) an integer the truncated quotient can be one off, leaving a remainder of b, or one
-// of the wrong sign. Two fix-ups bring it back into (-|b|, |b|) with the sign of a.
-fn fmod(a: f32, b: f32) -> f32 {
-    var r = a - b * trunc(a / b);
-    let m = abs(b);
-    if (abs(r) >= m) { r = r - select(m, -m, r < 0.0); }
-    if (r != 0.0 && ((r < 0.0) != (a < 0.0))) { r = r + select(m, -m, a < 0.0); }
-    return r;
-}
-fn erf_approx(x: f32) -> f32 {
-    let t = 1.0 / (1.0 + 0.3275911 * abs(x));
-    let poly = t * (0.2548296 + t * (-0.28449674 + t * (1.4214137 + t * (-1.4531521 + t * 1.0614054))));
-    let r = 1.0 - poly * exp(-x * x);
-    return select(r, -r, x < 0.0);
-}
-"#;
+/// The prelude every kernel ends with (`shaders/prelude.wgsl`).
+pub const PRELUDE: &str = include_str!("../../../shaders/prelude.wgsl");
 
 /// Declares binding `b` and its typed accessors `ld{b}` (as f32), `ldi{b}` (as i32, for
 /// indices), `bits{b}` (raw element bits), and for writable bindings `st{b}` (from f32,
@@ -217,66 +118,6 @@ pub fn entry(body: &str) -> String {
     )
 }
 
-/// The prelude's strided `off`, and its replacement when every block is contiguous over the
-/// thread index (elementwise kernels on contiguous operands): no index decomposition.
-const OFF_STRIDED: &str = "fn off(k: u32, lin: u32) -> i32 { return offset_in(P[17u + k], lin); }";
-const OFF_CONTIGUOUS: &str =
-    "fn off(k: u32, lin: u32) -> i32 { return bitcast<i32>(P[P[17u + k] + 1u]) + i32(lin); }";
-
-/// [`shader`] for elementwise kernels whose every layout block is contiguous over the
-/// thread index.
-/// Each invocation handles [`PER_THREAD`] elements, `WORKGROUP` apart, so the parameter reads
-/// are amortised and every access stays coalesced.
-pub fn shader_contiguous(bindings: &[(DType, Access)], body: &str) -> String {
-    let mut s = String::from(PRELUDE).replace(OFF_STRIDED, OFF_CONTIGUOUS);
-    for (i, &(d, a)) in bindings.iter().enumerate() {
-        s += &binding(i as u32 + 1, d, a);
-    }
-    // Each block's offset is read once per invocation into a `let` (a scalar, so a register),
-    // and the body's `off(k, t)` becomes `base_k + t`.
-    let mut bases = String::new();
-    let mut body = body.to_string();
-    for k in 0..8 {
-        let call = format!("off({k}u, t)");
-        if body.contains(&call) {
-            bases += &format!("    let base{k} = bitcast<i32>(P[P[{}u] + 1u]);\n", 17 + k);
-            body = body.replace(&call, &format!("(base{k} + i32(t))"));
-        }
-    }
-    s += &format!(
-        "@compute @workgroup_size({WORKGROUP})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n{}{bases}    let total = P[0];\n    let first = (wg.y * nwg.x + wg.x) * {} + lid;\n    for (var q = 0u; q < {PER_THREAD}u; q = q + 1u) {{\n    let t = first + q * {WORKGROUP}u;\n    if (t >= total) {{ return; }}\n{body}\n    }}\n}}\n",
-        touch(bindings.len()),
-        WORKGROUP * PER_THREAD
-    );
-    s
-}
-
-/// A kernel over `vec4` words: inputs `V1`, `V2` read-only, output `V3`, each thread one
-/// word; `body` sees `t`.
-pub fn shader_vec4(body: &str) -> String {
-    let mut s = String::from(PRELUDE);
-    s += "@group(0) @binding(1) var<storage, read> V1: array<vec4<u32>>;\n";
-    s += "@group(0) @binding(2) var<storage, read> V2: array<vec4<u32>>;\n";
-    s += "@group(0) @binding(3) var<storage, read_write> V3: array<vec4<u32>>;\n";
-    s += &entry(&format!(
-        "    _ = arrayLength(&V1); _ = arrayLength(&V2); _ = arrayLength(&V3);\n    {body}"
-    ));
-    s
-}
-
-/// Elements per invocation in contiguous elementwise kernels.
-pub const PER_THREAD: u32 = 4;
-
-/// A whole shader: prelude, bindings, entry.
-pub fn shader(bindings: &[(DType, Access)], body: &str) -> String {
-    let mut s = String::from(PRELUDE);
-    for (i, &(d, a)) in bindings.iter().enumerate() {
-        s += &binding(i as u32 + 1, d, a);
-    }
-    s += &entry(&(touch(bindings.len()) + body));
-    s
-}
-
 /// Statements that use bindings `1..=n`: wgpu derives the bind-group layout from what the
 /// shader uses, and a binding the body happens not to touch would then be refused.
 pub fn touch(n: usize) -> String {
@@ -338,75 +179,301 @@ pub fn binary_expr(op: hal::BinaryOp) -> &'static str {
     }
 }
 
-pub const REM_FLOORED: &str = "fn rem_floored(a: f32, b: f32) -> f32 { let r = fmod(a, b); return select(r, r + b, r != 0.0 && ((r < 0.0) != (b < 0.0))); }\n";
+/// One file of `shaders/`, as embedded in the binary.
+#[derive(Clone, Copy, Debug)]
+pub struct ShaderFile {
+    pub name: &'static str,
+    pub text: &'static str,
+}
 
-/// Tiled matrix product: a 256-thread workgroup computes a 64 x 64 tile of one batch's output,
-/// stepping through k 16 at a time with both operand tiles staged in workgroup memory as
-/// `vec4`s; each thread accumulates the 4 x 4 block at rows `4 ty ..`, columns `4 tx ..`, so
-/// its fragments of A and B are one `vec4` read each per k (broadcast for A, consecutive for B).
-/// A is staged k-fastest (neighbouring threads read neighbouring words of a row-major A), B
-/// column-fastest. Operand loads go through the typed, strided `ld1`/`ld2`, so any dtype and
-/// any strides work (each staged value is used 64 times). Generated unrolled, so the 16
-/// accumulators stay in registers.
-///
-/// Scalars: 0 m, 1 n, 2 first k, 3 end k, 4 alpha, 5 beta, 7-8 a's row and column strides,
-/// 10-11 b's, 13-14 out's. Blocks 0, 1, 2 give a's, b's and out's offset for each batch.
-pub fn gemm_tiled(a: DType, b: DType, out: DType) -> String {
-    let mut s = String::from(PRELUDE);
-    s += &binding(1, a, Access::Read);
-    s += &binding(2, b, Access::Read);
-    s += &binding(3, out, Access::Write);
-    let mut stage = String::new();
-    for e in 0..4 {
-        stage += &format!(
-            "        {{ let idx = li + {e}u * 256u;
-          let ar = idx / 16u; let ak = idx % 16u;
-          var av = 0.0; if (row0 + ar < m && kk + ak < kend) {{ av = ld1(abase + i32(row0 + ar) * si(7u) + i32(kk + ak) * si(8u)); }}
-          As[ak * 16u + ar / 4u][ar % 4u] = av;
-          let bk = idx / 64u; let bc = idx % 64u;
-          var bv = 0.0; if (col0 + bc < n && kk + bk < kend) {{ bv = ld2(bbase + i32(kk + bk) * si(10u) + i32(col0 + bc) * si(11u)); }}
-          Bs[bk * 16u + bc / 4u][bc % 4u] = bv; }}\n"
-        );
-    }
-    let mut decl = String::new();
-    let mut fmas =
-        String::from("            let a = As[k * 16u + ty]; let b = Bs[k * 16u + tx];\n");
-    let mut store = String::new();
-    for i in 0..4 {
-        for j in 0..4 {
-            decl += &format!("    var c{i}{j} = 0.0;\n");
-            fmas += &format!("            c{i}{j} = fma(a[{i}], b[{j}], c{i}{j});\n");
-            store += &format!(
-                "    {{ let r = row0 + 4u * ty + {i}u; let c = col0 + 4u * tx + {j}u;
-      if (r < m && c < n) {{ let o = obase + i32(r) * si(13u) + i32(c) * si(14u);
-        var v = sf(4u) * c{i}{j}; if (sf(5u) != 0.0) {{ v = v + sf(5u) * ld3(o); }} st3(o, v); }} }}\n"
-            );
+macro_rules! shader_files {
+    ($($name:literal),* $(,)?) => {
+        /// Every file of `shaders/`.
+        pub const FILES: &[ShaderFile] = &[$(ShaderFile {
+            name: $name,
+            text: include_str!(concat!("../../../shaders/", $name)),
+        }),*];
+    };
+}
+
+shader_files!(
+    "prelude.wgsl",
+    "tile.wgsl",
+    "fill.wgsl",
+    "copy.wgsl",
+    "unary.wgsl",
+    "binary.wgsl",
+    "binary_vec4.wgsl",
+    "ternary.wgsl",
+    "reduce.wgsl",
+    "arg_reduce.wgsl",
+    "gemm.wgsl",
+    "nearest_centroid.wgsl",
+    "row_norms.wgsl",
+    "segment_sum.wgsl",
+    "spmv.wgsl",
+    "gather.wgsl",
+    "scatter_add.wgsl",
+    "im2col.wgsl",
+    "col2im.wgsl",
+    "sgd.wgsl",
+    "adam.wgsl",
+    "random.wgsl",
+);
+
+/// The embedded file `name`. Names are compile-time constants of this crate, checked by the
+/// unit tests, so a missing one is a bug here, not bad input.
+pub fn file(name: &str) -> &'static ShaderFile {
+    FILES
+        .iter()
+        .find(|f| f.name == name)
+        .unwrap_or_else(|| panic!("no shader file {name}"))
+}
+
+/// One part of a composed module: which file its lines come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// File name, or `<generated>` for the entry point.
+    pub file: &'static str,
+    /// First line of the segment in the module (1-based).
+    pub first_line: usize,
+    pub lines: usize,
+}
+
+/// A composed shader module and the files its lines come from.
+#[derive(Clone, Debug)]
+pub struct Module {
+    pub source: String,
+    pub segments: Vec<Segment>,
+}
+
+impl Module {
+    /// A module with no file behind it (a lowered IR program): lines are reported as they are.
+    pub fn generated(file: &'static str, source: String) -> Self {
+        let lines = source.lines().count();
+        Module {
+            source,
+            segments: vec![Segment {
+                file,
+                first_line: 1,
+                lines,
+            }],
         }
     }
-    s += &format!(
-        r#"
-var<workgroup> As: array<vec4<f32>, 256>;
-var<workgroup> Bs: array<vec4<f32>, 256>;
 
-@compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
-    _ = arrayLength(&B1); _ = arrayLength(&B2); _ = arrayLength(&B3);
-    let m = s(0u); let n = s(1u); let kend = s(3u);
-    let tx = lid.x; let ty = lid.y;
-    let row0 = wg.y * 64u; let col0 = wg.x * 64u;
-    let abase = off(0u, wg.z); let bbase = off(1u, wg.z); let obase = off(2u, wg.z);
-{decl}
-    for (var kk = s(2u); kk < kend; kk = kk + 16u) {{
-{stage}
-        workgroupBarrier();
-        for (var k = 0u; k < 16u; k = k + 1u) {{
-{fmas}
-        }}
-        workgroupBarrier();
-    }}
-{store}
-}}
-"#
-    );
-    s
+    /// The file and line (1-based) of the module's line `line`, for error messages.
+    pub fn locate(&self, line: usize) -> (&'static str, usize) {
+        for s in &self.segments {
+            if line >= s.first_line && line < s.first_line + s.lines {
+                return (s.file, line - s.first_line + 1);
+            }
+        }
+        ("<generated>", line)
+    }
+}
+
+/// Replaces the slot regions of `text` named in `slots`; a slot not named keeps its default
+/// text, line for line (so default modules keep the files' line numbers).
+fn fill_slots(text: &str, slots: &[(&str, String)]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut skipping = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if let Some(name) = t.strip_prefix("// @slot ") {
+            if let Some((_, with)) = slots.iter().find(|(n, _)| *n == name.trim()) {
+                out += with;
+                if !with.ends_with('\n') {
+                    out.push('\n');
+                }
+                skipping = true;
+                continue;
+            }
+        } else if t == "// @end" && skipping {
+            skipping = false;
+            continue;
+        }
+        if !skipping {
+            out += line;
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The files a kernel file includes (`// @include NAME` lines).
+fn includes(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("// @include "))
+        .map(str::trim)
+}
+
+/// How a `fn kernel(t: u32)` file is driven.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Entry {
+    /// One thread per element, `t` checked against `P[0]`.
+    Strided,
+    /// [`PER_THREAD`] elements per thread, `WORKGROUP` apart (coalesced); for kernels whose
+    /// every layout block is contiguous over the thread index, so `off(k, t)` is a base plus
+    /// `t`, with the base read once per thread.
+    Contiguous,
+}
+
+/// Elements per invocation under [`Entry::Contiguous`].
+pub const PER_THREAD: u32 = 4;
+
+/// Kernel file `name` with `bindings` generated for the call's dtypes (or the file's defaults
+/// when `None`), `slots` filled, its includes and the prelude appended, and, for a
+/// `fn kernel` file, the entry point of `entry`.
+pub fn compose(
+    name: &str,
+    bindings: Option<&[(DType, Access)]>,
+    slots: &[(&str, String)],
+    entry: Entry,
+) -> Module {
+    let mut slots = slots.to_vec();
+    if let Some(b) = bindings {
+        let decls: String = b
+            .iter()
+            .enumerate()
+            .map(|(i, &(d, a))| binding(i as u32 + 1, d, a))
+            .collect();
+        slots.push(("bindings", decls));
+    }
+    let main = file(name);
+    let mut parts: Vec<(&'static str, String)> = vec![(main.name, fill_slots(main.text, &slots))];
+    for inc in includes(main.text) {
+        let f = file(inc);
+        parts.push((f.name, fill_slots(f.text, &slots)));
+    }
+    let own_entry = main.text.contains("@compute");
+    let contiguous = !own_entry && entry == Entry::Contiguous;
+    if contiguous {
+        // The kernel's `off(k, t)` becomes a register plus `t`: no index decomposition.
+        let mut hoisted = String::new();
+        let mut init = String::new();
+        for k in 0..8 {
+            let call = format!("off({k}u, t)");
+            if parts[0].1.contains(&call) {
+                parts[0].1 = parts[0]
+                    .1
+                    .replace(&call, &format!("(contiguous_base{k} + i32(t))"));
+                hoisted += &format!("var<private> contiguous_base{k}: i32;\n");
+                init += &format!(
+                    "    contiguous_base{k} = bitcast<i32>(P[P[{}u] + 1u]);\n",
+                    17 + k
+                );
+            }
+        }
+        parts.push((
+            "<generated>",
+            hoisted + &entry_contiguous(&parts[0].1, &init),
+        ));
+    }
+    parts.push(("prelude.wgsl", PRELUDE.to_string()));
+    if !own_entry && !contiguous {
+        let body = touch(max_binding(&parts[0].1)) + "    kernel(t);";
+        parts.push(("<generated>", self::entry(&body)));
+    }
+    let mut m = Module {
+        source: String::new(),
+        segments: Vec::new(),
+    };
+    for (file, text) in parts {
+        let first_line = m.source.lines().count() + 1;
+        m.segments.push(Segment {
+            file,
+            first_line,
+            lines: text.lines().count(),
+        });
+        m.source += &text;
+        if !m.source.ends_with('\n') {
+            m.source.push('\n');
+        }
+    }
+    m
+}
+
+/// The highest data binding a kernel declares (`B1` ..).
+fn max_binding(text: &str) -> usize {
+    (1..16)
+        .rev()
+        .find(|b| text.contains(&format!("@binding({b})")))
+        .unwrap_or(0)
+}
+
+fn entry_contiguous(kernel: &str, init: &str) -> String {
+    format!(
+        "@compute @workgroup_size({WORKGROUP})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n{}{init}    let total = P[0];\n    let first = (wg.y * nwg.x + wg.x) * {} + lid;\n    for (var q = 0u; q < {PER_THREAD}u; q = q + 1u) {{\n        let t = first + q * {WORKGROUP}u;\n        if (t >= total) {{ return; }}\n        kernel(t);\n    }}\n}}\n",
+        touch(max_binding(kernel)),
+        WORKGROUP * PER_THREAD
+    )
+}
+
+/// Every kernel file composed with its default slots, under each entry it can have: what
+/// `cargo xtask wgsl` validates. (Library files, the prelude and `tile.wgsl`, are validated
+/// as parts of the kernels that include them.)
+pub fn default_modules() -> Vec<(&'static str, &'static str, Module)> {
+    let mut out = Vec::new();
+    for f in FILES {
+        if f.name == "prelude.wgsl" || f.name == "tile.wgsl" {
+            continue;
+        }
+        let entries: &[(&str, Entry)] = if f.text.contains("@compute") {
+            &[("own entry", Entry::Strided)]
+        } else {
+            &[
+                ("strided entry", Entry::Strided),
+                ("contiguous entry", Entry::Contiguous),
+            ]
+        };
+        for &(label, e) in entries {
+            out.push((f.name, label, compose(f.name, None, &[], e)));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shader_file_is_embedded_and_included_files_exist() {
+        let on_disk: Vec<String> =
+            std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shaders"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n.ends_with(".wgsl"))
+                .collect();
+        for n in &on_disk {
+            assert!(FILES.iter().any(|f| f.name == n), "{n} is not embedded");
+        }
+        assert_eq!(on_disk.len(), FILES.len());
+        for f in FILES {
+            for inc in includes(f.text) {
+                file(inc);
+            }
+        }
+    }
+
+    #[test]
+    fn slots_are_replaced_and_defaults_keep_line_numbers() {
+        let m = compose("unary.wgsl", None, &[], Entry::Strided);
+        let unary = file("unary.wgsl").text;
+        assert!(m.source.starts_with(unary));
+        assert_eq!(m.locate(3), ("unary.wgsl", 3));
+        let n = unary.lines().count();
+        assert_eq!(m.locate(n + 1).0, "prelude.wgsl");
+        let r = compose(
+            "unary.wgsl",
+            Some(&io(&[DType::F16], DType::BF16)),
+            &[("op", "fn op(v: f32) -> f32 { return exp(v); }".into())],
+            Entry::Contiguous,
+        );
+        assert!(r.source.contains("return exp(v);"));
+        assert!(!r.source.contains("return -v;"));
+        assert!(r.source.contains("f32_to_bf16"));
+        assert!(r.source.contains("contiguous_base1 + i32(t)"));
+        assert!(!r.source.contains("// @slot op"));
+    }
 }

@@ -2,8 +2,11 @@
 //! machine, the peer in the same run, and prints medians with ratios.
 //!
 //! ```text
-//! bench [--backend cpu] [--suite gemm,elementwise] [--reps N] [--gemm-size N] [--elements N]
+//! bench [--backend cpu] [--suite gemm,elementwise,nearest] [--reps N] [--gemm-size N]
+//!       [--elements N] [--points N] [--centroids N] [--dim N]
 //! ```
+//! `nearest` (nearest-centroid search, default 1,000,000 x 128 against 4096) runs only when
+//! named: on a CPU it takes minutes.
 //! A self-contained binary (no cargo needed), so it also runs on GPU hosts. Every timed run
 //! gets fresh random inputs (drawn by the backend's random primitive, outside the timed
 //! region), warm-up runs come first, and results are checked before they are timed.
@@ -19,6 +22,9 @@ struct Args {
     reps: usize,
     gemm_size: usize,
     elements: usize,
+    points: usize,
+    centroids: usize,
+    dim: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -28,6 +34,9 @@ fn parse() -> Result<Args, String> {
         reps: 9,
         gemm_size: 2048,
         elements: 64 << 20,
+        points: 1_000_000,
+        centroids: 4096,
+        dim: 128,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -42,14 +51,17 @@ fn parse() -> Result<Args, String> {
             "--reps" => a.reps = num(value()?)?.max(1),
             "--gemm-size" => a.gemm_size = num(value()?)?,
             "--elements" => a.elements = num(value()?)?,
-            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise] [--reps N] [--gemm-size N] [--elements N]".into()),
+            "--points" => a.points = num(value()?)?,
+            "--centroids" => a.centroids = num(value()?)?.max(1),
+            "--dim" => a.dim = num(value()?)?.max(1),
+            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
     for s in &a.suites {
-        if !["gemm", "elementwise"].contains(&s.as_str()) {
+        if !["gemm", "elementwise", "nearest"].contains(&s.as_str()) {
             return Err(format!(
-                "unknown suite {s} (this build has: gemm, elementwise)"
+                "unknown suite {s} (this build has: gemm, elementwise, nearest)"
             ));
         }
     }
@@ -87,6 +99,11 @@ fn main() -> ExitCode {
         "cpu" => run(&CpuBackend::new(), &args, None),
         "wgpu" => match backend_wgpu::WgpuBackend::new() {
             Ok(gpu) => {
+                let tile = backend_wgpu::tile_shape();
+                println!(
+                    "bench: wgpu GEMM tiles of {} x {} (HAL_WGPU_TILE)",
+                    tile.rows, tile.cols
+                );
                 let copy = |src: &backend_wgpu::WgpuBuffer, dst: &backend_wgpu::WgpuBuffer| {
                     gpu.copy_whole_buffer(src, dst)
                 };
@@ -124,6 +141,7 @@ fn run<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -> ExitCo
     for suite in &args.suites {
         let result = match suite.as_str() {
             "gemm" => gemm(b, args),
+            "nearest" => nearest(b, args),
             _ => elementwise(b, args, device_copy),
         };
         if let Err(e) = result {
@@ -395,20 +413,115 @@ fn elementwise<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -
             2.0 * bytes / t_dev / 1e9
         );
     }
-    // Latency: one tiny dispatch, submitted and waited for.
+    // Latency: one tiny dispatch, submitted and waited for; then its two halves.
     let one = b.alloc(DType::F32, 1)?;
     let l1 = Layout::contiguous(&[1]);
-    let t_trip = time_it(
-        args.reps.max(51),
-        |_| {},
-        || {
-            b.fill(View::new(&one, &l1), 1.0).expect("fill");
-            b.synchronize().expect("sync");
-        },
-    );
+    let samples = |mut f: Box<dyn FnMut() -> f64 + '_>| {
+        let mut v: Vec<f64> = (0..args.reps.max(101) + 5).map(|_| f()).skip(5).collect();
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() * 9 / 10])
+    };
+    let trip = samples(Box::new(|| {
+        let t = Instant::now();
+        b.fill(View::new(&one, &l1), 1.0).expect("fill");
+        b.synchronize().expect("sync");
+        t.elapsed().as_secs_f64()
+    }));
+    let submit = samples(Box::new(|| {
+        let t = Instant::now();
+        b.fill(View::new(&one, &l1), 1.0).expect("fill");
+        let e = t.elapsed().as_secs_f64();
+        b.synchronize().expect("sync");
+        e
+    }));
+    let wait = samples(Box::new(|| {
+        b.fill(View::new(&one, &l1), 1.0).expect("fill");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        let t = Instant::now();
+        b.synchronize().expect("sync");
+        t.elapsed().as_secs_f64()
+    }));
     println!(
-        "round trip of a 1-element dispatch (submit + wait): {:.1} us",
-        t_trip * 1e6
+        "round trip of a 1-element dispatch (submit + wait): {:.1} us median (min {:.1}, p90 {:.1}); submit alone {:.1} us, wait for finished work {:.1} us",
+        trip.0 * 1e6,
+        trip.1 * 1e6,
+        trip.2 * 1e6,
+        submit.0 * 1e6,
+        wait.0 * 1e6
+    );
+    Ok(())
+}
+
+/// Nearest-centroid search: `points` x `dim` against `centroids`, fresh uniform data each run.
+/// Checked first on sampled rows against a float64 brute force (the chosen centroid must be
+/// within the hal tolerance of the best, the distance within it of the exact one).
+fn nearest<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
+    let (n, m, d) = (args.points, args.centroids, args.dim);
+    let (xl, cl, ol) = (
+        Layout::contiguous(&[n, d]),
+        Layout::contiguous(&[m, d]),
+        Layout::contiguous(&[n]),
+    );
+    let (x, c) = (b.alloc(DType::F32, n * d)?, b.alloc(DType::F32, m * d)?);
+    let (idx, dist) = (b.alloc(DType::U32, n)?, b.alloc(DType::F32, n)?);
+    let uniform = Distribution::Uniform {
+        low: -1.0,
+        high: 1.0,
+    };
+    let fresh = |i: usize| {
+        let base = (i * (n + m) * d) as u64;
+        b.random(View::new(&x, &xl), uniform, 5, base)
+            .expect("random");
+        b.random(View::new(&c, &cl), uniform, 5, base + (n * d) as u64)
+            .expect("random");
+        b.fill(View::new(&dist, &ol), f64::NAN).expect("fill");
+        b.synchronize().expect("sync");
+    };
+    let search = || {
+        b.nearest_centroid(
+            View::new(&x, &xl),
+            View::new(&c, &cl),
+            View::new(&idx, &ol),
+            View::new(&dist, &ol),
+        )
+    };
+    fresh(0);
+    search()?;
+    let (xs, cs) = (b.read::<f32>(&x)?, b.read::<f32>(&c)?);
+    let (is, ds) = (b.read::<u32>(&idx)?, b.read::<f32>(&dist)?);
+    let exact = |i: usize, j: usize| -> f64 {
+        (0..d)
+            .map(|k| (xs[i * d + k] as f64 - cs[j * d + k] as f64).powi(2))
+            .sum()
+    };
+    let norm = |v: &[f32], i: usize| -> f64 { (0..d).map(|k| (v[i * d + k] as f64).powi(2)).sum() };
+    let cmax = (0..m).map(|j| norm(&cs, j)).fold(0.0, f64::max);
+    let mut worst = 0f64;
+    for s in 0..256.min(n) {
+        let i = (s * 7919 + 17) % n;
+        let best = (0..m).map(|j| exact(i, j)).fold(f64::INFINITY, f64::min);
+        let j = is[i] as usize;
+        let chosen = if j < m { exact(i, j) } else { f64::INFINITY };
+        let tol = 2f64.powi(-16) * (norm(&xs, i) + cmax);
+        worst = worst.max((chosen - best).max((ds[i] as f64 - chosen).abs()) / tol);
+    }
+    if worst > 1.0 || ds.iter().any(|v| v.is_nan()) {
+        return Err(hal::Error::Backend {
+            backend: "bench",
+            detail: format!(
+                "nearest-centroid check failed: worst {worst:.2} of the tolerance, or unwritten output"
+            ),
+        });
+    }
+    drop((xs, cs, is, ds));
+    let t = time_it(args.reps, fresh, || {
+        search().expect("nearest_centroid");
+        b.synchronize().expect("sync");
+    });
+    println!(
+        "nearest centroid {n} x {d} vs {m}: {:.2} ms, {:.1} GFLOP/s of distance work (checked 256 rows: worst {worst:.2} of the tolerance)",
+        t * 1e3,
+        2.0 * (n * m * d) as f64 / t / 1e9
     );
     Ok(())
 }

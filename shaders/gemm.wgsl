@@ -1,0 +1,63 @@
+// Batched matrix product: out = alpha A B + beta out (beta 0 ignores out), one BM x BN block
+// of one batch per workgroup (grid: column blocks, row blocks, batch). See tile.wgsl.
+// Blocks 0, 1, 2: each batch's offset of A, B and out. Scalars: 0 m, 1 n, 2 first k, 3 end k
+// (the backend slices long k), 4 alpha, 5 beta, 7-8 A's row and column strides, 10-11 B's,
+// 13-14 out's.
+
+// @include tile.wgsl
+
+// @slot bindings
+@group(0) @binding(1) var<storage, read> B1: array<u32>;
+fn ld1(i: i32) -> f32 { return bitcast<f32>(B1[i]); }
+@group(0) @binding(2) var<storage, read> B2: array<u32>;
+fn ld2(i: i32) -> f32 { return bitcast<f32>(B2[i]); }
+@group(0) @binding(3) var<storage, read_write> B3: array<u32>;
+fn ld3(i: i32) -> f32 { return bitcast<f32>(B3[i]); }
+fn st3(i: i32, v: f32) { B3[i] = bitcast<u32>(v); }
+// @end
+
+fn store_row(obase: i32, r: u32, col: u32, v: vec4<f32>) {
+    if (r >= s(0u)) { return; }
+    for (var j = 0u; j < 4u; j = j + 1u) {
+        let c = col + j;
+        if (c < s(1u)) {
+            let o = obase + i32(r) * si(13u) + i32(c) * si(14u);
+            var x = sf(4u) * v[j];
+            if (sf(5u) != 0.0) { x = x + sf(5u) * ld3(o); }
+            st3(o, x);
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    _ = arrayLength(&B1); _ = arrayLength(&B2); _ = arrayLength(&B3);
+    let o = Operands(s(0u), s(1u), s(3u), off(0u, wg.z), si(7u), si(8u), off(1u, wg.z), si(10u), si(11u));
+    let row0 = wg.y * BM;
+    let col0 = wg.x * BN;
+    clear_tile();
+    accumulate_block(o, li, row0, col0, s(2u));
+    let obase = off(2u, wg.z);
+    let r = row0 + 4u * (li / 16u);
+    let c = col0 + 4u * (li % 16u);
+    store_row(obase, r, c, c0);
+    store_row(obase, r + 1u, c, c1);
+    store_row(obase, r + 2u, c, c2);
+    store_row(obase, r + 3u, c, c3);
+    if (TM == 8u) {
+        store_row(obase, r + 64u, c, c4);
+        store_row(obase, r + 65u, c, c5);
+        store_row(obase, r + 66u, c, c6);
+        store_row(obase, r + 67u, c, c7);
+        if (TN == 8u) {
+            store_row(obase, r, c + 64u, d0);
+            store_row(obase, r + 1u, c + 64u, d1);
+            store_row(obase, r + 2u, c + 64u, d2);
+            store_row(obase, r + 3u, c + 64u, d3);
+            store_row(obase, r + 64u, c + 64u, d4);
+            store_row(obase, r + 65u, c + 64u, d5);
+            store_row(obase, r + 66u, c + 64u, d6);
+            store_row(obase, r + 67u, c + 64u, d7);
+        }
+    }
+}

@@ -1,0 +1,28 @@
+// im2col: out[n, c*kh*kw + i*kw + j, oy*ow + ox] = x[n, c, oy*sy + i*dy - py, ox*sx + j*dx - px]
+// (0 outside the image). Blocks: 0 out, 1 x (read by logical NCHW position).
+// Scalars: 0 N, 1 C, 2 H, 3 W, 4 kh, 5 kw, 6-7 stride, 8-9 padding, 10-11 dilation, 12 oh, 13 ow.
+
+// @slot bindings
+@group(0) @binding(1) var<storage, read> B1: array<u32>;
+fn ld1(i: i32) -> f32 { return bitcast<f32>(B1[i]); }
+@group(0) @binding(2) var<storage, read_write> B2: array<u32>;
+fn st2(i: i32, v: f32) { B2[i] = bitcast<u32>(v); }
+// @end
+
+fn kernel(t: u32) {
+    let C = s(1u); let H = s(2u); let W = s(3u);
+    let kh = s(4u); let kw = s(5u); let oh = s(12u); let ow = s(13u);
+    let pos = t % (oh * ow);
+    let row = (t / (oh * ow)) % (C * kh * kw);
+    let n = t / (oh * ow * C * kh * kw);
+    let c = row / (kh * kw);
+    let i = (row / kw) % kh;
+    let j = row % kw;
+    let iy = i32((pos / ow) * s(6u) + i * s(10u)) - i32(s(8u));
+    let ix = i32((pos % ow) * s(7u) + j * s(11u)) - i32(s(9u));
+    var v = 0.0;
+    if (iy >= 0 && ix >= 0 && u32(iy) < H && u32(ix) < W) {
+        v = ld1(off(1u, ((n * C + c) * H + u32(iy)) * W + u32(ix)));
+    }
+    st2(off(0u, t), v);
+}

@@ -1,0 +1,132 @@
+// Shared by every kernel (appended by the backend to each kernel file).
+//
+// Binding 0, `P`, holds the launch parameters: `P[0]` the number of threads, `P[1..17]`
+// sixteen scalar slots (`s(i)`, `sf(i)`, `si(i)`), `P[17..25]` the start of up to eight
+// layout blocks, then the blocks, each `[rank, offset, shape.., strides..]`.
+//
+// Data buffers are bound as `array<u32>`: 32-bit elements one per word, f16/bf16 two per word
+// (element `i` is the low half of word `i / 2` when `i` is even). The backend generates each
+// binding's typed accessors (`ld1`, `st2`, ...) per dtype; see `wgsl.rs`.
+
+@group(0) @binding(0) var<storage, read> P: array<u32>;
+
+fn s(i: u32) -> u32 { return P[1u + i]; }
+fn sf(i: u32) -> f32 { return bitcast<f32>(P[1u + i]); }
+fn si(i: u32) -> i32 { return bitcast<i32>(P[1u + i]); }
+
+fn offset_in(base: u32, lin: u32) -> i32 {
+    let r = P[base];
+    var rem = lin;
+    var o = bitcast<i32>(P[base + 1u]);
+    var d = r;
+    loop {
+        if (d == 0u) { break; }
+        d = d - 1u;
+        let n = P[base + 2u + d];
+        let i = rem % n;
+        rem = rem / n;
+        o = o + i32(i) * bitcast<i32>(P[base + 2u + r + d]);
+    }
+    return o;
+}
+// The element offset of row-major position `lin` in layout block `k`. Elementwise kernels
+// whose every operand is contiguous replace this with a base-plus-index version.
+// @slot off
+fn off(k: u32, lin: u32) -> i32 { return offset_in(P[17u + k], lin); }
+// @end
+
+fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
+fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
+fn f2i(v: f32) -> i32 {
+    if (is_nan(v)) { return 0; }
+    if (v >= 2147483647.0) { return 2147483647; }
+    if (v <= -2147483648.0) { return -2147483647 - 1; }
+    return i32(v);
+}
+fn f2u(v: f32) -> u32 {
+    if (is_nan(v) || v <= 0.0) { return 0u; }
+    if (v >= 4294967295.0) { return 4294967295u; }
+    return u32(v);
+}
+// Exact, in integer arithmetic (`unpack2x16float` needs a capability some adapters lack).
+fn f16_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {
+        let v = f32(m) * 5.9604644775390625e-8;
+        return select(v, -v, sign != 0u);
+    }
+    if (e == 31u) { return bitcast<f32>(sign | 0x7f800000u | (m << 13u)); }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+// Round to nearest even, as the `half` crate does on the CPU.
+fn f32_to_f16(v: f32) -> u32 {
+    let x = bitcast<u32>(v);
+    let sign = (x >> 16u) & 0x8000u;
+    let e = i32((x >> 23u) & 0xffu);
+    let m = x & 0x7fffffu;
+    if (e == 255) {
+        if (m != 0u) { return sign | 0x7e00u | (m >> 13u); }
+        return sign | 0x7c00u;
+    }
+    let ne = e - 112;
+    if (ne >= 31) { return sign | 0x7c00u; }
+    if (ne <= 0) {
+        if (ne < -10) { return sign; }
+        let mm = m | 0x800000u;
+        let shift = u32(14 - ne);
+        let half = 1u << (shift - 1u);
+        let rest = mm & ((1u << shift) - 1u);
+        var r = mm >> shift;
+        if (rest > half || (rest == half && (r & 1u) == 1u)) { r = r + 1u; }
+        return sign | r;
+    }
+    var r = (u32(ne) << 10u) | (m >> 13u);
+    let rest = m & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (r & 1u) == 1u)) { r = r + 1u; }
+    return sign | r;
+}
+fn bf16_to_f32(h: u32) -> f32 { return bitcast<f32>(h << 16u); }
+fn f32_to_bf16(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    if (is_nan(v)) { return (b >> 16u) | 0x40u; }
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+fn half_of(word: u32, i: i32) -> u32 { return (word >> (16u * (u32(i) & 1u))) & 0xffffu; }
+
+fn thread_id(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 { return (wg.y * nwg.x + wg.x) * 256u + lid; }
+
+// Philox 4x32-10 (hal::random): 32x32 -> 64-bit products from 16-bit halves.
+fn mulhilo(a: u32, b: u32) -> vec2<u32> {
+    let al = a & 0xffffu; let ah = a >> 16u; let bl = b & 0xffffu; let bh = b >> 16u;
+    let ll = al * bl; let lh = al * bh; let hl = ah * bl; let hh = ah * bh;
+    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
+    return vec2<u32>(hh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u), a * b);
+}
+fn philox(ctr: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+    var c = ctr; var k = key;
+    for (var round = 0u; round < 10u; round = round + 1u) {
+        if (round > 0u) { k = k + vec2<u32>(0x9E3779B9u, 0xBB67AE85u); }
+        let p0 = mulhilo(0xD2511F53u, c.x);
+        let p1 = mulhilo(0xCD9E8D57u, c.z);
+        c = vec4<u32>(p1.x ^ c.y ^ k.x, p1.y, p0.x ^ c.w ^ k.y, p0.y);
+    }
+    return c;
+}
+// C's fmod. WGSL's `%` is a - b * trunc(a / b) with an approximate division: when a / b is
+// (nearly) an integer the truncated quotient can be one off, leaving a remainder of b, or one
+// of the wrong sign. Two fix-ups bring it back into (-|b|, |b|) with the sign of a.
+fn fmod(a: f32, b: f32) -> f32 {
+    var r = a - b * trunc(a / b);
+    let m = abs(b);
+    if (abs(r) >= m) { r = r - select(m, -m, r < 0.0); }
+    if (r != 0.0 && ((r < 0.0) != (a < 0.0))) { r = r + select(m, -m, a < 0.0); }
+    return r;
+}
+fn erf_approx(x: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    let poly = t * (0.2548296 + t * (-0.28449674 + t * (1.4214137 + t * (-1.4531521 + t * 1.0614054))));
+    let r = 1.0 - poly * exp(-x * x);
+    return select(r, -r, x < 0.0);
+}
