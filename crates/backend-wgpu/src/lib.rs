@@ -78,6 +78,14 @@ impl Params {
     fn f(self, i: usize, v: f32) -> Self {
         self.scalar(i, v.to_bits())
     }
+    /// A 2-D view's offset, row stride and column stride in slots `i`, `i + 1`, `i + 2`
+    /// (as i32 bits).
+    fn matrix(self, i: usize, l: &Layout) -> Self {
+        let bits = |v: isize| v as i32 as u32;
+        self.scalar(i, bits(l.offset as isize))
+            .scalar(i + 1, bits(l.strides[0]))
+            .scalar(i + 2, bits(l.strides[1]))
+    }
     fn encode(&self, threads: u32) -> Vec<u32> {
         let mut p = vec![threads];
         p.extend_from_slice(&self.scalars);
@@ -1533,7 +1541,6 @@ impl Backend for WgpuBackend {
             cols: tile_shape().cols,
         };
         let slice = tiles_per_slice * tile.cols;
-        let i32s = |v: isize| v as i32 as u32;
         let dts = [x.dtype(), c.dtype()];
         let pipeline = self.pipeline(&key(&[&"nearest", &dts, &tile]), || {
             let bind = [
@@ -1551,11 +1558,7 @@ impl Backend for WgpuBackend {
         })?;
         // The centroids' squared norms, once per call.
         let norms = self.scratch(DType::F32, m)?;
-        let np = Params::default()
-            .scalar(0, d as u32)
-            .scalar(1, i32s(c.layout.offset as isize))
-            .scalar(2, i32s(c.layout.strides[0]))
-            .scalar(3, i32s(c.layout.strides[1]));
+        let np = Params::default().scalar(0, d as u32).matrix(1, c.layout);
         self.run(
             key(&[&"row_norms", &dts[1]]),
             || {
@@ -1578,12 +1581,8 @@ impl Backend for WgpuBackend {
                 .scalar(0, n as u32)
                 .scalar(1, end as u32)
                 .scalar(2, d as u32)
-                .scalar(3, i32s(x.layout.offset as isize))
-                .scalar(4, i32s(x.layout.strides[0]))
-                .scalar(5, i32s(x.layout.strides[1]))
-                .scalar(6, i32s(c.layout.offset as isize))
-                .scalar(7, i32s(c.layout.strides[0]))
-                .scalar(8, i32s(c.layout.strides[1]))
+                .matrix(3, x.layout)
+                .matrix(6, c.layout)
                 .scalar(9, first as u32)
                 .scalar(10, (first > 0) as u32);
             self.dispatch_groups(
@@ -1627,16 +1626,13 @@ impl Backend for WgpuBackend {
         let chunks = n.div_ceil(SUM_CHUNK).max(1);
         let width = m * (d + 1);
         let partial = self.scratch(DType::F32, chunks * width)?;
-        let i32s = |v: isize| v as i32 as u32;
         let p = Params::default()
             .block(segment.layout)
             .block(&wl)
             .scalar(0, n as u32)
             .scalar(1, d as u32)
             .scalar(2, m as u32)
-            .scalar(3, i32s(x.layout.offset as isize))
-            .scalar(4, i32s(x.layout.strides[0]))
-            .scalar(5, i32s(x.layout.strides[1]))
+            .matrix(3, x.layout)
             .scalar(6, SUM_CHUNK as u32)
             .scalar(7, weights.is_some() as u32);
         // Partial layout: [chunk, segment, column 0..d (sums) and d (count)].
