@@ -214,3 +214,34 @@ fn steady_state_loop_allocates_nothing_and_reused_buffers_are_zero() {
     );
     assert!(gpu.read::<u32>(&fresh).unwrap().iter().all(|&v| v == 0));
 }
+
+/// An in-place update (`x = x + y`: one buffer read and written) stages the read side in a
+/// copy; the copies come from the pool too, so repeating it creates no device buffers.
+#[test]
+fn in_place_updates_allocate_nothing_after_the_first() {
+    let gpu = gpu();
+    let l = Layout::contiguous(&[1001]);
+    let x = gpu.upload(&vec![0.5f32; 1001]).unwrap();
+    let y = gpu.upload(&vec![0.25f32; 1001]).unwrap();
+    let add = || {
+        gpu.binary(
+            hal::BinaryOp::Add,
+            View::new(&x, &l),
+            View::new(&y, &l),
+            View::new(&x, &l),
+        )
+        .unwrap()
+    };
+    add();
+    gpu.synchronize().unwrap();
+    let created = gpu.buffers_created();
+    for _ in 0..5 {
+        add();
+    }
+    assert_eq!(gpu.read::<f32>(&x).unwrap(), vec![2.0f32; 1001]);
+    assert_eq!(
+        gpu.buffers_created(),
+        created,
+        "in-place adds created buffers"
+    );
+}

@@ -212,11 +212,7 @@ fn validate_wgsl() -> ExitCode {
         let included = wgsl::FILES
             .iter()
             .any(|k| k.text.contains(&format!("// @include {}", f.name)));
-        if !f.text.contains("@compute")
-            && !f.text.contains("fn kernel(")
-            && !included
-            && f.name != "prelude.wgsl"
-        {
+        if !f.is_kernel() && !included && f.name != "prelude.wgsl" {
             report(
                 f.name.to_string(),
                 Err(format!(

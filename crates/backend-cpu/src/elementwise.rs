@@ -10,21 +10,19 @@ use hal::{BinaryOp, DType, Layout, TernaryOp, UnaryOp};
 
 pub(crate) fn fill(out: Dst, layout: &Layout, value: f64) {
     let walk = Walk::new(&layout.shape, [layout]);
-    let v = value as f32;
-    // Integers take the value directly so that large integers are not rounded through f32.
-    let ival = value.clamp(i32::MIN as f64, u32::MAX as f64) as i64;
+    // The element bits once (integers straight from f64, so large ones are not rounded).
+    let bits = out.dtype.fill_bits(value);
+    let (base, wide) = (out.ptr as usize, out.dtype.size_in_bytes() == 4);
     walk.par_runs(|_, [o], [so], len| unsafe {
-        for j in 0..len as isize {
-            match out.dtype {
-                DType::I32 => {
-                    *(out.ptr as *mut i32).offset(o + j * so) =
-                        ival.clamp(i32::MIN as i64, i32::MAX as i64) as i32
-                }
-                DType::U32 => {
-                    *(out.ptr as *mut u32).offset(o + j * so) =
-                        ival.clamp(0, u32::MAX as i64) as u32
-                }
-                _ => out.store(o + j * so, v),
+        if wide {
+            let d = base as *mut u32;
+            for j in 0..len as isize {
+                *d.offset(o + j * so) = bits;
+            }
+        } else {
+            let d = base as *mut u16;
+            for j in 0..len as isize {
+                *d.offset(o + j * so) = bits as u16;
             }
         }
     });

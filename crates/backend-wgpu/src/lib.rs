@@ -104,6 +104,43 @@ impl Params {
     }
 }
 
+/// Which kernel to run: a file of `shaders/` and how it is specialised (see
+/// [`wgsl::compose`]). Its `Debug` text is the pipeline-cache key.
+#[derive(Debug)]
+struct Spec {
+    file: &'static str,
+    bindings: Option<Vec<(DType, Access)>>,
+    slots: Vec<(&'static str, String)>,
+    entry: Entry,
+}
+
+impl Spec {
+    fn new(file: &'static str) -> Self {
+        Spec {
+            file,
+            bindings: None,
+            slots: Vec::new(),
+            entry: Entry::Strided,
+        }
+    }
+    /// Typed accessors for these dtypes instead of the file's default `bindings` slot.
+    fn bindings(mut self, bindings: Vec<(DType, Access)>) -> Self {
+        self.bindings = Some(bindings);
+        self
+    }
+    fn slot(mut self, name: &'static str, text: String) -> Self {
+        self.slots.push((name, text));
+        self
+    }
+    /// The contiguous entry (several elements per thread) when every operand is contiguous.
+    fn contiguous_if(mut self, all_contiguous: bool) -> Self {
+        if all_contiguous {
+            self.entry = Entry::Contiguous;
+        }
+        self
+    }
+}
+
 /// A compiled compute pipeline and its bind-group layout (fetched once: wgpu creates a new
 /// layout object on every `get_bind_group_layout` call).
 pub(crate) struct Kernel {
@@ -176,6 +213,7 @@ struct Inner {
     /// An IR launch happened since the fault record was last read.
     faults_unread: std::sync::atomic::AtomicBool,
     pool: Arc<Mutex<Pool>>,
+    buffers_created: std::sync::atomic::AtomicU64,
 }
 
 /// The wgpu device handle. Cheap to clone.
@@ -221,8 +259,6 @@ impl Drop for BufferInner {
 struct Pool {
     free: HashMap<u64, Vec<wgpu::Buffer>>,
     bytes: u64,
-    /// Buffers created by the device (not reused), for tests and the bench.
-    created: u64,
 }
 
 /// The most bytes of freed buffers the pool keeps; beyond it, freed buffers are released.
@@ -352,6 +388,7 @@ impl WgpuBackend {
             faults,
             faults_unread: Default::default(),
             pool,
+            buffers_created: Default::default(),
         })))
     }
 
@@ -406,7 +443,7 @@ impl WgpuBackend {
             None => {
                 let d = &self.0.device;
                 let scope = d.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-                let buffer = d.create_buffer(&wgpu::BufferDescriptor {
+                let buffer = self.create_buffer(&wgpu::BufferDescriptor {
                     label: None,
                     size,
                     usage: wgpu::BufferUsages::STORAGE
@@ -419,11 +456,6 @@ impl WgpuBackend {
                         requested_bytes: bytes,
                     });
                 }
-                self.0
-                    .pool
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .created += 1;
                 buffer
             }
         };
@@ -441,14 +473,23 @@ impl WgpuBackend {
         Ok(self.alloc_uninit(dtype, len)?.0)
     }
 
-    /// Device buffers created so far; allocations served from the pool are not counted. A
-    /// steady-state loop that frees what it allocates leaves this unchanged.
+    /// Storage buffers created since the backend was opened (allocations, scratch, staging
+    /// copies of aliased operands); those served from the pool are not counted, nor are the
+    /// staging buffers of read-backs the caller asks for. A steady-state loop that frees what
+    /// it allocates leaves this unchanged.
     pub fn buffers_created(&self) -> u64 {
         self.0
-            .pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .created
+            .buffers_created
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Every storage buffer after construction is made here (through the pool), so
+    /// [`Self::buffers_created`] counts them all.
+    fn create_buffer(&self, desc: &wgpu::BufferDescriptor<'_>) -> wgpu::Buffer {
+        self.0
+            .buffers_created
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.device.create_buffer(desc)
     }
 
     /// The pipeline of a built-in kernel, compiled on first use and cached under `key`.
@@ -606,23 +647,20 @@ impl WgpuBackend {
             });
         }
         let mut encoder = d.create_command_encoder(&Default::default());
-        let copies: Vec<Option<wgpu::Buffer>> = buffers
-            .iter()
-            .map(|&(b, writes)| {
-                let aliased = !writes && buffers.iter().any(|&(o, w)| w && o.same_memory(b));
-                aliased.then(|| {
-                    let size = b.0.buffer.size();
-                    let tmp = d.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("alias copy"),
-                        size,
-                        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                        mapped_at_creation: false,
-                    });
-                    encoder.copy_buffer_to_buffer(&b.0.buffer, 0, &tmp, 0, size);
-                    tmp
-                })
-            })
-            .collect();
+        // Copies come from the pool (same dtype and length, so the same size class) and go
+        // back to it once this call returns: queue order keeps them intact until the dispatch
+        // has read them.
+        let mut copies: Vec<Option<WgpuBuffer>> = Vec::with_capacity(buffers.len());
+        for &(b, writes) in buffers {
+            let aliased = !writes && buffers.iter().any(|&(o, w)| w && o.same_memory(b));
+            copies.push(if aliased {
+                let tmp = self.scratch(b.dtype(), b.len())?;
+                encoder.copy_buffer_to_buffer(&b.0.buffer, 0, &tmp.0.buffer, 0, b.0.buffer.size());
+                Some(tmp)
+            } else {
+                None
+            });
+        }
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -632,7 +670,7 @@ impl WgpuBackend {
             }),
         }];
         for (i, (&(b, _), copy)) in buffers.iter().zip(&copies).enumerate() {
-            let buffer = copy.as_ref().unwrap_or(&b.0.buffer);
+            let buffer = copy.as_ref().map_or(&b.0.buffer, |c| &c.0.buffer);
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
                 resource: buffer.as_entire_binding(),
@@ -655,17 +693,32 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// Compiles (once) and runs a kernel whose source depends only on `key`.
+    /// The pipeline of `spec`, compiled on first use. The cache key is the spec itself, so
+    /// two calls share a pipeline exactly when they would compose the same WGSL.
+    fn kernel(&self, spec: &Spec) -> Result<Arc<Kernel>> {
+        self.pipeline(&format!("{spec:?}"), || {
+            wgsl::compose(spec.file, spec.bindings.as_deref(), &spec.slots, spec.entry)
+        })
+    }
+
+    /// Compiles (once) and runs the `fn kernel(t)` file of `spec` over `threads` elements
+    /// (several per invocation under the contiguous entry).
     fn run(
         &self,
-        key: String,
-        source: impl FnOnce() -> wgsl::Module,
+        spec: Spec,
         params: Params,
         buffers: &[(&WgpuBuffer, bool)],
         threads: usize,
     ) -> Result<()> {
-        let p = self.pipeline(&key, source)?;
-        self.dispatch(&p, &params, buffers, threads)
+        let kernel = self.kernel(&spec)?;
+        let params = Params {
+            per_thread: match spec.entry {
+                Entry::Contiguous => wgsl::PER_THREAD,
+                Entry::Strided => 1,
+            },
+            ..params
+        };
+        self.dispatch(&kernel, &params, buffers, threads)
     }
 
     fn read_words(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
@@ -790,11 +843,13 @@ impl WgpuBackend {
             ReduceOp::Min => "select(mn, nan(), seen_nan)",
             _ => "sum * sf(1u)",
         };
-        let source = |bind: Vec<(DType, Access)>| {
-            let f = format!(
-                "fn finish(sum: f32, mx: f32, mn: f32, seen_nan: bool) -> f32 {{ return {finish}; }}"
-            );
-            compose("reduce.wgsl", Some(&bind), &[("finish", f)], Entry::Strided)
+        let spec = |bind: Vec<(DType, Access)>| {
+            Spec::new("reduce.wgsl").bindings(bind).slot(
+                "finish",
+                format!(
+                    "fn finish(sum: f32, mx: f32, mn: f32, seen_nan: bool) -> f32 {{ return {finish}; }}"
+                ),
+            )
         };
         let a = x.dtype();
         if chunks == 1 {
@@ -808,8 +863,7 @@ impl WgpuBackend {
                 .scalar(3, 1);
             let b = out.dtype();
             return self.run(
-                key(&[&"reduce", &op, &a, &b]),
-                || source(wgsl::io(&[a], b)),
+                spec(wgsl::io(&[a], b)),
                 p,
                 &[(x.buffer, false), (out.buffer, true)],
                 n_out,
@@ -827,8 +881,7 @@ impl WgpuBackend {
             .scalar(3, chunks as u32);
         let f = DType::F32;
         self.run(
-            key(&[&"reduce", &op, &a, &f]),
-            || source(wgsl::io(&[a], f)),
+            spec(wgsl::io(&[a], f)),
             p,
             &[(x.buffer, false), (&partial, true)],
             n_out * chunks,
@@ -878,13 +931,14 @@ impl WgpuBackend {
         let a = x.dtype();
         let dummy = self.scratch(DType::U32, 1)?;
         let idx = index.unwrap_or(&dummy);
-        let bind = [
-            (a, Access::Read),
-            (DType::U32, Access::Write),
-            (DType::U32, Access::Read),
-            (DType::F32, Access::Write),
-        ];
-        let key = key(&[&"arg", &op, &nan_wins, &a]);
+        let spec = Spec::new("arg_reduce.wgsl")
+            .bindings(vec![
+                (a, Access::Read),
+                (DType::U32, Access::Write),
+                (DType::U32, Access::Read),
+                (DType::F32, Access::Write),
+            ])
+            .slot("rule", rule);
         let scalars = |p: Params| {
             p.scalar(0, count as u32)
                 .scalar(2, CHUNK as u32)
@@ -910,15 +964,7 @@ impl WgpuBackend {
             )
             .scalar(5, has);
             return self.run(
-                key,
-                || {
-                    compose(
-                        "arg_reduce.wgsl",
-                        Some(&bind),
-                        &[("rule", rule.clone())],
-                        Entry::Strided,
-                    )
-                },
+                spec,
                 p,
                 &[(x, false), (out, true), (idx, false), (vb, true)],
                 n_out,
@@ -938,15 +984,7 @@ impl WgpuBackend {
         )
         .scalar(5, 1);
         self.run(
-            key,
-            || {
-                compose(
-                    "arg_reduce.wgsl",
-                    Some(&bind),
-                    &[("rule", rule)],
-                    Entry::Strided,
-                )
-            },
+            spec,
             p,
             &[(x, false), (&pi, true), (idx, false), (&pv, true)],
             n_out * chunks,
@@ -986,33 +1024,6 @@ fn all_contiguous(shape: &[usize], layouts: &[&Layout]) -> bool {
     layouts
         .iter()
         .all(|l| l.shape == shape && l.is_contiguous())
-}
-
-/// The entry for an elementwise kernel: contiguous when every operand is.
-fn entry_for(all_contiguous: bool) -> Entry {
-    if all_contiguous {
-        Entry::Contiguous
-    } else {
-        Entry::Strided
-    }
-}
-
-/// The WGSL of a kernel file (see [`wgsl::compose`]).
-fn compose(
-    name: &str,
-    bindings: Option<&[(DType, Access)]>,
-    slots: &[(&str, String)],
-    entry: Entry,
-) -> wgsl::Module {
-    wgsl::compose(name, bindings, slots, entry)
-}
-
-fn key(parts: &[&dyn std::fmt::Debug]) -> String {
-    parts
-        .iter()
-        .map(|p| format!("{p:?}"))
-        .collect::<Vec<_>>()
-        .join("/")
 }
 
 /// `x`'s strides with `axes` zeroed, on `shape`: the base offset of each output's reduction.
@@ -1126,23 +1137,14 @@ impl Backend for WgpuBackend {
     fn fill(&self, out: V<'_>, value: f64) -> Result<()> {
         validate::fill(out)?;
         let dt = out.dtype();
-        // The value in the output's own element bits, rounded as the f32 -> dtype stores round.
-        let bits = match dt {
-            DType::F32 => (value as f32).to_bits(),
-            DType::F16 => hal::f16::from_f32(value as f32).to_bits() as u32,
-            DType::BF16 => hal::bf16::from_f32(value as f32).to_bits() as u32,
-            DType::I32 => value.clamp(i32::MIN as f64, i32::MAX as f64) as i32 as u32,
-            DType::U32 => value.clamp(0.0, u32::MAX as f64) as u32,
-        };
-        let entry = entry_for(out.layout.is_contiguous());
-        let p = per_thread(Params::default().block(out.layout).scalar(0, bits), entry);
-        self.run(
-            key(&[&"fill", &dt, &entry]),
-            || compose("fill.wgsl", Some(&[(dt, Access::Write)]), &[], entry),
-            p,
-            &[(out.buffer, true)],
-            out.layout.numel(),
-        )
+        let spec = Spec::new("fill.wgsl")
+            .bindings(vec![(dt, Access::Write)])
+            .contiguous_if(out.layout.is_contiguous());
+        // One kernel for every dtype: the value goes in as the output's own element bits.
+        let p = Params::default()
+            .block(out.layout)
+            .scalar(0, dt.fill_bits(value));
+        self.run(spec, p, &[(out.buffer, true)], out.layout.numel())
     }
 
     fn copy(&self, src: V<'_>, out: V<'_>) -> Result<()> {
@@ -1154,15 +1156,13 @@ impl Backend for WgpuBackend {
             (DType::U32, DType::I32) => "stbits2(dst, min(bits1(src), 0x7fffffffu));",
             _ => "st2(dst, ld1(src));",
         };
+        let spec = Spec::new("copy.wgsl")
+            .bindings(wgsl::io(&[a], b))
+            .slot("convert", format!("    {convert}"))
+            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, src.layout]));
         let p = Params::default().block(out.layout).block(src.layout);
-        let entry = entry_for(all_contiguous(&out.layout.shape, &[out.layout, src.layout]));
-        let p = per_thread(p, entry);
         self.run(
-            key(&[&"copy", &a, &b, &entry]),
-            || {
-                let slots = [("convert", format!("    {convert}"))];
-                compose("copy.wgsl", Some(&wgsl::io(&[a], b)), &slots, entry)
-            },
+            spec,
             p,
             &[(src.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1180,19 +1180,12 @@ impl Backend for WgpuBackend {
         }
         let (a, b) = (x.dtype(), out.dtype());
         let expr = wgsl::unary_expr(op);
-        let name = format!("{op:?}")
-            .split([' ', '{'])
-            .next()
-            .unwrap_or("")
-            .to_string();
-        let entry = entry_for(all_contiguous(&out.layout.shape, &[out.layout, &xl]));
-        let p = per_thread(p, entry);
+        let spec = Spec::new("unary.wgsl")
+            .bindings(wgsl::io(&[a], b))
+            .slot("op", format!("fn op(v: f32) -> f32 {{ return {expr}; }}"))
+            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, &xl]));
         self.run(
-            key(&[&"unary", &name, &a, &b, &entry]),
-            || {
-                let slots = [("op", format!("fn op(v: f32) -> f32 {{ return {expr}; }}"))];
-                compose("unary.wgsl", Some(&wgsl::io(&[a], b)), &slots, entry)
-            },
+            spec,
             p,
             &[(x.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1220,35 +1213,28 @@ impl Backend for WgpuBackend {
                 .scalar(1, (bl.offset / 4) as u32)
                 .scalar(2, (out.layout.offset / 4) as u32);
             let expr = wgsl::binary_expr(op);
+            let spec = Spec::new("binary_vec4.wgsl").slot(
+                "op",
+                format!("fn op(a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {{ return {expr}; }}"),
+            );
             return self.run(
-                key(&[&"binary_vec4", &op]),
-                || {
-                    let op = format!(
-                        "fn op(a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {{ return {expr}; }}"
-                    );
-                    compose("binary_vec4.wgsl", None, &[("op", op)], Entry::Strided)
-                },
+                spec,
                 p,
                 &[(a.buffer, false), (b.buffer, false), (out.buffer, true)],
                 n / 4,
             );
         }
-        let p = Params::default().block(out.layout).block(&al).block(&bl);
-        let entry = entry_for(all_contiguous(&out.layout.shape, &[out.layout, &al, &bl]));
-        let p = per_thread(p, entry);
-        let source = || {
-            let expr = wgsl::binary_expr(op);
-            let op = format!("fn op(a: f32, b: f32) -> f32 {{ return {expr}; }}");
-            compose(
-                "binary.wgsl",
-                Some(&wgsl::io(&[da, db], dout)),
-                &[("op", op)],
-                entry,
+        let expr = wgsl::binary_expr(op);
+        let spec = Spec::new("binary.wgsl")
+            .bindings(wgsl::io(&[da, db], dout))
+            .slot(
+                "op",
+                format!("fn op(a: f32, b: f32) -> f32 {{ return {expr}; }}"),
             )
-        };
+            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, &al, &bl]));
+        let p = Params::default().block(out.layout).block(&al).block(&bl);
         self.run(
-            key(&[&"binary", &op, &da, &db, &dout, &entry]),
-            source,
+            spec,
             p,
             &[(a.buffer, false), (b.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1268,18 +1254,18 @@ impl Backend for WgpuBackend {
             .block(&al)
             .block(&bl)
             .block(&cl);
-        let bind = wgsl::io(&[dts[0], dts[1], dts[2]], dts[3]);
-        let entry = entry_for(all_contiguous(
-            &out.layout.shape,
-            &[out.layout, &al, &bl, &cl],
-        ));
-        let p = per_thread(p, entry);
+        let spec = Spec::new("ternary.wgsl")
+            .bindings(wgsl::io(&[dts[0], dts[1], dts[2]], dts[3]))
+            .slot(
+                "op",
+                format!("fn op(x: f32, y: f32, z: f32) -> f32 {{ return {expr}; }}"),
+            )
+            .contiguous_if(all_contiguous(
+                &out.layout.shape,
+                &[out.layout, &al, &bl, &cl],
+            ));
         self.run(
-            key(&[&"ternary", &op, &dts, &entry]),
-            || {
-                let op = format!("fn op(x: f32, y: f32, z: f32) -> f32 {{ return {expr}; }}");
-                compose("ternary.wgsl", Some(&bind), &[("op", op)], entry)
-            },
+            spec,
             p,
             &[
                 (a.buffer, false),
@@ -1332,10 +1318,12 @@ impl Backend for WgpuBackend {
         };
         let dts = [a.dtype(), b.dtype(), out.dtype()];
         let tile = tile_shape();
-        let pipeline = self.pipeline(&key(&[&"gemm", &dts, &tile]), || {
-            let bind = wgsl::io(&[dts[0], dts[1]], dts[2]);
-            compose("gemm.wgsl", Some(&bind), &[tile.slot()], Entry::Strided)
-        })?;
+        let (name, text) = tile.slot();
+        let pipeline = self.kernel(
+            &Spec::new("gemm.wgsl")
+                .bindings(wgsl::io(&[dts[0], dts[1]], dts[2]))
+                .slot(name, text),
+        )?;
         let i32s = |v: isize| v as i32 as u32;
         // Slices along k keep any one invocation's loops short (lavapipe); later slices
         // accumulate into `out`. k = 0 still runs once, to apply beta.
@@ -1391,8 +1379,7 @@ impl Backend for WgpuBackend {
         validate::csr_structure(&offsets, &cols, a.cols, a.values.len())?;
         let p = Params::default().f(0, alpha).f(1, beta);
         self.run(
-            "spmv".into(),
-            || compose("spmv.wgsl", None, &[], Entry::Strided),
+            Spec::new("spmv.wgsl"),
             p,
             &[
                 (a.row_offsets, false),
@@ -1416,11 +1403,7 @@ impl Backend for WgpuBackend {
             .scalar(0, x.layout.strides[axis] as i32 as u32);
         let dts = [x.dtype(), index.dtype(), out.dtype()];
         self.run(
-            key(&[&"gather", &dts]),
-            || {
-                let bind = wgsl::io(&[dts[0], dts[1]], dts[2]);
-                compose("gather.wgsl", Some(&bind), &[], Entry::Strided)
-            },
+            Spec::new("gather.wgsl").bindings(wgsl::io(&[dts[0], dts[1]], dts[2])),
             p,
             &[(x.buffer, false), (index.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1459,11 +1442,7 @@ impl Backend for WgpuBackend {
                 .scalar(3, out.layout.strides[axis] as i32 as u32)
                 .scalar(4, j0 as u32);
             self.run(
-                key(&[&"scatter", &dts]),
-                || {
-                    let bind = wgsl::io(&[dts[0], dts[1]], dts[2]);
-                    compose("scatter_add.wgsl", Some(&bind), &[], Entry::Strided)
-                },
+                Spec::new("scatter_add.wgsl").bindings(wgsl::io(&[dts[0], dts[1]], dts[2])),
                 p,
                 &[
                     (src.buffer, false),
@@ -1483,15 +1462,7 @@ impl Backend for WgpuBackend {
         let p = conv_params(g, oh, ow).block(out.layout).block(x.layout);
         let dts = [x.dtype(), out.dtype()];
         self.run(
-            key(&[&"im2col", &dts]),
-            || {
-                compose(
-                    "im2col.wgsl",
-                    Some(&wgsl::io(&[dts[0]], dts[1])),
-                    &[],
-                    Entry::Strided,
-                )
-            },
+            Spec::new("im2col.wgsl").bindings(wgsl::io(&[dts[0]], dts[1])),
             p,
             &[(x.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1505,15 +1476,7 @@ impl Backend for WgpuBackend {
         // One thread per pixel gathers every column entry that reads it: no atomics.
         let dts = [cols.dtype(), out.dtype()];
         self.run(
-            key(&[&"col2im", &dts]),
-            || {
-                compose(
-                    "col2im.wgsl",
-                    Some(&wgsl::io(&[dts[0]], dts[1])),
-                    &[],
-                    Entry::Strided,
-                )
-            },
+            Spec::new("col2im.wgsl").bindings(wgsl::io(&[dts[0]], dts[1])),
             p,
             &[(cols.buffer, false), (out.buffer, true)],
             out.layout.numel(),
@@ -1542,29 +1505,22 @@ impl Backend for WgpuBackend {
         };
         let slice = tiles_per_slice * tile.cols;
         let dts = [x.dtype(), c.dtype()];
-        let pipeline = self.pipeline(&key(&[&"nearest", &dts, &tile]), || {
-            let bind = [
-                (dts[0], Access::Read),
-                (dts[1], Access::Read),
-                (DType::U32, Access::Write),
-                (DType::F32, Access::Write),
-            ];
-            compose(
-                "nearest_centroid.wgsl",
-                Some(&bind),
-                &[tile.slot()],
-                Entry::Strided,
-            )
-        })?;
+        let (name, text) = tile.slot();
+        let pipeline = self.kernel(
+            &Spec::new("nearest_centroid.wgsl")
+                .bindings(vec![
+                    (dts[0], Access::Read),
+                    (dts[1], Access::Read),
+                    (DType::U32, Access::Write),
+                    (DType::F32, Access::Write),
+                ])
+                .slot(name, text),
+        )?;
         // The centroids' squared norms, once per call.
         let norms = self.scratch(DType::F32, m)?;
         let np = Params::default().scalar(0, d as u32).matrix(1, c.layout);
         self.run(
-            key(&[&"row_norms", &dts[1]]),
-            || {
-                let bind = wgsl::io(&[dts[1]], DType::F32);
-                compose("row_norms.wgsl", Some(&bind), &[], Entry::Strided)
-            },
+            Spec::new("row_norms.wgsl").bindings(wgsl::io(&[dts[1]], DType::F32)),
             np,
             &[(c.buffer, false), (&norms, true)],
             m,
@@ -1637,10 +1593,9 @@ impl Backend for WgpuBackend {
             .scalar(7, weights.is_some() as u32);
         // Partial layout: [chunk, segment, column 0..d (sums) and d (count)].
         let dts = [x.dtype(), w.dtype()];
-        let bind = wgsl::io(&[dts[0], DType::U32, dts[1]], DType::F32);
         self.run(
-            key(&[&"segsum", &dts]),
-            || compose("segment_sum.wgsl", Some(&bind), &[], Entry::Strided),
+            Spec::new("segment_sum.wgsl")
+                .bindings(wgsl::io(&[dts[0], DType::U32, dts[1]], DType::F32)),
             p,
             &[
                 (x.buffer, false),
@@ -1698,8 +1653,7 @@ impl Backend for WgpuBackend {
             }
         };
         self.run(
-            "sgd".into(),
-            || compose("sgd.wgsl", None, &[], Entry::Strided),
+            Spec::new("sgd.wgsl"),
             p,
             &[(param, true), (grad, false), (mb, true)],
             param.len(),
@@ -1726,8 +1680,7 @@ impl Backend for WgpuBackend {
             .f(6, 1.0 - h.beta1.powi(t))
             .f(7, 1.0 - h.beta2.powi(t));
         self.run(
-            "adam".into(),
-            || compose("adam.wgsl", None, &[], Entry::Strided),
+            Spec::new("adam.wgsl"),
             p,
             &[(param, true), (grad, false), (m, true), (v, true)],
             param.len(),
@@ -1751,15 +1704,7 @@ impl Backend for WgpuBackend {
             .scalar(6, normal);
         let dt = out.dtype();
         self.run(
-            key(&[&"random", &dt]),
-            || {
-                compose(
-                    "random.wgsl",
-                    Some(&[(dt, Access::Write)]),
-                    &[],
-                    Entry::Strided,
-                )
-            },
+            Spec::new("random.wgsl").bindings(vec![(dt, Access::Write)]),
             p,
             &[(out.buffer, true)],
             out.layout.numel(),
@@ -1826,15 +1771,4 @@ fn conv_params(g: &Conv2dGeometry, oh: usize, ow: usize) -> Params {
         p = p.scalar(i, x as u32);
     }
     p
-}
-
-/// Marks `p` for the contiguous kernels' several elements per invocation.
-fn per_thread(p: Params, entry: Entry) -> Params {
-    Params {
-        per_thread: match entry {
-            Entry::Contiguous => wgsl::PER_THREAD,
-            Entry::Strided => 1,
-        },
-        ..p
-    }
 }

@@ -186,6 +186,18 @@ pub struct ShaderFile {
     pub text: &'static str,
 }
 
+impl ShaderFile {
+    /// Has its own `@compute` entry point (GEMM, nearest centroid).
+    pub fn has_own_entry(&self) -> bool {
+        self.text.contains("@compute")
+    }
+    /// A kernel (own entry or `fn kernel(t)`), not a library file like the prelude or
+    /// `tile.wgsl`.
+    pub fn is_kernel(&self) -> bool {
+        self.has_own_entry() || self.text.contains("fn kernel(")
+    }
+}
+
 macro_rules! shader_files {
     ($($name:literal),* $(,)?) => {
         /// Every file of `shaders/`.
@@ -345,7 +357,7 @@ pub fn compose(
         let f = file(inc);
         parts.push((f.name, fill_slots(f.text, &slots)));
     }
-    let own_entry = main.text.contains("@compute");
+    let own_entry = main.has_own_entry();
     let contiguous = !own_entry && entry == Entry::Contiguous;
     if contiguous {
         // The kernel's `off(k, t)` becomes a register plus `t`: no index decomposition.
@@ -415,10 +427,10 @@ fn entry_contiguous(kernel: &str, init: &str) -> String {
 pub fn default_modules() -> Vec<(&'static str, &'static str, Module)> {
     let mut out = Vec::new();
     for f in FILES {
-        if f.name == "prelude.wgsl" || f.name == "tile.wgsl" {
+        if !f.is_kernel() {
             continue;
         }
-        let entries: &[(&str, Entry)] = if f.text.contains("@compute") {
+        let entries: &[(&str, Entry)] = if f.has_own_entry() {
             &[("own entry", Entry::Strided)]
         } else {
             &[

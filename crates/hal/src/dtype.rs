@@ -45,6 +45,20 @@ impl DType {
         }
     }
 
+    /// The element bits of `value` in this dtype, as [`crate::Backend::fill`] writes it
+    /// (16-bit types in the low half): floats round through `f32` to nearest even, integers
+    /// truncate toward zero and saturate, NaN becomes integer 0.
+    pub fn fill_bits(self, value: f64) -> u32 {
+        match self {
+            DType::F32 => (value as f32).to_bits(),
+            DType::F16 => f16::from_f32(value as f32).to_bits() as u32,
+            DType::BF16 => bf16::from_f32(value as f32).to_bits() as u32,
+            // `as` truncates toward zero, saturates and maps NaN to 0.
+            DType::I32 => value as i32 as u32,
+            DType::U32 => value as u32,
+        }
+    }
+
     /// The unit roundoff of the type when used as storage (half the distance from 1.0 to the
     /// next value); 0 for integers. Parity tolerances are stated in these units.
     pub fn unit_roundoff(self) -> f64 {
