@@ -1,38 +1,44 @@
 // Shared by every kernel (appended by the backend to each kernel file).
 //
-// Binding 0, `P`, holds the launch parameters: `P[0]` the number of threads, `P[1..17]`
-// sixteen scalar slots (`s(i)`, `sf(i)`, `si(i)`), `P[17..25]` the start of up to eight
+// `pw(i)` reads word `i` of the launch parameters: word 0 the number of threads, words 1..17
+// sixteen scalar slots (`s(i)`, `sf(i)`, `si(i)`), words 17..25 the start of up to eight
 // layout blocks, then the blocks, each `[rank, offset, shape.., strides..]`.
 //
 // Data buffers are bound as `array<u32>`: 32-bit elements one per word, f16/bf16 two per word
 // (element `i` is the low half of word `i / 2` when `i` is even). The backend generates each
 // binding's typed accessors (`ld1`, `st2`, ...) per dtype; see `wgsl.rs`.
 
+// Launch parameters in a storage buffer; where the device has immediates (push constants),
+// the backend replaces this slot with an immediate block of the same words, which costs no
+// buffer write per launch.
+// @slot params
 @group(0) @binding(0) var<storage, read> P: array<u32>;
+fn pw(i: u32) -> u32 { return P[i]; }
+// @end
 
-fn s(i: u32) -> u32 { return P[1u + i]; }
-fn sf(i: u32) -> f32 { return bitcast<f32>(P[1u + i]); }
-fn si(i: u32) -> i32 { return bitcast<i32>(P[1u + i]); }
+fn s(i: u32) -> u32 { return pw(1u + i); }
+fn sf(i: u32) -> f32 { return bitcast<f32>(pw(1u + i)); }
+fn si(i: u32) -> i32 { return bitcast<i32>(pw(1u + i)); }
 
 fn offset_in(base: u32, lin: u32) -> i32 {
-    let r = P[base];
+    let r = pw(base);
     var rem = lin;
-    var o = bitcast<i32>(P[base + 1u]);
+    var o = bitcast<i32>(pw(base + 1u));
     var d = r;
     loop {
         if (d == 0u) { break; }
         d = d - 1u;
-        let n = P[base + 2u + d];
+        let n = pw(base + 2u + d);
         let i = rem % n;
         rem = rem / n;
-        o = o + i32(i) * bitcast<i32>(P[base + 2u + r + d]);
+        o = o + i32(i) * bitcast<i32>(pw(base + 2u + r + d));
     }
     return o;
 }
 // The element offset of row-major position `lin` in layout block `k`. Elementwise kernels
 // whose every operand is contiguous replace this with a base-plus-index version.
 // @slot off
-fn off(k: u32, lin: u32) -> i32 { return offset_in(P[17u + k], lin); }
+fn off(k: u32, lin: u32) -> i32 { return offset_in(pw(17u + k), lin); }
 // @end
 
 fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }

@@ -224,7 +224,7 @@ fn validate_wgsl() -> ExitCode {
     }
     for program in hal_parity::checks::sample_programs() {
         let what = format!("IR program `{}`", program.name);
-        let r = backend_wgpu::program_wgsl(&program)
+        let r = backend_wgpu::program_wgsl(&program, 0)
             .map_err(|e| format!("{what}: lowering failed: {e}"))
             .and_then(|src| check_module(&what, &wgsl::Module::generated("<ir program>", src)));
         report(what, r);

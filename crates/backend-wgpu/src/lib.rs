@@ -34,8 +34,9 @@ pub mod wgsl;
 
 /// The WGSL a scalar IR program lowers to (what [`Backend::compile`] builds), for inspection
 /// and for `cargo xtask wgsl`.
-pub fn program_wgsl(program: &Program) -> Result<String> {
-    program::lower(program)
+/// `immediate_words`: 0 for parameters in binding 0, else the size of the immediate block.
+pub fn program_wgsl(program: &Program, immediate_words: u32) -> Result<String> {
+    program::lower(program, immediate_words)
 }
 
 use hal::ir::Program;
@@ -106,7 +107,7 @@ impl Params {
 
 /// Which kernel to run: a file of `shaders/` and how it is specialised (see
 /// [`wgsl::compose`]). Its `Debug` text is the pipeline-cache key.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Spec {
     file: &'static str,
     bindings: Option<Vec<(DType, Access)>>,
@@ -146,6 +147,11 @@ impl Spec {
 pub(crate) struct Kernel {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
+    /// Words of launch parameters the kernel takes as immediates; 0: it reads binding 0.
+    immediate_words: u32,
+    /// What it was built from, to build the binding-0 variant for a launch whose parameters
+    /// do not fit the immediates (`None` for IR programs, whose parameters always fit).
+    spec: Option<Spec>,
 }
 
 /// The output block one GEMM or nearest-centroid workgroup computes (`tile.wgsl`): rows and
@@ -185,8 +191,91 @@ pub fn tile_shape() -> TileShape {
     })
 }
 
+/// Which of the adapter's optional features the backend uses. Each has a fallback that runs
+/// everywhere; turning one off (tests do, to run the fallbacks on an adapter that has them)
+/// changes speed, never results beyond the tolerances `hal` states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// Launch parameters as immediates (Vulkan push constants) instead of a buffer written
+    /// before every dispatch.
+    pub immediates: bool,
+    /// f16 buffers as `array<f16>` (`shader-f16`): plain 16-bit loads and stores instead of
+    /// packed words and atomic read-modify-writes. Arithmetic stays f32 either way.
+    pub native_f16: bool,
+    /// Subgroup reductions (`subgroupAdd`, ...) instead of workgroup-memory trees.
+    pub subgroups: bool,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        WgpuOptions {
+            immediates: true,
+            native_f16: true,
+            subgroups: true,
+        }
+    }
+}
+
+impl WgpuOptions {
+    /// Every optional feature off: the paths an adapter without them takes.
+    pub fn fallbacks() -> Self {
+        WgpuOptions {
+            immediates: false,
+            native_f16: false,
+            subgroups: false,
+        }
+    }
+}
+
 /// How long `synchronize` polls before it blocks.
 const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// Verdict words of index checks, reused round robin. A word is reused only by a check
+/// submitted after the kernel that read it, and the queue runs work in order.
+const VERDICT_WORDS: u32 = 1024;
+
+/// What the op code in the fault record names (see `check_index.wgsl`): the index into this
+/// table. Code 0 is an IR program's load or store.
+const FAULT_OPS: [(&str, FaultKind); 8] = [
+    (
+        "launch (program load/store)",
+        FaultKind::Index { signed: false },
+    ),
+    ("gather", FaultKind::Index { signed: false }),
+    ("gather", FaultKind::Index { signed: true }),
+    ("scatter_add", FaultKind::Index { signed: false }),
+    ("scatter_add", FaultKind::Index { signed: true }),
+    ("segment_sum", FaultKind::Index { signed: false }),
+    ("spmv_csr", FaultKind::Index { signed: false }),
+    ("spmv_csr", FaultKind::CsrOffsets),
+];
+
+/// The fault-record code of broken CSR row offsets.
+const CSR_OFFSETS_CODE: u32 = 7;
+
+#[derive(Clone, Copy)]
+enum FaultKind {
+    /// An index out of range; `signed`: the value is an i32.
+    Index { signed: bool },
+    /// Row offsets that do not start at 0, decrease, or run past the stored entries.
+    CsrOffsets,
+}
+
+/// The fault-record code of an index check of `op` on indices of `dtype`.
+fn fault_code(op: &str, dtype: DType) -> u32 {
+    let signed = dtype == DType::I32;
+    FAULT_OPS
+        .iter()
+        .position(|&(o, k)| o == op && matches!(k, FaultKind::Index { signed: s } if s == signed))
+        .expect("every checked op is in FAULT_OPS") as u32
+}
+
+/// Where a kernel guarded by an index check finds the check's verdict.
+#[derive(Clone, Copy)]
+struct Guard {
+    word: u32,
+    serial: u32,
+}
 
 /// Size of the launch-parameter buffer: far more than any kernel's parameters need.
 const PARAMS_BYTES: u64 = 16 << 10;
@@ -197,6 +286,9 @@ struct Inner {
     info: wgpu::AdapterInfo,
     limits: wgpu::Limits,
     features: wgpu::Features,
+    /// Words of launch parameters passed as immediates (0: the device has none, or they are
+    /// turned off).
+    immediate_words: u32,
     pipelines: Mutex<HashMap<String, Arc<Kernel>>>,
     /// Launch parameters of the dispatch being submitted. One buffer serves every dispatch:
     /// each dispatch writes it and submits under `submit_lock`, and queue writes land in
@@ -210,8 +302,13 @@ struct Inner {
     /// The fault record every IR launch writes its first out-of-range access into:
     /// `[buffer + 1, index, bound]`, all 0 while there is none (see `program.rs`).
     faults: WgpuBuffer,
-    /// An IR launch happened since the fault record was last read.
+    /// An IR launch or index check happened since the fault record was last read.
     faults_unread: std::sync::atomic::AtomicBool,
+    /// One word per recent index check ([`VERDICT_WORDS`], used round robin): set to the
+    /// check's serial when it finds a bad index, read by the kernel it guards.
+    verdicts: WgpuBuffer,
+    /// Serial of the next index check (never 0, the verdict words' initial value).
+    check_serial: std::sync::atomic::AtomicU32,
     pool: Arc<Mutex<Pool>>,
     buffers_created: std::sync::atomic::AtomicU64,
 }
@@ -319,6 +416,12 @@ impl WgpuBackend {
     /// Opens the highest-performance adapter. No adapter (no Vulkan driver, say) is
     /// [`Error::Unavailable`] with the reason.
     pub fn new() -> Result<Self> {
+        Self::with_options(WgpuOptions::default())
+    }
+
+    /// [`Self::new`] using only the optional features `options` allows (where the adapter
+    /// has them).
+    pub fn with_options(options: WgpuOptions) -> Result<Self> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
             backends: wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY),
             ..wgpu::InstanceDescriptor::new_without_display_handle()
@@ -334,7 +437,19 @@ impl WgpuBackend {
             ),
         })?;
         let limits = adapter.limits();
-        let features = adapter.features() & (wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16);
+        let mut wanted = wgpu::Features::empty();
+        wanted.set(wgpu::Features::SUBGROUP, options.subgroups);
+        wanted.set(wgpu::Features::SHADER_F16, options.native_f16);
+        wanted.set(wgpu::Features::IMMEDIATES, options.immediates);
+        let features = adapter.features() & wanted;
+        // Whole vec4s of words, at most 64 (256 bytes, what Vulkan drivers commonly offer);
+        // fewer than 32 words would not hold most launches.
+        let immediate_words = if features.contains(wgpu::Features::IMMEDIATES) {
+            let w = (limits.max_immediate_size / 16 * 4).min(64);
+            if w >= 32 { w } else { 0 }
+        } else {
+            0
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("hal"),
             required_features: features,
@@ -360,7 +475,7 @@ impl WgpuBackend {
         let pool: Arc<Mutex<Pool>> = Arc::default();
         let faults = {
             let f = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("IR fault record"),
+                label: Some("fault record"),
                 size: 16,
                 usage: wgpu::BufferUsages::STORAGE
                     | wgpu::BufferUsages::COPY_SRC
@@ -374,14 +489,28 @@ impl WgpuBackend {
                 pool: pool.clone(),
             }))
         };
+        let verdicts = WgpuBuffer(Arc::new(BufferInner {
+            buffer: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("index check verdicts"),
+                size: VERDICT_WORDS as u64 * 4,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            }),
+            dtype: DType::U32,
+            len: VERDICT_WORDS as usize,
+            pool: pool.clone(),
+        }));
         Ok(Self(Arc::new(Inner {
             params,
+            verdicts,
+            check_serial: std::sync::atomic::AtomicU32::new(1),
             submit_lock: Mutex::default(),
             device,
             queue,
             info: adapter.get_info(),
             limits,
             features,
+            immediate_words,
             pipelines: Mutex::default(),
             kernels: Default::default(),
             deferred,
@@ -406,6 +535,25 @@ impl WgpuBackend {
         let _submitting = self.0.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
         self.0.queue.submit([encoder.finish()]);
         Ok(())
+    }
+
+    /// The optional adapter features this device uses (see [`WgpuOptions`]), for reports.
+    pub fn features_in_use(&self) -> String {
+        let mut used = Vec::new();
+        if self.0.immediate_words > 0 {
+            used.push(format!("immediates ({} words)", self.0.immediate_words));
+        }
+        if self.0.features.contains(wgpu::Features::SHADER_F16) {
+            used.push("shader-f16".to_string());
+        }
+        if self.0.features.contains(wgpu::Features::SUBGROUP) {
+            used.push("subgroups".to_string());
+        }
+        if used.is_empty() {
+            "none (fallbacks only)".into()
+        } else {
+            used.join(", ")
+        }
     }
 
     /// The largest buffer a kernel can bind, in bytes.
@@ -492,26 +640,6 @@ impl WgpuBackend {
         self.0.device.create_buffer(desc)
     }
 
-    /// The pipeline of a built-in kernel, compiled on first use and cached under `key`.
-    fn pipeline(&self, key: &str, source: impl FnOnce() -> wgsl::Module) -> Result<Arc<Kernel>> {
-        if let Some(p) = self
-            .0
-            .pipelines
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-        {
-            return Ok(p.clone());
-        }
-        let p = self.build_pipeline(key, &source(), true)?;
-        self.0
-            .pipelines
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key.to_string(), p.clone());
-        Ok(p)
-    }
-
     /// Compiles WGSL into a pipeline; a validation error is returned with the validator's
     /// report and the shader file and line it points at.
     ///
@@ -528,6 +656,8 @@ impl WgpuBackend {
         label: &str,
         code: &wgsl::Module,
         built_in: bool,
+        immediate_words: u32,
+        spec: Option<Spec>,
     ) -> Result<Arc<Kernel>> {
         let d = &self.0.device;
         let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -572,6 +702,8 @@ impl WgpuBackend {
         Ok(Arc::new(Kernel {
             layout: pipeline.get_bind_group_layout(0),
             pipeline,
+            immediate_words,
+            spec,
         }))
     }
 
@@ -635,14 +767,26 @@ impl WgpuBackend {
             return Ok(());
         }
         let d = &self.0.device;
-        let words = params.encode(threads);
-        let params_bytes: &[u8] = bytemuck::cast_slice(&words);
-        if params_bytes.len() as u64 > PARAMS_BYTES {
+        let mut words = params.encode(threads);
+        let immediates = kernel.immediate_words as usize;
+        if immediates > 0 && words.len() > immediates {
+            // Too many parameters (high-rank views) for the immediate block: the variant
+            // that reads them from binding 0.
+            let spec = kernel.spec.as_ref().ok_or_else(|| {
+                backend_error(format!(
+                    "{} words of launch parameters exceed the {immediates} immediates",
+                    words.len()
+                ))
+            })?;
+            let fallback = self.kernel_variant(spec, 0)?;
+            return self.submit(&fallback, params, threads, buffers, groups);
+        }
+        if words.len() as u64 * 4 > PARAMS_BYTES {
             return Err(Error::InvalidArgument {
                 op: "dispatch",
                 detail: format!(
                     "{} bytes of launch parameters exceed {PARAMS_BYTES}",
-                    params_bytes.len()
+                    words.len() * 4
                 ),
             });
         }
@@ -661,14 +805,17 @@ impl WgpuBackend {
                 None
             });
         }
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.0.params,
-                offset: 0,
-                size: std::num::NonZeroU64::new(params_bytes.len() as u64),
-            }),
-        }];
+        let mut entries = Vec::with_capacity(buffers.len() + 1);
+        if immediates == 0 {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &self.0.params,
+                    offset: 0,
+                    size: std::num::NonZeroU64::new(words.len() as u64 * 4),
+                }),
+            });
+        }
         for (i, (&(b, _), copy)) in buffers.iter().zip(&copies).enumerate() {
             let buffer = copy.as_ref().map_or(&b.0.buffer, |c| &c.0.buffer);
             entries.push(wgpu::BindGroupEntry {
@@ -685,20 +832,56 @@ impl WgpuBackend {
             let mut pass = encoder.begin_compute_pass(&Default::default());
             pass.set_pipeline(&kernel.pipeline);
             pass.set_bind_group(0, &group, &[]);
+            if immediates > 0 {
+                // The shader declares the whole block; every word must be set.
+                words.resize(immediates, 0);
+                pass.set_immediates(0, bytemuck::cast_slice(&words));
+            }
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
         let _submitting = self.0.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.0.queue.write_buffer(&self.0.params, 0, params_bytes);
+        if immediates == 0 {
+            self.0
+                .queue
+                .write_buffer(&self.0.params, 0, bytemuck::cast_slice(&words));
+        }
         self.0.queue.submit([encoder.finish()]);
         Ok(())
     }
 
-    /// The pipeline of `spec`, compiled on first use. The cache key is the spec itself, so
-    /// two calls share a pipeline exactly when they would compose the same WGSL.
+    /// The pipeline of `spec`, compiled on first use, taking its parameters as immediates
+    /// where the device can.
     fn kernel(&self, spec: &Spec) -> Result<Arc<Kernel>> {
-        self.pipeline(&format!("{spec:?}"), || {
-            wgsl::compose(spec.file, spec.bindings.as_deref(), &spec.slots, spec.entry)
-        })
+        self.kernel_variant(spec, self.0.immediate_words)
+    }
+
+    /// The pipeline of `spec` with `immediate_words` words of immediates (0: parameters in
+    /// binding 0). The cache key is the spec itself and the variant, so two calls share a
+    /// pipeline exactly when they would compose the same WGSL.
+    fn kernel_variant(&self, spec: &Spec, immediate_words: u32) -> Result<Arc<Kernel>> {
+        let key = format!("{spec:?} immediates {immediate_words}");
+        let cached = self
+            .0
+            .pipelines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
+        if let Some(p) = cached {
+            return Ok(p);
+        }
+        let mut slots = spec.slots.clone();
+        if immediate_words > 0 {
+            slots.push(wgsl::immediate_params(immediate_words));
+        }
+        let module = wgsl::compose(spec.file, spec.bindings.as_deref(), &slots, spec.entry);
+        let p = self.build_pipeline(&key, &module, true, immediate_words, Some(spec.clone()))?;
+        self.0
+            .pipelines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, p.clone());
+        Ok(p)
     }
 
     /// Compiles (once) and runs the `fn kernel(t)` file of `spec` over `threads` elements
@@ -768,54 +951,106 @@ impl WgpuBackend {
                 self.0
                     .queue
                     .write_buffer(&self.0.faults.0.buffer, 0, &[0u8; 16]);
-                return Err(Error::IndexOutOfRange {
-                    op: "launch (program load/store)",
-                    index: w[1] as i64,
-                    bound: w[2] as usize,
+                let (op, kind) = FAULT_OPS
+                    .get(w[3] as usize)
+                    .copied()
+                    .ok_or_else(|| backend_error(format!("unknown fault code {}", w[3])))?;
+                return Err(match kind {
+                    FaultKind::Index { signed } => Error::IndexOutOfRange {
+                        op,
+                        index: if signed {
+                            w[1] as i32 as i64
+                        } else {
+                            w[1] as i64
+                        },
+                        bound: w[2] as usize,
+                    },
+                    FaultKind::CsrOffsets => Error::InvalidArgument {
+                        op,
+                        detail: format!(
+                            "row_offsets must start at 0, never decrease and end within the {} stored entries (found offset {})",
+                            w[2], w[1]
+                        ),
+                    },
                 });
             }
         }
         Ok(())
     }
 
-    /// Reads an index view to the host and checks every index lies in `0..bound`.
-    fn check_indices(
-        &self,
-        op: &'static str,
-        index: View<'_, WgpuBuffer>,
-        bound: usize,
-    ) -> Result<()> {
-        let words: Vec<u32> =
-            bytemuck::pod_collect_to_vec(&self.read_words(&index.buffer.0.buffer)?);
-        let signed = index.dtype() == DType::I32;
-        for p in 0..index.layout.numel() {
-            let mut rem = p;
-            let mut at = index.layout.offset as isize;
-            for d in (0..index.layout.rank()).rev() {
-                at += (rem % index.layout.shape[d]) as isize * index.layout.strides[d];
-                rem /= index.layout.shape[d];
-            }
-            let raw = words[at as usize];
-            let v = if signed {
-                raw as i32 as i64
-            } else {
-                raw as i64
-            };
-            if v < 0 || v as u64 >= bound as u64 {
-                return Err(Error::IndexOutOfRange {
-                    op,
-                    index: v,
-                    bound,
-                });
-            }
+    /// A fresh verdict word and serial for an index check.
+    fn next_guard(&self) -> Guard {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut serial = self.0.check_serial.fetch_add(1, Relaxed);
+        if serial == 0 {
+            // 0 is what unused verdict words hold: never a serial.
+            serial = self.0.check_serial.fetch_add(1, Relaxed);
         }
-        Ok(())
+        Guard {
+            word: serial % VERDICT_WORDS,
+            serial,
+        }
+    }
+
+    /// Checks on the device that every index of `index` lies in `0..bound`, without waiting:
+    /// a bad one is reported by the next synchronize or read (as [`Error::IndexOutOfRange`]
+    /// naming `op`), and the kernel run with the returned guard writes nothing.
+    fn check_indices(&self, op: &'static str, index: V<'_>, bound: usize) -> Result<Guard> {
+        let guard = self.next_guard();
+        let p = Params::default()
+            .block(index.layout)
+            .scalar(0, bound.min(u32::MAX as usize) as u32)
+            .scalar(1, fault_code(op, index.dtype()))
+            .scalar(2, guard.word)
+            .scalar(3, guard.serial);
+        self.run(
+            Spec::new("check_index.wgsl"),
+            p,
+            &[
+                (index.buffer, false),
+                (&self.0.verdicts, true),
+                (&self.0.faults, true),
+            ],
+            index.layout.numel(),
+        )?;
+        self.0
+            .faults_unread
+            .store(true, std::sync::atomic::Ordering::Release);
+        Ok(guard)
+    }
+
+    /// [`Self::run`] for a kernel with a `guard` slot: with a guard, it reads the verdict of
+    /// that index check (bound after `buffers`, scalars 14 and 15) and writes nothing when the
+    /// check failed.
+    fn run_guarded(
+        &self,
+        spec: Spec,
+        params: Params,
+        buffers: &[(&WgpuBuffer, bool)],
+        threads: usize,
+        guard: Option<Guard>,
+    ) -> Result<()> {
+        let Some(g) = guard else {
+            return self.run(spec, params, buffers, threads);
+        };
+        let b = buffers.len() + 1;
+        let spec = spec.slot(
+            "guard",
+            format!(
+                "@group(0) @binding({b}) var<storage, read> B{b}: array<u32>;\nfn skipped() -> bool {{ return B{b}[s(14u)] == s(15u); }}"
+            ),
+        );
+        let params = params.scalar(14, g.word).scalar(15, g.serial);
+        let mut with_verdicts = buffers.to_vec();
+        with_verdicts.push((&self.0.verdicts, false));
+        self.run(spec, params, &with_verdicts, threads)
     }
 
     /// Reduces `x` over `axes` into `out` (times `scale`), at most [`CHUNK`] elements per
     /// thread: longer reductions write per-chunk partials and reduce those in another pass.
     /// (Bounded per-thread loops are also what lavapipe needs: llvmpipe stops any invocation's
-    /// loops after 65535 iterations.)
+    /// loops after 65535 iterations.) With a `guard`, the pass that writes `out` writes nothing
+    /// when that index check failed.
     fn reduce_chunked(
         &self,
         op: ReduceOp,
@@ -823,6 +1058,7 @@ impl WgpuBackend {
         axes: &[usize],
         out: V<'_>,
         scale: f32,
+        guard: Option<Guard>,
     ) -> Result<()> {
         let red = Layout {
             shape: axes.iter().map(|&a| x.layout.shape[a]).collect(),
@@ -862,11 +1098,12 @@ impl WgpuBackend {
                 .scalar(2, per as u32)
                 .scalar(3, 1);
             let b = out.dtype();
-            return self.run(
+            return self.run_guarded(
                 spec(wgsl::io(&[a], b)),
                 p,
                 &[(x.buffer, false), (out.buffer, true)],
                 n_out,
+                guard,
             );
         }
         let partial = self.scratch(DType::F32, n_out * chunks)?;
@@ -896,6 +1133,7 @@ impl WgpuBackend {
             &[shape.len() - 1],
             View::new(out.buffer, &out_layout),
             scale,
+            guard,
         )
     }
 
@@ -1290,7 +1528,7 @@ impl Backend for WgpuBackend {
         } else {
             op
         };
-        self.reduce_chunked(op, x, axes, out, scale)
+        self.reduce_chunked(op, x, axes, out, scale, None)
     }
 
     fn arg_reduce(&self, op: ArgReduceOp, x: V<'_>, axis: usize, out: V<'_>) -> Result<()> {
@@ -1374,11 +1612,33 @@ impl Backend for WgpuBackend {
         beta: f32,
     ) -> Result<()> {
         validate::spmv_csr(&a, x, y)?;
-        let offsets: Vec<u32> = bytemuck::pod_collect_to_vec(&self.read_bytes(a.row_offsets)?);
-        let cols: Vec<u32> = bytemuck::pod_collect_to_vec(&self.read_bytes(a.col_indices)?);
-        validate::csr_structure(&offsets, &cols, a.cols, a.values.len())?;
-        let p = Params::default().f(0, alpha).f(1, beta);
+        // The structure is checked on the device first; the product reads the verdict.
+        let guard = self.next_guard();
+        let nnz = a.values.len();
+        let p = Params::default()
+            .scalar(0, a.rows as u32)
+            .scalar(1, a.cols.min(u32::MAX as usize) as u32)
+            .scalar(2, nnz as u32)
+            .scalar(3, guard.word)
+            .scalar(4, CSR_OFFSETS_CODE)
+            .scalar(5, fault_code("spmv_csr", DType::U32))
+            .scalar(6, guard.serial);
         self.run(
+            Spec::new("check_csr.wgsl"),
+            p,
+            &[
+                (a.row_offsets, false),
+                (a.col_indices, false),
+                (&self.0.verdicts, true),
+                (&self.0.faults, true),
+            ],
+            (a.rows + 1).max(nnz),
+        )?;
+        self.0
+            .faults_unread
+            .store(true, std::sync::atomic::Ordering::Release);
+        let p = Params::default().f(0, alpha).f(1, beta);
+        self.run_guarded(
             Spec::new("spmv.wgsl"),
             p,
             &[
@@ -1389,12 +1649,13 @@ impl Backend for WgpuBackend {
                 (y, true),
             ],
             a.rows,
+            Some(guard),
         )
     }
 
     fn gather(&self, x: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
         validate::gather(x, axis, index, out)?;
-        self.check_indices("gather", index, x.layout.shape[axis])?;
+        let guard = self.check_indices("gather", index, x.layout.shape[axis])?;
         let xm = kept(x.layout, &index.layout.shape, &[axis]);
         let p = Params::default()
             .block(out.layout)
@@ -1402,17 +1663,18 @@ impl Backend for WgpuBackend {
             .block(&xm)
             .scalar(0, x.layout.strides[axis] as i32 as u32);
         let dts = [x.dtype(), index.dtype(), out.dtype()];
-        self.run(
+        self.run_guarded(
             Spec::new("gather.wgsl").bindings(wgsl::io(&[dts[0], dts[1]], dts[2])),
             p,
             &[(x.buffer, false), (index.buffer, false), (out.buffer, true)],
             out.layout.numel(),
+            Some(guard),
         )
     }
 
     fn scatter_add(&self, src: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
         validate::scatter_add(src, axis, index, out)?;
-        self.check_indices("scatter_add", index, out.layout.shape[axis])?;
+        let guard = self.check_indices("scatter_add", index, out.layout.shape[axis])?;
         // One thread per line (all positions but `axis`): each output element has one writer.
         let mut outer = index.layout.shape.clone();
         outer[axis] = 1;
@@ -1441,7 +1703,7 @@ impl Backend for WgpuBackend {
                 .scalar(2, index.layout.strides[axis] as i32 as u32)
                 .scalar(3, out.layout.strides[axis] as i32 as u32)
                 .scalar(4, j0 as u32);
-            self.run(
+            self.run_guarded(
                 Spec::new("scatter_add.wgsl").bindings(wgsl::io(&[dts[0], dts[1]], dts[2])),
                 p,
                 &[
@@ -1450,6 +1712,7 @@ impl Backend for WgpuBackend {
                     (out.buffer, true),
                 ],
                 threads,
+                Some(guard),
             )?;
             j0 = j1;
         }
@@ -1568,7 +1831,7 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         validate::segment_sum(x, segment, weights, sums, counts)?;
         let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
-        self.check_indices("segment_sum", segment, m)?;
+        let guard = self.check_indices("segment_sum", segment, m)?;
         // One thread per (row chunk, segment, column) plus one per (row chunk, segment) for
         // the count, each summing its rows in order with Kahan compensation; then the chunks'
         // partials are summed by the reduction. Deterministic, no atomics; O(n m d) work, the
@@ -1617,6 +1880,7 @@ impl Backend for WgpuBackend {
             &[2],
             View::new(sums.buffer, &sums_out),
             1.0,
+            Some(guard),
         )?;
         self.reduce_chunked(
             ReduceOp::Sum,
@@ -1624,6 +1888,7 @@ impl Backend for WgpuBackend {
             &[2],
             View::new(counts.buffer, &counts_out),
             1.0,
+            Some(guard),
         )
     }
 
@@ -1713,10 +1978,11 @@ impl Backend for WgpuBackend {
 
     fn compile(&self, program: &Program) -> Result<program::WgpuKernel> {
         self.0.kernels.get_or_compile(program, |program| {
-            let source = program::lower(program)?;
+            let words = self.0.immediate_words;
+            let source = program::lower(program, words)?;
             // The kernel cache is this pipeline's cache: no string key to collide on.
             let module = wgsl::Module::generated("<ir program>", source.clone());
-            let pipeline = self.build_pipeline(&program.name, &module, false)?;
+            let pipeline = self.build_pipeline(&program.name, &module, false, words, None)?;
             Ok(program::WgpuKernel {
                 program: Arc::new(program.clone()),
                 pipeline,

@@ -3,7 +3,7 @@
 //!
 //! Binding 0 holds the launch parameters (the length of each buffer in the scalar slots),
 //! bindings `1..=k` the program's buffers, binding `k+1` the device's fault record: the first
-//! out-of-range access of any launch stores `(buffer + 1, index, bound)` there, the access
+//! out-of-range access of any launch stores `(1, index, bound, 0)` there, the access
 //! itself yields 0 or is dropped, and the backend reports it as
 //! [`hal::Error::IndexOutOfRange`] at the next synchronize or read (one read for all launches).
 
@@ -53,7 +53,7 @@ fn zero(t: ScalarType) -> &'static str {
 }
 
 /// WGSL source for `program` (already validated).
-pub fn lower(program: &Program) -> Result<String> {
+pub fn lower(program: &Program, immediate_words: u32) -> Result<String> {
     let types = program.validate()?;
     let k = program.buffers.len();
     if k > 14 {
@@ -70,7 +70,11 @@ pub fn lower(program: &Program) -> Result<String> {
                 .any(|i| matches!(i, Inst::AtomicAdd { buffer, .. } if buffer.0 as usize == b))
         })
         .collect();
-    let mut src = String::from(wgsl::PRELUDE);
+    let mut src = if immediate_words > 0 {
+        wgsl::prelude(&[wgsl::immediate_params(immediate_words)])
+    } else {
+        wgsl::prelude(&[])
+    };
     for (b, p) in program.buffers.iter().enumerate() {
         let access = match p.access {
             IrAccess::Read => Access::Read,
@@ -84,7 +88,8 @@ pub fn lower(program: &Program) -> Result<String> {
         src,
         "@group(0) @binding({f}) var<storage, read_write> F: array<atomic<u32>>;"
     );
-    src += "fn fault(b: u32, i: u32) { let r = atomicCompareExchangeWeak(&F[0], 0u, b + 1u); if (r.exchanged) { atomicStore(&F[1], i); atomicStore(&F[2], s(b)); } }\n";
+    // The first fault claims the record; op code 0 says an IR program's (see lib.rs).
+    src += "fn fault(b: u32, i: u32) { if (atomicExchange(&F[0], 1u) == 0u) { atomicStore(&F[1], i); atomicStore(&F[2], s(b)); atomicStore(&F[3], 0u); } }\n";
     let mut body = wgsl::touch(k) + "    _ = arrayLength(&F);\n";
     let v = |x: hal::ir::Value| format!("v{}", x.0);
     for (n, inst) in program.insts.iter().enumerate() {

@@ -9,9 +9,10 @@
 //! `fn kernel(t: u32)`, one thread's work, and gets a generated entry: strided (one element
 //! per thread) or contiguous (several elements per thread, offsets hoisted).
 //!
-//! Every kernel reads its launch parameters from binding 0, `P: array<u32>`:
-//! `P[0]` the number of threads, `P[1..17]` sixteen scalar slots (`s(i)`), `P[17..25]` the
-//! start of up to eight *layout blocks*, then the blocks. A block is `[rank, offset, shape..,
+//! Every kernel reads its launch parameters through `pw(i)`: word 0 the number of threads,
+//! words 1..17 sixteen scalar slots (`s(i)`), words 17..25 the start of up to eight *layout
+//! blocks*, then the blocks. They live in binding 0 (`P: array<u32>`) or, where the device has
+//! immediates (Vulkan push constants), in an immediate block ([`immediate_params`]). A block is `[rank, offset, shape..,
 //! strides..]` and `off(k, i)` is the element offset of row-major position `i` in block `k`.
 //! Buffers are bound as `array<u32>`: 32-bit elements one per word, f16/bf16 two per word
 //! (element `i` is the low half of word `i/2` when `i` is even). A writable 16-bit buffer is
@@ -33,6 +34,23 @@ pub enum Access {
 
 /// The prelude every kernel ends with (`shaders/prelude.wgsl`).
 pub const PRELUDE: &str = include_str!("../../../shaders/prelude.wgsl");
+
+/// The `params` slot for launch parameters passed as `words` immediates (a multiple of 4)
+/// instead of binding 0: no buffer is written per launch.
+pub fn immediate_params(words: u32) -> (&'static str, String) {
+    (
+        "params",
+        format!(
+            "var<immediate> P: array<vec4<u32>, {}>;\nfn pw(i: u32) -> u32 {{ return P[i >> 2u][i & 3u]; }}\n",
+            words / 4
+        ),
+    )
+}
+
+/// The prelude with its slots filled (for generated modules such as IR programs).
+pub fn prelude(slots: &[(&str, String)]) -> String {
+    fill_slots(PRELUDE, slots)
+}
 
 /// Declares binding `b` and its typed accessors `ld{b}` (as f32), `ldi{b}` (as i32, for
 /// indices), `bits{b}` (raw element bits), and for writable bindings `st{b}` (from f32,
@@ -111,10 +129,10 @@ pub fn io(reads: &[DType], write: DType) -> Vec<(DType, Access)> {
 }
 
 /// A compute entry point around `body`, which sees `t` (the thread index, already checked
-/// against `P[0]`).
+/// against word 0 of the parameters).
 pub fn entry(body: &str) -> String {
     format!(
-        "@compute @workgroup_size({WORKGROUP})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n    let t = thread_id(wg, nwg, lid);\n    if (t >= P[0]) {{ return; }}\n{body}\n}}\n"
+        "@compute @workgroup_size({WORKGROUP})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n    let t = thread_id(wg, nwg, lid);\n    if (t >= pw(0u)) {{ return; }}\n{body}\n}}\n"
     )
 }
 
@@ -224,6 +242,8 @@ shader_files!(
     "row_norms.wgsl",
     "segment_sum.wgsl",
     "spmv.wgsl",
+    "check_csr.wgsl",
+    "check_index.wgsl",
     "gather.wgsl",
     "scatter_add.wgsl",
     "im2col.wgsl",
@@ -322,7 +342,7 @@ fn includes(text: &str) -> impl Iterator<Item = &str> {
 /// How a `fn kernel(t: u32)` file is driven.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Entry {
-    /// One thread per element, `t` checked against `P[0]`.
+    /// One thread per element, `t` checked against word 0 of the parameters.
     Strided,
     /// [`PER_THREAD`] elements per thread, `WORKGROUP` apart (coalesced); for kernels whose
     /// every layout block is contiguous over the thread index, so `off(k, t)` is a base plus
@@ -371,7 +391,7 @@ pub fn compose(
                     .replace(&call, &format!("(contiguous_base{k} + i32(t))"));
                 hoisted += &format!("var<private> contiguous_base{k}: i32;\n");
                 init += &format!(
-                    "    contiguous_base{k} = bitcast<i32>(P[P[{}u] + 1u]);\n",
+                    "    contiguous_base{k} = bitcast<i32>(pw(pw({}u) + 1u));\n",
                     17 + k
                 );
             }
@@ -381,7 +401,7 @@ pub fn compose(
             hoisted + &entry_contiguous(&parts[0].1, &init),
         ));
     }
-    parts.push(("prelude.wgsl", PRELUDE.to_string()));
+    parts.push(("prelude.wgsl", fill_slots(PRELUDE, &slots)));
     if !own_entry && !contiguous {
         let body = touch(max_binding(&parts[0].1)) + "    kernel(t);";
         parts.push(("<generated>", self::entry(&body)));
@@ -415,7 +435,7 @@ fn max_binding(text: &str) -> usize {
 
 fn entry_contiguous(kernel: &str, init: &str) -> String {
     format!(
-        "@compute @workgroup_size({WORKGROUP})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n{}{init}    let total = P[0];\n    let first = (wg.y * nwg.x + wg.x) * {} + lid;\n    for (var q = 0u; q < {PER_THREAD}u; q = q + 1u) {{\n        let t = first + q * {WORKGROUP}u;\n        if (t >= total) {{ return; }}\n        kernel(t);\n    }}\n}}\n",
+        "@compute @workgroup_size({WORKGROUP})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n{}{init}    let total = pw(0u);\n    let first = (wg.y * nwg.x + wg.x) * {} + lid;\n    for (var q = 0u; q < {PER_THREAD}u; q = q + 1u) {{\n        let t = first + q * {WORKGROUP}u;\n        if (t >= total) {{ return; }}\n        kernel(t);\n    }}\n}}\n",
         touch(max_binding(kernel)),
         WORKGROUP * PER_THREAD
     )
