@@ -429,3 +429,185 @@ fn bad_indices_are_reported_at_synchronize_and_write_nothing() {
         .unwrap();
     assert_eq!(gpu.read::<f32>(&y).unwrap(), vec![3.0, 1.0]);
 }
+
+/// Every f16 bit pattern through the 16-bit load and store paths (native `array<f16>` where
+/// the adapter has shader-f16, packed words otherwise), and f32 values at the f16 rounding
+/// boundaries, subnormals and overflow: bit for bit as the CPU (NaN as NaN).
+#[test]
+fn f16_storage_is_exact_on_every_path() {
+    let cpu = backend_cpu::CpuBackend::new();
+    let all: Vec<u16> = (0..=u16::MAX).collect();
+    let mut edges: Vec<f32> = Vec::new();
+    for h in (0..=u16::MAX).step_by(7) {
+        let v = f32::from_bits(((h as u32) << 13) ^ 0x3000_0000);
+        edges.extend([
+            v,
+            f32::from_bits(v.to_bits() + 1),
+            f32::from_bits(v.to_bits() + 0x1000),
+        ]);
+    }
+    edges.extend([
+        65504.0, 65519.0, 65520.0, 1e9, -1e9, 5.96e-8, 2.98e-8, 2.99e-8, 0.0, -0.0,
+    ]);
+    let n = all.len();
+    let m = edges.len();
+    let run = |b: &dyn Fn(&[u8], &[u8]) -> (Vec<u8>, Vec<u8>)| {
+        b(bytemuck_bytes(&all), bytemuck_bytes(&edges))
+    };
+    let on = |gpu: &WgpuBackend| {
+        run(&|halves, floats| {
+            let (h, f) = (
+                gpu.upload_bytes(DType::F16, halves).unwrap(),
+                gpu.upload_bytes(DType::F32, floats).unwrap(),
+            );
+            let (wide, narrow) = (
+                gpu.alloc(DType::F32, n).unwrap(),
+                gpu.alloc(DType::F16, m).unwrap(),
+            );
+            let (ln, lm) = (Layout::contiguous(&[n]), Layout::contiguous(&[m]));
+            gpu.copy(View::new(&h, &ln), View::new(&wide, &ln)).unwrap();
+            gpu.copy(View::new(&f, &lm), View::new(&narrow, &lm))
+                .unwrap();
+            (
+                gpu.read_bytes(&wide).unwrap(),
+                gpu.read_bytes(&narrow).unwrap(),
+            )
+        })
+    };
+    let reference = run(&|halves, floats| {
+        let (h, f) = (
+            cpu.upload_bytes(DType::F16, halves).unwrap(),
+            cpu.upload_bytes(DType::F32, floats).unwrap(),
+        );
+        let (wide, narrow) = (
+            cpu.alloc(DType::F32, n).unwrap(),
+            cpu.alloc(DType::F16, m).unwrap(),
+        );
+        let (ln, lm) = (Layout::contiguous(&[n]), Layout::contiguous(&[m]));
+        cpu.copy(View::new(&h, &ln), View::new(&wide, &ln)).unwrap();
+        cpu.copy(View::new(&f, &lm), View::new(&narrow, &lm))
+            .unwrap();
+        (
+            cpu.read_bytes(&wide).unwrap(),
+            cpu.read_bytes(&narrow).unwrap(),
+        )
+    });
+    for gpu in [
+        gpu(),
+        WgpuBackend::with_options(backend_wgpu::WgpuOptions::fallbacks()).unwrap(),
+    ] {
+        let got = on(&gpu);
+        let same_f32 = |a: &[u8], b: &[u8]| {
+            let (x, y) = (
+                f32::from_le_bytes(a.try_into().unwrap()),
+                f32::from_le_bytes(b.try_into().unwrap()),
+            );
+            x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+        };
+        for (i, (a, b)) in got.0.chunks(4).zip(reference.0.chunks(4)).enumerate() {
+            assert!(
+                same_f32(a, b),
+                "f16 {i:#06x} loads as {a:?}, CPU {b:?} ({})",
+                gpu.features_in_use()
+            );
+        }
+        let nan16 = |h: u16| (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0;
+        for (i, (a, b)) in got.1.chunks(2).zip(reference.1.chunks(2)).enumerate() {
+            let (x, y) = (
+                u16::from_le_bytes(a.try_into().unwrap()),
+                u16::from_le_bytes(b.try_into().unwrap()),
+            );
+            assert!(
+                x == y || (nan16(x) && nan16(y)),
+                "{} stores as f16 {x:#06x}, CPU {y:#06x} ({})",
+                edges[i],
+                gpu.features_in_use()
+            );
+        }
+    }
+}
+
+fn bytemuck_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: u16 and f32 have no padding; the slice is read as plain bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+/// Matrix products with few outputs and a long k take the dot-product kernel (subgroup
+/// shuffles where the adapter has them, a workgroup tree otherwise): matrix-vector, vector-
+/// matrix, a batch, beta, a k long enough to be sliced, against the CPU.
+#[test]
+fn skinny_matmul_matches_the_cpu() {
+    let cpu = backend_cpu::CpuBackend::new();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    };
+    // (batch, m, n, k): a column vector, a row vector, small outputs, k past 65536.
+    let shapes = [
+        (1, 37, 1, 1500),
+        (1, 1, 29, 2049),
+        (3, 5, 7, 1111),
+        (1, 2, 3, 70_001),
+    ];
+    for gpu in [
+        gpu(),
+        WgpuBackend::with_options(backend_wgpu::WgpuOptions::fallbacks()).unwrap(),
+    ] {
+        for &(batch, m, n, k) in &shapes {
+            let a: Vec<f32> = (0..batch * m * k).map(|_| next()).collect();
+            // b stored as [batch, n, k] and viewed transposed, so its k stride is 1.
+            let bt: Vec<f32> = (0..batch * n * k).map(|_| next()).collect();
+            let o: Vec<f32> = (0..batch * m * n).map(|_| next()).collect();
+            let la = Layout::contiguous(&[batch, m, k]);
+            let lb = Layout::contiguous(&[batch, n, k])
+                .permute(&[0, 2, 1])
+                .unwrap();
+            let lo = Layout::contiguous(&[batch, m, n]);
+            let run = |be: &dyn Fn(&[f32], &[f32], &[f32]) -> Vec<f32>| be(&a, &bt, &o);
+            let want = run(&|a, b, o| {
+                let (a, b, o) = (
+                    cpu.upload(a).unwrap(),
+                    cpu.upload(b).unwrap(),
+                    cpu.upload(o).unwrap(),
+                );
+                cpu.matmul(
+                    View::new(&a, &la),
+                    View::new(&b, &lb),
+                    View::new(&o, &lo),
+                    1.5,
+                    0.5,
+                )
+                .unwrap();
+                cpu.read::<f32>(&o).unwrap()
+            });
+            let got = run(&|a, b, o| {
+                let (a, b, o) = (
+                    gpu.upload(a).unwrap(),
+                    gpu.upload(b).unwrap(),
+                    gpu.upload(o).unwrap(),
+                );
+                gpu.matmul(
+                    View::new(&a, &la),
+                    View::new(&b, &lb),
+                    View::new(&o, &lo),
+                    1.5,
+                    0.5,
+                )
+                .unwrap();
+                gpu.read::<f32>(&o).unwrap()
+            });
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                // |a|, |b| <= 0.5: the hal bound 2^-18 k (|a| @ |b|) is at most 2^-20 k * 1.5.
+                let bound = 1.5 * k as f32 / 4.0 * 2f32.powi(-18) + 1e-6;
+                assert!(
+                    (g - w).abs() <= bound,
+                    "({batch}, {m}, {n}, {k}) output {i}: {g} vs {w} ({})",
+                    gpu.features_in_use()
+                );
+            }
+        }
+    }
+}

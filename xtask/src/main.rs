@@ -151,7 +151,11 @@ fn check_dependency_rule() -> ExitCode {
 
 /// One shader module through naga's WGSL front end and validator. On failure, the file and
 /// line the error points at (mapped back through the module's segments) and naga's report.
-fn check_module(what: &str, module: &backend_wgpu::wgsl::Module) -> Result<(), String> {
+fn check_module(
+    what: &str,
+    module: &backend_wgpu::wgsl::Module,
+    features: backend_wgpu::wgsl::Features,
+) -> Result<(), String> {
     let src = &module.source;
     let located = |line: Option<u32>| {
         line.map(|l| {
@@ -172,12 +176,25 @@ fn check_module(what: &str, module: &backend_wgpu::wgsl::Module) -> Result<(), S
             e.emit_to_string(src)
         )
     })?;
-    naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::default(),
-    )
-    .validate(&parsed)
-    .map_err(|e| {
+    // Only the capabilities the variant's features give: a fallback module that needs one
+    // would fail on adapters without it.
+    let mut caps = naga::valid::Capabilities::default();
+    caps.set(
+        naga::valid::Capabilities::IMMEDIATES,
+        features.immediate_words > 0,
+    );
+    caps.set(
+        naga::valid::Capabilities::SHADER_FLOAT16,
+        features.native_f16,
+    );
+    caps.set(naga::valid::Capabilities::SUBGROUP, features.subgroups);
+    let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
+    if features.subgroups {
+        validator
+            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+            .subgroup_operations(naga::valid::SubgroupOperationSet::all());
+    }
+    validator.validate(&parsed).map_err(|e| {
         format!(
             "{}: {what}: {}\n{}",
             located(e.location(src).map(|l| l.line_number)),
@@ -202,9 +219,9 @@ fn validate_wgsl() -> ExitCode {
             }
         }
     };
-    for (name, entry, module) in wgsl::default_modules() {
-        let what = format!("{name} ({entry})");
-        let r = check_module(&what, &module);
+    for v in wgsl::default_modules() {
+        let what = format!("{} ({})", v.file, v.label);
+        let r = check_module(&what, &v.module, v.features);
         report(what, r);
     }
     // Library files are checked through the kernels above; each must be included by one.
@@ -222,12 +239,25 @@ fn validate_wgsl() -> ExitCode {
             );
         }
     }
+    let all = wgsl::Features {
+        immediate_words: 64,
+        native_f16: true,
+        subgroups: true,
+    };
     for program in hal_parity::checks::sample_programs() {
-        let what = format!("IR program `{}`", program.name);
-        let r = backend_wgpu::program_wgsl(&program, 0)
-            .map_err(|e| format!("{what}: lowering failed: {e}"))
-            .and_then(|src| check_module(&what, &wgsl::Module::generated("<ir program>", src)));
-        report(what, r);
+        for (label, features) in [("", wgsl::Features::default()), (", all features", all)] {
+            let what = format!("IR program `{}`{label}", program.name);
+            let r = backend_wgpu::program_wgsl(&program, features)
+                .map_err(|e| format!("{what}: lowering failed: {e}"))
+                .and_then(|src| {
+                    check_module(
+                        &what,
+                        &wgsl::Module::generated("<ir program>", src),
+                        features,
+                    )
+                });
+            report(what, r);
+        }
     }
     println!("wgsl: {checked} modules checked, {failures} failed");
     if failures == 0 {

@@ -34,9 +34,9 @@ pub mod wgsl;
 
 /// The WGSL a scalar IR program lowers to (what [`Backend::compile`] builds), for inspection
 /// and for `cargo xtask wgsl`.
-/// `immediate_words`: 0 for parameters in binding 0, else the size of the immediate block.
-pub fn program_wgsl(program: &Program, immediate_words: u32) -> Result<String> {
-    program::lower(program, immediate_words)
+/// `features`: what the module may use (the default: none).
+pub fn program_wgsl(program: &Program, features: wgsl::Features) -> Result<String> {
+    program::lower(program, features)
 }
 
 use hal::ir::Program;
@@ -227,8 +227,20 @@ impl WgpuOptions {
     }
 }
 
+/// `HAL_WGPU_GEMM=tile` sends every matrix product to the tile kernel (for comparisons).
+fn tile_only() -> bool {
+    static TILE_ONLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TILE_ONLY.get_or_init(|| matches!(std::env::var("HAL_WGPU_GEMM").as_deref(), Ok("tile")))
+}
+
 /// How long `synchronize` polls before it blocks.
 const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// Matrix products whose output covers fewer 128 x 128 tiles than this (a quarter of a big
+/// GPU's multiprocessors), with k at least [`DOT_FROM_K`] and unit k strides, run as one dot
+/// product per output (`gemm_dot.wgsl`) instead of the tile.
+const DOT_BELOW_TILES: usize = 32;
+const DOT_FROM_K: usize = 1024;
 
 /// Verdict words of index checks, reused round robin. A word is reused only by a check
 /// submitted after the kernel that read it, and the queue runs work in order.
@@ -535,6 +547,15 @@ impl WgpuBackend {
         let _submitting = self.0.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
         self.0.queue.submit([encoder.finish()]);
         Ok(())
+    }
+
+    /// What modules are composed for on this device.
+    fn module_features(&self) -> wgsl::Features {
+        wgsl::Features {
+            immediate_words: self.0.immediate_words,
+            native_f16: self.0.features.contains(wgpu::Features::SHADER_F16),
+            subgroups: self.0.features.contains(wgpu::Features::SUBGROUP),
+        }
     }
 
     /// The optional adapter features this device uses (see [`WgpuOptions`]), for reports.
@@ -870,11 +891,17 @@ impl WgpuBackend {
         if let Some(p) = cached {
             return Ok(p);
         }
-        let mut slots = spec.slots.clone();
-        if immediate_words > 0 {
-            slots.push(wgsl::immediate_params(immediate_words));
-        }
-        let module = wgsl::compose(spec.file, spec.bindings.as_deref(), &slots, spec.entry);
+        let features = wgsl::Features {
+            immediate_words,
+            ..self.module_features()
+        };
+        let module = wgsl::compose(
+            spec.file,
+            spec.bindings.as_deref(),
+            &spec.slots,
+            spec.entry,
+            features,
+        );
         let p = self.build_pipeline(&key, &module, true, immediate_words, Some(spec.clone()))?;
         self.0
             .pipelines
@@ -976,6 +1003,70 @@ impl WgpuBackend {
             }
         }
         Ok(())
+    }
+
+    /// Matrix products with few outputs and a long k: one dot product per output, 32 threads
+    /// each, combined by subgroup shuffles where the adapter has them (`gemm_dot*.wgsl`).
+    fn matmul_dot(
+        &self,
+        a: V<'_>,
+        b: V<'_>,
+        out: V<'_>,
+        [am, bm, om]: [&validate::MatrixView; 3],
+        alpha: f32,
+        beta: f32,
+    ) -> Result<()> {
+        let batch = |mv: &validate::MatrixView| Layout {
+            shape: vec![om.batch],
+            strides: vec![mv.batch_stride()],
+            offset: mv.offset,
+        };
+        let dts = [a.dtype(), b.dtype(), out.dtype()];
+        let file = if self.0.features.contains(wgpu::Features::SUBGROUP) {
+            "gemm_dot_subgroups.wgsl"
+        } else {
+            "gemm_dot.wgsl"
+        };
+        let pipeline =
+            self.kernel(&Spec::new(file).bindings(wgsl::io(&[dts[0], dts[1]], dts[2])))?;
+        let i32s = |v: isize| v as i32 as u32;
+        let outputs = om.batch * om.rows * om.cols;
+        let groups = outputs.div_ceil(8);
+        let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
+        let grid = [groups.min(max) as u32, groups.div_ceil(max) as u32, 1];
+        let k = am.cols;
+        let mut k0 = 0;
+        loop {
+            // 32 threads per output: a slice of 32 CHUNK keeps each thread's loop at CHUNK.
+            let k1 = (k0 + 32 * CHUNK).min(k);
+            let p = Params::default()
+                .block(&batch(am))
+                .block(&batch(bm))
+                .block(&batch(om))
+                .scalar(0, om.rows as u32)
+                .scalar(1, om.cols as u32)
+                .scalar(2, k0 as u32)
+                .scalar(3, k1 as u32)
+                .f(4, alpha)
+                .f(5, if k0 == 0 { beta } else { 1.0 })
+                .scalar(6, outputs as u32)
+                .scalar(7, i32s(am.strides[1]))
+                .scalar(8, i32s(am.strides[2]))
+                .scalar(10, i32s(bm.strides[1]))
+                .scalar(11, i32s(bm.strides[2]))
+                .scalar(13, i32s(om.strides[1]))
+                .scalar(14, i32s(om.strides[2]));
+            self.dispatch_groups(
+                &pipeline,
+                &p,
+                &[(a.buffer, false), (b.buffer, false), (out.buffer, true)],
+                grid,
+            )?;
+            if k1 >= k {
+                return Ok(());
+            }
+            k0 = k1;
+        }
     }
 
     /// A fresh verdict word and serial for an index check.
@@ -1556,6 +1647,15 @@ impl Backend for WgpuBackend {
         };
         let dts = [a.dtype(), b.dtype(), out.dtype()];
         let tile = tile_shape();
+        let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
+        if tiles < DOT_BELOW_TILES
+            && am.cols >= DOT_FROM_K
+            && am.strides[2] == 1
+            && bm.strides[1] == 1
+            && !tile_only()
+        {
+            return self.matmul_dot(a, b, out, [&am, &bm, &om], alpha, beta);
+        }
         let (name, text) = tile.slot();
         let pipeline = self.kernel(
             &Spec::new("gemm.wgsl")
@@ -1978,8 +2078,9 @@ impl Backend for WgpuBackend {
 
     fn compile(&self, program: &Program) -> Result<program::WgpuKernel> {
         self.0.kernels.get_or_compile(program, |program| {
-            let words = self.0.immediate_words;
-            let source = program::lower(program, words)?;
+            let features = self.module_features();
+            let words = features.immediate_words;
+            let source = program::lower(program, features)?;
             // The kernel cache is this pipeline's cache: no string key to collide on.
             let module = wgsl::Module::generated("<ir program>", source.clone());
             let pipeline = self.build_pipeline(&program.name, &module, false, words, None)?;

@@ -53,7 +53,7 @@ fn zero(t: ScalarType) -> &'static str {
 }
 
 /// WGSL source for `program` (already validated).
-pub fn lower(program: &Program, immediate_words: u32) -> Result<String> {
+pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
     let types = program.validate()?;
     let k = program.buffers.len();
     if k > 14 {
@@ -70,8 +70,8 @@ pub fn lower(program: &Program, immediate_words: u32) -> Result<String> {
                 .any(|i| matches!(i, Inst::AtomicAdd { buffer, .. } if buffer.0 as usize == b))
         })
         .collect();
-    let mut src = if immediate_words > 0 {
-        wgsl::prelude(&[wgsl::immediate_params(immediate_words)])
+    let mut src = if features.immediate_words > 0 {
+        wgsl::prelude(&[wgsl::immediate_params(features.immediate_words)])
     } else {
         wgsl::prelude(&[])
     };
@@ -81,7 +81,7 @@ pub fn lower(program: &Program, immediate_words: u32) -> Result<String> {
             _ if atomic_target[b] => Access::Atomic,
             _ => Access::Write,
         };
-        src += &wgsl::binding(b as u32 + 1, p.dtype, access);
+        src += &wgsl::binding(b as u32 + 1, p.dtype, access, features.native_f16);
     }
     let f = k + 1;
     let _ = writeln!(
@@ -239,5 +239,9 @@ pub fn lower(program: &Program, immediate_words: u32) -> Result<String> {
         let _ = writeln!(body, "    let v{n}: {} = {line};", ty(t.expect("value")));
     }
     src += &wgsl::entry(&body);
+    if src.contains("array<f16>") {
+        // Enable directives come before everything else.
+        src.insert_str(0, "enable f16;\n");
+    }
     Ok(src)
 }

@@ -52,10 +52,48 @@ pub fn prelude(slots: &[(&str, String)]) -> String {
     fill_slots(PRELUDE, slots)
 }
 
+/// The optional device features a module is composed for (see `WgpuOptions`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Features {
+    /// Launch parameters as this many immediate words (0: binding 0).
+    pub immediate_words: u32,
+    /// f16 buffers as `array<f16>` (`enable f16;`).
+    pub native_f16: bool,
+    /// Subgroup operations in the kernels that have a subgroup form.
+    pub subgroups: bool,
+}
+
 /// Declares binding `b` and its typed accessors `ld{b}` (as f32), `ldi{b}` (as i32, for
 /// indices), `bits{b}` (raw element bits), and for writable bindings `st{b}` (from f32,
-/// rounding / saturating) and `stbits{b}` (raw element bits).
-pub fn binding(b: u32, dtype: DType, access: Access) -> String {
+/// rounding / saturating) and `stbits{b}` (raw element bits). With `native_f16`, an f16
+/// binding that is not an atomic target is `array<f16>`: one 16-bit load or store per element
+/// instead of a word and, for stores, two atomic read-modify-writes. Rounding stays the
+/// prelude's exact round-to-nearest-even; the hardware only converts values that are exactly
+/// representable.
+pub fn binding(b: u32, dtype: DType, access: Access, native_f16: bool) -> String {
+    if native_f16 && dtype == DType::F16 && access != Access::Atomic {
+        let mode = if access == Access::Read {
+            "read"
+        } else {
+            "read_write"
+        };
+        // naga has no bitcast between u32 and vec2<f16>, so bits pass through exact values:
+        // f32(h) is exact for every f16, and an f32 that is exactly an f16 converts back
+        // unchanged (NaN payloads aside).
+        let mut s = format!(
+            "@group(0) @binding({b}) var<storage, {mode}> B{b}: array<f16>;\n\
+             fn ld{b}(i: i32) -> f32 {{ return f32(B{b}[i]); }}\n\
+             fn bits{b}(i: i32) -> u32 {{ return f32_to_f16(ld{b}(i)); }}\n\
+             fn ldi{b}(i: i32) -> i32 {{ return f2i(ld{b}(i)); }}\n"
+        );
+        if access != Access::Read {
+            s += &format!(
+                "fn stbits{b}(i: i32, v: u32) {{ B{b}[i] = f16(f16_to_f32(v)); }}\n\
+                 fn st{b}(i: i32, v: f32) {{ stbits{b}(i, f32_to_f16(v)); }}\n"
+            );
+        }
+        return s;
+    }
     let sixteen = dtype.size_in_bytes() == 2;
     let atomic = access == Access::Atomic || (access == Access::Write && sixteen);
     let mut s = String::new();
@@ -238,6 +276,9 @@ shader_files!(
     "reduce.wgsl",
     "arg_reduce.wgsl",
     "gemm.wgsl",
+    "gemm_dot_body.wgsl",
+    "gemm_dot.wgsl",
+    "gemm_dot_subgroups.wgsl",
     "nearest_centroid.wgsl",
     "row_norms.wgsl",
     "segment_sum.wgsl",
@@ -361,15 +402,26 @@ pub fn compose(
     bindings: Option<&[(DType, Access)]>,
     slots: &[(&str, String)],
     entry: Entry,
+    features: Features,
 ) -> Module {
     let mut slots = slots.to_vec();
+    let mut enables = String::new();
     if let Some(b) = bindings {
         let decls: String = b
             .iter()
             .enumerate()
-            .map(|(i, &(d, a))| binding(i as u32 + 1, d, a))
+            .map(|(i, &(d, a))| binding(i as u32 + 1, d, a, features.native_f16))
             .collect();
+        if decls.contains("array<f16>") {
+            enables += "enable f16;\n";
+        }
         slots.push(("bindings", decls));
+    }
+    if features.immediate_words > 0 {
+        slots.push(immediate_params(features.immediate_words));
+    }
+    if features.subgroups {
+        slots.push(("subgroups", "const SUBGROUPS: bool = true;".into()));
     }
     let main = file(name);
     let mut parts: Vec<(&'static str, String)> = vec![(main.name, fill_slots(main.text, &slots))];
@@ -410,6 +462,10 @@ pub fn compose(
         source: String::new(),
         segments: Vec::new(),
     };
+    if !enables.is_empty() {
+        // Enable directives must come first.
+        parts.insert(0, ("<generated>", enables));
+    }
     for (file, text) in parts {
         let first_line = m.source.lines().count() + 1;
         m.segments.push(Segment {
@@ -441,10 +497,32 @@ fn entry_contiguous(kernel: &str, init: &str) -> String {
     )
 }
 
-/// Every kernel file composed with its default slots, under each entry it can have: what
-/// `cargo xtask wgsl` validates. (Library files, the prelude and `tile.wgsl`, are validated
-/// as parts of the kernels that include them.)
-pub fn default_modules() -> Vec<(&'static str, &'static str, Module)> {
+/// A kernel file composed one way, for `cargo xtask wgsl`.
+pub struct Variant {
+    pub file: &'static str,
+    pub label: String,
+    pub module: Module,
+    /// The optional features it uses (what the validator must allow).
+    pub features: Features,
+}
+
+impl ShaderFile {
+    /// Written for adapters with subgroup operations only (`*_subgroups.wgsl`).
+    pub fn needs_subgroups(&self) -> bool {
+        self.name.ends_with("_subgroups.wgsl")
+    }
+}
+
+/// Every kernel file composed with its default slots, under each entry it can have, without
+/// optional features and with all of them (immediates, `array<f16>` bindings where the file
+/// has a bindings slot, subgroups): what `cargo xtask wgsl` validates. (Library files, the
+/// prelude, `tile.wgsl` and the like, are validated as parts of the kernels that include them.)
+pub fn default_modules() -> Vec<Variant> {
+    let all = Features {
+        immediate_words: 64,
+        native_f16: true,
+        subgroups: true,
+    };
     let mut out = Vec::new();
     for f in FILES {
         if !f.is_kernel() {
@@ -458,11 +536,61 @@ pub fn default_modules() -> Vec<(&'static str, &'static str, Module)> {
                 ("contiguous entry", Entry::Contiguous),
             ]
         };
+        let bindings = default_bindings(f);
         for &(label, e) in entries {
-            out.push((f.name, label, compose(f.name, None, &[], e)));
+            if !f.needs_subgroups() {
+                out.push(Variant {
+                    file: f.name,
+                    label: label.to_string(),
+                    module: compose(f.name, None, &[], e, Features::default()),
+                    features: Features::default(),
+                });
+            }
+            // f16 storage in every float binding the defaults declare.
+            let f16: Option<Vec<(DType, Access)>> = bindings.as_ref().map(|b| {
+                b.iter()
+                    .map(|&(d, a)| (if d == DType::F32 { DType::F16 } else { d }, a))
+                    .collect()
+            });
+            out.push(Variant {
+                file: f.name,
+                label: format!("{label}, all features"),
+                module: compose(f.name, f16.as_deref(), &[], e, all),
+                features: all,
+            });
         }
     }
     out
+}
+
+/// The dtypes and access of the default `bindings` slot of a file (and its includes), read
+/// from its declarations: `array<u32>` accessors with `ld`/`st` are f32, with `ldi` only
+/// u32/i32 indices; `None` when the file has no bindings slot.
+fn default_bindings(f: &ShaderFile) -> Option<Vec<(DType, Access)>> {
+    let mut text = f.text.to_string();
+    for inc in includes(f.text) {
+        text += file(inc).text;
+    }
+    let slot = text
+        .split("// @slot bindings")
+        .nth(1)?
+        .split("// @end")
+        .next()?;
+    let mut out = Vec::new();
+    for b in 1..16 {
+        let decl = format!("@binding({b}) var<storage, ");
+        let Some(rest) = slot.split(&decl).nth(1) else {
+            break;
+        };
+        let access = if rest.starts_with("read>") {
+            Access::Read
+        } else {
+            Access::Write
+        };
+        let float = slot.contains(&format!("fn ld{b}(")) || slot.contains(&format!("fn st{b}("));
+        out.push((if float { DType::F32 } else { DType::U32 }, access));
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -490,7 +618,7 @@ mod tests {
 
     #[test]
     fn slots_are_replaced_and_defaults_keep_line_numbers() {
-        let m = compose("unary.wgsl", None, &[], Entry::Strided);
+        let m = compose("unary.wgsl", None, &[], Entry::Strided, Features::default());
         let unary = file("unary.wgsl").text;
         assert!(m.source.starts_with(unary));
         assert_eq!(m.locate(3), ("unary.wgsl", 3));
@@ -501,6 +629,7 @@ mod tests {
             Some(&io(&[DType::F16], DType::BF16)),
             &[("op", "fn op(v: f32) -> f32 { return exp(v); }".into())],
             Entry::Contiguous,
+            Features::default(),
         );
         assert!(r.source.contains("return exp(v);"));
         assert!(!r.source.contains("return -v;"));

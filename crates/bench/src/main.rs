@@ -2,9 +2,12 @@
 //! machine, the peer in the same run, and prints medians with ratios.
 //!
 //! ```text
-//! bench [--backend cpu] [--suite gemm,elementwise,nearest] [--reps N] [--gemm-size N]
-//!       [--elements N] [--points N] [--centroids N] [--dim N]
+//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny] [--reps N] [--gemm-size N]
+//!       [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]
 //! ```
+//! `--wgpu-fallbacks` opens the wgpu backend with every optional adapter feature off
+//! (parameters in a buffer, packed f16, workgroup-memory reductions), to measure what they
+//! are worth.
 //! `nearest` (nearest-centroid search, default 1,000,000 x 128 against 4096) runs only when
 //! named: on a CPU it takes minutes.
 //! A self-contained binary (no cargo needed), so it also runs on GPU hosts. Every timed run
@@ -25,6 +28,7 @@ struct Args {
     points: usize,
     centroids: usize,
     dim: usize,
+    wgpu_fallbacks: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -37,6 +41,7 @@ fn parse() -> Result<Args, String> {
         points: 1_000_000,
         centroids: 4096,
         dim: 128,
+        wgpu_fallbacks: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -54,14 +59,15 @@ fn parse() -> Result<Args, String> {
             "--points" => a.points = num(value()?)?,
             "--centroids" => a.centroids = num(value()?)?.max(1),
             "--dim" => a.dim = num(value()?)?.max(1),
-            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N]".into()),
+            "--wgpu-fallbacks" => a.wgpu_fallbacks = true,
+            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
     for s in &a.suites {
-        if !["gemm", "elementwise", "nearest"].contains(&s.as_str()) {
+        if !["gemm", "elementwise", "nearest", "skinny"].contains(&s.as_str()) {
             return Err(format!(
-                "unknown suite {s} (this build has: gemm, elementwise, nearest)"
+                "unknown suite {s} (this build has: gemm, elementwise, nearest, skinny)"
             ));
         }
     }
@@ -97,12 +103,18 @@ fn main() -> ExitCode {
     };
     match args.backend.as_str() {
         "cpu" => run(&CpuBackend::new(), &args, None),
-        "wgpu" => match backend_wgpu::WgpuBackend::new() {
+        "wgpu" => match backend_wgpu::WgpuBackend::with_options(if args.wgpu_fallbacks {
+            backend_wgpu::WgpuOptions::fallbacks()
+        } else {
+            backend_wgpu::WgpuOptions::default()
+        }) {
             Ok(gpu) => {
                 let tile = backend_wgpu::tile_shape();
                 println!(
-                    "bench: wgpu GEMM tiles of {} x {} (HAL_WGPU_TILE)",
-                    tile.rows, tile.cols
+                    "bench: wgpu GEMM tiles of {} x {} (HAL_WGPU_TILE); optional features in use: {}",
+                    tile.rows,
+                    tile.cols,
+                    gpu.features_in_use()
                 );
                 let copy = |src: &backend_wgpu::WgpuBuffer, dst: &backend_wgpu::WgpuBuffer| {
                     gpu.copy_whole_buffer(src, dst)
@@ -142,6 +154,7 @@ fn run<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -> ExitCo
         let result = match suite.as_str() {
             "gemm" => gemm(b, args),
             "nearest" => nearest(b, args),
+            "skinny" => skinny(b, args),
             _ => elementwise(b, args, device_copy),
         };
         if let Err(e) = result {
@@ -390,6 +403,7 @@ fn elementwise<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -
         t_batch * 1e3,
         3.0 * bytes / t_batch / 1e9
     );
+    elementwise_f16(b, args)?;
     if let Some(copy) = device_copy {
         // For reference: the driver's own buffer-to-buffer copy (read + write counted). Not a
         // bound: on NVIDIA through Vulkan it runs slower than our add kernel.
@@ -520,5 +534,151 @@ fn nearest<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
         t * 1e3,
         2.0 * (n * m * d) as f64 / t / 1e9
     );
+    Ok(())
+}
+
+/// Elementwise add on f16 storage (f32 arithmetic, one rounding), back to back: the 16-bit
+/// load and store path. Checked exactly against f16(f32(x) + f32(y)).
+fn elementwise_f16<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
+    let n = args.elements;
+    let l = Layout::contiguous(&[n]);
+    let (x, y, out) = (
+        b.alloc(DType::F16, n)?,
+        b.alloc(DType::F16, n)?,
+        b.alloc(DType::F16, n)?,
+    );
+    let u = Distribution::Uniform {
+        low: -1.0,
+        high: 1.0,
+    };
+    let fresh = |i: usize| {
+        b.random(View::new(&x, &l), u, 7, (2 * i * n) as u64)
+            .expect("random");
+        b.random(View::new(&y, &l), u, 7, ((2 * i + 1) * n) as u64)
+            .expect("random");
+        b.synchronize().expect("sync");
+    };
+    fresh(0);
+    let add = || {
+        b.binary(
+            BinaryOp::Add,
+            View::new(&x, &l),
+            View::new(&y, &l),
+            View::new(&out, &l),
+        )
+        .expect("add")
+    };
+    add();
+    let halves = |buf: &B::Buffer| -> hal::Result<Vec<half::f16>> {
+        Ok(b.read_bytes(buf)?
+            .chunks(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
+            .collect())
+    };
+    let (xs, ys, os) = (halves(&x)?, halves(&y)?, halves(&out)?);
+    if (0..n).any(|i| os[i] != half::f16::from_f32(xs[i].to_f32() + ys[i].to_f32())) {
+        return Err(hal::Error::Backend {
+            backend: "bench",
+            detail: "f16 add check failed".into(),
+        });
+    }
+    drop((xs, ys, os));
+    let t = time_it(args.reps, fresh, || {
+        for _ in 0..10 {
+            add();
+        }
+        b.synchronize().expect("sync");
+    }) / 10.0;
+    println!(
+        "add f16 {}M, 10 back to back, one wait: {:.3} ms each, {:.2} GB/s read+write (checked exactly)",
+        n >> 20,
+        t * 1e3,
+        3.0 * 2.0 * n as f64 / t / 1e9
+    );
+    Ok(())
+}
+
+/// Matrix products with few outputs and a long k (the dot-product kernel on wgpu): a
+/// 4096 x 4096 matrix times a vector (bandwidth-bound: the matrix is read once), and a 64 x 64
+/// output with k = 262144 (b viewed transposed, so both k strides are 1). Checked first on
+/// sampled outputs against float64.
+fn skinny<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
+    for (m, n, k, what) in [
+        (4096usize, 1usize, 4096usize, "matrix-vector 4096 x 4096"),
+        (64, 64, 262_144, "64 x 64 output, k = 262144"),
+    ] {
+        let la = Layout::contiguous(&[m, k]);
+        let lb = Layout::contiguous(&[n, k]).permute(&[1, 0])?;
+        let lo = Layout::contiguous(&[m, n]);
+        let (a, bt, out) = (
+            b.alloc(DType::F32, m * k)?,
+            b.alloc(DType::F32, n * k)?,
+            b.alloc(DType::F32, m * n)?,
+        );
+        let u = Distribution::Uniform {
+            low: -1.0,
+            high: 1.0,
+        };
+        let fresh = |i: usize| {
+            let base = (i * (m + n) * k) as u64;
+            b.random(View::new(&a, &la), u, 11, base).expect("random");
+            b.random(
+                View::new(&bt, &Layout::contiguous(&[n, k])),
+                u,
+                11,
+                base + (m * k) as u64,
+            )
+            .expect("random");
+            b.synchronize().expect("sync");
+        };
+        let product = || {
+            b.matmul(
+                View::new(&a, &la),
+                View::new(&bt, &lb),
+                View::new(&out, &lo),
+                1.0,
+                0.0,
+            )
+            .expect("matmul")
+        };
+        fresh(0);
+        product();
+        let (av, bv, ov) = (
+            b.read::<f32>(&a)?,
+            b.read::<f32>(&bt)?,
+            b.read::<f32>(&out)?,
+        );
+        for o in (0..m * n).step_by((m * n / 61).max(1)) {
+            let (r, c) = (o / n, o % n);
+            let (mut exact, mut size) = (0f64, 0f64);
+            for j in 0..k {
+                let t = av[r * k + j] as f64 * bv[c * k + j] as f64;
+                exact += t;
+                size += t.abs();
+            }
+            // hal's tolerance, 2^-18 k (|a| @ |b|), is loose for k this long; this is 2^-18 of
+            // the sum of |terms|, tighter, and still what f32 accumulation in 32 parts meets.
+            let bound = 2f64.powi(-18) * size + 2f64.powi(-24) * exact.abs();
+            if (ov[o] as f64 - exact).abs() > bound {
+                return Err(hal::Error::Backend {
+                    backend: "bench",
+                    detail: format!("{what}: output {o} is {} but float64 gives {exact}", ov[o]),
+                });
+            }
+        }
+        drop((av, bv, ov));
+        let t = time_it(args.reps, fresh, || {
+            product();
+            b.synchronize().expect("sync");
+        });
+        let flops = 2.0 * (m * n * k) as f64;
+        let bytes = 4.0 * ((m + n) * k + m * n) as f64;
+        println!(
+            "matmul f32 {what}: {:.3} ms, {:.1} GFLOP/s, {:.1} GB/s of operands (checked against float64)",
+            t * 1e3,
+            flops / t / 1e9,
+            bytes / t / 1e9
+        );
+    }
     Ok(())
 }

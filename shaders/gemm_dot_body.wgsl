@@ -1,0 +1,44 @@
+// What gemm_dot.wgsl and gemm_dot_subgroups.wgsl share: the operands and one thread's part of
+// an output's dot product. Parameters as gemm.wgsl, scalar 6 the number of outputs.
+
+// @slot bindings
+@group(0) @binding(1) var<storage, read> B1: array<u32>;
+fn ld1(i: i32) -> f32 { return bitcast<f32>(B1[i]); }
+@group(0) @binding(2) var<storage, read> B2: array<u32>;
+fn ld2(i: i32) -> f32 { return bitcast<f32>(B2[i]); }
+@group(0) @binding(3) var<storage, read_write> B3: array<u32>;
+fn ld3(i: i32) -> f32 { return bitcast<f32>(B3[i]); }
+fn st3(i: i32, v: f32) { B3[i] = bitcast<u32>(v); }
+// @end
+
+var<workgroup> RED: array<f32, 256>;
+
+// Output `o` (batch, row, column) of the batched product, row-major over (batch, m, n).
+fn output_at(o: u32) -> vec3<u32> {
+    let mn = s(0u) * s(1u);
+    return vec3<u32>(o / mn, (o % mn) / s(1u), o % s(1u));
+}
+
+// Thread `lane`'s share of output `o`: k = first k + lane, + 32, ... below the end k. Outputs
+// past the last give 0 (their threads still take part in the combining).
+fn dot_partial(o: u32, lane: u32) -> f32 {
+    _ = arrayLength(&B1); _ = arrayLength(&B2); _ = arrayLength(&B3);
+    if (o >= s(6u)) { return 0.0; }
+    let at = output_at(o);
+    let a = off(0u, at.x) + i32(at.y) * si(7u);
+    let b = off(1u, at.x) + i32(at.z) * si(11u);
+    var acc = 0.0;
+    for (var k = s(2u) + lane; k < s(3u); k = k + 32u) {
+        acc = fma(ld1(a + i32(k) * si(8u)), ld2(b + i32(k) * si(10u)), acc);
+    }
+    return acc;
+}
+
+fn write_out(o: u32, sum: f32) {
+    if (o >= s(6u)) { return; }
+    let at = output_at(o);
+    let i = off(2u, at.x) + i32(at.y) * si(13u) + i32(at.z) * si(14u);
+    var x = sf(4u) * sum;
+    if (sf(5u) != 0.0) { x = x + sf(5u) * ld3(i); }
+    st3(i, x);
+}
