@@ -449,54 +449,13 @@ fn f16_storage_is_exact_on_every_path() {
     edges.extend([
         65504.0, 65519.0, 65520.0, 1e9, -1e9, 5.96e-8, 2.98e-8, 2.99e-8, 0.0, -0.0,
     ]);
-    let n = all.len();
-    let m = edges.len();
-    let run = |b: &dyn Fn(&[u8], &[u8]) -> (Vec<u8>, Vec<u8>)| {
-        b(bytemuck_bytes(&all), bytemuck_bytes(&edges))
-    };
-    let on = |gpu: &WgpuBackend| {
-        run(&|halves, floats| {
-            let (h, f) = (
-                gpu.upload_bytes(DType::F16, halves).unwrap(),
-                gpu.upload_bytes(DType::F32, floats).unwrap(),
-            );
-            let (wide, narrow) = (
-                gpu.alloc(DType::F32, n).unwrap(),
-                gpu.alloc(DType::F16, m).unwrap(),
-            );
-            let (ln, lm) = (Layout::contiguous(&[n]), Layout::contiguous(&[m]));
-            gpu.copy(View::new(&h, &ln), View::new(&wide, &ln)).unwrap();
-            gpu.copy(View::new(&f, &lm), View::new(&narrow, &lm))
-                .unwrap();
-            (
-                gpu.read_bytes(&wide).unwrap(),
-                gpu.read_bytes(&narrow).unwrap(),
-            )
-        })
-    };
-    let reference = run(&|halves, floats| {
-        let (h, f) = (
-            cpu.upload_bytes(DType::F16, halves).unwrap(),
-            cpu.upload_bytes(DType::F32, floats).unwrap(),
-        );
-        let (wide, narrow) = (
-            cpu.alloc(DType::F32, n).unwrap(),
-            cpu.alloc(DType::F16, m).unwrap(),
-        );
-        let (ln, lm) = (Layout::contiguous(&[n]), Layout::contiguous(&[m]));
-        cpu.copy(View::new(&h, &ln), View::new(&wide, &ln)).unwrap();
-        cpu.copy(View::new(&f, &lm), View::new(&narrow, &lm))
-            .unwrap();
-        (
-            cpu.read_bytes(&wide).unwrap(),
-            cpu.read_bytes(&narrow).unwrap(),
-        )
-    });
+    let (halves, floats) = (bytemuck_bytes(&all), bytemuck_bytes(&edges));
+    let reference = f16_round_trip(&cpu, halves, floats);
     for gpu in [
         gpu(),
         WgpuBackend::with_options(backend_wgpu::WgpuOptions::fallbacks()).unwrap(),
     ] {
-        let got = on(&gpu);
+        let got = f16_round_trip(&gpu, halves, floats);
         let same_f32 = |a: &[u8], b: &[u8]| {
             let (x, y) = (
                 f32::from_le_bytes(a.try_into().unwrap()),
@@ -525,6 +484,23 @@ fn f16_storage_is_exact_on_every_path() {
             );
         }
     }
+}
+
+/// f16 bits widened to f32 and f32 values narrowed to f16 by `copy`, as bytes.
+fn f16_round_trip<B: Backend>(b: &B, halves: &[u8], floats: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let (n, m) = (halves.len() / 2, floats.len() / 4);
+    let (h, f) = (
+        b.upload_bytes(DType::F16, halves).unwrap(),
+        b.upload_bytes(DType::F32, floats).unwrap(),
+    );
+    let (wide, narrow) = (
+        b.alloc(DType::F32, n).unwrap(),
+        b.alloc(DType::F16, m).unwrap(),
+    );
+    let (ln, lm) = (Layout::contiguous(&[n]), Layout::contiguous(&[m]));
+    b.copy(View::new(&h, &ln), View::new(&wide, &ln)).unwrap();
+    b.copy(View::new(&f, &lm), View::new(&narrow, &lm)).unwrap();
+    (b.read_bytes(&wide).unwrap(), b.read_bytes(&narrow).unwrap())
 }
 
 fn bytemuck_bytes<T: Copy>(v: &[T]) -> &[u8] {
@@ -566,39 +542,9 @@ fn skinny_matmul_matches_the_cpu() {
                 .permute(&[0, 2, 1])
                 .unwrap();
             let lo = Layout::contiguous(&[batch, m, n]);
-            let run = |be: &dyn Fn(&[f32], &[f32], &[f32]) -> Vec<f32>| be(&a, &bt, &o);
-            let want = run(&|a, b, o| {
-                let (a, b, o) = (
-                    cpu.upload(a).unwrap(),
-                    cpu.upload(b).unwrap(),
-                    cpu.upload(o).unwrap(),
-                );
-                cpu.matmul(
-                    View::new(&a, &la),
-                    View::new(&b, &lb),
-                    View::new(&o, &lo),
-                    1.5,
-                    0.5,
-                )
-                .unwrap();
-                cpu.read::<f32>(&o).unwrap()
-            });
-            let got = run(&|a, b, o| {
-                let (a, b, o) = (
-                    gpu.upload(a).unwrap(),
-                    gpu.upload(b).unwrap(),
-                    gpu.upload(o).unwrap(),
-                );
-                gpu.matmul(
-                    View::new(&a, &la),
-                    View::new(&b, &lb),
-                    View::new(&o, &lo),
-                    1.5,
-                    0.5,
-                )
-                .unwrap();
-                gpu.read::<f32>(&o).unwrap()
-            });
+            let views = [&la, &lb, &lo];
+            let want = product(&cpu, [&a, &bt, &o], views);
+            let got = product(&gpu, [&a, &bt, &o], views);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 // |a|, |b| <= 0.5: the hal bound 2^-18 k (|a| @ |b|) is at most 2^-20 k * 1.5.
                 let bound = 1.5 * k as f32 / 4.0 * 2f32.powi(-18) + 1e-6;
@@ -610,4 +556,19 @@ fn skinny_matmul_matches_the_cpu() {
             }
         }
     }
+}
+
+/// `1.5 a @ b + 0.5 o` on `be`, read back.
+fn product<B: Backend>(be: &B, data: [&[f32]; 3], views: [&Layout; 3]) -> Vec<f32> {
+    let [a, b, o] = data.map(|d| be.upload(d).unwrap());
+    let [la, lb, lo] = views;
+    be.matmul(
+        View::new(&a, la),
+        View::new(&b, lb),
+        View::new(&o, lo),
+        1.5,
+        0.5,
+    )
+    .unwrap();
+    be.read::<f32>(&o).unwrap()
 }
