@@ -1,7 +1,9 @@
 //! `parity`: runs the parity suite on the requested backends and prints the table.
 //!
 //! ```text
-//! parity [--backend cpu,wgpu,cuda] [--require cpu,...] [--cases N] [--seed S]
+//! parity [--backend cpu,wgpu,cuda] [--require cpu,...] [--cases N] [--seed S] [--wgpu-fallbacks]
+//!
+//! `--wgpu-fallbacks`: the wgpu backend with every optional adapter feature off.
 //! ```
 //! Exits 1 when a check fails or a required backend is not present. A self-contained binary,
 //! so it runs on GPU hosts without a Rust toolchain (`cargo xtask parity` builds and runs it).
@@ -17,6 +19,7 @@ fn main() -> ExitCode {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(1);
+    let mut fallbacks = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |name: &str| {
@@ -40,9 +43,10 @@ fn main() -> ExitCode {
                     std::process::exit(2)
                 })
             }
+            "--wgpu-fallbacks" => fallbacks = true,
             "-h" | "--help" => {
                 println!(
-                    "parity [--backend cpu,wgpu,cuda] [--require LIST] [--cases N] [--seed S]"
+                    "parity [--backend cpu,wgpu,cuda] [--require LIST] [--cases N] [--seed S] [--wgpu-fallbacks]"
                 );
                 return ExitCode::SUCCESS;
             }
@@ -72,9 +76,17 @@ fn main() -> ExitCode {
         let started = std::time::Instant::now();
         match name.as_str() {
             "cpu" => reports.push(Suite::new(&cpu, &cpu, true, cfg).run()),
-            "wgpu" => match backend_wgpu::WgpuBackend::new() {
+            "wgpu" => match backend_wgpu::WgpuBackend::with_options(if fallbacks {
+                backend_wgpu::WgpuOptions::fallbacks()
+            } else {
+                backend_wgpu::WgpuOptions::default()
+            }) {
                 Ok(gpu) => {
-                    eprintln!("parity: wgpu on {}", hal::Backend::info(&gpu).name);
+                    eprintln!(
+                        "parity: wgpu on {} using {}",
+                        hal::Backend::info(&gpu).name,
+                        gpu.features_in_use()
+                    );
                     reports.push(Suite::new(&gpu, &cpu, false, cfg).run())
                 }
                 Err(e) => absent.push((name.clone(), e.to_string())),
