@@ -27,9 +27,14 @@ fn dot_partial(o: u32, lane: u32) -> f32 {
     let at = output_at(o);
     let a = off(0u, at.x) + i32(at.y) * si(7u);
     let b = off(1u, at.x) + i32(at.z) * si(11u);
+    // Parameters in registers: read from a buffer, the compiler could not hoist them (the
+    // output binding might alias it).
+    let end = s(3u);
+    let sa = si(8u);
+    let sb = si(10u);
     var acc = 0.0;
-    for (var k = s(2u) + lane; k < s(3u); k = k + 32u) {
-        acc = fma(ld1(a + i32(k) * si(8u)), ld2(b + i32(k) * si(10u)), acc);
+    for (var k = s(2u) + lane; k < end; k = k + 32u) {
+        acc = fma(ld1(a + i32(k) * sa), ld2(b + i32(k) * sb), acc);
     }
     return acc;
 }

@@ -236,11 +236,13 @@ fn tile_only() -> bool {
 /// How long `synchronize` polls before it blocks.
 const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(500);
 
-/// Matrix products whose output covers fewer 128 x 128 tiles than this (a quarter of a big
-/// GPU's multiprocessors), with k at least [`DOT_FROM_K`] and unit k strides, run as one dot
-/// product per output (`gemm_dot.wgsl`) instead of the tile.
+/// Matrix products with unit k strides and k at least [`DOT_FROM_K`] whose output is thin
+/// (at most [`DOT_THIN`] rows or columns: a tile would compute mostly padding) or covers fewer
+/// 128 x 128 tiles than [`DOT_BELOW_TILES`] (a quarter of a big GPU's multiprocessors) run as
+/// one dot product per output (`gemm_dot.wgsl`) instead of the tile.
 const DOT_BELOW_TILES: usize = 32;
-const DOT_FROM_K: usize = 1024;
+const DOT_THIN: usize = 8;
+const DOT_FROM_K: usize = 128;
 
 /// Verdict words of index checks, reused round robin. A word is reused only by a check
 /// submitted after the kernel that read it, and the queue runs work in order.
@@ -1648,7 +1650,8 @@ impl Backend for WgpuBackend {
         let dts = [a.dtype(), b.dtype(), out.dtype()];
         let tile = tile_shape();
         let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
-        if tiles < DOT_BELOW_TILES
+        let thin = om.rows.min(om.cols) <= DOT_THIN;
+        if (thin || tiles < DOT_BELOW_TILES)
             && am.cols >= DOT_FROM_K
             && am.strides[2] == 1
             && bm.strides[1] == 1

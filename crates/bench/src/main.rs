@@ -4,10 +4,11 @@
 //! ```text
 //! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny] [--reps N] [--gemm-size N]
 //!       [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]
+//!       [--wgpu-without immediates,f16,subgroups]
 //! ```
 //! `--wgpu-fallbacks` opens the wgpu backend with every optional adapter feature off
-//! (parameters in a buffer, packed f16, workgroup-memory reductions), to measure what they
-//! are worth.
+//! (parameters in a buffer, packed f16, workgroup-memory reductions), `--wgpu-without` with
+//! the named ones off, to measure what they are worth.
 //! `nearest` (nearest-centroid search, default 1,000,000 x 128 against 4096) runs only when
 //! named: on a CPU it takes minutes.
 //! A self-contained binary (no cargo needed), so it also runs on GPU hosts. Every timed run
@@ -28,7 +29,8 @@ struct Args {
     points: usize,
     centroids: usize,
     dim: usize,
-    wgpu_fallbacks: bool,
+    /// Optional wgpu features turned off.
+    wgpu_options: backend_wgpu::WgpuOptions,
 }
 
 fn parse() -> Result<Args, String> {
@@ -41,7 +43,7 @@ fn parse() -> Result<Args, String> {
         points: 1_000_000,
         centroids: 4096,
         dim: 128,
-        wgpu_fallbacks: false,
+        wgpu_options: backend_wgpu::WgpuOptions::default(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -59,8 +61,18 @@ fn parse() -> Result<Args, String> {
             "--points" => a.points = num(value()?)?,
             "--centroids" => a.centroids = num(value()?)?.max(1),
             "--dim" => a.dim = num(value()?)?.max(1),
-            "--wgpu-fallbacks" => a.wgpu_fallbacks = true,
-            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]".into()),
+            "--wgpu-fallbacks" => a.wgpu_options = backend_wgpu::WgpuOptions::fallbacks(),
+            "--wgpu-without" => {
+                for f in value()?.split(',') {
+                    match f {
+                        "immediates" => a.wgpu_options.immediates = false,
+                        "f16" => a.wgpu_options.native_f16 = false,
+                        "subgroups" => a.wgpu_options.subgroups = false,
+                        other => return Err(format!("unknown wgpu feature {other} (immediates, f16, subgroups)")),
+                    }
+                }
+            }
+            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -103,11 +115,7 @@ fn main() -> ExitCode {
     };
     match args.backend.as_str() {
         "cpu" => run(&CpuBackend::new(), &args, None),
-        "wgpu" => match backend_wgpu::WgpuBackend::with_options(if args.wgpu_fallbacks {
-            backend_wgpu::WgpuOptions::fallbacks()
-        } else {
-            backend_wgpu::WgpuOptions::default()
-        }) {
+        "wgpu" => match backend_wgpu::WgpuBackend::with_options(args.wgpu_options) {
             Ok(gpu) => {
                 let tile = backend_wgpu::tile_shape();
                 println!(
