@@ -22,12 +22,18 @@
 //!
 //! Kernels live in `shaders/` at the repository root, one WGSL file per primitive family
 //! (see [`wgsl`] for how they are specialised and composed). Matrix products and the fused
-//! nearest-centroid search share a 128 x 128 shared-memory tile (23.5-26.7 TFLOP/s f32 GEMM on
-//! an H200; 1M x 128 points against 4096 centroids in 60 ms); contiguous f32 arithmetic uses
-//! vec4 loads (3.9 TB/s); docs/PERF.md has the figures. Buffers are pooled. Not done yet:
-//! subgroup operations, native `shader-f16` arithmetic (16-bit data is stored packed and
-//! computed in f32 everywhere), and device-side index validation: index operands (gather,
-//! scatter-add, segment ids, CSR columns) are checked on the host, a read-back per call.
+//! nearest-centroid search share a 128 x 128 shared-memory tile (about 24 TFLOP/s f32 GEMM on
+//! an H200; 1M x 128 points against 4096 centroids in 58 ms); products with few outputs and a
+//! long k take a dot-product kernel instead; contiguous f32 arithmetic uses vec4 loads
+//! (3.9 TB/s); docs/PERF.md has the figures. Buffers are pooled; nothing reads back to the host
+//! unless asked: index operands are checked on the device and a bad one is reported by the
+//! next synchronize.
+//!
+//! Optional adapter features, each with a fallback ([`WgpuOptions`] turns them off):
+//! immediates (launch parameters as push constants, no buffer write per dispatch),
+//! `shader-f16` (f16 buffers as `array<f16>`: 16-bit loads and stores instead of packed words
+//! and atomic read-modify-writes; arithmetic stays f32) and subgroups (the dot-product GEMM
+//! combines partial sums with subgroup shuffles instead of a workgroup-memory tree).
 
 mod program;
 pub mod wgsl;
@@ -671,7 +677,8 @@ impl WgpuBackend {
     /// every loop, which together cost about a quarter of the GEMM's inner loop. That is sound
     /// because every loop in `shaders/` runs to a bound read from the launch parameters, every
     /// workgroup-array index is in range by construction, and buffer accesses stay inside the
-    /// views `hal::validate` (and the index checks) accepted on the host; on Vulkan the driver's
+    /// views `hal::validate` accepted on the host, with indices read from buffers checked on
+    /// the device first (a guarded kernel skips its work after a failed check); on Vulkan the driver's
     /// robust buffer access still bounds buffer accesses. Integer division keeps its guard. IR
     /// programs, which users write, keep every check.
     fn build_pipeline(

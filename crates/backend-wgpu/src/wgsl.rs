@@ -59,7 +59,7 @@ pub struct Features {
     pub immediate_words: u32,
     /// f16 buffers as `array<f16>` (`enable f16;`).
     pub native_f16: bool,
-    /// Subgroup operations in the kernels that have a subgroup form.
+    /// Subgroup operations allowed: the backend picks `*_subgroups.wgsl` kernels.
     pub subgroups: bool,
 }
 
@@ -419,9 +419,6 @@ pub fn compose(
     }
     if features.immediate_words > 0 {
         slots.push(immediate_params(features.immediate_words));
-    }
-    if features.subgroups {
-        slots.push(("subgroups", "const SUBGROUPS: bool = true;".into()));
     }
     let main = file(name);
     let mut parts: Vec<(&'static str, String)> = vec![(main.name, fill_slots(main.text, &slots))];

@@ -10,6 +10,10 @@
 //!   input whose view is identical to the output's (in-place update).
 //! - Work is enqueued, not waited on: a primitive may return before the device finished.
 //!   [`Backend::read`] and [`Backend::synchronize`] wait.
+//! - Errors that depend on data already on a device (an index out of range in a gather,
+//!   scatter, segment id or CSR column, broken CSR row offsets) are returned by the call on the
+//!   CPU, and by the next `synchronize` or read on a GPU backend, which checks on the device
+//!   rather than reading the indices back. Either way the failed operation writes nothing.
 //! - Tolerances ("may differ from the CPU reference by") are stated per primitive. `u` is the
 //!   unit roundoff of the output dtype ([`DType::unit_roundoff`]).
 
