@@ -146,6 +146,20 @@ impl Spec {
         }
         self
     }
+    /// Under the contiguous entry, a 16-bit output that starts on a word and has an even
+    /// length is written a whole word (two elements) at a time, without atomics.
+    fn pairs_if_16_bit(mut self, out: V<'_>) -> Self {
+        debug_assert!(wgsl::PAIRS_ENTRY_FILES.contains(&self.file));
+        let l = out.layout;
+        if self.entry == Entry::Contiguous
+            && out.dtype().size_in_bytes() == 2
+            && l.offset % 2 == 0
+            && l.numel() % 2 == 0
+        {
+            self.entry = Entry::ContiguousPairs;
+        }
+        self
+    }
 }
 
 /// A compiled compute pipeline and its bind-group layout (fetched once: wgpu creates a new
@@ -932,10 +946,16 @@ impl WgpuBackend {
         let kernel = self.kernel(&spec)?;
         let params = Params {
             per_thread: match spec.entry {
-                Entry::Contiguous => wgsl::PER_THREAD,
+                Entry::Contiguous | Entry::ContiguousPairs => wgsl::PER_THREAD,
                 Entry::Strided => 1,
             },
             ..params
+        };
+        // Pairs: one thread step per output word.
+        let threads = if spec.entry == Entry::ContiguousPairs {
+            threads / 2
+        } else {
+            threads
         };
         self.dispatch(&kernel, &params, buffers, threads)
     }
@@ -1477,7 +1497,8 @@ impl Backend for WgpuBackend {
         let dt = out.dtype();
         let spec = Spec::new("fill.wgsl")
             .bindings(vec![(dt, Access::Write)])
-            .contiguous_if(out.layout.is_contiguous());
+            .contiguous_if(out.layout.is_contiguous())
+            .pairs_if_16_bit(out);
         // One kernel for every dtype: the value goes in as the output's own element bits.
         let p = Params::default()
             .block(out.layout)
@@ -1497,7 +1518,8 @@ impl Backend for WgpuBackend {
         let spec = Spec::new("copy.wgsl")
             .bindings(wgsl::io(&[a], b))
             .slot("convert", format!("    {convert}"))
-            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, src.layout]));
+            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, src.layout]))
+            .pairs_if_16_bit(out);
         let p = Params::default().block(out.layout).block(src.layout);
         self.run(
             spec,
@@ -1521,7 +1543,8 @@ impl Backend for WgpuBackend {
         let spec = Spec::new("unary.wgsl")
             .bindings(wgsl::io(&[a], b))
             .slot("op", format!("fn op(v: f32) -> f32 {{ return {expr}; }}"))
-            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, &xl]));
+            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, &xl]))
+            .pairs_if_16_bit(out);
         self.run(
             spec,
             p,
@@ -1569,7 +1592,8 @@ impl Backend for WgpuBackend {
                 "op",
                 format!("fn op(a: f32, b: f32) -> f32 {{ return {expr}; }}"),
             )
-            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, &al, &bl]));
+            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, &al, &bl]))
+            .pairs_if_16_bit(out);
         let p = Params::default().block(out.layout).block(&al).block(&bl);
         self.run(
             spec,
@@ -1601,7 +1625,8 @@ impl Backend for WgpuBackend {
             .contiguous_if(all_contiguous(
                 &out.layout.shape,
                 &[out.layout, &al, &bl, &cl],
-            ));
+            ))
+            .pairs_if_16_bit(out);
         self.run(
             spec,
             p,

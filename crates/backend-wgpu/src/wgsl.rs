@@ -389,6 +389,10 @@ pub enum Entry {
     /// every layout block is contiguous over the thread index, so `off(k, t)` is a base plus
     /// `t`, with the base read once per thread.
     Contiguous,
+    /// [`Entry::Contiguous`] for a 16-bit output starting on a word and of even length: each
+    /// invocation step computes two adjacent elements and stores them as one whole word, with
+    /// no atomics (the output binding is `array<u32>`). The thread count is in words.
+    ContiguousPairs,
 }
 
 /// Elements per invocation under [`Entry::Contiguous`].
@@ -406,11 +410,20 @@ pub fn compose(
 ) -> Module {
     let mut slots = slots.to_vec();
     let mut enables = String::new();
+    let mut paired_output = None;
     if let Some(b) = bindings {
         let decls: String = b
             .iter()
             .enumerate()
-            .map(|(i, &(d, a))| binding(i as u32 + 1, d, a, features.native_f16))
+            .map(|(i, &(d, a))| {
+                let b = i as u32 + 1;
+                if entry == Entry::ContiguousPairs && a == Access::Write && d.size_in_bytes() == 2 {
+                    paired_output = Some(b);
+                    pair_binding(b, d)
+                } else {
+                    binding(b, d, a, features.native_f16)
+                }
+            })
             .collect();
         if decls.contains("array<f16>") {
             enables += "enable f16;\n";
@@ -427,7 +440,7 @@ pub fn compose(
         parts.push((f.name, fill_slots(f.text, &slots)));
     }
     let own_entry = main.has_own_entry();
-    let contiguous = !own_entry && entry == Entry::Contiguous;
+    let contiguous = !own_entry && entry != Entry::Strided;
     if contiguous {
         // The kernel's `off(k, t)` becomes a register plus `t`: no index decomposition.
         let mut hoisted = String::new();
@@ -445,10 +458,11 @@ pub fn compose(
                 );
             }
         }
-        parts.push((
-            "<generated>",
-            hoisted + &entry_contiguous(&parts[0].1, &init),
-        ));
+        let main = match paired_output {
+            Some(b) => entry_pairs(&parts[0].1, &init, b),
+            None => entry_contiguous(&parts[0].1, &init),
+        };
+        parts.push(("<generated>", hoisted + &main));
     }
     parts.push(("prelude.wgsl", fill_slots(PRELUDE, &slots)));
     if !own_entry && !contiguous {
@@ -510,6 +524,41 @@ impl ShaderFile {
     }
 }
 
+/// The kernel files the backend runs under [`Entry::ContiguousPairs`] (elementwise kernels
+/// whose only access to the output is one store per element).
+pub const PAIRS_ENTRY_FILES: &[&str] = &[
+    "fill.wgsl",
+    "copy.wgsl",
+    "unary.wgsl",
+    "binary.wgsl",
+    "ternary.wgsl",
+];
+
+/// The output binding of [`Entry::ContiguousPairs`]: stores stash the element's bits in a
+/// private word, which the entry writes once both halves are in.
+fn pair_binding(b: u32, dtype: DType) -> String {
+    let round = if dtype == DType::BF16 {
+        "f32_to_bf16"
+    } else {
+        "f32_to_f16"
+    };
+    format!(
+        "@group(0) @binding({b}) var<storage, read_write> B{b}: array<u32>;\n\
+         var<private> pair_word: u32;\n\
+         var<private> pair_bits: u32;\n\
+         fn stbits{b}(i: i32, v: u32) {{ pair_word = u32(i) >> 1u; pair_bits = pair_bits | ((v & 0xffffu) << (16u * (u32(i) & 1u))); }}\n\
+         fn st{b}(i: i32, v: f32) {{ stbits{b}(i, {round}(v)); }}\n"
+    )
+}
+
+fn entry_pairs(kernel: &str, init: &str, b: u32) -> String {
+    format!(
+        "@compute @workgroup_size({WORKGROUP})\nfn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n{}{init}    let words = pw(0u);\n    let first = (wg.y * nwg.x + wg.x) * {} + lid;\n    for (var q = 0u; q < {PER_THREAD}u; q = q + 1u) {{\n        let w = first + q * {WORKGROUP}u;\n        if (w >= words) {{ return; }}\n        pair_bits = 0u;\n        kernel(2u * w);\n        kernel(2u * w + 1u);\n        B{b}[pair_word] = pair_bits;\n    }}\n}}\n",
+        touch(max_binding(kernel)),
+        WORKGROUP * PER_THREAD
+    )
+}
+
 /// Every kernel file composed with its default slots, under each entry it can have, without
 /// optional features and with all of them (immediates, `array<f16>` bindings where the file
 /// has a bindings slot, subgroups): what `cargo xtask wgsl` validates. (Library files, the
@@ -534,6 +583,26 @@ pub fn default_modules() -> Vec<Variant> {
             ]
         };
         let bindings = default_bindings(f);
+        if PAIRS_ENTRY_FILES.contains(&f.name) {
+            // The written binding as f16, two elements per word.
+            let paired: Vec<(DType, Access)> = bindings
+                .iter()
+                .flatten()
+                .map(|&(d, a)| (if a == Access::Write { DType::F16 } else { d }, a))
+                .collect();
+            out.push(Variant {
+                file: f.name,
+                label: "contiguous pairs entry".to_string(),
+                module: compose(
+                    f.name,
+                    Some(&paired),
+                    &[],
+                    Entry::ContiguousPairs,
+                    Features::default(),
+                ),
+                features: Features::default(),
+            });
+        }
         for &(label, e) in entries {
             if !f.needs_subgroups() {
                 out.push(Variant {
