@@ -32,7 +32,8 @@
 //! Optional adapter features, each with a fallback ([`WgpuOptions`] turns them off):
 //! immediates (launch parameters as push constants, no buffer write per dispatch),
 //! `shader-f16` (f16 buffers as `array<f16>`: 16-bit loads and stores instead of packed words
-//! and atomic read-modify-writes; arithmetic stays f32) and subgroups (the dot-product GEMM
+//! and atomic read-modify-writes; arithmetic stays f32; elementwise kernels write 16-bit
+//! outputs a whole word of two elements at a time either way) and subgroups (the dot-product GEMM
 //! combines partial sums with subgroup shuffles instead of a workgroup-memory tree).
 
 mod program;
