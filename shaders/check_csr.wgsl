@@ -5,8 +5,8 @@
 // nothing, and claims the fault record `[claimed, value, bound, op code]` (see
 // check_index.wgsl).
 // Bindings: 1 row offsets (rows + 1), 2 column indices, 3 verdicts, 4 the fault record.
-// Scalars: 0 rows, 1 columns, 2 stored entries, 3 the verdict word, 4 and 5 the op codes,
-// 6 this launch's serial.
+// Scalars: 0 rows, 1 columns, 2 stored entries, 4 and 5 the op codes (offsets, columns),
+// 14 the verdict word, 15 this launch's serial.
 
 @group(0) @binding(1) var<storage, read> B1: array<u32>;
 @group(0) @binding(2) var<storage, read> B2: array<u32>;
@@ -14,7 +14,7 @@
 @group(0) @binding(4) var<storage, read_write> B4: array<atomic<u32>>;
 
 fn report(value: u32, bound: u32, code: u32) {
-    atomicStore(&B3[s(3u)], s(6u));
+    atomicStore(&B3[s(14u)], s(15u));
     if (atomicExchange(&B4[0], 1u) == 0u) {
         atomicStore(&B4[1], value);
         atomicStore(&B4[2], bound);

@@ -3,8 +3,8 @@
 // least 2^31, so one unsigned comparison covers both) marks this launch's verdict word, which
 // the guarded kernel that follows reads to write nothing, and claims the device's fault
 // record `[claimed, index, bound, op code]`, which the backend reads at the next synchronize.
-// Block 0: the index view. Scalars: 0 the bound, 1 the op code, 2 the verdict word, 3 this
-// launch's serial (what the verdict word is set to).
+// Block 0: the index view. Scalars: 0 the bound, 1 the op code, 14 the verdict word, 15 this
+// launch's serial (what the verdict word is set to; the guarded kernel reads the same slots).
 
 @group(0) @binding(1) var<storage, read> B1: array<u32>;
 @group(0) @binding(2) var<storage, read_write> B2: array<atomic<u32>>;
@@ -13,7 +13,7 @@
 fn kernel(t: u32) {
     let raw = B1[off(0u, t)];
     if (raw >= s(0u)) {
-        atomicStore(&B2[s(2u)], s(3u));
+        atomicStore(&B2[s(14u)], s(15u));
         if (atomicExchange(&B3[0], 1u) == 0u) {
             atomicStore(&B3[1], raw);
             atomicStore(&B3[2], s(0u));

@@ -1,8 +1,9 @@
 // Batched matrix product: out = alpha A B + beta out (beta 0 ignores out), one BM x BN block
 // of one batch per workgroup (grid: column blocks, row blocks, batch). See tile.wgsl.
 // Blocks 0, 1, 2: each batch's offset of A, B and out. Scalars: 0 m, 1 n, 2 first k, 3 end k
-// (the backend slices long k), 4 alpha, 5 beta, 7-8 A's row and column strides, 10-11 B's,
-// 13-14 out's.
+// (the backend slices long k), 4 alpha, 5 beta, 6 the number of outputs (used by
+// gemm_dot_body.wgsl, which shares these parameters), 7-8 A's row and column strides, 10-11
+// B's, 13-14 out's.
 
 // @include tile.wgsl
 

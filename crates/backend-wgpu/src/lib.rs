@@ -140,24 +140,20 @@ impl Spec {
         self.slots.push((name, text));
         self
     }
-    /// The contiguous entry (several elements per thread) when every operand is contiguous.
-    fn contiguous_if(mut self, all_contiguous: bool) -> Self {
-        if all_contiguous {
-            self.entry = Entry::Contiguous;
-        }
-        self
-    }
-    /// Under the contiguous entry, a 16-bit output that starts on a word and has an even
-    /// length is written a whole word (two elements) at a time, without atomics.
-    fn pairs_if_16_bit(mut self, out: V<'_>) -> Self {
+    /// The contiguous entry (several elements per thread) when every operand is contiguous;
+    /// its pairs form when `out` is 16-bit, starts on a word and has an even length, so whole
+    /// words (two elements) are stored without atomics. For the elementwise files of
+    /// [`wgsl::PAIRS_ENTRY_FILES`].
+    fn contiguous_if(mut self, all_contiguous: bool, out: V<'_>) -> Self {
         debug_assert!(wgsl::PAIRS_ENTRY_FILES.contains(&self.file));
         let l = out.layout;
-        if self.entry == Entry::Contiguous
-            && out.dtype().size_in_bytes() == 2
-            && l.offset % 2 == 0
-            && l.numel() % 2 == 0
-        {
-            self.entry = Entry::ContiguousPairs;
+        if all_contiguous {
+            self.entry =
+                if out.dtype().size_in_bytes() == 2 && l.offset % 2 == 0 && l.numel() % 2 == 0 {
+                    Entry::ContiguousPairs
+                } else {
+                    Entry::Contiguous
+                };
         }
         self
     }
@@ -285,10 +281,7 @@ const FAULT_OPS: [(&str, FaultKind); 8] = [
     ("spmv_csr", FaultKind::CsrOffsets),
 ];
 
-/// The fault-record code of broken CSR row offsets.
-const CSR_OFFSETS_CODE: u32 = 7;
-
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum FaultKind {
     /// An index out of range; `signed`: the value is an i32.
     Index { signed: bool },
@@ -296,13 +289,19 @@ enum FaultKind {
     CsrOffsets,
 }
 
-/// The fault-record code of an index check of `op` on indices of `dtype`.
-fn fault_code(op: &str, dtype: DType) -> u32 {
-    let signed = dtype == DType::I32;
+/// The fault-record code of `kind` of fault in `op`.
+fn fault_code(op: &str, kind: FaultKind) -> u32 {
     FAULT_OPS
         .iter()
-        .position(|&(o, k)| o == op && matches!(k, FaultKind::Index { signed: s } if s == signed))
+        .position(|&(o, k)| o == op && k == kind)
         .expect("every checked op is in FAULT_OPS") as u32
+}
+
+/// The fault kind of an index out of range in indices of `dtype`.
+fn index_fault(dtype: DType) -> FaultKind {
+    FaultKind::Index {
+        signed: dtype == DType::I32,
+    }
 }
 
 /// Where a kernel guarded by an index check finds the check's verdict.
@@ -1035,70 +1034,6 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// Matrix products with few outputs and a long k: one dot product per output, 32 threads
-    /// each, combined by subgroup shuffles where the adapter has them (`gemm_dot*.wgsl`).
-    fn matmul_dot(
-        &self,
-        a: V<'_>,
-        b: V<'_>,
-        out: V<'_>,
-        [am, bm, om]: [&validate::MatrixView; 3],
-        alpha: f32,
-        beta: f32,
-    ) -> Result<()> {
-        let batch = |mv: &validate::MatrixView| Layout {
-            shape: vec![om.batch],
-            strides: vec![mv.batch_stride()],
-            offset: mv.offset,
-        };
-        let dts = [a.dtype(), b.dtype(), out.dtype()];
-        let file = if self.0.features.contains(wgpu::Features::SUBGROUP) {
-            "gemm_dot_subgroups.wgsl"
-        } else {
-            "gemm_dot.wgsl"
-        };
-        let pipeline =
-            self.kernel(&Spec::new(file).bindings(wgsl::io(&[dts[0], dts[1]], dts[2])))?;
-        let i32s = |v: isize| v as i32 as u32;
-        let outputs = om.batch * om.rows * om.cols;
-        let groups = outputs.div_ceil(8);
-        let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
-        let grid = [groups.min(max) as u32, groups.div_ceil(max) as u32, 1];
-        let k = am.cols;
-        let mut k0 = 0;
-        loop {
-            // 32 threads per output: a slice of 32 CHUNK keeps each thread's loop at CHUNK.
-            let k1 = (k0 + 32 * CHUNK).min(k);
-            let p = Params::default()
-                .block(&batch(am))
-                .block(&batch(bm))
-                .block(&batch(om))
-                .scalar(0, om.rows as u32)
-                .scalar(1, om.cols as u32)
-                .scalar(2, k0 as u32)
-                .scalar(3, k1 as u32)
-                .f(4, alpha)
-                .f(5, if k0 == 0 { beta } else { 1.0 })
-                .scalar(6, outputs as u32)
-                .scalar(7, i32s(am.strides[1]))
-                .scalar(8, i32s(am.strides[2]))
-                .scalar(10, i32s(bm.strides[1]))
-                .scalar(11, i32s(bm.strides[2]))
-                .scalar(13, i32s(om.strides[1]))
-                .scalar(14, i32s(om.strides[2]));
-            self.dispatch_groups(
-                &pipeline,
-                &p,
-                &[(a.buffer, false), (b.buffer, false), (out.buffer, true)],
-                grid,
-            )?;
-            if k1 >= k {
-                return Ok(());
-            }
-            k0 = k1;
-        }
-    }
-
     /// A fresh verdict word and serial for an index check.
     fn next_guard(&self) -> Guard {
         use std::sync::atomic::Ordering::Relaxed;
@@ -1117,23 +1052,34 @@ impl WgpuBackend {
     /// a bad one is reported by the next synchronize or read (as [`Error::IndexOutOfRange`]
     /// naming `op`), and the kernel run with the returned guard writes nothing.
     fn check_indices(&self, op: &'static str, index: V<'_>, bound: usize) -> Result<Guard> {
-        let guard = self.next_guard();
         let p = Params::default()
             .block(index.layout)
             .scalar(0, bound.min(u32::MAX as usize) as u32)
-            .scalar(1, fault_code(op, index.dtype()))
-            .scalar(2, guard.word)
-            .scalar(3, guard.serial);
-        self.run(
+            .scalar(1, fault_code(op, index_fault(index.dtype())));
+        self.run_check(
             Spec::new("check_index.wgsl"),
             p,
-            &[
-                (index.buffer, false),
-                (&self.0.verdicts, true),
-                (&self.0.faults, true),
-            ],
+            &[index.buffer],
             index.layout.numel(),
-        )?;
+        )
+    }
+
+    /// Runs a check kernel (`check_*.wgsl`) over `inputs`, with the verdict words and the
+    /// fault record bound after them and its verdict word and serial in scalars 14 and 15 (the
+    /// slots the guarded kernel reads them from).
+    fn run_check(
+        &self,
+        spec: Spec,
+        params: Params,
+        inputs: &[&WgpuBuffer],
+        threads: usize,
+    ) -> Result<Guard> {
+        let guard = self.next_guard();
+        let params = params.scalar(14, guard.word).scalar(15, guard.serial);
+        let mut buffers: Vec<(&WgpuBuffer, bool)> = inputs.iter().map(|&b| (b, false)).collect();
+        buffers.push((&self.0.verdicts, true));
+        buffers.push((&self.0.faults, true));
+        self.run(spec, params, &buffers, threads)?;
         self.0
             .faults_unread
             .store(true, std::sync::atomic::Ordering::Release);
@@ -1498,8 +1444,7 @@ impl Backend for WgpuBackend {
         let dt = out.dtype();
         let spec = Spec::new("fill.wgsl")
             .bindings(vec![(dt, Access::Write)])
-            .contiguous_if(out.layout.is_contiguous())
-            .pairs_if_16_bit(out);
+            .contiguous_if(out.layout.is_contiguous(), out);
         // One kernel for every dtype: the value goes in as the output's own element bits.
         let p = Params::default()
             .block(out.layout)
@@ -1519,8 +1464,10 @@ impl Backend for WgpuBackend {
         let spec = Spec::new("copy.wgsl")
             .bindings(wgsl::io(&[a], b))
             .slot("convert", format!("    {convert}"))
-            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, src.layout]))
-            .pairs_if_16_bit(out);
+            .contiguous_if(
+                all_contiguous(&out.layout.shape, &[out.layout, src.layout]),
+                out,
+            );
         let p = Params::default().block(out.layout).block(src.layout);
         self.run(
             spec,
@@ -1544,8 +1491,7 @@ impl Backend for WgpuBackend {
         let spec = Spec::new("unary.wgsl")
             .bindings(wgsl::io(&[a], b))
             .slot("op", format!("fn op(v: f32) -> f32 {{ return {expr}; }}"))
-            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, &xl]))
-            .pairs_if_16_bit(out);
+            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, &xl]), out);
         self.run(
             spec,
             p,
@@ -1593,8 +1539,10 @@ impl Backend for WgpuBackend {
                 "op",
                 format!("fn op(a: f32, b: f32) -> f32 {{ return {expr}; }}"),
             )
-            .contiguous_if(all_contiguous(&out.layout.shape, &[out.layout, &al, &bl]))
-            .pairs_if_16_bit(out);
+            .contiguous_if(
+                all_contiguous(&out.layout.shape, &[out.layout, &al, &bl]),
+                out,
+            );
         let p = Params::default().block(out.layout).block(&al).block(&bl);
         self.run(
             spec,
@@ -1623,11 +1571,10 @@ impl Backend for WgpuBackend {
                 "op",
                 format!("fn op(x: f32, y: f32, z: f32) -> f32 {{ return {expr}; }}"),
             )
-            .contiguous_if(all_contiguous(
-                &out.layout.shape,
-                &[out.layout, &al, &bl, &cl],
-            ))
-            .pairs_if_16_bit(out);
+            .contiguous_if(
+                all_contiguous(&out.layout.shape, &[out.layout, &al, &bl, &cl]),
+                out,
+            );
         self.run(
             spec,
             p,
@@ -1680,31 +1627,50 @@ impl Backend for WgpuBackend {
             strides: vec![mv.batch_stride()],
             offset: mv.offset,
         };
-        let dts = [a.dtype(), b.dtype(), out.dtype()];
+        let bindings = wgsl::io(&[a.dtype(), b.dtype()], out.dtype());
         let tile = tile_shape();
         let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
         let thin = om.rows.min(om.cols) <= DOT_THIN;
-        if (thin || tiles < DOT_BELOW_TILES)
+        let dot = (thin || tiles < DOT_BELOW_TILES)
             && am.cols >= DOT_FROM_K
             && am.strides[2] == 1
             && bm.strides[1] == 1
-            && !tile_only()
-        {
-            return self.matmul_dot(a, b, out, [&am, &bm, &om], alpha, beta);
-        }
-        let (name, text) = tile.slot();
-        let pipeline = self.kernel(
-            &Spec::new("gemm.wgsl")
-                .bindings(wgsl::io(&[dts[0], dts[1]], dts[2]))
-                .slot(name, text),
-        )?;
+            && !tile_only();
+        // Both kernels take the same parameters (gemm.wgsl) and slice k so that no thread
+        // loops past CHUNK steps (lavapipe); later slices accumulate into `out`.
+        let (pipeline, k_slice, groups) = if dot {
+            // One dot product per output, 32 threads each, 8 outputs per workgroup;
+            // subgroup shuffles combine the partial sums where the adapter has them.
+            let file = if self.0.features.contains(wgpu::Features::SUBGROUP) {
+                "gemm_dot_subgroups.wgsl"
+            } else {
+                "gemm_dot.wgsl"
+            };
+            let g = (om.batch * om.rows * om.cols).div_ceil(8);
+            let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
+            (
+                self.kernel(&Spec::new(file).bindings(bindings))?,
+                32 * CHUNK,
+                [g.min(max) as u32, g.div_ceil(max) as u32, 1],
+            )
+        } else {
+            let (name, text) = tile.slot();
+            (
+                self.kernel(&Spec::new("gemm.wgsl").bindings(bindings).slot(name, text))?,
+                8 * CHUNK,
+                [
+                    om.cols.div_ceil(tile.cols) as u32,
+                    om.rows.div_ceil(tile.rows) as u32,
+                    om.batch as u32,
+                ],
+            )
+        };
         let i32s = |v: isize| v as i32 as u32;
-        // Slices along k keep any one invocation's loops short (lavapipe); later slices
-        // accumulate into `out`. k = 0 still runs once, to apply beta.
+        // k = 0 still runs once, to apply beta.
         let k = am.cols;
         let mut k0 = 0;
         loop {
-            let k1 = (k0 + 8 * CHUNK).min(k);
+            let k1 = (k0 + k_slice).min(k);
             let p = Params::default()
                 .block(&batch(&am))
                 .block(&batch(&bm))
@@ -1715,17 +1681,13 @@ impl Backend for WgpuBackend {
                 .scalar(3, k1 as u32)
                 .f(4, alpha)
                 .f(5, if k0 == 0 { beta } else { 1.0 })
+                .scalar(6, (om.batch * om.rows * om.cols) as u32)
                 .scalar(7, i32s(am.strides[1]))
                 .scalar(8, i32s(am.strides[2]))
                 .scalar(10, i32s(bm.strides[1]))
                 .scalar(11, i32s(bm.strides[2]))
                 .scalar(13, i32s(om.strides[1]))
                 .scalar(14, i32s(om.strides[2]));
-            let groups = [
-                om.cols.div_ceil(tile.cols) as u32,
-                om.rows.div_ceil(tile.rows) as u32,
-                om.batch as u32,
-            ];
             self.dispatch_groups(
                 &pipeline,
                 &p,
@@ -1749,30 +1711,19 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         validate::spmv_csr(&a, x, y)?;
         // The structure is checked on the device first; the product reads the verdict.
-        let guard = self.next_guard();
         let nnz = a.values.len();
         let p = Params::default()
             .scalar(0, a.rows as u32)
             .scalar(1, a.cols.min(u32::MAX as usize) as u32)
             .scalar(2, nnz as u32)
-            .scalar(3, guard.word)
-            .scalar(4, CSR_OFFSETS_CODE)
-            .scalar(5, fault_code("spmv_csr", DType::U32))
-            .scalar(6, guard.serial);
-        self.run(
+            .scalar(4, fault_code("spmv_csr", FaultKind::CsrOffsets))
+            .scalar(5, fault_code("spmv_csr", index_fault(DType::U32)));
+        let guard = self.run_check(
             Spec::new("check_csr.wgsl"),
             p,
-            &[
-                (a.row_offsets, false),
-                (a.col_indices, false),
-                (&self.0.verdicts, true),
-                (&self.0.faults, true),
-            ],
+            &[a.row_offsets, a.col_indices],
             (a.rows + 1).max(nnz),
         )?;
-        self.0
-            .faults_unread
-            .store(true, std::sync::atomic::Ordering::Release);
         let p = Params::default().f(0, alpha).f(1, beta);
         self.run_guarded(
             Spec::new("spmv.wgsl"),

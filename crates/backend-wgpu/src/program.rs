@@ -239,9 +239,7 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
         let _ = writeln!(body, "    let v{n}: {} = {line};", ty(t.expect("value")));
     }
     src += &wgsl::entry(&body);
-    if src.contains("array<f16>") {
-        // Enable directives come before everything else.
-        src.insert_str(0, "enable f16;\n");
-    }
+    // Enable directives come before everything else.
+    src.insert_str(0, wgsl::enable_directives(&src));
     Ok(src)
 }

@@ -47,6 +47,16 @@ pub fn immediate_params(words: u32) -> (&'static str, String) {
     )
 }
 
+/// The enable directives that `declarations` (from [`binding`]) need, to go at the very top
+/// of the module.
+pub fn enable_directives(declarations: &str) -> &'static str {
+    if declarations.contains("array<f16>") {
+        "enable f16;\n"
+    } else {
+        ""
+    }
+}
+
 /// The prelude with its slots filled (for generated modules such as IR programs).
 pub fn prelude(slots: &[(&str, String)]) -> String {
     fill_slots(PRELUDE, slots)
@@ -425,9 +435,7 @@ pub fn compose(
                 }
             })
             .collect();
-        if decls.contains("array<f16>") {
-            enables += "enable f16;\n";
-        }
+        enables += enable_directives(&decls);
         slots.push(("bindings", decls));
     }
     if features.immediate_words > 0 {

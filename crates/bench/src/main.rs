@@ -343,32 +343,12 @@ fn elementwise<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -
         par_bw / 1e9
     );
 
-    let l = Layout::contiguous(&[n]);
-    let (x, y, out) = (
-        b.alloc(DType::F32, n)?,
-        b.alloc(DType::F32, n)?,
-        b.alloc(DType::F32, n)?,
-    );
-    let u = Distribution::Uniform {
-        low: -1.0,
-        high: 1.0,
-    };
-    let fresh = |i: usize| {
-        b.random(View::new(&x, &l), u, 5, (2 * i * n) as u64)
-            .expect("random");
-        b.random(View::new(&y, &l), u, 5, ((2 * i + 1) * n) as u64)
-            .expect("random");
-        b.synchronize().expect("sync");
-    };
-    fresh(0);
-    b.fill(View::new(&out, &l), f64::NAN)?;
-    b.binary(
-        BinaryOp::Add,
-        View::new(&x, &l),
-        View::new(&y, &l),
-        View::new(&out, &l),
-    )?;
-    let (xs, ys, os) = (b.read::<f32>(&x)?, b.read::<f32>(&y)?, b.read::<f32>(&out)?);
+    let ops = AddOperands::new(b, DType::F32, n, 5)?;
+    let (x, y, out, l) = (&ops.x, &ops.y, &ops.out, &ops.l);
+    ops.fresh(0);
+    b.fill(View::new(out, l), f64::NAN)?;
+    ops.add();
+    let (xs, ys, os) = (b.read::<f32>(x)?, b.read::<f32>(y)?, b.read::<f32>(out)?);
     if (0..n).any(|i| os[i] != xs[i] + ys[i]) {
         return Err(hal::Error::Backend {
             backend: "bench",
@@ -376,19 +356,14 @@ fn elementwise<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -
         });
     }
     drop((xs, ys, os));
-    let add = || {
-        b.binary(
-            BinaryOp::Add,
-            View::new(&x, &l),
-            View::new(&y, &l),
-            View::new(&out, &l),
-        )
-        .expect("add")
-    };
-    let t = time_it(args.reps, fresh, || {
-        add();
-        b.synchronize().expect("sync");
-    });
+    let t = time_it(
+        args.reps,
+        |i| ops.fresh(i),
+        || {
+            ops.add();
+            b.synchronize().expect("sync");
+        },
+    );
     let bw = 3.0 * bytes / t;
     println!(
         "add f32 {}M: {:.2} ms, {:.2} GB/s read+write = {:.0}% of plain memcpy, {:.0}% of {threads}-thread memcpy (checked exactly)",
@@ -398,13 +373,7 @@ fn elementwise<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -
         100.0 * bw / copy_bw,
         100.0 * bw / par_bw
     );
-    // The same adds back to back, one wait at the end: per-call waiting excluded.
-    let t_batch = time_it(args.reps, fresh, || {
-        for _ in 0..10 {
-            add();
-        }
-        b.synchronize().expect("sync");
-    }) / 10.0;
+    let t_batch = ops.back_to_back(args.reps);
     println!(
         "add f32 {}M, 10 back to back, one wait: {:.3} ms each, {:.2} GB/s read+write",
         n >> 20,
@@ -415,13 +384,13 @@ fn elementwise<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -
     if let Some(copy) = device_copy {
         // For reference: the driver's own buffer-to-buffer copy (read + write counted). Not a
         // bound: on NVIDIA through Vulkan it runs slower than our add kernel.
-        copy(&x, &out)?;
+        copy(x, out)?;
         b.synchronize()?;
         let t_dev = time_it(
             args.reps,
             |_| {},
             || {
-                copy(&x, &out).expect("device copy");
+                copy(x, out).expect("device copy");
                 b.synchronize().expect("sync");
             },
         );
@@ -549,41 +518,16 @@ fn nearest<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
 /// load and store path. Checked exactly against f16(f32(x) + f32(y)).
 fn elementwise_f16<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
     let n = args.elements;
-    let l = Layout::contiguous(&[n]);
-    let (x, y, out) = (
-        b.alloc(DType::F16, n)?,
-        b.alloc(DType::F16, n)?,
-        b.alloc(DType::F16, n)?,
-    );
-    let u = Distribution::Uniform {
-        low: -1.0,
-        high: 1.0,
-    };
-    let fresh = |i: usize| {
-        b.random(View::new(&x, &l), u, 7, (2 * i * n) as u64)
-            .expect("random");
-        b.random(View::new(&y, &l), u, 7, ((2 * i + 1) * n) as u64)
-            .expect("random");
-        b.synchronize().expect("sync");
-    };
-    fresh(0);
-    let add = || {
-        b.binary(
-            BinaryOp::Add,
-            View::new(&x, &l),
-            View::new(&y, &l),
-            View::new(&out, &l),
-        )
-        .expect("add")
-    };
-    add();
+    let ops = AddOperands::new(b, DType::F16, n, 7)?;
+    ops.fresh(0);
+    ops.add();
     let halves = |buf: &B::Buffer| -> hal::Result<Vec<half::f16>> {
         Ok(b.read_bytes(buf)?
             .chunks(2)
             .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
             .collect())
     };
-    let (xs, ys, os) = (halves(&x)?, halves(&y)?, halves(&out)?);
+    let (xs, ys, os) = (halves(&ops.x)?, halves(&ops.y)?, halves(&ops.out)?);
     if (0..n).any(|i| os[i] != half::f16::from_f32(xs[i].to_f32() + ys[i].to_f32())) {
         return Err(hal::Error::Backend {
             backend: "bench",
@@ -591,12 +535,7 @@ fn elementwise_f16<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
         });
     }
     drop((xs, ys, os));
-    let t = time_it(args.reps, fresh, || {
-        for _ in 0..10 {
-            add();
-        }
-        b.synchronize().expect("sync");
-    }) / 10.0;
+    let t = ops.back_to_back(args.reps);
     println!(
         "add f16 {}M, 10 back to back, one wait: {:.3} ms each, {:.2} GB/s read+write (checked exactly)",
         n >> 20,
@@ -604,6 +543,70 @@ fn elementwise_f16<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
         3.0 * 2.0 * n as f64 / t / 1e9
     );
     Ok(())
+}
+
+/// The operands of the add benchmarks: `out = x + y` over `n` contiguous elements of one
+/// dtype, `x` and `y` drawn afresh (uniform in [-1, 1), seeded) before each timed run.
+struct AddOperands<'a, B: Backend> {
+    b: &'a B,
+    x: B::Buffer,
+    y: B::Buffer,
+    out: B::Buffer,
+    l: Layout,
+    seed: u64,
+}
+
+impl<'a, B: Backend> AddOperands<'a, B> {
+    fn new(b: &'a B, dtype: DType, n: usize, seed: u64) -> hal::Result<Self> {
+        Ok(AddOperands {
+            b,
+            x: b.alloc(dtype, n)?,
+            y: b.alloc(dtype, n)?,
+            out: b.alloc(dtype, n)?,
+            l: Layout::contiguous(&[n]),
+            seed,
+        })
+    }
+
+    /// New random `x` and `y` for run `i`, waited for (outside any timed region).
+    fn fresh(&self, i: usize) {
+        let (n, u) = (
+            self.l.numel(),
+            Distribution::Uniform {
+                low: -1.0,
+                high: 1.0,
+            },
+        );
+        for (k, buf) in [&self.x, &self.y].into_iter().enumerate() {
+            let at = ((2 * i + k) * n) as u64;
+            self.b
+                .random(View::new(buf, &self.l), u, self.seed, at)
+                .expect("random");
+        }
+        self.b.synchronize().expect("sync");
+    }
+
+    fn add(&self) {
+        let v = |buf| View::new(buf, &self.l);
+        self.b
+            .binary(BinaryOp::Add, v(&self.x), v(&self.y), v(&self.out))
+            .expect("add")
+    }
+
+    /// Median seconds per add of ten adds submitted back to back with one wait: the
+    /// kernel's own throughput, per-call waiting excluded.
+    fn back_to_back(&self, reps: usize) -> f64 {
+        time_it(
+            reps,
+            |i| self.fresh(i),
+            || {
+                for _ in 0..10 {
+                    self.add();
+                }
+                self.b.synchronize().expect("sync");
+            },
+        ) / 10.0
+    }
 }
 
 /// Matrix products with few outputs and a long k (the dot-product kernel on wgpu): a
