@@ -118,7 +118,7 @@ impl<B: Backend> Suite<'_, B> {
 }
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 29] = [
+pub(crate) const EXPECTED_ROWS: [&str; 30] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -148,7 +148,14 @@ pub(crate) const EXPECTED_ROWS: [&str; 29] = [
     "random normal",
     "ir program (edge residual, atomics)",
     "ir program (math, int, select, cast)",
+    "record/replay",
 ];
+
+/// The checks of the primitives a `Precision::Fast` handle runs differently.
+pub(crate) fn run_fast<B: Backend>(s: &mut Suite<'_, B>) {
+    matmul(s);
+    nearest_centroid(s);
+}
 
 pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     fill(s);
@@ -168,6 +175,59 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     optimizers(s);
     random(s);
     programs(s);
+    record_replay(s);
+}
+
+fn run_recorded<B: Backend>(b: &B, x: &[f32], replays: usize) -> Result<Vec<f64>> {
+    let l = Layout::contiguous(&[x.len()]);
+    let xb = b.upload(x)?;
+    let yb = b.alloc(DType::F32, x.len())?;
+    let (xs, ys, ls) = (xb.clone(), yb.clone(), l.clone());
+    // y = 0.5 * (y + x) + 1, recorded once.
+    let graph = b.record(std::sync::Arc::new(move |b: &B| {
+        b.binary(
+            BinaryOp::Add,
+            View::new(&ys, &ls),
+            View::new(&xs, &ls),
+            View::new(&ys, &ls),
+        )?;
+        b.unary(
+            UnaryOp::Affine {
+                scale: 0.5,
+                shift: 1.0,
+            },
+            View::new(&ys, &ls),
+            View::new(&ys, &ls),
+        )
+    }))?;
+    for _ in 0..replays {
+        b.replay(&graph)?;
+    }
+    read_view(b, &yb, &l)
+}
+
+/// A recorded sequence replayed several times gives what running it that many times gives.
+fn record_replay<B: Backend>(s: &mut Suite<'_, B>) {
+    for (n, replays) in [(1usize, 1usize), (257, 3), (65537, 2)] {
+        let x: Vec<f32> = (0..n).map(|_| s.rng().range(-1.0, 1.0)).collect();
+        let mut exact = vec![0f64; n];
+        for _ in 0..replays {
+            for (e, &xi) in exact.iter_mut().zip(&x) {
+                *e = (0.5f32.mul_add((*e as f32) + xi, 1.0)) as f64;
+            }
+        }
+        match both!(s, run_recorded(&x, replays)) {
+            Ok((c, t)) => s.judge(
+                "record/replay",
+                &format!("n={n}, {replays} replays"),
+                &c,
+                t.as_deref(),
+                &exact,
+                &|_, _| 0.0,
+            ),
+            Err(e) => s.fail("record/replay", e),
+        }
+    }
 }
 
 // ---------------------------------------------------------------- elementwise
@@ -881,16 +941,21 @@ fn matmul<B: Backend>(s: &mut Suite<'_, B>) {
                 }
             }
         }
+        let (row, rel) = if s.fast {
+            ("matmul (Precision::Fast)", 2f64.powi(-10))
+        } else {
+            ("matmul", 2f64.powi(-18))
+        };
         match both!(s, run_matmul(&x, &y, &out, alpha, beta)) {
             Ok((c, t)) => s.judge(
-                "matmul",
+                row,
                 &format!("[{batch},{m},{k}]@[{batch},{k},{n}] {dt}->{dout} beta {beta}"),
                 &c,
                 t.as_deref(),
                 &exact,
-                &|o, w| 2f64.powi(-18) * mag[o] + rounding(dout, w, 2.0),
+                &|o, w| rel * mag[o] + rounding(dout, w, 2.0),
             ),
-            Err(e) => s.fail("matmul", format!("[{batch},{m},{k},{n}]: {e}")),
+            Err(e) => s.fail(row, format!("[{batch},{m},{k},{n}]: {e}")),
         }
     }
 }
@@ -1308,8 +1373,15 @@ fn nearest_centroid<B: Backend>(s: &mut Suite<'_, B>) {
                 // to the lower index.
                 let cmax = (0..m).map(|j| norm(&cs, j)).fold(0.0, f64::max);
                 let (mut worst, mut worst_rel, mut worst_case) = (0f64, 0f64, String::new());
+                // Precision::Fast may pick a centroid up to 2^-9 (|x|^2 + |c|^2) worse.
+                let choice = if s.fast {
+                    2f64.powi(-9)
+                } else {
+                    2f64.powi(-16)
+                };
                 for i in 0..n {
                     let tol = 2f64.powi(-16) * (norm(&xs, i) + cmax);
+                    let choice_tol = choice * (norm(&xs, i) + cmax);
                     let j = gi[i] as usize;
                     let reference_j = if t.is_some() {
                         ci[i] as usize
@@ -1320,7 +1392,8 @@ fn nearest_centroid<B: Backend>(s: &mut Suite<'_, B>) {
                     };
                     let best = dist(i, reference_j);
                     let chosen = if j < m { dist(i, j) } else { f64::INFINITY };
-                    let mut over = (chosen - best).max(0.0).max((gd[i] - chosen).abs()) / tol;
+                    let mut over =
+                        ((chosen - best).max(0.0) / choice_tol).max((gd[i] - chosen).abs() / tol);
                     if chosen == best
                         && j > reference_j
                         && (0..d).all(|k| cs[j * d + k] == cs[reference_j * d + k])
@@ -1336,12 +1409,12 @@ fn nearest_centroid<B: Backend>(s: &mut Suite<'_, B>) {
                         );
                     }
                 }
-                s.record(
-                    "nearest_centroid",
-                    &format!("{case} {worst_case}"),
-                    worst_rel,
-                    worst,
-                );
+                let row = if s.fast {
+                    "nearest_centroid (Precision::Fast)"
+                } else {
+                    "nearest_centroid"
+                };
+                s.record(row, &format!("{case} {worst_case}"), worst_rel, worst);
             }
             Err(e) => s.fail("nearest_centroid", format!("n={n} d={d} m={m}: {e}")),
         }

@@ -15,6 +15,7 @@
 //! ```
 
 pub mod checks;
+pub mod device_checks;
 pub mod host;
 
 use backend_cpu::CpuBackend;
@@ -70,6 +71,9 @@ pub struct Suite<'a, B: Backend> {
     pub(crate) target_is_reference: bool,
     pub(crate) runner: TestRunner,
     pub(crate) cfg: SuiteConfig,
+    /// True when the target runs under `Precision::Fast`: the matmul and nearest-centroid
+    /// checks then use that policy's tolerances and row names.
+    pub(crate) fast: bool,
     rows: Vec<Row>,
 }
 
@@ -89,6 +93,7 @@ impl<'a, B: Backend> Suite<'a, B> {
             target_is_reference,
             runner: TestRunner::new_with_rng(Config::default(), rng),
             cfg,
+            fast: false,
             rows: Vec::new(),
         }
     }
@@ -100,6 +105,14 @@ impl<'a, B: Backend> Suite<'a, B> {
     /// Runs every check and returns the report.
     pub fn run(mut self) -> Report {
         checks::run_all(&mut self);
+        if !self.target_is_reference && self.target.capabilities().fast_precision {
+            // The backend's faster path gets its own rows, under that policy's tolerances.
+            let fast = self.target.with_precision(hal::Precision::Fast);
+            let mut sub = Suite::new(&fast, self.cpu, false, self.cfg);
+            sub.fast = true;
+            checks::run_fast(&mut sub);
+            self.rows.append(&mut sub.rows);
+        }
         for name in checks::EXPECTED_ROWS {
             if self.rows.iter().all(|r| r.primitive != name) {
                 self.fail(

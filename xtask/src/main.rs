@@ -6,6 +6,8 @@
 //! - `bench [--backend cpu] [--suite gemm,elementwise] [...]`: the benchmarks (crate `bench`),
 //!   with peers measured in the same run where they can run.
 //!
+//! - `ptx [--check]`: compiles `cuda/*.cu` with nvcc to the committed PTX of `backend-cuda`,
+//!   stamped with its sources' hash; `--check` (CI, no nvcc) fails on a stale or missing file.
 //! - `wgsl`: parses and validates with naga every kernel file in `shaders/` (composed with its
 //!   includes and the prelude, under each entry point it can have, as the backend builds it)
 //!   and the WGSL of the parity suite's IR programs; a failure names the file, line and message.
@@ -16,11 +18,14 @@
 //! host they are bundled (`../shared/tools/gpu-bundle.sh -p hal-parity -p bench`) and run
 //! directly; xtask only saves typing here.
 
+mod ptx;
+
 use std::process::{Command, ExitCode};
 
 const USAGE: &str = "usage: cargo xtask <parity|bench> [ARGS...]
   parity [--backend cpu,wgpu,cuda] [--require LIST] [--cases N] [--seed S]
   bench  [--backend cpu|wgpu|cuda] [--suite gemm,elementwise] [--reps N] [--gemm-size N] [--elements N]
+  ptx    [--check] compile cuda/*.cu to crates/backend-cuda/ptx/ (nvcc), or check the PTX is current
   wgsl   validate shaders/*.wgsl and sample IR-generated shaders with naga
   deps   check that workloads and backends depend on no workspace crate but hal";
 
@@ -35,6 +40,7 @@ fn main() -> ExitCode {
         "parity" => ("hal-parity", "parity"),
         "bench" => ("bench", "bench"),
         "deps" => return check_dependency_rule(),
+        "ptx" => return ptx::run(&rest),
         "wgsl" => return validate_wgsl(),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");

@@ -142,6 +142,7 @@ type V<'a> = View<'a, CpuBuffer>;
 impl Backend for CpuBackend {
     type Buffer = CpuBuffer;
     type Kernel = CpuKernel;
+    type Graph = hal::Replay<Self>;
 
     fn info(&self) -> DeviceInfo {
         let (total, available) = memory();
@@ -172,6 +173,7 @@ impl Backend for CpuBackend {
             subgroups: false,
             matrix_units: false,
             graph_capture: false,
+            fast_precision: false,
         }
     }
 
@@ -488,5 +490,21 @@ impl Backend for CpuBackend {
     fn launch(&self, kernel: &CpuKernel, args: &[&CpuBuffer], n: usize) -> Result<()> {
         let _g = exec();
         program::launch(&kernel.0, args, n)
+    }
+    fn with_precision(&self, _precision: hal::Precision) -> Self {
+        // No faster path here: every call is exact (capabilities say so).
+        self.clone()
+    }
+
+    fn precision(&self) -> hal::Precision {
+        hal::Precision::Exact
+    }
+
+    fn record(&self, steps: std::sync::Arc<hal::RecordedSteps<Self>>) -> Result<Self::Graph> {
+        Ok(hal::Replay::new(steps))
+    }
+
+    fn replay(&self, graph: &Self::Graph) -> Result<()> {
+        graph.run(self)
     }
 }

@@ -1347,6 +1347,7 @@ fn kept(x: &Layout, shape: &[usize], axes: &[usize]) -> Layout {
 impl Backend for WgpuBackend {
     type Buffer = WgpuBuffer;
     type Kernel = program::WgpuKernel;
+    type Graph = hal::Replay<Self>;
 
     fn info(&self) -> DeviceInfo {
         let kind = match self.0.info.device_type {
@@ -1377,6 +1378,7 @@ impl Backend for WgpuBackend {
             subgroups: self.0.features.contains(wgpu::Features::SUBGROUP),
             matrix_units: false,
             graph_capture: false,
+            fast_precision: false,
         }
     }
 
@@ -2100,6 +2102,22 @@ impl Backend for WgpuBackend {
             .faults_unread
             .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
+    }
+    fn with_precision(&self, _precision: hal::Precision) -> Self {
+        // No faster path here: every call is exact (capabilities say so).
+        self.clone()
+    }
+
+    fn precision(&self) -> hal::Precision {
+        hal::Precision::Exact
+    }
+
+    fn record(&self, steps: std::sync::Arc<hal::RecordedSteps<Self>>) -> Result<Self::Graph> {
+        Ok(hal::Replay::new(steps))
+    }
+
+    fn replay(&self, graph: &Self::Graph) -> Result<()> {
+        graph.run(self)
     }
 }
 

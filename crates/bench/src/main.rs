@@ -2,13 +2,19 @@
 //! machine, the peer in the same run, and prints medians with ratios.
 //!
 //! ```text
-//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny] [--reps N] [--gemm-size N]
+//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory] [--reps N] [--gemm-size N]
 //!       [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]
 //!       [--wgpu-without immediates,f16,subgroups]
 //! ```
 //! `--wgpu-fallbacks` opens the wgpu backend with every optional adapter feature off
 //! (parameters in a buffer, packed f16, workgroup-memory reductions), `--wgpu-without` with
 //! the named ones off, to measure what they are worth.
+//! `launch` times an empty kernel's launch and a recorded sequence of 50 small kernels replayed
+//! against the same 50 launched one by one; `memory` runs 10,000 iterations of a loop of
+//! primitives and prints device memory before and after (CUDA: also the allocator's figures).
+//! Where the backend has a faster precision (`Capabilities::fast_precision`), `gemm` and
+//! `nearest` also run under `Precision::Fast` (TF32 on CUDA), the latter with its agreement
+//! with the exact assignments.
 //! `nearest` (nearest-centroid search, default 1,000,000 x 128 against 4096) runs only when
 //! named: on a CPU it takes minutes.
 //! A self-contained binary (no cargo needed), so it also runs on GPU hosts. Every timed run
@@ -19,6 +25,15 @@ use backend_cpu::CpuBackend;
 use hal::{Backend, BackendExt, BinaryOp, DType, Distribution, Layout, View};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
+
+const SUITES: [&str; 6] = [
+    "gemm",
+    "elementwise",
+    "nearest",
+    "skinny",
+    "launch",
+    "memory",
+];
 
 struct Args {
     backend: String,
@@ -72,14 +87,15 @@ fn parse() -> Result<Args, String> {
                     }
                 }
             }
-            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups]".into()),
+            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny,launch,memory] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
     for s in &a.suites {
-        if !["gemm", "elementwise", "nearest", "skinny"].contains(&s.as_str()) {
+        if !SUITES.contains(&s.as_str()) {
             return Err(format!(
-                "unknown suite {s} (this build has: gemm, elementwise, nearest, skinny)"
+                "unknown suite {s} (this build has: {})",
+                SUITES.join(", ")
             ));
         }
     }
@@ -114,7 +130,7 @@ fn main() -> ExitCode {
         }
     };
     match args.backend.as_str() {
-        "cpu" => run(&CpuBackend::new(), &args, None),
+        "cpu" => run(&CpuBackend::new(), &args, Hooks::default()),
         "wgpu" => match backend_wgpu::WgpuBackend::with_options(args.wgpu_options) {
             Ok(gpu) => {
                 let tile = backend_wgpu::tile_shape();
@@ -127,11 +143,40 @@ fn main() -> ExitCode {
                 let copy = |src: &backend_wgpu::WgpuBuffer, dst: &backend_wgpu::WgpuBuffer| {
                     gpu.copy_whole_buffer(src, dst)
                 };
-                run(&gpu, &args, Some(&copy))
+                let hooks = Hooks {
+                    device_copy: Some(&copy),
+                    ..Hooks::default()
+                };
+                run(&gpu, &args, hooks)
             }
             Err(e) => not_present("wgpu", &e.to_string()),
         },
-        "cuda" => not_present("cuda", backend_cuda::NOT_IMPLEMENTED),
+        "cuda" => match backend_cuda::CudaBackend::new() {
+            Ok(gpu) => {
+                let copy = |src: &backend_cuda::CudaBuffer, dst: &backend_cuda::CudaBuffer| {
+                    gpu.copy_whole_buffer(src, dst)
+                };
+                let empty = || gpu.launch_empty();
+                let memory = || {
+                    let s = gpu.pool_stats();
+                    let free = gpu.device_memory().map(|m| m.0).unwrap_or(0);
+                    format!(
+                        "driver reports {:.1} MiB free; pool holds {:.1} MiB, {:.1} MiB in use, {} cuMemAlloc calls so far",
+                        free as f64 / 1048576.0,
+                        s.reserved_bytes as f64 / 1048576.0,
+                        s.in_use_bytes as f64 / 1048576.0,
+                        s.driver_allocs
+                    )
+                };
+                let hooks = Hooks {
+                    device_copy: Some(&copy),
+                    empty_launch: Some(&empty),
+                    memory: Some(&memory),
+                };
+                run(&gpu, &args, hooks)
+            }
+            Err(e) => not_present("cuda", &e.to_string()),
+        },
         other => {
             eprintln!("bench: unknown backend {other} (expected cpu, wgpu or cuda)");
             ExitCode::from(2)
@@ -148,7 +193,26 @@ fn not_present(name: &str, why: &str) -> ExitCode {
 type DeviceCopy<'a, B> =
     Option<&'a dyn Fn(&<B as Backend>::Buffer, &<B as Backend>::Buffer) -> hal::Result<()>>;
 
-fn run<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -> ExitCode {
+/// What a backend offers beyond `hal`, for the figures that need it.
+struct Hooks<'a, B: Backend> {
+    device_copy: DeviceCopy<'a, B>,
+    /// Launches an empty kernel.
+    empty_launch: Option<&'a dyn Fn() -> hal::Result<()>>,
+    /// Describes device memory in use.
+    memory: Option<&'a dyn Fn() -> String>,
+}
+
+impl<B: Backend> Default for Hooks<'_, B> {
+    fn default() -> Self {
+        Hooks {
+            device_copy: None,
+            empty_launch: None,
+            memory: None,
+        }
+    }
+}
+
+fn run<B: Backend>(b: &B, args: &Args, hooks: Hooks<'_, B>) -> ExitCode {
     let info = b.info();
     println!(
         "bench: backend {} on {} ({:.1} GiB), medians of {} runs after 2 warm-ups",
@@ -163,7 +227,9 @@ fn run<B: Backend>(b: &B, args: &Args, device_copy: DeviceCopy<'_, B>) -> ExitCo
             "gemm" => gemm(b, args),
             "nearest" => nearest(b, args),
             "skinny" => skinny(b, args),
-            _ => elementwise(b, args, device_copy),
+            "launch" => launch(b, args, &hooks),
+            "memory" => memory(b, &hooks),
+            _ => elementwise(b, args, hooks.device_copy),
         };
         if let Err(e) = result {
             println!("bench: suite {suite} failed: {e}");
@@ -228,6 +294,33 @@ print(json.dumps({"median": times[len(times) // 2], "what": "numpy " + np.__vers
 }
 
 fn gemm<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
+    gemm_at(b, args, "f32", 1e-5)?;
+    match numpy_gemm(args.gemm_size, args.reps) {
+        Ok((tp, what)) => {
+            let n = args.gemm_size;
+            println!(
+                "gemm f32 {n}^3: peer {what}: {:.2} ms, {:.1} GFLOP/s",
+                tp * 1e3,
+                2.0 * (n as f64).powi(3) / tp / 1e9,
+            )
+        }
+        Err(why) => println!("gemm f32 {}^3: peer numpy not run: {why}", args.gemm_size),
+    }
+    if b.capabilities().fast_precision {
+        // Precision::Fast's stated bound is 2^-10 k |a||b|; the check is tighter: 2^-10 |a||b|.
+        gemm_at(
+            &b.with_precision(hal::Precision::Fast),
+            args,
+            "f32 in Precision::Fast",
+            2f64.powi(-10),
+        )?;
+    }
+    Ok(())
+}
+
+/// Times an `n^3` f32 GEMM on `b`, checked first on sampled entries against float64 to `tol`
+/// of `|a| @ |b|`.
+fn gemm_at<B: Backend>(b: &B, args: &Args, label: &str, tol: f64) -> hal::Result<()> {
     let n = args.gemm_size;
     let l = Layout::contiguous(&[n, n]);
     let (x, y, out) = (
@@ -268,7 +361,7 @@ fn gemm<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
             .sum();
         worst = worst.max((os[i * n + j] as f64 - want).abs() / scale);
     }
-    if os.iter().any(|v| v.is_nan()) || worst > 1e-5 {
+    if os.iter().any(|v| v.is_nan()) || worst > tol {
         return Err(hal::Error::Backend {
             backend: "bench",
             detail: format!(
@@ -289,19 +382,10 @@ fn gemm<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
     });
     let flops = 2.0 * (n as f64).powi(3);
     println!(
-        "gemm f32 {n}^3: {:.2} ms, {:.1} GFLOP/s (checked: worst sampled error {worst:.1e} of |a||b|)",
+        "gemm {label} {n}^3: {:.2} ms, {:.1} GFLOP/s (checked: worst sampled error {worst:.1e} of |a||b|)",
         t * 1e3,
         flops / t / 1e9
     );
-    match numpy_gemm(n, args.reps) {
-        Ok((tp, what)) => println!(
-            "gemm f32 {n}^3: peer {what}: {:.2} ms, {:.1} GFLOP/s; ours / peer time = {:.2}x",
-            tp * 1e3,
-            flops / tp / 1e9,
-            t / tp
-        ),
-        Err(why) => println!("gemm f32 {n}^3: peer numpy not run: {why}"),
-    }
     Ok(())
 }
 
@@ -510,6 +594,225 @@ fn nearest<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
         "nearest centroid {n} x {d} vs {m}: {:.2} ms, {:.1} GFLOP/s of distance work (checked 256 rows: worst {worst:.2} of the tolerance)",
         t * 1e3,
         2.0 * (n * m * d) as f64 / t / 1e9
+    );
+    if b.capabilities().fast_precision {
+        let fast = b.with_precision(hal::Precision::Fast);
+        let search_fast = || {
+            fast.nearest_centroid(
+                View::new(&x, &xl),
+                View::new(&c, &cl),
+                View::new(&idx, &ol),
+                View::new(&dist, &ol),
+            )
+        };
+        // Agreement with the exact assignments on the same data.
+        fresh(1);
+        search()?;
+        let exact_idx = b.read::<u32>(&idx)?;
+        search_fast()?;
+        let fast_idx = b.read::<u32>(&idx)?;
+        let same = exact_idx
+            .iter()
+            .zip(&fast_idx)
+            .filter(|(a, b)| a == b)
+            .count();
+        let t_fast = time_it(args.reps, fresh, || {
+            search_fast().expect("nearest_centroid");
+            b.synchronize().expect("sync");
+        });
+        println!(
+            "nearest centroid {n} x {d} vs {m}, Precision::Fast: {:.2} ms, {:.1} GFLOP/s; assignments equal to exact mode on {:.4}% of points",
+            t_fast * 1e3,
+            2.0 * (n * m * d) as f64 / t_fast / 1e9,
+            100.0 * same as f64 / n as f64
+        );
+    }
+    Ok(())
+}
+
+/// Launch overhead: an empty kernel launched back to back (where the backend exposes one),
+/// and a sequence of 50 small kernels (1024-element adds) launched one by one against the
+/// same sequence recorded once and replayed, each waited for.
+fn launch<B: Backend>(b: &B, args: &Args, hooks: &Hooks<'_, B>) -> hal::Result<()> {
+    let reps = args.reps.max(101);
+    if let Some(empty) = hooks.empty_launch {
+        empty()?;
+        b.synchronize()?;
+        let per = time_it(
+            reps,
+            |_| {},
+            || {
+                for _ in 0..1000 {
+                    empty().expect("launch");
+                }
+                b.synchronize().expect("sync");
+            },
+        ) / 1000.0;
+        let trip = time_it(
+            reps,
+            |_| {},
+            || {
+                empty().expect("launch");
+                b.synchronize().expect("sync");
+            },
+        );
+        println!(
+            "empty kernel: {:.2} us per launch (1000 back to back, one wait); launch + wait {:.2} us",
+            per * 1e6,
+            trip * 1e6
+        );
+    }
+    let l = Layout::contiguous(&[1024]);
+    let (x, y) = (b.alloc(DType::F32, 1024)?, b.alloc(DType::F32, 1024)?);
+    b.fill(View::new(&x, &l), 1.0)?;
+    let steps = {
+        let (x, y, l) = (x.clone(), y.clone(), l.clone());
+        move |b: &B| -> hal::Result<()> {
+            for _ in 0..50 {
+                b.binary(
+                    BinaryOp::Add,
+                    View::new(&x, &l),
+                    View::new(&y, &l),
+                    View::new(&y, &l),
+                )?;
+            }
+            Ok(())
+        }
+    };
+    let graph = b.record(std::sync::Arc::new(steps.clone()))?;
+    b.fill(View::new(&y, &l), 0.0)?;
+    b.replay(&graph)?;
+    let got = b.read::<f32>(&y)?;
+    if got.iter().any(|&v| v != 50.0) {
+        return Err(hal::Error::Backend {
+            backend: "bench",
+            detail: format!("replayed sequence gave {} instead of 50", got[0]),
+        });
+    }
+    let one_by_one = time_it(
+        reps,
+        |_| {},
+        || {
+            steps(b).expect("steps");
+            b.synchronize().expect("sync");
+        },
+    );
+    let replayed = time_it(
+        reps,
+        |_| {},
+        || {
+            b.replay(&graph).expect("replay");
+            b.synchronize().expect("sync");
+        },
+    );
+    let back_to_back = time_it(
+        reps,
+        |_| {},
+        || {
+            for _ in 0..10 {
+                b.replay(&graph).expect("replay");
+            }
+            b.synchronize().expect("sync");
+        },
+    ) / 10.0;
+    println!(
+        "50 small kernels (1024-element adds), waited for: {:.1} us launched one by one, {:.1} us replayed from a recording ({}; checked); {:.1} us per replay with 10 back to back",
+        one_by_one * 1e6,
+        replayed * 1e6,
+        if b.capabilities().graph_capture {
+            "device graph"
+        } else {
+            "steps run again"
+        },
+        back_to_back * 1e6
+    );
+    Ok(())
+}
+
+/// Device memory across 10,000 iterations of a loop of primitives that allocate temporaries
+/// (elementwise, reduction, small matmul, nearest-centroid search, segment sums, gather).
+fn memory<B: Backend>(b: &B, hooks: &Hooks<'_, B>) -> hal::Result<()> {
+    let (n, d, m) = (4096usize, 32usize, 64usize);
+    let (xl, cl) = (Layout::contiguous(&[n, d]), Layout::contiguous(&[m, d]));
+    let x = b.alloc(DType::F32, n * d)?;
+    let c = b.alloc(DType::F32, m * d)?;
+    let u = Distribution::Uniform {
+        low: -1.0,
+        high: 1.0,
+    };
+    b.random(View::new(&x, &xl), u, 3, 0)?;
+    b.random(View::new(&c, &cl), u, 3, (n * d) as u64)?;
+    let iteration = || -> hal::Result<()> {
+        let idx = b.alloc(DType::U32, n)?;
+        let dist = b.alloc(DType::F32, n)?;
+        let nl = Layout::contiguous(&[n]);
+        b.nearest_centroid(
+            View::new(&x, &xl),
+            View::new(&c, &cl),
+            View::new(&idx, &nl),
+            View::new(&dist, &nl),
+        )?;
+        let sums = b.alloc(DType::F32, m * d)?;
+        let counts = b.alloc(DType::F32, m)?;
+        b.segment_sum(
+            View::new(&x, &xl),
+            View::new(&idx, &nl),
+            None,
+            View::new(&sums, &cl),
+            View::new(&counts, &Layout::contiguous(&[m])),
+        )?;
+        let sq = b.alloc(DType::F32, n * d)?;
+        b.binary(
+            BinaryOp::Mul,
+            View::new(&x, &xl),
+            View::new(&x, &xl),
+            View::new(&sq, &xl),
+        )?;
+        let total = b.alloc(DType::F32, n)?;
+        b.reduce(
+            hal::ReduceOp::Sum,
+            View::new(&sq, &xl),
+            &[1],
+            View::new(&total, &Layout::contiguous(&[n, 1])),
+        )?;
+        let prod = b.alloc(DType::F32, m * m)?;
+        b.matmul(
+            View::new(&c, &cl),
+            View::new(&c, &cl.transpose(0, 1)?),
+            View::new(&prod, &Layout::contiguous(&[m, m])),
+            1.0,
+            0.0,
+        )?;
+        let picked = b.alloc(DType::F32, n * d)?;
+        let il = Layout::contiguous(&[n, 1]).broadcast_to(&[n, d])?;
+        b.gather(
+            View::new(&c, &cl),
+            0,
+            View::new(&idx, &il),
+            View::new(&picked, &xl),
+        )?;
+        Ok(())
+    };
+    let describe = |when: &str| match hooks.memory {
+        Some(f) => println!("memory {when}: {}", f()),
+        None => println!(
+            "memory {when}: {} bytes available",
+            b.info().memory_available
+        ),
+    };
+    // One iteration first so the pool holds what the loop needs, then 10,000 more.
+    iteration()?;
+    b.synchronize()?;
+    describe("after 1 iteration");
+    let t = Instant::now();
+    for _ in 0..10_000 {
+        iteration()?;
+    }
+    b.synchronize()?;
+    describe("after 10,001 iterations");
+    println!(
+        "memory loop: 10,000 iterations of 6 primitives with temporaries in {:.2} s",
+        t.elapsed().as_secs_f64()
     );
     Ok(())
 }

@@ -22,6 +22,7 @@ use crate::{
     AdamParams, ArgReduceOp, BinaryOp, Capabilities, Conv2dGeometry, DType, DeviceInfo,
     Distribution, Element, Error, Layout, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp,
 };
+use std::sync::Arc;
 
 /// A backend-owned buffer handle: cheap to clone (clones share the memory), freed (or returned
 /// to the backend's pool) when the last clone is dropped.
@@ -83,6 +84,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
     type Buffer: DeviceBuffer;
     /// A compiled scalar program.
     type Kernel: Clone + Send + Sync + std::fmt::Debug;
+    /// A recorded sequence of calls ([`Backend::record`]): a device graph where the backend can
+    /// capture one, otherwise the steps themselves ([`Replay`]).
+    type Graph: Send + Sync + std::fmt::Debug;
 
     // ----- device -----
 
@@ -327,6 +331,74 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// element in any order: `|got - ref| <= 2 k 2^-24 sum|terms|` (the bound of sequential
     /// summation, which is what contended atomics do).
     fn launch(&self, kernel: &Self::Kernel, args: &[&Self::Buffer], n: usize) -> Result<()>;
+
+    // ----- precision policy -----
+
+    /// A handle to the same device whose `matmul` and `nearest_centroid` follow `precision`
+    /// (buffers, kernels and queued work are shared with `self`). [`Precision::Exact`] is every
+    /// handle's default. A backend whose [`Capabilities::fast_precision`] is false has no
+    /// faster path and runs [`Precision::Fast`] calls exactly.
+    fn with_precision(&self, precision: Precision) -> Self;
+
+    /// The policy this handle's calls follow.
+    fn precision(&self) -> Precision;
+
+    // ----- recording -----
+
+    /// Records the calls `steps` makes on the handle it is given, to run again with
+    /// [`Backend::replay`]. Where [`Capabilities::graph_capture`] is true the launches are
+    /// captured into a device graph (recording then runs no device work, and a replay is one
+    /// launch); elsewhere the steps are kept and run again on each replay, so workloads use
+    /// one code path. A replay repeats the same launches with the same scalar arguments on the
+    /// same buffers; the buffers' contents may change between replays. Inside `steps`, calls
+    /// that wait for the device or move data to or from the host (`synchronize`, `read_bytes`,
+    /// `upload_bytes`, `write_bytes`) are an [`Error::InvalidArgument`] on a capturing backend;
+    /// buffers allocated inside stay alive as long as the graph.
+    fn record(&self, steps: Arc<RecordedSteps<Self>>) -> Result<Self::Graph>;
+
+    /// Runs a recording once more (enqueued, like every call).
+    fn replay(&self, graph: &Self::Graph) -> Result<()>;
+}
+
+/// The calls a recording makes: a closure over the backend handle it is given.
+pub type RecordedSteps<B> = dyn Fn(&B) -> Result<()> + Send + Sync;
+
+/// The graph of a backend that cannot capture: the steps, run again on each replay.
+pub struct Replay<B: ?Sized> {
+    steps: Arc<RecordedSteps<B>>,
+}
+
+impl<B: Backend> Replay<B> {
+    pub fn new(steps: Arc<RecordedSteps<B>>) -> Self {
+        Self { steps }
+    }
+    /// Runs the steps on `backend`.
+    pub fn run(&self, backend: &B) -> Result<()> {
+        (self.steps)(backend)
+    }
+}
+
+impl<B: ?Sized> std::fmt::Debug for Replay<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Replay(steps run again on each replay)")
+    }
+}
+
+/// How a backend may trade accuracy for speed in `matmul` and `nearest_centroid`
+/// ([`Backend::with_precision`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// f32 arithmetic throughout, within the tolerances each primitive states.
+    #[default]
+    Exact,
+    /// Matrix units on reduced-precision inputs (TF32, bf16 or f16, per backend) with f32
+    /// accumulation. `matmul` may then differ from the reference by
+    /// `2^-10 * k * (|a| @ |b|)` elementwise, plus `u|ref|`. `nearest_centroid` ranks the
+    /// centroids with the fast distances and re-checks the best candidates in f32: the
+    /// returned distance is an f32 distance to the returned centroid (within the exact mode's
+    /// bound), and that centroid's reference distance is within `2^-9 (|x|^2 + |c|^2)` of the
+    /// reference's minimum.
+    Fast,
 }
 
 /// Conveniences every backend gets for free.

@@ -44,4 +44,7 @@ pub struct Capabilities {
     pub matrix_units: bool,
     /// `record`/`replay` capture launches into a device graph rather than re-running them.
     pub graph_capture: bool,
+    /// [`Precision::Fast`](crate::Precision::Fast) has its own, faster path (otherwise it runs
+    /// exactly).
+    pub fast_precision: bool,
 }

@@ -11,6 +11,9 @@
 //!   segment sums; fused optimiser steps; counter-based random numbers; CSR mat-vec), each
 //!   specified once in its rustdoc: semantics, NaN and tie rules, accumulation, and the
 //!   tolerance a backend may differ from the CPU reference by.
+//! - [`Backend::record`] / [`Backend::replay`]: a sequence of calls recorded once and replayed
+//!   (a device graph where the backend can capture one, [`Replay`] elsewhere), and
+//!   [`Precision`]: a handle's policy for matrix units in `matmul` and `nearest_centroid`.
 //! - [`Layout`]: shape, strides and offset. Movement ops are metadata; only copies move data.
 //! - [`ir`]: the scalar program IR, the open door for kernels that are not primitives.
 //! - [`Error`]: the one error type; nothing here panics on bad input.
@@ -40,7 +43,7 @@ mod ops;
 pub mod random;
 pub mod validate;
 
-pub use backend::{Backend, BackendExt, Csr, DeviceBuffer, View};
+pub use backend::{Backend, BackendExt, Csr, DeviceBuffer, Precision, RecordedSteps, Replay, View};
 pub use device::{Capabilities, DeviceInfo, DeviceKind};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

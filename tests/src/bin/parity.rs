@@ -91,7 +91,13 @@ fn main() -> ExitCode {
                 }
                 Err(e) => absent.push((name.clone(), e.to_string())),
             },
-            "cuda" => absent.push((name.clone(), backend_cuda::NOT_IMPLEMENTED.to_string())),
+            "cuda" => match backend_cuda::CudaBackend::new() {
+                Ok(gpu) => {
+                    eprintln!("parity: cuda on {}", hal::Backend::info(&gpu).name);
+                    reports.push(Suite::new(&gpu, &cpu, false, cfg).run())
+                }
+                Err(e) => absent.push((name.clone(), e.to_string())),
+            },
             _ => unreachable!(),
         }
         if reports.last().is_some_and(|r| r.backend == *name) {

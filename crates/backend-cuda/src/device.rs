@@ -1,0 +1,305 @@
+//! The device: context, stream, kernel modules, cuBLAS handle, the fault record, and the launch
+//! helper. Everything here talks to the driver; `lib.rs` builds primitives on it.
+
+use crate::alloc::{Block, Pool};
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::driver::{CudaContext, DriverError, result, sys};
+use hal::{Error, Result};
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The committed PTX of each file in `cuda/` (`cargo xtask ptx` writes them).
+pub(crate) const MODULES: [(&str, &str); 5] = [
+    ("elementwise", include_str!("../ptx/elementwise.ptx")),
+    ("index", include_str!("../ptx/index.ptx")),
+    ("reduce", include_str!("../ptx/reduce.ptx")),
+    ("cluster", include_str!("../ptx/cluster.ptx")),
+    ("optim", include_str!("../ptx/optim.ptx")),
+];
+
+/// Threads per block of the one-dimensional kernels.
+pub(crate) const BLOCK: u32 = 256;
+
+pub(crate) fn driver_error(what: &str, e: DriverError) -> Error {
+    if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        return Error::OutOfMemory { requested_bytes: 0 };
+    }
+    let name = e
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    Error::Backend {
+        backend: "cuda",
+        detail: format!("{what}: {name}"),
+    }
+}
+
+pub(crate) fn blas_error(what: &str, e: blas::CublasError) -> Error {
+    Error::Backend {
+        backend: "cuda",
+        detail: format!("{what}: cuBLAS status {:?}", e.0),
+    }
+}
+
+/// A kernel handle (a raw driver pointer, usable from any thread).
+#[derive(Clone, Copy)]
+pub(crate) struct Func(pub sys::CUfunction);
+// SAFETY: CUfunction handles are immutable and the driver API is thread-safe.
+unsafe impl Send for Func {}
+unsafe impl Sync for Func {}
+
+/// Kernel arguments: each value copied into its own 8-byte-aligned slot, so the pointers the
+/// driver reads stay valid until the launch call returns (the driver copies them then).
+#[derive(Default)]
+pub(crate) struct Args {
+    slots: Vec<Vec<u64>>,
+}
+
+impl Args {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn arg<T: Copy>(mut self, v: T) -> Self {
+        let size = std::mem::size_of::<T>();
+        let mut slot = vec![0u64; size.div_ceil(8).max(1)];
+        // SAFETY: the slot has at least `size` bytes; T is plain data (Copy).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                &v as *const T as *const u8,
+                slot.as_mut_ptr() as *mut u8,
+                size,
+            )
+        };
+        self.slots.push(slot);
+        self
+    }
+    fn pointers(&mut self) -> Vec<*mut c_void> {
+        self.slots
+            .iter_mut()
+            .map(|s| s.as_mut_ptr() as *mut c_void)
+            .collect()
+    }
+}
+
+pub(crate) struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub stream: sys::CUstream,
+    modules: Vec<(&'static str, sys::CUmodule)>,
+    functions: Mutex<HashMap<&'static str, Func>>,
+    pub pool: Arc<Pool>,
+    pub cublas: Mutex<blas_sys::cublasHandle_t>,
+    /// cuBLAS's workspace, set once so a captured GEMM allocates nothing.
+    _blas_workspace: Arc<Block>,
+    /// The fault record `[claimed, index, bound, op]` (`cuda/common.cuh`, `report_fault`).
+    pub fault: Arc<Block>,
+    /// True when a launch that can fault ran since the record was last read.
+    pub fault_pending: AtomicBool,
+    /// True while a recording captures the stream.
+    pub capturing: AtomicBool,
+    pub name: String,
+    pub sms: u32,
+    pub compute_capability: (i32, i32),
+    pub memory_total: u64,
+}
+
+// SAFETY: the raw handles (stream, modules, cuBLAS handle) are used through the thread-safe
+// driver API; the cuBLAS handle is only used under its mutex.
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+fn unavailable(reason: String) -> Error {
+    Error::Unavailable {
+        backend: "cuda",
+        reason,
+    }
+}
+
+impl Device {
+    pub fn open(ordinal: usize) -> Result<Device> {
+        // cudarc panics when a library cannot be loaded: check for each one first.
+        // SAFETY: these only try to open the shared libraries.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(unavailable(
+                "the NVIDIA driver library (libcuda.so) was not found: no NVIDIA driver is installed"
+                    .into(),
+            ));
+        }
+        if !unsafe { blas_sys::is_culib_present() } {
+            return Err(unavailable(
+                "cuBLAS (libcublas.so.13) was not found: install the CUDA 13 runtime libraries"
+                    .into(),
+            ));
+        }
+        let count = {
+            result::init()
+                .map_err(|e| unavailable(format!("the driver failed to start: {e:?}")))?;
+            result::device::get_count().map_err(|e| unavailable(format!("no device: {e:?}")))?
+        };
+        if count as usize <= ordinal {
+            return Err(unavailable(format!(
+                "no CUDA device {ordinal} ({count} present)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| unavailable(format!("cannot create a context: {e:?}")))?;
+        let (name, sms, cc, memory_total) = (
+            ctx.name().unwrap_or_else(|_| "NVIDIA GPU".into()),
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(|e| driver_error("device attribute", e))? as u32,
+            ctx.compute_capability()
+                .map_err(|e| driver_error("compute capability", e))?,
+            ctx.total_mem()
+                .map_err(|e| driver_error("total memory", e))? as u64,
+        );
+        if cc.0 < 8 {
+            return Err(unavailable(format!(
+                "{name} has compute capability {}.{}; the kernels target 8.0 (Ampere) or newer",
+                cc.0, cc.1
+            )));
+        }
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| driver_error("stream", e))?;
+        let mut modules = Vec::new();
+        for (name, ptx) in MODULES {
+            let image = CString::new(ptx).expect("PTX has no NUL bytes");
+            // SAFETY: a NUL-terminated PTX image; the context is current.
+            let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+                .map_err(|e| driver_error(&format!("loading the PTX of cuda/{name}.cu"), e))?;
+            modules.push((name, module));
+        }
+        let pool = Pool::new(stream);
+        let handle = blas::create_handle().map_err(|e| blas_error("cublasCreate", e))?;
+        // SAFETY: a fresh handle and the backend's stream.
+        unsafe { blas::set_stream(handle, stream as _) }
+            .map_err(|e| blas_error("cublasSetStream", e))?;
+        let workspace = pool.alloc(32 << 20)?;
+        // SAFETY: the workspace lives as long as the device.
+        unsafe {
+            blas_sys::cublasSetWorkspace_v2(handle, workspace.ptr as *mut c_void, workspace.bytes)
+        }
+        .result()
+        .map_err(|e| blas_error("cublasSetWorkspace", e))?;
+        let fault = pool.alloc(16)?;
+        let dev = Device {
+            ctx,
+            stream,
+            modules,
+            functions: Mutex::new(HashMap::new()),
+            pool,
+            cublas: Mutex::new(handle),
+            _blas_workspace: workspace,
+            fault,
+            fault_pending: AtomicBool::new(false),
+            capturing: AtomicBool::new(false),
+            name,
+            sms,
+            compute_capability: cc,
+            memory_total,
+        };
+        dev.memset(dev.fault.ptr, 0, 16)?;
+        Ok(dev)
+    }
+
+    /// Makes the context current on the calling thread (cheap when it already is).
+    pub fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error("binding the context", e))
+    }
+
+    pub fn function(&self, name: &'static str) -> Result<Func> {
+        let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = map.get(name) {
+            return Ok(*f);
+        }
+        let cname = CString::new(name).expect("kernel names have no NUL");
+        for (_, module) in &self.modules {
+            // SAFETY: the module is loaded; a missing name is an error, not UB.
+            if let Ok(f) = unsafe { result::module::get_function(*module, cname.clone()) } {
+                map.insert(name, Func(f));
+                return Ok(Func(f));
+            }
+        }
+        Err(Error::Backend {
+            backend: "cuda",
+            detail: format!("kernel {name} is not in the committed PTX (run cargo xtask ptx)"),
+        })
+    }
+
+    /// Launches `f` on the backend's stream.
+    pub fn launch_raw(
+        &self,
+        f: Func,
+        grid: (u32, u32, u32),
+        block: u32,
+        mut args: Args,
+    ) -> Result<()> {
+        let mut ptrs = args.pointers();
+        // SAFETY: the argument list matches the kernel's signature (each call site mirrors the
+        // kernel's declaration in cuda/*.cu); device pointers come from live blocks.
+        unsafe { result::launch_kernel(f.0, grid, (block, 1, 1), 0, self.stream, &mut ptrs) }
+            .map_err(|e| driver_error("cuLaunchKernel", e))
+    }
+
+    /// Launches kernel `name` with enough blocks of [`BLOCK`] threads for `work` items (the
+    /// kernels loop, so the grid is capped at a few waves).
+    pub fn launch(&self, name: &'static str, work: usize, args: Args) -> Result<()> {
+        if work == 0 {
+            return Ok(());
+        }
+        let blocks = work
+            .div_ceil(BLOCK as usize)
+            .min(self.sms as usize * 16)
+            .max(1) as u32;
+        self.launch_raw(self.function(name)?, (blocks, 1, 1), BLOCK, args)
+    }
+
+    pub fn memset(&self, ptr: sys::CUdeviceptr, value: u8, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the range lies in a live block.
+        unsafe { result::memset_d8_async(ptr, value, bytes, self.stream) }
+            .map_err(|e| driver_error("cuMemsetD8Async", e))
+    }
+
+    pub fn synchronize_stream(&self) -> Result<()> {
+        // SAFETY: the backend's stream.
+        unsafe { result::stream::synchronize(self.stream) }
+            .map_err(|e| driver_error("cuStreamSynchronize", e))
+    }
+
+    /// Reads and clears the fault record when a launch that can fault ran (after a sync).
+    pub fn take_fault(&self) -> Result<Option<[u32; 4]>> {
+        if !self.fault_pending.swap(false, Ordering::AcqRel) {
+            return Ok(None);
+        }
+        let mut words = [0u32; 4];
+        // SAFETY: the record is 16 bytes; the stream has drained.
+        unsafe { result::memcpy_dtoh_sync(&mut words, self.fault.ptr) }
+            .map_err(|e| driver_error("reading the fault record", e))?;
+        if words[0] == 0 {
+            return Ok(None);
+        }
+        self.memset(self.fault.ptr, 0, 16)?;
+        self.synchronize_stream()?;
+        Ok(Some(words))
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let _ = self.bind();
+        let _ = self.synchronize_stream();
+        let handle = *self.cublas.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the handle and modules are ours and no longer used.
+        unsafe {
+            let _ = blas::destroy_handle(handle);
+            for (_, m) in &self.modules {
+                let _ = result::module::unload(*m);
+            }
+        }
+    }
+}

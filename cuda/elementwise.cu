@@ -1,0 +1,175 @@
+// Elementwise primitives over strided, broadcast views: fill, copy (and cast), unary, binary,
+// ternary; contiguous f32 fast paths with 16-byte loads; an empty kernel for launch timing.
+// Op codes follow hal's enums in declaration order (lib.rs, `unary_code`, `BinaryOp::ALL`).
+#include "common.cuh"
+
+__device__ __forceinline__ float unary_apply(int op, float x, float p0, float p1) {
+    switch (op) {
+        case 0: return -x;
+        case 1: return fabsf(x);
+        case 2: return expf(x);
+        case 3: return exp2f(x);
+        case 4: return logf(x);
+        case 5: return log2f(x);
+        case 6: return sqrtf(x);
+        case 7: return 1.0f / sqrtf(x);
+        case 8: return 1.0f / x;
+        case 9: return sinf(x);
+        case 10: return cosf(x);
+        case 11: return tanhf(x);
+        case 12: return 1.0f / (1.0f + expf(-x));
+        case 13: return x < 0.0f ? 0.0f : x;
+        case 14: return x < 0.0f ? p0 * x : x;
+        case 15: return 0.5f * x * (1.0f + erf_approx(x * 0.70710678118654752f));
+        case 16: return x / (1.0f + expf(-x));
+        case 17: return floorf(x);
+        case 18: return ceilf(x);
+        case 19: return rintf(x);
+        case 20: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x);
+        case 21: return x * x;
+        case 22: return fmaf(p0, x, p1);
+        default: return is_nan_f(x) ? x : fminf(fmaxf(x, p0), p1);
+    }
+}
+
+__device__ __forceinline__ float binary_apply(int op, float a, float b) {
+    switch (op) {
+        case 0: return a + b;
+        case 1: return a - b;
+        case 2: return a * b;
+        case 3: return a / b;
+        case 4: {
+            float r = fmodf(a, b);
+            return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+        }
+        case 5: return powf(a, b);
+        case 6: return (is_nan_f(a) || is_nan_f(b)) ? nan_f() : fmaxf(a, b);
+        case 7: return (is_nan_f(a) || is_nan_f(b)) ? nan_f() : fminf(a, b);
+        case 8: return atan2f(a, b);
+        case 9: return a == b ? 1.0f : 0.0f;
+        case 10: return a != b ? 1.0f : 0.0f;
+        case 11: return a < b ? 1.0f : 0.0f;
+        case 12: return a <= b ? 1.0f : 0.0f;
+        case 13: return a > b ? 1.0f : 0.0f;
+        default: return a >= b ? 1.0f : 0.0f;
+    }
+}
+
+__device__ __forceinline__ float ternary_apply(int op, float a, float b, float c) {
+    switch (op) {
+        case 0: return a != 0.0f ? b : c;
+        case 1: return fmaf(a, b, c);
+        default: return fmaf(a, c - b, b);
+    }
+}
+
+extern "C" __global__ void empty_kernel() {}
+
+extern "C" __global__ void fill_kernel(Walk w, void* out, int esize, u32 bits) {
+    GRID_STRIDE(i, w.n) {
+        i64 o[1];
+        walk_offsets<1>(w, i, o);
+        if (esize == 4) ((u32*)out)[o[0]] = bits;
+        else ((u16*)out)[o[0]] = (u16)bits;
+    }
+}
+
+extern "C" __global__ void copy_kernel(Walk w, void* out, int odt, const void* src, int sdt) {
+    GRID_STRIDE(i, w.n) {
+        i64 o[2];
+        walk_offsets<2>(w, i, o);
+        if (odt == sdt) {
+            if (odt == DT_F16 || odt == DT_BF16) ((u16*)out)[o[0]] = ((const u16*)src)[o[1]];
+            else ((u32*)out)[o[0]] = ((const u32*)src)[o[1]];
+        } else if ((odt == DT_I32 || odt == DT_U32) && (sdt == DT_I32 || sdt == DT_U32)) {
+            i64 v = load_index(src, sdt, o[1]);
+            if (odt == DT_I32) ((int*)out)[o[0]] = (int)(v > 2147483647LL ? 2147483647LL : v);
+            else ((u32*)out)[o[0]] = (u32)(v < 0 ? 0 : v);
+        } else {
+            store_f(out, odt, o[0], load_f(src, sdt, o[1]));
+        }
+    }
+}
+
+extern "C" __global__ void unary_kernel(Walk w, void* out, int odt, const void* x, int xdt, int op, float p0, float p1) {
+    GRID_STRIDE(i, w.n) {
+        i64 o[2];
+        walk_offsets<2>(w, i, o);
+        store_f(out, odt, o[0], unary_apply(op, load_f(x, xdt, o[1]), p0, p1));
+    }
+}
+
+extern "C" __global__ void binary_kernel(Walk w, void* out, int odt, const void* a, int adt, const void* b, int bdt, int op) {
+    GRID_STRIDE(i, w.n) {
+        i64 o[3];
+        walk_offsets<3>(w, i, o);
+        store_f(out, odt, o[0], binary_apply(op, load_f(a, adt, o[1]), load_f(b, bdt, o[2])));
+    }
+}
+
+extern "C" __global__ void ternary_kernel(Walk w, void* out, int odt, const void* a, int adt, const void* b, int bdt,
+                                          const void* c, int cdt, int op) {
+    GRID_STRIDE(i, w.n) {
+        i64 o[4];
+        walk_offsets<4>(w, i, o);
+        store_f(out, odt, o[0],
+                ternary_apply(op, load_f(a, adt, o[1]), load_f(b, bdt, o[2]), load_f(c, cdt, o[3])));
+    }
+}
+
+// Contiguous f32 operands whose addresses are 16-byte aligned: four elements per load and store.
+// The tail (n % 4 elements) is done by the first block.
+extern "C" __global__ void unary_f32_vec4(i64 n, float* out, const float* x, int op, float p0, float p1) {
+    i64 quads = n / 4;
+    GRID_STRIDE(q, quads) {
+        float4 v = ((const float4*)x)[q];
+        v.x = unary_apply(op, v.x, p0, p1);
+        v.y = unary_apply(op, v.y, p0, p1);
+        v.z = unary_apply(op, v.z, p0, p1);
+        v.w = unary_apply(op, v.w, p0, p1);
+        ((float4*)out)[q] = v;
+    }
+    if (blockIdx.x == 0 && threadIdx.x < n - quads * 4) {
+        i64 i = quads * 4 + threadIdx.x;
+        out[i] = unary_apply(op, x[i], p0, p1);
+    }
+}
+
+extern "C" __global__ void binary_f32_vec4(i64 n, float* out, const float* a, const float* b, int op) {
+    i64 quads = n / 4;
+    GRID_STRIDE(q, quads) {
+        float4 u = ((const float4*)a)[q];
+        float4 v = ((const float4*)b)[q];
+        u.x = binary_apply(op, u.x, v.x);
+        u.y = binary_apply(op, u.y, v.y);
+        u.z = binary_apply(op, u.z, v.z);
+        u.w = binary_apply(op, u.w, v.w);
+        ((float4*)out)[q] = u;
+    }
+    if (blockIdx.x == 0 && threadIdx.x < n - quads * 4) {
+        i64 i = quads * 4 + threadIdx.x;
+        out[i] = binary_apply(op, a[i], b[i]);
+    }
+}
+
+// hal::random: element i of the output's row-major order gets random_value(dist, seed, offset + i).
+extern "C" __global__ void random_kernel(Walk w, void* out, int odt, u32 seed_lo, u32 seed_hi, u64 offset, int normal,
+                                         float p0, float p1) {
+    GRID_STRIDE(i, w.n) {
+        i64 o[1];
+        walk_offsets<1>(w, i, o);
+        u64 idx = offset + (u64)i;
+        u32 c[4] = {(u32)idx, (u32)(idx >> 32), 0u, 0u};
+        philox(c, seed_lo, seed_hi);
+        float v;
+        if (normal) {
+            float u1 = (float)((c[0] >> 8) + 1u) * (1.0f / 16777216.0f);
+            float u2 = (float)(c[1] >> 8) * (1.0f / 16777216.0f);
+            float z = sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958648f * u2);
+            v = fmaf(p1, z, p0);
+        } else {
+            v = fmaf(p1 - p0, (float)(c[0] >> 8) * (1.0f / 16777216.0f), p0);
+        }
+        store_f(out, odt, o[0], v);
+    }
+}

@@ -1,0 +1,134 @@
+// Indexing and sparse kernels: device-side index checks, gather, scatter-add, im2col/col2im,
+// CSR checks and mat-vec. A check writes the device fault record and a per-launch verdict word;
+// the kernel it guards reads the verdict and writes nothing after a failed check (hal's rule:
+// a failed operation writes nothing).
+#include "common.cuh"
+
+// Every element of an index view must lie in 0..bound.
+extern "C" __global__ void check_index(Walk w, const void* index, int idt, i64 bound, u32 op, u32* fault, u32* verdict) {
+    GRID_STRIDE(i, w.n) {
+        i64 o[1];
+        walk_offsets<1>(w, i, o);
+        i64 v = load_index(index, idt, o[0]);
+        if (v < 0 || v >= bound) {
+            report_fault(fault, v, bound, op);
+            atomicOr(verdict, 1u);
+        }
+    }
+}
+
+__device__ __forceinline__ void move_element(void* out, int odt, i64 oi, const void* x, int xdt, i64 xi) {
+    if (odt == xdt) {
+        if (odt == DT_F16 || odt == DT_BF16) ((u16*)out)[oi] = ((const u16*)x)[xi];
+        else ((u32*)out)[oi] = ((const u32*)x)[xi];
+    } else {
+        store_f(out, odt, oi, load_f(x, xdt, xi));
+    }
+}
+
+// Walk operands: 0 out, 1 index, 2 x (with x's stride along the axis zeroed: the index supplies it).
+extern "C" __global__ void gather_kernel(Walk w, void* out, int odt, const void* index, int idt, const void* x, int xdt,
+                                         i64 x_axis_stride, const u32* verdict) {
+    if (*verdict) return;
+    GRID_STRIDE(i, w.n) {
+        i64 o[3];
+        walk_offsets<3>(w, i, o);
+        i64 k = load_index(index, idt, o[1]);
+        move_element(out, odt, o[0], x, xdt, o[2] + k * x_axis_stride);
+    }
+}
+
+// Walk operands: 0 src, 1 index, 2 out (out's stride along the axis zeroed).
+extern "C" __global__ void scatter_add_kernel(Walk w, const void* src, int sdt, const void* index, int idt, void* out,
+                                              int odt, i64 out_axis_stride, const u32* verdict) {
+    if (*verdict) return;
+    GRID_STRIDE(i, w.n) {
+        i64 o[3];
+        walk_offsets<3>(w, i, o);
+        i64 k = load_index(index, idt, o[1]);
+        atomic_add_f(out, odt, o[2] + k * out_axis_stride, load_f(src, sdt, o[0]));
+    }
+}
+
+struct Geo {
+    i64 n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
+    i64 xs[4];
+    i64 xoff;
+    i64 cs[3];
+    i64 coff;
+};
+
+extern "C" __global__ void im2col_kernel(Geo g, const void* x, int xdt, void* out, int odt) {
+    i64 total = g.n * g.c * g.kh * g.kw * g.oh * g.ow;
+    GRID_STRIDE(t, total) {
+        i64 p = t % (g.oh * g.ow);
+        i64 row = (t / (g.oh * g.ow)) % (g.c * g.kh * g.kw);
+        i64 b = t / (g.oh * g.ow * g.c * g.kh * g.kw);
+        i64 j = row % g.kw, i = (row / g.kw) % g.kh, ch = row / (g.kw * g.kh);
+        i64 oy = p / g.ow, ox = p % g.ow;
+        i64 y = oy * g.sh - g.ph + i * g.dh, xx = ox * g.sw - g.pw + j * g.dw;
+        i64 oi = g.coff + b * g.cs[0] + row * g.cs[1] + p * g.cs[2];
+        if (y >= 0 && y < g.h && xx >= 0 && xx < g.w) {
+            move_element(out, odt, oi, x, xdt, g.xoff + b * g.xs[0] + ch * g.xs[1] + y * g.xs[2] + xx * g.xs[3]);
+        } else {
+            store_f(out, odt, oi, 0.0f);
+        }
+    }
+}
+
+// One thread per image pixel, summing the column entries that read it (no atomics).
+// Here `xs`/`xoff` describe the output image and `cs`/`coff` the columns.
+extern "C" __global__ void col2im_kernel(Geo g, const void* cols, int cdt, void* out, int odt) {
+    i64 total = g.n * g.c * g.h * g.w;
+    GRID_STRIDE(t, total) {
+        i64 xx = t % g.w, y = (t / g.w) % g.h, ch = (t / (g.w * g.h)) % g.c, b = t / (g.w * g.h * g.c);
+        float sum = 0.0f;
+        for (i64 i = 0; i < g.kh; ++i) {
+            i64 ty = y + g.ph - i * g.dh;
+            if (ty < 0 || ty % g.sh != 0) continue;
+            i64 oy = ty / g.sh;
+            if (oy >= g.oh) continue;
+            for (i64 j = 0; j < g.kw; ++j) {
+                i64 tx = xx + g.pw - j * g.dw;
+                if (tx < 0 || tx % g.sw != 0) continue;
+                i64 ox = tx / g.sw;
+                if (ox >= g.ow) continue;
+                i64 row = (ch * g.kh + i) * g.kw + j;
+                sum += load_f(cols, cdt, g.coff + b * g.cs[0] + row * g.cs[1] + (oy * g.ow + ox) * g.cs[2]);
+            }
+        }
+        store_f(out, odt, g.xoff + b * g.xs[0] + ch * g.xs[1] + y * g.xs[2] + xx * g.xs[3], sum);
+    }
+}
+
+// CSR structure: offsets start at 0, never decrease, end at nnz; columns below ncols.
+extern "C" __global__ void check_csr(const u32* offsets, i64 rows, const u32* cols, i64 nnz, i64 ncols, u32 op_offsets,
+                                     u32 op_cols, u32* fault, u32* verdict) {
+    GRID_STRIDE(i, rows + 1) {
+        u32 o = offsets[i];
+        bool bad = (i == 0 && o != 0u) || (i > 0 && o < offsets[i - 1]) || (i64)o > nnz || (i == rows && (i64)o != nnz);
+        if (bad) {
+            report_fault(fault, o, nnz, op_offsets);
+            atomicOr(verdict, 1u);
+        }
+    }
+    GRID_STRIDE(k, nnz) {
+        if ((i64)cols[k] >= ncols) {
+            report_fault(fault, cols[k], ncols, op_cols);
+            atomicOr(verdict, 1u);
+        }
+    }
+}
+
+// y = alpha A x + beta y, one warp per row (beta == 0 ignores y's old value).
+extern "C" __global__ void spmv_kernel(i64 rows, const u32* offsets, const u32* cols, const float* vals, const float* x,
+                                       float* y, float alpha, float beta, const u32* verdict) {
+    if (*verdict) return;
+    i64 warps = ((i64)gridDim.x * blockDim.x) / 32;
+    for (i64 r = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+        float acc = 0.0f;
+        for (u32 k = offsets[r] + (threadIdx.x & 31); k < offsets[r + 1]; k += 32) acc = fmaf(vals[k], x[cols[k]], acc);
+        acc = warp_sum(acc);
+        if ((threadIdx.x & 31) == 0) y[r] = beta == 0.0f ? alpha * acc : fmaf(beta, y[r], alpha * acc);
+    }
+}

@@ -1,0 +1,208 @@
+// Reductions: reduce (sum, mean, max, min) and arg_reduce over strided views, one warp or one
+// block per output element; and the deterministic segment sum (a stable counting sort of the
+// rows by segment, then in-order sums over sub-ranges of each segment, then the sub-ranges'
+// sums in order): integer atomics only, no float atomics, no single hot address.
+#include "common.cuh"
+
+// `kept` walks the outputs (operand 0 out, 1 x); `red` walks the reduced elements (operand 0 x).
+template <int TPO>
+__device__ void reduce_impl(const Walk& kept, const Walk& red, void* out, int odt, const void* x, int xdt, int op) {
+    __shared__ float part[32];
+    const int groups = blockDim.x / TPO;
+    const int lane = threadIdx.x % TPO;
+    for (i64 g0 = (i64)blockIdx.x * groups; g0 < kept.n; g0 += (i64)gridDim.x * groups) {
+        i64 g = g0 + threadIdx.x / TPO;
+        bool live = g < kept.n;
+        i64 o[2] = {0, 0};
+        if (live) walk_offsets<2>(kept, g, o);
+        float acc = op <= 1 ? 0.0f : (op == 2 ? -__int_as_float(0x7f800000) : __int_as_float(0x7f800000));
+        bool nan = false;
+        if (live) {
+            for (i64 j = lane; j < red.n; j += TPO) {
+                i64 r[1];
+                walk_offsets<1>(red, j, r);
+                float v = load_f(x, xdt, o[1] + r[0]);
+                if (op <= 1) acc += v;
+                else if (is_nan_f(v)) nan = true;
+                else acc = op == 2 ? fmaxf(acc, v) : fminf(acc, v);
+            }
+        }
+        if (nan) acc = nan_f();
+        for (int s = 16; s > 0; s >>= 1) {
+            float other = __shfl_xor_sync(0xffffffffu, acc, s);
+            if (op <= 1) acc += other;
+            else if (is_nan_f(acc) || is_nan_f(other)) acc = nan_f();
+            else acc = op == 2 ? fmaxf(acc, other) : fminf(acc, other);
+        }
+        if (TPO > 32) {
+            if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                for (int k = 1; k < TPO / 32; ++k) {
+                    float other = part[k];
+                    if (op <= 1) acc += other;
+                    else if (is_nan_f(acc) || is_nan_f(other)) acc = nan_f();
+                    else acc = op == 2 ? fmaxf(acc, other) : fminf(acc, other);
+                }
+            }
+            __syncthreads();
+        }
+        if (live && lane == 0) {
+            if (op == 1) acc = acc / (float)red.n;
+            store_f(out, odt, o[0], acc);
+        }
+    }
+}
+
+extern "C" __global__ void reduce_warp(Walk kept, Walk red, void* out, int odt, const void* x, int xdt, int op) {
+    reduce_impl<32>(kept, red, out, odt, x, xdt, op);
+}
+extern "C" __global__ void reduce_block(Walk kept, Walk red, void* out, int odt, const void* x, int xdt, int op) {
+    reduce_impl<256>(kept, red, out, odt, x, xdt, op);
+}
+
+// True when (v, i) beats (bv, bi): a NaN is the extreme (the first NaN wins), ties go to the
+// lower index.
+__device__ __forceinline__ bool arg_better(bool is_max, float v, i64 i, float bv, i64 bi) {
+    bool vn = is_nan_f(v), bn = is_nan_f(bv);
+    if (vn || bn) return vn && (!bn || i < bi);
+    if (v == bv) return i < bi;
+    return is_max ? v > bv : v < bv;
+}
+
+// One warp per output; `len` elements along the axis at `stride`.
+extern "C" __global__ void arg_reduce_kernel(Walk kept, i64 len, i64 stride, u32* out, const void* x, int xdt, int is_max) {
+    i64 warps = ((i64)gridDim.x * blockDim.x) / 32;
+    int lane = threadIdx.x & 31;
+    for (i64 g = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32; g < kept.n; g += warps) {
+        i64 o[2];
+        walk_offsets<2>(kept, g, o);
+        float best = 0.0f;
+        i64 bi = -1;
+        for (i64 j = lane; j < len; j += 32) {
+            float v = load_f(x, xdt, o[1] + j * stride);
+            if (bi < 0 || arg_better(is_max, v, j, best, bi)) { best = v; bi = j; }
+        }
+        for (int s = 16; s > 0; s >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, s);
+            i64 oi = __shfl_xor_sync(0xffffffffu, bi, s);
+            if (oi >= 0 && (bi < 0 || arg_better(is_max, ov, oi, best, bi))) { best = ov; bi = oi; }
+        }
+        if (lane == 0) out[o[0]] = (u32)bi;
+    }
+}
+
+// ----- segment sums -----
+// Rows are split into `chunks` consecutive chunks. counts[c * m + s] = rows of chunk c in segment s.
+extern "C" __global__ void segment_histogram(const u32* seg, i64 n, i64 m, i64 chunk_len, u32* counts, const u32* verdict) {
+    if (*verdict) return;
+    GRID_STRIDE(i, n) {
+        u32 s = seg[i];
+        i64 c = i / chunk_len;
+        // Lanes of a warp with the same (chunk, segment) add once.
+        u64 key = ((u64)c << 32) | s;
+        u32 peers = __match_any_sync(__activemask(), key);
+        int leader = __ffs(peers) - 1;
+        if ((int)(threadIdx.x & 31) == leader) atomicAdd(&counts[c * m + s], (u32)__popc(peers));
+    }
+}
+
+// For each segment: its chunks' exclusive prefix (in place) and its total.
+extern "C" __global__ void segment_chunk_prefix(u32* counts, i64 m, i64 chunks, u32* totals) {
+    GRID_STRIDE(s, m) {
+        u32 run = 0;
+        for (i64 c = 0; c < chunks; ++c) {
+            u32 v = counts[c * m + s];
+            counts[c * m + s] = run;
+            run += v;
+        }
+        totals[s] = run;
+    }
+}
+
+// starts[s] = sum of totals[0..s), starts[m] = n. One block.
+extern "C" __global__ void exclusive_scan_one_block(const u32* totals, i64 m, u32* starts) {
+    __shared__ u32 warp_sums[32];
+    __shared__ u32 carry;
+    if (threadIdx.x == 0) carry = 0;
+    __syncthreads();
+    for (i64 base = 0; base < m; base += blockDim.x) {
+        i64 i = base + threadIdx.x;
+        u32 v = i < m ? totals[i] : 0u;
+        u32 x = v;
+        int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+        for (int o = 1; o < 32; o <<= 1) {
+            u32 y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane == 31) warp_sums[wid] = x;
+        __syncthreads();
+        if (wid == 0) {
+            u32 t = lane < (int)(blockDim.x >> 5) ? warp_sums[lane] : 0u;
+            for (int o = 1; o < 32; o <<= 1) {
+                u32 y = __shfl_up_sync(0xffffffffu, t, o);
+                if (lane >= o) t += y;
+            }
+            warp_sums[lane] = t;
+        }
+        __syncthreads();
+        u32 before = carry + (wid > 0 ? warp_sums[wid - 1] : 0u) + x - v;
+        if (i < m) starts[i] = before;
+        __syncthreads();
+        if (threadIdx.x == blockDim.x - 1) carry = before + v;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) starts[m] = carry;
+}
+
+// Stable placement: one block per chunk writes its rows' indices to order[] at their segment's
+// cursor, warp after warp, so rows of one segment keep their original order.
+extern "C" __global__ void segment_place(const u32* seg, i64 n, i64 m, i64 chunk_len, const u32* starts, u32* cursors,
+                                         u32* order, const u32* verdict) {
+    if (*verdict) return;
+    i64 c = blockIdx.x;
+    u32* cur = cursors + c * m;
+    i64 begin = c * chunk_len, end = min(n, begin + chunk_len);
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (i64 tile = begin; tile < end; tile += blockDim.x) {
+        i64 i = tile + threadIdx.x;
+        bool live = i < end;
+        u32 s = live ? seg[i] : 0xffffffffu;
+        for (int w = 0; w < nw; ++w) {
+            if (wid == w) {
+                u32 peers = __match_any_sync(0xffffffffu, s);
+                int leader = __ffs(peers) - 1;
+                u32 base = 0;
+                if (live && lane == leader) {
+                    base = starts[s] + cur[s];
+                    cur[s] += __popc(peers);
+                }
+                base = __shfl_sync(0xffffffffu, base, leader);
+                if (live) order[base + __popc(peers & ((1u << lane) - 1u))] = (u32)i;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// partial[(s * parts + p) * (d + 1) + k]: the sum over sub-range p of segment s's rows (in
+// order) of w * x[row, k]; column d holds the sum of weights. Grid (m, parts), threads over k.
+extern "C" __global__ void segment_partial(const void* x, int xdt, i64 xoff, i64 xs0, i64 xs1, const void* wts, int wdt,
+                                           i64 woff, i64 ws, int has_w, const u32* starts, const u32* order, i64 d,
+                                           i64 parts, float* partial, const u32* verdict) {
+    if (*verdict) return;
+    i64 s = blockIdx.x, p = blockIdx.y;
+    u32 a = starts[s], b = starts[s + 1];
+    u32 len = b - a;
+    u32 per = (len + (u32)parts - 1u) / (u32)parts;
+    u32 lo = a + min(len, (u32)p * per), hi = a + min(len, (u32)(p + 1) * per);
+    for (i64 k = threadIdx.x; k <= d; k += blockDim.x) {
+        float acc = 0.0f;
+        for (u32 q = lo; q < hi; ++q) {
+            i64 row = order[q];
+            float wv = has_w ? load_f(wts, wdt, woff + row * ws) : 1.0f;
+            acc += k < d ? wv * load_f(x, xdt, xoff + row * xs0 + k * xs1) : wv;
+        }
+        partial[(s * parts + p) * (d + 1) + k] = acc;
+    }
+}
