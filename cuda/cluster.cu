@@ -137,7 +137,8 @@ extern "C" __global__ void __launch_bounds__(256) nearest_exact(const float* x, 
 // PASSES = 3 (exact mode): each operand split into a TF32 high part and a TF32 remainder, and
 // hi*hi + hi*lo + lo*hi accumulated, which ranks as accurately as f32 arithmetic.
 // Needs contiguous rows (unit column stride, row stride and d multiples of 4, 16-byte aligned);
-// the host falls back to nearest_exact otherwise.
+// the host falls back to nearest_exact otherwise. The entry points take nearest_exact's
+// parameters, the column strides (1 here) included, so the host passes one list to either.
 #define TBM 128
 #define TBN 128
 #define TBK 32
@@ -306,14 +307,14 @@ __device__ void nearest_tc_impl(const float* x, i64 n, i64 xr, const float* c, i
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) nearest_tf32(const float* x, i64 n, i64 xr, const float* c, i64 m,
-                                                               i64 cr, i64 d, const float* cnorm, u32* out_index,
-                                                               i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds) {
+extern "C" __global__ void __launch_bounds__(256)
+nearest_tf32(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m, i64 cr, i64 cc_unit, i64 d,
+             const float* cnorm, u32* out_index, i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds) {
     nearest_tc_impl<1>(x, n, xr, c, m, cr, d, cnorm, out_index, ioff, is, out_dist, doff, ds);
 }
 
-extern "C" __global__ void __launch_bounds__(256) nearest_3xtf32(const float* x, i64 n, i64 xr, const float* c, i64 m,
-                                                                 i64 cr, i64 d, const float* cnorm, u32* out_index,
-                                                                 i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds) {
+extern "C" __global__ void __launch_bounds__(256)
+nearest_3xtf32(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m, i64 cr, i64 cc_unit, i64 d,
+             const float* cnorm, u32* out_index, i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds) {
     nearest_tc_impl<3>(x, n, xr, c, m, cr, d, cnorm, out_index, ioff, is, out_dist, doff, ds);
 }

@@ -126,7 +126,7 @@ __device__ __forceinline__ void walk_offsets(const Walk& w, i64 i, i64* o) {
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
 // The device's fault record: [claimed, index, bound, op code]. The first fault claims it; the
-// host reads it at the next synchronize and turns it into hal::Error (lib.rs, `FAULT_OPS`).
+// host reads it at the next synchronize and turns it into hal::Error (`hal::fault::FAULT_OPS`).
 __device__ __forceinline__ void report_fault(u32* fault, i64 index, i64 bound, u32 op) {
     if (atomicExch(&fault[0], 1u) == 0u) {
         fault[1] = (u32)index;

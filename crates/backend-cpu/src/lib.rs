@@ -491,15 +491,6 @@ impl Backend for CpuBackend {
         let _g = exec();
         program::launch(&kernel.0, args, n)
     }
-    fn with_precision(&self, _precision: hal::Precision) -> Self {
-        // No faster path here: every call is exact (capabilities say so).
-        self.clone()
-    }
-
-    fn precision(&self) -> hal::Precision {
-        hal::Precision::Exact
-    }
-
     fn record(&self, steps: std::sync::Arc<hal::RecordedSteps<Self>>) -> Result<Self::Graph> {
         Ok(hal::Replay::new(steps))
     }

@@ -30,6 +30,7 @@ use alloc::Block;
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::result as drv;
 use device::{Args, Device, driver_error};
+use hal::fault::{FaultKind, fault_code, fault_error, index_fault};
 use hal::ir::Program;
 use hal::validate::{self, MatrixView};
 use hal::{
@@ -86,60 +87,6 @@ fn dtype_code(d: DType) -> i32 {
         DType::BF16 => 2,
         DType::I32 => 3,
         DType::U32 => 4,
-    }
-}
-
-/// Codes of the device fault record: `(op, kind)` at position `code`.
-const FAULT_OPS: [(&str, FaultKind); 8] = [
-    ("launch (program load/store)", FaultKind::Index),
-    ("gather", FaultKind::Index),
-    ("gather", FaultKind::SignedIndex),
-    ("scatter_add", FaultKind::Index),
-    ("scatter_add", FaultKind::SignedIndex),
-    ("segment_sum", FaultKind::Index),
-    ("spmv_csr", FaultKind::Index),
-    ("spmv_csr", FaultKind::CsrOffsets),
-];
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum FaultKind {
-    Index,
-    SignedIndex,
-    CsrOffsets,
-}
-
-fn fault_code(op: &str, kind: FaultKind) -> u32 {
-    FAULT_OPS
-        .iter()
-        .position(|&(o, k)| o == op && k == kind)
-        .expect("every checked op is in FAULT_OPS") as u32
-}
-
-fn fault_error(w: [u32; 4]) -> Error {
-    let Some(&(op, kind)) = FAULT_OPS.get(w[3] as usize) else {
-        return Error::Backend {
-            backend: "cuda",
-            detail: format!("unknown fault code {}", w[3]),
-        };
-    };
-    match kind {
-        FaultKind::Index => Error::IndexOutOfRange {
-            op,
-            index: w[1] as i64,
-            bound: w[2] as usize,
-        },
-        FaultKind::SignedIndex => Error::IndexOutOfRange {
-            op,
-            index: w[1] as i32 as i64,
-            bound: w[2] as usize,
-        },
-        FaultKind::CsrOffsets => Error::InvalidArgument {
-            op,
-            detail: format!(
-                "row_offsets must start at 0, never decrease and end at the {} stored entries (found offset {})",
-                w[2], w[1]
-            ),
-        },
     }
 }
 
@@ -314,15 +261,52 @@ impl CudaBackend {
         )
     }
 
+    /// Gather and scatter-add, which share one shape: a walk over `walked` (gather's output,
+    /// scatter's source) and `index`, into `target` (gather's source, scatter's output) along
+    /// `axis` at the position the index gives. The kernel's parameters are
+    /// `(walk, walked, dtype, index, dtype, target, dtype, target's axis stride, verdict)`.
+    fn indexed(
+        &self,
+        op: &'static str,
+        kernel: &'static str,
+        walked: V<'_>,
+        index: V<'_>,
+        target: V<'_>,
+        axis: usize,
+    ) -> Result<()> {
+        self.dev.bind()?;
+        let verdict = self.check_indices(op, index, target.layout.shape[axis])?;
+        let mut ts = target.layout.strides.clone();
+        ts[axis] = 0;
+        let w = Walk::new(
+            op,
+            &walked.layout.shape,
+            &[
+                (&walked.layout.strides, walked.layout.offset),
+                (&index.layout.strides, index.layout.offset),
+                (&ts, target.layout.offset),
+            ],
+        )?;
+        self.dev.launch(
+            kernel,
+            w.n as usize,
+            Args::new()
+                .arg(w)
+                .arg(walked.buffer.ptr())
+                .arg(dtype_code(walked.dtype()))
+                .arg(index.buffer.ptr())
+                .arg(dtype_code(index.dtype()))
+                .arg(target.buffer.ptr())
+                .arg(dtype_code(target.dtype()))
+                .arg(target.layout.strides[axis] as i64)
+                .arg(verdict.ptr()),
+        )
+    }
+
     /// Runs an index check over `index` against `bound`; the returned verdict word is read by
     /// the guarded kernel.
     fn check_indices(&self, op: &'static str, index: V<'_>, bound: usize) -> Result<CudaBuffer> {
         let verdict = self.scratch(DType::U32, 1)?;
-        let kind = if index.dtype() == DType::I32 {
-            FaultKind::SignedIndex
-        } else {
-            FaultKind::Index
-        };
         let w = Walk::of(op, &index.layout.shape, &[index.layout])?;
         self.dev.launch(
             "check_index",
@@ -332,7 +316,7 @@ impl CudaBackend {
                 .arg(index.buffer.ptr())
                 .arg(dtype_code(index.dtype()))
                 .arg(bound as i64)
-                .arg(fault_code(op, kind))
+                .arg(fault_code(op, index_fault(index.dtype())))
                 .arg(self.dev.fault.ptr)
                 .arg(verdict.ptr()),
         )?;
@@ -572,8 +556,8 @@ impl Backend for CudaBackend {
         self.refuse_in_capture("synchronize")?;
         self.dev.bind()?;
         self.dev.synchronize_stream()?;
-        match self.dev.take_fault()? {
-            Some(w) => Err(fault_error(w)),
+        match self.dev.take_fault()?.and_then(|w| fault_error("cuda", w)) {
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
@@ -789,7 +773,7 @@ impl Backend for CudaBackend {
                 .arg(nnz as i64)
                 .arg(a.cols as i64)
                 .arg(fault_code("spmv_csr", FaultKind::CsrOffsets))
-                .arg(fault_code("spmv_csr", FaultKind::Index))
+                .arg(fault_code("spmv_csr", index_fault(DType::U32)))
                 .arg(self.dev.fault.ptr)
                 .arg(verdict.ptr()),
         )?;
@@ -812,64 +796,12 @@ impl Backend for CudaBackend {
 
     fn gather(&self, x: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
         validate::gather(x, axis, index, out)?;
-        self.dev.bind()?;
-        let verdict = self.check_indices("gather", index, x.layout.shape[axis])?;
-        let mut xs = x.layout.strides.clone();
-        xs[axis] = 0;
-        let w = Walk::new(
-            "gather",
-            &out.layout.shape,
-            &[
-                (&out.layout.strides, out.layout.offset),
-                (&index.layout.strides, index.layout.offset),
-                (&xs, x.layout.offset),
-            ],
-        )?;
-        self.dev.launch(
-            "gather_kernel",
-            w.n as usize,
-            Args::new()
-                .arg(w)
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype()))
-                .arg(index.buffer.ptr())
-                .arg(dtype_code(index.dtype()))
-                .arg(x.buffer.ptr())
-                .arg(dtype_code(x.dtype()))
-                .arg(x.layout.strides[axis] as i64)
-                .arg(verdict.ptr()),
-        )
+        self.indexed("gather", "gather_kernel", out, index, x, axis)
     }
 
     fn scatter_add(&self, src: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
         validate::scatter_add(src, axis, index, out)?;
-        self.dev.bind()?;
-        let verdict = self.check_indices("scatter_add", index, out.layout.shape[axis])?;
-        let mut os = out.layout.strides.clone();
-        os[axis] = 0;
-        let w = Walk::new(
-            "scatter_add",
-            &src.layout.shape,
-            &[
-                (&src.layout.strides, src.layout.offset),
-                (&index.layout.strides, index.layout.offset),
-                (&os, out.layout.offset),
-            ],
-        )?;
-        self.dev.launch(
-            "scatter_add_kernel",
-            w.n as usize,
-            Args::new()
-                .arg(w)
-                .arg(src.buffer.ptr())
-                .arg(dtype_code(src.dtype()))
-                .arg(index.buffer.ptr())
-                .arg(dtype_code(index.dtype()))
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype()))
-                .arg(out.layout.strides[axis] as i64)
-                .arg(verdict.ptr()),
-        )
+        self.indexed("scatter_add", "scatter_add_kernel", src, index, out, axis)
     }
 
     fn im2col(&self, x: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
@@ -957,27 +889,23 @@ impl Backend for CudaBackend {
             (true, Precision::Exact) => "nearest_3xtf32",
             (false, _) => "nearest_exact",
         };
+        // All three kernels take the same parameters (the tensor-core ones require unit column
+        // strides and ignore them).
         let blocks = n.div_ceil(128) as u32;
-        let args = Args::new()
-            .arg(xb.ptr() + xl.offset as u64 * 4)
-            .arg(n as i64)
-            .arg(xl.strides[0] as i64);
-        let args = if tensor_cores {
-            args
-        } else {
-            args.arg(xl.strides[1] as i64)
-        };
-        let args = args.arg(c0).arg(m as i64).arg(cl.strides[0] as i64);
-        let args = if tensor_cores {
-            args
-        } else {
-            args.arg(cl.strides[1] as i64)
-        };
         self.dev.launch_raw(
             self.dev.function(kernel)?,
             (blocks, 1, 1),
             256,
-            args.arg(d as i64)
+            Args::new()
+                .arg(xb.ptr() + xl.offset as u64 * 4)
+                .arg(n as i64)
+                .arg(xl.strides[0] as i64)
+                .arg(xl.strides[1] as i64)
+                .arg(c0)
+                .arg(m as i64)
+                .arg(cl.strides[0] as i64)
+                .arg(cl.strides[1] as i64)
+                .arg(d as i64)
                 .arg(norms.ptr())
                 .arg(out_index.buffer.ptr())
                 .arg(out_index.layout.offset as i64)
@@ -1333,30 +1261,14 @@ impl CudaBackend {
         let tmp = self.new_buffer(DType::F32, tmp_l.numel())?;
         let axes = [src.layout.rank() - 1];
         self.reduce_into(ReduceOp::Sum, src, &axes, View::new(&tmp, &tmp_l))?;
-        let vl = Layout {
-            shape: out.layout.shape.clone(),
-            strides: vec![0; out.layout.rank()],
-            offset: 0,
-        };
-        let w = Walk::of(
-            "segment_sum",
-            &out.layout.shape,
-            &[out.layout, &vl, out.layout, &tmp_l],
-        )?;
-        self.dev.launch(
-            "ternary_kernel",
-            w.n as usize,
-            Args::new()
-                .arg(w)
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype()))
-                .arg(verdict.ptr())
-                .arg(dtype_code(DType::U32))
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype()))
-                .arg(tmp.ptr())
-                .arg(dtype_code(DType::F32))
-                .arg(0i32),
+        // The verdict word (a u32, nonzero after a failed check) broadcast over the output.
+        let verdict_view = Layout::contiguous(&[1]);
+        self.ternary(
+            TernaryOp::Where,
+            View::new(verdict, &verdict_view),
+            out,
+            View::new(&tmp, &tmp_l),
+            out,
         )
     }
 }
@@ -1421,16 +1333,5 @@ mod tests {
         assert_eq!(CudaBackend::blas_form(3, 4, 1, 3), Some((true, 3)));
         assert_eq!(CudaBackend::blas_form(3, 4, 8, 2), None);
         assert_eq!(CudaBackend::blas_form(3, 4, -4, 1), None);
-    }
-
-    #[test]
-    fn fault_codes_decode_to_the_ops_that_raise_them() {
-        let code = fault_code("gather", FaultKind::SignedIndex);
-        match fault_error([1, (-3i32) as u32, 7, code]) {
-            Error::IndexOutOfRange { op, index, bound } => {
-                assert_eq!((op, index, bound), ("gather", -3, 7))
-            }
-            e => panic!("{e}"),
-        }
     }
 }

@@ -8,7 +8,7 @@
 use crate::device::{Device, Func, driver_error};
 use cudarc::driver::result as drv;
 use cudarc::nvrtc::{result as rtc, sys as rtc_sys};
-use hal::ir::{Constant, Inst, IrBinary, IrCmp, IrUnary, Program, ScalarType};
+use hal::ir::{Constant, Inst, IrBinary, IrUnary, Program, ScalarType};
 use hal::{DType, Error, Result};
 use std::ffi::{CString, c_void};
 use std::fmt::Write;
@@ -188,17 +188,7 @@ pub fn lower(program: &Program) -> Result<String> {
                     (IrBinary::Shr, _) => format!("{x} >> ((u32){y} & 31u)"),
                 }
             }
-            Inst::Cmp { op, a, b } => {
-                let sym = match op {
-                    IrCmp::Eq => "==",
-                    IrCmp::Ne => "!=",
-                    IrCmp::Lt => "<",
-                    IrCmp::Le => "<=",
-                    IrCmp::Gt => ">",
-                    IrCmp::Ge => ">=",
-                };
-                format!("{} {sym} {}", v(a), v(b))
-            }
+            Inst::Cmp { op, a, b } => format!("{} {} {}", v(a), op.operator(), v(b)),
             Inst::Fma { a, b, c } => format!("fmaf({}, {}, {})", v(a), v(b), v(c)),
             Inst::Select { cond, a, b } => format!("{} ? {} : {}", v(cond), v(a), v(b)),
             Inst::Cast { to, x } => {

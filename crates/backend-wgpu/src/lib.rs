@@ -46,6 +46,7 @@ pub fn program_wgsl(program: &Program, features: wgsl::Features) -> Result<Strin
     program::lower(program, features)
 }
 
+use hal::fault::{FaultKind, fault_code, fault_error, index_fault};
 use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
@@ -264,45 +265,6 @@ const DOT_FROM_K: usize = 128;
 /// Verdict words of index checks, reused round robin. A word is reused only by a check
 /// submitted after the kernel that read it, and the queue runs work in order.
 const VERDICT_WORDS: u32 = 1024;
-
-/// What the op code in the fault record names (see `check_index.wgsl`): the index into this
-/// table. Code 0 is an IR program's load or store.
-const FAULT_OPS: [(&str, FaultKind); 8] = [
-    (
-        "launch (program load/store)",
-        FaultKind::Index { signed: false },
-    ),
-    ("gather", FaultKind::Index { signed: false }),
-    ("gather", FaultKind::Index { signed: true }),
-    ("scatter_add", FaultKind::Index { signed: false }),
-    ("scatter_add", FaultKind::Index { signed: true }),
-    ("segment_sum", FaultKind::Index { signed: false }),
-    ("spmv_csr", FaultKind::Index { signed: false }),
-    ("spmv_csr", FaultKind::CsrOffsets),
-];
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum FaultKind {
-    /// An index out of range; `signed`: the value is an i32.
-    Index { signed: bool },
-    /// Row offsets that do not start at 0, decrease, or run past the stored entries.
-    CsrOffsets,
-}
-
-/// The fault-record code of `kind` of fault in `op`.
-fn fault_code(op: &str, kind: FaultKind) -> u32 {
-    FAULT_OPS
-        .iter()
-        .position(|&(o, k)| o == op && k == kind)
-        .expect("every checked op is in FAULT_OPS") as u32
-}
-
-/// The fault kind of an index out of range in indices of `dtype`.
-fn index_fault(dtype: DType) -> FaultKind {
-    FaultKind::Index {
-        signed: dtype == DType::I32,
-    }
-}
 
 /// Where a kernel guarded by an index check finds the check's verdict.
 #[derive(Clone, Copy)]
@@ -1007,28 +969,9 @@ impl WgpuBackend {
                 self.0
                     .queue
                     .write_buffer(&self.0.faults.0.buffer, 0, &[0u8; 16]);
-                let (op, kind) = FAULT_OPS
-                    .get(w[3] as usize)
-                    .copied()
-                    .ok_or_else(|| backend_error(format!("unknown fault code {}", w[3])))?;
-                return Err(match kind {
-                    FaultKind::Index { signed } => Error::IndexOutOfRange {
-                        op,
-                        index: if signed {
-                            w[1] as i32 as i64
-                        } else {
-                            w[1] as i64
-                        },
-                        bound: w[2] as usize,
-                    },
-                    FaultKind::CsrOffsets => Error::InvalidArgument {
-                        op,
-                        detail: format!(
-                            "row_offsets must start at 0, never decrease and end within the {} stored entries (found offset {})",
-                            w[2], w[1]
-                        ),
-                    },
-                });
+                return Err(
+                    fault_error("wgpu", [w[0], w[1], w[2], w[3]]).expect("the record is claimed")
+                );
             }
         }
         Ok(())
@@ -2103,15 +2046,6 @@ impl Backend for WgpuBackend {
             .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
-    fn with_precision(&self, _precision: hal::Precision) -> Self {
-        // No faster path here: every call is exact (capabilities say so).
-        self.clone()
-    }
-
-    fn precision(&self) -> hal::Precision {
-        hal::Precision::Exact
-    }
-
     fn record(&self, steps: std::sync::Arc<hal::RecordedSteps<Self>>) -> Result<Self::Graph> {
         Ok(hal::Replay::new(steps))
     }

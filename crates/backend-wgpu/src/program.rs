@@ -8,7 +8,7 @@
 //! [`hal::Error::IndexOutOfRange`] at the next synchronize or read (one read for all launches).
 
 use crate::wgsl::{self, Access};
-use hal::ir::{Access as IrAccess, Constant, Inst, IrBinary, IrCmp, IrUnary, Program, ScalarType};
+use hal::ir::{Access as IrAccess, Constant, Inst, IrBinary, IrUnary, Program, ScalarType};
 use hal::{DType, Error, Result};
 use std::fmt::Write;
 use std::sync::Arc;
@@ -205,17 +205,7 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
                     IrBinary::Shr => format!("{x} >> (u32({y}) & 31u)"),
                 }
             }
-            Inst::Cmp { op, a, b } => {
-                let sym = match op {
-                    IrCmp::Eq => "==",
-                    IrCmp::Ne => "!=",
-                    IrCmp::Lt => "<",
-                    IrCmp::Le => "<=",
-                    IrCmp::Gt => ">",
-                    IrCmp::Ge => ">=",
-                };
-                format!("{} {sym} {}", v(a), v(b))
-            }
+            Inst::Cmp { op, a, b } => format!("{} {} {}", v(a), op.operator(), v(b)),
             Inst::Fma { a, b, c } => format!("fma({}, {}, {})", v(a), v(b), v(c)),
             Inst::Select { cond, a, b } => format!("select({}, {}, {})", v(b), v(a), v(cond)),
             Inst::Cast { to, x } => {

@@ -337,11 +337,15 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// A handle to the same device whose `matmul` and `nearest_centroid` follow `precision`
     /// (buffers, kernels and queued work are shared with `self`). [`Precision::Exact`] is every
     /// handle's default. A backend whose [`Capabilities::fast_precision`] is false has no
-    /// faster path and runs [`Precision::Fast`] calls exactly.
-    fn with_precision(&self, precision: Precision) -> Self;
+    /// faster path and runs [`Precision::Fast`] calls exactly: the default returns `self`.
+    fn with_precision(&self, _precision: Precision) -> Self {
+        self.clone()
+    }
 
-    /// The policy this handle's calls follow.
-    fn precision(&self) -> Precision;
+    /// The policy this handle's calls follow (the default: exact).
+    fn precision(&self) -> Precision {
+        Precision::Exact
+    }
 
     // ----- recording -----
 

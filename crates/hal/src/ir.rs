@@ -160,6 +160,20 @@ pub enum IrCmp {
     Ge,
 }
 
+impl IrCmp {
+    /// The infix operator of the comparison in C-family source (WGSL, CUDA C): `==`, `<`, ...
+    pub fn operator(self) -> &'static str {
+        match self {
+            IrCmp::Eq => "==",
+            IrCmp::Ne => "!=",
+            IrCmp::Lt => "<",
+            IrCmp::Le => "<=",
+            IrCmp::Gt => ">",
+            IrCmp::Ge => ">=",
+        }
+    }
+}
+
 /// One instruction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Inst {

@@ -19,6 +19,7 @@
 //! - [`Error`]: the one error type; nothing here panics on bad input.
 //! - [`random`]: Philox 4x32-10, the random stream every backend reproduces.
 //! - [`validate`]: every primitive's argument checks, called by every backend first.
+//! - [`fault`]: the device fault record GPU backends report data-dependent errors through.
 //!
 //! ```
 //! use hal::{Layout, DType};
@@ -37,6 +38,7 @@ mod backend;
 mod device;
 mod dtype;
 mod error;
+pub mod fault;
 pub mod ir;
 mod layout;
 mod ops;
