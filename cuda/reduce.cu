@@ -54,6 +54,48 @@ __device__ void reduce_impl(const Walk& kept, const Walk& red, void* out, int od
     }
 }
 
+// Pass 1 of a split reduction, for few outputs with long reductions: output g's reduced
+// elements fall into `chunks` consecutive ranges, one block each, whose results go to
+// partial[g * chunks + c] (f32). Mean partials are divided by the whole length here, so pass 2
+// (reduce_warp or reduce_block over the partials) sums them.
+__device__ __forceinline__ float reduce_combine(int op, float a, float b) {
+    if (op <= 1) return a + b;
+    if (is_nan_f(a) || is_nan_f(b)) return nan_f();
+    return op == 2 ? fmaxf(a, b) : fminf(a, b);
+}
+
+extern "C" __global__ void reduce_partial(Walk kept, Walk red, float* partial, i64 chunks, const void* x, int xdt, int op) {
+    __shared__ float part[32];
+    const float identity = op <= 1 ? 0.0f : (op == 2 ? -__int_as_float(0x7f800000) : __int_as_float(0x7f800000));
+    for (i64 b = blockIdx.x; b < kept.n * chunks; b += gridDim.x) {
+        i64 g = b / chunks, c = b % chunks;
+        i64 o[2];
+        walk_offsets<2>(kept, g, o);
+        i64 lo = red.n * c / chunks, hi = red.n * (c + 1) / chunks;
+        float acc = identity;
+        if (red.rank == 1) {
+            // The common case (one reduced axis) without a division per element.
+            const i64 st = red.st[0][0];
+            for (i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) acc = reduce_combine(op, acc, load_f(x, xdt, o[1] + red.off[0] + j * st));
+        } else {
+            for (i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+                i64 r[1];
+                walk_offsets<1>(red, j, r);
+                acc = reduce_combine(op, acc, load_f(x, xdt, o[1] + r[0]));
+            }
+        }
+        for (int s = 16; s > 0; s >>= 1) acc = reduce_combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, s));
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int k = 1; k < (int)(blockDim.x / 32); ++k) acc = reduce_combine(op, acc, part[k]);
+            if (op == 1) acc = acc / (float)red.n;
+            partial[b] = acc;
+        }
+        __syncthreads();
+    }
+}
+
 extern "C" __global__ void reduce_warp(Walk kept, Walk red, void* out, int odt, const void* x, int xdt, int op) {
     reduce_impl<32>(kept, red, out, odt, x, xdt, op);
 }

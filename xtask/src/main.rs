@@ -6,6 +6,9 @@
 //! - `bench [--backend cpu] [--suite gemm,elementwise] [...]`: the benchmarks (crate `bench`),
 //!   with peers measured in the same run where they can run.
 //!
+//! - `demo [parity args]`: the README's main job: the parity suite (default `--require cpu`),
+//!   then a brief run of each workload's example on the best backend present (today the
+//!   `icosphere` solve of `residual-compile` at level 3), printing its headline figures.
 //! - `ptx [--check]`: compiles `cuda/*.cu` with nvcc to the committed PTX of `backend-cuda`,
 //!   stamped with its sources' hash; `--check` (CI, no nvcc) fails on a stale or missing file.
 //! - `wgsl`: parses and validates with naga every kernel file in `shaders/` (composed with its
@@ -22,7 +25,8 @@ mod ptx;
 
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <parity|bench> [ARGS...]
+const USAGE: &str = "usage: cargo xtask <demo|parity|bench|ptx|wgsl|deps> [ARGS...]
+  demo   [parity args] the parity suite, then each workload's example, briefly
   parity [--backend cpu,wgpu,cuda] [--require LIST] [--cases N] [--seed S]
   bench  [--backend cpu|wgpu|cuda] [--suite gemm,elementwise] [--reps N] [--gemm-size N] [--elements N]
   ptx    [--check] compile cuda/*.cu to crates/backend-cuda/ptx/ (nvcc), or check the PTX is current
@@ -40,6 +44,7 @@ fn main() -> ExitCode {
         "parity" => ("hal-parity", "parity"),
         "bench" => ("bench", "bench"),
         "deps" => return check_dependency_rule(),
+        "demo" => return demo(&rest),
         "ptx" => return ptx::run(&rest),
         "wgsl" => return validate_wgsl(),
         "-h" | "--help" | "help" => {
@@ -54,11 +59,50 @@ fn main() -> ExitCode {
     run_release_binary(package, bin, &rest)
 }
 
+/// The parity suite, then the workloads' examples, briefly, on the best backend present.
+fn demo(parity_args: &[String]) -> ExitCode {
+    let default = ["--require".to_string(), "cpu".to_string()];
+    let args = if parity_args.is_empty() {
+        &default[..]
+    } else {
+        parity_args
+    };
+    let parity = run_release_binary("hal-parity", "parity", args);
+    println!(
+        "\nxtask demo: residual-compile: the perturbed icosphere (level 3) solved by Levenberg-Marquardt"
+    );
+    let icosphere = run_release(
+        "residual-compile",
+        "--example",
+        "icosphere",
+        &[
+            "--level",
+            "3",
+            "--backend",
+            "auto",
+            "--out",
+            "target/icosphere.obj",
+        ]
+        .map(String::from),
+    );
+    if parity == ExitCode::SUCCESS && icosphere == ExitCode::SUCCESS {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 /// Builds `bin` of `package` in release mode and runs it with `args`, passing its exit code on.
 fn run_release_binary(package: &str, bin: &str, args: &[String]) -> ExitCode {
+    run_release(package, "--bin", bin, args)
+}
+
+/// Builds a binary (`kind` `--bin`) or an example (`--example`) of `package` in release mode
+/// and runs it with `args`, passing its exit code on.
+fn run_release(package: &str, kind: &str, bin: &str, args: &[String]) -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(&cargo)
-        .args(["build", "--release", "--quiet", "-p", package, "--bin", bin])
+        .args(["build", "--release", "--quiet", "-p", package, kind, bin])
         .status();
     match status {
         Ok(s) if s.success() => {}
@@ -77,7 +121,11 @@ fn run_release_binary(package: &str, bin: &str, args: &[String]) -> ExitCode {
             .expect("xtask lives in the workspace root");
         root.join("target").to_string_lossy().into_owned()
     });
-    let exe = std::path::Path::new(&target).join("release").join(bin);
+    let mut exe = std::path::Path::new(&target).join("release");
+    if kind == "--example" {
+        exe = exe.join("examples");
+    }
+    let exe = exe.join(bin);
     match Command::new(&exe).args(args).status() {
         Ok(s) => ExitCode::from(s.code().unwrap_or(1).clamp(0, 255) as u8),
         Err(e) => {

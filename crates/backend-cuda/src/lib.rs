@@ -342,16 +342,67 @@ impl CudaBackend {
             ReduceOp::Max => 2,
             ReduceOp::Min => 3,
         };
+        if kept.n == 0 {
+            return Ok(());
+        }
+        // Few outputs with very long reductions (a whole-array sum): one block per output
+        // would leave the GPU idle, so the reduction is split into chunks over many blocks
+        // (`reduce_partial`), whose partial results are then reduced as below.
+        let sms = self.dev.sms as i64;
+        if kept.n < sms && red.n >= 1 << 16 {
+            let chunks = ((4 * sms + kept.n - 1) / kept.n).min(red.n / 4096).max(2);
+            let partial = self.new_buffer(DType::F32, (kept.n * chunks) as usize)?;
+            self.dev.launch_raw(
+                self.dev.function("reduce_partial")?,
+                ((kept.n * chunks).min(sms * 32) as u32, 1, 1),
+                device::BLOCK,
+                Args::new()
+                    .arg(kept)
+                    .arg(red)
+                    .arg(partial.ptr())
+                    .arg(chunks)
+                    .arg(x.buffer.ptr())
+                    .arg(dtype_code(x.dtype()))
+                    .arg(code),
+            )?;
+            let mut strides = hal::contiguous_strides(&out.layout.shape);
+            strides.iter_mut().for_each(|s| *s *= chunks as isize);
+            let parts = Layout::strided(&out.layout.shape, &strides, 0)?;
+            let kept2 = Walk::of("reduce", &out.layout.shape, &[out.layout, &parts])?;
+            let red2 = Walk::new("reduce", &[chunks as usize], &[(&[1], 0)])?;
+            let pass2 = if op == ReduceOp::Max || op == ReduceOp::Min {
+                code
+            } else {
+                0
+            };
+            return self.dev.launch_raw(
+                self.dev.function("reduce_warp")?,
+                (
+                    (kept.n as usize)
+                        .div_ceil(8)
+                        .min(self.dev.sms as usize * 32)
+                        .max(1) as u32,
+                    1,
+                    1,
+                ),
+                device::BLOCK,
+                Args::new()
+                    .arg(kept2)
+                    .arg(red2)
+                    .arg(out.buffer.ptr())
+                    .arg(dtype_code(out.dtype()))
+                    .arg(partial.ptr())
+                    .arg(dtype_code(DType::F32))
+                    .arg(pass2),
+            );
+        }
         // Few outputs with long reductions get a block each; otherwise a warp each.
-        let per_block = kept.n < 4 * self.dev.sms as i64 && red.n >= 1024;
+        let per_block = kept.n < 4 * sms && red.n >= 1024;
         let (name, groups) = if per_block {
             ("reduce_block", kept.n as usize)
         } else {
             ("reduce_warp", (kept.n as usize).div_ceil(8))
         };
-        if kept.n == 0 {
-            return Ok(());
-        }
         let blocks = groups.min(self.dev.sms as usize * 32).max(1) as u32;
         self.dev.launch_raw(
             self.dev.function(name)?,

@@ -2,7 +2,8 @@
 //! machine, the peer in the same run, and prints medians with ratios.
 //!
 //! ```text
-//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory] [--reps N] [--gemm-size N]
+//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls] [--reps N] [--gemm-size N]
+//!       [--levels 4,5] [--edges N] [--compile-level L]
 //!       [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]
 //!       [--wgpu-without immediates,f16,subgroups]
 //! ```
@@ -26,13 +27,16 @@ use hal::{Backend, BackendExt, BinaryOp, DType, Distribution, Layout, View};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-const SUITES: [&str; 6] = [
+mod nlls;
+
+const SUITES: [&str; 7] = [
     "gemm",
     "elementwise",
     "nearest",
     "skinny",
     "launch",
     "memory",
+    "nlls",
 ];
 
 struct Args {
@@ -46,6 +50,7 @@ struct Args {
     dim: usize,
     /// Optional wgpu features turned off.
     wgpu_options: backend_wgpu::WgpuOptions,
+    nlls: nlls::NllsArgs,
 }
 
 fn parse() -> Result<Args, String> {
@@ -59,6 +64,12 @@ fn parse() -> Result<Args, String> {
         centroids: 4096,
         dim: 128,
         wgpu_options: backend_wgpu::WgpuOptions::default(),
+        nlls: nlls::NllsArgs {
+            levels: vec![4, 5],
+            edges: None,
+            compile_level: 7,
+            reps: 9,
+        },
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -76,6 +87,15 @@ fn parse() -> Result<Args, String> {
             "--points" => a.points = num(value()?)?,
             "--centroids" => a.centroids = num(value()?)?.max(1),
             "--dim" => a.dim = num(value()?)?.max(1),
+            "--levels" => {
+                a.nlls.levels = value()?
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.parse::<u32>().map_err(|_| format!("{s} is not a level")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--edges" => a.nlls.edges = Some(num(value()?)?),
+            "--compile-level" => a.nlls.compile_level = num(value()?)? as u32,
             "--wgpu-fallbacks" => a.wgpu_options = backend_wgpu::WgpuOptions::fallbacks(),
             "--wgpu-without" => {
                 for f in value()?.split(',') {
@@ -87,7 +107,7 @@ fn parse() -> Result<Args, String> {
                     }
                 }
             }
-            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny,launch,memory] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups]".into()),
+            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--levels 4,5] [--edges N] [--compile-level L] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -229,6 +249,16 @@ fn run<B: Backend>(b: &B, args: &Args, hooks: Hooks<'_, B>) -> ExitCode {
             "skinny" => skinny(b, args),
             "launch" => launch(b, args, &hooks),
             "memory" => memory(b, &hooks),
+            "nlls" => {
+                let n = nlls::NllsArgs {
+                    reps: args.reps,
+                    ..args.nlls.clone()
+                };
+                nlls::nlls(b, &n).map_err(|e| hal::Error::Backend {
+                    backend: "nlls",
+                    detail: e,
+                })
+            }
             _ => elementwise(b, args, hooks.device_copy),
         };
         if let Err(e) = result {
@@ -241,6 +271,18 @@ fn run<B: Backend>(b: &B, args: &Args, hooks: Hooks<'_, B>) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The value of `key` in the one-line JSON object a peer script printed (a number or a string
+/// without commas or quotes).
+fn json_field(text: &str, key: &str) -> Option<String> {
+    text.split(&format!("\"{key}\": ")).nth(1).map(|s| {
+        s.trim_start_matches('"')
+            .split(['"', ',', '}'])
+            .next()
+            .unwrap_or("")
+            .to_string()
+    })
 }
 
 /// numpy's matmul timed by python3 on this machine, or why it could not run.
@@ -278,15 +320,7 @@ print(json.dumps({"median": times[len(times) // 2], "what": "numpy " + np.__vers
         });
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let field = |k: &str| {
-        text.split(&format!("\"{k}\": ")).nth(1).map(|s| {
-            s.trim_start_matches('"')
-                .split(['"', ',', '}'])
-                .next()
-                .unwrap_or("")
-                .to_string()
-        })
-    };
+    let field = |k: &str| json_field(&text, k);
     let median = field("median")
         .and_then(|m| m.parse::<f64>().ok())
         .ok_or(format!("unreadable output: {text}"))?;

@@ -1,6 +1,84 @@
-//! # residual-compile (not implemented yet)
+//! # residual-compile: scalar residuals compiled into batched kernels, and a sparse
+//! Levenberg-Marquardt solver
 //!
-//! This crate will trace scalar residual functions, group them by graph topology, compile each
-//! group once (values and Jacobians) to the `hal` scalar program IR, and solve nonlinear least
-//! squares with Levenberg-Marquardt. It holds no code yet; the work is tracked by the project's
-//! residual-compile issue.
+//! Nonlinear least squares in the style of Ceres, on any `hal` backend:
+//!
+//! 1. **Trace.** A residual block is a Rust closure over [`Var`]s (scalar autograd: `+ - * /`,
+//!    `powi`, `sqrt`, `exp`, `atan2`, `select`, [`Vec3`] helpers, ...). [`Problem::add_residual`]
+//!    runs it once per instance on a [`trace::Tape`], recording the operations, not values.
+//! 2. **Group.** Each traced graph gets a topology signature ([`Graph::signature`]: operations,
+//!    wiring and literals, not parameter values or per-instance constants). Instances with the
+//!    same signature and loss form one [`ResidualGroup`]; their parameter indices and
+//!    constants become device buffers read by indirect indexing.
+//! 3. **Compile.** Per group, the graph and its Jacobian (reverse-mode symbolic derivatives
+//!    with common subexpressions shared, [`Graph::derivatives`]) are lowered to one `hal`
+//!    scalar program ([`lower`]) that writes residuals, CSR Jacobian values and costs. So
+//!    100,000 residuals of 3 shapes compile 3 kernels, on the CPU, in WGSL or through NVRTC;
+//!    [`KernelCache`] keeps them across problems.
+//! 4. **Solve.** [`solve`] runs Levenberg-Marquardt (Ceres's trust-region update) or
+//!    Gauss-Newton, with the normal equations solved by sparse Cholesky on the host (`faer`)
+//!    or by Jacobi-preconditioned conjugate gradients on the device, matrix-free, and reports
+//!    a Ceres-like [`Summary`].
+//!
+//! ```
+//! use residual_compile::{Problem, Loss, KernelCache, SolveOptions, solve};
+//! # fn main() -> Result<(), residual_compile::Error> {
+//! let backend = backend_cpu::CpuBackend::new();
+//! let mut problem = Problem::new();
+//! let x = problem.add_parameters(&[-1.2, 1.0]);
+//! problem.add_residual("rosenbrock", &[x, x + 1], &[], Loss::Trivial, |v, _| {
+//!     vec![1.0 - v[0], 10.0 * (v[1] - v[0] * v[0])]
+//! })?;
+//! let summary = solve(&backend, &mut problem, &SolveOptions::default(), &KernelCache::new())?;
+//! assert!(summary.final_cost < 1e-8);
+//! assert!((problem.parameters()[0] - 1.0).abs() < 1e-3);
+//! # Ok(()) }
+//! ```
+//!
+//! Everything runs in `f32` on the device; the host-side `f64` evaluation
+//! ([`Graph::eval`], [`Derivatives::eval_jacobian`], [`Problem::cost_f64`]) is the reference
+//! the tests hold the kernels to.
+
+pub mod compile;
+pub mod graph;
+pub mod icosphere;
+pub mod lower;
+pub mod problem;
+pub mod solve;
+pub mod trace;
+
+pub use compile::{CompileReport, CompiledProblem, Evaluation, GroupReport, KernelCache};
+pub use graph::{Derivatives, Graph};
+pub use problem::{Loss, Problem, ResidualGroup};
+pub use solve::{LinearSolver, Method, PhaseTimes, SolveOptions, Summary, Termination, solve};
+pub use trace::{Cond, Var, Vec2, Vec3};
+
+/// What can go wrong building or solving a problem.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Hal(#[from] hal::Error),
+    /// A problem that cannot be solved as given: no residual blocks, a parameter index out of
+    /// range, a residual block without parameters, a non-finite constant.
+    #[error("invalid problem: {0}")]
+    InvalidProblem(String),
+    /// A residual (or Jacobian entry) evaluated to NaN or infinity at the starting point.
+    #[error(
+        "residual block '{name}' (block {block}, residual {residual}) produced a non-finite {what} at the starting point"
+    )]
+    NonFinite {
+        name: String,
+        block: usize,
+        residual: usize,
+        what: &'static str,
+    },
+    #[error("solver: {0}")]
+    Solver(String),
+}
+
+/// `auto` backend choice: problems with at least this many scalar residuals go to a GPU
+/// backend when one is present, smaller ones to the CPU (where launch and transfer latency
+/// dominate). Measured by `bench --suite nlls` on an H200 host (docs/PERF.md): the icosphere
+/// at level 3 (8,322 residuals) solved faster on its CPU (0.18 s against 0.31 s), at level 4
+/// (33,282) on the GPU (0.24 s against 5.8 s); the threshold sits between the two.
+pub const AUTO_GPU_MIN_RESIDUALS: usize = 20_000;

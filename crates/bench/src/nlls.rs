@@ -1,0 +1,272 @@
+//! `--suite nlls`: the residual-compile workload.
+//!
+//! - **Icosphere solves** at `--levels` (default 4,5) from the same perturbed start (sigma
+//!   0.05, seed 7, w1 = w2 = 1): our Levenberg-Marquardt on this backend, then, side by side,
+//!   `scipy.optimize.least_squares` (trf, analytic sparse Jacobian) where python3 has scipy.
+//!   Wall time includes compiling the kernels. C++ Ceres is quoted, not run.
+//! - **Evaluation**: `--edges` (default 30,000,000 on a GPU, 1,000,000 on the CPU)
+//!   edge-length residuals with their Jacobians, one kernel launch plus the cost sum; the
+//!   bound is the bytes the kernel must move at the device's copy bandwidth.
+//! - **Compilation**: the icosphere at `--compile-level` (default 7: 1,146,882 residual blocks
+//!   of 3 shapes) traced, grouped, differentiated, lowered, compiled and uploaded, end to end;
+//!   the first run compiles cold, later runs hit the backend's kernel cache.
+//! - On a GPU backend, the same solves on the CPU backend of the same host at levels 3 to 5,
+//!   which locate the break-even size `auto` uses.
+
+use hal::{Backend, BackendExt, DeviceKind};
+use residual_compile::icosphere::Icosphere;
+use residual_compile::{CompiledProblem, KernelCache, Loss, Problem, SolveOptions, Vec3, solve};
+use std::process::Command;
+use std::time::Instant;
+
+const SCIPY_PEER: &str = include_str!("../peers/nlls_scipy.py");
+
+#[derive(Clone)]
+pub struct NllsArgs {
+    pub levels: Vec<u32>,
+    pub edges: Option<usize>,
+    pub compile_level: u32,
+    pub reps: usize,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn nlls<B: Backend>(b: &B, args: &NllsArgs) -> Result<(), String> {
+    let gpu = b.info().kind != DeviceKind::Cpu;
+    for &level in &args.levels {
+        icosphere(b, level)?;
+    }
+    let edges = args
+        .edges
+        .unwrap_or(if gpu { 30_000_000 } else { 1_000_000 });
+    if edges > 0 {
+        evaluation(b, edges, args.reps).map_err(|e| e.to_string())?;
+    }
+    if args.compile_level > 0 {
+        compilation(b, args.compile_level, args.reps).map_err(|e| e.to_string())?;
+    }
+    if gpu {
+        break_even(b)?;
+    }
+    Ok(())
+}
+
+struct Solved {
+    seconds: f64,
+    cost: f64,
+    iterations: usize,
+}
+
+fn solve_level<B: Backend>(b: &B, level: u32, verbose: bool) -> Result<Solved, String> {
+    let mesh = Icosphere::new(level).map_err(|e| e.to_string())?;
+    let start = mesh.perturbed(0.05, 7);
+    let mut problem = mesh.problem(&start, 1.0, 1.0).map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    let summary = solve(
+        b,
+        &mut problem,
+        &SolveOptions::default(),
+        &KernelCache::new(),
+    )
+    .map_err(|e| e.to_string())?;
+    let seconds = t.elapsed().as_secs_f64();
+    if verbose {
+        println!("{summary}");
+    }
+    Ok(Solved {
+        seconds,
+        cost: summary.final_cost,
+        iterations: summary.iterations,
+    })
+}
+
+fn icosphere<B: Backend>(b: &B, level: u32) -> Result<(), String> {
+    let mesh = Icosphere::new(level).map_err(|e| e.to_string())?;
+    println!(
+        "nlls: icosphere level {level}: {} vertices, {} edges, sigma 0.05, seed 7, w1 = w2 = 1",
+        mesh.vertices.len(),
+        mesh.edges.len()
+    );
+    let ours = solve_level(b, level, true)?;
+    println!(
+        "nlls: level {level} ours: {:.3} s, final cost {:.9e}, {} iterations",
+        ours.seconds, ours.cost, ours.iterations
+    );
+    match scipy(&mesh, level) {
+        Ok((seconds, cost, what)) => println!(
+            "nlls: level {level} peer {what}: {seconds:.3} s, final cost {cost:.9e}; ours/peer: time {:.2}x, cost {:.5}x",
+            ours.seconds / seconds,
+            ours.cost / cost
+        ),
+        Err(e) => println!("nlls: level {level} peer scipy not run: {e}"),
+    }
+    let quoted = match level {
+        4 => Some("3.0 s (191 iterations) to 0.0454402"),
+        5 => Some("52.4 s (540 iterations) to 0.0342453"),
+        6 => Some("30 s for 50 iterations"),
+        _ => None,
+    };
+    if let Some(q) = quoted {
+        println!(
+            "nlls: level {level} quoted C++ Ceres 2.1 (SPARSE_NORMAL_CHOLESKY, 2 cores; figures from the project's issue, its own residual scaling, so its cost is not comparable): {q}"
+        );
+    }
+    Ok(())
+}
+
+/// scipy's solve of the same start, or why it could not run.
+fn scipy(mesh: &Icosphere, level: u32) -> Result<(f64, f64, String), String> {
+    let start = mesh.perturbed(0.05, 7);
+    let path =
+        std::env::temp_dir().join(format!("nlls-icosphere-{level}-{}.bin", std::process::id()));
+    mesh.write_start(&path, &start).map_err(|e| e.to_string())?;
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            SCIPY_PEER,
+            path.to_str().unwrap_or_default(),
+            "1",
+            "1",
+            "1e-10",
+        ])
+        .output()
+        .map_err(|e| format!("python3 could not start: {e}"));
+    let _ = std::fs::remove_file(&path);
+    let out = out?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(if err.contains("No module named") {
+            "scipy is not installed (pip install scipy)".into()
+        } else {
+            format!("python3 failed: {}", err.trim())
+        });
+    }
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let field = |k: &str| crate::json_field(&text, k);
+    let num = |k: &str| {
+        field(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .ok_or(format!("unreadable output: {text}"))
+    };
+    Ok((
+        num("seconds")?,
+        num("cost")?,
+        field("what").unwrap_or_default(),
+    ))
+}
+
+fn evaluation<B: Backend>(b: &B, edges: usize, reps: usize) -> Result<(), residual_compile::Error> {
+    // A chain-like graph with some long edges: vertex e/3 to e/3 + 1, + 7 and + 19.
+    let vertices = edges / 3 + 20;
+    let mut problem = Problem::new();
+    let coords: Vec<f64> = (0..vertices * 3)
+        .map(|i| ((i * 2_654_435_761) % 1000) as f64 / 500.0 - 1.0)
+        .collect();
+    problem.add_parameters(&coords);
+    let t = Instant::now();
+    for e in 0..edges {
+        let (a, c) = (e / 3, e / 3 + [1, 7, 19][e % 3]);
+        problem.add_residual(
+            "edge",
+            &[3 * a, 3 * a + 1, 3 * a + 2, 3 * c, 3 * c + 1, 3 * c + 2],
+            &[0.1],
+            Loss::Trivial,
+            |v, k| vec![(Vec3::from_slice(&v[0..3]) - Vec3::from_slice(&v[3..6])).norm() - k[0]],
+        )?;
+    }
+    let traced = t.elapsed().as_secs_f64();
+    let compiled = CompiledProblem::new(b, &problem, &KernelCache::new())?;
+    let params = b.upload(&coords.iter().map(|&v| v as f32).collect::<Vec<_>>())?;
+    let eval = compiled.alloc_evaluation()?;
+    let mut times = Vec::new();
+    for i in 0..reps + 2 {
+        b.synchronize()?;
+        let t = Instant::now();
+        compiled.evaluate(&params, &eval)?;
+        b.synchronize()?;
+        if i >= 2 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    let m = median(times);
+    // Read: 6 indices + 1 constant + 6 parameters (each vertex is shared by ~6 edges, so
+    // about 1/6 of those come from memory); written: 1 residual + 6 Jacobian values + 1 cost.
+    let bytes = edges as f64 * (6.0 * 4.0 + 4.0 + 6.0 * 4.0 / 6.0 + 4.0 + 6.0 * 4.0 + 4.0);
+    println!(
+        "nlls: evaluate {edges} edge-length residuals + Jacobians (+ the cost sum): median {:.3} ms = {:.1} GB/s of the {:.2} GB the kernel must move (traced in {:.1} s)",
+        m * 1e3,
+        bytes / m / 1e9,
+        bytes / 1e9,
+        traced
+    );
+    Ok(())
+}
+
+fn compilation<B: Backend>(b: &B, level: u32, reps: usize) -> Result<(), residual_compile::Error> {
+    let mesh = Icosphere::new(level)?;
+    let start = mesh.perturbed(0.05, 7);
+    let mut runs = Vec::new();
+    for _ in 0..reps.min(5) {
+        let t = Instant::now();
+        let problem = mesh.problem(&start, 1.0, 1.0)?;
+        let traced = t.elapsed().as_secs_f64();
+        let compiled = CompiledProblem::new(b, &problem, &KernelCache::new())?;
+        b.synchronize()?;
+        let r = &compiled.report;
+        // End to end: tracing to kernels and instance data on the device; the solver's
+        // Jacobian structure is reported beside it.
+        let total = t.elapsed().as_secs_f64() - r.structure_seconds;
+        runs.push((
+            total,
+            traced,
+            r.compile_seconds,
+            r.upload_seconds,
+            r.structure_seconds,
+            problem.num_blocks(),
+            problem.groups().len(),
+        ));
+    }
+    let (total, traced, comp, up, structure, blocks, groups) = runs[0];
+    println!(
+        "nlls: compile {blocks} residual blocks of {groups} shapes (icosphere level {level}), cold: {:.1} ms end to end = trace+group {:.1} + derive/lower/compile {:.1} + upload instance data {:.1} (then the solver's Jacobian structure: {:.1} ms)",
+        total * 1e3,
+        traced * 1e3,
+        comp * 1e3,
+        up * 1e3,
+        structure * 1e3
+    );
+    if runs.len() > 1 {
+        let warm = median(runs[1..].iter().map(|r| r.0).collect());
+        let warm_compile = median(runs[1..].iter().map(|r| r.2).collect());
+        println!(
+            "nlls: compile again (the backend's kernel cache warm): median {:.1} ms end to end, of which {:.1} ms derive/lower/compile",
+            warm * 1e3,
+            warm_compile * 1e3
+        );
+    }
+    Ok(())
+}
+
+fn break_even<B: Backend>(b: &B) -> Result<(), String> {
+    let cpu = backend_cpu::CpuBackend::new();
+    for level in 3..=5u32 {
+        let mesh = Icosphere::new(level).map_err(|e| e.to_string())?;
+        let residuals = mesh.edges.len() * 4 + mesh.vertices.len();
+        let g = solve_level(b, level, false)?;
+        let c = solve_level(&cpu, level, false)?;
+        println!(
+            "nlls: break-even: level {level} ({residuals} residuals): this backend {:.3} s ({} iterations, cost {:.6e}), CPU backend {:.3} s ({} iterations, cost {:.6e}) on {}",
+            g.seconds,
+            g.iterations,
+            g.cost,
+            c.seconds,
+            c.iterations,
+            c.cost,
+            cpu.info().name
+        );
+    }
+    Ok(())
+}

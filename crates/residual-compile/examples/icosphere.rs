@@ -1,0 +1,152 @@
+//! `icosphere`: perturb a subdivided icosahedron and pull it back into shape with
+//! Levenberg-Marquardt; prints the solver summary and writes an OBJ file of the result.
+//!
+//! ```sh
+//! cargo run --release -p residual-compile --example icosphere -- --level 4 --backend cpu
+//! ```
+
+use clap::Parser;
+use hal::Backend;
+use residual_compile::icosphere::Icosphere;
+use residual_compile::{KernelCache, LinearSolver, Method, SolveOptions, solve};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(about = "Solve the perturbed-icosphere problem on a chosen backend")]
+struct Args {
+    /// Subdivision level, 3 to 7 (642 to 163,842 vertices).
+    #[arg(long, default_value_t = 4)]
+    level: u32,
+    /// cpu, wgpu, cuda, or auto (the GPU above the measured break-even size, else the CPU).
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// Standard deviation of the noise added to each coordinate.
+    #[arg(long, default_value_t = 0.05)]
+    sigma: f64,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Weights of the sphere and bending residuals.
+    #[arg(long, default_value_t = 1.0)]
+    w1: f64,
+    #[arg(long, default_value_t = 1.0)]
+    w2: f64,
+    /// lm or gn.
+    #[arg(long, default_value = "lm")]
+    method: String,
+    /// auto, cholesky or cg.
+    #[arg(long, default_value = "auto")]
+    linear_solver: String,
+    #[arg(long, default_value_t = 500)]
+    max_iterations: usize,
+    /// Where to write the result (Wavefront OBJ); nothing is written when empty.
+    #[arg(long, default_value = "icosphere.obj")]
+    out: String,
+    /// One line per iteration.
+    #[arg(long)]
+    verbose: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if !(3..=7).contains(&args.level) {
+        eprintln!("icosphere: --level must be 3 to 7 (got {})", args.level);
+        return ExitCode::from(2);
+    }
+    let mesh = match Icosphere::new(args.level) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("icosphere: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let residuals = mesh.edges.len() * 4 + mesh.vertices.len();
+    let choice = match args.backend.as_str() {
+        "auto" if residuals >= residual_compile::AUTO_GPU_MIN_RESIDUALS => {
+            if backend_cuda::CudaBackend::new().is_ok() {
+                "cuda"
+            } else if backend_wgpu::WgpuBackend::new()
+                .is_ok_and(|b| b.info().kind != hal::DeviceKind::Cpu)
+            {
+                "wgpu"
+            } else {
+                "cpu"
+            }
+        }
+        "auto" => "cpu",
+        other => other,
+    };
+    println!(
+        "icosphere: level {} ({} vertices, {} edges, {} residuals), sigma {}, seed {}, backend {} ({})",
+        args.level,
+        mesh.vertices.len(),
+        mesh.edges.len(),
+        residuals,
+        args.sigma,
+        args.seed,
+        choice,
+        if args.backend == "auto" {
+            format!(
+                "auto: the GPU from {} residuals, the break-even the bench measured",
+                residual_compile::AUTO_GPU_MIN_RESIDUALS
+            )
+        } else {
+            "chosen".into()
+        }
+    );
+    let result = match choice {
+        "cpu" => run(&backend_cpu::CpuBackend::new(), &mesh, &args),
+        "wgpu" => backend_wgpu::WgpuBackend::new()
+            .map_err(|e| e.to_string())
+            .and_then(|b| run(&b, &mesh, &args)),
+        "cuda" => backend_cuda::CudaBackend::new()
+            .map_err(|e| e.to_string())
+            .and_then(|b| run(&b, &mesh, &args)),
+        other => Err(format!(
+            "unknown backend {other} (expected cpu, wgpu, cuda or auto)"
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("icosphere: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run<B: Backend>(backend: &B, mesh: &Icosphere, args: &Args) -> Result<(), String> {
+    let start = mesh.perturbed(args.sigma, args.seed);
+    let mut problem = mesh
+        .problem(&start, args.w1, args.w2)
+        .map_err(|e| e.to_string())?;
+    let options = SolveOptions {
+        method: match args.method.as_str() {
+            "lm" => Method::LevenbergMarquardt,
+            "gn" => Method::GaussNewton,
+            m => return Err(format!("unknown method {m} (expected lm or gn)")),
+        },
+        linear_solver: match args.linear_solver.as_str() {
+            "auto" => LinearSolver::Auto,
+            "cholesky" => LinearSolver::SparseCholesky,
+            "cg" => LinearSolver::ConjugateGradient,
+            s => {
+                return Err(format!(
+                    "unknown linear solver {s} (expected auto, cholesky or cg)"
+                ));
+            }
+        },
+        max_iterations: args.max_iterations,
+        verbose: args.verbose,
+        ..SolveOptions::default()
+    };
+    let summary =
+        solve(backend, &mut problem, &options, &KernelCache::new()).map_err(|e| e.to_string())?;
+    println!("{summary}");
+    if !args.out.is_empty() {
+        let path = std::path::Path::new(&args.out);
+        mesh.write_obj(path, problem.parameters())
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        println!("icosphere: wrote {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,333 @@
+//! A problem compiled onto a backend: one kernel per residual shape, the per-instance data and
+//! the Jacobian's sparsity structure (CSR, and its transpose) on the device.
+
+use crate::Error;
+use crate::graph::Derivatives;
+use crate::lower::lower;
+use crate::problem::{Loss, Problem};
+use hal::{Backend, BackendExt, DType, Layout, ReduceOp, View};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Compiled kernels by residual shape and loss, kept across problems: a shape compiled once is
+/// a cache hit for every later problem on the same backend handle.
+pub struct KernelCache<B: Backend> {
+    entries: Mutex<HashMap<CacheKey, CacheBucket<B>>>,
+}
+
+type CacheKey = (u64, u8, u64);
+/// The shapes under one key (equal hashes of different graphs are told apart by comparison).
+type CacheBucket<B> = Vec<(crate::graph::Graph, <B as Backend>::Kernel)>;
+/// One compile thread's result: the group and its kernel with its IR size.
+type Compiled<K> = (usize, hal::Result<(K, usize)>);
+
+fn cache_key(signature: u64, loss: Loss) -> CacheKey {
+    match loss {
+        Loss::Trivial => (signature, 0, 0),
+        Loss::Huber(d) => (signature, 1, d.to_bits()),
+        Loss::Cauchy(d) => (signature, 2, d.to_bits()),
+    }
+}
+
+impl<B: Backend> Default for KernelCache<B> {
+    fn default() -> Self {
+        Self {
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<B: Backend> KernelCache<B> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn get(&self, key: CacheKey, graph: &crate::graph::Graph) -> Option<B::Kernel> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .get(&key)?
+            .iter()
+            .find(|(g, _)| g == graph)
+            .map(|(_, k)| k.clone())
+    }
+
+    fn insert(&self, key: CacheKey, graph: crate::graph::Graph, kernel: B::Kernel) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.entry(key).or_default().push((graph, kernel));
+    }
+}
+
+/// What compiling a problem did, per residual shape.
+#[derive(Clone, Debug, Default)]
+pub struct CompileReport {
+    pub groups: Vec<GroupReport>,
+    pub kernels_compiled: usize,
+    pub cache_hits: usize,
+    /// Deriving, lowering and compiling the kernels (in parallel over shapes).
+    pub compile_seconds: f64,
+    /// Uploading the per-instance data (parameter indices and constants).
+    pub upload_seconds: f64,
+    /// Building the Jacobian's sparsity structure (CSR and transpose) and uploading it: setup
+    /// for the solver rather than compilation.
+    pub structure_seconds: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct GroupReport {
+    pub name: String,
+    pub signature: u64,
+    pub instances: usize,
+    pub params_per_instance: usize,
+    pub residuals_per_instance: usize,
+    /// Nodes traced per instance, and IR instructions of the compiled values-and-Jacobian
+    /// program (0 on a cache hit, which compiles nothing).
+    pub traced_nodes: usize,
+    pub ir_instructions: usize,
+    pub cache_hit: bool,
+}
+
+struct GroupKernel<B: Backend> {
+    kernel: B::Kernel,
+    param_index: B::Buffer,
+    constants: B::Buffer,
+    offsets: B::Buffer,
+    instances: usize,
+}
+
+/// The buffers one evaluation writes.
+pub struct Evaluation<B: Backend> {
+    /// `[rows]`: the (loss-scaled) residuals.
+    pub residuals: B::Buffer,
+    /// `[nnz]`: the Jacobian's CSR values.
+    pub jacobian: B::Buffer,
+    /// `[blocks]`: each block's cost `rho / 2`.
+    pub cost: B::Buffer,
+    /// `[1]`: the total cost (f32 sum).
+    pub total: B::Buffer,
+}
+
+/// A problem's kernels and sparsity structure on one backend.
+pub struct CompiledProblem<B: Backend> {
+    pub backend: B,
+    kernels: Vec<GroupKernel<B>>,
+    pub rows: usize,
+    pub cols: usize,
+    pub nnz: usize,
+    pub blocks: usize,
+    /// CSR structure of the Jacobian (`rows + 1` offsets, `nnz` column indices).
+    pub row_offsets: B::Buffer,
+    pub col_indices: B::Buffer,
+    /// CSR structure of its transpose, whose values are `jacobian[transpose_perm[k]]`.
+    pub t_row_offsets: B::Buffer,
+    pub t_col_indices: B::Buffer,
+    pub transpose_perm: B::Buffer,
+    /// The same structures on the host (the sparse Cholesky path builds `J^T J` from them).
+    pub host_row_offsets: Vec<u32>,
+    pub host_col_indices: Vec<u32>,
+    pub report: CompileReport,
+}
+
+impl<B: Backend> CompiledProblem<B> {
+    /// Compiles every residual shape of `problem` (reusing `cache`) and uploads the
+    /// per-instance data and the Jacobian structure.
+    pub fn new(backend: &B, problem: &Problem, cache: &KernelCache<B>) -> Result<Self, Error> {
+        if problem.num_blocks() == 0 {
+            return Err(Error::InvalidProblem(
+                "the problem has no residual blocks".into(),
+            ));
+        }
+        let started = Instant::now();
+        let groups = problem.groups();
+        // Derive, lower and compile the shapes not in the cache, in parallel.
+        let mut kernels: Vec<Option<B::Kernel>> = groups
+            .iter()
+            .map(|g| cache.get(cache_key(g.signature, g.loss), &g.graph))
+            .collect();
+        let mut ir_sizes = vec![0usize; groups.len()];
+        let misses: Vec<usize> = (0..groups.len())
+            .filter(|&g| kernels[g].is_none())
+            .collect();
+        let compiled: Vec<Compiled<B::Kernel>> = std::thread::scope(|s| {
+            let handles: Vec<_> = misses
+                .iter()
+                .map(|&gi| {
+                    let g = &groups[gi];
+                    s.spawn(move || {
+                        let derivatives: Derivatives = g.graph.derivatives();
+                        let name = format!("residual_{}", sanitize(&g.name));
+                        let result = lower(&derivatives, g.loss, &name).and_then(|program| {
+                            Ok((backend.compile(&program)?, program.insts.len()))
+                        });
+                        (gi, result)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a compile thread panicked"))
+                .collect()
+        });
+        for (gi, result) in compiled {
+            let (kernel, insts) = result?;
+            cache.insert(
+                cache_key(groups[gi].signature, groups[gi].loss),
+                groups[gi].graph.clone(),
+                kernel.clone(),
+            );
+            kernels[gi] = Some(kernel);
+            ir_sizes[gi] = insts;
+        }
+        let compile_seconds = started.elapsed().as_secs_f64();
+
+        let started = Instant::now();
+        let cols = problem.parameters().len();
+        let mut rows = 0usize;
+        let mut nnz = 0usize;
+        let mut cost_first = 0usize;
+        let mut row_offsets: Vec<u32> = vec![0];
+        let mut col_indices: Vec<u32> = Vec::new();
+        let mut group_kernels = Vec::with_capacity(groups.len());
+        let mut report = CompileReport {
+            kernels_compiled: misses.len(),
+            cache_hits: groups.len() - misses.len(),
+            compile_seconds,
+            ..Default::default()
+        };
+        for (gi, g) in groups.iter().enumerate() {
+            let (p, r, n) = (g.params_per_instance(), g.residuals_per_instance(), g.len());
+            let offsets = [rows as u32, nnz as u32, cost_first as u32];
+            if (nnz + n * r * p) > u32::MAX as usize {
+                return Err(Error::InvalidProblem(format!(
+                    "the Jacobian has more than {} entries",
+                    u32::MAX
+                )));
+            }
+            row_offsets.reserve(n * r);
+            col_indices.reserve(n * r * p);
+            for i in 0..n {
+                let cols_of = &g.param_index[i * p..(i + 1) * p];
+                for _ in 0..r {
+                    col_indices.extend_from_slice(cols_of);
+                    let last = *row_offsets.last().unwrap();
+                    row_offsets.push(last + p as u32);
+                }
+            }
+            let upload_started = Instant::now();
+            let constants = if g.constants.is_empty() {
+                backend.upload(&[0f32])?
+            } else {
+                backend.upload(&g.constants)?
+            };
+            group_kernels.push(GroupKernel {
+                kernel: kernels[gi].take().expect("every group was compiled"),
+                param_index: backend.upload(&g.param_index)?,
+                constants,
+                offsets: backend.upload(&offsets)?,
+                instances: n,
+            });
+            report.upload_seconds += upload_started.elapsed().as_secs_f64();
+            report.groups.push(GroupReport {
+                name: g.name.clone(),
+                signature: g.signature,
+                instances: n,
+                params_per_instance: p,
+                residuals_per_instance: r,
+                traced_nodes: g.graph.nodes.len(),
+                ir_instructions: ir_sizes[gi],
+                cache_hit: ir_sizes[gi] == 0,
+            });
+            rows += n * r;
+            nnz += n * r * p;
+            cost_first += n;
+        }
+
+        // The transpose: entries sorted by column (stable, so rows ascend within a column).
+        let mut t_row_offsets = vec![0u32; cols + 1];
+        for &c in &col_indices {
+            t_row_offsets[c as usize + 1] += 1;
+        }
+        for c in 0..cols {
+            t_row_offsets[c + 1] += t_row_offsets[c];
+        }
+        let mut next = t_row_offsets.clone();
+        let mut perm = vec![0u32; nnz];
+        let mut t_cols = vec![0u32; nnz];
+        for row in 0..rows {
+            for k in row_offsets[row]..row_offsets[row + 1] {
+                let c = col_indices[k as usize] as usize;
+                let at = next[c] as usize;
+                next[c] += 1;
+                perm[at] = k;
+                t_cols[at] = row as u32;
+            }
+        }
+        let compiled = Self {
+            backend: backend.clone(),
+            kernels: group_kernels,
+            rows,
+            cols,
+            nnz,
+            blocks: cost_first,
+            row_offsets: backend.upload(&row_offsets)?,
+            col_indices: backend.upload(&col_indices)?,
+            t_row_offsets: backend.upload(&t_row_offsets)?,
+            t_col_indices: backend.upload(&t_cols)?,
+            transpose_perm: backend.upload(&perm)?,
+            host_row_offsets: row_offsets,
+            host_col_indices: col_indices,
+            report,
+        };
+        let mut compiled = compiled;
+        compiled.report.structure_seconds =
+            started.elapsed().as_secs_f64() - compiled.report.upload_seconds;
+        Ok(compiled)
+    }
+
+    /// Buffers for one evaluation's outputs.
+    pub fn alloc_evaluation(&self) -> Result<Evaluation<B>, Error> {
+        let b = &self.backend;
+        Ok(Evaluation {
+            residuals: b.alloc(DType::F32, self.rows.max(1))?,
+            jacobian: b.alloc(DType::F32, self.nnz.max(1))?,
+            cost: b.alloc(DType::F32, self.blocks.max(1))?,
+            total: b.alloc(DType::F32, 1)?,
+        })
+    }
+
+    /// Evaluates residuals, Jacobian and cost at `params` (`f32`, one per problem parameter)
+    /// into `out`. Enqueued: nothing is read back.
+    pub fn evaluate(&self, params: &B::Buffer, out: &Evaluation<B>) -> Result<(), Error> {
+        for k in &self.kernels {
+            self.backend.launch(
+                &k.kernel,
+                &[
+                    params,
+                    &k.param_index,
+                    &k.constants,
+                    &k.offsets,
+                    &out.residuals,
+                    &out.jacobian,
+                    &out.cost,
+                ],
+                k.instances,
+            )?;
+        }
+        let all = Layout::contiguous(&[self.blocks]);
+        let one = Layout::contiguous(&[1]);
+        self.backend.reduce(
+            ReduceOp::Sum,
+            View::new(&out.cost, &all),
+            &[0],
+            View::new(&out.total, &one),
+        )?;
+        Ok(())
+    }
+}
+
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .take(40)
+        .collect()
+}

@@ -1,0 +1,364 @@
+//! A least-squares problem: parameters, and residual blocks grouped by topology as they are
+//! traced.
+
+use crate::Error;
+use crate::graph::{Fnv, Graph};
+use crate::trace::{Node, Tape, Var};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+/// A robust loss `rho(s)` applied to a residual block's squared norm `s = |f|^2`; the block
+/// contributes `rho(s) / 2` to the cost.
+///
+/// The solver uses the first-order correction: the block's residuals and Jacobian rows are
+/// scaled by `sqrt(rho'(s))`, which makes each Gauss-Newton step an iteratively reweighted
+/// least-squares step (Ceres adds a second-order term where `rho'' < 0`; we do not).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Loss {
+    /// `rho(s) = s`.
+    Trivial,
+    /// `rho(s) = s` for `s <= delta^2`, else `2 delta sqrt(s) - delta^2`.
+    Huber(f64),
+    /// `rho(s) = delta^2 ln(1 + s / delta^2)`.
+    Cauchy(f64),
+}
+
+impl Loss {
+    fn key(self) -> (u8, u64) {
+        match self {
+            Loss::Trivial => (0, 0),
+            Loss::Huber(d) => (1, d.to_bits()),
+            Loss::Cauchy(d) => (2, d.to_bits()),
+        }
+    }
+
+    /// `rho(s)` in `f64`.
+    pub fn rho(self, s: f64) -> f64 {
+        match self {
+            Loss::Trivial => s,
+            Loss::Huber(d) if s <= d * d => s,
+            Loss::Huber(d) => 2.0 * d * s.sqrt() - d * d,
+            Loss::Cauchy(d) => d * d * (s / (d * d)).ln_1p(),
+        }
+    }
+
+    /// `sqrt(rho'(s))`: the scale of the block's residuals and Jacobian rows.
+    pub fn scale(self, s: f64) -> f64 {
+        match self {
+            Loss::Trivial => 1.0,
+            Loss::Huber(d) if s <= d * d => 1.0,
+            Loss::Huber(d) => (d / s.sqrt()).sqrt(),
+            Loss::Cauchy(d) => (1.0 / (1.0 + s / (d * d))).sqrt(),
+        }
+    }
+}
+
+/// All instances of one residual shape (one topology signature and one loss): they share one
+/// compiled kernel.
+#[derive(Clone, Debug)]
+pub struct ResidualGroup {
+    /// The name of the first block added with this shape.
+    pub name: String,
+    pub graph: Graph,
+    pub signature: u64,
+    pub loss: Loss,
+    /// `[instance * P + k]`: the problem parameter in slot `k`.
+    pub param_index: Vec<u32>,
+    /// `[instance * C + k]`.
+    pub constants: Vec<f32>,
+    /// The problem-wide residual block id of each instance.
+    pub block_ids: Vec<u32>,
+}
+
+impl ResidualGroup {
+    pub fn len(&self) -> usize {
+        self.block_ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.block_ids.is_empty()
+    }
+    /// Scalar parameters per instance.
+    pub fn params_per_instance(&self) -> usize {
+        self.graph.n_params as usize
+    }
+    /// Residuals per instance.
+    pub fn residuals_per_instance(&self) -> usize {
+        self.graph.outputs.len()
+    }
+}
+
+/// A nonlinear least-squares problem: minimise `sum over blocks of rho_b(|f_b(x)|^2) / 2`.
+///
+/// ```
+/// use residual_compile::{Problem, Loss};
+/// let mut p = Problem::new();
+/// let x = p.add_parameters(&[3.0, -1.0]);
+/// // (x0 - 1)^2 + 10 (x1 - x0^2)^2 ... as two residuals of one block
+/// p.add_residual("rosenbrock", &[x, x + 1], &[], Loss::Trivial, |v, _| {
+///     vec![1.0 - v[0], 10.0 * (v[1] - v[0] * v[0])]
+/// }).unwrap();
+/// assert_eq!(p.groups().len(), 1);
+/// ```
+#[derive(Default)]
+pub struct Problem {
+    params: Vec<f64>,
+    fixed: Vec<bool>,
+    groups: Vec<ResidualGroup>,
+    lookup: HashMap<(u64, (u8, u64)), Vec<usize>>,
+    names: Vec<String>,
+    name_ids: HashMap<String, u32>,
+    /// Per residual block: (group, instance within the group, name id).
+    blocks: Vec<(u32, u32, u32)>,
+    tape: Tape,
+    rows: usize,
+    /// The group of the last block added.
+    last_group: Option<usize>,
+}
+
+impl Problem {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends parameters with their initial values; returns the index of the first.
+    pub fn add_parameters(&mut self, values: &[f64]) -> usize {
+        let first = self.params.len();
+        self.params.extend_from_slice(values);
+        self.fixed.resize(self.params.len(), false);
+        first
+    }
+
+    /// Holds parameter `index` at its current value during solves.
+    pub fn set_fixed(&mut self, index: usize, fixed: bool) -> Result<(), Error> {
+        let n = self.params.len();
+        *self.fixed.get_mut(index).ok_or_else(|| {
+            Error::InvalidProblem(format!(
+                "set_fixed: parameter {index} does not exist (the problem has {n})"
+            ))
+        })? = fixed;
+        Ok(())
+    }
+
+    pub fn is_fixed(&self, index: usize) -> bool {
+        self.fixed.get(index).copied().unwrap_or(false)
+    }
+
+    pub fn parameters(&self) -> &[f64] {
+        &self.params
+    }
+
+    pub fn parameters_mut(&mut self) -> &mut [f64] {
+        &mut self.params
+    }
+
+    pub(crate) fn fixed_mask(&self) -> &[bool] {
+        &self.fixed
+    }
+
+    pub fn groups(&self) -> &[ResidualGroup] {
+        &self.groups
+    }
+
+    /// Residual blocks added.
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Scalar residuals (rows of the Jacobian).
+    pub fn num_residuals(&self) -> usize {
+        self.rows
+    }
+
+    /// The name and the instance number (its block id) of residual block `block`.
+    pub fn block_name(&self, block: usize) -> Option<&str> {
+        self.blocks
+            .get(block)
+            .map(|&(_, _, name)| self.names[name as usize].as_str())
+    }
+
+    /// Adds a residual block: `f(params, constants)` traced once on this instance's values'
+    /// slots. `params` are problem parameter indices (each at most once), `constants` this
+    /// instance's data. Blocks whose traced graphs are equal (same operations, wiring and
+    /// literals) and whose losses are equal share one compiled kernel. Returns the block id.
+    pub fn add_residual<F>(
+        &mut self,
+        name: &str,
+        params: &[usize],
+        constants: &[f64],
+        loss: Loss,
+        f: F,
+    ) -> Result<usize, Error>
+    where
+        F: for<'t> Fn(&[Var<'t>], &[Var<'t>]) -> Vec<Var<'t>>,
+    {
+        let block = self.blocks.len();
+        let bad = |detail: String| {
+            Error::InvalidProblem(format!("residual block '{name}' (block {block}): {detail}"))
+        };
+        if params.is_empty() {
+            return Err(bad("it has no parameters".into()));
+        }
+        for (k, &p) in params.iter().enumerate() {
+            if p >= self.params.len() {
+                return Err(bad(format!(
+                    "parameter index {p} is out of range (the problem has {} parameters)",
+                    self.params.len()
+                )));
+            }
+            if params[..k].contains(&p) {
+                return Err(bad(format!("parameter {p} appears twice")));
+            }
+        }
+        if let Some(c) = constants.iter().find(|c| !c.is_finite()) {
+            return Err(bad(format!("constant {c} is not finite")));
+        }
+        match loss {
+            Loss::Huber(d) | Loss::Cauchy(d) if !(d.is_finite() && d > 0.0) => {
+                return Err(bad(format!("loss scale {d} must be finite and positive")));
+            }
+            _ => {}
+        }
+
+        // Trace.
+        self.tape.clear();
+        let outputs: Vec<u32> = {
+            let tape = &self.tape;
+            let (np, nc) = (params.len(), constants.len());
+            for k in 0..np {
+                tape.push(Node::Param(k as u32));
+            }
+            for k in 0..nc {
+                tape.push(Node::Const(k as u32));
+            }
+            // The slot variables are nodes 0..np+nc; small blocks get them without a heap
+            // allocation (tracing runs once per instance).
+            const STACK: usize = 32;
+            if np + nc <= STACK {
+                let vars: [Var<'_>; STACK] = std::array::from_fn(|k| tape.var(k as u32));
+                f(&vars[..np], &vars[np..np + nc])
+                    .iter()
+                    .map(|v| v.id())
+                    .collect()
+            } else {
+                let vars: Vec<Var<'_>> = (0..np + nc).map(|k| tape.var(k as u32)).collect();
+                f(&vars[..np], &vars[np..]).iter().map(|v| v.id()).collect()
+            }
+        };
+        if outputs.is_empty() {
+            return Err(bad("the closure returned no residuals".into()));
+        }
+        let nodes = self.tape.nodes();
+        let (n_params, n_consts) = (params.len() as u32, constants.len() as u32);
+        let same_graph = |graph: &Graph| {
+            graph.n_params == n_params
+                && graph.n_consts == n_consts
+                && graph.outputs == outputs
+                && graph.nodes == *nodes
+        };
+        // Consecutive blocks usually share a shape: comparing with the last block's group is
+        // cheaper than hashing the graph.
+        let last = self
+            .last_group
+            .filter(|&g| self.groups[g].loss == loss && same_graph(&self.groups[g].graph));
+        let group = match last {
+            Some(g) => g,
+            None => {
+                // Hash exactly as `Graph::signature` does, without building a `Graph`.
+                let signature = {
+                    let mut h = Fnv::default();
+                    nodes.as_slice().hash(&mut h);
+                    outputs.as_slice().hash(&mut h);
+                    n_params.hash(&mut h);
+                    n_consts.hash(&mut h);
+                    h.finish()
+                };
+                let candidates = self.lookup.entry((signature, loss.key())).or_default();
+                match candidates
+                    .iter()
+                    .copied()
+                    .find(|&g| same_graph(&self.groups[g].graph))
+                {
+                    Some(g) => g,
+                    None => {
+                        self.groups.push(ResidualGroup {
+                            name: name.to_string(),
+                            graph: Graph {
+                                nodes: nodes.clone(),
+                                outputs: outputs.clone(),
+                                n_params,
+                                n_consts,
+                            },
+                            signature,
+                            loss,
+                            param_index: Vec::new(),
+                            constants: Vec::new(),
+                            block_ids: Vec::new(),
+                        });
+                        candidates.push(self.groups.len() - 1);
+                        self.groups.len() - 1
+                    }
+                }
+            }
+        };
+        self.last_group = Some(group);
+        drop(nodes);
+        let g = &mut self.groups[group];
+        let instance = g.block_ids.len() as u32;
+        g.param_index.extend(params.iter().map(|&p| p as u32));
+        g.constants.extend(constants.iter().map(|&c| c as f32));
+        g.block_ids.push(block as u32);
+        self.rows += outputs.len();
+        let last_name = self.blocks.last().map(|b| b.2);
+        let name_id = match last_name.filter(|&id| self.names[id as usize] == name) {
+            Some(id) => Some(id),
+            None => self.name_ids.get(name).copied(),
+        };
+        let name_id = match name_id {
+            Some(id) => id,
+            None => {
+                self.names.push(name.to_string());
+                let id = self.names.len() as u32 - 1;
+                self.name_ids.insert(name.to_string(), id);
+                id
+            }
+        };
+        self.blocks.push((group as u32, instance, name_id));
+        Ok(block)
+    }
+
+    /// The cost `sum rho(|f|^2) / 2` at `params`, in `f64` on the host (the reference).
+    pub fn cost_f64(&self, params: &[f64]) -> f64 {
+        let mut total = 0.0;
+        for g in &self.groups {
+            let (p, c) = (g.params_per_instance(), g.graph.n_consts as usize);
+            let mut x = vec![0.0; p];
+            for i in 0..g.len() {
+                for (k, slot) in x.iter_mut().enumerate() {
+                    *slot = params[g.param_index[i * p + k] as usize];
+                }
+                let consts: Vec<f64> = g.constants[i * c..(i + 1) * c]
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect();
+                let s: f64 = g.graph.eval(&x, &consts).iter().map(|r| r * r).sum();
+                total += 0.5 * g.loss.rho(s);
+            }
+        }
+        total
+    }
+
+    /// Which block and residual a Jacobian row belongs to, given rows laid out group by group.
+    pub(crate) fn locate_row(&self, row: usize) -> Option<(usize, usize)> {
+        let mut first = 0;
+        for g in &self.groups {
+            let r = g.residuals_per_instance();
+            let n = g.len() * r;
+            if row < first + n {
+                let local = row - first;
+                return Some((g.block_ids[local / r] as usize, local % r));
+            }
+            first += n;
+        }
+        None
+    }
+}
