@@ -4,6 +4,19 @@
 // sums in order): integer atomics only, no float atomics, no single hot address.
 #include "common.cuh"
 
+// Combines two partial results of reduction `op` (0 sum, 1 mean, 2 max, 3 min); a NaN wins
+// max and min.
+__device__ __forceinline__ float reduce_combine(int op, float a, float b) {
+    if (op <= 1) return a + b;
+    if (is_nan_f(a) || is_nan_f(b)) return nan_f();
+    return op == 2 ? fmaxf(a, b) : fminf(a, b);
+}
+
+// The starting value of reduction `op`: 0, or -inf for max and +inf for min.
+__device__ __forceinline__ float reduce_identity(int op) {
+    return op <= 1 ? 0.0f : (op == 2 ? -__int_as_float(0x7f800000) : __int_as_float(0x7f800000));
+}
+
 // `kept` walks the outputs (operand 0 out, 1 x); `red` walks the reduced elements (operand 0 x).
 template <int TPO>
 __device__ void reduce_impl(const Walk& kept, const Walk& red, void* out, int odt, const void* x, int xdt, int op) {
@@ -15,35 +28,20 @@ __device__ void reduce_impl(const Walk& kept, const Walk& red, void* out, int od
         bool live = g < kept.n;
         i64 o[2] = {0, 0};
         if (live) walk_offsets<2>(kept, g, o);
-        float acc = op <= 1 ? 0.0f : (op == 2 ? -__int_as_float(0x7f800000) : __int_as_float(0x7f800000));
-        bool nan = false;
+        float acc = reduce_identity(op);
         if (live) {
             for (i64 j = lane; j < red.n; j += TPO) {
                 i64 r[1];
                 walk_offsets<1>(red, j, r);
-                float v = load_f(x, xdt, o[1] + r[0]);
-                if (op <= 1) acc += v;
-                else if (is_nan_f(v)) nan = true;
-                else acc = op == 2 ? fmaxf(acc, v) : fminf(acc, v);
+                acc = reduce_combine(op, acc, load_f(x, xdt, o[1] + r[0]));
             }
         }
-        if (nan) acc = nan_f();
-        for (int s = 16; s > 0; s >>= 1) {
-            float other = __shfl_xor_sync(0xffffffffu, acc, s);
-            if (op <= 1) acc += other;
-            else if (is_nan_f(acc) || is_nan_f(other)) acc = nan_f();
-            else acc = op == 2 ? fmaxf(acc, other) : fminf(acc, other);
-        }
+        for (int s = 16; s > 0; s >>= 1) acc = reduce_combine(op, acc, __shfl_xor_sync(0xffffffffu, acc, s));
         if (TPO > 32) {
             if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
             __syncthreads();
             if (threadIdx.x == 0) {
-                for (int k = 1; k < TPO / 32; ++k) {
-                    float other = part[k];
-                    if (op <= 1) acc += other;
-                    else if (is_nan_f(acc) || is_nan_f(other)) acc = nan_f();
-                    else acc = op == 2 ? fmaxf(acc, other) : fminf(acc, other);
-                }
+                for (int k = 1; k < TPO / 32; ++k) acc = reduce_combine(op, acc, part[k]);
             }
             __syncthreads();
         }
@@ -57,22 +55,15 @@ __device__ void reduce_impl(const Walk& kept, const Walk& red, void* out, int od
 // Pass 1 of a split reduction, for few outputs with long reductions: output g's reduced
 // elements fall into `chunks` consecutive ranges, one block each, whose results go to
 // partial[g * chunks + c] (f32). Mean partials are divided by the whole length here, so pass 2
-// (reduce_warp or reduce_block over the partials) sums them.
-__device__ __forceinline__ float reduce_combine(int op, float a, float b) {
-    if (op <= 1) return a + b;
-    if (is_nan_f(a) || is_nan_f(b)) return nan_f();
-    return op == 2 ? fmaxf(a, b) : fminf(a, b);
-}
-
+// (reduce_warp over the partials) sums them.
 extern "C" __global__ void reduce_partial(Walk kept, Walk red, float* partial, i64 chunks, const void* x, int xdt, int op) {
     __shared__ float part[32];
-    const float identity = op <= 1 ? 0.0f : (op == 2 ? -__int_as_float(0x7f800000) : __int_as_float(0x7f800000));
     for (i64 b = blockIdx.x; b < kept.n * chunks; b += gridDim.x) {
         i64 g = b / chunks, c = b % chunks;
         i64 o[2];
         walk_offsets<2>(kept, g, o);
         i64 lo = red.n * c / chunks, hi = red.n * (c + 1) / chunks;
-        float acc = identity;
+        float acc = reduce_identity(op);
         if (red.rank == 1) {
             // The common case (one reduced axis) without a division per element.
             const i64 st = red.st[0][0];

@@ -13,6 +13,7 @@
 //! - On a GPU backend, the same solves on the CPU backend of the same host at levels 3 to 5,
 //!   which locate the break-even size `auto` uses.
 
+use crate::median;
 use hal::{Backend, BackendExt, DeviceKind};
 use residual_compile::icosphere::Icosphere;
 use residual_compile::{CompiledProblem, KernelCache, Loss, Problem, SolveOptions, Vec3, solve};
@@ -27,11 +28,6 @@ pub struct NllsArgs {
     pub edges: Option<usize>,
     pub compile_level: u32,
     pub reps: usize,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 pub fn nlls<B: Backend>(b: &B, args: &NllsArgs) -> Result<(), String> {

@@ -16,18 +16,15 @@ pub struct KernelCache<B: Backend> {
     entries: Mutex<HashMap<CacheKey, CacheBucket<B>>>,
 }
 
-type CacheKey = (u64, u8, u64);
+/// A shape's signature and its loss.
+type CacheKey = (u64, (u8, u64));
 /// The shapes under one key (equal hashes of different graphs are told apart by comparison).
 type CacheBucket<B> = Vec<(crate::graph::Graph, <B as Backend>::Kernel)>;
 /// One compile thread's result: the group and its kernel with its IR size.
 type Compiled<K> = (usize, hal::Result<(K, usize)>);
 
 fn cache_key(signature: u64, loss: Loss) -> CacheKey {
-    match loss {
-        Loss::Trivial => (signature, 0, 0),
-        Loss::Huber(d) => (signature, 1, d.to_bits()),
-        Loss::Cauchy(d) => (signature, 2, d.to_bits()),
-    }
+    (signature, loss.key())
 }
 
 impl<B: Backend> Default for KernelCache<B> {
@@ -262,7 +259,7 @@ impl<B: Backend> CompiledProblem<B> {
                 t_cols[at] = row as u32;
             }
         }
-        let compiled = Self {
+        let mut compiled = Self {
             backend: backend.clone(),
             kernels: group_kernels,
             rows,
@@ -278,7 +275,6 @@ impl<B: Backend> CompiledProblem<B> {
             host_col_indices: col_indices,
             report,
         };
-        let mut compiled = compiled;
         compiled.report.structure_seconds =
             started.elapsed().as_secs_f64() - compiled.report.upload_seconds;
         Ok(compiled)

@@ -17,7 +17,7 @@ pub struct Graph {
 }
 
 /// FNV-1a, 64-bit: the same signature in every process.
-pub(crate) struct Fnv(pub u64);
+struct Fnv(u64);
 
 impl Default for Fnv {
     fn default() -> Self {
@@ -58,6 +58,17 @@ impl Hasher for Fnv {
         self.0 = (self.0 ^ v).wrapping_mul(0x0000_0100_0000_01b3);
         self.0 ^= self.0 >> 29;
     }
+}
+
+/// [`Graph::signature`] of the graph these parts would make, without building it (tracing
+/// computes it for every instance from the tape).
+pub fn signature_of(nodes: &[Node], outputs: &[u32], n_params: u32, n_consts: u32) -> u64 {
+    let mut h = Fnv::default();
+    nodes.hash(&mut h);
+    outputs.hash(&mut h);
+    n_params.hash(&mut h);
+    n_consts.hash(&mut h);
+    h.finish()
 }
 
 /// The value of one node given the values of the nodes before it.
@@ -116,9 +127,7 @@ impl Graph {
     /// outputs and the slot counts. Per-instance constants and parameter values are not part of
     /// it, so every instance of one residual shape has the same signature.
     pub fn signature(&self) -> u64 {
-        let mut h = Fnv::default();
-        self.hash(&mut h);
-        h.finish()
+        signature_of(&self.nodes, &self.outputs, self.n_params, self.n_consts)
     }
 
     /// Every node's value in `f64`.

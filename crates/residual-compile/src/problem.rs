@@ -2,10 +2,9 @@
 //! traced.
 
 use crate::Error;
-use crate::graph::{Fnv, Graph};
+use crate::graph::Graph;
 use crate::trace::{Node, Tape, Var};
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 
 /// A robust loss `rho(s)` applied to a residual block's squared norm `s = |f|^2`; the block
 /// contributes `rho(s) / 2` to the cost.
@@ -24,7 +23,8 @@ pub enum Loss {
 }
 
 impl Loss {
-    fn key(self) -> (u8, u64) {
+    /// The loss as plain bits: part of a residual shape's identity (lookup and kernel cache).
+    pub(crate) fn key(self) -> (u8, u64) {
         match self {
             Loss::Trivial => (0, 0),
             Loss::Huber(d) => (1, d.to_bits()),
@@ -263,15 +263,7 @@ impl Problem {
         let group = match last {
             Some(g) => g,
             None => {
-                // Hash exactly as `Graph::signature` does, without building a `Graph`.
-                let signature = {
-                    let mut h = Fnv::default();
-                    nodes.as_slice().hash(&mut h);
-                    outputs.as_slice().hash(&mut h);
-                    n_params.hash(&mut h);
-                    n_consts.hash(&mut h);
-                    h.finish()
-                };
+                let signature = crate::graph::signature_of(&nodes, &outputs, n_params, n_consts);
                 let candidates = self.lookup.entry((signature, loss.key())).or_default();
                 match candidates
                     .iter()

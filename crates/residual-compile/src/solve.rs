@@ -197,19 +197,85 @@ struct Step {
     cg_iterations: usize,
 }
 
+/// The current point and the candidate the last step proposes, with their evaluations and
+/// costs; accepting a step swaps the two (nothing is copied). `X` holds the parameters: host
+/// `f64` for the Cholesky engine, a device buffer for the conjugate-gradient one.
+struct Iterates<B: Backend, X> {
+    x: X,
+    x_candidate: X,
+    current: Evaluation<B>,
+    candidate: Evaluation<B>,
+    cost: f64,
+    candidate_cost: f64,
+    times: PhaseTimes,
+}
+
+impl<B: Backend, X> Iterates<B, X> {
+    fn new(compiled: &CompiledProblem<B>, x: X, x_candidate: X) -> Result<Self, Error> {
+        Ok(Self {
+            x,
+            x_candidate,
+            current: compiled.alloc_evaluation()?,
+            candidate: compiled.alloc_evaluation()?,
+            cost: 0.0,
+            candidate_cost: 0.0,
+            times: PhaseTimes::default(),
+        })
+    }
+}
+
 /// What the trust-region loop needs from a linear-algebra engine.
 trait Engine {
-    fn cost(&self) -> f64;
+    type B: Backend;
+    type Point;
+    fn state(&self) -> &Iterates<Self::B, Self::Point>;
+    fn state_mut(&mut self) -> &mut Iterates<Self::B, Self::Point>;
+    fn compiled(&self) -> &CompiledProblem<Self::B>;
+    /// Evaluates at `x_candidate` into the candidate buffers; the cost there.
+    fn evaluate_candidate(&mut self) -> Result<f64, Error>;
     /// Forms what the linear solves need at the current point; returns `max |J^T f|`.
     fn linearize(&mut self) -> Result<f64, Error>;
+    /// Solves for the step and sets `x_candidate = x + delta`.
     fn solve(&mut self, lambda: f64) -> Result<Step, Error>;
     /// Scales the last step (Gauss-Newton's halving).
     fn scale_step(&mut self, factor: f64) -> Result<(), Error>;
-    /// Evaluates at `x + delta`; the cost there (NaN when any residual is not finite).
-    fn try_step(&mut self) -> Result<f64, Error>;
-    /// Makes the last candidate the current point.
-    fn accept(&mut self);
     fn parameters(&self) -> Result<Vec<f64>, Error>;
+
+    fn cost(&self) -> f64 {
+        self.state().cost
+    }
+
+    /// Evaluates at `x + delta`; the cost there (NaN when any residual is not finite).
+    fn try_step(&mut self) -> Result<f64, Error> {
+        let t = Instant::now();
+        let cost = self.evaluate_candidate()?;
+        let s = self.state_mut();
+        s.times.evaluate += t.elapsed().as_secs_f64();
+        s.candidate_cost = if cost.is_finite() { cost } else { f64::NAN };
+        Ok(s.candidate_cost)
+    }
+
+    /// Makes the last candidate the current point.
+    fn accept(&mut self) {
+        let s = self.state_mut();
+        std::mem::swap(&mut s.current, &mut s.candidate);
+        std::mem::swap(&mut s.x, &mut s.x_candidate);
+        s.cost = s.candidate_cost;
+    }
+
+    /// Evaluates the starting point (a new engine's `x_candidate`) and makes it current; a
+    /// residual that is not finite there is an error naming its block.
+    fn start(&mut self, problem: &Problem) -> Result<(), Error> {
+        if self.try_step()?.is_nan() {
+            return Err(non_finite(
+                self.compiled(),
+                problem,
+                &self.state().candidate,
+            ));
+        }
+        self.accept();
+        Ok(())
+    }
 }
 
 /// Solves `problem` on `backend`, writing the solution into the problem's parameters.
@@ -253,16 +319,16 @@ pub fn solve<B: Backend>(
     let solution = match linear_solver {
         LinearSolver::SparseCholesky => {
             let mut engine = CholeskyEngine::new(compiled, problem)?;
-            engine.times.compile = compile_seconds;
+            engine.it.times.compile = compile_seconds;
             trust_region(&mut engine, options, &mut summary)?;
-            summary.times = engine.times.clone();
+            summary.times = engine.it.times.clone();
             engine.parameters()?
         }
         _ => {
             let mut engine = DeviceEngine::new(compiled, problem, options)?;
-            engine.times.compile = compile_seconds;
+            engine.it.times.compile = compile_seconds;
             trust_region(&mut engine, options, &mut summary)?;
-            summary.times = engine.times.clone();
+            summary.times = engine.it.times.clone();
             engine.parameters()?
         }
     };
@@ -419,12 +485,9 @@ use faer::{Conj, Par, Side};
 struct CholeskyEngine<B: Backend> {
     compiled: CompiledProblem<B>,
     params_buf: B::Buffer,
-    current: Evaluation<B>,
-    candidate: Evaluation<B>,
-    x: Vec<f64>,
-    x_candidate: Vec<f64>,
-    cost: f64,
-    candidate_cost: f64,
+    it: Iterates<B, Vec<f64>>,
+    /// The damped normal matrix's values, rewritten each solve.
+    damped: Vec<f64>,
     /// Problem parameter -> index among free parameters (`u32::MAX` when fixed).
     free_index: Vec<u32>,
     /// `J^T J` over the free parameters: lower triangle, CSC.
@@ -442,7 +505,6 @@ struct CholeskyEngine<B: Backend> {
     diagonal: Vec<f64>,
     delta: Vec<f64>,
     problem_groups: Vec<(usize, usize, usize)>,
-    times: PhaseTimes,
 }
 
 impl<B: Backend> CholeskyEngine<B> {
@@ -535,16 +597,10 @@ impl<B: Backend> CholeskyEngine<B> {
         let factor = vec![0.0; symbolic.len_val()];
         let backend = compiled.backend.clone();
         let params_buf = backend.alloc(DType::F32, x.len().max(1))?;
-        let current = compiled.alloc_evaluation()?;
-        let candidate = compiled.alloc_evaluation()?;
         let mut engine = Self {
             params_buf,
-            current,
-            candidate,
-            x_candidate: x.clone(),
-            x,
-            cost: 0.0,
-            candidate_cost: 0.0,
+            it: Iterates::new(&compiled, x.clone(), x)?,
+            damped: vec![0.0; nnz_normal],
             free_index,
             normal,
             symbolic,
@@ -557,44 +613,47 @@ impl<B: Backend> CholeskyEngine<B> {
             diagonal: vec![0.0; n],
             delta: vec![0.0; n],
             problem_groups,
-            times: PhaseTimes::default(),
             compiled,
         };
-        // The starting point: its evaluation must be finite.
-        let t = Instant::now();
-        let cost = engine.evaluate_at_candidate()?;
-        engine.times.evaluate += t.elapsed().as_secs_f64();
-        if !cost.is_finite() {
-            return Err(non_finite(&engine.compiled, problem, &engine.candidate));
-        }
-        engine.candidate_cost = cost;
-        engine.accept();
+        engine.start(problem)?;
         Ok(engine)
-    }
-
-    /// Evaluates at `x_candidate` into `candidate`; the cost summed in f64 on the host.
-    fn evaluate_at_candidate(&mut self) -> Result<f64, Error> {
-        let b = &self.compiled.backend;
-        let xs: Vec<f32> = self.x_candidate.iter().map(|&v| v as f32).collect();
-        if !xs.is_empty() {
-            b.write(&self.params_buf, &xs)?;
-        }
-        self.compiled.evaluate(&self.params_buf, &self.candidate)?;
-        let costs = b.read::<f32>(&self.candidate.cost)?;
-        Ok(costs.iter().map(|&c| c as f64).sum())
     }
 }
 
 impl<B: Backend> Engine for CholeskyEngine<B> {
-    fn cost(&self) -> f64 {
-        self.cost
+    type B = B;
+    type Point = Vec<f64>;
+
+    fn state(&self) -> &Iterates<B, Vec<f64>> {
+        &self.it
+    }
+
+    fn state_mut(&mut self) -> &mut Iterates<B, Vec<f64>> {
+        &mut self.it
+    }
+
+    fn compiled(&self) -> &CompiledProblem<B> {
+        &self.compiled
+    }
+
+    /// The cost summed in f64 on the host from the per-block costs.
+    fn evaluate_candidate(&mut self) -> Result<f64, Error> {
+        let b = &self.compiled.backend;
+        let xs: Vec<f32> = self.it.x_candidate.iter().map(|&v| v as f32).collect();
+        if !xs.is_empty() {
+            b.write(&self.params_buf, &xs)?;
+        }
+        self.compiled
+            .evaluate(&self.params_buf, &self.it.candidate)?;
+        let costs = b.read::<f32>(&self.it.candidate.cost)?;
+        Ok(costs.iter().map(|&c| c as f64).sum())
     }
 
     fn linearize(&mut self) -> Result<f64, Error> {
         let t = Instant::now();
         let b = &self.compiled.backend;
-        let residuals = b.read::<f32>(&self.current.residuals)?;
-        let jacobian = b.read::<f32>(&self.current.jacobian)?;
+        let residuals = b.read::<f32>(&self.it.current.residuals)?;
+        let jacobian = b.read::<f32>(&self.it.current.jacobian)?;
         self.normal_values.iter_mut().for_each(|v| *v = 0.0);
         self.gradient.iter_mut().for_each(|v| *v = 0.0);
         let cols = &self.compiled.host_col_indices;
@@ -644,18 +703,18 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
         for (d, &start) in self.diagonal.iter_mut().zip(col_ptr) {
             *d = self.normal_values[start as usize].clamp(1e-6, 1e32);
         }
-        self.times.linearize += t.elapsed().as_secs_f64();
+        self.it.times.linearize += t.elapsed().as_secs_f64();
         Ok(self.gradient.iter().fold(0.0, |m, g| m.max(g.abs())))
     }
 
     fn solve(&mut self, lambda: f64) -> Result<Step, Error> {
         let t = Instant::now();
-        let mut values = self.normal_values.clone();
+        self.damped.copy_from_slice(&self.normal_values);
         let col_ptr = self.normal.col_ptr();
         for (&start, &d) in col_ptr.iter().zip(&self.diagonal) {
-            values[start as usize] += lambda * d;
+            self.damped[start as usize] += lambda * d;
         }
-        let matrix = SparseColMatRef::new(self.normal.as_ref(), &values);
+        let matrix = SparseColMatRef::new(self.normal.as_ref(), &self.damped);
         let llt = self
             .symbolic
             .factorize_numeric_llt::<f64>(
@@ -691,17 +750,17 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
             .zip(&self.delta)
             .map(|(g, d)| g * d)
             .sum();
-        self.x_candidate.copy_from_slice(&self.x);
+        self.it.x_candidate.copy_from_slice(&self.it.x);
         for (i, &fi) in self.free_index.iter().enumerate() {
             if fi != u32::MAX {
-                self.x_candidate[i] += self.delta[fi as usize];
+                self.it.x_candidate[i] += self.delta[fi as usize];
             }
         }
-        self.times.linear_solve += t.elapsed().as_secs_f64();
+        self.it.times.linear_solve += t.elapsed().as_secs_f64();
         Ok(Step {
             model_reduction: -g_dot - 0.5 * jtj_quad,
             step_norm: norm(&self.delta),
-            x_norm: norm(&self.x),
+            x_norm: norm(&self.it.x),
             cg_iterations: 0,
         })
     }
@@ -710,28 +769,14 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
         self.delta.iter_mut().for_each(|d| *d *= factor);
         for (i, &fi) in self.free_index.iter().enumerate() {
             if fi != u32::MAX {
-                self.x_candidate[i] = self.x[i] + self.delta[fi as usize];
+                self.it.x_candidate[i] = self.it.x[i] + self.delta[fi as usize];
             }
         }
         Ok(())
     }
 
-    fn try_step(&mut self) -> Result<f64, Error> {
-        let t = Instant::now();
-        let cost = self.evaluate_at_candidate()?;
-        self.times.evaluate += t.elapsed().as_secs_f64();
-        self.candidate_cost = if cost.is_finite() { cost } else { f64::NAN };
-        Ok(self.candidate_cost)
-    }
-
-    fn accept(&mut self) {
-        std::mem::swap(&mut self.current, &mut self.candidate);
-        std::mem::swap(&mut self.x, &mut self.x_candidate);
-        self.cost = self.candidate_cost;
-    }
-
     fn parameters(&self) -> Result<Vec<f64>, Error> {
-        Ok(self.x.clone())
+        Ok(self.it.x.clone())
     }
 }
 
@@ -927,12 +972,7 @@ struct DeviceEngine<B: Backend> {
     compiled: CompiledProblem<B>,
     kernels: CgKernels<B>,
     options: SolveOptions,
-    x: B::Buffer,
-    x_candidate: B::Buffer,
-    current: Evaluation<B>,
-    candidate: Evaluation<B>,
-    cost: f64,
-    candidate_cost: f64,
+    it: Iterates<B, B::Buffer>,
     jt_values: B::Buffer,
     jt_squared: B::Buffer,
     ones: B::Buffer,
@@ -949,7 +989,6 @@ struct DeviceEngine<B: Backend> {
     minv: B::Buffer,
     parts: B::Buffer,
     scalars: B::Buffer,
-    times: PhaseTimes,
 }
 
 impl<B: Backend> DeviceEngine<B> {
@@ -976,17 +1015,14 @@ impl<B: Backend> DeviceEngine<B> {
             .iter()
             .map(|&f| if f { 0.0 } else { 1.0 })
             .collect();
+        // The start goes in as the candidate: `start` evaluates it and makes it current.
+        let start = if x.is_empty() {
+            vec_n()?
+        } else {
+            b.upload(&x)?
+        };
         let mut engine = Self {
-            x: if x.is_empty() {
-                vec_n()?
-            } else {
-                b.upload(&x)?
-            },
-            x_candidate: vec_n()?,
-            current: compiled.alloc_evaluation()?,
-            candidate: compiled.alloc_evaluation()?,
-            cost: 0.0,
-            candidate_cost: 0.0,
+            it: Iterates::new(&compiled, vec_n()?, start)?,
             jt_values: b.alloc(DType::F32, nnz.max(1))?,
             jt_squared: b.alloc(DType::F32, nnz.max(1))?,
             ones: {
@@ -1011,29 +1047,12 @@ impl<B: Backend> DeviceEngine<B> {
             minv: vec_n()?,
             parts: b.alloc(DType::F32, n.max(rows))?,
             scalars: b.alloc(DType::F32, slot::LEN)?,
-            times: PhaseTimes::default(),
             options: options.clone(),
             kernels,
             compiled,
         };
-        let t = Instant::now();
-        std::mem::swap(&mut engine.x, &mut engine.x_candidate);
-        let cost = engine.evaluate_candidate()?;
-        std::mem::swap(&mut engine.x, &mut engine.x_candidate);
-        engine.times.evaluate += t.elapsed().as_secs_f64();
-        if !cost.is_finite() {
-            return Err(non_finite(&engine.compiled, problem, &engine.candidate));
-        }
-        engine.candidate_cost = cost;
-        std::mem::swap(&mut engine.current, &mut engine.candidate);
-        engine.cost = cost;
+        engine.start(problem)?;
         Ok(engine)
-    }
-
-    fn evaluate_candidate(&mut self) -> Result<f64, Error> {
-        self.compiled.evaluate(&self.x_candidate, &self.candidate)?;
-        let total = self.compiled.backend.read::<f32>(&self.candidate.total)?[0] as f64;
-        Ok(total)
     }
 
     fn csr<'a>(&'a self, values: &'a B::Buffer) -> Csr<'a, B::Buffer> {
@@ -1083,8 +1102,29 @@ impl<B: Backend> DeviceEngine<B> {
 }
 
 impl<B: Backend> Engine for DeviceEngine<B> {
-    fn cost(&self) -> f64 {
-        self.cost
+    type B = B;
+    type Point = B::Buffer;
+
+    fn state(&self) -> &Iterates<B, B::Buffer> {
+        &self.it
+    }
+
+    fn state_mut(&mut self) -> &mut Iterates<B, B::Buffer> {
+        &mut self.it
+    }
+
+    fn compiled(&self) -> &CompiledProblem<B> {
+        &self.compiled
+    }
+
+    /// The cost summed on the device; one scalar read.
+    fn evaluate_candidate(&mut self) -> Result<f64, Error> {
+        self.compiled
+            .evaluate(&self.it.x_candidate, &self.it.candidate)?;
+        Ok(self
+            .compiled
+            .backend
+            .read::<f32>(&self.it.candidate.total)?[0] as f64)
     }
 
     fn linearize(&mut self) -> Result<f64, Error> {
@@ -1094,7 +1134,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         let ln = Layout::contiguous(&[nnz]);
         let lp = Layout::contiguous(&[self.compiled.nnz]);
         be.gather(
-            View::new(&self.current.jacobian, &ln),
+            View::new(&self.it.current.jacobian, &ln),
             0,
             View::new(&self.compiled.transpose_perm, &lp),
             View::new(&self.jt_values, &ln),
@@ -1106,7 +1146,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         )?;
         be.spmv_csr(
             self.csr_t(&self.jt_values),
-            &self.current.residuals,
+            &self.it.current.residuals,
             &self.gradient,
             1.0,
             0.0,
@@ -1139,7 +1179,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             View::new(&self.scalars, &out),
         )?;
         let s = be.read::<f32>(&self.scalars)?;
-        self.times.linearize += t.elapsed().as_secs_f64();
+        self.it.times.linearize += t.elapsed().as_secs_f64();
         Ok(s[slot::GMAX as usize] as f64)
     }
 
@@ -1173,7 +1213,13 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         let mut iterations = 0;
         if rz0 > 0.0 {
             while iterations < self.options.max_cg_iterations {
-                be.spmv_csr(self.csr(&self.current.jacobian), &self.p, &self.t, 1.0, 0.0)?;
+                be.spmv_csr(
+                    self.csr(&self.it.current.jacobian),
+                    &self.p,
+                    &self.t,
+                    1.0,
+                    0.0,
+                )?;
                 be.spmv_csr(self.csr_t(&self.jt_values), &self.t, &self.q, 1.0, 0.0)?;
                 be.launch(
                     &k.q,
@@ -1210,7 +1256,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         }
         // The model reduction -g.delta - |J delta|^2 / 2, and the norms, from one read.
         be.spmv_csr(
-            self.csr(&self.current.jacobian),
+            self.csr(&self.it.current.jacobian),
             &self.delta,
             &self.t,
             1.0,
@@ -1219,16 +1265,16 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         self.dot_into(&self.t, &self.t, rows, slot::JD2)?;
         self.dot_into(&self.gradient, &self.delta, n, slot::GD)?;
         self.dot_into(&self.delta, &self.delta, n, slot::PQ)?;
-        self.dot_into(&self.x, &self.x, n, slot::ALPHA)?;
+        self.dot_into(&self.it.x, &self.it.x, n, slot::ALPHA)?;
         let l = Layout::contiguous(&[n]);
         be.binary(
             BinaryOp::Add,
-            View::new(&self.x, &l),
+            View::new(&self.it.x, &l),
             View::new(&self.delta, &l),
-            View::new(&self.x_candidate, &l),
+            View::new(&self.it.x_candidate, &l),
         )?;
         let s = be.read::<f32>(&self.scalars)?;
-        self.times.linear_solve += t.elapsed().as_secs_f64();
+        self.it.times.linear_solve += t.elapsed().as_secs_f64();
         let (jd2, gd) = (s[slot::JD2 as usize] as f64, s[slot::GD as usize] as f64);
         Ok(Step {
             model_reduction: -gd - 0.5 * jd2,
@@ -1251,29 +1297,15 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         )?;
         be.binary(
             BinaryOp::Add,
-            View::new(&self.x, &l),
+            View::new(&self.it.x, &l),
             View::new(&self.delta, &l),
-            View::new(&self.x_candidate, &l),
+            View::new(&self.it.x_candidate, &l),
         )?;
         Ok(())
     }
 
-    fn try_step(&mut self) -> Result<f64, Error> {
-        let t = Instant::now();
-        let cost = self.evaluate_candidate()?;
-        self.times.evaluate += t.elapsed().as_secs_f64();
-        self.candidate_cost = if cost.is_finite() { cost } else { f64::NAN };
-        Ok(self.candidate_cost)
-    }
-
-    fn accept(&mut self) {
-        std::mem::swap(&mut self.current, &mut self.candidate);
-        std::mem::swap(&mut self.x, &mut self.x_candidate);
-        self.cost = self.candidate_cost;
-    }
-
     fn parameters(&self) -> Result<Vec<f64>, Error> {
-        let x = self.compiled.backend.read::<f32>(&self.x)?;
+        let x = self.compiled.backend.read::<f32>(&self.it.x)?;
         Ok(x.iter()
             .take(self.compiled.cols)
             .map(|&v| v as f64)

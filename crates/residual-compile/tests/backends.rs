@@ -3,7 +3,10 @@
 //! it runs on lavapipe; the test fails, not skips, without a Vulkan driver); CUDA runs with
 //! `--ignored` on a GPU host.
 
+mod common;
+
 use backend_cpu::CpuBackend;
+use common::seed;
 use hal::{Backend, BackendExt};
 use residual_compile::icosphere::{Icosphere, SplitMix64};
 use residual_compile::{
@@ -14,18 +17,6 @@ use residual_compile::{
 /// an absolute floor of `1e-5` times the buffer's largest magnitude (entries that cancel to
 /// near zero carry the rounding of their larger terms).
 const RELATIVE: f64 = 1e-5;
-
-fn seed() -> u64 {
-    std::env::var("RC_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        })
-}
 
 fn everything(p: &mut Problem, rng: &mut SplitMix64, n: usize) {
     let first = p.add_parameters(
@@ -78,7 +69,6 @@ fn compare(label: &str, got: &[f32], want: &[f32]) -> f64 {
 
 fn parity_on<B: Backend>(gpu: &B) {
     let s = seed();
-    println!("seed {s} (replay with RC_SEED={s})");
     let mut rng = SplitMix64(s);
     let mesh = Icosphere::new(3).unwrap();
     let start = mesh.perturbed(0.05, s);

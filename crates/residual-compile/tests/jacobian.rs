@@ -1,25 +1,13 @@
 //! Every operation's derivative against central finite differences in `f64`, and the compiled
 //! kernels (CPU backend, `f32`) against the `f64` reference, on fresh random inputs.
 
+mod common;
+
 use backend_cpu::CpuBackend;
+use common::seed;
 use hal::BackendExt;
 use residual_compile::icosphere::SplitMix64;
 use residual_compile::{CompiledProblem, KernelCache, Loss, Problem, Var, Vec2, Vec3};
-
-/// A fresh seed per run, printed so a failure can be replayed with `RC_SEED`.
-fn seed() -> u64 {
-    let s = std::env::var("RC_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    println!("seed {s} (replay with RC_SEED={s})");
-    s
-}
 
 type Residual = for<'t> fn(&[Var<'t>], &[Var<'t>]) -> Vec<Var<'t>>;
 
