@@ -7,8 +7,9 @@
 //!   with peers measured in the same run where they can run.
 //!
 //! - `demo [parity args]`: the README's main job: the parity suite (default `--require cpu`),
-//!   then a brief run of each workload's example on the best backend present (today the
-//!   `icosphere` solve of `residual-compile` at level 3), printing its headline figures.
+//!   then a brief run of each workload's example on the best backend present (the `icosphere`
+//!   solve of `residual-compile` at level 3, and `tensor-autograd`'s `digits` training),
+//!   printing their headline figures.
 //! - `ptx [--check]`: compiles `cuda/*.cu` with nvcc to the committed PTX of `backend-cuda`,
 //!   stamped with its sources' hash; `--check` (CI, no nvcc) fails on a stale or missing file.
 //! - `wgsl`: parses and validates with naga every kernel file in `shaders/` (composed with its
@@ -85,7 +86,28 @@ fn demo(parity_args: &[String]) -> ExitCode {
         ]
         .map(String::from),
     );
-    if parity == ExitCode::SUCCESS && icosphere == ExitCode::SUCCESS {
+    println!(
+        "\nxtask demo: tensor-autograd: an MLP and a CNN trained on the UCI digits (80/20 split)"
+    );
+    let digits = run_release(
+        "tensor-autograd",
+        "--example",
+        "digits",
+        &[
+            "--backend",
+            "auto",
+            "--quiet",
+            "--require-mlp",
+            "97",
+            "--require-cnn",
+            "98",
+        ]
+        .map(String::from),
+    );
+    if [parity, icosphere, digits]
+        .iter()
+        .all(|c| *c == ExitCode::SUCCESS)
+    {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

@@ -2,7 +2,7 @@
 //! machine, the peer in the same run, and prints medians with ratios.
 //!
 //! ```text
-//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls] [--reps N] [--gemm-size N]
+//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train] [--reps N] [--gemm-size N]
 //!       [--levels 4,5] [--edges N] [--compile-level L]
 //!       [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]
 //!       [--wgpu-without immediates,f16,subgroups]
@@ -28,8 +28,10 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 mod nlls;
+mod train;
 
-const SUITES: [&str; 7] = [
+const SUITES: [&str; 8] = [
+    "train",
     "gemm",
     "elementwise",
     "nearest",
@@ -51,6 +53,7 @@ struct Args {
     /// Optional wgpu features turned off.
     wgpu_options: backend_wgpu::WgpuOptions,
     nlls: nlls::NllsArgs,
+    train: train::TrainArgs,
 }
 
 fn parse() -> Result<Args, String> {
@@ -69,6 +72,10 @@ fn parse() -> Result<Args, String> {
             edges: None,
             compile_level: 7,
             reps: 9,
+        },
+        train: train::TrainArgs {
+            reps: 9,
+            memory_steps: 10_000,
         },
     };
     let mut it = std::env::args().skip(1);
@@ -95,6 +102,7 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--edges" => a.nlls.edges = Some(num(value()?)?),
+            "--memory-steps" => a.train.memory_steps = num(value()?)?.max(100),
             "--compile-level" => a.nlls.compile_level = num(value()?)? as u32,
             "--wgpu-fallbacks" => a.wgpu_options = backend_wgpu::WgpuOptions::fallbacks(),
             "--wgpu-without" => {
@@ -107,7 +115,7 @@ fn parse() -> Result<Args, String> {
                     }
                 }
             }
-            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--levels 4,5] [--edges N] [--compile-level L] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups]".into()),
+            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--levels 4,5] [--edges N] [--compile-level L] [--memory-steps N] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -256,6 +264,16 @@ fn run<B: Backend>(b: &B, args: &Args, hooks: Hooks<'_, B>) -> ExitCode {
                 };
                 nlls::nlls(b, &n).map_err(|e| hal::Error::Backend {
                     backend: "nlls",
+                    detail: e,
+                })
+            }
+            "train" => {
+                let t = train::TrainArgs {
+                    reps: args.reps,
+                    ..args.train.clone()
+                };
+                train::train(b, &t, hooks.memory).map_err(|e| hal::Error::Backend {
+                    backend: "train",
                     detail: e,
                 })
             }

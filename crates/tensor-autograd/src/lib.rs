@@ -1,5 +1,51 @@
-//! # tensor-autograd (not implemented yet)
+//! # tensor-autograd: a PyTorch-like tensor library over any `hal` backend
 //!
-//! This crate will be a PyTorch-like tensor library over any [`hal::Backend`]: strided tensors,
-//! define-by-run autograd, nn layers, optimisers and data loading. It holds no code yet; the
-//! work is tracked by the project's tensor-autograd issue.
+//! Strided tensors whose data stays on the device, define-by-run reverse-mode autograd, the
+//! layers and losses of a small `nn`, fused optimisers and a background-thread data loader. The
+//! crate depends on `hal` only: the same model code trains on the CPU, wgpu or CUDA backend,
+//! whichever the binary picks at run time.
+//!
+//! Where things live:
+//! - [`Tensor`] (`tensor.rs`): a buffer, a [`hal::Layout`] and, for results of differentiable
+//!   operations, the node that made it. Constructors, host transfer (`to_vec`, `item`), dtype
+//!   casts and device moves.
+//! - `autograd.rs`: the tape-free graph (each tensor holds its node), [`Tensor::backward`],
+//!   [`no_grad`].
+//! - `ops/`: every operation and its backward: `elementwise.rs` (arithmetic, math functions,
+//!   comparisons, `where`), `reduce.rs` (sum, mean, max, var, softmax, ...), `movement.rs`
+//!   (views: reshape, permute, expand, narrow, flip, step; copies: pad, cat, stack),
+//!   `linalg.rs` (batched matmul, conv2d by im2col, pooling), `index.rs` (gather,
+//!   index_select, embedding), `loss.rs`, `random.rs` (dropout).
+//! - [`nn`]: the [`nn::Module`] trait and layers; safetensors save/load.
+//! - [`optim`]: SGD, Adam, AdamW on the backends' fused step kernels; schedules; clipping.
+//! - [`data`]: datasets and a [`data::DataLoader`] that prepares the next batch on a thread.
+//! - [`models`]: the reference MLP and LeNet-style CNN, the training loop the examples and the
+//!   bench share, and the digits / synthetic MNIST-shaped datasets.
+//!
+//! ```
+//! use backend_cpu::CpuBackend;
+//! use tensor_autograd::Tensor;
+//! let dev = CpuBackend::new();
+//! let x = Tensor::from_slice(&dev, &[1.0, 2.0, 3.0], &[3]).unwrap().requires_grad();
+//! let y = x.mul(&x).unwrap().sum_all().unwrap();   // y = sum x^2
+//! y.backward().unwrap();
+//! assert_eq!(x.grad().unwrap().to_vec().unwrap(), vec![2.0, 4.0, 6.0]);
+//! ```
+//!
+//! Invariants: movement operations launch nothing (they make views); nothing is read back to
+//! the host unless asked (`to_vec`, `item`, a loss printed by the caller); backward runs on the
+//! device the forward ran on, with the backends' race-free reductions and scatter-adds.
+
+mod autograd;
+pub mod data;
+mod error;
+pub mod models;
+pub mod nn;
+mod ops;
+pub mod optim;
+mod tensor;
+
+pub use autograd::{is_grad_enabled, no_grad};
+pub use error::{Error, Result};
+pub use ops::Conv2dOptions;
+pub use tensor::Tensor;

@@ -1,0 +1,158 @@
+//! `--suite train`: full training steps (forward, cross-entropy, backward, Adam) of the
+//! tensor-autograd models, against PyTorch running the same models in the same run where it is
+//! installed; and device memory over 10,000 steps.
+
+use hal::Backend;
+use std::process::Command;
+use std::time::Instant;
+use tensor_autograd::models::{lenet, mlp, train_step};
+use tensor_autograd::nn::{Init, ModuleExt, Sequential};
+use tensor_autograd::optim::Adam;
+use tensor_autograd::{Tensor, no_grad};
+
+const PEER: &str = include_str!("../peers/train_torch.py");
+const BATCH: usize = 256;
+
+#[derive(Clone, Debug)]
+pub struct TrainArgs {
+    pub reps: usize,
+    /// Steps of the memory check (it reports after 100 and after this many).
+    pub memory_steps: usize,
+}
+
+fn build<B: Backend>(b: &B, which: &str) -> tensor_autograd::Result<Sequential<B>> {
+    let mut init = Init::new(b, 1);
+    if which == "mlp" {
+        mlp(&mut init, &[784, 512, 512, 10])
+    } else {
+        lenet(&mut init, 1, 28, (32, 64), 128, 10)
+    }
+}
+
+/// Fresh random batches on the device, drawn before timing.
+fn batches<B: Backend>(
+    b: &B,
+    count: usize,
+) -> tensor_autograd::Result<Vec<(Tensor<B>, Tensor<B>)>> {
+    (0..count)
+        .map(|i| {
+            let x = Tensor::randn(b, &[BATCH, 1, 28, 28], 100 + i as u64)?;
+            let y = Tensor::rand(b, &[BATCH], 900 + i as u64)?
+                .mul_scalar(10.0)?
+                .floor()?
+                .to_dtype(hal::DType::U32)?;
+            Ok((x, y))
+        })
+        .collect()
+}
+
+pub fn train<B: Backend>(
+    b: &B,
+    args: &TrainArgs,
+    memory: Option<&dyn Fn() -> String>,
+) -> Result<(), String> {
+    let e = |e: tensor_autograd::Error| e.to_string();
+    let cpu = b.info().kind == hal::DeviceKind::Cpu;
+    for which in ["mlp", "cnn"] {
+        let model = build(b, which).map_err(e)?;
+        let params = model.parameters();
+        let mut opt = Adam::new(1e-3);
+        let data = batches(b, 8).map_err(e)?;
+        let mut i = 0usize;
+        let mut step = |opt: &mut Adam<B>| -> tensor_autograd::Result<Tensor<B>> {
+            let (x, y) = &data[i % data.len()];
+            i += 1;
+            train_step(&model, &params, opt, x, y)
+        };
+        // Check it learns at all before timing: the loss after 30 steps is below the first.
+        let first = step(&mut opt).map_err(e)?.item().map_err(e)?;
+        for _ in 0..28 {
+            step(&mut opt).map_err(e)?;
+        }
+        let last = step(&mut opt).map_err(e)?.item().map_err(e)?;
+        if last.partial_cmp(&first) != Some(std::cmp::Ordering::Less) {
+            return Err(format!("{which}: loss did not fall ({first} -> {last})"));
+        }
+        let block = 10;
+        let mut times = Vec::with_capacity(args.reps);
+        for _ in 0..args.reps {
+            b.synchronize().map_err(|x| x.to_string())?;
+            let t = Instant::now();
+            for _ in 0..block {
+                step(&mut opt).map_err(e)?;
+            }
+            b.synchronize().map_err(|x| x.to_string())?;
+            times.push(t.elapsed().as_secs_f64() / block as f64);
+        }
+        let ours = crate::median(times) * 1e3;
+        let label = if which == "mlp" {
+            "MLP 784-512-512-10"
+        } else {
+            "LeNet-style CNN (conv 32, conv 64, 3136-128-10)"
+        };
+        let peer = if cpu {
+            torch(which, "cpu", 2, args.reps)
+        } else {
+            Err("PyTorch runs here only on this CPU".into())
+        };
+        match peer {
+            Ok((ms, what)) => println!(
+                "train {label}, batch {BATCH}, Adam: {ours:.3} ms per step; PyTorch {ms:.3} ms ({what}): ratio {:.2}x (loss {first:.3} -> {last:.3} in 30 steps)",
+                ours / ms
+            ),
+            Err(why) => println!(
+                "train {label}, batch {BATCH}, Adam: {ours:.3} ms per step (loss {first:.3} -> {last:.3} in 30 steps); PyTorch not run: {why}"
+            ),
+        }
+        if which == "mlp" {
+            let describe = |when: usize| match memory {
+                Some(f) => println!("train memory after {when} steps: {}", f()),
+                None => println!(
+                    "train memory after {when} steps: {} bytes available",
+                    b.info().memory_available
+                ),
+            };
+            let t = Instant::now();
+            for s in 1..=args.memory_steps {
+                let loss = step(&mut opt).map_err(e)?;
+                if s == 100 || s == args.memory_steps {
+                    no_grad(|| loss.item()).map_err(e)?;
+                    describe(s);
+                }
+            }
+            println!(
+                "train memory loop: {} steps in {:.2} s",
+                args.memory_steps,
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn torch(which: &str, device: &str, threads: usize, reps: usize) -> Result<(f64, String), String> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            PEER,
+            which,
+            device,
+            &threads.to_string(),
+            &reps.to_string(),
+        ])
+        .output()
+        .map_err(|e| format!("python3 could not start: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(if err.contains("No module named") {
+            "torch is not installed (pip install torch)".into()
+        } else {
+            format!("python3 failed: {}", err.trim())
+        });
+    }
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let ms = crate::json_field(&text, "step_ms")
+        .and_then(|v| v.parse::<f64>().ok())
+        .ok_or(format!("unreadable output: {text}"))?;
+    Ok((ms, crate::json_field(&text, "what").unwrap_or_default()))
+}

@@ -1,0 +1,144 @@
+//! Backend selection and the training driver shared by the examples.
+#![allow(dead_code)]
+
+use hal::Backend;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::sync::Arc;
+use std::time::Instant;
+use tensor_autograd::data::{DataLoader, Dataset};
+use tensor_autograd::models::{accuracy, train_epoch};
+use tensor_autograd::nn::{ModuleExt, Sequential};
+use tensor_autograd::optim::{Adam, Cosine};
+
+/// Which backend `auto` means here: CUDA if present, else wgpu on a real GPU, else the CPU.
+pub fn resolve(choice: &str) -> &str {
+    match choice {
+        "auto" => {
+            if backend_cuda::CudaBackend::new().is_ok() {
+                "cuda"
+            } else if backend_wgpu::WgpuBackend::new()
+                .is_ok_and(|b| b.info().kind != hal::DeviceKind::Cpu)
+            {
+                "wgpu"
+            } else {
+                "cpu"
+            }
+        }
+        other => other,
+    }
+}
+
+/// Runs `f` on the backend named `choice` (cpu, wgpu, cuda).
+#[macro_export]
+macro_rules! on_backend {
+    ($choice:expr, $f:ident ( $($arg:expr),* )) => {
+        match $choice {
+            "cpu" => $f(&backend_cpu::CpuBackend::new(), $($arg),*),
+            "wgpu" => backend_wgpu::WgpuBackend::new().map_err(|e| e.to_string()).and_then(|b| $f(&b, $($arg),*)),
+            "cuda" => backend_cuda::CudaBackend::new().map_err(|e| e.to_string()).and_then(|b| $f(&b, $($arg),*)),
+            other => Err(format!("unknown backend {other} (expected cpu, wgpu, cuda or auto)")),
+        }
+    };
+}
+
+/// What a training run reports.
+pub struct Outcome {
+    pub test_accuracy: f32,
+    pub seconds: f64,
+    pub steps: u64,
+}
+
+/// How to train.
+pub struct Fit {
+    pub epochs: usize,
+    pub batch: usize,
+    pub lr: f32,
+    pub seed: u64,
+    /// No progress bars.
+    pub quiet: bool,
+    /// Random one-pixel shifts of square images of this side.
+    pub augment_side: Option<usize>,
+}
+
+/// Trains `model` with Adam and a cosine schedule, printing loss and accuracy per epoch with a
+/// progress bar.
+pub fn fit<B: Backend>(
+    backend: &B,
+    name: &str,
+    model: &mut Sequential<B>,
+    train: &Dataset,
+    test: &Dataset,
+    how: &Fit,
+) -> Result<Outcome, String> {
+    let Fit {
+        epochs,
+        batch,
+        lr,
+        seed,
+        quiet,
+        augment_side,
+    } = *how;
+    let e = |e: tensor_autograd::Error| e.to_string();
+    let mut loader = DataLoader::new(backend, Arc::new(train.clone()), batch)
+        .map_err(e)?
+        .shuffle(seed);
+    if let Some(side) = augment_side {
+        loader =
+            loader.transform(move |item, r| tensor_autograd::models::shift_image(item, side, r));
+    }
+    let total = (loader.num_batches() * epochs) as u64;
+    let schedule = Cosine {
+        base: lr,
+        min: lr * 0.02,
+        warmup: 0,
+        total,
+    };
+    let mut opt = Adam::new(lr);
+    let mut step = 0u64;
+    let started = Instant::now();
+    println!(
+        "{name}: {} parameters, {} train / {} test items, batch {batch}, {epochs} epochs, Adam lr {lr} (cosine)",
+        model.num_parameters(),
+        train.len(),
+        test.len()
+    );
+    let mut test_accuracy = 0.0;
+    for epoch in 1..=epochs {
+        let bar = if quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(loader.num_batches() as u64)
+        };
+        bar.set_style(
+            ProgressStyle::with_template(
+                "  epoch {prefix:>3} [{bar:30}] {pos}/{len} batches {elapsed}",
+            )
+            .unwrap()
+            .progress_chars("=> "),
+        );
+        bar.set_prefix(epoch.to_string());
+        let report = train_epoch(
+            model,
+            &mut opt,
+            Some(&schedule),
+            &mut loader,
+            &mut step,
+            &mut || bar.inc(1),
+        )
+        .map_err(e)?;
+        bar.finish_and_clear();
+        test_accuracy = accuracy(model, backend, test, 512).map_err(e)?;
+        println!(
+            "  epoch {epoch:>3}: loss {:.4}, train accuracy {:.2}%, test accuracy {:.2}%  ({:.1} s)",
+            report.mean_loss,
+            100.0 * report.train_accuracy,
+            100.0 * test_accuracy,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(Outcome {
+        test_accuracy,
+        seconds: started.elapsed().as_secs_f64(),
+        steps: step,
+    })
+}

@@ -1,0 +1,193 @@
+//! Define-by-run reverse-mode autograd.
+//!
+//! Every result of a differentiable operation on tensors that require gradients holds a
+//! [`Node`]: its inputs and a closure mapping the output's gradient to the inputs' gradients.
+//! [`Tensor::backward`] orders the graph topologically from the root and runs the closures in
+//! reverse, summing gradients that reach one tensor along several paths, and accumulates the
+//! results into the leaves' `grad`. The closures run under [`no_grad`] (no second-order
+//! graphs) on the tensors' own device.
+//!
+//! A closure never holds its own output (that would be a reference cycle): operations whose
+//! backward uses the output capture a detached alias of it.
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use hal::Backend;
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+
+/// Maps the gradient of an operation's output to the gradients of its inputs (`None` where
+/// an input needs none). Each returned gradient has its input's shape.
+pub(crate) type BackwardFn<B> =
+    Box<dyn Fn(&Tensor<B>) -> Result<Vec<Option<Tensor<B>>>> + Send + Sync>;
+
+/// How a tensor was computed.
+pub(crate) struct Node<B: Backend> {
+    pub(crate) name: &'static str,
+    pub(crate) inputs: Vec<Tensor<B>>,
+    pub(crate) backward: BackwardFn<B>,
+}
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Runs `f` without recording operations for autograd (evaluation, optimiser updates).
+/// Restores the previous mode afterwards, also if `f` panics.
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GRAD_ENABLED.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(GRAD_ENABLED.with(|g| g.replace(false)));
+    f()
+}
+
+/// True unless inside [`no_grad`].
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+impl<B: Backend> Tensor<B> {
+    /// The result of an operation: records `backward` when gradients are enabled and some
+    /// input requires one.
+    pub(crate) fn from_op(
+        out: Tensor<B>,
+        name: &'static str,
+        inputs: &[&Tensor<B>],
+        backward: impl Fn(&Tensor<B>) -> Result<Vec<Option<Tensor<B>>>> + Send + Sync + 'static,
+    ) -> Tensor<B> {
+        if !is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad_flag()) {
+            return out;
+        }
+        let node = Node {
+            name,
+            inputs: inputs.iter().map(|t| (*t).clone()).collect(),
+            backward: Box::new(backward),
+        };
+        let Tensor { inner } = out;
+        let inner = std::sync::Arc::try_unwrap(inner).unwrap_or_else(|shared| {
+            // Only a freshly made output is passed here, so this copy of the handles is rare.
+            crate::tensor::Inner {
+                id: shared.id,
+                backend: shared.backend.clone(),
+                buffer: shared.buffer.clone(),
+                layout: shared.layout.clone(),
+                requires_grad: false,
+                node: None,
+                grad: std::sync::Mutex::new(None),
+            }
+        });
+        Tensor::with_node(&inner.backend, inner.buffer, inner.layout, true, Some(node))
+    }
+
+    /// Back-propagates from this one-element tensor (a loss): every leaf that requires a
+    /// gradient and contributed to it gets `d self / d leaf` added to its `grad`.
+    pub fn backward(&self) -> Result<()> {
+        if self.numel() != 1 {
+            return Err(Error::Autograd(format!(
+                "backward() needs a one-element tensor, got shape {:?}; pass the output's gradient with backward_with",
+                self.shape()
+            )));
+        }
+        let seed = Tensor::full(self.backend(), self.shape(), 1.0, self.dtype())?;
+        self.backward_with(&seed)
+    }
+
+    /// Back-propagates `grad` (the gradient of some scalar with respect to this tensor, of
+    /// this tensor's shape).
+    pub fn backward_with(&self, grad: &Tensor<B>) -> Result<()> {
+        if !self.requires_grad_flag() {
+            return Err(Error::Autograd(
+                "backward through a tensor that does not require a gradient (no input had requires_grad, or it was made under no_grad)".into(),
+            ));
+        }
+        if grad.shape() != self.shape() {
+            return Err(crate::error::shape_error(
+                "backward_with",
+                self.shape(),
+                grad.shape(),
+                "the gradient must have the output's shape",
+            ));
+        }
+        let order = topological_order(self);
+        let mut grads: HashMap<u64, Tensor<B>> = HashMap::new();
+        grads.insert(self.id(), grad.clone());
+        no_grad(|| {
+            for t in order.iter().rev() {
+                let Some(g) = grads.remove(&t.id()) else {
+                    continue;
+                };
+                let Some(node) = &t.inner.node else {
+                    accumulate_leaf(t, g)?;
+                    continue;
+                };
+                let input_grads = (node.backward)(&g)?;
+                debug_assert_eq!(input_grads.len(), node.inputs.len(), "{}", node.name);
+                for (input, ig) in node.inputs.iter().zip(input_grads) {
+                    let Some(ig) = ig else { continue };
+                    if !input.requires_grad_flag() {
+                        continue;
+                    }
+                    if ig.shape() != input.shape() {
+                        return Err(Error::Autograd(format!(
+                            "internal: backward of {} gave a gradient of shape {:?} for an input of shape {:?}",
+                            node.name,
+                            ig.shape(),
+                            input.shape()
+                        )));
+                    }
+                    let sum = match grads.remove(&input.id()) {
+                        Some(prev) => prev.add(&ig)?,
+                        None => ig,
+                    };
+                    grads.insert(input.id(), sum);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Tensors reachable from `root` through nodes, each after every tensor it was computed from.
+fn topological_order<B: Backend>(root: &Tensor<B>) -> Vec<Tensor<B>> {
+    let mut order = Vec::new();
+    let mut seen = HashSet::new();
+    // Iterative post-order DFS: deep graphs (long training unrolls) must not overflow the stack.
+    let mut stack: Vec<(Tensor<B>, bool)> = vec![(root.clone(), false)];
+    while let Some((t, expanded)) = stack.pop() {
+        if expanded {
+            order.push(t);
+            continue;
+        }
+        if !seen.insert(t.id()) {
+            continue;
+        }
+        stack.push((t.clone(), true));
+        if let Some(node) = &t.inner.node {
+            for input in &node.inputs {
+                if input.requires_grad_flag() && !seen.contains(&input.id()) {
+                    stack.push((input.clone(), false));
+                }
+            }
+        }
+    }
+    order
+}
+
+/// Adds `g` to a leaf's stored gradient, kept dense so optimisers can step on it directly.
+fn accumulate_leaf<B: Backend>(leaf: &Tensor<B>, g: Tensor<B>) -> Result<()> {
+    let g = if g.dtype() == leaf.dtype() {
+        g
+    } else {
+        g.to_dtype(leaf.dtype())?
+    };
+    let total = match leaf.grad() {
+        Some(prev) => prev.add(&g)?,
+        None => g,
+    };
+    leaf.set_grad(Some(total.dense()?.detach()));
+    Ok(())
+}

@@ -1,0 +1,295 @@
+//! Small reference models and the training loop the examples and the bench share.
+
+use crate::data::{DataLoader, Dataset};
+use crate::error::{Result, invalid};
+use crate::nn::{BatchNorm2d, Conv2d, Dropout, Init, Layer, Linear, Module, ModuleExt, Sequential};
+use crate::optim::{Optimizer, Schedule};
+use crate::{Conv2dOptions, Tensor, no_grad};
+use hal::Backend;
+use std::path::Path;
+
+/// A multi-layer perceptron: `Linear` layers with ReLU between them (`widths[0]` inputs,
+/// `widths.last()` outputs). Flattens its input first.
+pub fn mlp<B: Backend>(init: &mut Init<B>, widths: &[usize]) -> Result<Sequential<B>> {
+    let mut model = Sequential::new().push(Layer::Flatten);
+    for (i, pair) in widths.windows(2).enumerate() {
+        model = model.push(Linear::new(init, pair[0], pair[1])?);
+        if i + 2 < widths.len() {
+            model = model.push(Layer::Relu);
+        }
+    }
+    Ok(model)
+}
+
+/// The digits example's MLP: 64-256-256-10 with ReLU and dropout 0.2 after each hidden layer.
+pub fn digits_mlp<B: Backend>(init: &mut Init<B>) -> Result<Sequential<B>> {
+    let mut model = Sequential::new().push(Layer::Flatten);
+    for (i, o) in [(64, 256), (256, 256)] {
+        model = model
+            .push(Linear::new(init, i, o)?)
+            .push(Layer::Relu)
+            .push(Dropout::new(init, 0.2));
+    }
+    Ok(model.push(Linear::new(init, 256, 10)?))
+}
+
+/// The digits example's CNN for `[N, 1, 8, 8]`: three 3x3 convolutions (16, 16, 32 channels)
+/// with BatchNorm and ReLU, 2x2 max pooling after the second and third, dropout 0.3, and a
+/// linear classifier.
+pub fn digits_cnn<B: Backend>(init: &mut Init<B>) -> Result<Sequential<B>> {
+    let same = Conv2dOptions {
+        padding: (1, 1),
+        ..Default::default()
+    };
+    let pool = Layer::MaxPool2d {
+        kernel: (2, 2),
+        stride: (2, 2),
+        padding: (0, 0),
+    };
+    Ok(Sequential::new()
+        .push(Conv2d::new(init, 1, 16, (3, 3), same)?)
+        .push(BatchNorm2d::new(init, 16)?)
+        .push(Layer::Relu)
+        .push(Conv2d::new(init, 16, 16, (3, 3), same)?)
+        .push(BatchNorm2d::new(init, 16)?)
+        .push(Layer::Relu)
+        .push(pool)
+        .push(Conv2d::new(init, 16, 32, (3, 3), same)?)
+        .push(BatchNorm2d::new(init, 32)?)
+        .push(Layer::Relu)
+        .push(pool)
+        .push(Layer::Flatten)
+        .push(Dropout::new(init, 0.3))
+        .push(Linear::new(init, 32 * 2 * 2, 10)?))
+}
+
+/// A LeNet-style CNN for `[N, channels, side, side]` images: two 3x3 convolutions (padding 1)
+/// each followed by ReLU and 2x2 max pooling, then `Linear(hidden)`, ReLU, `Linear(classes)`.
+pub fn lenet<B: Backend>(
+    init: &mut Init<B>,
+    channels: usize,
+    side: usize,
+    widths: (usize, usize),
+    hidden: usize,
+    classes: usize,
+) -> Result<Sequential<B>> {
+    let same = Conv2dOptions {
+        padding: (1, 1),
+        ..Default::default()
+    };
+    let pool = Layer::MaxPool2d {
+        kernel: (2, 2),
+        stride: (2, 2),
+        padding: (0, 0),
+    };
+    let after = side / 4;
+    Ok(Sequential::new()
+        .push(Conv2d::new(init, channels, widths.0, (3, 3), same)?)
+        .push(Layer::Relu)
+        .push(pool)
+        .push(Conv2d::new(init, widths.0, widths.1, (3, 3), same)?)
+        .push(Layer::Relu)
+        .push(pool)
+        .push(Layer::Flatten)
+        .push(Linear::new(init, widths.1 * after * after, hidden)?)
+        .push(Layer::Relu)
+        .push(Linear::new(init, hidden, classes)?))
+}
+
+/// One training step: forward, cross-entropy, backward, optimiser update. Returns the loss as
+/// a device tensor (reading it is the caller's choice).
+pub fn train_step<B: Backend>(
+    model: &dyn Module<B>,
+    params: &[Tensor<B>],
+    opt: &mut dyn Optimizer<B>,
+    x: &Tensor<B>,
+    y: &Tensor<B>,
+) -> Result<Tensor<B>> {
+    for p in params {
+        p.zero_grad();
+    }
+    let loss = model.forward(x)?.cross_entropy(y)?;
+    loss.backward()?;
+    opt.step(params)?;
+    Ok(loss.detach())
+}
+
+/// What an epoch of training reports.
+#[derive(Clone, Copy, Debug)]
+pub struct EpochReport {
+    pub mean_loss: f32,
+    pub train_accuracy: f32,
+}
+
+/// One epoch over `loader`, stepping the learning rate by `schedule` (indexed by the global
+/// step). `on_batch` is called after each step (a progress bar). The loss and accuracy are
+/// summed on the device and read once at the end.
+pub fn train_epoch<B: Backend>(
+    model: &mut dyn Module<B>,
+    opt: &mut dyn Optimizer<B>,
+    schedule: Option<&dyn Schedule>,
+    loader: &mut DataLoader<B>,
+    global_step: &mut u64,
+    on_batch: &mut dyn FnMut(),
+) -> Result<EpochReport> {
+    model.set_training(true);
+    let params = model.parameters();
+    let (mut loss_sum, mut correct, mut seen, mut batches) =
+        (None::<Tensor<B>>, None::<Tensor<B>>, 0usize, 0usize);
+    for batch in loader.epoch() {
+        let batch = batch?;
+        if let Some(s) = schedule {
+            opt.set_learning_rate(s.learning_rate(*global_step));
+        }
+        for p in &params {
+            p.zero_grad();
+        }
+        let logits = model.forward(&batch.x)?;
+        let loss = logits.cross_entropy(&batch.y)?;
+        loss.backward()?;
+        opt.step(&params)?;
+        *global_step += 1;
+        let (l, c) = no_grad(|| -> Result<(Tensor<B>, Tensor<B>)> {
+            let hits = logits
+                .argmax(1, false)?
+                .eq(&batch.y)?
+                .to_dtype(hal::DType::F32)?
+                .sum_all()?;
+            Ok((loss.detach(), hits))
+        })?;
+        loss_sum = Some(match loss_sum {
+            Some(s) => s.add(&l)?,
+            None => l,
+        });
+        correct = Some(match correct {
+            Some(s) => s.add(&c)?,
+            None => c,
+        });
+        seen += batch.y.numel();
+        batches += 1;
+        on_batch();
+    }
+    let (Some(loss_sum), Some(correct)) = (loss_sum, correct) else {
+        return Err(invalid("train_epoch", "the loader produced no batches"));
+    };
+    Ok(EpochReport {
+        mean_loss: loss_sum.item()? / batches as f32,
+        train_accuracy: correct.item()? / seen as f32,
+    })
+}
+
+/// The fraction of `data` that `model` classifies correctly (evaluation mode, no gradients).
+pub fn accuracy<B: Backend>(
+    model: &mut dyn Module<B>,
+    backend: &B,
+    data: &Dataset,
+    batch_size: usize,
+) -> Result<f32> {
+    model.set_training(false);
+    let mut loader = DataLoader::new(backend, std::sync::Arc::new(data.clone()), batch_size)?;
+    let mut correct: Option<Tensor<B>> = None;
+    no_grad(|| -> Result<()> {
+        for batch in loader.epoch() {
+            let batch = batch?;
+            let hits = model
+                .forward(&batch.x)?
+                .argmax(1, false)?
+                .eq(&batch.y)?
+                .to_dtype(hal::DType::F32)?
+                .sum_all()?;
+            correct = Some(match correct.take() {
+                Some(s) => s.add(&hits)?,
+                None => hits,
+            });
+        }
+        Ok(())
+    })?;
+    model.set_training(true);
+    Ok(correct.map_or(Ok(0.0), |c| c.item())? / data.len().max(1) as f32)
+}
+
+/// Reads the UCI handwritten digits as converted by `data/convert_digits.py`: 8x8 images
+/// scaled to `[0, 1]` (item shape `[1, 8, 8]`) and labels 0-9.
+pub fn load_digits(path: &Path) -> Result<Dataset> {
+    let bytes = std::fs::read(path).map_err(|source| crate::Error::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let bad = |detail: String| crate::Error::Checkpoint {
+        path: path.display().to_string(),
+        detail,
+    };
+    if bytes.len() < 12 || &bytes[..8] != b"DIGITS01" {
+        return Err(bad(
+            "not a digits file (magic DIGITS01 missing); regenerate it with data/convert_digits.py"
+                .into(),
+        ));
+    }
+    let rows = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
+    if bytes.len() != 12 + rows * 65 {
+        return Err(bad(format!(
+            "{} bytes, expected {} for {rows} rows (truncated?)",
+            bytes.len(),
+            12 + rows * 65
+        )));
+    }
+    let mut features = Vec::with_capacity(rows * 64);
+    let mut labels = Vec::with_capacity(rows);
+    for row in bytes[12..].chunks_exact(65) {
+        if row[..64].iter().any(|&v| v > 16) || row[64] > 9 {
+            return Err(bad("a pixel above 16 or a label above 9".into()));
+        }
+        features.extend(row[..64].iter().map(|&v| v as f32 / 16.0));
+        labels.push(row[64] as u32);
+    }
+    Dataset::new(features, &[1, 8, 8], labels)
+}
+
+/// Shifts a `[channels, side, side]` image by up to one pixel in each direction (chosen by
+/// `random`), filling with zeros: the augmentation the digits example trains with.
+pub fn shift_image(item: &mut [f32], side: usize, random: u64) {
+    let dy = (random % 3) as isize - 1;
+    let dx = ((random / 3) % 3) as isize - 1;
+    if dx == 0 && dy == 0 {
+        return;
+    }
+    let plane = side * side;
+    for chan in item.chunks_mut(plane) {
+        let src = chan.to_vec();
+        for y in 0..side as isize {
+            for x in 0..side as isize {
+                let (sy, sx) = (y - dy, x - dx);
+                let inside = (0..side as isize).contains(&sy) && (0..side as isize).contains(&sx);
+                chan[(y * side as isize + x) as usize] = if inside {
+                    src[(sy * side as isize + sx) as usize]
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+}
+
+/// Synthetic classification data shaped like MNIST (`[1, 28, 28]`, 10 classes): each class is
+/// a fixed random prototype plus noise, so models can learn it and timing is realistic.
+pub fn synthetic_mnist(items: usize, seed: u64) -> Result<Dataset> {
+    let mut drawn = 0u64;
+    let mut next = move || {
+        drawn += 1;
+        (crate::data::splitmix(seed ^ crate::data::splitmix(drawn)) >> 40) as f32
+            / (1u64 << 24) as f32
+    };
+    let prototypes: Vec<f32> = (0..10 * 784).map(|_| next()).collect();
+    let mut features = Vec::with_capacity(items * 784);
+    let mut labels = Vec::with_capacity(items);
+    for i in 0..items {
+        let class = i % 10;
+        features.extend(
+            prototypes[class * 784..(class + 1) * 784]
+                .iter()
+                .map(|&p| 0.6 * p + 0.4 * next()),
+        );
+        labels.push(class as u32);
+    }
+    Dataset::new(features, &[1, 28, 28], labels)
+}

@@ -1,0 +1,478 @@
+//! Elementwise operations: arithmetic with broadcasting, math functions, comparisons, `where`,
+//! dtype casts. Forward passes are single `hal` primitives; backward passes are primitives or
+//! one fused IR kernel per formula.
+
+use super::{fused, promote};
+use crate::error::{Result, invalid};
+use crate::tensor::Tensor;
+use hal::ir::{IrBinary, IrCmp, IrUnary, ProgramBuilder, Value};
+use hal::{Backend, BinaryOp, DType, TernaryOp, UnaryOp};
+
+const LN_2: f32 = std::f32::consts::LN_2;
+
+impl<B: Backend> Tensor<B> {
+    /// `op` applied to every element, with its derivative for backward.
+    pub fn unary(&self, op: UnaryOp) -> Result<Self> {
+        if !self.dtype().is_float() {
+            return Err(invalid(
+                "unary",
+                format!("{op:?} needs a float tensor, got {}", self.dtype()),
+            ));
+        }
+        let out = self.new_zeros(self.shape(), self.dtype())?;
+        self.backend().unary(op, self.view(), out.view())?;
+        let x = self.clone();
+        let y = out.detach();
+        Ok(Tensor::from_op(out, "unary", &[self], move |g| {
+            Ok(vec![Some(unary_backward(op, &x, &y, g)?)])
+        }))
+    }
+
+    pub fn neg(&self) -> Result<Self> {
+        self.unary(UnaryOp::Neg)
+    }
+    pub fn abs(&self) -> Result<Self> {
+        self.unary(UnaryOp::Abs)
+    }
+    pub fn exp(&self) -> Result<Self> {
+        self.unary(UnaryOp::Exp)
+    }
+    pub fn exp2(&self) -> Result<Self> {
+        self.unary(UnaryOp::Exp2)
+    }
+    pub fn log(&self) -> Result<Self> {
+        self.unary(UnaryOp::Log)
+    }
+    pub fn log2(&self) -> Result<Self> {
+        self.unary(UnaryOp::Log2)
+    }
+    pub fn sqrt(&self) -> Result<Self> {
+        self.unary(UnaryOp::Sqrt)
+    }
+    pub fn rsqrt(&self) -> Result<Self> {
+        self.unary(UnaryOp::Rsqrt)
+    }
+    pub fn recip(&self) -> Result<Self> {
+        self.unary(UnaryOp::Recip)
+    }
+    pub fn sin(&self) -> Result<Self> {
+        self.unary(UnaryOp::Sin)
+    }
+    pub fn cos(&self) -> Result<Self> {
+        self.unary(UnaryOp::Cos)
+    }
+    pub fn tanh(&self) -> Result<Self> {
+        self.unary(UnaryOp::Tanh)
+    }
+    pub fn sigmoid(&self) -> Result<Self> {
+        self.unary(UnaryOp::Sigmoid)
+    }
+    pub fn relu(&self) -> Result<Self> {
+        self.unary(UnaryOp::Relu)
+    }
+    pub fn leaky_relu(&self, slope: f32) -> Result<Self> {
+        self.unary(UnaryOp::LeakyRelu { slope })
+    }
+    /// The exact (erf) GELU.
+    pub fn gelu(&self) -> Result<Self> {
+        self.unary(UnaryOp::Gelu)
+    }
+    pub fn silu(&self) -> Result<Self> {
+        self.unary(UnaryOp::Silu)
+    }
+    pub fn square(&self) -> Result<Self> {
+        self.unary(UnaryOp::Square)
+    }
+    pub fn floor(&self) -> Result<Self> {
+        self.unary(UnaryOp::Floor)
+    }
+    pub fn sign(&self) -> Result<Self> {
+        self.unary(UnaryOp::Sign)
+    }
+    pub fn clamp(&self, lo: f32, hi: f32) -> Result<Self> {
+        self.unary(UnaryOp::Clamp { lo, hi })
+    }
+    /// `scale * x + shift` in one kernel.
+    pub fn affine(&self, scale: f32, shift: f32) -> Result<Self> {
+        self.unary(UnaryOp::Affine { scale, shift })
+    }
+    pub fn add_scalar(&self, c: f32) -> Result<Self> {
+        self.affine(1.0, c)
+    }
+    pub fn mul_scalar(&self, c: f32) -> Result<Self> {
+        self.affine(c, 0.0)
+    }
+
+    /// `op(a, b)` with NumPy broadcasting; gradients of broadcast operands are summed back to
+    /// their shapes.
+    pub fn binary(&self, op: BinaryOp, other: &Self) -> Result<Self> {
+        let shape = hal::broadcast_shapes(op_name(op), self.shape(), other.shape())?;
+        let dtype = promote(self.dtype(), other.dtype());
+        let out = self.new_zeros(&shape, dtype)?;
+        self.backend()
+            .binary(op, self.view(), other.view(), out.view())?;
+        if op.is_comparison() {
+            return Ok(out);
+        }
+        let (a, b, y) = (self.clone(), other.clone(), out.detach());
+        Ok(Tensor::from_op(
+            out,
+            op_name(op),
+            &[self, other],
+            move |g| {
+                let (ga, gb) = binary_backward(op, &a, &b, &y, g)?;
+                Ok(vec![
+                    Some(ga.sum_to(a.shape())?),
+                    Some(gb.sum_to(b.shape())?),
+                ])
+            },
+        ))
+    }
+
+    pub fn add(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Add, other)
+    }
+    pub fn sub(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Sub, other)
+    }
+    pub fn mul(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Mul, other)
+    }
+    pub fn div(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Div, other)
+    }
+    /// Floored remainder (the sign of `other`), as Python's `%`.
+    pub fn rem(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Rem, other)
+    }
+    pub fn pow(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Pow, other)
+    }
+    /// Elementwise maximum (ties split the gradient evenly, as PyTorch does).
+    pub fn maximum(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Max, other)
+    }
+    pub fn minimum(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Min, other)
+    }
+    pub fn atan2(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Atan2, other)
+    }
+    /// `x^p` for a scalar exponent.
+    pub fn powf(&self, p: f32) -> Result<Self> {
+        let e = Tensor::full(self.backend(), &[], p as f64, self.dtype())?;
+        self.pow(&e)
+    }
+    /// 1 where equal, else 0 (no gradient).
+    pub fn eq(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Eq, other)
+    }
+    pub fn ne(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Ne, other)
+    }
+    pub fn lt(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Lt, other)
+    }
+    pub fn le(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Le, other)
+    }
+    pub fn gt(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Gt, other)
+    }
+    pub fn ge(&self, other: &Self) -> Result<Self> {
+        self.binary(BinaryOp::Ge, other)
+    }
+
+    /// `if self != 0 { a } else { b }`, all three broadcasting together. `self` (the
+    /// condition) gets no gradient.
+    pub fn where_cond(&self, a: &Self, b: &Self) -> Result<Self> {
+        let shape = hal::broadcast_shapes("where", self.shape(), a.shape())?;
+        let shape = hal::broadcast_shapes("where", &shape, b.shape())?;
+        let out = self.new_zeros(&shape, promote(a.dtype(), b.dtype()))?;
+        self.backend().ternary(
+            TernaryOp::Where,
+            self.view(),
+            a.view(),
+            b.view(),
+            out.view(),
+        )?;
+        let (cond, a_shape, b_shape) = (self.clone(), a.shape().to_vec(), b.shape().to_vec());
+        Ok(Tensor::from_op(out, "where", &[a, b], move |g| {
+            let zero = Tensor::zeros(g.backend(), &[], g.dtype())?;
+            let ga = cond.where_cond(g, &zero)?.sum_to(&a_shape)?;
+            let gb = cond.where_cond(&zero, g)?.sum_to(&b_shape)?;
+            Ok(vec![Some(ga), Some(gb)])
+        }))
+    }
+
+    /// The same values stored as `dtype` (rounded; float to integer truncates). The gradient
+    /// is cast back.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let out = self.new_zeros(self.shape(), dtype)?;
+        self.backend().copy(self.view(), out.view())?;
+        let from = self.dtype();
+        if !dtype.is_float() {
+            return Ok(out);
+        }
+        Ok(Tensor::from_op(out, "to_dtype", &[self], move |g| {
+            Ok(vec![Some(g.to_dtype(from)?)])
+        }))
+    }
+}
+
+fn op_name(op: BinaryOp) -> &'static str {
+    match op {
+        BinaryOp::Add => "add",
+        BinaryOp::Sub => "sub",
+        BinaryOp::Mul => "mul",
+        BinaryOp::Div => "div",
+        BinaryOp::Rem => "rem",
+        BinaryOp::Pow => "pow",
+        BinaryOp::Max => "maximum",
+        BinaryOp::Min => "minimum",
+        BinaryOp::Atan2 => "atan2",
+        _ => "compare",
+    }
+}
+
+/// `d op(x) / dx * g`, in one fused kernel per op (or one primitive for the linear ones).
+fn unary_backward<B: Backend>(
+    op: UnaryOp,
+    x: &Tensor<B>,
+    y: &Tensor<B>,
+    g: &Tensor<B>,
+) -> Result<Tensor<B>> {
+    let shape = x.shape().to_vec();
+    let dt = x.dtype();
+    // Kernels of the output `y` (already dense) or the input `x`, times the incoming gradient.
+    let with_y = |name: &str, f: fn(&mut ProgramBuilder, Value, Value) -> Value| {
+        fused(name, &[y, g], &shape, dt, |b, v| f(b, v[0], v[1]))
+    };
+    let with_x = |name: &str, f: &dyn Fn(&mut ProgramBuilder, Value, Value) -> Value| {
+        fused(name, &[x, g], &shape, dt, |b, v| f(b, v[0], v[1]))
+    };
+    match op {
+        UnaryOp::Neg => g.neg(),
+        UnaryOp::Affine { scale, .. } => g.mul_scalar(scale),
+        UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Sign => x.new_zeros(&shape, dt),
+        UnaryOp::Abs => with_x("abs_grad", &|b, x, g| {
+            let zero = b.const_f32(0.0);
+            let ng = b.unary(IrUnary::Neg, g);
+            let pos = b.cmp(IrCmp::Gt, x, zero);
+            let neg = b.cmp(IrCmp::Lt, x, zero);
+            let s = b.select(neg, ng, zero);
+            b.select(pos, g, s)
+        }),
+        UnaryOp::Exp => with_y("exp_grad", |b, y, g| b.mul(y, g)),
+        UnaryOp::Exp2 => with_y("exp2_grad", |b, y, g| {
+            let l = b.const_f32(LN_2);
+            let t = b.mul(y, l);
+            b.mul(t, g)
+        }),
+        UnaryOp::Log => with_x("log_grad", &|b, x, g| b.div(g, x)),
+        UnaryOp::Log2 => with_x("log2_grad", &|b, x, g| {
+            let l = b.const_f32(LN_2);
+            let d = b.mul(x, l);
+            b.div(g, d)
+        }),
+        UnaryOp::Sqrt => with_y("sqrt_grad", |b, y, g| {
+            let h = b.const_f32(0.5);
+            let t = b.mul(g, h);
+            b.div(t, y)
+        }),
+        UnaryOp::Rsqrt => with_y("rsqrt_grad", |b, y, g| {
+            let h = b.const_f32(-0.5);
+            let y2 = b.mul(y, y);
+            let y3 = b.mul(y2, y);
+            let t = b.mul(y3, h);
+            b.mul(t, g)
+        }),
+        UnaryOp::Recip => with_y("recip_grad", |b, y, g| {
+            let y2 = b.mul(y, y);
+            let t = b.mul(y2, g);
+            b.unary(IrUnary::Neg, t)
+        }),
+        UnaryOp::Sin => with_x("sin_grad", &|b, x, g| {
+            let c = b.unary(IrUnary::Cos, x);
+            b.mul(c, g)
+        }),
+        UnaryOp::Cos => with_x("cos_grad", &|b, x, g| {
+            let s = b.unary(IrUnary::Sin, x);
+            let t = b.mul(s, g);
+            b.unary(IrUnary::Neg, t)
+        }),
+        UnaryOp::Tanh => with_y("tanh_grad", |b, y, g| {
+            let one = b.const_f32(1.0);
+            let y2 = b.mul(y, y);
+            let d = b.sub(one, y2);
+            b.mul(d, g)
+        }),
+        UnaryOp::Sigmoid => with_y("sigmoid_grad", |b, y, g| {
+            let one = b.const_f32(1.0);
+            let c = b.sub(one, y);
+            let d = b.mul(y, c);
+            b.mul(d, g)
+        }),
+        // The output is 0 exactly where the input was not positive, so it serves as the mask.
+        UnaryOp::Relu => with_y("relu_grad", |b, y, g| {
+            let zero = b.const_f32(0.0);
+            let pos = b.cmp(IrCmp::Gt, y, zero);
+            b.select(pos, g, zero)
+        }),
+        UnaryOp::LeakyRelu { slope } => with_x("leaky_relu_grad", &move |b, x, g| {
+            let zero = b.const_f32(0.0);
+            let s = b.const_f32(slope);
+            let pos = b.cmp(IrCmp::Gt, x, zero);
+            let sg = b.mul(s, g);
+            b.select(pos, g, sg)
+        }),
+        UnaryOp::Gelu => with_x("gelu_grad", &|b, x, g| {
+            // d/dx [x Phi(x)] = Phi(x) + x phi(x), Phi by the same erf formula as the forward.
+            let k = b.const_f32(std::f32::consts::FRAC_1_SQRT_2);
+            let z = b.mul(x, k);
+            let e = ir_erf(b, z);
+            let one = b.const_f32(1.0);
+            let half = b.const_f32(0.5);
+            let t = b.add(one, e);
+            let cdf = b.mul(half, t);
+            let x2 = b.mul(x, x);
+            let mh = b.const_f32(-0.5);
+            let a = b.mul(x2, mh);
+            let ex = b.unary(IrUnary::Exp, a);
+            let inv = b.const_f32(0.398_942_3); // 1 / sqrt(2 pi)
+            let pdf = b.mul(ex, inv);
+            let d = b.fma(x, pdf, cdf);
+            b.mul(d, g)
+        }),
+        UnaryOp::Silu => with_x("silu_grad", &|b, x, g| {
+            let one = b.const_f32(1.0);
+            let nx = b.unary(IrUnary::Neg, x);
+            let e = b.unary(IrUnary::Exp, nx);
+            let den = b.add(one, e);
+            let s = b.unary(IrUnary::Recip, den);
+            let c = b.sub(one, s);
+            let t = b.fma(x, c, one);
+            let d = b.mul(s, t);
+            b.mul(d, g)
+        }),
+        UnaryOp::Square => with_x("square_grad", &|b, x, g| {
+            let two = b.const_f32(2.0);
+            let t = b.mul(x, two);
+            b.mul(t, g)
+        }),
+        UnaryOp::Clamp { lo, hi } => with_x("clamp_grad", &move |b, x, g| {
+            let (l, h, zero) = (b.const_f32(lo), b.const_f32(hi), b.const_f32(0.0));
+            let above = b.cmp(IrCmp::Ge, x, l);
+            let below = b.cmp(IrCmp::Le, x, h);
+            let inside = b.binary(IrBinary::And, above, below);
+            b.select(inside, g, zero)
+        }),
+    }
+}
+
+/// The error function in IR, by the same Abramowitz-Stegun formula as `hal::erf_f32`.
+fn ir_erf(b: &mut ProgramBuilder, x: Value) -> Value {
+    let ax = b.unary(IrUnary::Abs, x);
+    let one = b.const_f32(1.0);
+    let p = b.const_f32(0.327_591_1);
+    let den = b.fma(p, ax, one);
+    let t = b.div(one, den);
+    let mut poly = b.const_f32(1.061_405_4);
+    for c in [-1.453_152_1f32, 1.421_413_7, -0.284_496_74, 0.254_829_6] {
+        let cc = b.const_f32(c);
+        poly = b.fma(poly, t, cc);
+    }
+    poly = b.mul(poly, t);
+    let nx2 = {
+        let x2 = b.mul(x, x);
+        b.unary(IrUnary::Neg, x2)
+    };
+    let e = b.unary(IrUnary::Exp, nx2);
+    let pe = b.mul(poly, e);
+    let r = b.sub(one, pe);
+    let zero = b.const_f32(0.0);
+    let neg = b.cmp(IrCmp::Lt, x, zero);
+    let nr = b.unary(IrUnary::Neg, r);
+    b.select(neg, nr, r)
+}
+
+/// The gradients of `op(a, b)` with respect to `a` and `b`, still in the output's shape.
+fn binary_backward<B: Backend>(
+    op: BinaryOp,
+    a: &Tensor<B>,
+    b: &Tensor<B>,
+    y: &Tensor<B>,
+    g: &Tensor<B>,
+) -> Result<(Tensor<B>, Tensor<B>)> {
+    let shape = y.shape().to_vec();
+    let dt = g.dtype();
+    let fused3 = |name: &str, f: &dyn Fn(&mut ProgramBuilder, &[Value]) -> Value| {
+        fused(name, &[a, b, y, g], &shape, dt, |pb, v| f(pb, v))
+    };
+    Ok(match op {
+        BinaryOp::Add => (g.clone(), g.clone()),
+        BinaryOp::Sub => (g.clone(), g.neg()?),
+        BinaryOp::Mul => (g.mul(b)?, g.mul(a)?),
+        BinaryOp::Div => (g.div(b)?, g.mul(y)?.div(b)?.neg()?),
+        BinaryOp::Rem => (g.clone(), g.mul(&a.div(b)?.floor()?)?.neg()?),
+        BinaryOp::Pow => (
+            fused3("pow_grad_base", &|pb, v| {
+                // b * a^(b-1) * g
+                let one = pb.const_f32(1.0);
+                let bm1 = pb.sub(v[1], one);
+                let p = pb.binary(IrBinary::Pow, v[0], bm1);
+                let t = pb.mul(v[1], p);
+                pb.mul(t, v[3])
+            })?,
+            fused3("pow_grad_exponent", &|pb, v| {
+                // a^b ln(a) g where a > 0; 0 elsewhere (PyTorch's convention for a = 0)
+                let zero = pb.const_f32(0.0);
+                let pos = pb.cmp(IrCmp::Gt, v[0], zero);
+                let l = pb.unary(IrUnary::Log, v[0]);
+                let t = pb.mul(v[2], l);
+                let t = pb.mul(t, v[3]);
+                pb.select(pos, t, zero)
+            })?,
+        ),
+        BinaryOp::Max | BinaryOp::Min => {
+            let wins = if op == BinaryOp::Max {
+                IrCmp::Gt
+            } else {
+                IrCmp::Lt
+            };
+            let ga = fused3("extremum_grad", &|pb, v| {
+                let (zero, half) = (pb.const_f32(0.0), pb.const_f32(0.5));
+                let win = pb.cmp(wins, v[0], v[1]);
+                let tie = pb.cmp(IrCmp::Eq, v[0], v[1]);
+                let hg = pb.mul(half, v[3]);
+                let t = pb.select(tie, hg, zero);
+                pb.select(win, v[3], t)
+            })?;
+            let gb = g.sub(&ga)?;
+            (ga, gb)
+        }
+        BinaryOp::Atan2 => {
+            let den = |pb: &mut ProgramBuilder, v: &[Value]| {
+                let a2 = pb.mul(v[0], v[0]);
+                pb.fma(v[1], v[1], a2)
+            };
+            (
+                fused3("atan2_grad_a", &|pb, v| {
+                    let d = den(pb, v);
+                    let t = pb.mul(v[3], v[1]);
+                    pb.div(t, d)
+                })?,
+                fused3("atan2_grad_b", &|pb, v| {
+                    let d = den(pb, v);
+                    let t = pb.mul(v[3], v[0]);
+                    let q = pb.div(t, d);
+                    pb.unary(IrUnary::Neg, q)
+                })?,
+            )
+        }
+        _ => unreachable!("comparisons record no backward"),
+    })
+}

@@ -1,0 +1,313 @@
+//! Batched matrix products, 2-D convolution by im2col + matmul, and max / average pooling by
+//! im2col + a reduction. Transposes in the backward passes are views: the backends' matmul
+//! takes any strides, so no operand is copied to be transposed.
+
+use crate::error::{Result, invalid, shape_error};
+use crate::tensor::Tensor;
+use hal::{Backend, Conv2dGeometry, Layout, View};
+
+/// Stride, padding, dilation and groups of a 2-D convolution (PyTorch's defaults: 1, 0, 1, 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dOptions {
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+    pub dilation: (usize, usize),
+    pub groups: usize,
+}
+
+impl Default for Conv2dOptions {
+    fn default() -> Self {
+        Self {
+            stride: (1, 1),
+            padding: (0, 0),
+            dilation: (1, 1),
+            groups: 1,
+        }
+    }
+}
+
+/// `a @ b` without history for rank-2 or rank-3 operands (a rank-2 operand against a rank-3
+/// one, or a batch of 1, broadcasts with a zero batch stride).
+fn product<B: Backend>(a: &Tensor<B>, b: &Tensor<B>) -> Result<Tensor<B>> {
+    let (ra, rb) = (a.rank(), b.rank());
+    let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
+    let (k2, n) = (b.shape()[rb - 2], b.shape()[rb - 1]);
+    if k != k2 {
+        return Err(shape_error(
+            "matmul",
+            a.shape(),
+            b.shape(),
+            format!("inner dimensions {k} and {k2} differ"),
+        ));
+    }
+    if ra == 2 && rb == 2 {
+        let out = a.new_zeros(&[m, n], a.dtype())?;
+        a.backend()
+            .matmul(a.view(), b.view(), out.view(), 1.0, 0.0)?;
+        return Ok(out);
+    }
+    let batch_of = |t: &Tensor<B>| if t.rank() == 3 { t.shape()[0] } else { 1 };
+    let (ba, bb) = (batch_of(a), batch_of(b));
+    if ba != bb && ba != 1 && bb != 1 {
+        return Err(shape_error(
+            "matmul",
+            a.shape(),
+            b.shape(),
+            format!("batch sizes {ba} and {bb} do not broadcast"),
+        ));
+    }
+    let batch = ba.max(bb);
+    let as3 = |t: &Tensor<B>, rows: usize, cols: usize| -> Result<Layout> {
+        let l = if t.rank() == 2 {
+            t.layout().unsqueeze(0)?
+        } else {
+            t.layout().clone()
+        };
+        Ok(l.broadcast_to(&[batch, rows, cols])?)
+    };
+    let (la, lb) = (as3(a, m, k)?, as3(b, k, n)?);
+    let out = a.new_zeros(&[batch, m, n], a.dtype())?;
+    a.backend().matmul(
+        View::new(a.buffer(), &la),
+        View::new(b.buffer(), &lb),
+        out.view(),
+        1.0,
+        0.0,
+    )?;
+    Ok(out)
+}
+
+impl<B: Backend> Tensor<B> {
+    /// The matrix product over the last two dimensions. Rank 2 and 3 operands combine with
+    /// batch broadcasting; a rank-2 right operand multiplies any number of leading dimensions
+    /// (`[.., k] @ [k, n]`); higher ranks need equal leading dimensions.
+    pub fn matmul(&self, other: &Tensor<B>) -> Result<Self> {
+        let (ra, rb) = (self.rank(), other.rank());
+        if ra < 2 || rb < 2 {
+            return Err(shape_error(
+                "matmul",
+                self.shape(),
+                other.shape(),
+                "both operands need at least 2 dimensions (unsqueeze vectors)",
+            ));
+        }
+        if rb == 2 && (ra > 3 || (ra == 3 && self.is_contiguous())) {
+            let lead = &self.shape()[..ra - 1];
+            let flat = self.reshape(&[lead.iter().product(), self.shape()[ra - 1]])?;
+            let mut shape = lead.to_vec();
+            shape.push(other.shape()[1]);
+            return flat.matmul(other)?.reshape(&shape);
+        }
+        if ra > 3 || rb > 3 {
+            if ra != rb || self.shape()[..ra - 2] != other.shape()[..rb - 2] {
+                return Err(shape_error(
+                    "matmul",
+                    self.shape(),
+                    other.shape(),
+                    "operands of rank above 3 need equal leading dimensions",
+                ));
+            }
+            let lead = &self.shape()[..ra - 2];
+            let batch: usize = lead.iter().product();
+            let a = self.reshape(&[batch, self.shape()[ra - 2], self.shape()[ra - 1]])?;
+            let b = other.reshape(&[batch, other.shape()[rb - 2], other.shape()[rb - 1]])?;
+            let mut shape = lead.to_vec();
+            shape.extend_from_slice(&[self.shape()[ra - 2], other.shape()[rb - 1]]);
+            return a.matmul(&b)?.reshape(&shape);
+        }
+        let out = product(self, other)?;
+        let (a, b) = (self.clone(), other.clone());
+        Ok(Tensor::from_op(out, "matmul", &[self, other], move |g| {
+            let ga = if a.requires_grad_flag() {
+                Some(product(g, &b.transpose(-1, -2)?.detach())?.sum_to(a.shape())?)
+            } else {
+                None
+            };
+            let gb = if b.requires_grad_flag() {
+                Some(product(&a.transpose(-1, -2)?.detach(), g)?.sum_to(b.shape())?)
+            } else {
+                None
+            };
+            Ok(vec![ga, gb])
+        }))
+    }
+
+    /// `x @ weight^T + bias`, PyTorch's `F.linear` (`weight: [out, in]`).
+    pub fn linear(&self, weight: &Tensor<B>, bias: Option<&Tensor<B>>) -> Result<Self> {
+        let y = self.matmul(&weight.t()?)?;
+        match bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+
+    /// NCHW patches unfolded into columns `[N, C*kh*kw, oh*ow]` (the backend's `im2col`); the
+    /// backward folds them back with `col2im`.
+    pub fn im2col(&self, geometry: Conv2dGeometry) -> Result<Self> {
+        let Some(cols) = geometry.cols_shape() else {
+            return Err(invalid(
+                "im2col",
+                format!("the kernel does not fit the padded input: {geometry:?}"),
+            ));
+        };
+        let out = self.new_zeros(&cols, self.dtype())?;
+        self.backend().im2col(self.view(), &geometry, out.view())?;
+        Ok(Tensor::from_op(out, "im2col", &[self], move |g| {
+            let img = g.new_zeros(&geometry.image_shape(), g.dtype())?;
+            g.backend().col2im(g.view(), &geometry, img.view())?;
+            Ok(vec![Some(img)])
+        }))
+    }
+
+    fn geometry(
+        &self,
+        op: &'static str,
+        kernel: (usize, usize),
+        o: &Conv2dOptions,
+    ) -> Result<Conv2dGeometry> {
+        if self.rank() != 4 {
+            return Err(invalid(
+                op,
+                format!("needs an NCHW input, got shape {:?}", self.shape()),
+            ));
+        }
+        let s = self.shape();
+        Ok(Conv2dGeometry {
+            batch: s[0],
+            channels: s[1],
+            height: s[2],
+            width: s[3],
+            kernel,
+            stride: o.stride,
+            padding: o.padding,
+            dilation: o.dilation,
+        })
+    }
+
+    /// 2-D convolution (cross-correlation, as PyTorch) of NCHW `self` with
+    /// `weight: [out, in / groups, kh, kw]`, plus `bias: [out]`.
+    pub fn conv2d(
+        &self,
+        weight: &Tensor<B>,
+        bias: Option<&Tensor<B>>,
+        options: Conv2dOptions,
+    ) -> Result<Self> {
+        if weight.rank() != 4 {
+            return Err(invalid(
+                "conv2d",
+                format!(
+                    "weight must be [out, in/groups, kh, kw], got {:?}",
+                    weight.shape()
+                ),
+            ));
+        }
+        let groups = options.groups;
+        let (o, cg, kh, kw) = (
+            weight.shape()[0],
+            weight.shape()[1],
+            weight.shape()[2],
+            weight.shape()[3],
+        );
+        let geometry = self.geometry("conv2d", (kh, kw), &options)?;
+        if groups == 0 || geometry.channels != cg * groups || o % groups != 0 {
+            return Err(shape_error(
+                "conv2d",
+                self.shape(),
+                weight.shape(),
+                format!(
+                    "input channels must be weight.shape[1] * groups ({groups}) and output channels divisible by groups"
+                ),
+            ));
+        }
+        let (oh, ow) = geometry.output_size().ok_or_else(|| {
+            invalid(
+                "conv2d",
+                format!("the kernel does not fit the padded input: {geometry:?}"),
+            )
+        })?;
+        let cols = self.im2col(geometry)?;
+        let per_group = cg * kh * kw;
+        let og = o / groups;
+        let y = if groups == 1 {
+            weight.reshape(&[o, per_group])?.matmul(&cols)?
+        } else {
+            let w = weight.reshape(&[o, per_group])?;
+            let parts = (0..groups)
+                .map(|g| {
+                    w.narrow(0, g * og, og)?
+                        .matmul(&cols.narrow(1, g * per_group, per_group)?)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Tensor::cat(&parts.iter().collect::<Vec<_>>(), 1)?
+        };
+        let y = y.reshape(&[geometry.batch, o, oh, ow])?;
+        match bias {
+            Some(b) => y.add(&b.reshape(&[1, o, 1, 1])?),
+            None => Ok(y),
+        }
+    }
+
+    /// Pooling windows of every channel as columns `[N*C, kh*kw, oh*ow]`, padded with `pad`.
+    fn pool_columns(
+        &self,
+        op: &'static str,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+        pad: f32,
+    ) -> Result<(Self, [usize; 4])> {
+        let options = Conv2dOptions {
+            stride,
+            padding: (0, 0),
+            dilation: (1, 1),
+            groups: 1,
+        };
+        let s = self.geometry(op, kernel, &options)?;
+        let planes = self.reshape(&[s.batch * s.channels, 1, s.height, s.width])?;
+        let planes = if padding == (0, 0) {
+            planes
+        } else {
+            planes.pad(
+                &[
+                    (0, 0),
+                    (0, 0),
+                    (padding.0, padding.0),
+                    (padding.1, padding.1),
+                ],
+                pad,
+            )?
+        };
+        let g = planes.geometry(op, kernel, &options)?;
+        let (oh, ow) = g.output_size().ok_or_else(|| {
+            invalid(
+                op,
+                format!("the window does not fit the padded input: {g:?}"),
+            )
+        })?;
+        Ok((planes.im2col(g)?, [s.batch, s.channels, oh, ow]))
+    }
+
+    /// Max pooling over `kernel` windows (padding counts as -infinity).
+    pub fn max_pool2d(
+        &self,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+    ) -> Result<Self> {
+        let (cols, shape) =
+            self.pool_columns("max_pool2d", kernel, stride, padding, f32::NEG_INFINITY)?;
+        cols.max(1, false)?.reshape(&shape)
+    }
+
+    /// Average pooling over `kernel` windows (padding counts as zeros in the average, PyTorch's
+    /// `count_include_pad=True`).
+    pub fn avg_pool2d(
+        &self,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+    ) -> Result<Self> {
+        let (cols, shape) = self.pool_columns("avg_pool2d", kernel, stride, padding, 0.0)?;
+        cols.mean(&[1], false)?.reshape(&shape)
+    }
+}

@@ -1,0 +1,38 @@
+//! Dropout, from the backends' counter-based random stream.
+
+use super::fused;
+use crate::error::{Result, invalid};
+use crate::tensor::Tensor;
+use hal::ir::IrCmp;
+use hal::{Backend, Distribution};
+
+impl<B: Backend> Tensor<B> {
+    /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)`. The mask
+    /// comes from the random stream of (`seed`, `offset`), so a run is reproducible; callers
+    /// advance `offset` between steps ([`crate::nn::Dropout`] does).
+    pub fn dropout(&self, p: f32, seed: u64, offset: u64) -> Result<Self> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(invalid("dropout", format!("p must be in [0, 1), got {p}")));
+        }
+        if p == 0.0 {
+            return Ok(self.clone());
+        }
+        let u = self.new_zeros(self.shape(), hal::DType::F32)?;
+        self.backend().random(
+            u.view(),
+            Distribution::Uniform {
+                low: 0.0,
+                high: 1.0,
+            },
+            seed,
+            offset,
+        )?;
+        let scale = 1.0 / (1.0 - p);
+        let mask = fused("dropout_mask", &[&u], self.shape(), self.dtype(), |b, v| {
+            let (pp, s, zero) = (b.const_f32(p), b.const_f32(scale), b.const_f32(0.0));
+            let keep = b.cmp(IrCmp::Ge, v[0], pp);
+            b.select(keep, s, zero)
+        })?;
+        self.mul(&mask)
+    }
+}

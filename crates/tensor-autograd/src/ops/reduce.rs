@@ -1,0 +1,184 @@
+//! Reductions along axes: sum, mean, max/min (with the index of the winner), argmax/argmin,
+//! variance, logsumexp, softmax and log-softmax. Sum and mean are one `hal` reduction each;
+//! max and min are an arg-reduction and a gather, so the gradient goes to the one element that
+//! won (the lowest index among ties, as PyTorch's `max(dim)`); the rest are compositions.
+
+use crate::error::{Result, invalid};
+use crate::tensor::Tensor;
+use hal::{ArgReduceOp, Backend, DType, ReduceOp};
+
+impl<B: Backend> Tensor<B> {
+    /// Resolves and checks a list of axes; sorted, without repeats.
+    fn axes(&self, axes: &[isize]) -> Result<Vec<usize>> {
+        let mut out = axes
+            .iter()
+            .map(|&a| self.axis(a))
+            .collect::<Result<Vec<_>>>()?;
+        out.sort_unstable();
+        if out.windows(2).any(|w| w[0] == w[1]) {
+            return Err(invalid("reduce", format!("axis listed twice in {axes:?}")));
+        }
+        Ok(out)
+    }
+
+    fn kept_shape(&self, axes: &[usize]) -> Vec<usize> {
+        let mut s = self.shape().to_vec();
+        for &a in axes {
+            s[a] = 1;
+        }
+        s
+    }
+
+    fn dropped_shape(&self, axes: &[usize]) -> Vec<usize> {
+        self.shape()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, &d)| d)
+            .collect()
+    }
+
+    fn sum_or_mean(&self, op: ReduceOp, axes: &[isize], keepdim: bool) -> Result<Self> {
+        let axes = self.axes(axes)?;
+        if axes.is_empty() {
+            return Ok(self.clone());
+        }
+        let kept = self.kept_shape(&axes);
+        let out = self.new_zeros(&kept, self.dtype())?;
+        self.backend().reduce(op, self.view(), &axes, out.view())?;
+        let count: usize = axes.iter().map(|&a| self.shape()[a]).product();
+        let in_shape = self.shape().to_vec();
+        let kept_c = kept.clone();
+        let out = Tensor::from_op(out, "sum", &[self], move |g| {
+            let g = g.reshape(&kept_c)?;
+            let g = if op == ReduceOp::Mean {
+                g.mul_scalar(1.0 / count.max(1) as f32)?
+            } else {
+                g
+            };
+            Ok(vec![Some(g.expand(&in_shape)?)])
+        });
+        if keepdim {
+            Ok(out)
+        } else {
+            out.reshape(&self.dropped_shape(&axes))
+        }
+    }
+
+    /// The sum over `axes` (negative axes count from the end).
+    pub fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
+        self.sum_or_mean(ReduceOp::Sum, axes, keepdim)
+    }
+
+    /// The mean over `axes`.
+    pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
+        self.sum_or_mean(ReduceOp::Mean, axes, keepdim)
+    }
+
+    fn all_axes(&self) -> Vec<isize> {
+        (0..self.rank() as isize).collect()
+    }
+
+    /// The sum of all elements (shape `[]`).
+    pub fn sum_all(&self) -> Result<Self> {
+        self.sum(&self.all_axes(), false)
+    }
+
+    /// The mean of all elements (shape `[]`).
+    pub fn mean_all(&self) -> Result<Self> {
+        self.mean(&self.all_axes(), false)
+    }
+
+    /// The index (`u32`) of the largest element along `axis`; ties give the lowest index.
+    pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Self> {
+        self.arg_reduce(ArgReduceOp::ArgMax, axis, keepdim)
+    }
+
+    /// The index (`u32`) of the smallest element along `axis`.
+    pub fn argmin(&self, axis: isize, keepdim: bool) -> Result<Self> {
+        self.arg_reduce(ArgReduceOp::ArgMin, axis, keepdim)
+    }
+
+    fn arg_reduce(&self, op: ArgReduceOp, axis: isize, keepdim: bool) -> Result<Self> {
+        let axis = self.axis(axis)?;
+        let kept = self.kept_shape(&[axis]);
+        let out = self.new_zeros(&kept, DType::U32)?;
+        self.backend()
+            .arg_reduce(op, self.view(), axis, out.view())?;
+        if keepdim {
+            Ok(out)
+        } else {
+            out.reshape(&self.dropped_shape(&[axis]))
+        }
+    }
+
+    fn extremum(&self, op: ArgReduceOp, axis: isize, keepdim: bool) -> Result<Self> {
+        let index = self.arg_reduce(op, axis, true)?;
+        let axis_u = self.axis(axis)?;
+        let values = self.gather(axis_u, &index)?;
+        if keepdim {
+            Ok(values)
+        } else {
+            values.reshape(&self.dropped_shape(&[axis_u]))
+        }
+    }
+
+    /// The largest value along `axis`.
+    pub fn max(&self, axis: isize, keepdim: bool) -> Result<Self> {
+        self.extremum(ArgReduceOp::ArgMax, axis, keepdim)
+    }
+
+    /// The smallest value along `axis`.
+    pub fn min(&self, axis: isize, keepdim: bool) -> Result<Self> {
+        self.extremum(ArgReduceOp::ArgMin, axis, keepdim)
+    }
+
+    /// The largest element (shape `[]`).
+    pub fn max_all(&self) -> Result<Self> {
+        self.flatten(0)?.max(0, false)
+    }
+
+    /// The variance over `axes`, with `correction` subtracted from the count (1: unbiased).
+    pub fn var(&self, axes: &[isize], correction: usize, keepdim: bool) -> Result<Self> {
+        let ax = self.axes(axes)?;
+        let count: usize = ax.iter().map(|&a| self.shape()[a]).product();
+        if count <= correction {
+            return Err(invalid(
+                "var",
+                format!(
+                    "{count} elements leave no degrees of freedom with correction {correction}"
+                ),
+            ));
+        }
+        let centred = self.sub(&self.mean(axes, true)?)?;
+        centred
+            .square()?
+            .sum(axes, keepdim)?
+            .mul_scalar(1.0 / (count - correction) as f32)
+    }
+
+    /// `log(sum(exp(x)))` along `axis`, computed stably (the maximum is subtracted first).
+    pub fn logsumexp(&self, axis: isize, keepdim: bool) -> Result<Self> {
+        // The shift is a constant for the gradient (it cancels), so it is detached.
+        let m = self.max(axis, true)?.detach();
+        let s = self.sub(&m)?.exp()?.sum(&[axis], true)?.log()?.add(&m)?;
+        if keepdim {
+            Ok(s)
+        } else {
+            let a = self.axis(axis)?;
+            s.reshape(&self.dropped_shape(&[a]))
+        }
+    }
+
+    /// `exp(x) / sum(exp(x))` along `axis`.
+    pub fn softmax(&self, axis: isize) -> Result<Self> {
+        let m = self.max(axis, true)?.detach();
+        let e = self.sub(&m)?.exp()?;
+        e.div(&e.sum(&[axis], true)?)
+    }
+
+    /// `x - logsumexp(x)` along `axis`.
+    pub fn log_softmax(&self, axis: isize) -> Result<Self> {
+        self.sub(&self.logsumexp(axis, true)?)
+    }
+}

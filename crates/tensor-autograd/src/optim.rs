@@ -1,0 +1,317 @@
+//! Optimisers on the backends' fused step kernels (one launch per parameter, state on the
+//! device, nothing read back), learning-rate schedules, and gradient clipping.
+//!
+//! An optimiser does not hold the parameters: `step(&params)` takes them (in a fixed order,
+//! as [`crate::nn::ModuleExt::parameters`] returns them), and its state is per position. So a
+//! model moved to another device keeps its optimiser: move the state with `to_device`.
+
+use crate::error::{Result, invalid};
+use crate::tensor::Tensor;
+use hal::{AdamParams, Backend, BackendExt, DType, DeviceBuffer, SgdParams};
+
+/// What every optimiser offers.
+pub trait Optimizer<B: Backend> {
+    /// One update of every parameter that has a gradient.
+    fn step(&mut self, params: &[Tensor<B>]) -> Result<()>;
+    fn learning_rate(&self) -> f32;
+    fn set_learning_rate(&mut self, lr: f32);
+    /// Moves the optimiser state (momenta) to `device`.
+    fn to_device(&mut self, device: &B) -> Result<()>;
+}
+
+/// The gradient of `p`, checked to be a dense f32 buffer matching it, or `None` if it has
+/// none (a parameter that took no part in the loss).
+fn dense_grad<B: Backend>(p: &Tensor<B>, op: &'static str) -> Result<Option<Tensor<B>>> {
+    if p.dtype() != DType::F32 || !p.is_dense() {
+        return Err(invalid(
+            op,
+            format!("parameters must be dense f32 tensors, got {p:?}"),
+        ));
+    }
+    let Some(g) = p.grad() else { return Ok(None) };
+    let g = if g.dtype() == DType::F32 {
+        g.dense()?
+    } else {
+        g.to_dtype(DType::F32)?.dense()?
+    };
+    Ok(Some(g))
+}
+
+/// One state buffer per parameter position, created zeroed on first use.
+struct Slots<B: Backend> {
+    buffers: Vec<Option<B::Buffer>>,
+}
+
+impl<B: Backend> Slots<B> {
+    fn new() -> Self {
+        Self {
+            buffers: Vec::new(),
+        }
+    }
+    fn get(&mut self, i: usize, p: &Tensor<B>) -> Result<B::Buffer> {
+        if self.buffers.len() <= i {
+            self.buffers.resize(i + 1, None);
+        }
+        match &self.buffers[i] {
+            Some(b) if b.len() == p.numel() => Ok(b.clone()),
+            Some(b) => Err(invalid(
+                "optimizer",
+                format!(
+                    "parameter {i} has {} elements but its state has {}; pass the same parameters in the same order each step",
+                    p.numel(),
+                    b.len()
+                ),
+            )),
+            None => {
+                let b = p.backend().alloc(DType::F32, p.numel())?;
+                self.buffers[i] = Some(b.clone());
+                Ok(b)
+            }
+        }
+    }
+    fn move_to(&mut self, device: &B, from: &B) -> Result<()> {
+        for slot in self.buffers.iter_mut().flatten() {
+            let data = from.read::<f32>(slot)?;
+            *slot = device.upload(&data)?;
+        }
+        Ok(())
+    }
+}
+
+/// Stochastic gradient descent with momentum, dampening, Nesterov and weight decay
+/// (PyTorch's formulation, [`SgdParams`]).
+pub struct Sgd<B: Backend> {
+    pub lr: f32,
+    pub momentum: f32,
+    pub dampening: f32,
+    pub weight_decay: f32,
+    pub nesterov: bool,
+    steps: u64,
+    momenta: Slots<B>,
+    device: Option<B>,
+}
+
+impl<B: Backend> Sgd<B> {
+    pub fn new(lr: f32) -> Self {
+        Self {
+            lr,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+            steps: 0,
+            momenta: Slots::new(),
+            device: None,
+        }
+    }
+    pub fn momentum(mut self, momentum: f32, nesterov: bool) -> Self {
+        self.momentum = momentum;
+        self.nesterov = nesterov;
+        self
+    }
+    pub fn weight_decay(mut self, weight_decay: f32) -> Self {
+        self.weight_decay = weight_decay;
+        self
+    }
+}
+
+impl<B: Backend> Optimizer<B> for Sgd<B> {
+    fn step(&mut self, params: &[Tensor<B>]) -> Result<()> {
+        self.steps += 1;
+        let p = SgdParams {
+            lr: self.lr,
+            momentum: self.momentum,
+            dampening: self.dampening,
+            weight_decay: self.weight_decay,
+            nesterov: self.nesterov,
+            step: self.steps,
+        };
+        for (i, param) in params.iter().enumerate() {
+            let Some(g) = dense_grad(param, "Sgd::step")? else {
+                continue;
+            };
+            let buf = if self.momentum != 0.0 {
+                Some(self.momenta.get(i, param)?)
+            } else {
+                None
+            };
+            param
+                .backend()
+                .sgd_step(param.buffer(), g.buffer(), buf.as_ref(), &p)?;
+            self.device.get_or_insert_with(|| param.backend().clone());
+        }
+        Ok(())
+    }
+    fn learning_rate(&self) -> f32 {
+        self.lr
+    }
+    fn set_learning_rate(&mut self, lr: f32) {
+        self.lr = lr;
+    }
+    fn to_device(&mut self, device: &B) -> Result<()> {
+        if let Some(from) = self.device.replace(device.clone()) {
+            self.momenta.move_to(device, &from)?;
+        }
+        Ok(())
+    }
+}
+
+/// Adam, or AdamW with decoupled weight decay ([`AdamParams`]).
+pub struct Adam<B: Backend> {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    pub decoupled_weight_decay: bool,
+    steps: u64,
+    m: Slots<B>,
+    v: Slots<B>,
+    device: Option<B>,
+}
+
+impl<B: Backend> Adam<B> {
+    /// Adam with PyTorch's defaults (betas 0.9, 0.999; eps 1e-8; no weight decay).
+    pub fn new(lr: f32) -> Self {
+        Self {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            decoupled_weight_decay: false,
+            steps: 0,
+            m: Slots::new(),
+            v: Slots::new(),
+            device: None,
+        }
+    }
+    /// AdamW with PyTorch's defaults (weight decay 0.01).
+    pub fn adamw(lr: f32) -> Self {
+        Self {
+            weight_decay: 0.01,
+            decoupled_weight_decay: true,
+            ..Self::new(lr)
+        }
+    }
+    pub fn weight_decay(mut self, weight_decay: f32) -> Self {
+        self.weight_decay = weight_decay;
+        self
+    }
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+}
+
+impl<B: Backend> Optimizer<B> for Adam<B> {
+    fn step(&mut self, params: &[Tensor<B>]) -> Result<()> {
+        self.steps += 1;
+        let p = AdamParams {
+            lr: self.lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            decoupled_weight_decay: self.decoupled_weight_decay,
+            step: self.steps,
+        };
+        for (i, param) in params.iter().enumerate() {
+            let Some(g) = dense_grad(param, "Adam::step")? else {
+                continue;
+            };
+            let (m, v) = (self.m.get(i, param)?, self.v.get(i, param)?);
+            param
+                .backend()
+                .adam_step(param.buffer(), g.buffer(), &m, &v, &p)?;
+            self.device.get_or_insert_with(|| param.backend().clone());
+        }
+        Ok(())
+    }
+    fn learning_rate(&self) -> f32 {
+        self.lr
+    }
+    fn set_learning_rate(&mut self, lr: f32) {
+        self.lr = lr;
+    }
+    fn to_device(&mut self, device: &B) -> Result<()> {
+        if let Some(from) = self.device.replace(device.clone()) {
+            self.m.move_to(device, &from)?;
+            self.v.move_to(device, &from)?;
+        }
+        Ok(())
+    }
+}
+
+/// A learning rate as a function of the step (0-based).
+pub trait Schedule {
+    fn learning_rate(&self, step: u64) -> f32;
+}
+
+/// `base * gamma^(step / every)`.
+#[derive(Clone, Copy, Debug)]
+pub struct StepDecay {
+    pub base: f32,
+    pub gamma: f32,
+    pub every: u64,
+}
+
+impl Schedule for StepDecay {
+    fn learning_rate(&self, step: u64) -> f32 {
+        self.base * self.gamma.powi((step / self.every.max(1)) as i32)
+    }
+}
+
+/// Linear warm-up over `warmup` steps, then cosine annealing from `base` to `min` at `total`.
+#[derive(Clone, Copy, Debug)]
+pub struct Cosine {
+    pub base: f32,
+    pub min: f32,
+    pub warmup: u64,
+    pub total: u64,
+}
+
+impl Schedule for Cosine {
+    fn learning_rate(&self, step: u64) -> f32 {
+        if step < self.warmup {
+            return self.base * (step + 1) as f32 / self.warmup as f32;
+        }
+        let span = self.total.saturating_sub(self.warmup).max(1);
+        let t = ((step - self.warmup) as f32 / span as f32).min(1.0);
+        self.min + 0.5 * (self.base - self.min) * (1.0 + (std::f32::consts::PI * t).cos())
+    }
+}
+
+/// Scales the parameters' gradients so their joint L2 norm is at most `max_norm` and returns
+/// the norm before clipping (a one-element device tensor: nothing is read back).
+pub fn clip_grad_norm<B: Backend>(
+    params: &[Tensor<B>],
+    max_norm: f32,
+) -> Result<Option<Tensor<B>>> {
+    crate::no_grad(|| {
+        let grads: Vec<(Tensor<B>, Tensor<B>)> = params
+            .iter()
+            .filter_map(|p| p.grad().map(|g| (p.clone(), g)))
+            .collect();
+        let mut total: Option<Tensor<B>> = None;
+        for (_, g) in &grads {
+            let s = g.square()?.sum_all()?;
+            total = Some(match total {
+                Some(t) => t.add(&s)?,
+                None => s,
+            });
+        }
+        let Some(total) = total else { return Ok(None) };
+        let norm = total.sqrt()?;
+        // scale = min(1, max_norm / (norm + 1e-6)), computed on the device.
+        let scale = norm
+            .add_scalar(1e-6)?
+            .recip()?
+            .mul_scalar(max_norm)?
+            .clamp(0.0, 1.0)?;
+        for (p, g) in grads {
+            p.set_grad(Some(g.mul(&scale)?.dense()?));
+        }
+        Ok(Some(norm))
+    })
+}

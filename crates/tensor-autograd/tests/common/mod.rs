@@ -1,0 +1,157 @@
+//! Helpers shared by the integration tests: seeded inputs, views that are not contiguous, and
+//! the two gradient checks.
+#![allow(dead_code)]
+
+use hal::Backend;
+use tensor_autograd::{Result, Tensor};
+
+/// A fresh seed per run, printed so a failure can be replayed with `TA_SEED`.
+pub fn seed() -> u64 {
+    let s = std::env::var("TA_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    println!("seed {s} (replay with TA_SEED={s})");
+    s
+}
+
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform on `[lo, hi)`.
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+    pub fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// A function of input tensors under test.
+pub type Forward<'a, B> = dyn Fn(&[Tensor<B>]) -> Result<Tensor<B>> + 'a;
+
+/// How an input is laid out in memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Storage {
+    Contiguous,
+    /// The logical tensor is the transpose of its last two dimensions' storage.
+    Transposed,
+}
+
+/// A leaf that requires a gradient, holding `values` (row-major in its logical `shape`)
+/// either contiguously or as a transposed view of a buffer laid out the other way.
+pub fn leaf<B: Backend>(dev: &B, values: &[f64], shape: &[usize], storage: Storage) -> Tensor<B> {
+    let data: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+    match storage {
+        Storage::Transposed if shape.len() >= 2 => {
+            let r = shape.len();
+            let mut stored = shape.to_vec();
+            stored.swap(r - 2, r - 1);
+            // stored[.., j, i] = logical[.., i, j]
+            let (rows, cols) = (shape[r - 2], shape[r - 1]);
+            let plane = rows * cols;
+            let mut t = vec![0f32; data.len()];
+            for (p, chunk) in data.chunks(plane.max(1)).enumerate() {
+                for i in 0..rows {
+                    for j in 0..cols {
+                        t[p * plane + j * rows + i] = chunk[i * cols + j];
+                    }
+                }
+            }
+            let base = Tensor::from_slice(dev, &t, &stored).unwrap();
+            let view = base.transpose(-1, -2).unwrap();
+            assert!(!view.is_contiguous() || rows == 1 || cols == 1);
+            view.requires_grad()
+        }
+        _ => Tensor::from_slice(dev, &data, shape)
+            .unwrap()
+            .requires_grad(),
+    }
+}
+
+/// Checks the autograd gradient of `f` at `inputs` against central differences of the
+/// library's own forward pass, formed and summed in f64: the loss is `sum(f(x) * w)` with
+/// fixed random weights `w`. Returns the worst error relative to `atol + rtol |fd|`
+/// (below 1 passes).
+pub fn gradcheck<B: Backend>(
+    dev: &B,
+    rng: &mut Rng,
+    inputs: &[(Vec<f64>, Vec<usize>, Storage)],
+    h: f64,
+    tol: (f64, f64),
+    f: &Forward<'_, B>,
+) -> f64 {
+    let leaves: Vec<Tensor<B>> = inputs
+        .iter()
+        .map(|(v, s, st)| leaf(dev, v, s, *st))
+        .collect();
+    let y = f(&leaves).unwrap();
+    let w = rng.vec(y.numel(), -1.0, 1.0);
+    let wt = Tensor::from_slice(
+        dev,
+        &w.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+        y.shape(),
+    )
+    .unwrap();
+    y.mul(&wt).unwrap().sum_all().unwrap().backward().unwrap();
+    let loss_at = |values: &[Vec<f64>]| -> f64 {
+        let ts: Vec<Tensor<B>> = values
+            .iter()
+            .zip(inputs)
+            .map(|(v, (_, s, st))| leaf(dev, v, s, *st).detach())
+            .collect();
+        let out = tensor_autograd::no_grad(|| f(&ts))
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        out.iter().zip(&w).map(|(&o, &wi)| o as f64 * wi).sum()
+    };
+    let (atol, rtol) = tol;
+    let mut worst: f64 = 0.0;
+    for (k, (values, shape, _)) in inputs.iter().enumerate() {
+        let got = leaves[k]
+            .grad()
+            .map(|g| g.to_vec().unwrap())
+            .unwrap_or_else(|| vec![0.0; values.len()]);
+        assert_eq!(
+            got.len(),
+            values.len(),
+            "gradient of input {k} has the wrong size ({shape:?})"
+        );
+        for j in 0..values.len() {
+            let mut plus: Vec<Vec<f64>> = inputs.iter().map(|i| i.0.clone()).collect();
+            let mut minus = plus.clone();
+            plus[k][j] += h;
+            minus[k][j] -= h;
+            let fd = (loss_at(&plus) - loss_at(&minus)) / (2.0 * h);
+            let err = (got[j] as f64 - fd).abs() / (atol + rtol * fd.abs());
+            if err > worst {
+                worst = err;
+            }
+            assert!(
+                err <= 1.0,
+                "input {k} element {j}: autograd {} vs finite difference {fd} (shape {shape:?})",
+                got[j]
+            );
+        }
+    }
+    worst
+}

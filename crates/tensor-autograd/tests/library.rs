@@ -1,0 +1,301 @@
+//! Layers, optimisers, data loading, parameter files and error reporting.
+
+mod common;
+
+use backend_cpu::CpuBackend;
+use common::{Rng, seed};
+use std::sync::Arc;
+use tensor_autograd::data::{DataLoader, Dataset};
+use tensor_autograd::models::{digits_cnn, mlp};
+use tensor_autograd::nn::{Init, Linear, Module, ModuleExt, copy_state};
+use tensor_autograd::optim::{Adam, Cosine, Optimizer, Schedule, Sgd, clip_grad_norm};
+use tensor_autograd::{Error, Tensor};
+
+type T = Tensor<CpuBackend>;
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("tensor-autograd-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn op_shape_errors_name_both_shapes() {
+    let dev = CpuBackend::new();
+    let a = T::zeros(&dev, &[2, 3], hal::DType::F32).unwrap();
+    let b = T::zeros(&dev, &[4, 3], hal::DType::F32).unwrap();
+    let msg = a.add(&b).unwrap_err().to_string();
+    assert!(msg.contains("[2, 3]") && msg.contains("[4, 3]"), "{msg}");
+    let msg = a.matmul(&b).unwrap_err().to_string();
+    assert!(msg.contains("[2, 3]") && msg.contains("[4, 3]"), "{msg}");
+    let msg = T::cat(&[&a, &b.t().unwrap()], 0).unwrap_err().to_string();
+    assert!(msg.contains("[2, 3]") && msg.contains("[3, 4]"), "{msg}");
+    let x = a.requires_grad().exp().unwrap();
+    let msg = x.backward().unwrap_err().to_string();
+    assert!(
+        msg.contains("one-element") && msg.contains("[2, 3]"),
+        "{msg}"
+    );
+    assert!(matches!(
+        T::from_slice(&dev, &[1.0; 5], &[2, 3]),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+#[test]
+fn parameters_save_and_load_with_clear_errors() {
+    let dev = CpuBackend::new();
+    let mut init = Init::new(&dev, seed());
+    let model = digits_cnn(&mut init).unwrap();
+    let path = tmp("cnn.safetensors");
+    model.save(&path).unwrap();
+    let mut other_init = Init::new(&dev, 99);
+    let other = digits_cnn(&mut other_init).unwrap();
+    other.load(&path).unwrap();
+    for ((n1, a), (n2, b)) in model.named_tensors().iter().zip(other.named_tensors()) {
+        assert_eq!(n1, &n2);
+        assert_eq!(a.to_vec().unwrap(), b.to_vec().unwrap(), "{n1}");
+    }
+    let names: Vec<String> = model.named_tensors().into_iter().map(|(n, _)| n).collect();
+    assert!(
+        names.contains(&"0.weight".to_string()) && names.contains(&"1.running_var".to_string()),
+        "{names:?}"
+    );
+
+    // A file missing a tensor, and one with a tensor of the wrong shape: errors that name the
+    // tensor, and the model is untouched.
+    let small = mlp(&mut Init::new(&dev, 1), &[4, 3, 2]).unwrap();
+    let before: Vec<Vec<f32>> = small
+        .parameters()
+        .iter()
+        .map(|p| p.to_vec().unwrap())
+        .collect();
+    let wrong = mlp(&mut Init::new(&dev, 2), &[4, 5, 2]).unwrap();
+    let wrong_path = tmp("wrong.safetensors");
+    wrong.save(&wrong_path).unwrap();
+    let msg = small.load(&wrong_path).unwrap_err().to_string();
+    assert!(
+        msg.contains("1.weight") && msg.contains("[5, 4]") && msg.contains("[3, 4]"),
+        "{msg}"
+    );
+    let partial = Linear::new(&mut Init::new(&dev, 3), 4, 3).unwrap();
+    let partial_path = tmp("partial.safetensors");
+    partial.save(&partial_path).unwrap();
+    let msg = small.load(&partial_path).unwrap_err().to_string();
+    assert!(msg.contains("no tensor `1.weight`"), "{msg}");
+    let after: Vec<Vec<f32>> = small
+        .parameters()
+        .iter()
+        .map(|p| p.to_vec().unwrap())
+        .collect();
+    assert_eq!(before, after);
+    std::fs::write(&partial_path, b"\x10\0\0\0\0\0\0\0{not json").unwrap();
+    assert!(
+        small
+            .load(&partial_path)
+            .unwrap_err()
+            .to_string()
+            .contains("not a valid safetensors")
+    );
+    assert!(matches!(
+        small.load(tmp("absent.safetensors")),
+        Err(Error::Io { .. })
+    ));
+    for p in [path, wrong_path, partial_path] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+#[test]
+fn state_moves_between_backends() {
+    let cpu = CpuBackend::new();
+    let wgpu = backend_wgpu::WgpuBackend::new().expect("the wgpu backend is required here");
+    let a = digits_cnn(&mut Init::new(&cpu, 4)).unwrap();
+    let mut b = digits_cnn(&mut Init::new(&wgpu, 5)).unwrap();
+    copy_state(&a, &b).unwrap();
+    b.eval();
+    let mut a = a;
+    a.eval();
+    let x: Vec<f32> = Rng::new(seed())
+        .vec(3 * 64, 0.0, 1.0)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let ya = a
+        .forward(&T::from_slice(&cpu, &x, &[3, 1, 8, 8]).unwrap())
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let yb = b
+        .forward(&Tensor::from_slice(&wgpu, &x, &[3, 1, 8, 8]).unwrap())
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    for (p, q) in ya.iter().zip(&yb) {
+        assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{p} vs {q}");
+    }
+    // Same-type move (another handle), optimiser state included.
+    let mut m = mlp(&mut Init::new(&cpu, 6), &[3, 2]).unwrap();
+    let mut opt = Adam::new(0.1);
+    let x = T::from_slice(&cpu, &[1.0, 2.0, 3.0], &[1, 3]).unwrap();
+    m.forward(&x)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    opt.step(&m.parameters()).unwrap();
+    let other = CpuBackend::new();
+    m.to_device(&other).unwrap();
+    opt.to_device(&other).unwrap();
+    assert!(
+        m.parameters()
+            .iter()
+            .all(|p| p.requires_grad_flag() && p.grad().is_none())
+    );
+    m.forward(&x.to_device(&other).unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    opt.step(&m.parameters()).unwrap();
+}
+
+#[test]
+fn sgd_and_adam_follow_pytorch_formulas() {
+    let dev = CpuBackend::new();
+    let mut rng = Rng::new(seed());
+    let p0: Vec<f32> = rng.vec(5, -1.0, 1.0).iter().map(|&v| v as f32).collect();
+    let target: Vec<f32> = rng.vec(5, -1.0, 1.0).iter().map(|&v| v as f32).collect();
+    let t = T::from_slice(&dev, &target, &[5]).unwrap();
+    // SGD with momentum 0.9, Nesterov, weight decay 0.01, lr 0.1 on 0.5 |p - t|^2.
+    let p = T::from_slice(&dev, &p0, &[5]).unwrap().requires_grad();
+    let mut sgd = Sgd::new(0.1).momentum(0.9, true).weight_decay(0.01);
+    let (mut host, mut buf) = (
+        p0.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+        vec![0f64; 5],
+    );
+    for step in 0..3 {
+        p.zero_grad();
+        p.sub(&t)
+            .unwrap()
+            .square()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .mul_scalar(0.5)
+            .unwrap()
+            .backward()
+            .unwrap();
+        sgd.step(std::slice::from_ref(&p)).unwrap();
+        for i in 0..5 {
+            let g = (host[i] - target[i] as f64) + 0.01 * host[i];
+            buf[i] = if step == 0 { g } else { 0.9 * buf[i] + g };
+            host[i] -= 0.1 * (g + 0.9 * buf[i]);
+        }
+    }
+    for (a, b) in p.to_vec().unwrap().iter().zip(&host) {
+        assert!((*a as f64 - b).abs() < 1e-5, "sgd {a} vs {b}");
+    }
+    // Adam, two steps.
+    let p = T::from_slice(&dev, &p0, &[5]).unwrap().requires_grad();
+    let mut adam = Adam::new(0.05);
+    let (mut host, mut m, mut v) = (
+        p0.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+        vec![0f64; 5],
+        vec![0f64; 5],
+    );
+    for step in 1..=2 {
+        p.zero_grad();
+        p.sub(&t)
+            .unwrap()
+            .square()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        adam.step(std::slice::from_ref(&p)).unwrap();
+        for i in 0..5 {
+            let g = 2.0 * (host[i] - target[i] as f64);
+            m[i] = 0.9 * m[i] + 0.1 * g;
+            v[i] = 0.999 * v[i] + 0.001 * g * g;
+            let mh = m[i] / (1.0 - 0.9f64.powi(step));
+            let vh = v[i] / (1.0 - 0.999f64.powi(step));
+            host[i] -= 0.05 * mh / (vh.sqrt() + 1e-8);
+        }
+    }
+    for (a, b) in p.to_vec().unwrap().iter().zip(&host) {
+        assert!((*a as f64 - b).abs() < 1e-5, "adam {a} vs {b}");
+    }
+}
+
+#[test]
+fn clipping_and_schedules() {
+    let dev = CpuBackend::new();
+    let a = T::from_slice(&dev, &[3.0, 0.0], &[2])
+        .unwrap()
+        .requires_grad();
+    let b = T::from_slice(&dev, &[4.0], &[1]).unwrap().requires_grad();
+    // grads: 2a = (6, 0), 2b = 8: norm 10.
+    a.square()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .add(&b.square().unwrap().sum_all().unwrap())
+        .unwrap()
+        .backward()
+        .unwrap();
+    let norm = clip_grad_norm(&[a.clone(), b.clone()], 5.0)
+        .unwrap()
+        .unwrap();
+    assert!((norm.item().unwrap() - 10.0).abs() < 1e-5);
+    let ga = a.grad().unwrap().to_vec().unwrap();
+    assert!((ga[0] - 3.0).abs() < 1e-4 && (b.grad().unwrap().item().unwrap() - 4.0).abs() < 1e-4);
+    let c = Cosine {
+        base: 1.0,
+        min: 0.0,
+        warmup: 10,
+        total: 110,
+    };
+    assert!((c.learning_rate(0) - 0.1).abs() < 1e-6);
+    assert!((c.learning_rate(60) - 0.5).abs() < 1e-5);
+    assert!(c.learning_rate(110).abs() < 1e-6);
+}
+
+#[test]
+fn loader_covers_every_item_once_and_is_seeded() {
+    let dev = CpuBackend::new();
+    let n = 103;
+    let features: Vec<f32> = (0..n * 2).map(|i| (i / 2) as f32).collect();
+    let labels: Vec<u32> = (0..n as u32).collect();
+    let data = Arc::new(Dataset::new(features, &[2], labels).unwrap());
+    let epoch = |loader: &mut DataLoader<CpuBackend>| -> Vec<u32> {
+        let mut seen = Vec::new();
+        for batch in loader.epoch() {
+            let batch = batch.unwrap();
+            let x = batch.x.to_vec().unwrap();
+            let y = batch.y.to_vec_u32().unwrap();
+            for (k, &label) in y.iter().enumerate() {
+                assert_eq!(x[2 * k] as u32, label, "features travel with their label");
+            }
+            seen.extend(y);
+        }
+        seen
+    };
+    let mut l1 = DataLoader::new(&dev, data.clone(), 10).unwrap().shuffle(7);
+    let mut l2 = DataLoader::new(&dev, data.clone(), 10).unwrap().shuffle(7);
+    let (e1, e2) = (epoch(&mut l1), epoch(&mut l2));
+    assert_eq!(e1, e2, "same seed, same order");
+    let mut sorted = e1.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..n as u32).collect::<Vec<_>>());
+    assert_ne!(e1, epoch(&mut l1), "a new order each epoch");
+    assert_ne!(e1, (0..n as u32).collect::<Vec<_>>());
+    // Dropping an epoch early stops its thread.
+    let mut l3 = DataLoader::new(&dev, data, 10).unwrap().drop_last();
+    assert_eq!(l3.num_batches(), 10);
+    let mut it = l3.epoch();
+    assert!(it.next().is_some());
+    drop(it);
+    assert!(Dataset::new(vec![f32::NAN, 1.0], &[2], vec![0]).is_err());
+}
