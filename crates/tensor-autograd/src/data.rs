@@ -1,6 +1,6 @@
 //! Datasets held on the host and a [`DataLoader`] that batches them: seeded shuffling per
-//! epoch, and a background thread that assembles and uploads the next batches while the
-//! current one trains.
+//! epoch, and a background thread that assembles (and augments) the next batches while the
+//! current one trains; each is uploaded, asynchronously, when taken.
 
 use crate::error::{Result, invalid};
 use crate::tensor::Tensor;
@@ -189,8 +189,8 @@ impl<B: Backend> DataLoader<B> {
         }
     }
 
-    /// The next epoch's batches. A thread assembles and uploads them ahead of use; dropping
-    /// the iterator stops it.
+    /// The next epoch's batches. A thread assembles them ahead of use; dropping the iterator
+    /// stops it.
     pub fn epoch(&mut self) -> Batches<B> {
         let salt = splitmix(self.shuffle_seed.unwrap_or(0) ^ splitmix(self.epoch));
         let transform = self.transform.clone();
@@ -203,12 +203,7 @@ impl<B: Backend> DataLoader<B> {
         };
         self.epoch += 1;
         let (tx, rx) = sync_channel(self.prefetch);
-        let (data, backend, batch_size, batches) = (
-            self.data.clone(),
-            self.backend.clone(),
-            self.batch_size,
-            self.num_batches(),
-        );
+        let (data, batch_size, batches) = (self.data.clone(), self.batch_size, self.num_batches());
         let worker = std::thread::spawn(move || {
             let item = data.item_len();
             for b in 0..batches {
@@ -227,34 +222,64 @@ impl<B: Backend> DataLoader<B> {
                 let labels: Vec<u32> = idx.iter().map(|&i| data.labels[i]).collect();
                 let mut shape = vec![idx.len()];
                 shape.extend_from_slice(&data.item_shape);
-                let batch = Tensor::from_slice(&backend, &features, &shape).and_then(|x| {
-                    Ok(Batch {
-                        x,
-                        y: Tensor::from_elements(&backend, &labels, &[labels.len()])?,
-                    })
-                });
+                let batch = HostBatch {
+                    features,
+                    shape,
+                    labels,
+                };
                 if tx.send(batch).is_err() {
                     return; // the consumer stopped early
                 }
             }
         });
         Batches {
+            backend: self.backend.clone(),
             rx: Some(rx),
             worker: Some(worker),
+            remaining: batches,
         }
     }
 }
 
-/// An epoch's batches, prepared by a background thread.
+/// A batch assembled on the host by the loader's thread.
+struct HostBatch {
+    features: Vec<f32>,
+    shape: Vec<usize>,
+    labels: Vec<u32>,
+}
+
+/// An epoch's batches. A background thread gathers (and augments) the next batches on the
+/// host; each is uploaded on the consumer's thread when taken, since some device APIs (wgpu's
+/// error scopes) must not be driven from two threads at once. The upload is enqueued, not
+/// waited on, so it overlaps the device's work on the previous step.
 pub struct Batches<B: Backend> {
-    rx: Option<Receiver<Result<Batch<B>>>>,
+    backend: B,
+    rx: Option<Receiver<HostBatch>>,
     worker: Option<JoinHandle<()>>,
+    remaining: usize,
 }
 
 impl<B: Backend> Iterator for Batches<B> {
     type Item = Result<Batch<B>>;
     fn next(&mut self) -> Option<Self::Item> {
-        self.rx.as_ref()?.recv().ok()
+        if self.remaining == 0 {
+            return None;
+        }
+        self.remaining -= 1;
+        let Ok(host) = self.rx.as_ref()?.recv() else {
+            // The worker stopped before the epoch's end: report it rather than end short.
+            self.remaining = 0;
+            return Some(Err(invalid(
+                "DataLoader",
+                "the loader thread stopped before the end of the epoch (it panicked)",
+            )));
+        };
+        let upload = || -> Result<Batch<B>> {
+            let x = Tensor::from_slice(&self.backend, &host.features, &host.shape)?;
+            let y = Tensor::from_elements(&self.backend, &host.labels, &[host.labels.len()])?;
+            Ok(Batch { x, y })
+        };
+        Some(upload())
     }
 }
 

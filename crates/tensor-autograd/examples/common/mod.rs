@@ -10,15 +10,19 @@ use tensor_autograd::models::{accuracy, train_epoch};
 use tensor_autograd::nn::{ModuleExt, Sequential};
 use tensor_autograd::optim::{Adam, Cosine};
 
-/// Which backend `auto` means here: CUDA if present, else wgpu on a real GPU, else the CPU.
+/// Which backend `auto` means here: CUDA if present, else wgpu on a hardware GPU (not a
+/// software rasteriser such as lavapipe), else the CPU.
 pub fn resolve(choice: &str) -> &str {
     match choice {
         "auto" => {
             if backend_cuda::CudaBackend::new().is_ok() {
                 "cuda"
-            } else if backend_wgpu::WgpuBackend::new()
-                .is_ok_and(|b| b.info().kind != hal::DeviceKind::Cpu)
-            {
+            } else if backend_wgpu::WgpuBackend::new().is_ok_and(|b| {
+                matches!(
+                    b.info().kind,
+                    hal::DeviceKind::DiscreteGpu | hal::DeviceKind::IntegratedGpu
+                )
+            }) {
                 "wgpu"
             } else {
                 "cpu"
