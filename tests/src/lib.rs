@@ -22,6 +22,22 @@ use backend_cpu::CpuBackend;
 use hal::Backend;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
+/// A fresh seed per run for a test's random inputs, or the one in environment variable `var`
+/// to replay a failure; printed either way (`cargo test` shows it when the test fails).
+pub fn fresh_seed(var: &str) -> u64 {
+    let seed = std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+    println!("seed {seed} (replay with {var}={seed})");
+    seed
+}
+
 /// How much to test.
 #[derive(Clone, Copy, Debug)]
 pub struct SuiteConfig {

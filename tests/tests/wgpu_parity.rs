@@ -50,6 +50,37 @@ fn parity_with(gpu: WgpuBackend) {
 /// llvmpipe stops any shader invocation's loops after 65535 iterations; long reductions and
 /// segment sums must split their work so no thread comes near that (they once silently
 /// summed only the first 13107 rows).
+/// `hal::Backend` is `Send + Sync`: one thread allocating (each fresh buffer inside an
+/// out-of-memory error scope) while another compiles kernels (each inside a validation scope)
+/// must not interleave their scopes. wgpu keeps the scopes per thread only with its `std`
+/// feature; without it they are one stack per device and this panicked in wgpu.
+#[test]
+fn a_handle_is_usable_from_two_threads_at_once() {
+    use hal::ir::{Access, ProgramBuilder};
+    let b = gpu();
+    let other = b.clone();
+    let allocating = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for i in 0..20000 {
+            held.push(other.alloc(DType::F32, 16 + i).unwrap());
+            if held.len() > 64 {
+                held.clear();
+            }
+        }
+    });
+    for k in 0..300 {
+        let mut p = ProgramBuilder::new("add_constant");
+        let buf = p.buffer(DType::F32, Access::ReadWrite);
+        let i = p.index();
+        let x = p.load(buf, i);
+        let c = p.const_f32(k as f32);
+        let y = p.add(x, c);
+        p.store(buf, i, y);
+        b.compile(&p.build().unwrap()).unwrap();
+    }
+    allocating.join().expect("the allocating thread panicked");
+}
+
 #[test]
 fn long_reductions_are_not_truncated() {
     let gpu = gpu();

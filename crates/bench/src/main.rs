@@ -845,13 +845,7 @@ fn memory<B: Backend>(b: &B, hooks: &Hooks<'_, B>) -> hal::Result<()> {
         )?;
         Ok(())
     };
-    let describe = |when: &str| match hooks.memory {
-        Some(f) => println!("memory {when}: {}", f()),
-        None => println!(
-            "memory {when}: {} bytes available",
-            b.info().memory_available
-        ),
-    };
+    let describe = |when: &str| println!("memory {when}: {}", memory_report(b, hooks.memory));
     // One iteration first so the pool holds what the loop needs, then 10,000 more.
     iteration()?;
     b.synchronize()?;
@@ -867,6 +861,14 @@ fn memory<B: Backend>(b: &B, hooks: &Hooks<'_, B>) -> hal::Result<()> {
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Device memory in use as the backend's hook describes it, else the bytes it reports free.
+fn memory_report<B: Backend>(b: &B, memory: Option<&dyn Fn() -> String>) -> String {
+    match memory {
+        Some(f) => f(),
+        None => format!("{} bytes available", b.info().memory_available),
+    }
 }
 
 /// Elementwise add on f16 storage (f32 arithmetic, one rounding), back to back: the 16-bit

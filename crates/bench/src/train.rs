@@ -62,7 +62,7 @@ pub fn train<B: Backend>(
         let mut step = |opt: &mut Adam<B>| -> tensor_autograd::Result<Tensor<B>> {
             let (x, y) = &data[i % data.len()];
             i += 1;
-            train_step(&model, &params, opt, x, y)
+            Ok(train_step(&model, &params, opt, x, y)?.loss)
         };
         // Check it learns at all before timing: the loss after 30 steps is below the first.
         let first = step(&mut opt).map_err(e)?.item().map_err(e)?;
@@ -105,12 +105,9 @@ pub fn train<B: Backend>(
             ),
         }
         if which == "mlp" {
-            let describe = |when: usize| match memory {
-                Some(f) => println!("train memory after {when} steps: {}", f()),
-                None => println!(
-                    "train memory after {when} steps: {} bytes available",
-                    b.info().memory_available
-                ),
+            let describe = |when: usize| {
+                let report = crate::memory_report(b, memory);
+                println!("train memory after {when} steps: {report}");
             };
             let t = Instant::now();
             for s in 1..=args.memory_steps {

@@ -13,6 +13,14 @@ pub enum DeviceKind {
     Other,
 }
 
+impl DeviceKind {
+    /// A discrete or integrated GPU: what `auto` backend choices prefer over the CPU backend.
+    /// A software rasteriser (lavapipe) is not one, whatever API it speaks.
+    pub fn is_hardware_gpu(self) -> bool {
+        matches!(self, DeviceKind::DiscreteGpu | DeviceKind::IntegratedGpu)
+    }
+}
+
 /// A description of the device a backend runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {

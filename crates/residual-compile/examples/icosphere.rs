@@ -65,7 +65,7 @@ fn main() -> ExitCode {
             if backend_cuda::CudaBackend::new().is_ok() {
                 "cuda"
             } else if backend_wgpu::WgpuBackend::new()
-                .is_ok_and(|b| b.info().kind != hal::DeviceKind::Cpu)
+                .is_ok_and(|b| b.info().kind.is_hardware_gpu())
             {
                 "wgpu"
             } else {

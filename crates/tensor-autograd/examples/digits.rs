@@ -9,6 +9,8 @@ mod common;
 use clap::Parser;
 use hal::Backend;
 use std::process::ExitCode;
+use std::sync::Arc;
+use tensor_autograd::data::Dataset;
 use tensor_autograd::models::{digits_cnn, digits_mlp, load_digits};
 use tensor_autograd::nn::{Init, ModuleExt};
 
@@ -72,6 +74,7 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/data/digits.bin").into());
     let data = load_digits(&path).map_err(|e| e.to_string())?;
     let (train, test) = data.split(0.8, args.seed);
+    let (train, test) = (Arc::new(train), Arc::new(test));
     let mut failures = Vec::new();
     let mut summary = Vec::new();
     for name in ["mlp", "cnn"] {
@@ -100,10 +103,10 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         };
         let (train, test) = if name == "mlp" {
             let (mean, std) = train.feature_stats();
-            let (mut a, mut b) = (train.clone(), test.clone());
+            let (mut a, mut b) = (Dataset::clone(&train), Dataset::clone(&test));
             a.normalize(&mean, &std, 0.1);
             b.normalize(&mean, &std, 0.1);
-            (a, b)
+            (Arc::new(a), Arc::new(b))
         } else {
             (train.clone(), test.clone())
         };
@@ -115,7 +118,7 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
             quiet: args.quiet,
             augment_side: augment,
         };
-        let outcome = common::fit(backend, name, &mut model, &train, &test, &how)?;
+        let outcome = common::fit(backend, name, &mut model, train, test, &how)?;
         if let Some(dir) = &args.save {
             let path = dir.join(format!("{name}.safetensors"));
             model.save(&path).map_err(|e| e.to_string())?;

@@ -9,6 +9,7 @@ mod common;
 use clap::Parser;
 use hal::Backend;
 use std::process::ExitCode;
+use std::sync::Arc;
 use tensor_autograd::models::{lenet, mlp, synthetic_mnist};
 use tensor_autograd::nn::Init;
 
@@ -49,6 +50,7 @@ fn main() -> ExitCode {
 fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
     let data = synthetic_mnist(args.items, args.seed).map_err(|e| e.to_string())?;
     let (train, test) = data.split(0.9, args.seed);
+    let (train, test) = (Arc::new(train), Arc::new(test));
     for name in ["mlp", "cnn"] {
         if args.model != "both" && args.model != name {
             continue;
@@ -68,7 +70,7 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
             quiet: args.quiet,
             augment_side: None,
         };
-        let outcome = common::fit(backend, name, &mut model, &train, &test, &how)?;
+        let outcome = common::fit(backend, name, &mut model, train.clone(), test.clone(), &how)?;
         println!(
             "{name}: {:.3} ms per step including data loading ({} steps), test accuracy {:.2}%",
             outcome.seconds * 1e3 / outcome.steps.max(1) as f64,

@@ -67,20 +67,14 @@ impl<B: Backend> Tensor<B> {
             inputs: inputs.iter().map(|t| (*t).clone()).collect(),
             backward: Box::new(backward),
         };
-        let Tensor { inner } = out;
-        let inner = std::sync::Arc::try_unwrap(inner).unwrap_or_else(|shared| {
-            // Only a freshly made output is passed here, so this copy of the handles is rare.
-            crate::tensor::Inner {
-                id: shared.id,
-                backend: shared.backend.clone(),
-                buffer: shared.buffer.clone(),
-                layout: shared.layout.clone(),
-                requires_grad: false,
-                node: None,
-                grad: std::sync::Mutex::new(None),
-            }
-        });
-        Tensor::with_node(&inner.backend, inner.buffer, inner.layout, true, Some(node))
+        // The untracked `out` is dropped; the result shares its buffer and layout.
+        Tensor::with_node(
+            out.backend(),
+            out.buffer().clone(),
+            out.layout().clone(),
+            true,
+            Some(node),
+        )
     }
 
     /// Back-propagates from this one-element tensor (a loss): every leaf that requires a

@@ -1,6 +1,6 @@
 //! Datasets held on the host and a [`DataLoader`] that batches them: seeded shuffling per
-//! epoch, and a background thread that assembles (and augments) the next batches while the
-//! current one trains; each is uploaded, asynchronously, when taken.
+//! epoch, and a background thread that assembles (and augments) and uploads the next batches
+//! while the current one trains.
 
 use crate::error::{Result, invalid};
 use crate::tensor::Tensor;
@@ -189,8 +189,8 @@ impl<B: Backend> DataLoader<B> {
         }
     }
 
-    /// The next epoch's batches. A thread assembles them ahead of use; dropping the iterator
-    /// stops it.
+    /// The next epoch's batches. A thread assembles and uploads them ahead of use; dropping
+    /// the iterator stops it.
     pub fn epoch(&mut self) -> Batches<B> {
         let salt = splitmix(self.shuffle_seed.unwrap_or(0) ^ splitmix(self.epoch));
         let transform = self.transform.clone();
@@ -203,7 +203,12 @@ impl<B: Backend> DataLoader<B> {
         };
         self.epoch += 1;
         let (tx, rx) = sync_channel(self.prefetch);
-        let (data, batch_size, batches) = (self.data.clone(), self.batch_size, self.num_batches());
+        let (data, backend, batch_size, batches) = (
+            self.data.clone(),
+            self.backend.clone(),
+            self.batch_size,
+            self.num_batches(),
+        );
         let worker = std::thread::spawn(move || {
             let item = data.item_len();
             for b in 0..batches {
@@ -222,18 +227,16 @@ impl<B: Backend> DataLoader<B> {
                 let labels: Vec<u32> = idx.iter().map(|&i| data.labels[i]).collect();
                 let mut shape = vec![idx.len()];
                 shape.extend_from_slice(&data.item_shape);
-                let batch = HostBatch {
-                    features,
-                    shape,
-                    labels,
-                };
+                let batch = Tensor::from_slice(&backend, &features, &shape).and_then(|x| {
+                    let y = Tensor::from_elements(&backend, &labels, &[labels.len()])?;
+                    Ok(Batch { x, y })
+                });
                 if tx.send(batch).is_err() {
                     return; // the consumer stopped early
                 }
             }
         });
         Batches {
-            backend: self.backend.clone(),
             rx: Some(rx),
             worker: Some(worker),
             remaining: batches,
@@ -241,20 +244,10 @@ impl<B: Backend> DataLoader<B> {
     }
 }
 
-/// A batch assembled on the host by the loader's thread.
-struct HostBatch {
-    features: Vec<f32>,
-    shape: Vec<usize>,
-    labels: Vec<u32>,
-}
-
-/// An epoch's batches. A background thread gathers (and augments) the next batches on the
-/// host; each is uploaded on the consumer's thread when taken, since some device APIs (wgpu's
-/// error scopes) must not be driven from two threads at once. The upload is enqueued, not
-/// waited on, so it overlaps the device's work on the previous step.
+/// An epoch's batches, assembled (augmented) and uploaded by a background thread ahead of
+/// use: the uploads are enqueued on the device while the current step trains.
 pub struct Batches<B: Backend> {
-    backend: B,
-    rx: Option<Receiver<HostBatch>>,
+    rx: Option<Receiver<Result<Batch<B>>>>,
     worker: Option<JoinHandle<()>>,
     remaining: usize,
 }
@@ -266,7 +259,7 @@ impl<B: Backend> Iterator for Batches<B> {
             return None;
         }
         self.remaining -= 1;
-        let Ok(host) = self.rx.as_ref()?.recv() else {
+        let Ok(batch) = self.rx.as_ref()?.recv() else {
             // The worker stopped before the epoch's end: report it rather than end short.
             self.remaining = 0;
             return Some(Err(invalid(
@@ -274,12 +267,7 @@ impl<B: Backend> Iterator for Batches<B> {
                 "the loader thread stopped before the end of the epoch (it panicked)",
             )));
         };
-        let upload = || -> Result<Batch<B>> {
-            let x = Tensor::from_slice(&self.backend, &host.features, &host.shape)?;
-            let y = Tensor::from_elements(&self.backend, &host.labels, &[host.labels.len()])?;
-            Ok(Batch { x, y })
-        };
-        Some(upload())
+        Some(batch)
     }
 }
 

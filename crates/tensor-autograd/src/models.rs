@@ -7,6 +7,7 @@ use crate::optim::{Optimizer, Schedule};
 use crate::{Conv2dOptions, Tensor, no_grad};
 use hal::Backend;
 use std::path::Path;
+use std::sync::Arc;
 
 /// A multi-layer perceptron: `Linear` layers with ReLU between them (`widths[0]` inputs,
 /// `widths.last()` outputs). Flattens its input first.
@@ -96,22 +97,52 @@ pub fn lenet<B: Backend>(
         .push(Linear::new(init, hidden, classes)?))
 }
 
-/// One training step: forward, cross-entropy, backward, optimiser update. Returns the loss as
-/// a device tensor (reading it is the caller's choice).
+/// What a training step leaves behind, on the device and detached from the graph.
+pub struct StepOutput<B: Backend> {
+    pub loss: Tensor<B>,
+    pub logits: Tensor<B>,
+}
+
+/// One training step: forward, cross-entropy, backward, optimiser update. The loss and the
+/// logits stay on the device (reading them is the caller's choice).
 pub fn train_step<B: Backend>(
     model: &dyn Module<B>,
     params: &[Tensor<B>],
     opt: &mut dyn Optimizer<B>,
     x: &Tensor<B>,
     y: &Tensor<B>,
-) -> Result<Tensor<B>> {
+) -> Result<StepOutput<B>> {
     for p in params {
         p.zero_grad();
     }
-    let loss = model.forward(x)?.cross_entropy(y)?;
+    let logits = model.forward(x)?;
+    let loss = logits.cross_entropy(y)?;
     loss.backward()?;
     opt.step(params)?;
-    Ok(loss.detach())
+    Ok(StepOutput {
+        loss: loss.detach(),
+        logits: logits.detach(),
+    })
+}
+
+/// How many rows of `logits` pick the class in `labels` (a one-element device tensor).
+fn hits<B: Backend>(logits: &Tensor<B>, labels: &Tensor<B>) -> Result<Tensor<B>> {
+    no_grad(|| {
+        logits
+            .argmax(1, false)?
+            .eq(labels)?
+            .to_dtype(hal::DType::F32)?
+            .sum_all()
+    })
+}
+
+/// Adds `value` into a running device-side total.
+fn accumulate<B: Backend>(total: &mut Option<Tensor<B>>, value: Tensor<B>) -> Result<()> {
+    *total = Some(match total.take() {
+        Some(t) => t.add(&value)?,
+        None => value,
+    });
+    Ok(())
 }
 
 /// What an epoch of training reports.
@@ -134,37 +165,16 @@ pub fn train_epoch<B: Backend>(
 ) -> Result<EpochReport> {
     model.set_training(true);
     let params = model.parameters();
-    let (mut loss_sum, mut correct, mut seen, mut batches) =
-        (None::<Tensor<B>>, None::<Tensor<B>>, 0usize, 0usize);
+    let (mut loss_sum, mut correct, mut seen, mut batches) = (None, None, 0usize, 0usize);
     for batch in loader.epoch() {
         let batch = batch?;
         if let Some(s) = schedule {
             opt.set_learning_rate(s.learning_rate(*global_step));
         }
-        for p in &params {
-            p.zero_grad();
-        }
-        let logits = model.forward(&batch.x)?;
-        let loss = logits.cross_entropy(&batch.y)?;
-        loss.backward()?;
-        opt.step(&params)?;
+        let out = train_step(&*model, &params, opt, &batch.x, &batch.y)?;
         *global_step += 1;
-        let (l, c) = no_grad(|| -> Result<(Tensor<B>, Tensor<B>)> {
-            let hits = logits
-                .argmax(1, false)?
-                .eq(&batch.y)?
-                .to_dtype(hal::DType::F32)?
-                .sum_all()?;
-            Ok((loss.detach(), hits))
-        })?;
-        loss_sum = Some(match loss_sum {
-            Some(s) => s.add(&l)?,
-            None => l,
-        });
-        correct = Some(match correct {
-            Some(s) => s.add(&c)?,
-            None => c,
-        });
+        accumulate(&mut loss_sum, out.loss)?;
+        accumulate(&mut correct, hits(&out.logits, &batch.y)?)?;
         seen += batch.y.numel();
         batches += 1;
         on_batch();
@@ -182,30 +192,23 @@ pub fn train_epoch<B: Backend>(
 pub fn accuracy<B: Backend>(
     model: &mut dyn Module<B>,
     backend: &B,
-    data: &Dataset,
+    data: Arc<Dataset>,
     batch_size: usize,
 ) -> Result<f32> {
     model.set_training(false);
-    let mut loader = DataLoader::new(backend, std::sync::Arc::new(data.clone()), batch_size)?;
-    let mut correct: Option<Tensor<B>> = None;
-    no_grad(|| -> Result<()> {
+    let items = data.len();
+    let mut loader = DataLoader::new(backend, data, batch_size)?;
+    let mut correct = None;
+    let counted = no_grad(|| -> Result<()> {
         for batch in loader.epoch() {
             let batch = batch?;
-            let hits = model
-                .forward(&batch.x)?
-                .argmax(1, false)?
-                .eq(&batch.y)?
-                .to_dtype(hal::DType::F32)?
-                .sum_all()?;
-            correct = Some(match correct.take() {
-                Some(s) => s.add(&hits)?,
-                None => hits,
-            });
+            accumulate(&mut correct, hits(&model.forward(&batch.x)?, &batch.y)?)?;
         }
         Ok(())
-    })?;
+    });
     model.set_training(true);
-    Ok(correct.map_or(Ok(0.0), |c| c.item())? / data.len().max(1) as f32)
+    counted?;
+    Ok(correct.map_or(Ok(0.0), |c| c.item())? / items.max(1) as f32)
 }
 
 /// Reads the UCI handwritten digits as converted by `data/convert_digits.py`: 8x8 images

@@ -13,7 +13,7 @@ use crate::error::{Error, Result, invalid, shape_error};
 use crate::no_grad;
 use crate::ops::Conv2dOptions;
 use crate::tensor::Tensor;
-use hal::{Backend, BackendExt, DType, Distribution};
+use hal::{Backend, DType, Distribution};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -129,11 +129,7 @@ pub fn copy_state<B1: Backend, B2: Backend>(
         }
         plan.push((src.to_vec()?, dst));
     }
-    for (values, dst) in plan {
-        let staged = Tensor::from_slice(dst.backend(), &values, dst.shape())?;
-        dst.assign(&staged)?;
-    }
-    Ok(())
+    write_all(plan)
 }
 
 // ----- initialisation -----
@@ -650,12 +646,16 @@ pub fn load_safetensors<B: Backend>(tensors: &[(String, Tensor<B>)], path: &Path
                 format!("tensor `{name}` holds NaN or infinite values"),
             ));
         }
-        staged.push((values, dst));
+        staged.push((values, dst.clone()));
     }
+    write_all(staged)
+}
+
+/// Overwrites each tensor with its host values (staged through an upload, then a copy that
+/// converts to the tensor's dtype and layout). Called only after every source was checked.
+fn write_all<B: Backend>(staged: Vec<(Vec<f32>, Tensor<B>)>) -> Result<()> {
     for (values, dst) in staged {
-        let src = dst.backend().upload(&values)?;
-        let src = Tensor::from_parts(dst.backend(), src, hal::Layout::contiguous(dst.shape()));
-        dst.assign(&src)?;
+        dst.assign(&Tensor::from_slice(dst.backend(), &values, dst.shape())?)?;
     }
     Ok(())
 }

@@ -37,42 +37,67 @@ fn dense_grad<B: Backend>(p: &Tensor<B>, op: &'static str) -> Result<Option<Tens
     Ok(Some(g))
 }
 
-/// One state buffer per parameter position, created zeroed on first use.
-struct Slots<B: Backend> {
-    buffers: Vec<Option<B::Buffer>>,
+/// What every optimiser keeps: the step count, per-parameter-position state buffers (momenta),
+/// created zeroed on first use, and the device they live on.
+struct State<B: Backend> {
+    steps: u64,
+    buffers: Vec<Vec<B::Buffer>>,
+    device: Option<B>,
 }
 
-impl<B: Backend> Slots<B> {
+impl<B: Backend> State<B> {
     fn new() -> Self {
         Self {
+            steps: 0,
             buffers: Vec::new(),
+            device: None,
         }
     }
-    fn get(&mut self, i: usize, p: &Tensor<B>) -> Result<B::Buffer> {
-        if self.buffers.len() <= i {
-            self.buffers.resize(i + 1, None);
-        }
-        match &self.buffers[i] {
-            Some(b) if b.len() == p.numel() => Ok(b.clone()),
-            Some(b) => Err(invalid(
-                "optimizer",
-                format!(
-                    "parameter {i} has {} elements but its state has {}; pass the same parameters in the same order each step",
-                    p.numel(),
-                    b.len()
-                ),
-            )),
-            None => {
-                let b = p.backend().alloc(DType::F32, p.numel())?;
-                self.buffers[i] = Some(b.clone());
-                Ok(b)
+
+    /// Counts a step, then calls `update(param, grad, state, step)` for every parameter with a
+    /// gradient, with `kinds` state buffers of the parameter's length.
+    fn step(
+        &mut self,
+        op: &'static str,
+        params: &[Tensor<B>],
+        kinds: usize,
+        mut update: impl FnMut(&Tensor<B>, &Tensor<B>, &[B::Buffer], u64) -> Result<()>,
+    ) -> Result<()> {
+        self.steps += 1;
+        for (i, param) in params.iter().enumerate() {
+            let Some(g) = dense_grad(param, op)? else {
+                continue;
+            };
+            if self.buffers.len() <= i {
+                self.buffers.resize_with(i + 1, Vec::new);
             }
+            let state = &mut self.buffers[i];
+            if let Some(b) = state.iter().find(|b| b.len() != param.numel()) {
+                return Err(invalid(
+                    op,
+                    format!(
+                        "parameter {i} has {} elements but its state has {}; pass the same parameters in the same order each step",
+                        param.numel(),
+                        b.len()
+                    ),
+                ));
+            }
+            while state.len() < kinds {
+                state.push(param.backend().alloc(DType::F32, param.numel())?);
+            }
+            update(param, &g, &state[..kinds], self.steps)?;
+            self.device.get_or_insert_with(|| param.backend().clone());
         }
+        Ok(())
     }
-    fn move_to(&mut self, device: &B, from: &B) -> Result<()> {
-        for slot in self.buffers.iter_mut().flatten() {
-            let data = from.read::<f32>(slot)?;
-            *slot = device.upload(&data)?;
+
+    /// Moves every state buffer to `device` (through the host).
+    fn move_to(&mut self, device: &B) -> Result<()> {
+        if let Some(from) = self.device.replace(device.clone()) {
+            for b in self.buffers.iter_mut().flatten() {
+                let data = from.read::<f32>(b)?;
+                *b = device.upload(&data)?;
+            }
         }
         Ok(())
     }
@@ -86,9 +111,7 @@ pub struct Sgd<B: Backend> {
     pub dampening: f32,
     pub weight_decay: f32,
     pub nesterov: bool,
-    steps: u64,
-    momenta: Slots<B>,
-    device: Option<B>,
+    state: State<B>,
 }
 
 impl<B: Backend> Sgd<B> {
@@ -99,9 +122,7 @@ impl<B: Backend> Sgd<B> {
             dampening: 0.0,
             weight_decay: 0.0,
             nesterov: false,
-            steps: 0,
-            momenta: Slots::new(),
-            device: None,
+            state: State::new(),
         }
     }
     pub fn momentum(mut self, momentum: f32, nesterov: bool) -> Self {
@@ -117,30 +138,22 @@ impl<B: Backend> Sgd<B> {
 
 impl<B: Backend> Optimizer<B> for Sgd<B> {
     fn step(&mut self, params: &[Tensor<B>]) -> Result<()> {
-        self.steps += 1;
         let p = SgdParams {
             lr: self.lr,
             momentum: self.momentum,
             dampening: self.dampening,
             weight_decay: self.weight_decay,
             nesterov: self.nesterov,
-            step: self.steps,
+            step: 0,
         };
-        for (i, param) in params.iter().enumerate() {
-            let Some(g) = dense_grad(param, "Sgd::step")? else {
-                continue;
-            };
-            let buf = if self.momentum != 0.0 {
-                Some(self.momenta.get(i, param)?)
-            } else {
-                None
-            };
-            param
-                .backend()
-                .sgd_step(param.buffer(), g.buffer(), buf.as_ref(), &p)?;
-            self.device.get_or_insert_with(|| param.backend().clone());
-        }
-        Ok(())
+        let kinds = usize::from(self.momentum != 0.0);
+        self.state
+            .step("Sgd::step", params, kinds, |param, g, state, step| {
+                let p = SgdParams { step, ..p };
+                Ok(param
+                    .backend()
+                    .sgd_step(param.buffer(), g.buffer(), state.first(), &p)?)
+            })
     }
     fn learning_rate(&self) -> f32 {
         self.lr
@@ -149,10 +162,7 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
         self.lr = lr;
     }
     fn to_device(&mut self, device: &B) -> Result<()> {
-        if let Some(from) = self.device.replace(device.clone()) {
-            self.momenta.move_to(device, &from)?;
-        }
-        Ok(())
+        self.state.move_to(device)
     }
 }
 
@@ -164,10 +174,7 @@ pub struct Adam<B: Backend> {
     pub eps: f32,
     pub weight_decay: f32,
     pub decoupled_weight_decay: bool,
-    steps: u64,
-    m: Slots<B>,
-    v: Slots<B>,
-    device: Option<B>,
+    state: State<B>,
 }
 
 impl<B: Backend> Adam<B> {
@@ -180,10 +187,7 @@ impl<B: Backend> Adam<B> {
             eps: 1e-8,
             weight_decay: 0.0,
             decoupled_weight_decay: false,
-            steps: 0,
-            m: Slots::new(),
-            v: Slots::new(),
-            device: None,
+            state: State::new(),
         }
     }
     /// AdamW with PyTorch's defaults (weight decay 0.01).
@@ -200,13 +204,12 @@ impl<B: Backend> Adam<B> {
     }
     /// Steps taken so far.
     pub fn steps(&self) -> u64 {
-        self.steps
+        self.state.steps
     }
 }
 
 impl<B: Backend> Optimizer<B> for Adam<B> {
     fn step(&mut self, params: &[Tensor<B>]) -> Result<()> {
-        self.steps += 1;
         let p = AdamParams {
             lr: self.lr,
             beta1: self.beta1,
@@ -214,19 +217,19 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
             eps: self.eps,
             weight_decay: self.weight_decay,
             decoupled_weight_decay: self.decoupled_weight_decay,
-            step: self.steps,
+            step: 0,
         };
-        for (i, param) in params.iter().enumerate() {
-            let Some(g) = dense_grad(param, "Adam::step")? else {
-                continue;
-            };
-            let (m, v) = (self.m.get(i, param)?, self.v.get(i, param)?);
-            param
-                .backend()
-                .adam_step(param.buffer(), g.buffer(), &m, &v, &p)?;
-            self.device.get_or_insert_with(|| param.backend().clone());
-        }
-        Ok(())
+        self.state
+            .step("Adam::step", params, 2, |param, g, state, step| {
+                let p = AdamParams { step, ..p };
+                Ok(param.backend().adam_step(
+                    param.buffer(),
+                    g.buffer(),
+                    &state[0],
+                    &state[1],
+                    &p,
+                )?)
+            })
     }
     fn learning_rate(&self) -> f32 {
         self.lr
@@ -235,11 +238,7 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
         self.lr = lr;
     }
     fn to_device(&mut self, device: &B) -> Result<()> {
-        if let Some(from) = self.device.replace(device.clone()) {
-            self.m.move_to(device, &from)?;
-            self.v.move_to(device, &from)?;
-        }
-        Ok(())
+        self.state.move_to(device)
     }
 }
 

@@ -17,12 +17,9 @@ pub fn resolve(choice: &str) -> &str {
         "auto" => {
             if backend_cuda::CudaBackend::new().is_ok() {
                 "cuda"
-            } else if backend_wgpu::WgpuBackend::new().is_ok_and(|b| {
-                matches!(
-                    b.info().kind,
-                    hal::DeviceKind::DiscreteGpu | hal::DeviceKind::IntegratedGpu
-                )
-            }) {
+            } else if backend_wgpu::WgpuBackend::new()
+                .is_ok_and(|b| b.info().kind.is_hardware_gpu())
+            {
                 "wgpu"
             } else {
                 "cpu"
@@ -70,8 +67,8 @@ pub fn fit<B: Backend>(
     backend: &B,
     name: &str,
     model: &mut Sequential<B>,
-    train: &Dataset,
-    test: &Dataset,
+    train: Arc<Dataset>,
+    test: Arc<Dataset>,
     how: &Fit,
 ) -> Result<Outcome, String> {
     let Fit {
@@ -83,7 +80,8 @@ pub fn fit<B: Backend>(
         augment_side,
     } = *how;
     let e = |e: tensor_autograd::Error| e.to_string();
-    let mut loader = DataLoader::new(backend, Arc::new(train.clone()), batch)
+    let (train_items, test_items) = (train.len(), test.len());
+    let mut loader = DataLoader::new(backend, train, batch)
         .map_err(e)?
         .shuffle(seed);
     if let Some(side) = augment_side {
@@ -103,8 +101,8 @@ pub fn fit<B: Backend>(
     println!(
         "{name}: {} parameters, {} train / {} test items, batch {batch}, {epochs} epochs, Adam lr {lr} (cosine)",
         model.num_parameters(),
-        train.len(),
-        test.len()
+        train_items,
+        test_items
     );
     let mut test_accuracy = 0.0;
     for epoch in 1..=epochs {
@@ -131,7 +129,7 @@ pub fn fit<B: Backend>(
         )
         .map_err(e)?;
         bar.finish_and_clear();
-        test_accuracy = accuracy(model, backend, test, 512).map_err(e)?;
+        test_accuracy = accuracy(model, backend, test.clone(), 512).map_err(e)?;
         println!(
             "  epoch {epoch:>3}: loss {:.4}, train accuracy {:.2}%, test accuracy {:.2}%  ({:.1} s)",
             report.mean_loss,

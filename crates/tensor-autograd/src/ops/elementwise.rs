@@ -409,66 +409,74 @@ fn binary_backward<B: Backend>(
 ) -> Result<(Tensor<B>, Tensor<B>)> {
     let shape = y.shape().to_vec();
     let dt = g.dtype();
-    let fused3 = |name: &str, f: &dyn Fn(&mut ProgramBuilder, &[Value]) -> Value| {
-        fused(name, &[a, b, y, g], &shape, dt, |pb, v| f(pb, v))
+    // The fused formulas index every operand by the launch index, so `a` and `b` are
+    // broadcast to the output's shape once, then shared by both gradients' kernels.
+    let stretched = || -> Result<(Tensor<B>, Tensor<B>)> {
+        Ok((a.materialize(&shape)?, b.materialize(&shape)?))
     };
+    let kernel =
+        |name: &str, inputs: &[&Tensor<B>], f: &dyn Fn(&mut ProgramBuilder, &[Value]) -> Value| {
+            fused(name, inputs, &shape, dt, |pb, v| f(pb, v))
+        };
     Ok(match op {
         BinaryOp::Add => (g.clone(), g.clone()),
         BinaryOp::Sub => (g.clone(), g.neg()?),
         BinaryOp::Mul => (g.mul(b)?, g.mul(a)?),
         BinaryOp::Div => (g.div(b)?, g.mul(y)?.div(b)?.neg()?),
         BinaryOp::Rem => (g.clone(), g.mul(&a.div(b)?.floor()?)?.neg()?),
-        BinaryOp::Pow => (
-            fused3("pow_grad_base", &|pb, v| {
-                // b * a^(b-1) * g
-                let one = pb.const_f32(1.0);
-                let bm1 = pb.sub(v[1], one);
-                let p = pb.binary(IrBinary::Pow, v[0], bm1);
-                let t = pb.mul(v[1], p);
-                pb.mul(t, v[3])
-            })?,
-            fused3("pow_grad_exponent", &|pb, v| {
-                // a^b ln(a) g where a > 0; 0 elsewhere (PyTorch's convention for a = 0)
-                let zero = pb.const_f32(0.0);
-                let pos = pb.cmp(IrCmp::Gt, v[0], zero);
-                let l = pb.unary(IrUnary::Log, v[0]);
-                let t = pb.mul(v[2], l);
-                let t = pb.mul(t, v[3]);
-                pb.select(pos, t, zero)
-            })?,
-        ),
+        BinaryOp::Pow => {
+            let (a, b) = stretched()?;
+            (
+                kernel("pow_grad_base", &[&a, &b, g], &|pb, v| {
+                    // b * a^(b-1) * g
+                    let one = pb.const_f32(1.0);
+                    let bm1 = pb.sub(v[1], one);
+                    let p = pb.binary(IrBinary::Pow, v[0], bm1);
+                    let t = pb.mul(v[1], p);
+                    pb.mul(t, v[2])
+                })?,
+                kernel("pow_grad_exponent", &[&a, y, g], &|pb, v| {
+                    // a^b ln(a) g where a > 0; 0 elsewhere (PyTorch's convention for a = 0)
+                    let zero = pb.const_f32(0.0);
+                    let pos = pb.cmp(IrCmp::Gt, v[0], zero);
+                    let l = pb.unary(IrUnary::Log, v[0]);
+                    let t = pb.mul(v[1], l);
+                    let t = pb.mul(t, v[2]);
+                    pb.select(pos, t, zero)
+                })?,
+            )
+        }
         BinaryOp::Max | BinaryOp::Min => {
             let wins = if op == BinaryOp::Max {
                 IrCmp::Gt
             } else {
                 IrCmp::Lt
             };
-            let ga = fused3("extremum_grad", &|pb, v| {
+            let (a, b) = stretched()?;
+            let ga = kernel("extremum_grad", &[&a, &b, g], &|pb, v| {
                 let (zero, half) = (pb.const_f32(0.0), pb.const_f32(0.5));
                 let win = pb.cmp(wins, v[0], v[1]);
                 let tie = pb.cmp(IrCmp::Eq, v[0], v[1]);
-                let hg = pb.mul(half, v[3]);
+                let hg = pb.mul(half, v[2]);
                 let t = pb.select(tie, hg, zero);
-                pb.select(win, v[3], t)
+                pb.select(win, v[2], t)
             })?;
             let gb = g.sub(&ga)?;
             (ga, gb)
         }
         BinaryOp::Atan2 => {
-            let den = |pb: &mut ProgramBuilder, v: &[Value]| {
+            let (a, b) = stretched()?;
+            // g / (a^2 + b^2) times b for `a`, times -a for `b`.
+            let scaled = |pb: &mut ProgramBuilder, v: &[Value], by: Value| {
                 let a2 = pb.mul(v[0], v[0]);
-                pb.fma(v[1], v[1], a2)
+                let d = pb.fma(v[1], v[1], a2);
+                let t = pb.mul(v[2], by);
+                pb.div(t, d)
             };
             (
-                fused3("atan2_grad_a", &|pb, v| {
-                    let d = den(pb, v);
-                    let t = pb.mul(v[3], v[1]);
-                    pb.div(t, d)
-                })?,
-                fused3("atan2_grad_b", &|pb, v| {
-                    let d = den(pb, v);
-                    let t = pb.mul(v[3], v[0]);
-                    let q = pb.div(t, d);
+                kernel("atan2_grad_a", &[&a, &b, g], &|pb, v| scaled(pb, v, v[1]))?,
+                kernel("atan2_grad_b", &[&a, &b, g], &|pb, v| {
+                    let q = scaled(pb, v, v[0]);
                     pb.unary(IrUnary::Neg, q)
                 })?,
             )

@@ -49,7 +49,8 @@ impl<B: Backend> Tensor<B> {
         let count: usize = axes.iter().map(|&a| self.shape()[a]).product();
         let in_shape = self.shape().to_vec();
         let kept_c = kept.clone();
-        let out = Tensor::from_op(out, "sum", &[self], move |g| {
+        let name = if op == ReduceOp::Mean { "mean" } else { "sum" };
+        let out = Tensor::from_op(out, name, &[self], move |g| {
             let g = g.reshape(&kept_c)?;
             let g = if op == ReduceOp::Mean {
                 g.mul_scalar(1.0 / count.max(1) as f32)?

@@ -7,17 +7,7 @@ use tensor_autograd::{Result, Tensor};
 
 /// A fresh seed per run, printed so a failure can be replayed with `TA_SEED`.
 pub fn seed() -> u64 {
-    let s = std::env::var("TA_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    println!("seed {s} (replay with TA_SEED={s})");
-    s
+    hal_parity::fresh_seed("TA_SEED")
 }
 
 pub struct Rng(u64);
