@@ -318,3 +318,55 @@ nearest_3xtf32(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m
              const float* cnorm, u32* out_index, i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds) {
     nearest_tc_impl<3>(x, n, xr, c, m, cr, d, cnorm, out_index, ioff, is, out_dist, doff, ds);
 }
+
+// nearest_centroid under hal::Precision::Reproducible: one thread per point, each distance
+// summed over k in order with fused multiply-adds from 0, the first strictly smaller distance
+// kept (a NaN best is replaced by any number): the CPU reference's order of operations, so the
+// result is bit-identical to it. Centroids pass through shared memory in tiles of RT rows.
+#define RT 32
+#define RD 64
+extern "C" __global__ void __launch_bounds__(128) nearest_ordered(const float* x, i64 n, i64 xr, i64 xc, const float* c,
+                                                                  i64 m, i64 cr, i64 cc, i64 d, u32* out_index,
+                                                                  i64 ioff, i64 is, float* out_dist, i64 doff,
+                                                                  i64 ds) {
+    __shared__ float tile[RT][RD];
+    const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool live = row < n;
+    float best = nan_f();
+    i64 best_j = 0;
+    float acc[RT];
+    for (i64 j0 = 0; j0 < m; j0 += RT) {
+        const int width = (int)min((i64)RT, m - j0);
+#pragma unroll
+        for (int jj = 0; jj < RT; ++jj) acc[jj] = 0.0f;
+        for (i64 k0 = 0; k0 < d; k0 += RD) {
+            const int depth = (int)min((i64)RD, d - k0);
+            __syncthreads();
+            for (int e = threadIdx.x; e < RT * RD; e += blockDim.x) {
+                int jj = e / RD, kk = e % RD;
+                tile[jj][kk] = (jj < width && kk < depth) ? c[(j0 + jj) * cr + (k0 + kk) * cc] : 0.0f;
+            }
+            __syncthreads();
+            if (live) {
+                for (int kk = 0; kk < depth; ++kk) {
+                    const float xv = x[row * xr + (k0 + kk) * xc];
+#pragma unroll
+                    for (int jj = 0; jj < RT; ++jj) {
+                        const float t = __fsub_rn(xv, tile[jj][kk]);
+                        acc[jj] = __fmaf_rn(t, t, acc[jj]);
+                    }
+                }
+            }
+        }
+        for (int jj = 0; jj < width; ++jj) {
+            if (acc[jj] < best || (is_nan_f(best) && !is_nan_f(acc[jj]))) {
+                best = acc[jj];
+                best_j = j0 + jj;
+            }
+        }
+    }
+    if (live) {
+        out_index[ioff + row * is] = (u32)best_j;
+        out_dist[doff + row * ds] = best;
+    }
+}

@@ -239,3 +239,28 @@ extern "C" __global__ void segment_partial(const void* x, int xdt, i64 xoff, i64
         partial[(s * parts + p) * (d + 1) + k] = acc;
     }
 }
+
+// segment_sum under hal::Precision::Reproducible: segment s's rows, in ascending row order
+// (`order` is the stable counting sort), summed in f32 from 0 with one fused multiply-add per
+// term (the count column with plain adds): the order every backend follows, so the sums are
+// bit-identical to the CPU's. One block per segment, threads over the columns k <= d.
+extern "C" __global__ void segment_ordered(const void* x, int xdt, i64 xoff, i64 xs0, i64 xs1, const void* wts, int wdt,
+                                           i64 woff, i64 ws, int has_w, const u32* starts, const u32* order, i64 d,
+                                           void* sums, int sdt, i64 soff, i64 ss0, i64 ss1, void* counts, int cdt,
+                                           i64 coff, i64 cs, const u32* verdict) {
+    if (*verdict) return;
+    i64 s = blockIdx.x;
+    u32 a = starts[s], b = starts[s + 1];
+    for (i64 k = threadIdx.x; k <= d; k += blockDim.x) {
+        float acc = 0.0f;
+        for (u32 q = a; q < b; ++q) {
+            i64 row = order[q];
+            float wv = has_w ? load_f(wts, wdt, woff + row * ws) : 1.0f;
+            acc = k < d ? __fmaf_rn(wv, load_f(x, xdt, xoff + row * xs0 + k * xs1), acc) : __fadd_rn(acc, wv);
+        }
+        if (k < d)
+            store_f(sums, sdt, soff + s * ss0 + k * ss1, acc);
+        else
+            store_f(counts, cdt, coff + s * cs, acc);
+    }
+}

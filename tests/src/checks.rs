@@ -118,7 +118,7 @@ impl<B: Backend> Suite<'_, B> {
 }
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 30] = [
+pub(crate) const EXPECTED_ROWS: [&str; 32] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -142,6 +142,8 @@ pub(crate) const EXPECTED_ROWS: [&str; 30] = [
     "nearest_centroid",
     "segment_sum",
     "segment_sum (weighted)",
+    "nearest_centroid (Precision::Reproducible)",
+    "segment_sum (Precision::Reproducible)",
     "sgd_step",
     "adam_step",
     "random uniform",
@@ -172,6 +174,7 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     conv(s);
     nearest_centroid(s);
     segment_sum(s);
+    reproducible(s);
     optimizers(s);
     random(s);
     programs(s);
@@ -1499,6 +1502,110 @@ fn segment_sum<B: Backend>(s: &mut Suite<'_, B>) {
                 &|o, w| 2f64.powi(-17) * mag[o] + 2.0 * U32F * w.abs(),
             ),
             Err(e) => s.fail(name, format!("n={n} d={d} m={m}: {e}")),
+        }
+    }
+}
+
+/// `Precision::Reproducible`: nearest-centroid results and segment sums bit-identical to the
+/// CPU's (on the CPU itself: the distances equal to the exact-mode reference's, the sums
+/// within the sequential-summation bound of float64).
+fn reproducible<B: Backend>(s: &mut Suite<'_, B>) {
+    let target = s.target.with_precision(hal::Precision::Reproducible);
+    let cpu = s.cpu.with_precision(hal::Precision::Reproducible);
+    let mut cases: Vec<[usize; 3]> = vec![[1, 1, 1], [7, 3, 7], [300, 33, 65], [65537, 8, 33]];
+    while cases.len() < s.cfg.cases.min(6) + 4 {
+        let r = s.rng();
+        cases.push([1 + r.below(2000), 1 + r.below(70), 1 + r.below(80)]);
+    }
+    for [n, d, m] in cases {
+        let kind = s.kind();
+        let x = random_tensor(s.rng(), &[n, d], DType::F32, kind, |r| r.range(-1.0, 1.0));
+        let c = random_tensor(s.rng(), &[m, d], DType::F32, ViewKind::Contiguous, |r| {
+            r.range(-1.0, 1.0)
+        });
+        let r = s.rng();
+        let seg: Vec<u32> = (0..n).map(|_| r.below(m) as u32).collect();
+        let w: Vec<f32> = (0..n).map(|_| r.range(0.05, 1.0)).collect();
+        let case = format!("n={n} d={d} m={m} {kind:?}");
+        let nc_name = "nearest_centroid (Precision::Reproducible)";
+        let seg_name = "segment_sum (Precision::Reproducible)";
+        let reference =
+            run_nc(&cpu, &x, &c).and_then(|r| Ok((r, run_seg(&cpu, &x, &seg, Some(&w), m)?)));
+        let ((ci, cd), csum) = match reference {
+            Ok(r) => r,
+            Err(e) => {
+                s.fail(nc_name, format!("{case}: cpu: {e}"));
+                continue;
+            }
+        };
+        if s.target_is_reference {
+            // The CPU's exact mode already follows the reproducible order for nearest_centroid.
+            match run_nc(s.cpu, &x, &c) {
+                Ok((ei, ed)) => {
+                    let same =
+                        ei == ci && ed.iter().zip(&cd).all(|(a, b)| a.to_bits() == b.to_bits());
+                    s.record(nc_name, &case, 0.0, if same { 0.0 } else { f64::INFINITY });
+                }
+                Err(e) => s.fail(nc_name, format!("{case}: {e}")),
+            }
+            let xs = x.logical();
+            let (mut exact, mut mag, mut len) =
+                (vec![0f64; m * d + m], vec![0f64; m * d + m], vec![0f64; m]);
+            for i in 0..n {
+                let (sg, wi) = (seg[i] as usize, w[i] as f64);
+                for k in 0..d {
+                    exact[sg * d + k] += wi * xs[i * d + k];
+                    mag[sg * d + k] += (wi * xs[i * d + k]).abs();
+                }
+                exact[m * d + sg] += wi;
+                mag[m * d + sg] += wi;
+                len[sg] += 1.0;
+            }
+            let worst = (0..m * d + m)
+                .map(|o| {
+                    let count = if o < m * d {
+                        len[o / d.max(1)]
+                    } else {
+                        len[o - m * d]
+                    };
+                    (csum[o] - exact[o]).abs() / ((count + 1.0) * 2f64.powi(-24) * mag[o] + 1e-30)
+                })
+                .fold(0.0, f64::max);
+            s.record(seg_name, &case, 0.0, worst);
+            continue;
+        }
+        match run_nc(&target, &x, &c) {
+            Ok((ti, td)) => {
+                let diff = (0..n).find(|&i| ti[i] != ci[i] || td[i].to_bits() != cd[i].to_bits());
+                let detail = diff.map_or(String::new(), |i| {
+                    format!(
+                        " row {i}: {} at {} vs the CPU's {} at {}",
+                        ti[i], td[i], ci[i], cd[i]
+                    )
+                });
+                s.record(
+                    nc_name,
+                    &format!("{case}{detail}"),
+                    0.0,
+                    if diff.is_some() { f64::INFINITY } else { 0.0 },
+                );
+            }
+            Err(e) => s.fail(nc_name, format!("{case}: target: {e}")),
+        }
+        match run_seg(&target, &x, &seg, Some(&w), m) {
+            Ok(tsum) => {
+                let diff = (0..tsum.len()).find(|&o| tsum[o].to_bits() != csum[o].to_bits());
+                let detail = diff.map_or(String::new(), |o| {
+                    format!(" element {o}: {} vs the CPU's {}", tsum[o], csum[o])
+                });
+                s.record(
+                    seg_name,
+                    &format!("{case}{detail}"),
+                    0.0,
+                    if diff.is_some() { f64::INFINITY } else { 0.0 },
+                );
+            }
+            Err(e) => s.fail(seg_name, format!("{case}: target: {e}")),
         }
     }
 }

@@ -104,7 +104,13 @@ fn demo(parity_args: &[String]) -> ExitCode {
         ]
         .map(String::from),
     );
-    if [parity, icosphere, digits]
+    println!("\nxtask demo: vlc-anneal: synthetic embeddings compressed into a searchable index");
+    let vlc = run_release_binary(
+        "vlc-cli",
+        "vlc",
+        &["demo", "--backend", "auto", "--quiet"].map(String::from),
+    );
+    if [parity, icosphere, digits, vlc]
         .iter()
         .all(|c| *c == ExitCode::SUCCESS)
     {

@@ -81,6 +81,103 @@ unsafe fn search_rows_fma(
     search_rows(xs, d, ct, m, idx, dist)
 }
 
+/// Whether `nearest_centroid` ranks by a GEMM (`|c|^2 - 2 x.c`) rather than summing each
+/// distance: worth it once the product is large enough to run at GEMM speed.
+fn by_gemm(d: usize, m: usize) -> bool {
+    d >= 16 && m >= 64
+}
+
+/// Distances of `x` to centroids `a` and `b` summed in the reference order (fma, by `k`).
+#[inline]
+fn exact_distance(x: &[f32], c: &[f32]) -> f32 {
+    x.iter().zip(c).fold(0f32, |acc, (&xv, &cv)| {
+        let t = xv - cv;
+        t.mul_add(t, acc)
+    })
+}
+
+/// Nearest centroids by blocks of rows: one GEMM per block ranks every centroid by
+/// `|c|^2 - 2 x.c` (no n x m matrix: a block's scores are `ROWS x m`), then the two best are
+/// re-checked with the reference's exact sum and the smaller (lower index on ties) wins, so
+/// the returned distance is always an exact one. Rows run in parallel.
+fn nearest_by_gemm(xs: &[f32], cs: &[f32], d: usize, m: usize, idx: &mut [u32], dist: &mut [f32]) {
+    const ROWS: usize = 128;
+    let norms: Vec<f32> = cs
+        .chunks_exact(d)
+        .map(|c| c.iter().map(|v| v * v).sum())
+        .collect();
+    idx.par_chunks_mut(ROWS)
+        .zip(dist.par_chunks_mut(ROWS))
+        .enumerate()
+        .for_each(|(blk, (ib, db))| {
+            let rows = ib.len();
+            let x0 = blk * ROWS;
+            let mut tile = vec![0f32; rows * m];
+            // SAFETY: the slices hold rows x d, m x d and rows x m f32s at the strides given.
+            unsafe {
+                gemm::gemm(
+                    rows,
+                    m,
+                    d,
+                    tile.as_mut_ptr(),
+                    1,
+                    m as isize,
+                    false,
+                    xs.as_ptr().add(x0 * d),
+                    1,
+                    d as isize,
+                    cs.as_ptr(),
+                    d as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            for r in 0..rows {
+                let scores = &tile[r * m..(r + 1) * m];
+                let (mut b1, mut s1, mut b2, mut s2) =
+                    (0usize, f32::INFINITY, usize::MAX, f32::INFINITY);
+                for (j, (&dot, &nc)) in scores.iter().zip(&norms).enumerate() {
+                    let s = nc - 2.0 * dot;
+                    if s < s1 {
+                        (b2, s2) = (b1, s1);
+                        (b1, s1) = (j, s);
+                    } else if s < s2 {
+                        (b2, s2) = (j, s);
+                    }
+                }
+                let x = &xs[(x0 + r) * d..(x0 + r + 1) * d];
+                let mut best = (b1, exact_distance(x, &cs[b1 * d..(b1 + 1) * d]));
+                if b2 != usize::MAX && b2 != b1 {
+                    let e2 = exact_distance(x, &cs[b2 * d..(b2 + 1) * d]);
+                    if e2 < best.1 || (e2 == best.1 && b2 < best.0) || best.1.is_nan() {
+                        best = (b2, e2);
+                    }
+                }
+                if s1.is_nan() || !s1.is_finite() {
+                    // NaN or overflowing scores: fall back to the reference scan for this row.
+                    let mut bj = (0usize, f32::NAN);
+                    for j in 0..m {
+                        let v = exact_distance(x, &cs[j * d..(j + 1) * d]);
+                        if v < bj.1 || bj.1.is_nan() && !v.is_nan() {
+                            bj = (j, v);
+                        }
+                    }
+                    best = bj;
+                }
+                ib[r] = best.0 as u32;
+                db[r] = best.1;
+            }
+        });
+}
+
+/// `reference`: the CPU reference's order of operations (always under
+/// [`hal::Precision::Reproducible`]); otherwise large searches rank by GEMM and re-check.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn nearest_centroid(
     x: Src,
     xl: &Layout,
@@ -90,15 +187,22 @@ pub(crate) fn nearest_centroid(
     il: &Layout,
     out_d: Dst,
     dl: &Layout,
+    reference: bool,
 ) {
     let (n, d, m) = (xl.shape[0], xl.shape[1], cl.shape[0]);
     if n == 0 {
         return;
     }
     let xs = contiguous_f32(x, xl);
-    let ct = contiguous_f32(c, &cl.transpose(0, 1).expect("rank 2"));
     let mut idx = vec![0u32; n];
     let mut dist = vec![0f32; n];
+    if !reference && by_gemm(d, m) {
+        let cs = contiguous_f32(c, cl);
+        nearest_by_gemm(&xs, &cs, d, m, &mut idx, &mut dist);
+        store_results(&idx, &dist, out_i, il, out_d, dl);
+        return;
+    }
+    let ct = contiguous_f32(c, &cl.transpose(0, 1).expect("rank 2"));
     #[cfg(target_arch = "x86_64")]
     let fma =
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
@@ -116,6 +220,11 @@ pub(crate) fn nearest_centroid(
             }
             search_rows(rows, d, &ct, m, ib, db);
         });
+    store_results(&idx, &dist, out_i, il, out_d, dl);
+}
+
+fn store_results(idx: &[u32], dist: &[f32], out_i: Dst, il: &Layout, out_d: Dst, dl: &Layout) {
+    let n = idx.len();
     let contiguous = Layout::contiguous(&[n]);
     elementwise::copy(
         Src {
@@ -178,5 +287,41 @@ pub(crate) fn segment_sum(
     for (s, &c) in cnt.iter().enumerate() {
         // SAFETY: the view was checked by the caller.
         unsafe { counts.store(cl.index_of(&[s]) as isize, c as f32) };
+    }
+}
+
+/// [`hal::Precision::Reproducible`]'s segment sum: each segment's rows added in ascending row
+/// order in f32 with fused multiply-adds, the order every backend follows.
+pub(crate) fn segment_sum_ordered(
+    x: Src,
+    xl: &Layout,
+    seg: &[u32],
+    weights: Option<&[f32]>,
+    sums: Dst,
+    sl: &Layout,
+    counts: Dst,
+    cl: &Layout,
+) {
+    let (n, d, m) = (xl.shape[0], xl.shape[1], sl.shape[0]);
+    let w = |i: usize| weights.map_or(1.0, |w| w[i]);
+    let mut acc = vec![0f32; m * d];
+    let mut cnt = vec![0f32; m];
+    for (i, &s) in seg.iter().enumerate().take(n) {
+        let (s, wi) = (s as usize, w(i));
+        let base = xl.offset as isize + i as isize * xl.strides[0];
+        for (k, slot) in acc[s * d..(s + 1) * d].iter_mut().enumerate() {
+            // SAFETY: the view was checked by the caller.
+            let v = unsafe { x.load(base + k as isize * xl.strides[1]) };
+            *slot = wi.mul_add(v, *slot);
+        }
+        cnt[s] += wi;
+    }
+    for s in 0..m {
+        for k in 0..d {
+            // SAFETY: the view was checked by the caller.
+            unsafe { sums.store(sl.index_of(&[s, k]) as isize, acc[s * d + k]) };
+        }
+        // SAFETY: as above.
+        unsafe { counts.store(cl.index_of(&[s]) as isize, cnt[s]) };
     }
 }

@@ -43,8 +43,8 @@ pub use storage::CpuBuffer;
 use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
-    DeviceBuffer, DeviceInfo, DeviceKind, Distribution, Error, Layout, ReduceOp, Result, SgdParams,
-    TernaryOp, UnaryOp, View, validate,
+    DeviceBuffer, DeviceInfo, DeviceKind, Distribution, Error, Layout, Precision, ReduceOp, Result,
+    SgdParams, TernaryOp, UnaryOp, View, validate,
 };
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -59,6 +59,9 @@ fn exec() -> MutexGuard<'static, ()> {
 #[derive(Clone, Default)]
 pub struct CpuBackend {
     kernels: Arc<hal::ir::KernelCache<CpuKernel>>,
+    /// Only [`Precision::Reproducible`] changes anything here (`segment_sum`'s summation);
+    /// the CPU has no faster reduced-precision path.
+    precision: Precision,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -411,6 +414,7 @@ impl Backend for CpuBackend {
             out_index.layout,
             out_distance.buffer.dst(),
             out_distance.layout,
+            self.precision == Precision::Reproducible,
         );
         Ok(())
     }
@@ -428,7 +432,12 @@ impl Backend for CpuBackend {
         check_indices("segment_sum", segment, sums.layout.shape[0])?;
         let seg: Vec<u32> = contiguous(segment);
         let w: Option<Vec<f32>> = weights.map(contiguous);
-        cluster::segment_sum(
+        let sum = if self.precision == Precision::Reproducible {
+            cluster::segment_sum_ordered
+        } else {
+            cluster::segment_sum
+        };
+        sum(
             x.buffer.src(),
             x.layout,
             &seg,
@@ -491,6 +500,17 @@ impl Backend for CpuBackend {
         let _g = exec();
         program::launch(&kernel.0, args, n)
     }
+    fn with_precision(&self, precision: Precision) -> Self {
+        Self {
+            precision,
+            ..self.clone()
+        }
+    }
+
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+
     fn record(&self, steps: std::sync::Arc<hal::RecordedSteps<Self>>) -> Result<Self::Graph> {
         Ok(hal::Replay::new(steps))
     }

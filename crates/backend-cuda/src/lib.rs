@@ -917,8 +917,31 @@ impl Backend for CudaBackend {
         };
         let (xb, xl) = f32_view(x)?;
         let (cb, cl) = f32_view(centroids)?;
-        let norms = self.new_buffer(DType::F32, m)?;
         let c0 = cb.ptr() + cl.offset as u64 * 4;
+        if self.precision == Precision::Reproducible {
+            return self.dev.launch_raw(
+                self.dev.function("nearest_ordered")?,
+                (n.div_ceil(128) as u32, 1, 1),
+                128,
+                Args::new()
+                    .arg(xb.ptr() + xl.offset as u64 * 4)
+                    .arg(n as i64)
+                    .arg(xl.strides[0] as i64)
+                    .arg(xl.strides[1] as i64)
+                    .arg(c0)
+                    .arg(m as i64)
+                    .arg(cl.strides[0] as i64)
+                    .arg(cl.strides[1] as i64)
+                    .arg(d as i64)
+                    .arg(out_index.buffer.ptr())
+                    .arg(out_index.layout.offset as i64)
+                    .arg(out_index.layout.strides[0] as i64)
+                    .arg(out_distance.buffer.ptr())
+                    .arg(out_distance.layout.offset as i64)
+                    .arg(out_distance.layout.strides[0] as i64),
+            );
+        }
+        let norms = self.new_buffer(DType::F32, m)?;
         self.dev.launch(
             "row_norms",
             m * 32,
@@ -937,7 +960,7 @@ impl Backend for CudaBackend {
         let tensor_cores = rows_ok(&xl) && rows_ok(&cl) && d % 4 == 0;
         let kernel = match (tensor_cores, self.precision) {
             (true, Precision::Fast) => "nearest_tf32",
-            (true, Precision::Exact) => "nearest_3xtf32",
+            (true, _) => "nearest_3xtf32",
             (false, _) => "nearest_exact",
         };
         // All three kernels take the same parameters (the tensor-core ones require unit column
@@ -1038,7 +1061,6 @@ impl Backend for CudaBackend {
                     .arg(verdict.ptr()),
             )?;
         }
-        let partial = self.new_buffer(DType::F32, m * PARTS * (d + 1))?;
         let (wptr, wdt, woff, ws, has_w) = match weights {
             Some(w) => (
                 w.buffer.ptr(),
@@ -1049,6 +1071,38 @@ impl Backend for CudaBackend {
             ),
             None => (x.buffer.ptr(), 0, 0, 0, 0),
         };
+        if self.precision == Precision::Reproducible {
+            return self.dev.launch_raw(
+                self.dev.function("segment_ordered")?,
+                (m as u32, 1, 1),
+                128,
+                Args::new()
+                    .arg(x.buffer.ptr())
+                    .arg(dtype_code(x.dtype()))
+                    .arg(x.layout.offset as i64)
+                    .arg(x.layout.strides[0] as i64)
+                    .arg(x.layout.strides[1] as i64)
+                    .arg(wptr)
+                    .arg(wdt)
+                    .arg(woff)
+                    .arg(ws)
+                    .arg(has_w)
+                    .arg(starts.ptr())
+                    .arg(order.ptr())
+                    .arg(d as i64)
+                    .arg(sums.buffer.ptr())
+                    .arg(dtype_code(sums.dtype()))
+                    .arg(sums.layout.offset as i64)
+                    .arg(sums.layout.strides[0] as i64)
+                    .arg(sums.layout.strides[1] as i64)
+                    .arg(counts.buffer.ptr())
+                    .arg(dtype_code(counts.dtype()))
+                    .arg(counts.layout.offset as i64)
+                    .arg(counts.layout.strides[0] as i64)
+                    .arg(verdict.ptr()),
+            );
+        }
+        let partial = self.new_buffer(DType::F32, m * PARTS * (d + 1))?;
         self.dev.launch_raw(
             self.dev.function("segment_partial")?,
             (m as u32, PARTS as u32, 1),

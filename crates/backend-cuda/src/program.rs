@@ -239,6 +239,9 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
     let opts = [
         format!("--gpu-architecture=sm_{major}{minor}"),
         "--std=c++17".to_string(),
+        // The IR rounds each operation once (a fused multiply-add only where the program says
+        // Fma): NVRTC must not contract a multiply and an add on its own.
+        "--fmad=false".to_string(),
     ];
     // SAFETY: a live program; options are plain strings.
     let compiled = unsafe { rtc::compile_program(prog, &opts) };

@@ -50,8 +50,8 @@ use hal::fault::{FaultKind, fault_code, fault_error, index_fault};
 use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
-    DeviceBuffer, DeviceInfo, DeviceKind, Distribution, Error, Layout, ReduceOp, Result, SgdParams,
-    TernaryOp, UnaryOp, View, validate,
+    DeviceBuffer, DeviceInfo, DeviceKind, Distribution, Error, Layout, Precision, ReduceOp, Result,
+    SgdParams, TernaryOp, UnaryOp, View, validate,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -64,6 +64,10 @@ const CHUNK: usize = 2048;
 /// The most terms one thread adds in sequence before a partial is written: short runs keep
 /// f32 sums accurate without relying on compensation, which a shader compiler may undo.
 const SUM_CHUNK: usize = 256;
+/// Iterations one invocation's loops may run in the reproducible kernels. lavapipe stops a
+/// loop after 65535 of its own counts, and a body with branches costs several counts per
+/// iteration (the weighted segment sum lost rows past about 13,000); 8192 was measured safe.
+const LOOP_BUDGET: usize = 8_192;
 
 /// Launch parameters: sixteen scalar slots and up to eight layout blocks (see `wgsl.rs`).
 #[derive(Default)]
@@ -307,11 +311,13 @@ struct Inner {
     check_serial: std::sync::atomic::AtomicU32,
     pool: Arc<Mutex<Pool>>,
     buffers_created: std::sync::atomic::AtomicU64,
+    /// Whether WGSL's `fma` is fused on this device (probed on first need; lavapipe's is not).
+    fma_fused: std::sync::OnceLock<bool>,
 }
 
 /// The wgpu device handle. Cheap to clone.
 #[derive(Clone)]
-pub struct WgpuBackend(Arc<Inner>);
+pub struct WgpuBackend(Arc<Inner>, Precision);
 
 impl std::fmt::Debug for WgpuBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -496,25 +502,179 @@ impl WgpuBackend {
             len: VERDICT_WORDS as usize,
             pool: pool.clone(),
         }));
-        Ok(Self(Arc::new(Inner {
-            params,
-            verdicts,
-            check_serial: std::sync::atomic::AtomicU32::new(1),
-            submit_lock: Mutex::default(),
-            device,
-            queue,
-            info: adapter.get_info(),
-            limits,
-            features,
-            immediate_words,
-            pipelines: Mutex::default(),
-            kernels: Default::default(),
-            deferred,
-            faults,
-            faults_unread: Default::default(),
-            pool,
-            buffers_created: Default::default(),
-        })))
+        Ok(Self(
+            Arc::new(Inner {
+                params,
+                verdicts,
+                check_serial: std::sync::atomic::AtomicU32::new(1),
+                submit_lock: Mutex::default(),
+                device,
+                queue,
+                info: adapter.get_info(),
+                limits,
+                features,
+                immediate_words,
+                pipelines: Mutex::default(),
+                kernels: Default::default(),
+                deferred,
+                faults,
+                faults_unread: Default::default(),
+                pool,
+                buffers_created: Default::default(),
+                fma_fused: Default::default(),
+            }),
+            Precision::Exact,
+        ))
+    }
+
+    /// Whether this device's WGSL `fma` rounds once, probed with `(1 + 2^-12)^2 - 1`, whose
+    /// unfused result loses the 2^-24 term. The reproducible kernels use `fma` where it is
+    /// fused and an exact emulation (fma_exact.wgsl) where it is not.
+    fn fma_is_fused(&self) -> Result<bool> {
+        if let Some(&fused) = self.0.fma_fused.get() {
+            return Ok(fused);
+        }
+        use hal::BackendExt;
+        use hal::ir::{Access as IrAccess, ProgramBuilder};
+        let mut p = ProgramBuilder::new("fma_probe");
+        let a = p.buffer(DType::F32, IrAccess::Read);
+        let y = p.buffer(DType::F32, IrAccess::Write);
+        let i = p.index();
+        let av = p.load(a, i);
+        let minus_one = p.const_f32(-1.0);
+        let r = p.fma(av, av, minus_one);
+        p.store(y, i, r);
+        let kernel = self.compile(&p.build()?)?;
+        let x = 1.0f32 + 2f32.powi(-12);
+        let (xb, yb) = (self.upload(&[x])?, self.alloc(DType::F32, 1)?);
+        self.launch(&kernel, &[&xb, &yb], 1)?;
+        let fused = self.read::<f32>(&yb)?[0] == x.mul_add(x, -1.0);
+        Ok(*self.0.fma_fused.get_or_init(|| fused))
+    }
+
+    /// `nearest_centroid` under [`Precision::Reproducible`] (nearest_ordered.wgsl): the CPU
+    /// reference's order of operations, one thread per point, centroids in slices short
+    /// enough for lavapipe's loop limit.
+    fn nearest_ordered(
+        &self,
+        x: View<'_, WgpuBuffer>,
+        c: View<'_, WgpuBuffer>,
+        out_index: View<'_, WgpuBuffer>,
+        out_distance: View<'_, WgpuBuffer>,
+    ) -> Result<()> {
+        let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], c.layout.shape[0]);
+        let fused = self.fma_is_fused()?;
+        let slice = (LOOP_BUDGET / d.max(1)).max(1);
+        let spec = Spec::new("nearest_ordered.wgsl").bindings(vec![
+            (x.dtype(), Access::Read),
+            (c.dtype(), Access::Read),
+            (DType::U32, Access::Write),
+            (DType::F32, Access::Write),
+        ]);
+        let mut first = 0;
+        while first < m {
+            let end = (first + slice).min(m);
+            let p = Params::default()
+                .block(out_index.layout)
+                .block(out_distance.layout)
+                .scalar(0, n as u32)
+                .scalar(1, end as u32)
+                .scalar(2, d as u32)
+                .matrix(3, x.layout)
+                .matrix(6, c.layout)
+                .scalar(9, first as u32)
+                .scalar(10, (first > 0) as u32)
+                .scalar(11, fused as u32);
+            self.run(
+                spec.clone(),
+                p,
+                &[
+                    (x.buffer, false),
+                    (c.buffer, false),
+                    (out_index.buffer, true),
+                    (out_distance.buffer, true),
+                ],
+                n,
+            )?;
+            first = end;
+        }
+        Ok(())
+    }
+
+    /// `segment_sum` under [`Precision::Reproducible`] (segment_sum_ordered.wgsl): one thread
+    /// per (segment, column) adding rows in ascending order, in row ranges short enough for
+    /// lavapipe's loop limit; then the accumulators are copied into `sums` and `counts`.
+    fn segment_sum_ordered(
+        &self,
+        x: View<'_, WgpuBuffer>,
+        segment: View<'_, WgpuBuffer>,
+        weights: Option<View<'_, WgpuBuffer>>,
+        sums: View<'_, WgpuBuffer>,
+        counts: View<'_, WgpuBuffer>,
+        guard: Guard,
+    ) -> Result<()> {
+        let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
+        let (w, wl) = match weights {
+            Some(w) => (w.buffer, w.layout.clone()),
+            None => (x.buffer, Layout::contiguous(&[1]).broadcast_to(&[n])?),
+        };
+        let fused = self.fma_is_fused()?;
+        let acc = self.scratch(DType::F32, m * (d + 1))?;
+        let spec = Spec::new("segment_sum_ordered.wgsl")
+            .bindings(wgsl::io(&[x.dtype(), DType::U32, w.dtype()], DType::F32));
+        let rows = LOOP_BUDGET;
+        let mut first = 0;
+        loop {
+            let end = (first + rows).min(n);
+            let p = Params::default()
+                .block(segment.layout)
+                .block(&wl)
+                .scalar(0, end as u32)
+                .scalar(1, d as u32)
+                .matrix(3, x.layout)
+                .scalar(7, weights.is_some() as u32)
+                .scalar(8, first as u32)
+                .scalar(9, (first > 0) as u32)
+                .scalar(11, fused as u32);
+            self.run(
+                spec.clone(),
+                p,
+                &[
+                    (x.buffer, false),
+                    (segment.buffer, false),
+                    (w, false),
+                    (&acc, true),
+                ],
+                m * (d + 1),
+            )?;
+            first = end;
+            if first >= n {
+                break;
+            }
+        }
+        // The copy out is a sum over an axis of length 1 (exact), which is the pass that
+        // honours the index check's guard.
+        let all = Layout::contiguous(&[m, d + 1, 1]);
+        let sums_src = all.narrow(1, 0, d)?;
+        let counts_src = all.narrow(1, d, 1)?;
+        let sums_out = sums.layout.unsqueeze(2)?;
+        let counts_out = counts.layout.unsqueeze(1)?.unsqueeze(2)?;
+        self.reduce_chunked(
+            ReduceOp::Sum,
+            View::new(&acc, &sums_src),
+            &[2],
+            View::new(sums.buffer, &sums_out),
+            1.0,
+            Some(guard),
+        )?;
+        self.reduce_chunked(
+            ReduceOp::Sum,
+            View::new(&acc, &counts_src),
+            &[2],
+            View::new(counts.buffer, &counts_out),
+            1.0,
+            Some(guard),
+        )
     }
 
     /// Copies all of `src` into `dst` (same dtype and length) with the device's own buffer
@@ -1790,6 +1950,9 @@ impl Backend for WgpuBackend {
         if n == 0 {
             return Ok(());
         }
+        if self.1 == Precision::Reproducible {
+            return self.nearest_ordered(x, c, out_index, out_distance);
+        }
         // One fused pass (nearest_centroid.wgsl): no n x m distance matrix. The centroids are
         // swept in slices that keep each invocation's loops short (lavapipe stops loops after
         // 65535 iterations; each 64-centroid tile costs about 30 iterations per 16 of d).
@@ -1864,6 +2027,9 @@ impl Backend for WgpuBackend {
         validate::segment_sum(x, segment, weights, sums, counts)?;
         let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
         let guard = self.check_indices("segment_sum", segment, m)?;
+        if self.1 == Precision::Reproducible {
+            return self.segment_sum_ordered(x, segment, weights, sums, counts, guard);
+        }
         // One thread per (row chunk, segment, column) plus one per (row chunk, segment) for
         // the count, each summing its rows in order with Kahan compensation; then the chunks'
         // partials are summed by the reduction. Deterministic, no atomics; O(n m d) work, the
@@ -2046,6 +2212,14 @@ impl Backend for WgpuBackend {
             .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
+    fn with_precision(&self, precision: Precision) -> Self {
+        Self(self.0.clone(), precision)
+    }
+
+    fn precision(&self) -> Precision {
+        self.1
+    }
+
     fn record(&self, steps: std::sync::Arc<hal::RecordedSteps<Self>>) -> Result<Self::Graph> {
         Ok(hal::Replay::new(steps))
     }

@@ -2,7 +2,7 @@
 //! machine, the peer in the same run, and prints medians with ratios.
 //!
 //! ```text
-//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train] [--reps N] [--gemm-size N]
+//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train,vlc] [--reps N] [--gemm-size N]
 //!       [--levels 4,5] [--edges N] [--compile-level L]
 //!       [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]
 //!       [--wgpu-without immediates,f16,subgroups]
@@ -24,13 +24,15 @@
 
 use backend_cpu::CpuBackend;
 use hal::{Backend, BackendExt, BinaryOp, DType, Distribution, Layout, View};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 mod nlls;
 mod train;
+mod vlc;
 
-const SUITES: [&str; 8] = [
+const SUITES: [&str; 9] = [
     "train",
     "gemm",
     "elementwise",
@@ -39,6 +41,7 @@ const SUITES: [&str; 8] = [
     "launch",
     "memory",
     "nlls",
+    "vlc",
 ];
 
 struct Args {
@@ -54,6 +57,7 @@ struct Args {
     wgpu_options: backend_wgpu::WgpuOptions,
     nlls: nlls::NllsArgs,
     train: train::TrainArgs,
+    vlc: vlc::VlcArgs,
 }
 
 fn parse() -> Result<Args, String> {
@@ -76,6 +80,11 @@ fn parse() -> Result<Args, String> {
         train: train::TrainArgs {
             reps: 9,
             memory_steps: 10_000,
+        },
+        vlc: vlc::VlcArgs {
+            reps: 9,
+            data_dir: PathBuf::from("data/vlc"),
+            speed_only: false,
         },
     };
     let mut it = std::env::args().skip(1);
@@ -102,6 +111,8 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--edges" => a.nlls.edges = Some(num(value()?)?),
+            "--vlc-data" => a.vlc.data_dir = PathBuf::from(value()?),
+            "--vlc-speed-only" => a.vlc.speed_only = true,
             "--memory-steps" => a.train.memory_steps = num(value()?)?.max(100),
             "--compile-level" => a.nlls.compile_level = num(value()?)? as u32,
             "--wgpu-fallbacks" => a.wgpu_options = backend_wgpu::WgpuOptions::fallbacks(),
@@ -115,7 +126,7 @@ fn parse() -> Result<Args, String> {
                     }
                 }
             }
-            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--levels 4,5] [--edges N] [--compile-level L] [--memory-steps N] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups]".into()),
+            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train,vlc] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--levels 4,5] [--edges N] [--compile-level L] [--memory-steps N] [--vlc-data DIR] [--vlc-speed-only] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -267,6 +278,17 @@ fn run<B: Backend>(b: &B, args: &Args, hooks: Hooks<'_, B>) -> ExitCode {
                     detail: e,
                 })
             }
+            "vlc" => vlc::vlc(
+                b,
+                &vlc::VlcArgs {
+                    reps: args.reps,
+                    ..args.vlc.clone()
+                },
+            )
+            .map_err(|e| hal::Error::Backend {
+                backend: "vlc",
+                detail: e,
+            }),
             "train" => {
                 let t = train::TrainArgs {
                     reps: args.reps,

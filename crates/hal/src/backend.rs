@@ -334,18 +334,16 @@ pub trait Backend: Clone + Send + Sync + 'static {
 
     // ----- precision policy -----
 
-    /// A handle to the same device whose `matmul` and `nearest_centroid` follow `precision`
-    /// (buffers, kernels and queued work are shared with `self`). [`Precision::Exact`] is every
-    /// handle's default. A backend whose [`Capabilities::fast_precision`] is false has no
-    /// faster path and runs [`Precision::Fast`] calls exactly: the default returns `self`.
-    fn with_precision(&self, _precision: Precision) -> Self {
-        self.clone()
-    }
+    /// A handle to the same device whose `matmul`, `nearest_centroid` and `segment_sum` follow
+    /// `precision` (buffers, kernels and queued work are shared with `self`).
+    /// [`Precision::Exact`] is every handle's default. A backend whose
+    /// [`Capabilities::fast_precision`] is false has no faster path and runs
+    /// [`Precision::Fast`] calls exactly; every backend implements
+    /// [`Precision::Reproducible`] as specified, which is why there is no default here.
+    fn with_precision(&self, precision: Precision) -> Self;
 
-    /// The policy this handle's calls follow (the default: exact).
-    fn precision(&self) -> Precision {
-        Precision::Exact
-    }
+    /// The policy this handle's calls follow.
+    fn precision(&self) -> Precision;
 
     // ----- recording -----
 
@@ -388,7 +386,8 @@ impl<B: ?Sized> std::fmt::Debug for Replay<B> {
     }
 }
 
-/// How a backend may trade accuracy for speed in `matmul` and `nearest_centroid`
+/// How a backend may trade accuracy for speed in `matmul` and `nearest_centroid`, or speed for
+/// cross-backend reproducibility in `nearest_centroid` and `segment_sum`
 /// ([`Backend::with_precision`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Precision {
@@ -403,6 +402,14 @@ pub enum Precision {
     /// bound), and that centroid's reference distance is within `2^-9 (|x|^2 + |c|^2)` of the
     /// reference's minimum.
     Fast,
+    /// Bit-identical results on every backend, for users who must reproduce a computation on
+    /// another machine, at some cost in speed. `nearest_centroid` computes each distance from
+    /// f32 loads as `acc = fma(t, t, acc)` with `t = x_k - c_k`, in order of `k` from
+    /// `acc = 0`, and keeps the first strictly smaller distance (lowest index on ties), exactly
+    /// as the CPU reference does. `segment_sum` adds each segment's rows in ascending row order
+    /// in f32: `sums[s, k] = fma(w_i, x[i, k], sums[s, k])` and `counts[s] += w_i`, from 0.
+    /// Other primitives behave as under [`Precision::Exact`].
+    Reproducible,
 }
 
 /// Conveniences every backend gets for free.

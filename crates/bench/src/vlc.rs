@@ -1,0 +1,247 @@
+//! `--suite vlc`: vlc-anneal against FAISS (`faiss-cpu`) on the same data, side by side:
+//! final k-means energy at the same number of anchors and iterations, recall@10 and
+//! reconstruction MSE next to `IndexIVFPQ` with the same bytes per vector, and time per
+//! iteration. On a GPU backend it also times the speed cases.
+
+use hal::Backend;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+use vlc_anneal::{Config, Matrix, compress, exact_knn, recall_at};
+
+const PEER: &str = include_str!("../peers/vlc_faiss.py");
+
+#[derive(Clone, Debug)]
+pub struct VlcArgs {
+    pub reps: usize,
+    /// Where `glove-100k.npy` and `minilm.npy` are (made by crates/vlc-anneal/data/make_data.py).
+    pub data_dir: PathBuf,
+    /// Only the speed cases (GPU runs).
+    pub speed_only: bool,
+}
+
+struct Case {
+    name: String,
+    data: Matrix,
+    m: usize,
+}
+
+fn cases(args: &VlcArgs) -> Vec<Result<Case, String>> {
+    let mut v = vec![
+        Ok(Case {
+            name: "synthetic 20K x 64 (200 clusters, 0.5% outliers)".into(),
+            data: vlc_anneal::synthetic::gaussian_mixture(20_000, 64, 200, 0.15, 11),
+            m: 256,
+        }),
+        Ok(Case {
+            name: "synthetic 100K x 128 (2000 clusters)".into(),
+            data: vlc_anneal::synthetic::gaussian_mixture(100_000, 128, 2000, 0.2, 12),
+            m: 1024,
+        }),
+    ];
+    for (file, name, m) in [
+        ("glove-100k.npy", "GloVe 6B 50-d, first 100K words", 1024),
+        ("minilm.npy", "MiniLM-L6 sentence embeddings (384-d)", 256),
+    ] {
+        let path = args.data_dir.join(file);
+        v.push(if path.exists() {
+            Matrix::load(&path)
+                .map(|data| Case {
+                    name: name.into(),
+                    data,
+                    m,
+                })
+                .map_err(|e| e.to_string())
+        } else {
+            Err(format!(
+                "{name}: {} is missing; run python3 crates/vlc-anneal/data/make_data.py",
+                path.display()
+            ))
+        });
+    }
+    v
+}
+
+pub fn vlc<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
+    if args.speed_only || b.info().kind != hal::DeviceKind::Cpu {
+        speed(b, args)?;
+        if args.speed_only {
+            return Ok(());
+        }
+    }
+    let iterations = 20;
+    let bytes = 8;
+    let nprobe = 16;
+    let queries = 1000;
+    println!(
+        "vlc: {iterations} iterations, {bytes} bytes per vector, nprobe {nprobe}, {queries} queries"
+    );
+    let mut failures = Vec::new();
+    for case in cases(args) {
+        let case = match case {
+            Ok(c) => c,
+            Err(e) => {
+                println!("vlc: not run: {e}");
+                continue;
+            }
+        };
+        let Case { name, data, m } = case;
+        let mut cfg = Config::new(m);
+        cfg.iterations = iterations;
+        cfg.pq_bytes = bytes;
+        let out = compress(b, &data, &cfg, &mut |_| {}).map_err(|e| e.to_string())?;
+        let deltas: Vec<f64> = out
+            .clustering
+            .history
+            .windows(2)
+            .map(|w| w[1].elapsed - w[0].elapsed)
+            .collect();
+        let iter_ms = 1e3 * crate::median(deltas);
+        let step = (data.rows / queries).max(1);
+        let q = Matrix {
+            rows: queries.min(data.rows),
+            cols: data.cols,
+            data: (0..queries.min(data.rows))
+                .flat_map(|i| data.row(i * step).to_vec())
+                .collect(),
+        };
+        let truth = exact_knn(&data, &q, 10);
+        let found = out
+            .index
+            .search(&q, 10, nprobe)
+            .map_err(|e| e.to_string())?;
+        let recall = recall_at(&truth, &found, 10);
+        let mse = out.index.reconstruction_mse(&data);
+        println!("vlc: {name}, n = {}, d = {}, m = {m}", data.rows, data.cols);
+        println!(
+            "  ours : energy {:.6}  {iter_ms:.1} ms/iteration (seeding {:.2} s)  recall@10 {recall:.4}  MSE {mse:.6}  file {} bytes ({:.1}x)",
+            out.clustering.energy,
+            out.seconds.seeding,
+            out.index.file_size(),
+            (data.rows * data.cols * 4) as f64 / out.index.file_size() as f64
+        );
+        match faiss(&data, m, iterations, bytes, nprobe, queries) {
+            Ok(f) => {
+                println!(
+                    "  faiss: energy {:.6}  {:.1} ms/iteration  recall@10 {:.4}  MSE {:.6}  codes+ids {} bytes  [{}]",
+                    f.energy, f.iter_ms, f.recall, f.mse, f.bytes, f.what
+                );
+                let e_ratio = out.clustering.energy / f.energy;
+                println!(
+                    "  energy ours/faiss {e_ratio:.4} (goal <= 1), time per iteration ours/faiss {:.2}",
+                    iter_ms / f.iter_ms
+                );
+                if e_ratio > 1.0 {
+                    failures.push(format!("{name}: energy {e_ratio:.4}x FAISS's"));
+                }
+            }
+            Err(e) => println!("  faiss: not run: {e}"),
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("; "))
+    }
+}
+
+struct Faiss {
+    energy: f64,
+    iter_ms: f64,
+    recall: f64,
+    mse: f64,
+    bytes: String,
+    what: String,
+}
+
+fn faiss(
+    data: &Matrix,
+    m: usize,
+    iterations: usize,
+    bytes: usize,
+    nprobe: usize,
+    queries: usize,
+) -> Result<Faiss, String> {
+    let path = std::env::temp_dir().join(format!("vlc-bench-{}.npy", std::process::id()));
+    data.save(&path).map_err(|e| e.to_string())?;
+    let out = Command::new("python3")
+        .args(["-c", PEER])
+        .arg(&path)
+        .args([m, iterations, bytes, nprobe, queries, 1].map(|v| v.to_string()))
+        .output()
+        .map_err(|e| format!("python3 could not start: {e}"));
+    let _ = std::fs::remove_file(&path);
+    let out = out?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(if err.contains("No module named") {
+            "faiss is not installed (pip install faiss-cpu)".into()
+        } else {
+            format!("python3 failed: {}", err.trim())
+        });
+    }
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let num = |k: &str| {
+        crate::json_field(&text, k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .ok_or(format!("unreadable output: {text}"))
+    };
+    Ok(Faiss {
+        energy: num("energy")?,
+        iter_ms: num("iter_ms")?,
+        recall: num("ivfpq_recall")?,
+        mse: num("ivfpq_mse")?,
+        bytes: crate::json_field(&text, "ivfpq_bytes").unwrap_or_default(),
+        what: crate::json_field(&text, "what").unwrap_or_default(),
+    })
+}
+
+/// The speed cases: the whole compression of 10K x 128 (256 anchors, 30 iterations),
+/// and one iteration at 1M x 128 (m = 4096) and 100K x 768 (m = 1024); medians.
+fn speed<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
+    let e = |e: vlc_anneal::Error| e.to_string();
+    let small = vlc_anneal::synthetic::gaussian_mixture(10_000, 128, 256, 0.2, 21);
+    let mut cfg = Config::new(256);
+    cfg.iterations = 30;
+    cfg.pq_bytes = 16;
+    let mut whole = Vec::new();
+    let mut anneal_only = Vec::new();
+    for rep in 0..args.reps + 2 {
+        cfg.seed = rep as u64;
+        let t = Instant::now();
+        let out = compress(b, &small, &cfg, &mut |_| {}).map_err(e)?;
+        let s = t.elapsed().as_secs_f64();
+        if rep >= 2 {
+            whole.push(s * 1e3);
+            anneal_only.push((out.seconds.seeding + out.seconds.annealing) * 1e3);
+        }
+    }
+    println!(
+        "vlc speed: whole compression 10,000 x 128, 256 anchors, 30 iterations, 16-byte codes: {:.2} ms (seeding + annealing {:.2} ms); goal <= 10 ms on an H200",
+        crate::median(whole),
+        crate::median(anneal_only)
+    );
+    for (n, d, m, goal) in [
+        (1_000_000usize, 128usize, 4096usize, 10.0),
+        (100_000, 768, 1024, 2.0),
+    ] {
+        let data = vlc_anneal::synthetic::gaussian_mixture(n, d, m, 0.2, 31);
+        let mut cfg = Config::new(m);
+        cfg.iterations = args.reps + 3;
+        cfg.maintain_every = 0;
+        cfg.pq_bytes = 0;
+        let out = vlc_anneal::anneal(b, &data, &cfg, &mut |_| {}).map_err(e)?;
+        let deltas: Vec<f64> = out
+            .history
+            .windows(2)
+            .skip(2)
+            .map(|w| (w[1].elapsed - w[0].elapsed) * 1e3)
+            .collect();
+        println!(
+            "vlc speed: one iteration {n} x {d}, m = {m}: {:.2} ms (median of {}); goal <= {goal} ms on an H200",
+            crate::median(deltas.clone()),
+            deltas.len()
+        );
+    }
+    Ok(())
+}

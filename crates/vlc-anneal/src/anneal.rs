@@ -1,0 +1,737 @@
+//! The annealing loop: k-means++ seeding, robust (Huber-weighted) anchor updates scaled by a
+//! cooling temperature with momentum, and maintenance (merge, split, re-seed), every
+//! per-point step on the device.
+//!
+//! One iteration, all enqueued on the device:
+//! 1. assignment: `nearest_centroid(x, anchors)` gives each point's anchor and squared
+//!    distance `r^2`;
+//! 2. per-anchor statistics: `segment_sum` of `r^2` gives each anchor's member count and sum
+//!    of squared distances; these `2m` numbers are the only per-iteration read-back, from
+//!    which the host sums the energy (mean squared distance) in a fixed order;
+//! 3. Huber weights (an IR kernel): `w = 1` where `r <= delta`, `delta / r` beyond, with
+//!    `delta = huber * sqrt(energy)`: the data's own scale, the root-mean-square distance of a
+//!    point to its anchor, so a point counts fully unless it lies more than `huber` times
+//!    farther out than is typical;
+//! 4. weighted sums: `segment_sum(x, assignment, w)`;
+//! 5. update (an IR kernel): `v = momentum * v + T * (mean - anchor)`, `anchor += v`, where
+//!    `mean` is the weighted mean of the members and `T` the temperature, cooling
+//!    geometrically from `temperature.0` to `temperature.1`. An anchor with no members stays.
+//!
+//! The last 30% of the updates polish: temperature 1, no momentum, and the Huber threshold
+//! widened to `polish_huber` times the RMS distance, so that only far outliers stay
+//! down-weighted while the anchors settle where the mean squared distance is lowest.
+//!
+//! Maintenance runs every `maintain_every` updates until 70% of them are done, on the
+//! statistics it reads back then (assignments, distances, anchors): anchors closer than
+//! `merge_distance * rms` merge (count-weighted), empty anchors are freed, and each freed slot
+//! takes half of the anchor with the largest sum of squared distances (split along its
+//! members' principal direction, found by power iteration) or, when no anchor is worth
+//! splitting, the point farthest from its anchor. These decisions run on the host, in a fixed
+//! order, so they are the same on every backend.
+//!
+//! [`Mode::Exact`] runs on a [`hal::Precision::Reproducible`] handle: assignments and sums in
+//! one fixed order with fused multiply-adds, and every other step exact IEEE arithmetic, so
+//! CPU, wgpu and CUDA give identical assignments and anchors.
+
+use crate::error::{Result, input};
+use crate::vectors::Matrix;
+use hal::ir::{Access, IrCmp, IrUnary, ProgramBuilder};
+use hal::{Backend, BackendExt, BinaryOp, DType, Distribution, Layout, Precision, View};
+use std::time::Instant;
+
+/// Fast or bit-reproducible arithmetic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// The backend's fastest exact-f32 paths (GEMM-style distances, parallel sums).
+    #[default]
+    Fast,
+    /// Identical results on every backend ([`hal::Precision::Reproducible`]); slower.
+    Exact,
+}
+
+/// Parameters of a compression run. [`Config::new`] gives the defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Number of anchors `m` (`1 <= m <= n`).
+    pub anchors: usize,
+    /// Anchor updates; an assignment follows each, so the result is consistent.
+    pub iterations: usize,
+    pub seed: u64,
+    pub mode: Mode,
+    /// Stop early when the energy's relative change falls below this (0: never).
+    pub tolerance: f64,
+    /// Temperature at the first and the last annealed update (the first 70%), cooled
+    /// geometrically in between.
+    pub temperature: (f32, f32),
+    pub momentum: f32,
+    /// Huber threshold as a multiple of the root-mean-square point-to-anchor distance.
+    pub huber: f32,
+    /// The Huber multiple in the final polishing updates (at least `huber`).
+    pub polish_huber: f32,
+    /// Updates between maintenance rounds (0: no maintenance).
+    pub maintain_every: usize,
+    /// Anchors closer than this multiple of the RMS distance merge.
+    pub merge_distance: f32,
+    /// An anchor splits when its sum of squared distances exceeds this multiple of the mean.
+    pub split_factor: f32,
+    /// Bytes of product-quantised residual code per vector (0: anchors only).
+    pub pq_bytes: usize,
+    /// k-means iterations for each residual codebook.
+    pub pq_iterations: usize,
+}
+
+impl Config {
+    pub fn new(anchors: usize) -> Self {
+        Self {
+            anchors,
+            iterations: 25,
+            seed: 0,
+            mode: Mode::Fast,
+            tolerance: 0.0,
+            temperature: (1.0, 0.7),
+            momentum: 0.3,
+            huber: 3.0,
+            polish_huber: 8.0,
+            maintain_every: 5,
+            merge_distance: 0.05,
+            split_factor: 4.0,
+            pq_bytes: 8,
+            pq_iterations: 12,
+        }
+    }
+
+    /// The temperature of update `t` of `iterations`.
+    pub fn temperature_at(&self, t: usize) -> f32 {
+        let (hot, cold) = self.temperature;
+        if self.iterations <= 1 || hot <= 0.0 || cold <= 0.0 {
+            return hot;
+        }
+        let annealed = (self.iterations * 7 / 10).max(2);
+        let f = (t as f64 / (annealed - 1) as f64).min(1.0);
+        (hot as f64 * (cold as f64 / hot as f64).powf(f)) as f32
+    }
+
+    fn check(&self, n: usize, d: usize) -> Result<()> {
+        if d == 0 {
+            return Err(input("vectors have dimension 0"));
+        }
+        if n == 0 {
+            return Err(input("no vectors to compress"));
+        }
+        if self.anchors == 0 {
+            return Err(input("at least one anchor is needed"));
+        }
+        if self.anchors > n {
+            return Err(input(format!(
+                "{} anchors for {n} vectors: m must not exceed n",
+                self.anchors
+            )));
+        }
+        if n > u32::MAX as usize {
+            return Err(input(format!("{n} vectors exceed 2^32")));
+        }
+        let finite = [
+            self.temperature.0,
+            self.temperature.1,
+            self.momentum,
+            self.huber,
+            self.polish_huber,
+            self.merge_distance,
+            self.split_factor,
+        ];
+        if finite.iter().any(|v| !v.is_finite() || *v < 0.0)
+            || self.tolerance.is_nan()
+            || self.tolerance < 0.0
+        {
+            return Err(input(
+                "temperatures, momentum, huber, merge distance, split factor and tolerance must be finite and non-negative",
+            ));
+        }
+        if self.momentum >= 1.0 {
+            return Err(input("momentum must be below 1"));
+        }
+        if self.pq_bytes > d {
+            return Err(input(format!(
+                "{} residual bytes per vector for dimension {d}: at most one byte per dimension",
+                self.pq_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What one iteration did, for progress reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IterationReport {
+    /// 0 for the assignment to the seeds, then one per update.
+    pub iteration: usize,
+    /// Mean squared distance of a point to its anchor, after this iteration's assignment.
+    pub energy: f64,
+    /// Temperature of the update that followed (0 after the last assignment).
+    pub temperature: f32,
+    pub merged: usize,
+    pub split: usize,
+    pub reseeded: usize,
+    /// Seconds since the run started.
+    pub elapsed: f64,
+}
+
+/// The outcome of [`anneal`]: anchors and the assignment consistent with them.
+#[derive(Clone, Debug)]
+pub struct Clustering {
+    /// `m x d` anchors.
+    pub anchors: Matrix,
+    pub assignments: Vec<u32>,
+    /// Squared distance of each point to its anchor.
+    pub distances: Vec<f32>,
+    /// Final mean squared distance.
+    pub energy: f64,
+    pub history: Vec<IterationReport>,
+    /// Seconds spent seeding (k-means++).
+    pub seeding_seconds: f64,
+}
+
+/// The device handle a mode runs on.
+pub fn handle_for<B: Backend>(backend: &B, mode: Mode) -> B {
+    match mode {
+        Mode::Fast => backend.clone(),
+        Mode::Exact => backend.with_precision(Precision::Reproducible),
+    }
+}
+
+/// Seeded k-means++ over `x` (`n x d`): the first anchor uniformly, each next one with probability proportional
+/// to the squared distance to the nearest anchor so far, sampled on the device by an
+/// exponential race (the point minimising `-ln(u) / D^2` wins, which picks point `i` with
+/// probability `D_i^2 / sum D^2`; Efraimidis and Spirakis, 2006). Nothing is read back.
+pub fn kmeans_pp<B: Backend>(
+    b: &B,
+    x: &B::Buffer,
+    n: usize,
+    d: usize,
+    m: usize,
+    seed: u64,
+) -> Result<B::Buffer> {
+    let anchors = b.alloc(DType::F32, m * d)?;
+    let lx = Layout::contiguous(&[n, d]);
+    let ln = Layout::contiguous(&[n]);
+    let ln1 = Layout::contiguous(&[n, 1]);
+    // D^2 starts at 1 everywhere: the first draw is uniform.
+    let d2 = b.alloc(DType::F32, n)?;
+    b.fill(View::new(&d2, &ln), 1.0)?;
+    let u = b.alloc(DType::F32, n)?;
+    let key = b.alloc(DType::F32, n)?;
+    let winner = b.alloc(DType::U32, 1)?;
+    let near = b.alloc(DType::F32, n)?;
+    let near_i = b.alloc(DType::U32, n)?;
+    let race = race_program()?;
+    let race = b.compile(&race)?;
+    // The winner's index, broadcast along the row it selects.
+    let pick = Layout {
+        shape: vec![1, d],
+        strides: vec![0, 0],
+        offset: 0,
+    };
+    for j in 0..m {
+        b.random(
+            View::new(&u, &ln),
+            Distribution::Uniform {
+                low: 0.0,
+                high: 1.0,
+            },
+            seed,
+            (j * n) as u64,
+        )?;
+        b.launch(&race, &[&u, &d2, &key], n)?;
+        b.arg_reduce(
+            hal::ArgReduceOp::ArgMin,
+            View::new(&key, &ln1),
+            0,
+            View::new(&winner, &Layout::contiguous(&[1, 1])),
+        )?;
+        let row = Layout {
+            shape: vec![1, d],
+            strides: vec![d as isize, 1],
+            offset: j * d,
+        };
+        b.gather(
+            View::new(x, &lx),
+            0,
+            View::new(&winner, &pick),
+            View::new(&anchors, &row),
+        )?;
+        if j + 1 < m {
+            b.nearest_centroid(
+                View::new(x, &lx),
+                View::new(&anchors, &row),
+                View::new(&near_i, &ln),
+                View::new(&near, &ln),
+            )?;
+            let d2l = if j == 0 { None } else { Some(&d2) };
+            match d2l {
+                None => b.copy(View::new(&near, &ln), View::new(&d2, &ln))?,
+                Some(prev) => b.binary(
+                    BinaryOp::Min,
+                    View::new(prev, &ln),
+                    View::new(&near, &ln),
+                    View::new(&d2, &ln),
+                )?,
+            }
+        }
+    }
+    Ok(anchors)
+}
+
+/// `key[i] = -ln(u[i]) / d2[i]` (infinite where `d2 = 0`: a point on an anchor never wins;
+/// `u = 0` is mapped to the smallest positive float so the key stays finite).
+fn race_program() -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("vlc_kmeanspp_race");
+    let u = p.buffer(DType::F32, Access::Read);
+    let d2 = p.buffer(DType::F32, Access::Read);
+    let key = p.buffer(DType::F32, Access::Write);
+    let i = p.index();
+    let uv = p.load(u, i);
+    let dv = p.load(d2, i);
+    let tiny = p.const_f32(f32::MIN_POSITIVE);
+    let safe_u = p.binary(hal::ir::IrBinary::Max, uv, tiny);
+    let ln = p.unary(IrUnary::Log, safe_u);
+    let e = p.unary(IrUnary::Neg, ln);
+    let k = p.div(e, dv);
+    let zero = p.const_f32(0.0);
+    let inf = p.const_f32(f32::INFINITY);
+    let empty = p.cmp(IrCmp::Le, dv, zero);
+    let k = p.select(empty, inf, k);
+    p.store(key, i, k);
+    Ok(p.build()?)
+}
+
+/// Huber weights: `w[i] = 1` where `r2[i] <= delta2`, `sqrt(delta2 / r2[i])` beyond;
+/// `delta2` is `params[0]`.
+fn huber_program() -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("vlc_huber_weights");
+    let r2 = p.buffer(DType::F32, Access::Read);
+    let params = p.buffer(DType::F32, Access::Read);
+    let w = p.buffer(DType::F32, Access::Write);
+    let i = p.index();
+    let zero_i = p.const_u32(0);
+    let delta2 = p.load(params, zero_i);
+    let r = p.load(r2, i);
+    let ratio = p.div(delta2, r);
+    let shrink = p.unary(IrUnary::Sqrt, ratio);
+    let one = p.const_f32(1.0);
+    let inside = p.cmp(IrCmp::Le, r, delta2);
+    let v = p.select(inside, one, shrink);
+    p.store(w, i, v);
+    Ok(p.build()?)
+}
+
+/// Anchor update over `m * d` elements (`d` baked in): with `cnt = counts[i / d]`,
+/// `mean = cnt > 0 ? sums[i] / cnt : anchor[i]`, `v = momentum * v + T * (mean - anchor)`,
+/// `anchor += v`; `params = [delta2, T, momentum]`. Separate multiplies and adds (no fused
+/// multiply-add), so every backend rounds the same way.
+fn update_program(d: usize) -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("vlc_anchor_update");
+    let sums = p.buffer(DType::F32, Access::Read);
+    let counts = p.buffer(DType::F32, Access::Read);
+    let params = p.buffer(DType::F32, Access::Read);
+    let anchors = p.buffer(DType::F32, Access::ReadWrite);
+    let vel = p.buffer(DType::F32, Access::ReadWrite);
+    let i = p.index();
+    let dd = p.const_u32(d as u32);
+    let s = p.div(i, dd);
+    let cnt = p.load(counts, s);
+    let sum = p.load(sums, i);
+    let a = p.load(anchors, i);
+    let v = p.load(vel, i);
+    let one_i = p.const_u32(1);
+    let two_i = p.const_u32(2);
+    let t = p.load(params, one_i);
+    let mom = p.load(params, two_i);
+    let zero = p.const_f32(0.0);
+    let has = p.cmp(IrCmp::Gt, cnt, zero);
+    let mean = p.div(sum, cnt);
+    let mean = p.select(has, mean, a);
+    let step = p.sub(mean, a);
+    let pull = p.mul(t, step);
+    let keep = p.mul(mom, v);
+    let v2 = p.add(keep, pull);
+    let a2 = p.add(a, v2);
+    p.store(vel, i, v2);
+    p.store(anchors, i, a2);
+    Ok(p.build()?)
+}
+
+/// Runs the whole annealing loop on `backend` and returns anchors and assignments.
+/// `progress` hears about every iteration.
+pub fn anneal<B: Backend>(
+    backend: &B,
+    data: &Matrix,
+    cfg: &Config,
+    progress: &mut dyn FnMut(&IterationReport),
+) -> Result<Clustering> {
+    let (n, d, m) = (data.rows, data.cols, cfg.anchors);
+    cfg.check(n, d)?;
+    let b = handle_for(backend, cfg.mode);
+    let start = Instant::now();
+    let x = b.upload(&data.data)?;
+    // Seeding draws from a seeded sample of at most max(16 m, 8192) points: k-means++ is m
+    // passes over its points, and a sample that size already places the seeds well.
+    let sample = (16 * m).max(8192);
+    let anchors = if n > sample {
+        let rows = sample_rows(n, sample, cfg.seed);
+        let mut picked = Vec::with_capacity(sample * d);
+        for &r in &rows {
+            picked.extend_from_slice(data.row(r));
+        }
+        let xs = b.upload(&picked)?;
+        kmeans_pp(&b, &xs, sample, d, m, cfg.seed)?
+    } else {
+        kmeans_pp(&b, &x, n, d, m, cfg.seed)?
+    };
+    b.synchronize()?;
+    let seeding_seconds = start.elapsed().as_secs_f64();
+    let mut state = State::new(&b, x, anchors, n, d, m)?;
+    let mut history = Vec::new();
+    let mut previous: Option<f64> = None;
+    let last_maintenance = cfg.iterations * 7 / 10;
+    for it in 0..=cfg.iterations {
+        let energy = state.assign()?;
+        let mut report = IterationReport {
+            iteration: it,
+            energy,
+            temperature: 0.0,
+            merged: 0,
+            split: 0,
+            reseeded: 0,
+            elapsed: 0.0,
+        };
+        let converged = previous
+            .is_some_and(|p| cfg.tolerance > 0.0 && (p - energy).abs() <= cfg.tolerance * p);
+        previous = Some(energy);
+        if it == cfg.iterations || converged {
+            report.elapsed = start.elapsed().as_secs_f64();
+            progress(&report);
+            history.push(report);
+            break;
+        }
+        // The last 30% of updates polish: a full step, no momentum, and a wider Huber
+        // threshold (`polish_huber`), so only far outliers stay down-weighted. The annealed
+        // phase has placed the anchors by then; these steps settle them where the mean
+        // squared distance is lowest.
+        let polish = it >= last_maintenance;
+        let (t, momentum, delta2) = if polish {
+            let k = cfg.polish_huber.max(cfg.huber) as f64;
+            (1.0, 0.0, (k * k * energy) as f32)
+        } else {
+            let t = cfg.temperature_at(it);
+            (
+                t,
+                cfg.momentum,
+                (cfg.huber as f64 * cfg.huber as f64 * energy) as f32,
+            )
+        };
+        report.temperature = t;
+        state.update(delta2, t, momentum)?;
+        if cfg.maintain_every > 0 && (it + 1) % cfg.maintain_every == 0 && it + 1 < last_maintenance
+        {
+            // Maintenance needs the assignment to the updated anchors.
+            let e = state.assign()?;
+            let (merged, split, reseeded) = state.maintain(data, cfg, e)?;
+            report.merged = merged;
+            report.split = split;
+            report.reseeded = reseeded;
+        }
+        report.elapsed = start.elapsed().as_secs_f64();
+        progress(&report);
+        history.push(report);
+    }
+    let energy = history.last().map_or(0.0, |r| r.energy);
+    let anchors = Matrix::new(m, d, b.read::<f32>(&state.anchors)?)?;
+    Ok(Clustering {
+        anchors,
+        assignments: b.read::<u32>(&state.assign)?,
+        distances: b.read::<f32>(&state.dist)?,
+        energy,
+        history,
+        seeding_seconds,
+    })
+}
+
+/// `k` distinct rows of `0..n`, ascending, by a seeded partial shuffle.
+fn sample_rows(n: usize, k: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut state = seed ^ 0x2545_f491_4f6c_dd1d;
+    for i in 0..k.min(n) {
+        state = crate::splitmix(state);
+        let j = i + (state % (n - i) as u64) as usize;
+        order.swap(i, j);
+    }
+    order.truncate(k.min(n));
+    order.sort_unstable();
+    order
+}
+
+/// The device buffers of one run.
+struct State<B: Backend> {
+    b: B,
+    n: usize,
+    d: usize,
+    m: usize,
+    x: B::Buffer,
+    anchors: B::Buffer,
+    velocity: B::Buffer,
+    assign: B::Buffer,
+    dist: B::Buffer,
+    weights: B::Buffer,
+    sums: B::Buffer,
+    weight_sums: B::Buffer,
+    sse: B::Buffer,
+    counts: B::Buffer,
+    params: B::Buffer,
+    huber: B::Kernel,
+    update: B::Kernel,
+}
+
+impl<B: Backend> State<B> {
+    fn new(b: &B, x: B::Buffer, anchors: B::Buffer, n: usize, d: usize, m: usize) -> Result<Self> {
+        Ok(Self {
+            b: b.clone(),
+            n,
+            d,
+            m,
+            x,
+            anchors,
+            velocity: b.alloc(DType::F32, m * d)?,
+            assign: b.alloc(DType::U32, n)?,
+            dist: b.alloc(DType::F32, n)?,
+            weights: b.alloc(DType::F32, n)?,
+            sums: b.alloc(DType::F32, m * d)?,
+            weight_sums: b.alloc(DType::F32, m)?,
+            sse: b.alloc(DType::F32, m)?,
+            counts: b.alloc(DType::F32, m)?,
+            params: b.alloc(DType::F32, 4)?,
+            huber: b.compile(&huber_program()?)?,
+            update: b.compile(&update_program(d)?)?,
+        })
+    }
+
+    /// Assigns every point and returns the energy, summed on the host from the per-anchor
+    /// sums in anchor order (the same on every backend when the sums are).
+    fn assign(&mut self) -> Result<f64> {
+        let (n, d, m) = (self.n, self.d, self.m);
+        let b = &self.b;
+        let ln = Layout::contiguous(&[n]);
+        b.nearest_centroid(
+            View::new(&self.x, &Layout::contiguous(&[n, d])),
+            View::new(&self.anchors, &Layout::contiguous(&[m, d])),
+            View::new(&self.assign, &ln),
+            View::new(&self.dist, &ln),
+        )?;
+        b.segment_sum(
+            View::new(&self.dist, &Layout::contiguous(&[n, 1])),
+            View::new(&self.assign, &ln),
+            None,
+            View::new(&self.sse, &Layout::contiguous(&[m, 1])),
+            View::new(&self.counts, &Layout::contiguous(&[m])),
+        )?;
+        let sse = b.read::<f32>(&self.sse)?;
+        Ok(sse.iter().map(|&v| v as f64).sum::<f64>() / n as f64)
+    }
+
+    fn update(&mut self, delta2: f32, temperature: f32, momentum: f32) -> Result<()> {
+        let (n, d, m) = (self.n, self.d, self.m);
+        let b = &self.b;
+        b.write(&self.params, &[delta2, temperature, momentum, 0.0])?;
+        b.launch(&self.huber, &[&self.dist, &self.params, &self.weights], n)?;
+        let ln = Layout::contiguous(&[n]);
+        b.segment_sum(
+            View::new(&self.x, &Layout::contiguous(&[n, d])),
+            View::new(&self.assign, &ln),
+            Some(View::new(&self.weights, &ln)),
+            View::new(&self.sums, &Layout::contiguous(&[m, d])),
+            View::new(&self.weight_sums, &Layout::contiguous(&[m])),
+        )?;
+        b.launch(
+            &self.update,
+            &[
+                &self.sums,
+                &self.weight_sums,
+                &self.params,
+                &self.anchors,
+                &self.velocity,
+            ],
+            m * d,
+        )?;
+        Ok(())
+    }
+
+    /// One maintenance round on the read-back assignment (see the module docs). Returns
+    /// (merged, split, re-seeded) counts.
+    fn maintain(
+        &mut self,
+        data: &Matrix,
+        cfg: &Config,
+        energy: f64,
+    ) -> Result<(usize, usize, usize)> {
+        let (d, m) = (self.d, self.m);
+        let b = &self.b;
+        let mut anchors = b.read::<f32>(&self.anchors)?;
+        let assign = b.read::<u32>(&self.assign)?;
+        let dist = b.read::<f32>(&self.dist)?;
+        let mut counts = b.read::<f32>(&self.counts)?;
+        let mut sse: Vec<f64> = b
+            .read::<f32>(&self.sse)?
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let rms2 = energy.max(f64::MIN_POSITIVE);
+        let merge2 = (cfg.merge_distance as f64).powi(2) * rms2;
+        let mut free: Vec<usize> = (0..m).filter(|&j| counts[j] == 0.0).collect();
+        let reseeded_empty = free.len();
+        // Merges: for each anchor in order, its nearest later anchor if within the threshold.
+        let mut merged = 0;
+        let mut gone = vec![false; m];
+        for &j in &free {
+            gone[j] = true;
+        }
+        if merge2 > 0.0 && m > 1 {
+            for i in 0..m {
+                if gone[i] {
+                    continue;
+                }
+                let ai = &anchors[i * d..(i + 1) * d];
+                let mut best: Option<(usize, f64)> = None;
+                for j in i + 1..m {
+                    if gone[j] {
+                        continue;
+                    }
+                    let dj = sq_dist(ai, &anchors[j * d..(j + 1) * d]);
+                    if dj < merge2 && best.is_none_or(|(_, bd)| dj < bd) {
+                        best = Some((j, dj));
+                    }
+                }
+                if let Some((j, _)) = best {
+                    let (ci, cj) = (counts[i] as f64, counts[j] as f64);
+                    for k in 0..d {
+                        let v = (anchors[i * d + k] as f64 * ci + anchors[j * d + k] as f64 * cj)
+                            / (ci + cj);
+                        anchors[i * d + k] = v as f32;
+                    }
+                    counts[i] += counts[j];
+                    sse[i] += sse[j];
+                    counts[j] = 0.0;
+                    gone[j] = true;
+                    free.push(j);
+                    merged += 1;
+                }
+            }
+        }
+        if free.is_empty() {
+            return Ok((0, 0, 0));
+        }
+        // Members of each anchor (ascending point order).
+        let mut members: Vec<Vec<u32>> = vec![Vec::new(); m];
+        for (i, &a) in assign.iter().enumerate() {
+            members[a as usize].push(i as u32);
+        }
+        let mean_sse = sse.iter().sum::<f64>() / (m - free.len()).max(1) as f64;
+        let mut candidates: Vec<usize> = (0..m)
+            .filter(|&j| !gone[j] && members[j].len() >= 2)
+            .filter(|&j| sse[j] > cfg.split_factor as f64 * mean_sse)
+            .collect();
+        candidates.sort_by(|&a, &b| sse[b].total_cmp(&sse[a]).then(a.cmp(&b)));
+        let mut split = 0;
+        let mut reseeded = 0;
+        let mut taken = vec![false; data.rows];
+        // Farthest points first, for re-seeding.
+        let mut far: Vec<u32> = (0..data.rows as u32).collect();
+        far.sort_by(|&a, &b| {
+            dist[b as usize]
+                .total_cmp(&dist[a as usize])
+                .then(a.cmp(&b))
+        });
+        let mut far_at = 0;
+        for (slot_index, &slot) in free.iter().enumerate() {
+            if let Some(&j) = candidates.get(slot_index) {
+                let (dir, sigma) =
+                    principal_direction(data, &members[j], &anchors[j * d..(j + 1) * d], cfg.seed);
+                for k in 0..d {
+                    let c = anchors[j * d + k];
+                    let off = (sigma * dir[k]) as f32;
+                    anchors[slot * d + k] = c + off;
+                    anchors[j * d + k] = c - off;
+                }
+                split += 1;
+            } else {
+                while far_at < far.len() && taken[far[far_at] as usize] {
+                    far_at += 1;
+                }
+                let Some(&p) = far.get(far_at) else { break };
+                taken[p as usize] = true;
+                anchors[slot * d..(slot + 1) * d].copy_from_slice(data.row(p as usize));
+                reseeded += 1;
+            }
+        }
+        let _ = reseeded_empty;
+        b.write(&self.anchors, &anchors)?;
+        // Momentum restarts after anchors moved by hand.
+        b.fill(
+            View::new(&self.velocity, &Layout::contiguous(&[m * d])),
+            0.0,
+        )?;
+        Ok((merged, split, reseeded))
+    }
+}
+
+fn sq_dist(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| {
+            let t = x as f64 - y as f64;
+            t * t
+        })
+        .sum()
+}
+
+/// The unit principal direction of `members` around `center` (power iteration, a fixed seeded
+/// start, 12 rounds, in float64) and the standard deviation of the members along it.
+fn principal_direction(
+    data: &Matrix,
+    members: &[u32],
+    center: &[f32],
+    seed: u64,
+) -> (Vec<f64>, f64) {
+    let d = center.len();
+    let mut v: Vec<f64> = (0..d)
+        .map(|k| {
+            let h = crate::splitmix(seed ^ (k as u64).wrapping_mul(0x9e37_79b9));
+            (h >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        })
+        .collect();
+    let norm = |v: &mut Vec<f64>| {
+        let n = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        if n > 0.0 {
+            v.iter_mut().for_each(|x| *x /= n);
+        }
+        n
+    };
+    norm(&mut v);
+    let mut lambda = 0.0;
+    for _ in 0..12 {
+        let mut next = vec![0f64; d];
+        for &i in members {
+            let row = data.row(i as usize);
+            let proj: f64 = (0..d)
+                .map(|k| (row[k] as f64 - center[k] as f64) * v[k])
+                .sum();
+            for k in 0..d {
+                next[k] += proj * (row[k] as f64 - center[k] as f64);
+            }
+        }
+        lambda = norm(&mut next);
+        if lambda == 0.0 {
+            break;
+        }
+        v = next;
+    }
+    (v, (lambda / members.len().max(1) as f64).sqrt())
+}

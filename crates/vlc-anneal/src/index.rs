@@ -1,0 +1,634 @@
+//! The compressed index: its file format, reading (memory-mapped) and writing, decoding, and
+//! search.
+//!
+//! # File format (version 1, little-endian)
+//!
+//! ```text
+//! offset  size  field
+//! 0       8     magic "VLCINDEX"
+//! 8       4     version (1)
+//! 12      4     number of sections S
+//! 16      64    header: n u64, d u32, m u32, pq_bytes u32, codewords u32, assignment_bits u32,
+//!               mode u32 (0 fast, 1 exact), seed u64, iterations u32, reserved u32,
+//!               energy f64, reconstruction MSE f64
+//! 80      24*S  section table: kind u32, reserved u32, offset u64, length u64
+//! ...           sections, each starting on an 8-byte boundary:
+//!               1 anchors        m * d f16
+//!               2 assignments    n values of assignment_bits bits, packed LSB-first
+//!               3 subspaces      pq_bytes + 1 u32 dimension bounds
+//!               4 codebooks      codewords * d f32 (subspace j's block: codewords x width_j)
+//!               5 codes          n * pq_bytes u8
+//! end-8   4     CRC-32 (IEEE) of every byte before it
+//! end-4   4     end magic "VLC!"
+//! ```
+//!
+//! Reading checks the magic, version, checksum, every size and bound, and every assignment:
+//! a truncated or corrupted file is an [`Error::Format`](crate::Error::Format), never a panic.
+
+use crate::error::{Result, format_error, io_error};
+use crate::pq::ProductQuantizer;
+use crate::vectors::Matrix;
+use half::f16;
+use std::path::Path;
+use std::sync::OnceLock;
+
+pub const MAGIC: &[u8; 8] = b"VLCINDEX";
+pub const END_MAGIC: &[u8; 4] = b"VLC!";
+pub const VERSION: u32 = 1;
+const HEADER_END: usize = 80;
+const ENTRY: usize = 24;
+
+/// Section kinds.
+const ANCHORS: u32 = 1;
+const ASSIGNMENTS: u32 = 2;
+const SUBSPACES: u32 = 3;
+const CODEBOOKS: u32 = 4;
+const CODES: u32 = 5;
+
+/// The header's scalar fields.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Header {
+    pub n: usize,
+    pub d: usize,
+    pub m: usize,
+    pub pq_bytes: usize,
+    pub codewords: usize,
+    pub assignment_bits: u32,
+    /// True when built in exact (reproducible) mode.
+    pub exact: bool,
+    pub seed: u64,
+    pub iterations: u32,
+    pub energy: f64,
+    pub mse: f64,
+}
+
+/// Bits per assignment: `ceil(log2 m)` (0 for one anchor).
+pub fn assignment_bits(m: usize) -> u32 {
+    if m <= 1 {
+        0
+    } else {
+        usize::BITS - (m - 1).leading_zeros()
+    }
+}
+
+/// Packs values of `bits` bits each, LSB-first.
+pub fn pack_bits(values: &[u32], bits: u32) -> Vec<u8> {
+    let mut out = vec![0u8; (values.len() * bits as usize).div_ceil(8)];
+    let mut pos = 0usize;
+    for &v in values {
+        for b in 0..bits as usize {
+            if v >> b & 1 == 1 {
+                out[(pos + b) / 8] |= 1 << ((pos + b) % 8);
+            }
+        }
+        pos += bits as usize;
+    }
+    out
+}
+
+/// Value `i` of a packed array.
+pub fn unpack_bit(packed: &[u8], bits: u32, i: usize) -> u32 {
+    let mut v = 0u32;
+    let start = i * bits as usize;
+    for b in 0..bits as usize {
+        let p = start + b;
+        v |= ((packed[p / 8] >> (p % 8)) as u32 & 1) << b;
+    }
+    v
+}
+
+/// Everything an index holds, in memory, before it is written.
+#[derive(Clone, Debug)]
+pub struct IndexParts {
+    pub header: Header,
+    pub anchors: Vec<f16>,
+    pub assignments: Vec<u32>,
+    pub pq: ProductQuantizer,
+    pub codes: Vec<u8>,
+}
+
+impl IndexParts {
+    /// The bytes of the file.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let h = &self.header;
+        let sections: Vec<(u32, Vec<u8>)> = vec![
+            (ANCHORS, bytemuck::cast_slice(&self.anchors).to_vec()),
+            (ASSIGNMENTS, pack_bits(&self.assignments, h.assignment_bits)),
+            (
+                SUBSPACES,
+                self.pq
+                    .bounds
+                    .iter()
+                    .flat_map(|&b| (b as u32).to_le_bytes())
+                    .collect(),
+            ),
+            (CODEBOOKS, bytemuck::cast_slice(&self.pq.codebooks).to_vec()),
+            (CODES, self.codes.clone()),
+        ];
+        let mut out = Vec::new();
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&(sections.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(h.n as u64).to_le_bytes());
+        for v in [
+            h.d as u32,
+            h.m as u32,
+            h.pq_bytes as u32,
+            h.codewords as u32,
+            h.assignment_bits,
+            h.exact as u32,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&h.seed.to_le_bytes());
+        out.extend_from_slice(&h.iterations.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&h.energy.to_le_bytes());
+        out.extend_from_slice(&h.mse.to_le_bytes());
+        debug_assert_eq!(out.len(), HEADER_END);
+        let mut offset = (HEADER_END + ENTRY * sections.len()).next_multiple_of(8);
+        let mut table = Vec::new();
+        for (kind, body) in &sections {
+            table.extend_from_slice(&kind.to_le_bytes());
+            table.extend_from_slice(&0u32.to_le_bytes());
+            table.extend_from_slice(&(offset as u64).to_le_bytes());
+            table.extend_from_slice(&(body.len() as u64).to_le_bytes());
+            offset = (offset + body.len()).next_multiple_of(8);
+        }
+        out.extend_from_slice(&table);
+        for (_, body) in &sections {
+            out.resize(out.len().next_multiple_of(8), 0);
+            out.extend_from_slice(body);
+        }
+        out.resize(out.len().next_multiple_of(8), 0);
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(END_MAGIC);
+        out
+    }
+}
+
+enum Storage {
+    Owned(Vec<u8>),
+    Mapped(memmap2::Mmap),
+}
+
+impl std::ops::Deref for Storage {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Storage::Owned(v) => v,
+            Storage::Mapped(m) => m,
+        }
+    }
+}
+
+/// A validated index, held in memory or memory-mapped. Assignments and codes are read in
+/// place; anchors and codebooks are decoded once.
+pub struct Index {
+    storage: Storage,
+    pub header: Header,
+    /// `m x d` anchors, decoded from f16.
+    pub anchors: Vec<f32>,
+    pub pq: ProductQuantizer,
+    assignments: std::ops::Range<usize>,
+    codes: std::ops::Range<usize>,
+    lists: OnceLock<Vec<Vec<u32>>>,
+}
+
+impl std::fmt::Debug for Index {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Index({:?}, {} bytes)", self.header, self.storage.len())
+    }
+}
+
+impl Index {
+    /// Maps and validates a file.
+    pub fn open(path: impl AsRef<Path>) -> Result<Index> {
+        let path = path.as_ref();
+        let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
+        // SAFETY: the map is read-only; a file changed by another process while mapped is
+        // outside what this reader can guard against (as for any mmap reader).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io_error(path, e))?;
+        Self::parse(Storage::Mapped(map), &path.display().to_string())
+    }
+
+    /// Validates an index held in memory.
+    pub fn from_bytes(bytes: Vec<u8>, name: &str) -> Result<Index> {
+        Self::parse(Storage::Owned(bytes), name)
+    }
+
+    /// Writes the index's bytes to `path`.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        std::fs::write(path, &*self.storage).map_err(|e| io_error(path, e))
+    }
+
+    /// Size of the file in bytes.
+    pub fn file_size(&self) -> usize {
+        self.storage.len()
+    }
+
+    fn parse(storage: Storage, name: &str) -> Result<Index> {
+        let bytes: &[u8] = &storage;
+        let bad = |d: String| format_error(name, d);
+        if bytes.len() < 8 || &bytes[..8] != MAGIC {
+            return Err(bad("not a vlc index (no VLCINDEX magic)".into()));
+        }
+        if bytes.len() < HEADER_END + 8 {
+            return Err(bad(format!("truncated: {} bytes", bytes.len())));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
+        let f64_at = |o: usize| f64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
+        let version = u32_at(8);
+        if version != VERSION {
+            return Err(bad(format!(
+                "format version {version}; this reader knows version {VERSION}"
+            )));
+        }
+        let end = bytes.len();
+        if &bytes[end - 4..] != END_MAGIC {
+            return Err(bad("truncated: the end marker is missing".into()));
+        }
+        let stored = u32_at(end - 8);
+        let crc = crc32fast::hash(&bytes[..end - 8]);
+        if stored != crc {
+            return Err(bad(format!(
+                "checksum mismatch (stored {stored:08x}, computed {crc:08x}): the file is corrupted"
+            )));
+        }
+        let sections = u32_at(12) as usize;
+        let header = Header {
+            n: u64_at(16) as usize,
+            d: u32_at(24) as usize,
+            m: u32_at(28) as usize,
+            pq_bytes: u32_at(32) as usize,
+            codewords: u32_at(36) as usize,
+            assignment_bits: u32_at(40),
+            exact: u32_at(44) == 1,
+            seed: u64_at(48),
+            iterations: u32_at(56),
+            energy: f64_at(64),
+            mse: f64_at(72),
+        };
+        let h = &header;
+        if h.d == 0 || h.m == 0 || h.n == 0 || h.m > h.n {
+            return Err(bad(format!(
+                "impossible sizes: n = {}, d = {}, m = {}",
+                h.n, h.d, h.m
+            )));
+        }
+        if h.assignment_bits != assignment_bits(h.m) {
+            return Err(bad(format!(
+                "{} bits per assignment for {} anchors (expected {})",
+                h.assignment_bits,
+                h.m,
+                assignment_bits(h.m)
+            )));
+        }
+        if h.pq_bytes > h.d || h.codewords > 256 || (h.pq_bytes > 0) != (h.codewords > 0) {
+            return Err(bad(format!(
+                "impossible residual code: {} bytes, {} codewords for dimension {}",
+                h.pq_bytes, h.codewords, h.d
+            )));
+        }
+        if sections > 64 || HEADER_END + ENTRY * sections > end - 8 {
+            return Err(bad(format!("{sections} sections do not fit the file")));
+        }
+        let expected = |kind: u32| -> Option<usize> {
+            Some(match kind {
+                ANCHORS => h.m.checked_mul(h.d)?.checked_mul(2)?,
+                ASSIGNMENTS => h.n.checked_mul(h.assignment_bits as usize)?.div_ceil(8),
+                SUBSPACES => (h.pq_bytes + 1) * 4,
+                CODEBOOKS => h.codewords.checked_mul(h.d)?.checked_mul(4)?,
+                CODES => h.n.checked_mul(h.pq_bytes)?,
+                _ => return None,
+            })
+        };
+        let mut ranges: [Option<std::ops::Range<usize>>; 6] = Default::default();
+        for s in 0..sections {
+            let at = HEADER_END + ENTRY * s;
+            let kind = u32_at(at);
+            let (offset, len) = (u64_at(at + 8) as usize, u64_at(at + 16) as usize);
+            let want = expected(kind).ok_or_else(|| bad(format!("unknown section kind {kind}")))?;
+            if len != want {
+                return Err(bad(format!(
+                    "section {kind} holds {len} bytes; the header implies {want}"
+                )));
+            }
+            let stop = offset
+                .checked_add(len)
+                .filter(|&e| e <= end - 8 && offset >= HEADER_END + ENTRY * sections)
+                .ok_or_else(|| bad(format!("section {kind} lies outside the file")))?;
+            if ranges[kind as usize].replace(offset..stop).is_some() {
+                return Err(bad(format!("section {kind} appears twice")));
+            }
+        }
+        let range = |kind: u32| {
+            ranges[kind as usize]
+                .clone()
+                .ok_or_else(|| bad(format!("section {kind} is missing")))
+        };
+        let anchors: Vec<f32> = bytes[range(ANCHORS)?]
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect();
+        if anchors.iter().any(|v| !v.is_finite()) {
+            return Err(bad("an anchor is not finite".into()));
+        }
+        let bounds: Vec<usize> = bytes[range(SUBSPACES)?]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as usize)
+            .collect();
+        let bounds_ok = bounds.first() == Some(&0)
+            && (h.pq_bytes == 0 || bounds.last() == Some(&h.d))
+            && bounds.windows(2).all(|w| w[0] < w[1]);
+        if !bounds_ok {
+            return Err(bad(format!(
+                "subspace bounds {bounds:?} do not split {} dimensions",
+                h.d
+            )));
+        }
+        let codebooks: Vec<f32> = bytes[range(CODEBOOKS)?]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        if codebooks.iter().any(|v| !v.is_finite()) {
+            return Err(bad("a codeword is not finite".into()));
+        }
+        let assignments = range(ASSIGNMENTS)?;
+        let packed = &bytes[assignments.clone()];
+        if let Some(i) =
+            (0..h.n).find(|&i| unpack_bit(packed, h.assignment_bits, i) as usize >= h.m)
+        {
+            return Err(bad(format!(
+                "vector {i} is assigned to anchor {}, beyond the {} anchors",
+                unpack_bit(packed, h.assignment_bits, i),
+                h.m
+            )));
+        }
+        let codes = range(CODES)?;
+        if h.codewords < 256
+            && let Some(&c) = bytes[codes.clone()]
+                .iter()
+                .find(|&&c| c as usize >= h.codewords)
+        {
+            return Err(bad(format!(
+                "a residual code ({c}) exceeds the {} codewords",
+                h.codewords
+            )));
+        }
+        let pq = ProductQuantizer {
+            dim: h.d,
+            codewords: h.codewords,
+            bounds,
+            codebooks,
+        };
+        Ok(Index {
+            header,
+            anchors,
+            pq,
+            assignments,
+            codes,
+            lists: OnceLock::new(),
+            storage,
+        })
+    }
+
+    /// The anchor of vector `i`.
+    pub fn assignment(&self, i: usize) -> u32 {
+        unpack_bit(
+            &self.storage[self.assignments.clone()],
+            self.header.assignment_bits,
+            i,
+        )
+    }
+
+    /// Vector `i`'s residual code (one byte per subspace).
+    pub fn code(&self, i: usize) -> &[u8] {
+        let b = self.header.pq_bytes;
+        &self.storage[self.codes.clone()][i * b..(i + 1) * b]
+    }
+
+    pub fn anchor(&self, a: usize) -> &[f32] {
+        let d = self.header.d;
+        &self.anchors[a * d..(a + 1) * d]
+    }
+
+    /// The reconstruction of vector `i`: its anchor plus its decoded residual.
+    pub fn reconstruct(&self, i: usize, out: &mut [f32]) {
+        out.copy_from_slice(self.anchor(self.assignment(i) as usize));
+        self.pq.add_decoded(self.code(i), out);
+    }
+
+    /// Every vector reconstructed.
+    pub fn decompress(&self) -> Matrix {
+        let (n, d) = (self.header.n, self.header.d);
+        let mut data = vec![0f32; n * d];
+        for (i, row) in data.chunks_exact_mut(d).enumerate() {
+            self.reconstruct(i, row);
+        }
+        Matrix {
+            rows: n,
+            cols: d,
+            data,
+        }
+    }
+
+    /// Members of each anchor, in ascending order (built on first use).
+    pub fn lists(&self) -> &[Vec<u32>] {
+        self.lists.get_or_init(|| {
+            let mut lists = vec![Vec::new(); self.header.m];
+            for i in 0..self.header.n {
+                lists[self.assignment(i) as usize].push(i as u32);
+            }
+            lists
+        })
+    }
+
+    /// Mean squared reconstruction error over `data` (the vectors this index was built from).
+    pub fn reconstruction_mse(&self, data: &Matrix) -> f64 {
+        let d = self.header.d;
+        let mut row = vec![0f32; d];
+        let mut total = 0f64;
+        for i in 0..self.header.n.min(data.rows) {
+            self.reconstruct(i, &mut row);
+            total += data
+                .row(i)
+                .iter()
+                .zip(&row)
+                .map(|(&a, &b)| ((a - b) as f64).powi(2))
+                .sum::<f64>();
+        }
+        total / self.header.n.max(1) as f64
+    }
+
+    /// The `k` nearest vectors of each query by asymmetric distance: the query is compared
+    /// with the `nprobe` nearest anchors, and those anchors' members are scored on their
+    /// residual codes (a per-subspace table of squared distances for each probed anchor).
+    /// Results are `(vector, squared distance)`, nearest first. Queries run in parallel.
+    pub fn search(
+        &self,
+        queries: &Matrix,
+        k: usize,
+        nprobe: usize,
+    ) -> crate::Result<Vec<Vec<(u32, f32)>>> {
+        let (d, m) = (self.header.d, self.header.m);
+        if queries.cols != d {
+            return Err(crate::error::input(format!(
+                "queries have dimension {}, the index {d}",
+                queries.cols
+            )));
+        }
+        let nprobe = nprobe.clamp(1, m);
+        let lists = self.lists();
+        let search_one = |q: &[f32]| -> Vec<(u32, f32)> {
+            let mut near: Vec<(f32, u32)> =
+                (0..m).map(|a| (sq(q, self.anchor(a)), a as u32)).collect();
+            near.select_nth_unstable_by(nprobe - 1, |x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+            near.truncate(nprobe);
+            let mut best = TopK::new(k);
+            let mut table = vec![0f32; self.pq.codewords.max(1) * self.pq.bytes()];
+            let mut rq = vec![0f32; d];
+            for &(_, a) in &near {
+                let c = self.anchor(a as usize);
+                for (r, (&qv, &cv)) in rq.iter_mut().zip(q.iter().zip(c)) {
+                    *r = qv - cv;
+                }
+                let base = self.fill_table(&rq, &mut table);
+                for &i in &lists[a as usize] {
+                    let mut dist = base;
+                    for (j, &code) in self.code(i as usize).iter().enumerate() {
+                        dist += table[j * self.pq.codewords + code as usize];
+                    }
+                    best.push(dist, i);
+                }
+            }
+            best.into_sorted()
+        };
+        Ok(parallel_map(queries, &search_one))
+    }
+
+    /// Fills `table[j * codewords + c] = |rq_j - codeword_jc|^2` and returns the squared
+    /// norm of `rq`'s dimensions no subspace covers (all of it without residual codes).
+    fn fill_table(&self, rq: &[f32], table: &mut [f32]) -> f32 {
+        let pq = &self.pq;
+        if pq.bytes() == 0 {
+            return rq.iter().map(|v| v * v).sum();
+        }
+        for j in 0..pq.bytes() {
+            let (lo, hi) = (pq.bounds[j], pq.bounds[j + 1]);
+            let w = hi - lo;
+            let book = &pq.codebooks[pq.codebook_offset(j)..][..pq.codewords * w];
+            for (c, word) in book.chunks_exact(w).enumerate() {
+                table[j * pq.codewords + c] = sq(&rq[lo..hi], word);
+            }
+        }
+        0.0
+    }
+}
+
+fn sq(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(&x, &y)| (x - y) * (x - y)).sum()
+}
+
+/// The `k` smallest `(distance, id)` pairs seen (ties to the lower id).
+struct TopK {
+    k: usize,
+    heap: std::collections::BinaryHeap<(OrdF32, u32)>,
+}
+
+#[derive(Clone, Copy)]
+struct OrdF32(f32);
+impl PartialEq for OrdF32 {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+impl Eq for OrdF32 {}
+impl PartialOrd for OrdF32 {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for OrdF32 {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+impl TopK {
+    fn new(k: usize) -> Self {
+        Self {
+            k,
+            heap: std::collections::BinaryHeap::with_capacity(k + 1),
+        }
+    }
+    fn push(&mut self, dist: f32, id: u32) {
+        if self.k == 0 {
+            return;
+        }
+        if self.heap.len() < self.k {
+            self.heap.push((OrdF32(dist), id));
+        } else if let Some(&top) = self.heap.peek()
+            && (OrdF32(dist), id) < top
+        {
+            self.heap.pop();
+            self.heap.push((OrdF32(dist), id));
+        }
+    }
+    fn into_sorted(self) -> Vec<(u32, f32)> {
+        self.heap
+            .into_sorted_vec()
+            .into_iter()
+            .map(|(d, i)| (i, d.0))
+            .collect()
+    }
+}
+
+/// `f` of every row of `queries`, spread over the machine's threads.
+pub(crate) fn parallel_map<T: Send>(queries: &Matrix, f: &(dyn Fn(&[f32]) -> T + Sync)) -> Vec<T> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = queries.rows.div_ceil(threads).max(1);
+    let mut out: Vec<T> = Vec::with_capacity(queries.rows);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..queries.rows)
+            .step_by(per)
+            .map(|start| {
+                let end = (start + per).min(queries.rows);
+                s.spawn(move || (start..end).map(|i| f(queries.row(i))).collect::<Vec<T>>())
+            })
+            .collect();
+        for h in handles {
+            out.extend(h.join().expect("search threads do not panic"));
+        }
+    });
+    out
+}
+
+/// The exact `k` nearest rows of `data` for each query (squared Euclidean distance, ties to
+/// the lower index): the ground truth for recall.
+pub fn exact_knn(data: &Matrix, queries: &Matrix, k: usize) -> Vec<Vec<u32>> {
+    parallel_map(queries, &|q: &[f32]| {
+        let mut best = TopK::new(k);
+        for i in 0..data.rows {
+            best.push(sq(q, data.row(i)), i as u32);
+        }
+        best.into_sorted().into_iter().map(|(i, _)| i).collect()
+    })
+}
+
+/// Mean fraction of each query's true `k` nearest found among its returned `k`.
+pub fn recall_at(truth: &[Vec<u32>], found: &[Vec<(u32, f32)>], k: usize) -> f64 {
+    if truth.is_empty() {
+        return 0.0;
+    }
+    let mut total = 0.0;
+    for (t, f) in truth.iter().zip(found) {
+        let t: std::collections::HashSet<u32> = t.iter().take(k).copied().collect();
+        let hits = f.iter().take(k).filter(|(i, _)| t.contains(i)).count();
+        total += hits as f64 / t.len().max(1) as f64;
+    }
+    total / truth.len() as f64
+}

@@ -1,0 +1,253 @@
+//! Input vectors: the [`Matrix`] type and the `.npy` and `.fvecs` readers and writers.
+//!
+//! `.npy` (NumPy's format, versions 1, 2 and 3 of the header): two-dimensional, C order,
+//! little-endian `f4` or `f2`. `.fvecs` (the TEXMEX corpus format): each vector is its
+//! dimension as a little-endian `i32` followed by that many `f32`s; every vector must have the
+//! same dimension. Anything else is a clear [`Error::Format`], never a panic.
+
+use crate::error::{Error, Result, format_error, input, io_error};
+use std::path::Path;
+
+/// `rows` vectors of `cols` `f32`s, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl Matrix {
+    /// Checks the size and that every value is finite.
+    pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Result<Self> {
+        if rows.checked_mul(cols) != Some(data.len()) {
+            return Err(input(format!(
+                "{} values cannot form {rows} x {cols} vectors",
+                data.len()
+            )));
+        }
+        if let Some(i) = data.iter().position(|v| !v.is_finite()) {
+            return Err(input(format!(
+                "vector {} has a non-finite value ({}) at dimension {}",
+                i / cols.max(1),
+                data[i],
+                i % cols.max(1)
+            )));
+        }
+        Ok(Self { rows, cols, data })
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+
+    /// The first `rows` vectors (all of them when there are fewer).
+    pub fn head(&self, rows: usize) -> Matrix {
+        let rows = rows.min(self.rows);
+        Matrix {
+            rows,
+            cols: self.cols,
+            data: self.data[..rows * self.cols].to_vec(),
+        }
+    }
+
+    /// Reads `.npy` or `.fvecs`, chosen by the extension.
+    pub fn load(path: impl AsRef<Path>) -> Result<Matrix> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| io_error(path, e))?;
+        let name = path.display().to_string();
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("npy") => parse_npy(&bytes, &name),
+            Some("fvecs") => parse_fvecs(&bytes, &name),
+            _ => Err(format_error(
+                &name,
+                "unknown extension: vectors are read from .npy or .fvecs",
+            )),
+        }
+    }
+
+    /// Writes `.npy` (version 1, `<f4`) or `.fvecs`, chosen by the extension.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let bytes = match path.extension().and_then(|e| e.to_str()) {
+            Some("npy") => npy_bytes(self),
+            Some("fvecs") => fvecs_bytes(self),
+            _ => {
+                return Err(format_error(
+                    &path.display().to_string(),
+                    "unknown extension: vectors are written as .npy or .fvecs",
+                ));
+            }
+        };
+        std::fs::write(path, bytes).map_err(|e| io_error(path, e))
+    }
+}
+
+/// Parses a `.npy` file held in memory.
+pub fn parse_npy(bytes: &[u8], name: &str) -> Result<Matrix> {
+    let bad = |d: String| format_error(name, d);
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err(bad("not a .npy file (no \\x93NUMPY magic)".into()));
+    }
+    let (major, minor) = (bytes[6], bytes[7]);
+    let (header_len, start) = match major {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10usize),
+        2 | 3 => {
+            if bytes.len() < 12 {
+                return Err(bad("truncated header".into()));
+            }
+            (
+                u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize,
+                12,
+            )
+        }
+        _ => {
+            return Err(bad(format!(
+                "npy format version {major}.{minor} is not supported (1.0, 2.0 and 3.0 are)"
+            )));
+        }
+    };
+    let end = start
+        .checked_add(header_len)
+        .filter(|&e| e <= bytes.len())
+        .ok_or_else(|| bad("truncated header".into()))?;
+    let header =
+        std::str::from_utf8(&bytes[start..end]).map_err(|_| bad("header is not text".into()))?;
+    let field = |key: &str| -> Option<&str> {
+        let at = header.find(&format!("'{key}'"))? + key.len() + 2;
+        let rest = header[at..].trim_start().strip_prefix(':')?.trim_start();
+        Some(rest)
+    };
+    let descr = field("descr")
+        .and_then(|r| r.strip_prefix('\''))
+        .and_then(|r| r.split('\'').next())
+        .ok_or_else(|| bad("header has no 'descr'".into()))?;
+    let fortran = field("fortran_order")
+        .ok_or_else(|| bad("header has no 'fortran_order'".into()))?
+        .starts_with("True");
+    let shape_text = field("shape")
+        .and_then(|r| r.strip_prefix('('))
+        .and_then(|r| r.split(')').next())
+        .ok_or_else(|| bad("header has no 'shape'".into()))?;
+    let shape: Vec<usize> = shape_text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| bad(format!("shape ({shape_text}) is not a list of sizes")))?;
+    if fortran {
+        return Err(bad(
+            "Fortran-order arrays are not supported: save the array in C order".into(),
+        ));
+    }
+    let [rows, cols] = shape[..] else {
+        return Err(bad(format!(
+            "expected a two-dimensional array of vectors, found shape {shape:?}"
+        )));
+    };
+    let width = match descr {
+        "<f4" | "|f4" => 4,
+        "<f2" | "|f2" => 2,
+        other => {
+            return Err(bad(format!(
+                "dtype {other} is not supported: vectors must be little-endian float32 (<f4) or float16 (<f2)"
+            )));
+        }
+    };
+    let count = rows
+        .checked_mul(cols)
+        .ok_or_else(|| bad("shape overflows".into()))?;
+    let body = &bytes[end..];
+    if body.len() != count * width {
+        return Err(bad(format!(
+            "{} bytes of data for shape ({rows}, {cols}) of {descr}: expected {} (truncated or padded file)",
+            body.len(),
+            count * width
+        )));
+    }
+    let data: Vec<f32> = if width == 4 {
+        body.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    } else {
+        body.chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32())
+            .collect()
+    };
+    Matrix::new(rows, cols, data).map_err(|e| match e {
+        Error::Input(d) => bad(d),
+        other => other,
+    })
+}
+
+/// Parses an `.fvecs` file held in memory.
+pub fn parse_fvecs(bytes: &[u8], name: &str) -> Result<Matrix> {
+    let bad = |d: String| format_error(name, d);
+    if bytes.is_empty() {
+        return Err(bad("empty file: no vectors".into()));
+    }
+    if bytes.len() < 4 {
+        return Err(bad("truncated: no dimension word".into()));
+    }
+    let d = i32::from_le_bytes(bytes[..4].try_into().unwrap());
+    if d <= 0 {
+        return Err(bad(format!(
+            "dimension {d} in the first record: must be positive"
+        )));
+    }
+    let d = d as usize;
+    let record = 4 + 4 * d;
+    if bytes.len() % record != 0 {
+        return Err(bad(format!(
+            "{} bytes is not a whole number of {record}-byte records of dimension {d} (truncated?)",
+            bytes.len()
+        )));
+    }
+    let rows = bytes.len() / record;
+    let mut data = Vec::with_capacity(rows * d);
+    for (r, rec) in bytes.chunks_exact(record).enumerate() {
+        let di = i32::from_le_bytes(rec[..4].try_into().unwrap());
+        if di as i64 != d as i64 {
+            return Err(bad(format!(
+                "record {r} has dimension {di}, the first had {d}"
+            )));
+        }
+        data.extend(
+            rec[4..]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap())),
+        );
+    }
+    Matrix::new(rows, d, data).map_err(|e| match e {
+        Error::Input(d) => bad(d),
+        other => other,
+    })
+}
+
+/// The bytes of a version-1 `.npy` file of `<f4`.
+pub fn npy_bytes(m: &Matrix) -> Vec<u8> {
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}",
+        m.rows, m.cols
+    );
+    // Pad so that the data starts on a 64-byte boundary, ending the header with a newline.
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + m.data.len() * 4);
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(bytemuck::cast_slice(&m.data));
+    out
+}
+
+fn fvecs_bytes(m: &Matrix) -> Vec<u8> {
+    let mut out = Vec::with_capacity(m.rows * (4 + 4 * m.cols));
+    for r in 0..m.rows {
+        out.extend_from_slice(&(m.cols as i32).to_le_bytes());
+        out.extend_from_slice(bytemuck::cast_slice(m.row(r)));
+    }
+    out
+}

@@ -1,0 +1,95 @@
+//! The same compression on CPU, wgpu and CUDA: exact mode identical, fast mode in agreement.
+//! wgpu is required (lavapipe in CI); CUDA tests are ignored here and run on a GPU host with
+//! `--ignored`.
+
+use hal::Backend;
+use vlc_anneal::{Clustering, Config, Mode, anneal};
+
+fn data() -> vlc_anneal::Matrix {
+    let seed = hal_parity::fresh_seed("VLC_SEED");
+    eprintln!("data seed {seed} (VLC_SEED={seed} repeats it)");
+    vlc_anneal::synthetic::gaussian_mixture(10_000, 64, 50, 0.25, seed)
+}
+
+fn run<B: Backend>(b: &B, data: &vlc_anneal::Matrix, mode: Mode) -> Clustering {
+    let mut cfg = Config::new(64);
+    cfg.iterations = 20;
+    cfg.mode = mode;
+    cfg.seed = 3;
+    anneal(b, data, &cfg, &mut |_| {}).unwrap()
+}
+
+fn exact_identical<B: Backend>(b: &B) {
+    let data = data();
+    let cpu = run(&backend_cpu::CpuBackend::new(), &data, Mode::Exact);
+    let other = run(b, &data, Mode::Exact);
+    let differ = cpu
+        .assignments
+        .iter()
+        .zip(&other.assignments)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert_eq!(differ, 0, "{differ} assignments differ in exact mode");
+    let bits = |c: &Clustering| {
+        c.anchors
+            .data
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>()
+    };
+    assert!(bits(&cpu) == bits(&other), "anchors differ in exact mode");
+}
+
+fn fast_agree<B: Backend>(b: &B) {
+    let data = data();
+    let cpu = run(&backend_cpu::CpuBackend::new(), &data, Mode::Fast);
+    let other = run(b, &data, Mode::Fast);
+    let same = cpu
+        .assignments
+        .iter()
+        .zip(&other.assignments)
+        .filter(|(a, b)| a == b)
+        .count();
+    let agree = same as f64 / data.rows as f64;
+    let rel = (cpu.energy - other.energy).abs() / cpu.energy;
+    eprintln!(
+        "fast mode: {:.4}% agree, energies {} vs {} ({rel:.2e})",
+        agree * 100.0,
+        cpu.energy,
+        other.energy
+    );
+    assert!(agree >= 0.999, "assignments agree on {:.4}%", agree * 100.0);
+    assert!(
+        rel <= 1e-4,
+        "energies {} and {} differ by {rel:.2e}",
+        cpu.energy,
+        other.energy
+    );
+}
+
+fn wgpu() -> backend_wgpu::WgpuBackend {
+    backend_wgpu::WgpuBackend::new()
+        .expect("wgpu is required (install mesa-vulkan-drivers for lavapipe)")
+}
+
+#[test]
+fn wgpu_exact_mode_is_identical_to_cpu() {
+    exact_identical(&wgpu());
+}
+
+#[test]
+fn wgpu_fast_mode_agrees_with_cpu() {
+    fast_agree(&wgpu());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cuda_exact_mode_is_identical_to_cpu() {
+    exact_identical(&backend_cuda::CudaBackend::new().expect("CUDA is required"));
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cuda_fast_mode_agrees_with_cpu() {
+    fast_agree(&backend_cuda::CudaBackend::new().expect("CUDA is required"));
+}

@@ -1,0 +1,297 @@
+//! Vector files and index files: round trips, and every kind of bad file gets an error, never
+//! a panic.
+
+use proptest::prelude::*;
+use vlc_anneal::vectors::{npy_bytes, parse_fvecs, parse_npy};
+use vlc_anneal::{Config, Error, Index, Matrix, compress};
+
+fn sample_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data")
+}
+
+fn npy_with(descr: &str, fortran: bool, shape: &str, body: &[u8], version: u8) -> Vec<u8> {
+    let header = format!(
+        "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape}, }}\n",
+        if fortran { "True" } else { "False" }
+    );
+    let mut out = b"\x93NUMPY".to_vec();
+    out.push(version);
+    out.push(0);
+    if version == 1 {
+        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    } else {
+        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    }
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+fn format_error(r: vlc_anneal::Result<Matrix>) -> String {
+    match r {
+        Err(Error::Format { detail, .. }) => detail,
+        other => panic!("expected a format error, got {other:?}"),
+    }
+}
+
+#[test]
+fn npy_round_trips_and_reads_version_2_and_f16() {
+    let m = Matrix::new(3, 2, vec![1.0, -2.5, 3.0, 4.0, 0.125, -6.0]).unwrap();
+    assert_eq!(parse_npy(&npy_bytes(&m), "t").unwrap(), m);
+    let body: Vec<u8> = m.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(
+        parse_npy(&npy_with("<f4", false, "(3, 2)", &body, 2), "t").unwrap(),
+        m
+    );
+    let halfs: Vec<u8> = m
+        .data
+        .iter()
+        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+        .collect();
+    assert_eq!(
+        parse_npy(&npy_with("<f2", false, "(3, 2)", &halfs, 1), "t").unwrap(),
+        m
+    );
+}
+
+#[test]
+fn the_committed_samples_load() {
+    let glove = Matrix::load(sample_dir().join("glove-sample.npy")).unwrap();
+    assert_eq!((glove.rows, glove.cols), (2000, 50));
+    let minilm = Matrix::load(sample_dir().join("minilm-sample.npy")).unwrap();
+    assert_eq!((minilm.rows, minilm.cols), (500, 384));
+    // Normalised sentence embeddings (to f16 precision).
+    let norm: f32 = minilm.row(7).iter().map(|v| v * v).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-2, "{norm}");
+}
+
+#[test]
+fn bad_npy_files_are_clear_errors() {
+    let body = vec![0u8; 24];
+    assert!(format_error(parse_npy(b"not numpy", "t")).contains("magic"));
+    assert!(
+        format_error(parse_npy(&npy_with("<f4", true, "(3, 2)", &body, 1), "t"))
+            .contains("Fortran")
+    );
+    assert!(
+        format_error(parse_npy(&npy_with(">f4", false, "(3, 2)", &body, 1), "t")).contains(">f4")
+    );
+    assert!(
+        format_error(parse_npy(&npy_with("<f8", false, "(3, 1)", &body, 1), "t")).contains("<f8")
+    );
+    assert!(
+        format_error(parse_npy(
+            &npy_with("<f4", false, "(2, 1, 3)", &body, 1),
+            "t"
+        ))
+        .contains("two-dimensional")
+    );
+    assert!(
+        format_error(parse_npy(&npy_with("<f4", false, "(3, 3)", &body, 1), "t"))
+            .contains("truncated")
+    );
+    assert!(
+        format_error(parse_npy(&npy_with("<f4", false, "(3, 2)", &body, 9), "t"))
+            .contains("version")
+    );
+    let mut nan = body.clone();
+    nan[8..12].copy_from_slice(&f32::NAN.to_le_bytes());
+    assert!(
+        format_error(parse_npy(&npy_with("<f4", false, "(3, 2)", &nan, 1), "t"))
+            .contains("non-finite")
+    );
+    let inf = f32::INFINITY.to_le_bytes().repeat(6);
+    assert!(
+        format_error(parse_npy(&npy_with("<f4", false, "(3, 2)", &inf, 1), "t"))
+            .contains("non-finite")
+    );
+    // Every truncation of a valid file is an error.
+    let good = npy_bytes(&Matrix::new(4, 3, vec![0.5; 12]).unwrap());
+    for cut in 0..good.len() {
+        assert!(parse_npy(&good[..cut], "t").is_err(), "cut at {cut}");
+    }
+}
+
+#[test]
+fn fvecs_round_trip_and_errors() {
+    let dir = std::env::temp_dir().join(format!("vlc-fvecs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = Matrix::new(2, 3, vec![1.0, 2.0, 3.0, -1.0, -2.0, -3.0]).unwrap();
+    let path = dir.join("v.fvecs");
+    m.save(&path).unwrap();
+    assert_eq!(Matrix::load(&path).unwrap(), m);
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(parse_fvecs(&bytes[..bytes.len() - 1], "t").is_err());
+    let mut other_dim = bytes.clone();
+    other_dim[16..20].copy_from_slice(&4i32.to_le_bytes());
+    assert!(parse_fvecs(&other_dim, "t").is_err());
+    assert!(parse_fvecs(&0i32.to_le_bytes(), "t").is_err());
+    assert!(parse_fvecs(&[], "t").is_err());
+    assert!(Matrix::load(dir.join("v.txt")).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_parameters_are_clear_errors() {
+    let cpu = backend_cpu::CpuBackend::new();
+    let data = vlc_anneal::synthetic::gaussian_mixture(50, 4, 3, 0.1, 1);
+    let run = |cfg: &Config, data: &Matrix| {
+        compress(&cpu, data, cfg, &mut |_| {})
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(run(&Config::new(51), &data).contains("m must not exceed n"));
+    assert!(run(&Config::new(0), &data).contains("at least one anchor"));
+    let empty = Matrix::new(5, 0, vec![]).unwrap();
+    assert!(run(&Config::new(2), &empty).contains("dimension 0"));
+    let mut cfg = Config::new(4);
+    cfg.pq_bytes = 5;
+    assert!(run(&cfg, &data).contains("one byte per dimension"));
+    assert!(
+        Matrix::new(1, 2, vec![1.0, f32::NAN])
+            .unwrap_err()
+            .to_string()
+            .contains("non-finite")
+    );
+}
+
+fn small_index() -> (Matrix, Vec<u8>) {
+    let cpu = backend_cpu::CpuBackend::new();
+    let data = vlc_anneal::synthetic::gaussian_mixture(600, 12, 10, 0.1, 3);
+    let mut cfg = Config::new(19);
+    cfg.pq_bytes = 5;
+    cfg.iterations = 6;
+    let out = compress(&cpu, &data, &cfg, &mut |_| {}).unwrap();
+    let dir = std::env::temp_dir().join(format!(
+        "vlc-index-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("i.vlc");
+    out.index.save(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    (data, bytes)
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+#[test]
+fn an_index_file_round_trips_through_mmap() {
+    let (data, bytes) = small_index();
+    let dir = std::env::temp_dir().join(format!("vlc-mmap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("i.vlc");
+    std::fs::write(&path, &bytes).unwrap();
+    let index = Index::open(&path).unwrap();
+    let h = &index.header;
+    assert_eq!(
+        (h.n, h.d, h.m, h.pq_bytes, h.assignment_bits),
+        (600, 12, 19, 5, 5)
+    );
+    assert_eq!(index.file_size(), bytes.len());
+    // The header's MSE is the decompressed vectors' error.
+    let mse = index.reconstruction_mse(&data);
+    assert!(
+        (mse - h.mse).abs() <= 1e-9 * h.mse.max(1.0),
+        "{mse} vs {}",
+        h.mse
+    );
+    let back = index.decompress();
+    let direct: f64 = (0..data.rows)
+        .map(|i| {
+            data.row(i)
+                .iter()
+                .zip(back.row(i))
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum::<f64>()
+        })
+        .sum::<f64>()
+        / data.rows as f64;
+    assert!((direct - mse).abs() <= 1e-9 * mse.max(1.0));
+    // Residual codes make the reconstruction better than the anchors alone.
+    assert!(
+        mse < h.energy,
+        "MSE {mse} vs anchor-only energy {}",
+        h.energy
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn truncated_or_corrupted_index_files_are_errors() {
+    let (_, bytes) = small_index();
+    for cut in (0..bytes.len()).step_by(7).chain([bytes.len() - 1]) {
+        assert!(
+            Index::from_bytes(bytes[..cut].to_vec(), "t").is_err(),
+            "cut at {cut}"
+        );
+    }
+    let mut wrong_version = bytes.clone();
+    wrong_version[8] = 2;
+    assert!(
+        Index::from_bytes(wrong_version, "t")
+            .unwrap_err()
+            .to_string()
+            .contains("version")
+    );
+    let mut flipped = bytes.clone();
+    flipped[200] ^= 0x10;
+    assert!(
+        Index::from_bytes(flipped, "t")
+            .unwrap_err()
+            .to_string()
+            .contains("checksum")
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    /// Random damage anywhere (the fuzz target's job, in miniature): an error, never a panic.
+    #[test]
+    fn damaged_index_files_never_panic(edits in prop::collection::vec((any::<usize>(), any::<u8>()), 1..6), cut in any::<usize>()) {
+        static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+        let bytes = BYTES.get_or_init(|| small_index().1);
+        let mut b = bytes.clone();
+        for (at, v) in edits {
+            let at = at % b.len();
+            b[at] ^= v | 1;
+        }
+        let keep = b.len() - cut % 64;
+        b.truncate(keep);
+        prop_assert!(Index::from_bytes(b, "t").is_err());
+    }
+}
+
+#[test]
+fn assignments_pack_into_ceil_log2_m_bits() {
+    use vlc_anneal::index::{assignment_bits, pack_bits, unpack_bit};
+    for (m, bits) in [
+        (1, 0),
+        (2, 1),
+        (3, 2),
+        (4, 2),
+        (255, 8),
+        (256, 8),
+        (257, 9),
+        (1000, 10),
+        (4096, 12),
+    ] {
+        assert_eq!(assignment_bits(m), bits, "m = {m}");
+        let values: Vec<u32> = (0..777u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) % m as u32)
+            .collect();
+        let packed = pack_bits(&values, bits);
+        assert_eq!(packed.len(), (777 * bits as usize).div_ceil(8));
+        for (i, &v) in values.iter().enumerate() {
+            assert_eq!(unpack_bit(&packed, bits, i), v);
+        }
+    }
+}

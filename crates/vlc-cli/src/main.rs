@@ -1,0 +1,363 @@
+//! `vlc`: compress embedding vectors into a searchable index and use it.
+//!
+//! ```text
+//! vlc compress IN -o OUT --anchors M --bytes B [--backend auto] [--iterations N] [--exact]
+//! vlc info INDEX
+//! vlc search INDEX QUERIES [-k 10] [--nprobe 16]
+//! vlc eval INDEX DATA [--queries 1000] [--nprobe 16]
+//! vlc decompress INDEX -o OUT.npy
+//! vlc demo [--backend auto]
+//! ```
+//!
+//! Vectors are read from `.npy` (f32 or f16) or `.fvecs`. `--backend auto` takes CUDA if
+//! present, else wgpu on a hardware GPU, else the CPU.
+
+use clap::{Parser, Subcommand};
+use hal::Backend;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+use vlc_anneal::{Config, Index, Matrix, Mode, compress, exact_knn, recall_at};
+
+#[derive(Parser)]
+#[command(
+    name = "vlc",
+    version,
+    about = "Annealed k-means compression of embedding vectors, with search"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compresses vectors (.npy or .fvecs) into an index file.
+    Compress {
+        input: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Number of anchors (clusters).
+        #[arg(long, default_value_t = 256)]
+        anchors: usize,
+        /// Bytes of residual code per vector.
+        #[arg(long, default_value_t = 8)]
+        bytes: usize,
+        #[arg(long, default_value = "auto")]
+        backend: String,
+        #[arg(long, default_value_t = 25)]
+        iterations: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Identical results on every backend (slower).
+        #[arg(long)]
+        exact: bool,
+        /// Stop when the energy changes by less than this fraction (0: run every iteration).
+        #[arg(long, default_value_t = 0.0)]
+        tolerance: f64,
+        /// Print no progress.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Prints an index's header.
+    Info { index: PathBuf },
+    /// Prints the k nearest indexed vectors of each query.
+    Search {
+        index: PathBuf,
+        queries: PathBuf,
+        #[arg(short, default_value_t = 10)]
+        k: usize,
+        #[arg(long, default_value_t = 16)]
+        nprobe: usize,
+    },
+    /// Energy, reconstruction MSE, recall@10 against exact search, compression ratio, time.
+    Eval {
+        index: PathBuf,
+        /// The vectors the index was built from.
+        data: PathBuf,
+        /// Queries: this many of the data's vectors, spread evenly.
+        #[arg(long, default_value_t = 1000)]
+        queries: usize,
+        #[arg(long, default_value_t = 16)]
+        nprobe: usize,
+    },
+    /// Writes every vector's reconstruction as .npy or .fvecs.
+    Decompress {
+        index: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// A short run on synthetic data (the README's main command runs it): compress, search,
+    /// report the headline figures.
+    Demo {
+        #[arg(long, default_value = "auto")]
+        backend: String,
+        #[arg(long, default_value_t = 20_000)]
+        n: usize,
+        #[arg(long)]
+        quiet: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vlc: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Which backend `auto` means: CUDA if present, else wgpu on a hardware GPU (not a software
+/// rasteriser such as lavapipe), else the CPU.
+fn resolve(choice: &str) -> String {
+    match choice {
+        "auto" => {
+            if backend_cuda::CudaBackend::new().is_ok() {
+                "cuda".into()
+            } else if backend_wgpu::WgpuBackend::new()
+                .is_ok_and(|b| b.info().kind.is_hardware_gpu())
+            {
+                "wgpu".into()
+            } else {
+                "cpu".into()
+            }
+        }
+        other => other.into(),
+    }
+}
+
+macro_rules! on_backend {
+    ($choice:expr, $f:ident ( $($arg:expr),* )) => {
+        match $choice {
+            "cpu" => $f(&backend_cpu::CpuBackend::new(), $($arg),*),
+            "wgpu" => backend_wgpu::WgpuBackend::new().map_err(|e| e.to_string()).and_then(|b| $f(&b, $($arg),*)),
+            "cuda" => backend_cuda::CudaBackend::new().map_err(|e| e.to_string()).and_then(|b| $f(&b, $($arg),*)),
+            other => Err(format!("unknown backend {other} (expected cpu, wgpu, cuda or auto)")),
+        }
+    };
+}
+
+type Res<T> = Result<T, String>;
+
+fn err(e: vlc_anneal::Error) -> String {
+    e.to_string()
+}
+
+fn run(command: Command) -> Res<()> {
+    match command {
+        Command::Compress {
+            input,
+            output,
+            anchors,
+            bytes,
+            backend,
+            iterations,
+            seed,
+            exact,
+            tolerance,
+            quiet,
+        } => {
+            let data = Matrix::load(&input).map_err(err)?;
+            let mut cfg = Config::new(anchors);
+            cfg.pq_bytes = bytes;
+            cfg.iterations = iterations;
+            cfg.seed = seed;
+            cfg.tolerance = tolerance;
+            cfg.mode = if exact { Mode::Exact } else { Mode::Fast };
+            let name = resolve(&backend);
+            if !quiet {
+                eprintln!(
+                    "vlc: {} vectors of dimension {} from {}, {anchors} anchors, {bytes} bytes per vector, backend {name}{}",
+                    data.rows,
+                    data.cols,
+                    input.display(),
+                    if exact { " (exact mode)" } else { "" }
+                );
+            }
+            let index = on_backend!(name.as_str(), compress_with(&data, &cfg, quiet))?;
+            index.save(&output).map_err(err)?;
+            let h = &index.header;
+            println!(
+                "wrote {}: {} bytes, ratio {:.1}x against f32, energy {:.6}, reconstruction MSE {:.6}",
+                output.display(),
+                index.file_size(),
+                (h.n * h.d * 4) as f64 / index.file_size() as f64,
+                h.energy,
+                h.mse
+            );
+            Ok(())
+        }
+        Command::Info { index } => {
+            let index = Index::open(&index).map_err(err)?;
+            let h = &index.header;
+            println!("vectors           {} x {}", h.n, h.d);
+            println!(
+                "anchors           {} (f16), {} bits per assignment",
+                h.m, h.assignment_bits
+            );
+            println!(
+                "residual code     {} bytes per vector, {} codewords per subspace",
+                h.pq_bytes, h.codewords
+            );
+            println!(
+                "mode              {}",
+                if h.exact { "exact" } else { "fast" }
+            );
+            println!("seed, iterations  {}, {}", h.seed, h.iterations);
+            println!("energy            {:.6}", h.energy);
+            println!("reconstruction    MSE {:.6}", h.mse);
+            println!(
+                "file              {} bytes, ratio {:.2}x against f32",
+                index.file_size(),
+                (h.n * h.d * 4) as f64 / index.file_size() as f64
+            );
+            Ok(())
+        }
+        Command::Search {
+            index,
+            queries,
+            k,
+            nprobe,
+        } => {
+            let index = Index::open(&index).map_err(err)?;
+            let queries = Matrix::load(&queries).map_err(err)?;
+            let hits = index.search(&queries, k, nprobe).map_err(err)?;
+            for (q, row) in hits.iter().enumerate() {
+                let line: Vec<String> = row.iter().map(|(i, d)| format!("{i}:{d:.5}")).collect();
+                println!("{q}\t{}", line.join(" "));
+            }
+            Ok(())
+        }
+        Command::Eval {
+            index,
+            data,
+            queries,
+            nprobe,
+        } => {
+            let index = Index::open(&index).map_err(err)?;
+            let data = Matrix::load(&data).map_err(err)?;
+            let report = evaluate(&index, &data, queries, nprobe)?;
+            println!("{}", report.text);
+            Ok(())
+        }
+        Command::Decompress { index, output } => {
+            let index = Index::open(&index).map_err(err)?;
+            index.decompress().save(&output).map_err(err)?;
+            println!("wrote {} vectors to {}", index.header.n, output.display());
+            Ok(())
+        }
+        Command::Demo { backend, n, quiet } => {
+            let name = resolve(&backend);
+            let data = vlc_anneal::synthetic::gaussian_mixture(n, 64, 200, 0.15, 11);
+            let mut cfg = Config::new(256);
+            cfg.pq_bytes = 16;
+            cfg.iterations = 20;
+            println!(
+                "vlc demo: {n} x 64 synthetic vectors (200 Gaussian clusters), 256 anchors, 16 bytes per vector, backend {name}"
+            );
+            let start = Instant::now();
+            let index = on_backend!(name.as_str(), compress_with(&data, &cfg, quiet))?;
+            let seconds = start.elapsed().as_secs_f64();
+            println!("compressed in {seconds:.2} s");
+            let report = evaluate(&index, &data, 500, 16)?;
+            println!("{}", report.text);
+            // The demo checks itself: residual codes must beat the anchors alone, and search
+            // must find most true neighbours.
+            if report.mse >= index.header.energy || report.recall < 0.5 {
+                return Err(format!(
+                    "demo figures out of range: MSE {} against energy {}, recall@10 {}",
+                    report.mse, index.header.energy, report.recall
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn compress_with<B: Backend>(b: &B, data: &Matrix, cfg: &Config, quiet: bool) -> Res<Index> {
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(cfg.iterations as u64 + 1);
+        bar.set_style(
+            ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix("annealing");
+        bar
+    };
+    let mut on_iteration = |r: &vlc_anneal::IterationReport| {
+        let mut msg = format!("energy {:.6} T {:.3}", r.energy, r.temperature);
+        if r.merged + r.split + r.reseeded > 0 {
+            msg += &format!(
+                " (merged {}, split {}, re-seeded {})",
+                r.merged, r.split, r.reseeded
+            );
+        }
+        bar.set_position(r.iteration as u64 + 1);
+        bar.set_message(msg.clone());
+        if !quiet && bar.is_hidden() {
+            eprintln!("iteration {}: {msg}", r.iteration);
+        }
+    };
+    let out = compress(b, data, cfg, &mut on_iteration).map_err(err)?;
+    bar.finish_and_clear();
+    if !quiet {
+        let t = out.seconds;
+        eprintln!(
+            "vlc: seeding {:.3} s, annealing {:.3} s, residual coding {:.3} s; final energy {:.6}",
+            t.seeding, t.annealing, t.coding, out.clustering.energy
+        );
+    }
+    Ok(out.index)
+}
+
+/// The `eval` report: its text and the two figures the demo checks.
+struct Report {
+    text: String,
+    mse: f64,
+    recall: f64,
+}
+
+fn evaluate(index: &Index, data: &Matrix, queries: usize, nprobe: usize) -> Res<Report> {
+    let h = &index.header;
+    if data.rows != h.n || data.cols != h.d {
+        return Err(format!(
+            "the data is {} x {}, the index was built from {} x {}",
+            data.rows, data.cols, h.n, h.d
+        ));
+    }
+    let q = queries.clamp(1, data.rows);
+    let step = data.rows / q;
+    let picks: Vec<f32> = (0..q).flat_map(|i| data.row(i * step).to_vec()).collect();
+    let qm = Matrix {
+        rows: q,
+        cols: data.cols,
+        data: picks,
+    };
+    let t = Instant::now();
+    let truth = exact_knn(data, &qm, 10);
+    let exact_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let found = index.search(&qm, 10, nprobe).map_err(err)?;
+    let search_s = t.elapsed().as_secs_f64();
+    let recall = recall_at(&truth, &found, 10);
+    let mse = index.reconstruction_mse(data);
+    let text = format!(
+        "energy {:.6}\nreconstruction MSE {:.6} (per vector, sum over dimensions)\nrecall@10 {:.4} ({q} queries, nprobe {nprobe})\ncompression ratio {:.2}x ({} bytes against {} bytes of f32)\nsearch {:.3} ms per query (exact search {:.3} ms per query)",
+        h.energy,
+        mse,
+        recall,
+        (h.n * h.d * 4) as f64 / index.file_size() as f64,
+        index.file_size(),
+        h.n * h.d * 4,
+        search_s * 1e3 / q as f64,
+        exact_s * 1e3 / q as f64,
+    );
+    Ok(Report { text, mse, recall })
+}

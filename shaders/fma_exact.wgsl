@@ -1,0 +1,57 @@
+// A correctly rounded a * b + c for the reproducible kernels (hal::Precision::Reproducible).
+// Where the device's fma() is fused (scalar 11 = 1, probed once per device) it is used as is.
+// Scalar 12 must be 0 (see `keep`).
+// lavapipe computes fma() as a multiply and then an add, two roundings, so there it is built
+// from separately rounded operations, which lavapipe never contracts: Dekker's exact product
+// (Veltkamp splitting by 2^12 + 1), Knuth's TwoSum, and Boldo and Melquiond's rounding to odd
+// ("Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd",
+// IEEE Transactions on Computers 57(4), 2008). Exact unless the product overflows or its low
+// part falls into the subnormal range.
+
+// An optimisation barrier: XOR with a run-time zero (scalar 12). Mesa's NIR rewrites
+// `c - (c - a)` to `a` unless an instruction is marked exact, which WGSL cannot say; no rule
+// can see through this, so each error-free step is computed as written.
+fn keep(x: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) ^ s(12u));
+}
+
+fn split_high(a: f32) -> f32 {
+    let c = keep(4097.0 * a);
+    return keep(c - keep(c - a));
+}
+
+fn fma_emulated(a: f32, b: f32, c: f32) -> f32 {
+    // a * b = p + e exactly.
+    let p = keep(a * b);
+    let ah = split_high(a);
+    let al = keep(a - ah);
+    let bh = split_high(b);
+    let bl = keep(b - bh);
+    let e = keep(keep(keep(keep(keep(ah * bh) - p) + keep(ah * bl)) + keep(al * bh)) + keep(al * bl));
+    // c + p = th + tl exactly.
+    let th = keep(c + p);
+    let z = keep(th - c);
+    let tl = keep(keep(c - keep(th - z)) + keep(p - z));
+    // v = tl + e rounded to odd: when the sum was inexact and rounded to an even significand,
+    // step one ulp toward the exact value.
+    let v = keep(tl + e);
+    let w = keep(v - tl);
+    let err = keep(keep(tl - keep(v - w)) + keep(e - w));
+    let bits = bitcast<u32>(v);
+    var odd = v;
+    if (err != 0.0 && (bits & 1u) == 0u) {
+        if ((err > 0.0) == (v > 0.0)) {
+            odd = bitcast<f32>(bits + 1u);
+        } else {
+            odd = bitcast<f32>(bits - 1u);
+        }
+    }
+    return th + odd;
+}
+
+fn fma_exact(a: f32, b: f32, c: f32) -> f32 {
+    if (s(11u) == 1u) {
+        return fma(a, b, c);
+    }
+    return fma_emulated(a, b, c);
+}
