@@ -1460,10 +1460,11 @@ fn segment_sum<B: Backend>(s: &mut Suite<'_, B>) {
         [7, 5, 3],
         [257, 16, 7],
         [65537, 8, 257],
+        [3001, 5, 300],
     ];
     while cases.len() < s.cfg.cases + 4 {
         let r = s.rng();
-        cases.push([r.below(3000), 1 + r.below(40), 1 + r.below(64)]);
+        cases.push([r.below(3000), 1 + r.below(40), 1 + r.below(400)]);
     }
     for (ci, [n, d, m]) in cases.into_iter().enumerate() {
         let weighted = ci % 2 == 1;

@@ -126,6 +126,35 @@ pub fn bad_indices_are_reported_at_synchronize<B: Backend>(gpu: &B) {
     assert_eq!(gpu.read::<f32>(&sums).unwrap(), vec![-7.0; 2]);
     assert_eq!(gpu.read::<f32>(&counts).unwrap(), vec![-7.0; 2]);
 
+    // The same with many segments (a backend may sort the rows first): id 300 of 300.
+    let seg = gpu.upload(&[0u32, 299, 300, 1]).unwrap();
+    let (sums, counts) = (
+        gpu.upload(&[-7.0f32; 300]).unwrap(),
+        gpu.upload(&[-7.0f32; 300]).unwrap(),
+    );
+    gpu.segment_sum(
+        View::new(&rows, &Layout::contiguous(&[4, 1])),
+        View::new(&seg, &li),
+        None,
+        View::new(&sums, &Layout::contiguous(&[300, 1])),
+        View::new(&counts, &Layout::contiguous(&[300])),
+    )
+    .unwrap();
+    let err = gpu.synchronize().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::IndexOutOfRange {
+                op: "segment_sum",
+                index: 300,
+                bound: 300
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(gpu.read::<f32>(&sums).unwrap(), vec![-7.0; 300]);
+    assert_eq!(gpu.read::<f32>(&counts).unwrap(), vec![-7.0; 300]);
+
     // spmv: a column past the end, then decreasing row offsets.
     let values = gpu.upload(&[1.0f32; 4]).unwrap();
     let xv = gpu.upload(&[1.0f32; 3]).unwrap();

@@ -64,13 +64,17 @@ const CHUNK: usize = 2048;
 /// The most terms one thread adds in sequence before a partial is written: short runs keep
 /// f32 sums accurate without relying on compensation, which a shader compiler may undo.
 const SUM_CHUNK: usize = 256;
+/// From this many segments on, `segment_sum` sorts rows by segment first (O(n d) work)
+/// instead of having every (chunk, segment, column) thread scan its chunk (O(n m d)).
+const SORTED_SEGMENTS: usize = 128;
+
 /// Iterations one invocation's loops may run in the reproducible kernels. lavapipe stops a
 /// loop after 65535 of its own counts, and a body with branches costs several counts per
 /// iteration (the weighted segment sum lost rows past about 13,000); 8192 was measured safe.
 const LOOP_BUDGET: usize = 8_192;
 
 /// Launch parameters: sixteen scalar slots and up to eight layout blocks (see `wgsl.rs`).
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Params {
     scalars: [u32; 16],
     blocks: Vec<(Vec<usize>, Vec<isize>, isize)>,
@@ -599,6 +603,141 @@ impl WgpuBackend {
             first = end;
         }
         Ok(())
+    }
+
+    /// `segment_sum` for many segments: a stable counting sort of the rows by segment
+    /// (segment_count, segment_offsets, segment_starts, segment_place .wgsl), then each
+    /// segment's rows summed in order in `PARTS` parts (segment_gather.wgsl) and the parts
+    /// summed by the reduction. Deterministic, no atomics, O(n d + chunks m) work.
+    #[allow(clippy::too_many_arguments)]
+    fn segment_sum_sorted(
+        &self,
+        x: View<'_, WgpuBuffer>,
+        segment: View<'_, WgpuBuffer>,
+        weights: Option<View<'_, WgpuBuffer>>,
+        sums: View<'_, WgpuBuffer>,
+        counts: View<'_, WgpuBuffer>,
+        guard: Guard,
+    ) -> Result<()> {
+        const PARTS: usize = 16;
+        let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
+        // Chunks of rows, at most LOOP_BUDGET of them (the offsets pass loops over chunks).
+        let rows = n.div_ceil(LOOP_BUDGET).max(1024);
+        let chunks = n.div_ceil(rows).max(1);
+        let u32s = |len: usize| self.scratch(DType::U32, len);
+        let per_chunk = u32s(chunks * m)?;
+        self.fill(
+            View::new(&per_chunk, &Layout::contiguous(&[chunks * m])),
+            0.0,
+        )?;
+        let sorting = Params::default()
+            .block(segment.layout)
+            .scalar(0, n as u32)
+            .scalar(1, m as u32)
+            .scalar(2, rows as u32)
+            .scalar(3, chunks as u32);
+        let u = DType::U32;
+        self.run_guarded(
+            Spec::new("segment_count.wgsl").bindings(vec![(u, Access::Read), (u, Access::Write)]),
+            sorting.clone(),
+            &[(segment.buffer, false), (&per_chunk, true)],
+            chunks,
+            Some(guard),
+        )?;
+        let totals = u32s(m)?;
+        self.run(
+            Spec::new("segment_offsets.wgsl")
+                .bindings(vec![(u, Access::Write), (u, Access::Write)]),
+            Params::default()
+                .scalar(1, m as u32)
+                .scalar(3, chunks as u32),
+            &[(&per_chunk, true), (&totals, true)],
+            m,
+        )?;
+        let starts = u32s(m)?;
+        let mut first = 0;
+        while first < m {
+            let end = (first + LOOP_BUDGET).min(m);
+            self.run(
+                Spec::new("segment_starts.wgsl")
+                    .bindings(vec![(u, Access::Read), (u, Access::Write)]),
+                Params::default()
+                    .scalar(4, first as u32)
+                    .scalar(5, end as u32),
+                &[(&totals, false), (&starts, true)],
+                1,
+            )?;
+            first = end;
+        }
+        let order = u32s(n.max(1))?;
+        self.run_guarded(
+            Spec::new("segment_place.wgsl").bindings(vec![
+                (u, Access::Read),
+                (u, Access::Read),
+                (u, Access::Write),
+                (u, Access::Write),
+            ]),
+            sorting,
+            &[
+                (segment.buffer, false),
+                (&starts, false),
+                (&per_chunk, true),
+                (&order, true),
+            ],
+            chunks,
+            Some(guard),
+        )?;
+        let (w, wl) = match weights {
+            Some(w) => (w.buffer, w.layout.clone()),
+            None => (x.buffer, Layout::contiguous(&[1]).broadcast_to(&[n])?),
+        };
+        let partial = self.scratch(DType::F32, m * PARTS * (d + 1))?;
+        self.run(
+            Spec::new("segment_gather.wgsl").bindings(vec![
+                (x.dtype(), Access::Read),
+                (w.dtype(), Access::Read),
+                (u, Access::Read),
+                (u, Access::Read),
+                (u, Access::Read),
+                (DType::F32, Access::Write),
+            ]),
+            Params::default()
+                .block(&wl)
+                .scalar(1, d as u32)
+                .matrix(3, x.layout)
+                .scalar(6, PARTS as u32)
+                .scalar(7, weights.is_some() as u32),
+            &[
+                (x.buffer, false),
+                (w, false),
+                (&starts, false),
+                (&totals, false),
+                (&order, false),
+                (&partial, true),
+            ],
+            m * PARTS * (d + 1),
+        )?;
+        let all = Layout::contiguous(&[m, PARTS, d + 1]);
+        let sums_src = all.narrow(2, 0, d)?.permute(&[0, 2, 1])?;
+        let counts_src = all.narrow(2, d, 1)?.permute(&[0, 2, 1])?;
+        let sums_out = sums.layout.unsqueeze(2)?;
+        let counts_out = counts.layout.unsqueeze(1)?.unsqueeze(2)?;
+        self.reduce_chunked(
+            ReduceOp::Sum,
+            View::new(&partial, &sums_src),
+            &[2],
+            View::new(sums.buffer, &sums_out),
+            1.0,
+            Some(guard),
+        )?;
+        self.reduce_chunked(
+            ReduceOp::Sum,
+            View::new(&partial, &counts_src),
+            &[2],
+            View::new(counts.buffer, &counts_out),
+            1.0,
+            Some(guard),
+        )
     }
 
     /// `segment_sum` under [`Precision::Reproducible`] (segment_sum_ordered.wgsl): one thread
@@ -2029,6 +2168,9 @@ impl Backend for WgpuBackend {
         let guard = self.check_indices("segment_sum", segment, m)?;
         if self.1 == Precision::Reproducible {
             return self.segment_sum_ordered(x, segment, weights, sums, counts, guard);
+        }
+        if m >= SORTED_SEGMENTS {
+            return self.segment_sum_sorted(x, segment, weights, sums, counts, guard);
         }
         // One thread per (row chunk, segment, column) plus one per (row chunk, segment) for
         // the count, each summing its rows in order with Kahan compensation; then the chunks'
