@@ -70,11 +70,10 @@ pub fn vlc<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
         }
     }
     let iterations = 20;
-    let bytes = 8;
     let nprobe = 16;
     let queries = 1000;
     println!(
-        "vlc: {iterations} iterations, {bytes} bytes per vector, nprobe {nprobe}, {queries} queries"
+        "vlc: {iterations} iterations, nprobe {nprobe}, {queries} queries; residual bytes per vector: the largest divisor of d up to 8 (FAISS's PQ needs one), the same on both sides"
     );
     let mut failures = Vec::new();
     for case in cases(args) {
@@ -86,6 +85,7 @@ pub fn vlc<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
             }
         };
         let Case { name, data, m } = case;
+        let bytes = (1..=8).rev().find(|b| data.cols % b == 0).unwrap_or(1);
         let mut cfg = Config::new(m);
         cfg.iterations = iterations;
         cfg.pq_bytes = bytes;
@@ -112,7 +112,10 @@ pub fn vlc<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let recall = recall_at(&truth, &found, 10);
         let mse = out.index.reconstruction_mse(&data);
-        println!("vlc: {name}, n = {}, d = {}, m = {m}", data.rows, data.cols);
+        println!(
+            "vlc: {name}, n = {}, d = {}, m = {m}, {bytes} bytes per vector",
+            data.rows, data.cols
+        );
         println!(
             "  ours : energy {:.6}  {iter_ms:.1} ms/iteration (seeding {:.2} s)  recall@10 {recall:.4}  MSE {mse:.6}  file {} bytes ({:.1}x)",
             out.clustering.energy,
@@ -123,7 +126,7 @@ pub fn vlc<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
         match faiss(&data, m, iterations, bytes, nprobe, queries) {
             Ok(f) => {
                 println!(
-                    "  faiss: energy {:.6}  {:.1} ms/iteration  recall@10 {:.4}  MSE {:.6}  codes+ids {} bytes  [{}]",
+                    "  faiss: energy {:.6}  {:.1} ms/iteration  recall@10 {:.4}  MSE {:.6}  index {} bytes  [{}]",
                     f.energy, f.iter_ms, f.recall, f.mse, f.bytes, f.what
                 );
                 let e_ratio = out.clustering.energy / f.energy;
