@@ -96,64 +96,38 @@ pub fn bad_indices_are_reported_at_synchronize<B: Backend>(gpu: &B) {
     );
     assert_eq!(gpu.read::<f32>(&small).unwrap(), vec![-7.0; 3]);
 
-    // segment_sum with a segment id of 2 among 2 segments.
+    // segment_sum with an id one past the last segment: among 2 segments, and among 300 (a
+    // backend may sort the rows first when there are many).
     let rows = gpu.upload(&[1.0f32, 2.0, 3.0, 4.0]).unwrap();
-    let seg = gpu.upload(&[0u32, 1, 2, 1]).unwrap();
-    let (sums, counts) = (
-        gpu.upload(&[-7.0f32; 2]).unwrap(),
-        gpu.upload(&[-7.0f32; 2]).unwrap(),
-    );
-    gpu.segment_sum(
-        View::new(&rows, &Layout::contiguous(&[4, 1])),
-        View::new(&seg, &li),
-        None,
-        View::new(&sums, &Layout::contiguous(&[2, 1])),
-        View::new(&counts, &Layout::contiguous(&[2])),
-    )
-    .unwrap();
-    let err = gpu.synchronize().unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::IndexOutOfRange {
-                op: "segment_sum",
-                index: 2,
-                bound: 2
-            }
-        ),
-        "{err}"
-    );
-    assert_eq!(gpu.read::<f32>(&sums).unwrap(), vec![-7.0; 2]);
-    assert_eq!(gpu.read::<f32>(&counts).unwrap(), vec![-7.0; 2]);
-
-    // The same with many segments (a backend may sort the rows first): id 300 of 300.
-    let seg = gpu.upload(&[0u32, 299, 300, 1]).unwrap();
-    let (sums, counts) = (
-        gpu.upload(&[-7.0f32; 300]).unwrap(),
-        gpu.upload(&[-7.0f32; 300]).unwrap(),
-    );
-    gpu.segment_sum(
-        View::new(&rows, &Layout::contiguous(&[4, 1])),
-        View::new(&seg, &li),
-        None,
-        View::new(&sums, &Layout::contiguous(&[300, 1])),
-        View::new(&counts, &Layout::contiguous(&[300])),
-    )
-    .unwrap();
-    let err = gpu.synchronize().unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::IndexOutOfRange {
-                op: "segment_sum",
-                index: 300,
-                bound: 300
-            }
-        ),
-        "{err}"
-    );
-    assert_eq!(gpu.read::<f32>(&sums).unwrap(), vec![-7.0; 300]);
-    assert_eq!(gpu.read::<f32>(&counts).unwrap(), vec![-7.0; 300]);
+    for (m, ids) in [(2usize, [0u32, 1, 2, 1]), (300, [0, 299, 300, 1])] {
+        let seg = gpu.upload(&ids).unwrap();
+        let (sums, counts) = (
+            gpu.upload(&vec![-7.0f32; m]).unwrap(),
+            gpu.upload(&vec![-7.0f32; m]).unwrap(),
+        );
+        gpu.segment_sum(
+            View::new(&rows, &Layout::contiguous(&[4, 1])),
+            View::new(&seg, &li),
+            None,
+            View::new(&sums, &Layout::contiguous(&[m, 1])),
+            View::new(&counts, &Layout::contiguous(&[m])),
+        )
+        .unwrap();
+        let err = gpu.synchronize().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::IndexOutOfRange {
+                    op: "segment_sum",
+                    index,
+                    bound,
+                } if index as usize == m && bound == m
+            ),
+            "{err}"
+        );
+        assert_eq!(gpu.read::<f32>(&sums).unwrap(), vec![-7.0; m]);
+        assert_eq!(gpu.read::<f32>(&counts).unwrap(), vec![-7.0; m]);
+    }
 
     // spmv: a column past the end, then decreasing row offsets.
     let values = gpu.upload(&[1.0f32; 4]).unwrap();

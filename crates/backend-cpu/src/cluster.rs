@@ -309,16 +309,27 @@ pub(crate) fn segment_sum(
                 *slot += wi * unsafe { x.load(base + (k0 + kk) as isize * xl.strides[1]) } as f64;
             }
         }
-        for s in 0..m {
-            for kk in 0..bw {
-                // SAFETY: disjoint columns per thread.
-                unsafe { sums.store(sl.index_of(&[s, k0 + kk]) as isize, acc[s * bw + kk] as f32) };
-            }
-        }
+        store_columns(&acc, m, k0, bw, sums, sl);
     });
+    store_counts(&seg[..n], weights, counts, cl);
+}
+
+/// Writes a thread's column block `k0..k0 + bw` of the sums (`acc` is `m x bw`).
+fn store_columns(acc: &[f64], m: usize, k0: usize, bw: usize, sums: Dst, sl: &Layout) {
+    for s in 0..m {
+        for kk in 0..bw {
+            // SAFETY: threads own disjoint columns; the view was checked by the caller.
+            unsafe { sums.store(sl.index_of(&[s, k0 + kk]) as isize, acc[s * bw + kk] as f32) };
+        }
+    }
+}
+
+/// Per-segment weight totals (row counts without weights), added in row order in f64.
+fn store_counts(seg: &[u32], weights: Option<&[f32]>, counts: Dst, cl: &Layout) {
+    let m = cl.shape[0];
     let mut cnt = vec![0f64; m];
-    for (i, &s) in seg.iter().enumerate().take(n) {
-        cnt[s as usize] += w(i);
+    for (i, &s) in seg.iter().enumerate() {
+        cnt[s as usize] += weights.map_or(1.0, |w| w[i] as f64);
     }
     for (s, &c) in cnt.iter().enumerate() {
         // SAFETY: the view was checked by the caller.
@@ -362,21 +373,9 @@ fn segment_sum_rows(
                 }
             }
         }
-        for s in 0..m {
-            for kk in 0..bw {
-                // SAFETY: disjoint columns per thread; the view was checked by the caller.
-                unsafe { sums.store(sl.index_of(&[s, k0 + kk]) as isize, acc[s * bw + kk] as f32) };
-            }
-        }
+        store_columns(&acc, m, k0, bw, sums, sl);
     });
-    let mut cnt = vec![0f64; m];
-    for (i, &s) in seg.iter().enumerate() {
-        cnt[s as usize] += weights.map_or(1.0, |w| w[i] as f64);
-    }
-    for (s, &c) in cnt.iter().enumerate() {
-        // SAFETY: the view was checked by the caller.
-        unsafe { counts.store(cl.index_of(&[s]) as isize, c as f32) };
-    }
+    store_counts(seg, weights, counts, cl);
 }
 
 /// [`hal::Precision::Reproducible`]'s segment sum: each segment's rows added in ascending row

@@ -73,6 +73,25 @@ const SORTED_SEGMENTS: usize = 128;
 /// iteration (the weighted segment sum lost rows past about 13,000); 8192 was measured safe.
 const LOOP_BUDGET: usize = 8_192;
 
+/// The parameters both nearest-centroid kernels take for the slice of centroids
+/// `first..end` (see nearest_centroid.wgsl and nearest_ordered.wgsl).
+fn nearest_slice_params(
+    [x, c, out_index, out_distance]: [View<'_, WgpuBuffer>; 4],
+    first: usize,
+    end: usize,
+) -> Params {
+    Params::default()
+        .block(out_index.layout)
+        .block(out_distance.layout)
+        .scalar(0, x.layout.shape[0] as u32)
+        .scalar(1, end as u32)
+        .scalar(2, x.layout.shape[1] as u32)
+        .matrix(3, x.layout)
+        .matrix(6, c.layout)
+        .scalar(9, first as u32)
+        .scalar(10, (first > 0) as u32)
+}
+
 /// Launch parameters: sixteen scalar slots and up to eight layout blocks (see `wgsl.rs`).
 #[derive(Clone, Default)]
 struct Params {
@@ -578,16 +597,7 @@ impl WgpuBackend {
         let mut first = 0;
         while first < m {
             let end = (first + slice).min(m);
-            let p = Params::default()
-                .block(out_index.layout)
-                .block(out_distance.layout)
-                .scalar(0, n as u32)
-                .scalar(1, end as u32)
-                .scalar(2, d as u32)
-                .matrix(3, x.layout)
-                .matrix(6, c.layout)
-                .scalar(9, first as u32)
-                .scalar(10, (first > 0) as u32)
+            let p = nearest_slice_params([x, c, out_index, out_distance], first, end)
                 .scalar(11, fused as u32);
             self.run(
                 spec.clone(),
@@ -603,6 +613,40 @@ impl WgpuBackend {
             first = end;
         }
         Ok(())
+    }
+
+    /// Sums per-part partial results into `sums` and `counts`: `partials` is seen as
+    /// `[m, d + 1, parts]` (columns `0..d` the sums, column `d` the weight total), and the
+    /// parts are reduced, honouring the index check's `guard`.
+    fn sum_segment_partials(
+        &self,
+        partial: &WgpuBuffer,
+        parts_last: &Layout,
+        sums: View<'_, WgpuBuffer>,
+        counts: View<'_, WgpuBuffer>,
+        guard: Guard,
+    ) -> Result<()> {
+        let d = parts_last.shape[1] - 1;
+        let sums_src = parts_last.narrow(1, 0, d)?;
+        let counts_src = parts_last.narrow(1, d, 1)?;
+        let sums_out = sums.layout.unsqueeze(2)?;
+        let counts_out = counts.layout.unsqueeze(1)?.unsqueeze(2)?;
+        self.reduce_chunked(
+            ReduceOp::Sum,
+            View::new(partial, &sums_src),
+            &[2],
+            View::new(sums.buffer, &sums_out),
+            1.0,
+            Some(guard),
+        )?;
+        self.reduce_chunked(
+            ReduceOp::Sum,
+            View::new(partial, &counts_src),
+            &[2],
+            View::new(counts.buffer, &counts_out),
+            1.0,
+            Some(guard),
+        )
     }
 
     /// `segment_sum` for many segments: a stable counting sort of the rows by segment
@@ -717,27 +761,8 @@ impl WgpuBackend {
             ],
             m * PARTS * (d + 1),
         )?;
-        let all = Layout::contiguous(&[m, PARTS, d + 1]);
-        let sums_src = all.narrow(2, 0, d)?.permute(&[0, 2, 1])?;
-        let counts_src = all.narrow(2, d, 1)?.permute(&[0, 2, 1])?;
-        let sums_out = sums.layout.unsqueeze(2)?;
-        let counts_out = counts.layout.unsqueeze(1)?.unsqueeze(2)?;
-        self.reduce_chunked(
-            ReduceOp::Sum,
-            View::new(&partial, &sums_src),
-            &[2],
-            View::new(sums.buffer, &sums_out),
-            1.0,
-            Some(guard),
-        )?;
-        self.reduce_chunked(
-            ReduceOp::Sum,
-            View::new(&partial, &counts_src),
-            &[2],
-            View::new(counts.buffer, &counts_out),
-            1.0,
-            Some(guard),
-        )
+        let parts_last = Layout::contiguous(&[m, PARTS, d + 1]).permute(&[0, 2, 1])?;
+        self.sum_segment_partials(&partial, &parts_last, sums, counts, guard)
     }
 
     /// `segment_sum` under [`Precision::Reproducible`] (segment_sum_ordered.wgsl): one thread
@@ -793,27 +818,8 @@ impl WgpuBackend {
         }
         // The copy out is a sum over an axis of length 1 (exact), which is the pass that
         // honours the index check's guard.
-        let all = Layout::contiguous(&[m, d + 1, 1]);
-        let sums_src = all.narrow(1, 0, d)?;
-        let counts_src = all.narrow(1, d, 1)?;
-        let sums_out = sums.layout.unsqueeze(2)?;
-        let counts_out = counts.layout.unsqueeze(1)?.unsqueeze(2)?;
-        self.reduce_chunked(
-            ReduceOp::Sum,
-            View::new(&acc, &sums_src),
-            &[2],
-            View::new(sums.buffer, &sums_out),
-            1.0,
-            Some(guard),
-        )?;
-        self.reduce_chunked(
-            ReduceOp::Sum,
-            View::new(&acc, &counts_src),
-            &[2],
-            View::new(counts.buffer, &counts_out),
-            1.0,
-            Some(guard),
-        )
+        let parts_last = Layout::contiguous(&[m, d + 1, 1]);
+        self.sum_segment_partials(&acc, &parts_last, sums, counts, guard)
     }
 
     /// Copies all of `src` into `dst` (same dtype and length) with the device's own buffer
@@ -2128,16 +2134,7 @@ impl Backend for WgpuBackend {
         let mut first = 0;
         while first < m {
             let end = (first + slice).min(m);
-            let p = Params::default()
-                .block(out_index.layout)
-                .block(out_distance.layout)
-                .scalar(0, n as u32)
-                .scalar(1, end as u32)
-                .scalar(2, d as u32)
-                .matrix(3, x.layout)
-                .matrix(6, c.layout)
-                .scalar(9, first as u32)
-                .scalar(10, (first > 0) as u32);
+            let p = nearest_slice_params([x, c, out_index, out_distance], first, end);
             self.dispatch_groups(
                 &pipeline,
                 &p,
@@ -2209,27 +2206,8 @@ impl Backend for WgpuBackend {
             chunks * width,
         )?;
         // Sum the chunks: sums[s, k] = sum_c partial[c, s, k]; counts[s] = sum_c partial[c, s, d].
-        let all = Layout::contiguous(&[chunks, m, d + 1]);
-        let sums_view = all.narrow(2, 0, d)?.permute(&[1, 2, 0])?;
-        let counts_view = all.narrow(2, d, 1)?.permute(&[1, 2, 0])?;
-        let sums_out = sums.layout.unsqueeze(2)?;
-        let counts_out = counts.layout.unsqueeze(1)?.unsqueeze(2)?;
-        self.reduce_chunked(
-            ReduceOp::Sum,
-            View::new(&partial, &sums_view),
-            &[2],
-            View::new(sums.buffer, &sums_out),
-            1.0,
-            Some(guard),
-        )?;
-        self.reduce_chunked(
-            ReduceOp::Sum,
-            View::new(&partial, &counts_view),
-            &[2],
-            View::new(counts.buffer, &counts_out),
-            1.0,
-            Some(guard),
-        )
+        let parts_last = Layout::contiguous(&[chunks, m, d + 1]).permute(&[1, 2, 0])?;
+        self.sum_segment_partials(&partial, &parts_last, sums, counts, guard)
     }
 
     fn sgd_step(

@@ -325,6 +325,25 @@ fn json_field(text: &str, key: &str) -> Option<String> {
     })
 }
 
+/// Runs a peer script with `python3 -c SCRIPT ARGS` and returns what it printed, or why it
+/// could not run (`module` names the package to install when an import fails).
+pub(crate) fn run_peer(script: &str, args: &[String], module: &str) -> Result<String, String> {
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .args(args)
+        .output()
+        .map_err(|e| format!("python3 could not start: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(if err.contains("No module named") {
+            format!("{module} is not installed (pip install {module})")
+        } else {
+            format!("python3 failed: {}", err.trim())
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).to_string())
+}
+
 /// numpy's matmul timed by python3 on this machine, or why it could not run.
 fn numpy_gemm(n: usize, reps: usize) -> Result<(f64, String), String> {
     const SCRIPT: &str = r#"
@@ -347,19 +366,7 @@ except Exception:
     pass
 print(json.dumps({"median": times[len(times) // 2], "what": "numpy " + np.__version__ + " (" + blas + ")"}))
 "#;
-    let out = Command::new("python3")
-        .args(["-c", SCRIPT, &n.to_string(), &reps.to_string()])
-        .output()
-        .map_err(|e| format!("python3 could not start: {e}"))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(if err.contains("No module named 'numpy'") {
-            "numpy is not installed (pip install numpy)".into()
-        } else {
-            format!("python3 failed: {}", err.trim())
-        });
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = run_peer(SCRIPT, &[n.to_string(), reps.to_string()], "numpy")?;
     let field = |k: &str| json_field(&text, k);
     let median = field("median")
         .and_then(|m| m.parse::<f64>().ok())

@@ -17,7 +17,6 @@ use crate::median;
 use hal::{Backend, BackendExt, DeviceKind};
 use residual_compile::icosphere::Icosphere;
 use residual_compile::{CompiledProblem, KernelCache, Loss, Problem, SolveOptions, Vec3, solve};
-use std::process::Command;
 use std::time::Instant;
 
 const SCIPY_PEER: &str = include_str!("../peers/nlls_scipy.py");
@@ -119,28 +118,18 @@ fn scipy(mesh: &Icosphere, level: u32) -> Result<(f64, f64, String), String> {
     let path =
         std::env::temp_dir().join(format!("nlls-icosphere-{level}-{}.bin", std::process::id()));
     mesh.write_start(&path, &start).map_err(|e| e.to_string())?;
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            SCIPY_PEER,
-            path.to_str().unwrap_or_default(),
-            "1",
-            "1",
-            "1e-10",
-        ])
-        .output()
-        .map_err(|e| format!("python3 could not start: {e}"));
+    let text = crate::run_peer(
+        SCIPY_PEER,
+        &[
+            path.to_string_lossy().into_owned(),
+            "1".into(),
+            "1".into(),
+            "1e-10".into(),
+        ],
+        "scipy",
+    );
     let _ = std::fs::remove_file(&path);
-    let out = out?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(if err.contains("No module named") {
-            "scipy is not installed (pip install scipy)".into()
-        } else {
-            format!("python3 failed: {}", err.trim())
-        });
-    }
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let text = text?;
     let field = |k: &str| crate::json_field(&text, k);
     let num = |k: &str| {
         field(k)

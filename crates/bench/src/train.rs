@@ -3,7 +3,6 @@
 //! installed; and device memory over 10,000 steps.
 
 use hal::Backend;
-use std::process::Command;
 use std::time::Instant;
 use tensor_autograd::models::{lenet, mlp, train_step};
 use tensor_autograd::nn::{Init, ModuleExt, Sequential};
@@ -128,26 +127,8 @@ pub fn train<B: Backend>(
 }
 
 fn torch(which: &str, device: &str, threads: usize, reps: usize) -> Result<(f64, String), String> {
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            PEER,
-            which,
-            device,
-            &threads.to_string(),
-            &reps.to_string(),
-        ])
-        .output()
-        .map_err(|e| format!("python3 could not start: {e}"))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(if err.contains("No module named") {
-            "torch is not installed (pip install torch)".into()
-        } else {
-            format!("python3 failed: {}", err.trim())
-        });
-    }
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let args = [which, device, &threads.to_string(), &reps.to_string()].map(str::to_string);
+    let text = crate::run_peer(PEER, &args, "torch")?;
     let ms = crate::json_field(&text, "step_ms")
         .and_then(|v| v.parse::<f64>().ok())
         .ok_or(format!("unreadable output: {text}"))?;

@@ -5,7 +5,6 @@
 
 use hal::Backend;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Instant;
 use vlc_anneal::{Config, Matrix, compress, exact_knn, recall_at};
 
@@ -167,23 +166,11 @@ fn faiss(
 ) -> Result<Faiss, String> {
     let path = std::env::temp_dir().join(format!("vlc-bench-{}.npy", std::process::id()));
     data.save(&path).map_err(|e| e.to_string())?;
-    let out = Command::new("python3")
-        .args(["-c", PEER])
-        .arg(&path)
-        .args([m, iterations, bytes, nprobe, queries, 1].map(|v| v.to_string()))
-        .output()
-        .map_err(|e| format!("python3 could not start: {e}"));
+    let mut args = vec![path.to_string_lossy().into_owned()];
+    args.extend([m, iterations, bytes, nprobe, queries, 1].map(|v| v.to_string()));
+    let text = crate::run_peer(PEER, &args, "faiss-cpu");
     let _ = std::fs::remove_file(&path);
-    let out = out?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(if err.contains("No module named") {
-            "faiss is not installed (pip install faiss-cpu)".into()
-        } else {
-            format!("python3 failed: {}", err.trim())
-        });
-    }
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let text = text?;
     let num = |k: &str| {
         crate::json_field(&text, k)
             .and_then(|v| v.parse::<f64>().ok())

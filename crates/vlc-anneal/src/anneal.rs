@@ -336,20 +336,12 @@ fn update_program(d: usize) -> Result<hal::ir::Program> {
     let anchors = p.buffer(DType::F32, Access::ReadWrite);
     let vel = p.buffer(DType::F32, Access::ReadWrite);
     let i = p.index();
-    let dd = p.const_u32(d as u32);
-    let s = p.div(i, dd);
-    let cnt = p.load(counts, s);
-    let sum = p.load(sums, i);
-    let a = p.load(anchors, i);
+    let (mean, a) = mean_of_members(&mut p, [sums, counts, anchors], i, d);
     let v = p.load(vel, i);
     let one_i = p.const_u32(1);
     let two_i = p.const_u32(2);
     let t = p.load(params, one_i);
     let mom = p.load(params, two_i);
-    let zero = p.const_f32(0.0);
-    let has = p.cmp(IrCmp::Gt, cnt, zero);
-    let mean = p.div(sum, cnt);
-    let mean = p.select(has, mean, a);
     let step = p.sub(mean, a);
     let pull = p.mul(t, step);
     let keep = p.mul(mom, v);
@@ -358,6 +350,26 @@ fn update_program(d: usize) -> Result<hal::ir::Program> {
     p.store(vel, i, v2);
     p.store(anchors, i, a2);
     Ok(p.build()?)
+}
+
+/// IR for element `i` of an `m x width` centre matrix: `(mean, old)` where `old` is the
+/// centre's current value and `mean` is `sums[i] / counts[i / width]`, or `old` for a centre
+/// with no weight. Buffers: `[sums, counts, centres]`.
+pub(crate) fn mean_of_members(
+    p: &mut ProgramBuilder,
+    [sums, counts, centres]: [hal::ir::BufferId; 3],
+    i: hal::ir::Value,
+    width: usize,
+) -> (hal::ir::Value, hal::ir::Value) {
+    let w = p.const_u32(width as u32);
+    let s = p.div(i, w);
+    let cnt = p.load(counts, s);
+    let sum = p.load(sums, i);
+    let old = p.load(centres, i);
+    let zero = p.const_f32(0.0);
+    let has = p.cmp(IrCmp::Gt, cnt, zero);
+    let mean = p.div(sum, cnt);
+    (p.select(has, mean, old), old)
 }
 
 /// Runs the whole annealing loop on `backend` and returns anchors and assignments.

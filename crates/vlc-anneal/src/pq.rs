@@ -3,7 +3,7 @@
 //! up to 256 codewords learned by k-means on the device.
 
 use crate::error::Result;
-use hal::ir::{Access, IrCmp, ProgramBuilder};
+use hal::ir::{Access, ProgramBuilder};
 use hal::{Backend, BackendExt, BinaryOp, DType, DeviceBuffer, Layout, View};
 
 /// Codebooks of a product quantiser.
@@ -60,15 +60,7 @@ fn codeword_update(w: usize) -> Result<hal::ir::Program> {
     let counts = p.buffer(DType::F32, Access::Read);
     let cb = p.buffer(DType::F32, Access::ReadWrite);
     let i = p.index();
-    let ww = p.const_u32(w as u32);
-    let s = p.div(i, ww);
-    let cnt = p.load(counts, s);
-    let sum = p.load(sums, i);
-    let old = p.load(cb, i);
-    let zero = p.const_f32(0.0);
-    let has = p.cmp(IrCmp::Gt, cnt, zero);
-    let mean = p.div(sum, cnt);
-    let v = p.select(has, mean, old);
+    let (v, _) = crate::anneal::mean_of_members(&mut p, [sums, counts, cb], i, w);
     p.store(cb, i, v);
     Ok(p.build()?)
 }
