@@ -111,7 +111,7 @@ impl Config {
         (hot as f64 * (cold as f64 / hot as f64).powf(f)) as f32
     }
 
-    fn check(&self, n: usize, d: usize) -> Result<()> {
+    pub(crate) fn check(&self, n: usize, d: usize) -> Result<()> {
         if d == 0 {
             return Err(input("vectors have dimension 0"));
         }
@@ -150,6 +150,11 @@ impl Config {
         if self.momentum >= 1.0 {
             return Err(input("momentum must be below 1"));
         }
+        Ok(())
+    }
+
+    /// The residual-code parameters, checked by [`crate::compress`] before it anneals.
+    pub(crate) fn check_codes(&self, d: usize) -> Result<()> {
         if self.pq_bytes > d {
             return Err(input(format!(
                 "{} residual bytes per vector for dimension {d}: at most one byte per dimension",

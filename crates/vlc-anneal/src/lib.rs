@@ -68,6 +68,8 @@ pub fn compress<B: Backend>(
     cfg: &Config,
     progress: &mut dyn FnMut(&IterationReport),
 ) -> Result<Compressed> {
+    cfg.check(data.rows, data.cols)?;
+    cfg.check_codes(data.cols)?;
     let start = Instant::now();
     let clustering = anneal(backend, data, cfg, progress)?;
     let annealed = start.elapsed().as_secs_f64();
