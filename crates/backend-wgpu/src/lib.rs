@@ -651,7 +651,7 @@ impl WgpuBackend {
 
     /// `segment_sum` for many segments: a stable counting sort of the rows by segment
     /// (segment_count, segment_offsets, segment_starts, segment_place .wgsl), then each
-    /// segment's rows summed in order in `PARTS` parts (segment_gather.wgsl) and the parts
+    /// segment's rows summed in order in parts (segment_gather.wgsl) and the parts
     /// summed by the reduction. Deterministic, no atomics, O(n d + chunks m) work.
     #[allow(clippy::too_many_arguments)]
     fn segment_sum_sorted(
@@ -663,8 +663,13 @@ impl WgpuBackend {
         counts: View<'_, WgpuBuffer>,
         guard: Guard,
     ) -> Result<()> {
-        const PARTS: usize = 16;
         let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
+        // Each segment's rows are summed in parts parts. On a software rasteriser the parts
+        // must also keep one thread's loop under lavapipe's cap even if every row falls in one
+        // segment; a GPU has no cap and 16 parts give it enough threads.
+        let capped = !self.info().kind.is_hardware_gpu();
+        let parts_needed = if capped { n.div_ceil(LOOP_BUDGET) } else { 1 };
+        let parts = parts_needed.max(16);
         // Chunks of rows, at most LOOP_BUDGET of them (the offsets pass loops over chunks).
         let rows = n.div_ceil(LOOP_BUDGET).max(1024);
         let chunks = n.div_ceil(rows).max(1);
@@ -735,7 +740,7 @@ impl WgpuBackend {
             Some(w) => (w.buffer, w.layout.clone()),
             None => (x.buffer, Layout::contiguous(&[1]).broadcast_to(&[n])?),
         };
-        let partial = self.scratch(DType::F32, m * PARTS * (d + 1))?;
+        let partial = self.scratch(DType::F32, m * parts * (d + 1))?;
         self.run(
             Spec::new("segment_gather.wgsl").bindings(vec![
                 (x.dtype(), Access::Read),
@@ -749,7 +754,7 @@ impl WgpuBackend {
                 .block(&wl)
                 .scalar(1, d as u32)
                 .matrix(3, x.layout)
-                .scalar(6, PARTS as u32)
+                .scalar(6, parts as u32)
                 .scalar(7, weights.is_some() as u32),
             &[
                 (x.buffer, false),
@@ -759,9 +764,9 @@ impl WgpuBackend {
                 (&order, false),
                 (&partial, true),
             ],
-            m * PARTS * (d + 1),
+            m * parts * (d + 1),
         )?;
-        let parts_last = Layout::contiguous(&[m, PARTS, d + 1]).permute(&[0, 2, 1])?;
+        let parts_last = Layout::contiguous(&[m, parts, d + 1]).permute(&[0, 2, 1])?;
         self.sum_segment_partials(&partial, &parts_last, sums, counts, guard)
     }
 
