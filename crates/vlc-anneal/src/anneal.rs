@@ -603,7 +603,6 @@ impl<B: Backend> State<B> {
         let rms2 = energy.max(f64::MIN_POSITIVE);
         let merge2 = (cfg.merge_distance as f64).powi(2) * rms2;
         let mut free: Vec<usize> = (0..m).filter(|&j| counts[j] == 0.0).collect();
-        let reseeded_empty = free.len();
         // Merges: for each anchor in order, its nearest later anchor if within the threshold.
         let mut merged = 0;
         let mut gone = vec![false; m];
@@ -688,7 +687,6 @@ impl<B: Backend> State<B> {
                 reseeded += 1;
             }
         }
-        let _ = reseeded_empty;
         b.write(&self.anchors, &anchors)?;
         // Momentum restarts after anchors moved by hand.
         b.fill(

@@ -104,3 +104,35 @@ fn real_embeddings_compress() {
     assert!(ratio > 5.0, "ratio {ratio}");
     assert!(out.index.header.mse < out.clustering.energy);
 }
+
+#[test]
+fn maintenance_frees_and_reseeds_duplicate_anchors() {
+    // Eight distinct points, 100 copies each, and ten anchors: k-means++ must put the last two
+    // on top of others (every distance is 0 by then), which leaves them empty or coincident;
+    // maintenance merges or frees them and re-seeds them, and the run stays consistent.
+    let distinct: Vec<[f32; 4]> = (0..8)
+        .map(|i| [i as f32, (i * i) as f32 * 0.5, -(i as f32), 1.0])
+        .collect();
+    let mut data = Vec::new();
+    for r in 0..800 {
+        data.extend_from_slice(&distinct[r % 8]);
+    }
+    let data = Matrix::new(800, 4, data).unwrap();
+    let cpu = backend_cpu::CpuBackend::new();
+    let mut cfg = Config::new(10);
+    cfg.iterations = 10;
+    cfg.maintain_every = 2;
+    let out = anneal(&cpu, &data, &cfg, &mut |_| {}).unwrap();
+    let fixed: usize = out
+        .history
+        .iter()
+        .map(|r| r.merged + r.reseeded + r.split)
+        .sum();
+    assert!(fixed > 0, "no maintenance happened: {:?}", out.history);
+    assert!(
+        out.energy.is_finite() && out.energy < 1e-9,
+        "energy {}",
+        out.energy
+    );
+    assert!(out.assignments.iter().all(|&a| a < 10));
+}
