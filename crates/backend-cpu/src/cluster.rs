@@ -277,6 +277,10 @@ fn store_results(idx: &[u32], dist: &[f32], out_i: Dst, il: &Layout, out_d: Dst,
     );
 }
 
+/// Segment sums: the rows as contiguous f32 (borrowed when they already are), threads owning
+/// disjoint column blocks and adding rows in index order in f64: deterministic, whatever the
+/// thread count.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn segment_sum(
     x: Src,
     xl: &Layout,
@@ -287,58 +291,20 @@ pub(crate) fn segment_sum(
     counts: Dst,
     cl: &Layout,
 ) {
-    let (n, d, m) = (xl.shape[0], xl.shape[1], sl.shape[0]);
-    let w = |i: usize| weights.map_or(1.0, |w| w[i] as f64);
-    if x.dtype == DType::F32 && xl.is_contiguous() && d > 0 {
-        let xs = f32_rows(x, xl);
-        segment_sum_rows(&xs, d, seg, weights, sums, sl, counts, cl);
-        return;
-    }
-    // Threads own disjoint column blocks and add rows in index order: deterministic.
-    let block = d.div_ceil(2 * rayon::current_num_threads()).max(8);
-    (0..d.div_ceil(block)).into_par_iter().for_each(|b| {
-        let (k0, k1) = (b * block, ((b + 1) * block).min(d));
-        let bw = k1 - k0;
-        let mut acc = vec![0f64; m * bw];
-        for (i, &s) in seg.iter().enumerate().take(n) {
-            let wi = w(i);
-            let base = xl.offset as isize + i as isize * xl.strides[0];
-            let a = &mut acc[s as usize * bw..(s as usize + 1) * bw];
-            for (kk, slot) in a.iter_mut().enumerate() {
-                // SAFETY: the view was checked by the caller.
-                *slot += wi * unsafe { x.load(base + (k0 + kk) as isize * xl.strides[1]) } as f64;
-            }
-        }
-        store_columns(&acc, m, k0, bw, sums, sl);
-    });
-    store_counts(&seg[..n], weights, counts, cl);
+    let xs = f32_rows(x, xl);
+    segment_sum_rows(
+        &xs,
+        xl.shape[1],
+        &seg[..xl.shape[0]],
+        weights,
+        sums,
+        sl,
+        counts,
+        cl,
+    );
 }
 
-/// Writes a thread's column block `k0..k0 + bw` of the sums (`acc` is `m x bw`).
-fn store_columns(acc: &[f64], m: usize, k0: usize, bw: usize, sums: Dst, sl: &Layout) {
-    for s in 0..m {
-        for kk in 0..bw {
-            // SAFETY: threads own disjoint columns; the view was checked by the caller.
-            unsafe { sums.store(sl.index_of(&[s, k0 + kk]) as isize, acc[s * bw + kk] as f32) };
-        }
-    }
-}
-
-/// Per-segment weight totals (row counts without weights), added in row order in f64.
-fn store_counts(seg: &[u32], weights: Option<&[f32]>, counts: Dst, cl: &Layout) {
-    let m = cl.shape[0];
-    let mut cnt = vec![0f64; m];
-    for (i, &s) in seg.iter().enumerate() {
-        cnt[s as usize] += weights.map_or(1.0, |w| w[i] as f64);
-    }
-    for (s, &c) in cnt.iter().enumerate() {
-        // SAFETY: the view was checked by the caller.
-        unsafe { counts.store(cl.index_of(&[s]) as isize, c as f32) };
-    }
-}
-
-/// `segment_sum` of contiguous f32 rows: threads own disjoint column blocks and add rows in
-/// index order in f64, as the general path does (the same result), reading rows directly.
+/// `segment_sum` of contiguous f32 rows.
 #[allow(clippy::too_many_arguments)]
 fn segment_sum_rows(
     xs: &[f32],
@@ -373,9 +339,21 @@ fn segment_sum_rows(
                 }
             }
         }
-        store_columns(&acc, m, k0, bw, sums, sl);
+        for s in 0..m {
+            for kk in 0..bw {
+                // SAFETY: threads own disjoint columns; the view was checked by the caller.
+                unsafe { sums.store(sl.index_of(&[s, k0 + kk]) as isize, acc[s * bw + kk] as f32) };
+            }
+        }
     });
-    store_counts(seg, weights, counts, cl);
+    let mut cnt = vec![0f64; m];
+    for (i, &s) in seg.iter().enumerate() {
+        cnt[s as usize] += weights.map_or(1.0, |w| w[i] as f64);
+    }
+    for (s, &c) in cnt.iter().enumerate() {
+        // SAFETY: the view was checked by the caller.
+        unsafe { counts.store(cl.index_of(&[s]) as isize, c as f32) };
+    }
 }
 
 /// [`hal::Precision::Reproducible`]'s segment sum: each segment's rows added in ascending row

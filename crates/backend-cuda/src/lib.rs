@@ -1071,25 +1071,29 @@ impl Backend for CudaBackend {
             ),
             None => (x.buffer.ptr(), 0, 0, 0, 0),
         };
+        // The rows, their weights and their order: the leading parameters of both kernels.
+        let rows_args = || {
+            Args::new()
+                .arg(x.buffer.ptr())
+                .arg(dtype_code(x.dtype()))
+                .arg(x.layout.offset as i64)
+                .arg(x.layout.strides[0] as i64)
+                .arg(x.layout.strides[1] as i64)
+                .arg(wptr)
+                .arg(wdt)
+                .arg(woff)
+                .arg(ws)
+                .arg(has_w)
+                .arg(starts.ptr())
+                .arg(order.ptr())
+                .arg(d as i64)
+        };
         if self.precision == Precision::Reproducible {
             return self.dev.launch_raw(
                 self.dev.function("segment_ordered")?,
                 (m as u32, 1, 1),
                 128,
-                Args::new()
-                    .arg(x.buffer.ptr())
-                    .arg(dtype_code(x.dtype()))
-                    .arg(x.layout.offset as i64)
-                    .arg(x.layout.strides[0] as i64)
-                    .arg(x.layout.strides[1] as i64)
-                    .arg(wptr)
-                    .arg(wdt)
-                    .arg(woff)
-                    .arg(ws)
-                    .arg(has_w)
-                    .arg(starts.ptr())
-                    .arg(order.ptr())
-                    .arg(d as i64)
+                rows_args()
                     .arg(sums.buffer.ptr())
                     .arg(dtype_code(sums.dtype()))
                     .arg(sums.layout.offset as i64)
@@ -1107,20 +1111,7 @@ impl Backend for CudaBackend {
             self.dev.function("segment_partial")?,
             (m as u32, PARTS as u32, 1),
             128,
-            Args::new()
-                .arg(x.buffer.ptr())
-                .arg(dtype_code(x.dtype()))
-                .arg(x.layout.offset as i64)
-                .arg(x.layout.strides[0] as i64)
-                .arg(x.layout.strides[1] as i64)
-                .arg(wptr)
-                .arg(wdt)
-                .arg(woff)
-                .arg(ws)
-                .arg(has_w)
-                .arg(starts.ptr())
-                .arg(order.ptr())
-                .arg(d as i64)
+            rows_args()
                 .arg(PARTS as i64)
                 .arg(partial.ptr())
                 .arg(verdict.ptr()),

@@ -73,6 +73,22 @@ const SORTED_SEGMENTS: usize = 128;
 /// iteration (the weighted segment sum lost rows past about 13,000); 8192 was measured safe.
 const LOOP_BUDGET: usize = 8_192;
 
+/// What the segment-sum kernels bind as weights: the weights and their layout, or, without
+/// weights, `x` itself under a broadcast layout, which the kernels are told (a scalar slot)
+/// not to read: no per-call buffer of ones.
+fn weight_binding<'a>(
+    x: View<'a, WgpuBuffer>,
+    weights: Option<View<'a, WgpuBuffer>>,
+) -> Result<(&'a WgpuBuffer, Layout)> {
+    Ok(match weights {
+        Some(w) => (w.buffer, w.layout.clone()),
+        None => (
+            x.buffer,
+            Layout::contiguous(&[1]).broadcast_to(&[x.layout.shape[0]])?,
+        ),
+    })
+}
+
 /// The parameters both nearest-centroid kernels take for the slice of centroids
 /// `first..end` (see nearest_centroid.wgsl and nearest_ordered.wgsl).
 fn nearest_slice_params(
@@ -664,7 +680,7 @@ impl WgpuBackend {
         guard: Guard,
     ) -> Result<()> {
         let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
-        // Each segment's rows are summed in parts parts. On a software rasteriser the parts
+        // Each segment's rows are summed in several parts. On a software rasteriser the parts
         // must also keep one thread's loop under lavapipe's cap even if every row falls in one
         // segment; a GPU has no cap and 16 parts give it enough threads.
         let capped = !self.info().kind.is_hardware_gpu();
@@ -736,10 +752,7 @@ impl WgpuBackend {
             chunks,
             Some(guard),
         )?;
-        let (w, wl) = match weights {
-            Some(w) => (w.buffer, w.layout.clone()),
-            None => (x.buffer, Layout::contiguous(&[1]).broadcast_to(&[n])?),
-        };
+        let (w, wl) = weight_binding(x, weights)?;
         let partial = self.scratch(DType::F32, m * parts * (d + 1))?;
         self.run(
             Spec::new("segment_gather.wgsl").bindings(vec![
@@ -783,10 +796,7 @@ impl WgpuBackend {
         guard: Guard,
     ) -> Result<()> {
         let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
-        let (w, wl) = match weights {
-            Some(w) => (w.buffer, w.layout.clone()),
-            None => (x.buffer, Layout::contiguous(&[1]).broadcast_to(&[n])?),
-        };
+        let (w, wl) = weight_binding(x, weights)?;
         let fused = self.fma_is_fused()?;
         let acc = self.scratch(DType::F32, m * (d + 1))?;
         let spec = Spec::new("segment_sum_ordered.wgsl")
@@ -2178,12 +2188,7 @@ impl Backend for WgpuBackend {
         // the count, each summing its rows in order with Kahan compensation; then the chunks'
         // partials are summed by the reduction. Deterministic, no atomics; O(n m d) work, the
         // straightforward version, correct before fast.
-        // Without weights, `x` stands in for the weight buffer and slot 7 says not to read it:
-        // no per-call buffer of ones.
-        let (w, wl) = match weights {
-            Some(w) => (w.buffer, w.layout.clone()),
-            None => (x.buffer, Layout::contiguous(&[1]).broadcast_to(&[n])?),
-        };
+        let (w, wl) = weight_binding(x, weights)?;
         let chunks = n.div_ceil(SUM_CHUNK).max(1);
         let width = m * (d + 1);
         let partial = self.scratch(DType::F32, chunks * width)?;

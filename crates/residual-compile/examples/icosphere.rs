@@ -61,17 +61,7 @@ fn main() -> ExitCode {
     };
     let residuals = mesh.edges.len() * 4 + mesh.vertices.len();
     let choice = match args.backend.as_str() {
-        "auto" if residuals >= residual_compile::AUTO_GPU_MIN_RESIDUALS => {
-            if backend_cuda::CudaBackend::new().is_ok() {
-                "cuda"
-            } else if backend_wgpu::WgpuBackend::new()
-                .is_ok_and(|b| b.info().kind.is_hardware_gpu())
-            {
-                "wgpu"
-            } else {
-                "cpu"
-            }
-        }
+        "auto" if residuals >= residual_compile::AUTO_GPU_MIN_RESIDUALS => backends::best_present(),
         "auto" => "cpu",
         other => other,
     };
@@ -93,18 +83,7 @@ fn main() -> ExitCode {
             "chosen".into()
         }
     );
-    let result = match choice {
-        "cpu" => run(&backend_cpu::CpuBackend::new(), &mesh, &args),
-        "wgpu" => backend_wgpu::WgpuBackend::new()
-            .map_err(|e| e.to_string())
-            .and_then(|b| run(&b, &mesh, &args)),
-        "cuda" => backend_cuda::CudaBackend::new()
-            .map_err(|e| e.to_string())
-            .and_then(|b| run(&b, &mesh, &args)),
-        other => Err(format!(
-            "unknown backend {other} (expected cpu, wgpu, cuda or auto)"
-        )),
-    };
+    let result = backends::on_backend!(choice, run(&mesh, &args));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -195,21 +195,7 @@ impl Graph {
                         contributions = [(a, da), (b, db)];
                     }
                     Node::Select { cmp, a, b, t, f } => {
-                        let z = pool.lit(0.0);
-                        let dt = pool.add(Node::Select {
-                            cmp,
-                            a,
-                            b,
-                            t: g,
-                            f: z,
-                        });
-                        let df = pool.add(Node::Select {
-                            cmp,
-                            a,
-                            b,
-                            t: z,
-                            f: g,
-                        });
+                        let (dt, df) = pool.route(cmp, a, b, g);
                         contributions = [(t, dt), (f, df)];
                     }
                 }
@@ -493,23 +479,29 @@ impl Pool {
             }
             Min | Max => {
                 let cmp = if op == Min { Cmp::Le } else { Cmp::Ge };
-                let z = self.lit(0.0);
-                let da = self.add(Node::Select {
-                    cmp,
-                    a,
-                    b,
-                    t: g,
-                    f: z,
-                });
-                let db = self.add(Node::Select {
-                    cmp,
-                    a,
-                    b,
-                    t: z,
-                    f: g,
-                });
-                (da, db)
+                self.route(cmp, a, b, g)
             }
         }
+    }
+
+    /// A gradient `g` routed by a comparison: `(cmp(a, b) ? g : 0, cmp(a, b) ? 0 : g)`, the
+    /// adjoints of a select's two branches (and of min/max's two operands).
+    fn route(&mut self, cmp: Cmp, a: u32, b: u32, g: u32) -> (u32, u32) {
+        let z = self.lit(0.0);
+        let taken = self.add(Node::Select {
+            cmp,
+            a,
+            b,
+            t: g,
+            f: z,
+        });
+        let other = self.add(Node::Select {
+            cmp,
+            a,
+            b,
+            t: z,
+            f: g,
+        });
+        (taken, other)
     }
 }

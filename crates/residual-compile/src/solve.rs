@@ -828,6 +828,14 @@ fn cg_programs() -> hal::Result<[Program; 6]> {
         let at = b.const_u32(k);
         b.load(buf, at)
     };
+    // scal[num] / scal[den] where the denominator is positive, 0 otherwise.
+    let safe_ratio = |b: &mut ProgramBuilder, buf, num: u32, den: u32| {
+        let (n, d) = (scalar(b, buf, num), scalar(b, buf, den));
+        let zero = b.const_f32(0.0);
+        let positive = b.cmp(IrCmp::Gt, d, zero);
+        let ratio = b.div(n, d);
+        b.select(positive, ratio, zero)
+    };
 
     // start: r = -g m; M = diag + lambda dd (1 when fixed); z = r / M; p = z; delta = 0;
     // parts = r z; damp = lambda dd m; minv = m / M.
@@ -891,12 +899,7 @@ fn cg_programs() -> hal::Result<[Program; 6]> {
     // alpha = pq > 0 ? rz / pq : 0 (one thread).
     let mut b = ProgramBuilder::new("lm_cg_alpha");
     let scal = f32rw(&mut b);
-    let rz = scalar(&mut b, scal, slot::RZ);
-    let pq = scalar(&mut b, scal, slot::PQ);
-    let zero = b.const_f32(0.0);
-    let positive = b.cmp(IrCmp::Gt, pq, zero);
-    let ratio = b.div(rz, pq);
-    let alpha = b.select(positive, ratio, zero);
+    let alpha = safe_ratio(&mut b, scal, slot::RZ, slot::PQ);
     let at = b.const_u32(slot::ALPHA);
     b.store(scal, at, alpha);
     let alpha_program = b.build()?;
@@ -936,14 +939,10 @@ fn cg_programs() -> hal::Result<[Program; 6]> {
     // beta = rz_new / rz; rz = rz_new (one thread).
     let mut b = ProgramBuilder::new("lm_cg_beta");
     let scal = f32rw(&mut b);
-    let rz = scalar(&mut b, scal, slot::RZ);
-    let rz_new = scalar(&mut b, scal, slot::RZ_NEW);
-    let zero = b.const_f32(0.0);
-    let positive = b.cmp(IrCmp::Gt, rz, zero);
-    let ratio = b.div(rz_new, rz);
-    let beta = b.select(positive, ratio, zero);
+    let beta = safe_ratio(&mut b, scal, slot::RZ_NEW, slot::RZ);
     let at = b.const_u32(slot::ALPHA); // alpha is dead until the next q: beta reuses it
     b.store(scal, at, beta);
+    let rz_new = scalar(&mut b, scal, slot::RZ_NEW);
     let at = b.const_u32(slot::RZ);
     b.store(scal, at, rz_new);
     let beta_program = b.build()?;

@@ -49,7 +49,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let choice = common::resolve(&args.backend).to_string();
+    let choice = backends::resolve(&args.backend).to_string();
     println!(
         "digits: backend {choice}{}",
         if args.backend == "auto" {
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
             ""
         }
     );
-    match on_backend!(choice.as_str(), run(&args)) {
+    match backends::on_backend!(choice.as_str(), run(&args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("digits: {e}");

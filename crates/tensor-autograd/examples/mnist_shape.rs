@@ -36,9 +36,9 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let choice = common::resolve(&args.backend).to_string();
+    let choice = backends::resolve(&args.backend).to_string();
     println!("mnist_shape: backend {choice}");
-    match on_backend!(choice.as_str(), run(&args)) {
+    match backends::on_backend!(choice.as_str(), run(&args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("mnist_shape: {e}");

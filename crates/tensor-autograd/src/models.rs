@@ -34,19 +34,28 @@ pub fn digits_mlp<B: Backend>(init: &mut Init<B>) -> Result<Sequential<B>> {
     Ok(model.push(Linear::new(init, 256, 10)?))
 }
 
+/// Stride 1, padding 1: a 3x3 convolution that keeps the image size.
+fn same_padding() -> Conv2dOptions {
+    Conv2dOptions {
+        padding: (1, 1),
+        ..Default::default()
+    }
+}
+
+/// 2x2 max pooling with stride 2: halves each side.
+fn max_pool_2x2() -> Layer {
+    Layer::MaxPool2d {
+        kernel: (2, 2),
+        stride: (2, 2),
+        padding: (0, 0),
+    }
+}
+
 /// The digits example's CNN for `[N, 1, 8, 8]`: three 3x3 convolutions (16, 16, 32 channels)
 /// with BatchNorm and ReLU, 2x2 max pooling after the second and third, dropout 0.3, and a
 /// linear classifier.
 pub fn digits_cnn<B: Backend>(init: &mut Init<B>) -> Result<Sequential<B>> {
-    let same = Conv2dOptions {
-        padding: (1, 1),
-        ..Default::default()
-    };
-    let pool = Layer::MaxPool2d {
-        kernel: (2, 2),
-        stride: (2, 2),
-        padding: (0, 0),
-    };
+    let (same, pool) = (same_padding(), max_pool_2x2());
     Ok(Sequential::new()
         .push(Conv2d::new(init, 1, 16, (3, 3), same)?)
         .push(BatchNorm2d::new(init, 16)?)
@@ -74,15 +83,7 @@ pub fn lenet<B: Backend>(
     hidden: usize,
     classes: usize,
 ) -> Result<Sequential<B>> {
-    let same = Conv2dOptions {
-        padding: (1, 1),
-        ..Default::default()
-    };
-    let pool = Layer::MaxPool2d {
-        kernel: (2, 2),
-        stride: (2, 2),
-        padding: (0, 0),
-    };
+    let (same, pool) = (same_padding(), max_pool_2x2());
     let after = side / 4;
     Ok(Sequential::new()
         .push(Conv2d::new(init, channels, widths.0, (3, 3), same)?)

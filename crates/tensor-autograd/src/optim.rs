@@ -106,47 +106,41 @@ impl<B: Backend> State<B> {
 /// Stochastic gradient descent with momentum, dampening, Nesterov and weight decay
 /// (PyTorch's formulation, [`SgdParams`]).
 pub struct Sgd<B: Backend> {
-    pub lr: f32,
-    pub momentum: f32,
-    pub dampening: f32,
-    pub weight_decay: f32,
-    pub nesterov: bool,
+    /// The hyperparameters, as the backends' fused step takes them (`step` is filled in from
+    /// the optimiser's own count).
+    pub hyper: SgdParams,
     state: State<B>,
 }
 
 impl<B: Backend> Sgd<B> {
     pub fn new(lr: f32) -> Self {
         Self {
-            lr,
-            momentum: 0.0,
-            dampening: 0.0,
-            weight_decay: 0.0,
-            nesterov: false,
+            hyper: SgdParams {
+                lr,
+                momentum: 0.0,
+                dampening: 0.0,
+                weight_decay: 0.0,
+                nesterov: false,
+                step: 0,
+            },
             state: State::new(),
         }
     }
     pub fn momentum(mut self, momentum: f32, nesterov: bool) -> Self {
-        self.momentum = momentum;
-        self.nesterov = nesterov;
+        self.hyper.momentum = momentum;
+        self.hyper.nesterov = nesterov;
         self
     }
     pub fn weight_decay(mut self, weight_decay: f32) -> Self {
-        self.weight_decay = weight_decay;
+        self.hyper.weight_decay = weight_decay;
         self
     }
 }
 
 impl<B: Backend> Optimizer<B> for Sgd<B> {
     fn step(&mut self, params: &[Tensor<B>]) -> Result<()> {
-        let p = SgdParams {
-            lr: self.lr,
-            momentum: self.momentum,
-            dampening: self.dampening,
-            weight_decay: self.weight_decay,
-            nesterov: self.nesterov,
-            step: 0,
-        };
-        let kinds = usize::from(self.momentum != 0.0);
+        let p = self.hyper;
+        let kinds = usize::from(p.momentum != 0.0);
         self.state
             .step("Sgd::step", params, kinds, |param, g, state, step| {
                 let p = SgdParams { step, ..p };
@@ -156,10 +150,10 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
             })
     }
     fn learning_rate(&self) -> f32 {
-        self.lr
+        self.hyper.lr
     }
     fn set_learning_rate(&mut self, lr: f32) {
-        self.lr = lr;
+        self.hyper.lr = lr;
     }
     fn to_device(&mut self, device: &B) -> Result<()> {
         self.state.move_to(device)
@@ -168,12 +162,9 @@ impl<B: Backend> Optimizer<B> for Sgd<B> {
 
 /// Adam, or AdamW with decoupled weight decay ([`AdamParams`]).
 pub struct Adam<B: Backend> {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    pub decoupled_weight_decay: bool,
+    /// The hyperparameters, as the backends' fused step takes them (`step` is filled in from
+    /// the optimiser's own count).
+    pub hyper: AdamParams,
     state: State<B>,
 }
 
@@ -181,25 +172,27 @@ impl<B: Backend> Adam<B> {
     /// Adam with PyTorch's defaults (betas 0.9, 0.999; eps 1e-8; no weight decay).
     pub fn new(lr: f32) -> Self {
         Self {
-            lr,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            decoupled_weight_decay: false,
+            hyper: AdamParams {
+                lr,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+                decoupled_weight_decay: false,
+                step: 0,
+            },
             state: State::new(),
         }
     }
     /// AdamW with PyTorch's defaults (weight decay 0.01).
     pub fn adamw(lr: f32) -> Self {
-        Self {
-            weight_decay: 0.01,
-            decoupled_weight_decay: true,
-            ..Self::new(lr)
-        }
+        let mut adam = Self::new(lr);
+        adam.hyper.weight_decay = 0.01;
+        adam.hyper.decoupled_weight_decay = true;
+        adam
     }
     pub fn weight_decay(mut self, weight_decay: f32) -> Self {
-        self.weight_decay = weight_decay;
+        self.hyper.weight_decay = weight_decay;
         self
     }
     /// Steps taken so far.
@@ -210,15 +203,7 @@ impl<B: Backend> Adam<B> {
 
 impl<B: Backend> Optimizer<B> for Adam<B> {
     fn step(&mut self, params: &[Tensor<B>]) -> Result<()> {
-        let p = AdamParams {
-            lr: self.lr,
-            beta1: self.beta1,
-            beta2: self.beta2,
-            eps: self.eps,
-            weight_decay: self.weight_decay,
-            decoupled_weight_decay: self.decoupled_weight_decay,
-            step: 0,
-        };
+        let p = self.hyper;
         self.state
             .step("Adam::step", params, 2, |param, g, state, step| {
                 let p = AdamParams { step, ..p };
@@ -232,10 +217,10 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
             })
     }
     fn learning_rate(&self) -> f32 {
-        self.lr
+        self.hyper.lr
     }
     fn set_learning_rate(&mut self, lr: f32) {
-        self.lr = lr;
+        self.hyper.lr = lr;
     }
     fn to_device(&mut self, device: &B) -> Result<()> {
         self.state.move_to(device)

@@ -174,7 +174,8 @@ fn sgd_and_adam_follow_pytorch_formulas() {
         p0.iter().map(|&v| v as f64).collect::<Vec<_>>(),
         vec![0f64; 5],
     );
-    for step in 0..3 {
+    // Fresh gradients of scale * |p - t|^2.
+    let gradients = |p: &T, scale: f32| {
         p.zero_grad();
         p.sub(&t)
             .unwrap()
@@ -182,10 +183,13 @@ fn sgd_and_adam_follow_pytorch_formulas() {
             .unwrap()
             .sum_all()
             .unwrap()
-            .mul_scalar(0.5)
+            .mul_scalar(scale)
             .unwrap()
             .backward()
             .unwrap();
+    };
+    for step in 0..3 {
+        gradients(&p, 0.5);
         sgd.step(std::slice::from_ref(&p)).unwrap();
         for i in 0..5 {
             let g = (host[i] - target[i] as f64) + 0.01 * host[i];
@@ -205,15 +209,7 @@ fn sgd_and_adam_follow_pytorch_formulas() {
         vec![0f64; 5],
     );
     for step in 1..=2 {
-        p.zero_grad();
-        p.sub(&t)
-            .unwrap()
-            .square()
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        gradients(&p, 1.0);
         adam.step(std::slice::from_ref(&p)).unwrap();
         for i in 0..5 {
             let g = 2.0 * (host[i] - target[i] as f64);

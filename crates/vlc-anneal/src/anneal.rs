@@ -6,8 +6,9 @@
 //! 1. assignment: `nearest_centroid(x, anchors)` gives each point's anchor and squared
 //!    distance `r^2`;
 //! 2. per-anchor statistics: `segment_sum` of `r^2` gives each anchor's member count and sum
-//!    of squared distances; these `2m` numbers are the only per-iteration read-back, from
-//!    which the host sums the energy (mean squared distance) in a fixed order;
+//!    of squared distances; the `m` sums are the only per-iteration read-back, from which the
+//!    host adds up the energy (mean squared distance) in a fixed order (and the next step's
+//!    threshold, temperature and momentum are the only per-iteration upload, four floats);
 //! 3. Huber weights (an IR kernel): `w = 1` where `r <= delta`, `delta / r` beyond, with
 //!    `delta = huber * sqrt(energy)`: the data's own scale, the root-mean-square distance of a
 //!    point to its anchor, so a point counts fully unless it lies more than `huber` times
@@ -271,15 +272,12 @@ pub fn kmeans_pp<B: Backend>(
                 View::new(&near_i, &ln),
                 View::new(&near, &ln),
             )?;
-            let d2l = if j == 0 { None } else { Some(&d2) };
-            match d2l {
-                None => b.copy(View::new(&near, &ln), View::new(&d2, &ln))?,
-                Some(prev) => b.binary(
-                    BinaryOp::Min,
-                    View::new(prev, &ln),
-                    View::new(&near, &ln),
-                    View::new(&d2, &ln),
-                )?,
+            // D^2 = the distance to the first anchor, then the smaller of it and the new one's.
+            if j == 0 {
+                b.copy(View::new(&near, &ln), View::new(&d2, &ln))?;
+            } else {
+                let (d2v, nearv) = (View::new(&d2, &ln), View::new(&near, &ln));
+                b.binary(BinaryOp::Min, d2v, nearv, d2v)?;
             }
         }
     }
@@ -385,9 +383,20 @@ pub fn anneal<B: Backend>(
     cfg: &Config,
     progress: &mut dyn FnMut(&IterationReport),
 ) -> Result<Clustering> {
+    let b = handle_for(backend, cfg.mode);
+    Ok(anneal_on_device(&b, data, cfg, progress)?.0)
+}
+
+/// [`anneal`] on a handle already set to the mode's precision; also returns the device
+/// buffers (the vectors, the final assignment), which residual coding goes on with.
+pub(crate) fn anneal_on_device<B: Backend>(
+    b: &B,
+    data: &Matrix,
+    cfg: &Config,
+    progress: &mut dyn FnMut(&IterationReport),
+) -> Result<(Clustering, State<B>)> {
     let (n, d, m) = (data.rows, data.cols, cfg.anchors);
     cfg.check(n, d)?;
-    let b = handle_for(backend, cfg.mode);
     let start = Instant::now();
     let x = b.upload(&data.data)?;
     // Seeding draws from a seeded sample of at most max(16 m, 8192) points: k-means++ is m
@@ -400,18 +409,24 @@ pub fn anneal<B: Backend>(
             picked.extend_from_slice(data.row(r));
         }
         let xs = b.upload(&picked)?;
-        kmeans_pp(&b, &xs, sample, d, m, cfg.seed)?
+        kmeans_pp(b, &xs, sample, d, m, cfg.seed)?
     } else {
-        kmeans_pp(&b, &x, n, d, m, cfg.seed)?
+        kmeans_pp(b, &x, n, d, m, cfg.seed)?
     };
     b.synchronize()?;
     let seeding_seconds = start.elapsed().as_secs_f64();
-    let mut state = State::new(&b, x, anchors, n, d, m)?;
+    let mut state = State::new(b, x, anchors, n, d, m)?;
     let mut history = Vec::new();
     let mut previous: Option<f64> = None;
     let last_maintenance = cfg.iterations * 7 / 10;
+    // The energy of an assignment still current (a maintenance round that changed nothing),
+    // so the next iteration need not assign again.
+    let mut current: Option<f64> = None;
     for it in 0..=cfg.iterations {
-        let energy = state.assign()?;
+        let energy = match current.take() {
+            Some(e) => e,
+            None => state.assign()?,
+        };
         let mut report = IterationReport {
             iteration: it,
             energy,
@@ -456,6 +471,9 @@ pub fn anneal<B: Backend>(
             report.merged = merged;
             report.split = split;
             report.reseeded = reseeded;
+            if merged + split + reseeded == 0 {
+                current = Some(e);
+            }
         }
         report.elapsed = start.elapsed().as_secs_f64();
         progress(&report);
@@ -463,40 +481,34 @@ pub fn anneal<B: Backend>(
     }
     let energy = history.last().map_or(0.0, |r| r.energy);
     let anchors = Matrix::new(m, d, b.read::<f32>(&state.anchors)?)?;
-    Ok(Clustering {
+    let clustering = Clustering {
         anchors,
         assignments: b.read::<u32>(&state.assign)?,
         distances: b.read::<f32>(&state.dist)?,
         energy,
         history,
         seeding_seconds,
-    })
+    };
+    Ok((clustering, state))
 }
 
-/// `k` distinct rows of `0..n`, ascending, by a seeded partial shuffle.
+/// `k` distinct rows of `0..n`, ascending.
 fn sample_rows(n: usize, k: usize, seed: u64) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..n).collect();
-    let mut state = seed ^ 0x2545_f491_4f6c_dd1d;
-    for i in 0..k.min(n) {
-        state = crate::splitmix(state);
-        let j = i + (state % (n - i) as u64) as usize;
-        order.swap(i, j);
-    }
-    order.truncate(k.min(n));
-    order.sort_unstable();
-    order
+    let mut rows = crate::partial_shuffle(n, k, seed ^ 0x2545_f491_4f6c_dd1d);
+    rows.sort_unstable();
+    rows
 }
 
 /// The device buffers of one run.
-struct State<B: Backend> {
+pub(crate) struct State<B: Backend> {
     b: B,
     n: usize,
     d: usize,
     m: usize,
-    x: B::Buffer,
+    pub(crate) x: B::Buffer,
     anchors: B::Buffer,
     velocity: B::Buffer,
-    assign: B::Buffer,
+    pub(crate) assign: B::Buffer,
     dist: B::Buffer,
     weights: B::Buffer,
     sums: B::Buffer,

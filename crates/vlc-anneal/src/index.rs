@@ -97,6 +97,23 @@ pub fn unpack_bit(packed: &[u8], bits: u32, i: usize) -> u32 {
     v
 }
 
+/// The mean over `n` vectors of the squared distance between `data`'s row `i` and its
+/// reconstruction, which `reconstruct(i, row)` writes.
+fn mean_squared_error(data: &Matrix, n: usize, reconstruct: impl Fn(usize, &mut [f32])) -> f64 {
+    let mut row = vec![0f32; data.cols];
+    let mut total = 0f64;
+    for i in 0..n.min(data.rows) {
+        reconstruct(i, &mut row);
+        total += data
+            .row(i)
+            .iter()
+            .zip(&row)
+            .map(|(&a, &b)| ((a - b) as f64).powi(2))
+            .sum::<f64>();
+    }
+    total / n.max(1) as f64
+}
+
 /// Everything an index holds, in memory, before it is written.
 #[derive(Clone, Debug)]
 pub struct IndexParts {
@@ -108,6 +125,22 @@ pub struct IndexParts {
 }
 
 impl IndexParts {
+    /// Mean squared reconstruction error over `data`, as [`Index::reconstruction_mse`] gives
+    /// it once the parts are written.
+    pub fn reconstruction_mse(&self, data: &Matrix) -> f64 {
+        let d = self.header.d;
+        mean_squared_error(data, self.header.n, |i, row| {
+            let a = self.assignments[i] as usize;
+            for (o, v) in row.iter_mut().zip(&self.anchors[a * d..(a + 1) * d]) {
+                *o = v.to_f32();
+            }
+            self.pq.add_decoded(
+                &self.codes[i * self.header.pq_bytes..][..self.header.pq_bytes],
+                row,
+            );
+        })
+    }
+
     /// The bytes of the file.
     pub fn to_bytes(&self) -> Vec<u8> {
         let h = &self.header;
@@ -449,19 +482,7 @@ impl Index {
 
     /// Mean squared reconstruction error over `data` (the vectors this index was built from).
     pub fn reconstruction_mse(&self, data: &Matrix) -> f64 {
-        let d = self.header.d;
-        let mut row = vec![0f32; d];
-        let mut total = 0f64;
-        for i in 0..self.header.n.min(data.rows) {
-            self.reconstruct(i, &mut row);
-            total += data
-                .row(i)
-                .iter()
-                .zip(&row)
-                .map(|(&a, &b)| ((a - b) as f64).powi(2))
-                .sum::<f64>();
-        }
-        total / self.header.n.max(1) as f64
+        mean_squared_error(data, self.header.n, |i, row| self.reconstruct(i, row))
     }
 
     /// The `k` nearest vectors of each query by asymmetric distance: the query is compared

@@ -71,7 +71,8 @@ pub fn compress<B: Backend>(
     cfg.check(data.rows, data.cols)?;
     cfg.check_codes(data.cols)?;
     let start = Instant::now();
-    let clustering = anneal(backend, data, cfg, progress)?;
+    let b = anneal::handle_for(backend, cfg.mode);
+    let (clustering, state) = anneal::anneal_on_device(&b, data, cfg, progress)?;
     let annealed = start.elapsed().as_secs_f64();
     let (n, d, m) = (data.rows, data.cols, cfg.anchors);
     let anchors16: Vec<half::f16> = clustering
@@ -85,13 +86,12 @@ pub fn compress<B: Backend>(
             "an anchor does not fit in f16 (|value| > 65504): scale the vectors down",
         ));
     }
-    let b = anneal::handle_for(backend, cfg.mode);
     let (pq, codes) = if cfg.pq_bytes > 0 {
+        // Residuals to the anchors as stored (f16), from the vectors and assignment still on
+        // the device.
         let rounded: Vec<f32> = anchors16.iter().map(|v| v.to_f32()).collect();
-        let x = b.upload(&data.data)?;
         let a = b.upload(&rounded)?;
-        let assign = b.upload(&clustering.assignments)?;
-        let res = pq::residuals(&b, &x, &a, &assign, n, d)?;
+        let res = pq::residuals(&b, &state.x, &a, &state.assign, n, d)?;
         pq::train_and_encode(&b, &res, n, d, cfg.pq_bytes, cfg.pq_iterations, cfg.seed)?
     } else {
         (
@@ -124,9 +124,7 @@ pub fn compress<B: Backend>(
         codes,
     };
     let coded = start.elapsed().as_secs_f64();
-    // The MSE goes into the header, so the index is built twice: cheap next to the rest.
-    let draft = Index::from_bytes(parts.to_bytes(), "(new index)")?;
-    parts.header.mse = draft.reconstruction_mse(data);
+    parts.header.mse = parts.reconstruction_mse(data);
     let index = Index::from_bytes(parts.to_bytes(), "(new index)")?;
     Ok(Compressed {
         index,
@@ -138,6 +136,20 @@ pub fn compress<B: Backend>(
         },
         clustering,
     })
+}
+
+/// The first `k` of a seeded Fisher-Yates shuffle of `0..n`: `k` distinct indices.
+pub(crate) fn partial_shuffle(n: usize, k: usize, seed: u64) -> Vec<usize> {
+    let k = k.min(n);
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut state = seed;
+    for i in 0..k {
+        state = splitmix(state);
+        let j = i + (state % (n - i) as u64) as usize;
+        order.swap(i, j);
+    }
+    order.truncate(k);
+    order
 }
 
 /// SplitMix64: the seeded mixing function behind every host-side random choice.

@@ -112,19 +112,15 @@ pub fn train_and_encode<B: Backend>(
 ) -> Result<(ProductQuantizer, Vec<u8>)> {
     let bounds = subspace_bounds(d, bytes);
     let k = n.min(256);
-    let mut codebooks = vec![0f32; k * d];
-    let mut codes = vec![0u8; n * bytes];
-    // Seeded partial Fisher-Yates: k distinct starting vectors.
-    let mut order: Vec<u32> = (0..n as u32).collect();
-    let mut state = seed ^ 0x5851_f42d_4c95_7f2d;
-    for i in 0..k {
-        state = crate::splitmix(state);
-        let j = i + (state % (n - i) as u64) as usize;
-        order.swap(i, j);
-    }
-    let starts = b.upload(&order[..k])?;
-    let ln = Layout::contiguous(&[n]);
-    let code_buf = b.alloc(DType::U32, n)?;
+    let starts: Vec<u32> = crate::partial_shuffle(n, k, seed ^ 0x5851_f42d_4c95_7f2d)
+        .into_iter()
+        .map(|i| i as u32)
+        .collect();
+    let starts = b.upload(&starts)?;
+    // Codes land in the columns of one n x bytes buffer and codebooks in one k x d buffer, so
+    // both are read back once, after every subspace is done.
+    let all_codes = b.alloc(DType::U32, n * bytes)?;
+    let all_books = b.alloc(DType::F32, k * d)?;
     let dist = b.alloc(DType::F32, n)?;
     let counts = b.alloc(DType::F32, k)?;
     for j in 0..bytes {
@@ -134,6 +130,11 @@ pub fn train_and_encode<B: Backend>(
             shape: vec![n, w],
             strides: vec![d as isize, 1],
             offset: lo,
+        };
+        let codes_j = Layout {
+            shape: vec![n],
+            strides: vec![bytes as isize],
+            offset: j,
         };
         let lk = Layout::contiguous(&[k, w]);
         let cb = b.alloc(DType::F32, k * w)?;
@@ -150,34 +151,39 @@ pub fn train_and_encode<B: Backend>(
         )?;
         let sums = b.alloc(DType::F32, k * w)?;
         let update = b.compile(&codeword_update(w)?)?;
-        for _ in 0..iterations {
+        // `iterations` updates, each after an assignment, and a last assignment: the codes.
+        for it in 0..=iterations {
             b.nearest_centroid(
                 View::new(residuals, &sub),
                 View::new(&cb, &lk),
-                View::new(&code_buf, &ln),
-                View::new(&dist, &ln),
+                View::new(&all_codes, &codes_j),
+                View::new(&dist, &Layout::contiguous(&[n])),
             )?;
+            if it == iterations {
+                break;
+            }
             b.segment_sum(
                 View::new(residuals, &sub),
-                View::new(&code_buf, &ln),
+                View::new(&all_codes, &codes_j),
                 None,
                 View::new(&sums, &lk),
                 View::new(&counts, &Layout::contiguous(&[k])),
             )?;
             b.launch(&update, &[&sums, &counts, &cb], k * w)?;
         }
-        b.nearest_centroid(
-            View::new(residuals, &sub),
-            View::new(&cb, &lk),
-            View::new(&code_buf, &ln),
-            View::new(&dist, &ln),
-        )?;
-        let c = b.read::<u32>(&code_buf)?;
-        for (i, &v) in c.iter().enumerate() {
-            codes[i * bytes + j] = v as u8;
-        }
-        codebooks[k * lo..k * hi].copy_from_slice(&b.read::<f32>(&cb)?);
+        let book_j = Layout {
+            shape: vec![k, w],
+            strides: vec![w as isize, 1],
+            offset: k * lo,
+        };
+        b.copy(View::new(&cb, &lk), View::new(&all_books, &book_j))?;
     }
+    let codes: Vec<u8> = b
+        .read::<u32>(&all_codes)?
+        .into_iter()
+        .map(|c| c as u8)
+        .collect();
+    let codebooks = b.read::<f32>(&all_books)?;
     Ok((
         ProductQuantizer {
             dim: d,

@@ -111,36 +111,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// Which backend `auto` means: CUDA if present, else wgpu on a hardware GPU (not a software
-/// rasteriser such as lavapipe), else the CPU.
-fn resolve(choice: &str) -> String {
-    match choice {
-        "auto" => {
-            if backend_cuda::CudaBackend::new().is_ok() {
-                "cuda".into()
-            } else if backend_wgpu::WgpuBackend::new()
-                .is_ok_and(|b| b.info().kind.is_hardware_gpu())
-            {
-                "wgpu".into()
-            } else {
-                "cpu".into()
-            }
-        }
-        other => other.into(),
-    }
-}
-
-macro_rules! on_backend {
-    ($choice:expr, $f:ident ( $($arg:expr),* )) => {
-        match $choice {
-            "cpu" => $f(&backend_cpu::CpuBackend::new(), $($arg),*),
-            "wgpu" => backend_wgpu::WgpuBackend::new().map_err(|e| e.to_string()).and_then(|b| $f(&b, $($arg),*)),
-            "cuda" => backend_cuda::CudaBackend::new().map_err(|e| e.to_string()).and_then(|b| $f(&b, $($arg),*)),
-            other => Err(format!("unknown backend {other} (expected cpu, wgpu, cuda or auto)")),
-        }
-    };
-}
-
 type Res<T> = Result<T, String>;
 
 fn err(e: vlc_anneal::Error) -> String {
@@ -168,7 +138,7 @@ fn run(command: Command) -> Res<()> {
             cfg.seed = seed;
             cfg.tolerance = tolerance;
             cfg.mode = if exact { Mode::Exact } else { Mode::Fast };
-            let name = resolve(&backend);
+            let name = backends::resolve(&backend);
             if !quiet {
                 eprintln!(
                     "vlc: {} vectors of dimension {} from {}, {anchors} anchors, {bytes} bytes per vector, backend {name}{}",
@@ -178,7 +148,7 @@ fn run(command: Command) -> Res<()> {
                     if exact { " (exact mode)" } else { "" }
                 );
             }
-            let index = on_backend!(name.as_str(), compress_with(&data, &cfg, quiet))?;
+            let index = backends::on_backend!(name, compress_with(&data, &cfg, quiet))?;
             index.save(&output).map_err(err)?;
             let h = &index.header;
             println!(
@@ -251,7 +221,7 @@ fn run(command: Command) -> Res<()> {
             Ok(())
         }
         Command::Demo { backend, n, quiet } => {
-            let name = resolve(&backend);
+            let name = backends::resolve(&backend);
             let data = vlc_anneal::synthetic::gaussian_mixture(n, 64, 200, 0.15, 11);
             let mut cfg = Config::new(256);
             cfg.pq_bytes = 16;
@@ -260,7 +230,7 @@ fn run(command: Command) -> Res<()> {
                 "vlc demo: {n} x 64 synthetic vectors (200 Gaussian clusters), 256 anchors, 16 bytes per vector, backend {name}"
             );
             let start = Instant::now();
-            let index = on_backend!(name.as_str(), compress_with(&data, &cfg, quiet))?;
+            let index = backends::on_backend!(name, compress_with(&data, &cfg, quiet))?;
             let seconds = start.elapsed().as_secs_f64();
             println!("compressed in {seconds:.2} s");
             let report = evaluate(&index, &data, 500, 16)?;

@@ -1,4 +1,5 @@
-//! Backend selection and the training driver shared by the examples.
+//! The training driver shared by the examples (the backend is picked by the `backends`
+//! crate).
 #![allow(dead_code)]
 
 use hal::Backend;
@@ -9,38 +10,6 @@ use tensor_autograd::data::{DataLoader, Dataset};
 use tensor_autograd::models::{accuracy, train_epoch};
 use tensor_autograd::nn::{ModuleExt, Sequential};
 use tensor_autograd::optim::{Adam, Cosine};
-
-/// Which backend `auto` means here: CUDA if present, else wgpu on a hardware GPU (not a
-/// software rasteriser such as lavapipe), else the CPU.
-pub fn resolve(choice: &str) -> &str {
-    match choice {
-        "auto" => {
-            if backend_cuda::CudaBackend::new().is_ok() {
-                "cuda"
-            } else if backend_wgpu::WgpuBackend::new()
-                .is_ok_and(|b| b.info().kind.is_hardware_gpu())
-            {
-                "wgpu"
-            } else {
-                "cpu"
-            }
-        }
-        other => other,
-    }
-}
-
-/// Runs `f` on the backend named `choice` (cpu, wgpu, cuda).
-#[macro_export]
-macro_rules! on_backend {
-    ($choice:expr, $f:ident ( $($arg:expr),* )) => {
-        match $choice {
-            "cpu" => $f(&backend_cpu::CpuBackend::new(), $($arg),*),
-            "wgpu" => backend_wgpu::WgpuBackend::new().map_err(|e| e.to_string()).and_then(|b| $f(&b, $($arg),*)),
-            "cuda" => backend_cuda::CudaBackend::new().map_err(|e| e.to_string()).and_then(|b| $f(&b, $($arg),*)),
-            other => Err(format!("unknown backend {other} (expected cpu, wgpu, cuda or auto)")),
-        }
-    };
-}
 
 /// What a training run reports.
 pub struct Outcome {
