@@ -3,7 +3,9 @@
 // Blocks 0, 1, 2: each batch's offset of A, B and out. Scalars: 0 m, 1 n, 2 first k, 3 end k
 // (the backend slices long k), 4 alpha, 5 beta, 6 the number of outputs (used by
 // gemm_dot_body.wgsl, which shares these parameters), 7-8 A's row and column strides, 10-11
-// B's, 13-14 out's.
+// B's, 13-14 out's. As the f32 fallback of a cooperative-matrix product, the `guard` slot
+// reads that product's range-check verdict (word 9, serial 12) and the block writes nothing
+// unless the check failed.
 
 // @include tile.wgsl
 
@@ -16,6 +18,12 @@ fn ld2(i: i32) -> f32 { return bitcast<f32>(B2[i]); }
 fn ld3(i: i32) -> f32 { return bitcast<f32>(B3[i]); }
 fn st3(i: i32, v: f32) { B3[i] = bitcast<u32>(v); }
 // @end
+
+// @slot guard
+fn skipped() -> bool { return false; }
+// @end
+
+var<workgroup> skip_block: u32;
 
 fn store_row(obase: i32, r: u32, col: u32, v: vec4<f32>) {
     if (r >= s(0u)) { return; }
@@ -33,6 +41,9 @@ fn store_row(obase: i32, r: u32, col: u32, v: vec4<f32>) {
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     _ = arrayLength(&B1); _ = arrayLength(&B2); _ = arrayLength(&B3);
+    // Through workgroup memory, so that the early return is uniform (barriers follow).
+    if (li == 0u) { skip_block = select(0u, 1u, skipped()); }
+    if (workgroupUniformLoad(&skip_block) != 0u) { return; }
     let o = Operands(s(0u), s(1u), s(3u), off(0u, wg.z), si(7u), si(8u), off(1u, wg.z), si(10u), si(11u));
     let row0 = wg.y * BM;
     let col0 = wg.x * BN;

@@ -118,7 +118,7 @@ impl<B: Backend> Suite<'_, B> {
 }
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 32] = [
+pub(crate) const EXPECTED_ROWS: [&str; 33] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -133,6 +133,7 @@ pub(crate) const EXPECTED_ROWS: [&str; 32] = [
     "argmax",
     "argmin",
     "matmul",
+    "matmul (bf16 beyond f16)",
     "spmv_csr",
     "gather",
     "gather (index_select)",
@@ -153,10 +154,14 @@ pub(crate) const EXPECTED_ROWS: [&str; 32] = [
     "record/replay",
 ];
 
-/// The checks of the primitives a `Precision::Fast` handle runs differently.
-pub(crate) fn run_fast<B: Backend>(s: &mut Suite<'_, B>) {
+/// The checks of the primitives a `Precision::Fast` or `Precision::Compensated` handle runs
+/// differently.
+pub(crate) fn run_matrix_unit_policy<B: Backend>(s: &mut Suite<'_, B>) {
     matmul(s);
-    nearest_centroid(s);
+    matmul_beyond_f16(s);
+    if s.policy == hal::Precision::Fast {
+        nearest_centroid(s);
+    }
 }
 
 pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
@@ -168,6 +173,7 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     reduce(s);
     arg_reduce(s);
     matmul(s);
+    matmul_beyond_f16(s);
     spmv(s);
     gather(s);
     scatter_add(s);
@@ -944,10 +950,10 @@ fn matmul<B: Backend>(s: &mut Suite<'_, B>) {
                 }
             }
         }
-        let (row, rel) = if s.fast {
-            ("matmul (Precision::Fast)", 2f64.powi(-10))
-        } else {
-            ("matmul", 2f64.powi(-18))
+        let (row, rel) = match s.policy {
+            hal::Precision::Fast => ("matmul (Precision::Fast)", 2f64.powi(-10)),
+            hal::Precision::Compensated => ("matmul (Precision::Compensated)", 2f64.powi(-18)),
+            _ => ("matmul", 2f64.powi(-18)),
         };
         match both!(s, run_matmul(&x, &y, &out, alpha, beta)) {
             Ok((c, t)) => s.judge(
@@ -957,6 +963,65 @@ fn matmul<B: Backend>(s: &mut Suite<'_, B>) {
                 t.as_deref(),
                 &exact,
                 &|o, w| rel * mag[o] + rounding(dout, w, 2.0),
+            ),
+            Err(e) => s.fail(row, format!("[{batch},{m},{k},{n}]: {e}")),
+        }
+    }
+}
+
+/// Products whose operands hold values that f16 cannot represent (bf16 operands; f32 ones
+/// under `Fast` and `Compensated`): a backend that multiplies on f16 matrix units must notice
+/// (huge, tiny, infinite) and compute them another way, within the policy's tolerance.
+fn matmul_beyond_f16<B: Backend>(s: &mut Suite<'_, B>) {
+    let (row, rel, dt) = match s.policy {
+        hal::Precision::Fast => (
+            "matmul (Precision::Fast, beyond f16)",
+            2f64.powi(-10),
+            DType::F32,
+        ),
+        hal::Precision::Compensated => (
+            "matmul (Precision::Compensated, beyond f16)",
+            2f64.powi(-18),
+            DType::F32,
+        ),
+        _ => ("matmul (bf16 beyond f16)", 2f64.powi(-18), DType::BF16),
+    };
+    for (case, [batch, m, k, n]) in [[1, 65, 33, 65], [2, 130, 47, 129], [1, 257, 64, 200]]
+        .into_iter()
+        .enumerate()
+    {
+        let odd = [3.0e5f32, -7.5e6, 1.0e-9, 2.5e-12][case % 4];
+        let mut x = random_tensor(s.rng(), &[batch, m, k], dt, ViewKind::Contiguous, |r| {
+            r.range(-1.0, 1.0)
+        });
+        let y = random_tensor(s.rng(), &[batch, k, n], dt, ViewKind::Strided, |r| {
+            r.range(-1.0, 1.0)
+        });
+        let at = s.rng().below(x.backing.len());
+        x.backing[at] = round_to(dt, odd);
+        let out = output_tensor(s.rng(), &[batch, m, n], DType::F32);
+        let (xa, ya) = (x.logical(), y.logical());
+        let mut exact = vec![0f64; batch * m * n];
+        let mut mag = vec![0f64; batch * m * n];
+        for bi in 0..batch {
+            for i in 0..m {
+                for j in 0..n {
+                    for p in 0..k {
+                        let v = xa[(bi * m + i) * k + p] * ya[(bi * k + p) * n + j];
+                        exact[(bi * m + i) * n + j] += v;
+                        mag[(bi * m + i) * n + j] += v.abs() * k as f64;
+                    }
+                }
+            }
+        }
+        match both!(s, run_matmul(&x, &y, &out, 1.0, 0.0)) {
+            Ok((c, t)) => s.judge(
+                row,
+                &format!("[{batch},{m},{k}]@[{batch},{k},{n}] {dt} holding {odd:e}"),
+                &c,
+                t.as_deref(),
+                &exact,
+                &|o, w| rel * mag[o] + rounding(DType::F32, w, 2.0),
             ),
             Err(e) => s.fail(row, format!("[{batch},{m},{k},{n}]: {e}")),
         }
@@ -1377,7 +1442,7 @@ fn nearest_centroid<B: Backend>(s: &mut Suite<'_, B>) {
                 let cmax = (0..m).map(|j| norm(&cs, j)).fold(0.0, f64::max);
                 let (mut worst, mut worst_rel, mut worst_case) = (0f64, 0f64, String::new());
                 // Precision::Fast may pick a centroid up to 2^-9 (|x|^2 + |c|^2) worse.
-                let choice = if s.fast {
+                let choice = if s.policy == hal::Precision::Fast {
                     2f64.powi(-9)
                 } else {
                     2f64.powi(-16)
@@ -1412,7 +1477,7 @@ fn nearest_centroid<B: Backend>(s: &mut Suite<'_, B>) {
                         );
                     }
                 }
-                let row = if s.fast {
+                let row = if s.policy == hal::Precision::Fast {
                     "nearest_centroid (Precision::Fast)"
                 } else {
                     "nearest_centroid"

@@ -71,6 +71,8 @@ pub struct Report {
     pub compared_against: &'static str,
     pub seed: u64,
     pub rows: Vec<Row>,
+    /// What the table cannot show (which paths of the backend ran).
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -87,9 +89,9 @@ pub struct Suite<'a, B: Backend> {
     pub(crate) target_is_reference: bool,
     pub(crate) runner: TestRunner,
     pub(crate) cfg: SuiteConfig,
-    /// True when the target runs under `Precision::Fast`: the matmul and nearest-centroid
-    /// checks then use that policy's tolerances and row names.
-    pub(crate) fast: bool,
+    /// The target's precision policy: under `Fast` and `Compensated` the matmul and
+    /// nearest-centroid checks use that policy's tolerances and row names.
+    pub(crate) policy: hal::Precision,
     rows: Vec<Row>,
 }
 
@@ -109,7 +111,7 @@ impl<'a, B: Backend> Suite<'a, B> {
             target_is_reference,
             runner: TestRunner::new_with_rng(Config::default(), rng),
             cfg,
-            fast: false,
+            policy: hal::Precision::Exact,
             rows: Vec::new(),
         }
     }
@@ -121,13 +123,31 @@ impl<'a, B: Backend> Suite<'a, B> {
     /// Runs every check and returns the report.
     pub fn run(mut self) -> Report {
         checks::run_all(&mut self);
-        if !self.target_is_reference && self.target.capabilities().fast_precision {
-            // The backend's faster path gets its own rows, under that policy's tolerances.
-            let fast = self.target.with_precision(hal::Precision::Fast);
-            let mut sub = Suite::new(&fast, self.cpu, false, self.cfg);
-            sub.fast = true;
-            checks::run_fast(&mut sub);
-            self.rows.append(&mut sub.rows);
+        let caps = self.target.capabilities();
+        let mut notes = Vec::new();
+        if !self.target_is_reference {
+            // A backend's faster paths get their own rows, under that policy's tolerances.
+            for (policy, present) in [
+                (hal::Precision::Fast, caps.fast_precision),
+                (hal::Precision::Compensated, caps.compensated_precision),
+            ] {
+                if !present {
+                    notes.push(format!(
+                        "Precision::{policy:?} has no path of its own on this device (it runs exactly): its rows were not run"
+                    ));
+                    continue;
+                }
+                let handle = self.target.with_precision(policy);
+                let mut sub = Suite::new(&handle, self.cpu, false, self.cfg);
+                sub.policy = policy;
+                checks::run_matrix_unit_policy(&mut sub);
+                self.rows.append(&mut sub.rows);
+            }
+            notes.push(if caps.matrix_units {
+                "matrix units present: f16 and bf16 products (and the policies above) ran on them".into()
+            } else {
+                "matrix units (cooperative matrices / tensor cores) not present on this device: every product ran on the f32 kernels".into()
+            });
         }
         for name in checks::EXPECTED_ROWS {
             if self.rows.iter().all(|r| r.primitive != name) {
@@ -146,6 +166,7 @@ impl<'a, B: Backend> Suite<'a, B> {
             },
             seed: self.cfg.seed,
             rows: self.rows,
+            notes,
         }
     }
 
@@ -313,6 +334,11 @@ pub fn format_table(reports: &[Report], absent: &[(String, String)]) -> String {
             for f in &row.failures {
                 s.push_str(&format!("FAIL {} {}: {f}\n", r.backend, row.primitive));
             }
+        }
+    }
+    for r in reports {
+        for note in &r.notes {
+            s.push_str(&format!("{}: {note}\n", r.backend));
         }
     }
     for (name, why) in absent {

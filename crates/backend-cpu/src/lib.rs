@@ -177,6 +177,7 @@ impl Backend for CpuBackend {
             matrix_units: false,
             graph_capture: false,
             fast_precision: false,
+            compensated_precision: false,
         }
     }
 

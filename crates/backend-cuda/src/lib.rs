@@ -600,6 +600,7 @@ impl Backend for CudaBackend {
             matrix_units: true,
             graph_capture: true,
             fast_precision: true,
+            compensated_precision: false,
         }
     }
 

@@ -22,8 +22,8 @@
 //!
 //! Kernels live in `shaders/` at the repository root, one WGSL file per primitive family
 //! (see [`wgsl`] for how they are specialised and composed). Matrix products and the fused
-//! nearest-centroid search share a 128 x 128 shared-memory tile (about 24 TFLOP/s f32 GEMM on
-//! an H200; 1M x 128 points against 4096 centroids in 58 ms); products with few outputs and a
+//! nearest-centroid search share a 128 x 128 shared-memory tile (about 28 TFLOP/s f32 GEMM on
+//! an H200; 1M x 128 points against 4096 centroids in 57 ms); products with few outputs and a
 //! long k take a dot-product kernel instead; contiguous f32 arithmetic uses vec4 loads
 //! (3.9 TB/s); docs/PERF.md has the figures. Buffers are pooled; nothing reads back to the host
 //! unless asked: index operands are checked on the device and a bad one is reported by the
@@ -33,9 +33,14 @@
 //! immediates (launch parameters as push constants, no buffer write per dispatch),
 //! `shader-f16` (f16 buffers as `array<f16>`: 16-bit loads and stores instead of packed words
 //! and atomic read-modify-writes; arithmetic stays f32; elementwise kernels write 16-bit
-//! outputs a whole word of two elements at a time either way) and subgroups (the dot-product GEMM
-//! combines partial sums with subgroup shuffles instead of a workgroup-memory tree).
+//! outputs a whole word of two elements at a time either way), subgroups (the dot-product GEMM
+//! combines partial sums with subgroup shuffles instead of a workgroup-memory tree) and
+//! cooperative matrices (tensor cores, see [`coop`]: f16 and bf16 products, f32 products under
+//! [`Precision::Fast`] and [`Precision::Compensated`], and the fast nearest-centroid search;
+//! on an H200, 163 TFLOP/s for f16 inputs at 8192^3, 67 TFLOP/s for f32 split into three f16
+//! products at 3.5e-7 relative error, the search above in 11.7 ms).
 
+pub mod coop;
 mod program;
 pub mod wgsl;
 
@@ -265,6 +270,11 @@ pub struct WgpuOptions {
     pub native_f16: bool,
     /// Subgroup reductions (`subgroupAdd`, ...) instead of workgroup-memory trees.
     pub subgroups: bool,
+    /// Cooperative matrices (tensor cores) for f16 and bf16 products and for products under
+    /// [`Precision::Fast`] and [`Precision::Compensated`], where the adapter offers 16 x 16 x 16
+    /// tiles of f16 with f32 accumulation and 32-lane subgroups (wgpu's experimental
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX`).
+    pub cooperative_matrix: bool,
 }
 
 impl Default for WgpuOptions {
@@ -273,6 +283,7 @@ impl Default for WgpuOptions {
             immediates: true,
             native_f16: true,
             subgroups: true,
+            cooperative_matrix: true,
         }
     }
 }
@@ -284,6 +295,7 @@ impl WgpuOptions {
             immediates: false,
             native_f16: false,
             subgroups: false,
+            cooperative_matrix: false,
         }
     }
 }
@@ -308,6 +320,28 @@ const DOT_FROM_K: usize = 128;
 /// Verdict words of index checks, reused round robin. A word is reused only by a check
 /// submitted after the kernel that read it, and the queue runs work in order.
 const VERDICT_WORDS: u32 = 1024;
+
+/// What a cooperative-matrix product checks of its operands while packing them (scalar 6
+/// of gemm_pack.wgsl).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RangeCheck {
+    /// f16 operands: nothing to check.
+    None = 0,
+    /// bf16 operands: each value must be exactly an f16.
+    ExactlyF16 = 1,
+    /// f32 operands: each value finite and within f16's range.
+    F16Range = 2,
+}
+
+/// An operand as gemm_coop.wgsl reads it (all in halves).
+struct CoopOperand {
+    buffer: WgpuBuffer,
+    offset: usize,
+    row_stride: usize,
+    batch_stride: usize,
+    /// Where the low parts start, past `offset` (the split mode).
+    low: usize,
+}
 
 /// Where a kernel guarded by an index check finds the check's verdict.
 #[derive(Clone, Copy)]
@@ -352,6 +386,8 @@ struct Inner {
     buffers_created: std::sync::atomic::AtomicU64,
     /// Whether WGSL's `fma` is fused on this device (probed on first need; lavapipe's is not).
     fma_fused: std::sync::OnceLock<bool>,
+    /// With cooperative matrices: the tiling of single-pass products (settable for tuning).
+    coop: Option<Mutex<coop::CoopTiles>>,
 }
 
 /// The wgpu device handle. Cheap to clone.
@@ -482,6 +518,29 @@ impl WgpuBackend {
         wanted.set(wgpu::Features::SUBGROUP, options.subgroups);
         wanted.set(wgpu::Features::SHADER_F16, options.native_f16);
         wanted.set(wgpu::Features::IMMEDIATES, options.immediates);
+        let info = adapter.get_info();
+        // The fast nearest-centroid search's re-check sums over subgroups.
+        let coop = options.cooperative_matrix
+            && options.subgroups
+            && adapter.features().contains(
+                wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+                    | wgpu::Features::SHADER_F16
+                    | wgpu::Features::SUBGROUP,
+            )
+            && adapter
+                .get_downlevel_capabilities()
+                .flags
+                .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32)
+            && info.subgroup_min_size == 32
+            && info.subgroup_max_size == 32
+            && adapter.cooperative_matrix_properties().iter().any(|p| {
+                (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                    && p.ab_type == wgpu::CooperativeScalarType::F16
+                    && p.cr_type == wgpu::CooperativeScalarType::F32
+            });
+        if coop {
+            wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+        }
         let features = adapter.features() & wanted;
         // Whole vec4s of words, at most 64 (256 bytes, what Vulkan drivers commonly offer);
         // fewer than 32 words would not hold most launches.
@@ -495,6 +554,14 @@ impl WgpuBackend {
             label: Some("hal"),
             required_features: features,
             required_limits: limits.clone(),
+            experimental_features: if coop {
+                // SAFETY: wgpu marks cooperative matrices experimental (its validation of
+                // them may be incomplete); the backend's only cooperative-matrix kernels are
+                // its own (gemm_coop.wgsl), whose loads and stores stay inside their buffers.
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             ..Default::default()
         }))
         .map_err(|e| Error::Unavailable {
@@ -549,7 +616,8 @@ impl WgpuBackend {
                 submit_lock: Mutex::default(),
                 device,
                 queue,
-                info: adapter.get_info(),
+                info,
+                coop: coop.then(|| Mutex::new(coop::CoopTiles::SINGLE)),
                 limits,
                 features,
                 immediate_words,
@@ -564,6 +632,411 @@ impl WgpuBackend {
             }),
             Precision::Exact,
         ))
+    }
+
+    /// `nearest_centroid` under [`Precision::Fast`] on cooperative matrices: candidates
+    /// ranked with f16 operands (nearest_coop.wgsl), then compared in f32
+    /// (nearest_recheck_subgroups.wgsl). A coordinate beyond f16's range fails the packing's range
+    /// check, and the re-check then searches every centroid in f32. `false`: not taken (no
+    /// cooperative matrices, or operands too large to pack).
+    fn nearest_coop(&self, [x, c, out_index, out_distance]: [V<'_>; 4]) -> Result<bool> {
+        if self.0.coop.is_none() {
+            return Ok(false);
+        }
+        let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], c.layout.shape[0]);
+        let tiles = coop::NEAREST_TILES;
+        let np = n.next_multiple_of(tiles.rows());
+        let mp = m.next_multiple_of(tiles.cols());
+        let kp = d.next_multiple_of(coop::STEP_K);
+        let fits = |halves: usize| (halves as u64 * 2) <= self.max_binding_bytes();
+        if !fits(np * kp) || !fits(kp * mp) || np * kp >= (1 << 31) || kp * mp >= (1 << 31) {
+            return Ok(false);
+        }
+        let guard = self.next_guard();
+        let check = RangeCheck::F16Range;
+        let xv = validate::MatrixView::of(x.layout);
+        let px = self.coop_operand(x, &xv, [np, kp], false, check, Some(guard))?;
+        // The centroids transposed ([d, m]): the right-hand operand of x c^T.
+        let ct = Layout {
+            shape: vec![d, m],
+            strides: vec![c.layout.strides[1], c.layout.strides[0]],
+            offset: c.layout.offset,
+        };
+        let cv = validate::MatrixView::of(&ct);
+        let pc = self.coop_operand(
+            View::new(c.buffer, &ct),
+            &cv,
+            [kp, mp],
+            false,
+            check,
+            Some(guard),
+        )?;
+        // Padding centroids score +inf: never a candidate.
+        let norms = self.scratch(DType::F32, mp)?;
+        self.run(
+            Spec::new("row_norms.wgsl").bindings(wgsl::io(&[c.dtype()], DType::F32)),
+            Params::default().scalar(0, d as u32).matrix(1, c.layout),
+            &[(c.buffer, false), (&norms, true)],
+            m,
+        )?;
+        if mp > m {
+            let tail = Layout {
+                shape: vec![mp - m],
+                strides: vec![1],
+                offset: m,
+            };
+            self.fill(View::new(&norms, &tail), f64::INFINITY)?;
+        }
+        let candidates = self.scratch(DType::U32, 2 * np)?;
+        let kernel = self.kernel(&Spec {
+            file: "nearest_coop.wgsl",
+            bindings: None,
+            slots: coop::nearest_slots(),
+            entry: Entry::Strided,
+        })?;
+        let p = Params::default()
+            .scalar(0, kp as u32)
+            .scalar(1, px.row_stride as u32)
+            .scalar(2, pc.row_stride as u32)
+            .scalar(3, m as u32)
+            .scalar(4, (mp / tiles.cols()) as u32)
+            .scalar(5, n as u32)
+            .scalar(10, guard.word)
+            .scalar(11, guard.serial)
+            .scalar(12, px.offset as u32)
+            .scalar(13, pc.offset as u32);
+        let blocks = np / tiles.rows();
+        let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
+        self.dispatch_groups(
+            &kernel,
+            &p,
+            &[
+                (&px.buffer, false),
+                (&pc.buffer, false),
+                (&norms, false),
+                (&candidates, true),
+                (&self.0.verdicts, false),
+            ],
+            [blocks.min(max) as u32, blocks.div_ceil(max) as u32, 1],
+        )?;
+        let p = Params::default()
+            .block(out_index.layout)
+            .block(out_distance.layout)
+            .scalar(0, n as u32)
+            .scalar(1, m as u32)
+            .scalar(2, d as u32)
+            .matrix(3, x.layout)
+            .matrix(6, c.layout)
+            .scalar(10, guard.word)
+            .scalar(11, guard.serial);
+        let bindings = vec![
+            (x.dtype(), Access::Read),
+            (c.dtype(), Access::Read),
+            (DType::U32, Access::Read),
+            (DType::U32, Access::Write),
+            (DType::F32, Access::Write),
+            (DType::U32, Access::Read),
+        ];
+        self.run(
+            Spec::new("nearest_recheck_subgroups.wgsl").bindings(bindings),
+            p,
+            &[
+                (x.buffer, false),
+                (c.buffer, false),
+                (&candidates, false),
+                (out_index.buffer, true),
+                (out_distance.buffer, true),
+                (&self.0.verdicts, false),
+            ],
+            32 * n,
+        )?;
+        Ok(true)
+    }
+
+    /// The matrix product on cooperative matrices (gemm_coop.wgsl), where this device has
+    /// them and the call suits: f16 operands; bf16 operands (exactly f16 where every value
+    /// is one, else the f32 kernels); f32 operands under [`Precision::Fast`] (rounded to f16)
+    /// or [`Precision::Compensated`] (split into f16 high and low parts). A value outside
+    /// f16's range sends the product to the f32 kernels, decided on the device: a range check
+    /// while packing the operands, the cooperative kernel and the f32 fallback each guarded
+    /// by its verdict. `false`: not taken (the caller runs the f32 kernels).
+    fn matmul_coop(
+        &self,
+        [a, b, out]: [V<'_>; 3],
+        [am, bm, om]: [&validate::MatrixView; 3],
+        alpha: f32,
+        beta: f32,
+    ) -> Result<bool> {
+        let Some(tiling) = &self.0.coop else {
+            return Ok(false);
+        };
+        let split = a.dtype() == DType::F32 && self.1 == Precision::Compensated;
+        let check = match (a.dtype(), self.1) {
+            (DType::F16, _) => RangeCheck::None,
+            (DType::BF16, _) => RangeCheck::ExactlyF16,
+            (DType::F32, Precision::Fast | Precision::Compensated) => RangeCheck::F16Range,
+            _ => return Ok(false),
+        };
+        let tiles = if split {
+            coop::CoopTiles::SPLIT
+        } else {
+            *tiling.lock().unwrap_or_else(|p| p.into_inner())
+        };
+        let (m, n, k) = (om.rows, om.cols, am.cols);
+        let mp = m.next_multiple_of(tiles.rows());
+        let np = n.next_multiple_of(tiles.cols());
+        let kp = k.next_multiple_of(coop::STEP_K);
+        let direct = out.dtype() == DType::F32
+            && alpha == 1.0
+            && beta == 0.0
+            && (m, n) == (mp, np)
+            && om.strides[1] == n as isize
+            && om.strides[2] == 1
+            && om.offset % 4 == 0
+            && (om.batch == 1 || om.strides[0] == (m * n) as isize);
+        let product_bytes = (om.batch * mp * np * 4) as u64;
+        let fits = |halves: usize| (halves as u64 * 2) <= self.max_binding_bytes();
+        let parts = if split { 2 } else { 1 };
+        if !fits(parts * am.batch * mp * kp)
+            || !fits(parts * bm.batch * kp * np)
+            || (!direct && product_bytes > self.max_binding_bytes())
+            || [mp, np, kp]
+                .iter()
+                .any(|&e| e * om.batch.max(1) >= (1 << 31))
+        {
+            return Ok(false);
+        }
+        let guard = (check != RangeCheck::None).then(|| self.next_guard());
+        let pa = self.coop_operand(a, am, [mp, kp], split, check, guard)?;
+        let pb = self.coop_operand(b, bm, [kp, np], split, check, guard)?;
+        let (product, c_offset, ldc) = if direct {
+            (out.buffer.clone(), om.offset, n)
+        } else {
+            (self.scratch(DType::F32, om.batch * mp * np)?, 0, np)
+        };
+        let kernel = self.kernel(&Spec {
+            file: "gemm_coop.wgsl",
+            bindings: None,
+            slots: coop::gemm_slots(tiles, split),
+            entry: Entry::Strided,
+        })?;
+        let g = guard.unwrap_or(Guard { word: 0, serial: 0 });
+        let p = Params::default()
+            .scalar(0, kp as u32)
+            .scalar(1, pa.row_stride as u32)
+            .scalar(2, pb.row_stride as u32)
+            .scalar(3, ldc as u32)
+            .scalar(4, pa.batch_stride as u32)
+            .scalar(5, pb.batch_stride as u32)
+            .scalar(6, (mp * ldc) as u32)
+            .scalar(7, pa.low as u32)
+            .scalar(8, pb.low as u32)
+            .scalar(9, c_offset as u32)
+            .scalar(10, g.word)
+            .scalar(11, g.serial)
+            .scalar(12, pa.offset as u32)
+            .scalar(13, pb.offset as u32);
+        self.dispatch_groups(
+            &kernel,
+            &p,
+            &[
+                (&pa.buffer, false),
+                (&pb.buffer, false),
+                (&product, true),
+                (&self.0.verdicts, false),
+            ],
+            [
+                (np / tiles.cols()) as u32,
+                (mp / tiles.rows()) as u32,
+                om.batch as u32,
+            ],
+        )?;
+        if !direct {
+            let p = Params::default()
+                .block(&om.layout())
+                .scalar(0, m as u32)
+                .scalar(1, n as u32)
+                .scalar(2, np as u32)
+                .scalar(3, (mp * np) as u32)
+                .f(4, alpha)
+                .f(5, beta);
+            self.run_guarded(
+                Spec::new("gemm_epilogue.wgsl").bindings(wgsl::io(&[DType::F32], out.dtype())),
+                p,
+                &[(&product, false), (out.buffer, true)],
+                om.batch * m * n,
+                guard,
+            )?;
+        }
+        if let Some(g) = guard {
+            self.matmul_f32([a, b, out], [am, bm, om], alpha, beta, false, Some(g))?;
+        }
+        Ok(true)
+    }
+
+    /// One operand of [`Self::matmul_coop`] as the kernel reads it: `v` itself where it is
+    /// already f16, row major and whole tiles (`[rows, cols]` padded), else a packed copy
+    /// (gemm_pack.wgsl) with the range check's verdict written under `guard`.
+    fn coop_operand(
+        &self,
+        v: V<'_>,
+        mv: &validate::MatrixView,
+        [rows, cols]: [usize; 2],
+        split: bool,
+        check: RangeCheck,
+        guard: Option<Guard>,
+    ) -> Result<CoopOperand> {
+        let batch_stride = mv.batch_stride();
+        if v.dtype() == DType::F16
+            && !split
+            && (mv.rows, mv.cols) == (rows, cols)
+            && mv.strides[1] == cols as isize
+            && mv.strides[2] == 1
+            && (batch_stride == 0 || batch_stride == (rows * cols) as isize)
+            && mv.offset % 8 == 0
+        {
+            return Ok(CoopOperand {
+                buffer: v.buffer.clone(),
+                offset: mv.offset,
+                row_stride: cols,
+                batch_stride: batch_stride as usize,
+                low: 0,
+            });
+        }
+        // A broadcast batch is packed once.
+        let batches = if batch_stride == 0 { 1 } else { mv.batch };
+        let layout = mv.layout();
+        let words = batches * rows * cols / 2;
+        let parts = if split { 2 } else { 1 };
+        let packed = self.scratch(DType::U32, parts * words)?;
+        let g = guard.unwrap_or(Guard { word: 0, serial: 0 });
+        let i32s = |v: isize| v as i32 as u32;
+        let p = Params::default()
+            .scalar(7, layout.offset as u32)
+            .scalar(8, i32s(if batches == 1 { 0 } else { layout.strides[0] }))
+            .scalar(9, i32s(layout.strides[1]))
+            .scalar(10, i32s(layout.strides[2]))
+            .scalar(0, mv.rows as u32)
+            .scalar(1, mv.cols as u32)
+            .scalar(2, rows as u32)
+            .scalar(3, cols as u32)
+            .scalar(4, split as u32)
+            .scalar(5, words as u32)
+            .scalar(6, check as u32)
+            .scalar(14, g.word)
+            .scalar(15, g.serial);
+        let bindings = vec![
+            (v.dtype(), Access::Read),
+            (DType::U32, Access::Write),
+            (DType::U32, Access::Write),
+        ];
+        self.run(
+            Spec::new("gemm_pack.wgsl").bindings(bindings),
+            p,
+            &[(v.buffer, false), (&packed, true), (&self.0.verdicts, true)],
+            words,
+        )?;
+        Ok(CoopOperand {
+            buffer: packed,
+            offset: 0,
+            row_stride: cols,
+            batch_stride: if batches == 1 { 0 } else { rows * cols },
+            low: 2 * words,
+        })
+    }
+
+    /// The matrix product on the shader cores (f32 arithmetic): the dot-product kernel when
+    /// `dot`, else the shared-memory tile. With `fallback_of`, it is the f32 fallback of a
+    /// cooperative-matrix product and writes only if that product's range check failed.
+    fn matmul_f32(
+        &self,
+        [a, b, out]: [V<'_>; 3],
+        [am, bm, om]: [&validate::MatrixView; 3],
+        alpha: f32,
+        beta: f32,
+        dot: bool,
+        fallback_of: Option<Guard>,
+    ) -> Result<()> {
+        let batch = |mv: &validate::MatrixView| Layout {
+            shape: vec![om.batch],
+            strides: vec![mv.batch_stride()],
+            offset: mv.offset,
+        };
+        let bindings = wgsl::io(&[a.dtype(), b.dtype()], out.dtype());
+        let tile = tile_shape();
+        // Both kernels take the same parameters (gemm.wgsl) and slice k so that no thread
+        // loops past CHUNK steps (lavapipe); later slices accumulate into `out`.
+        let (pipeline, k_slice, groups) = if dot {
+            // One dot product per output, 32 threads each, 8 outputs per workgroup;
+            // subgroup shuffles combine the partial sums where the adapter has them.
+            let file = if self.0.features.contains(wgpu::Features::SUBGROUP) {
+                "gemm_dot_subgroups.wgsl"
+            } else {
+                "gemm_dot.wgsl"
+            };
+            let g = (om.batch * om.rows * om.cols).div_ceil(8);
+            let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
+            (
+                self.kernel(&Spec::new(file).bindings(bindings))?,
+                32 * CHUNK,
+                [g.min(max) as u32, g.div_ceil(max) as u32, 1],
+            )
+        } else {
+            let (name, text) = tile.slot();
+            let mut spec = Spec::new("gemm.wgsl").bindings(bindings).slot(name, text);
+            if fallback_of.is_some() {
+                spec = spec.slot(
+                    "guard",
+                    "@group(0) @binding(4) var<storage, read> B4: array<u32>;\nfn skipped() -> bool { return B4[s(9u)] != s(12u); }".to_string(),
+                );
+            }
+            (
+                self.kernel(&spec)?,
+                8 * CHUNK,
+                [
+                    om.cols.div_ceil(tile.cols) as u32,
+                    om.rows.div_ceil(tile.rows) as u32,
+                    om.batch as u32,
+                ],
+            )
+        };
+        let i32s = |v: isize| v as i32 as u32;
+        // k = 0 still runs once, to apply beta.
+        let k = am.cols;
+        let mut k0 = 0;
+        loop {
+            let k1 = (k0 + k_slice).min(k);
+            let p = Params::default()
+                .block(&batch(am))
+                .block(&batch(bm))
+                .block(&batch(om))
+                .scalar(0, om.rows as u32)
+                .scalar(1, om.cols as u32)
+                .scalar(2, k0 as u32)
+                .scalar(3, k1 as u32)
+                .f(4, alpha)
+                .f(5, if k0 == 0 { beta } else { 1.0 })
+                .scalar(6, (om.batch * om.rows * om.cols) as u32)
+                .scalar(7, i32s(am.strides[1]))
+                .scalar(8, i32s(am.strides[2]))
+                .scalar(10, i32s(bm.strides[1]))
+                .scalar(11, i32s(bm.strides[2]))
+                .scalar(13, i32s(om.strides[1]))
+                .scalar(14, i32s(om.strides[2]));
+            let mut buffers = vec![(a.buffer, false), (b.buffer, false), (out.buffer, true)];
+            let p = match fallback_of {
+                Some(g) => {
+                    buffers.push((&self.0.verdicts, false));
+                    p.scalar(9, g.word).scalar(12, g.serial)
+                }
+                None => p,
+            };
+            self.dispatch_groups(&pipeline, &p, &buffers, groups)?;
+            if k1 >= k {
+                return Ok(());
+            }
+            k0 = k1;
+        }
     }
 
     /// Whether this device's WGSL `fma` rounds once, probed with `(1 + 2^-12)^2 - 1`, whose
@@ -859,10 +1332,23 @@ impl WgpuBackend {
             immediate_words: self.0.immediate_words,
             native_f16: self.0.features.contains(wgpu::Features::SHADER_F16),
             subgroups: self.0.features.contains(wgpu::Features::SUBGROUP),
+            cooperative_matrix: self.0.coop.is_some(),
         }
     }
 
     /// The optional adapter features this device uses (see [`WgpuOptions`]), for reports.
+    /// Sets the tiling of single-pass cooperative-matrix products (for tuning runs);
+    /// `false` where the device has no cooperative matrices.
+    pub fn set_coop_tiles(&self, tiles: coop::CoopTiles) -> bool {
+        match &self.0.coop {
+            Some(t) => {
+                *t.lock().unwrap_or_else(|p| p.into_inner()) = tiles;
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn features_in_use(&self) -> String {
         let mut used = Vec::new();
         if self.0.immediate_words > 0 {
@@ -873,6 +1359,9 @@ impl WgpuBackend {
         }
         if self.0.features.contains(wgpu::Features::SUBGROUP) {
             used.push("subgroups".to_string());
+        }
+        if self.0.coop.is_some() {
+            used.push("cooperative matrices (16x16x16 f16, f32 accumulation)".to_string());
         }
         if used.is_empty() {
             "none (fallbacks only)".into()
@@ -1639,9 +2128,10 @@ impl Backend for WgpuBackend {
             parallelism: 1,
             native_float_atomics: false,
             subgroups: self.0.features.contains(wgpu::Features::SUBGROUP),
-            matrix_units: false,
+            matrix_units: self.0.coop.is_some(),
             graph_capture: false,
-            fast_precision: false,
+            fast_precision: self.0.coop.is_some(),
+            compensated_precision: self.0.coop.is_some(),
         }
     }
 
@@ -1887,12 +2377,6 @@ impl Backend for WgpuBackend {
         if om.batch == 0 || om.rows == 0 || om.cols == 0 {
             return Ok(());
         }
-        let batch = |mv: &validate::MatrixView| Layout {
-            shape: vec![om.batch],
-            strides: vec![mv.batch_stride()],
-            offset: mv.offset,
-        };
-        let bindings = wgsl::io(&[a.dtype(), b.dtype()], out.dtype());
         let tile = tile_shape();
         let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
         let thin = om.rows.min(om.cols) <= DOT_THIN;
@@ -1901,69 +2385,10 @@ impl Backend for WgpuBackend {
             && am.strides[2] == 1
             && bm.strides[1] == 1
             && !tile_only();
-        // Both kernels take the same parameters (gemm.wgsl) and slice k so that no thread
-        // loops past CHUNK steps (lavapipe); later slices accumulate into `out`.
-        let (pipeline, k_slice, groups) = if dot {
-            // One dot product per output, 32 threads each, 8 outputs per workgroup;
-            // subgroup shuffles combine the partial sums where the adapter has them.
-            let file = if self.0.features.contains(wgpu::Features::SUBGROUP) {
-                "gemm_dot_subgroups.wgsl"
-            } else {
-                "gemm_dot.wgsl"
-            };
-            let g = (om.batch * om.rows * om.cols).div_ceil(8);
-            let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
-            (
-                self.kernel(&Spec::new(file).bindings(bindings))?,
-                32 * CHUNK,
-                [g.min(max) as u32, g.div_ceil(max) as u32, 1],
-            )
-        } else {
-            let (name, text) = tile.slot();
-            (
-                self.kernel(&Spec::new("gemm.wgsl").bindings(bindings).slot(name, text))?,
-                8 * CHUNK,
-                [
-                    om.cols.div_ceil(tile.cols) as u32,
-                    om.rows.div_ceil(tile.rows) as u32,
-                    om.batch as u32,
-                ],
-            )
-        };
-        let i32s = |v: isize| v as i32 as u32;
-        // k = 0 still runs once, to apply beta.
-        let k = am.cols;
-        let mut k0 = 0;
-        loop {
-            let k1 = (k0 + k_slice).min(k);
-            let p = Params::default()
-                .block(&batch(&am))
-                .block(&batch(&bm))
-                .block(&batch(&om))
-                .scalar(0, om.rows as u32)
-                .scalar(1, om.cols as u32)
-                .scalar(2, k0 as u32)
-                .scalar(3, k1 as u32)
-                .f(4, alpha)
-                .f(5, if k0 == 0 { beta } else { 1.0 })
-                .scalar(6, (om.batch * om.rows * om.cols) as u32)
-                .scalar(7, i32s(am.strides[1]))
-                .scalar(8, i32s(am.strides[2]))
-                .scalar(10, i32s(bm.strides[1]))
-                .scalar(11, i32s(bm.strides[2]))
-                .scalar(13, i32s(om.strides[1]))
-                .scalar(14, i32s(om.strides[2]));
-            self.dispatch_groups(
-                &pipeline,
-                &p,
-                &[(a.buffer, false), (b.buffer, false), (out.buffer, true)],
-                groups,
-            )?;
-            if k1 >= k {
-                return Ok(());
-            }
-            k0 = k1;
+        if !dot && self.matmul_coop([a, b, out], [&am, &bm, &om], alpha, beta)? {
+            return Ok(());
         }
+        self.matmul_f32([a, b, out], [&am, &bm, &om], alpha, beta, dot, None)
     }
 
     fn spmv_csr(
@@ -2112,6 +2537,9 @@ impl Backend for WgpuBackend {
         }
         if self.1 == Precision::Reproducible {
             return self.nearest_ordered(x, c, out_index, out_distance);
+        }
+        if self.1 == Precision::Fast && self.nearest_coop([x, c, out_index, out_distance])? {
+            return Ok(());
         }
         // One fused pass (nearest_centroid.wgsl): no n x m distance matrix. The centroids are
         // swept in slices that keep each invocation's loops short (lavapipe stops loops after

@@ -71,6 +71,8 @@ pub struct Features {
     pub native_f16: bool,
     /// Subgroup operations allowed: the backend picks `*_subgroups.wgsl` kernels.
     pub subgroups: bool,
+    /// Cooperative matrices (`enable wgpu_cooperative_matrix;`) allowed: `*_coop.wgsl`.
+    pub cooperative_matrix: bool,
 }
 
 /// Declares binding `b` and its typed accessors `ld{b}` (as f32), `ldi{b}` (as i32, for
@@ -286,6 +288,12 @@ shader_files!(
     "reduce.wgsl",
     "arg_reduce.wgsl",
     "gemm.wgsl",
+    "coop_tiles.wgsl",
+    "gemm_coop.wgsl",
+    "gemm_pack.wgsl",
+    "gemm_epilogue.wgsl",
+    "nearest_coop.wgsl",
+    "nearest_recheck_subgroups.wgsl",
     "gemm_dot_body.wgsl",
     "gemm_dot.wgsl",
     "gemm_dot_subgroups.wgsl",
@@ -538,6 +546,10 @@ impl ShaderFile {
     pub fn needs_subgroups(&self) -> bool {
         self.name.ends_with("_subgroups.wgsl")
     }
+    /// Written for adapters with cooperative matrices only (`*_coop.wgsl`).
+    pub fn needs_cooperative_matrix(&self) -> bool {
+        self.name.ends_with("_coop.wgsl")
+    }
 }
 
 /// The kernel files the backend runs under [`Entry::ContiguousPairs`] (elementwise kernels
@@ -584,6 +596,7 @@ pub fn default_modules() -> Vec<Variant> {
         immediate_words: 64,
         native_f16: true,
         subgroups: true,
+        cooperative_matrix: true,
     };
     let mut out = Vec::new();
     for f in FILES {
@@ -620,7 +633,7 @@ pub fn default_modules() -> Vec<Variant> {
             });
         }
         for &(label, e) in entries {
-            if !f.needs_subgroups() {
+            if !f.needs_subgroups() && !f.needs_cooperative_matrix() {
                 out.push(Variant {
                     file: f.name,
                     label: label.to_string(),
@@ -641,6 +654,39 @@ pub fn default_modules() -> Vec<Variant> {
                 features: all,
             });
         }
+    }
+    // The cooperative-matrix product's generated tilings, beside the file's own default.
+    use crate::coop::{CoopTiles, gemm_slots, nearest_slots};
+    out.push(Variant {
+        file: "nearest_coop.wgsl",
+        label: "generated".to_string(),
+        module: compose(
+            "nearest_coop.wgsl",
+            None,
+            &nearest_slots(),
+            Entry::Strided,
+            all,
+        ),
+        features: all,
+    });
+
+    let tall = CoopTiles::parse("4x2x2x4").expect("a valid tiling");
+    for (label, tiles, split) in [
+        ("split mode", CoopTiles::SPLIT, true),
+        ("4x2x2x4", tall, false),
+    ] {
+        out.push(Variant {
+            file: "gemm_coop.wgsl",
+            label: label.to_string(),
+            module: compose(
+                "gemm_coop.wgsl",
+                None,
+                &gemm_slots(tiles, split),
+                Entry::Strided,
+                all,
+            ),
+            features: all,
+        });
     }
     out
 }

@@ -5,8 +5,9 @@
 //! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train,vlc] [--reps N] [--gemm-size N]
 //!       [--levels 4,5] [--edges N] [--compile-level L]
 //!       [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]
-//!       [--wgpu-without immediates,f16,subgroups]
+//!       [--wgpu-without immediates,f16,subgroups,coop] [--coop-tiles SRxSCxTMxTN,...]
 //! ```
+//! `BENCH_EVERY_RUN=1` also prints each timed run, not just the median.
 //! `--wgpu-fallbacks` opens the wgpu backend with every optional adapter feature off
 //! (parameters in a buffer, packed f16, workgroup-memory reductions), `--wgpu-without` with
 //! the named ones off, to measure what they are worth.
@@ -15,7 +16,9 @@
 //! primitives and prints device memory before and after (CUDA: also the allocator's figures).
 //! Where the backend has a faster precision (`Capabilities::fast_precision`), `gemm` and
 //! `nearest` also run under `Precision::Fast` (TF32 on CUDA), the latter with its agreement
-//! with the exact assignments.
+//! with the exact assignments. Where it has `compensated_precision`, `gemm` also runs under
+//! `Precision::Compensated`, and with matrix units (`Capabilities::matrix_units`) with f16
+//! inputs; each product prints its relative error against float64 on sampled entries.
 //! `nearest` (nearest-centroid search, default 1,000,000 x 128 against 4096) runs only when
 //! named: on a CPU it takes minutes.
 //! A self-contained binary (no cargo needed), so it also runs on GPU hosts. Every timed run
@@ -55,6 +58,8 @@ struct Args {
     dim: usize,
     /// Optional wgpu features turned off.
     wgpu_options: backend_wgpu::WgpuOptions,
+    /// Tilings of wgpu's cooperative-matrix product to compare (`--coop-tiles`).
+    coop_tiles: Vec<String>,
     nlls: nlls::NllsArgs,
     train: train::TrainArgs,
     vlc: vlc::VlcArgs,
@@ -71,6 +76,7 @@ fn parse() -> Result<Args, String> {
         centroids: 4096,
         dim: 128,
         wgpu_options: backend_wgpu::WgpuOptions::default(),
+        coop_tiles: Vec::new(),
         nlls: nlls::NllsArgs {
             levels: vec![4, 5],
             edges: None,
@@ -115,6 +121,9 @@ fn parse() -> Result<Args, String> {
             "--vlc-speed-only" => a.vlc.speed_only = true,
             "--memory-steps" => a.train.memory_steps = num(value()?)?.max(100),
             "--compile-level" => a.nlls.compile_level = num(value()?)? as u32,
+            "--coop-tiles" => {
+                a.coop_tiles = value()?.split(',').map(str::to_string).collect();
+            }
             "--wgpu-fallbacks" => a.wgpu_options = backend_wgpu::WgpuOptions::fallbacks(),
             "--wgpu-without" => {
                 for f in value()?.split(',') {
@@ -122,11 +131,12 @@ fn parse() -> Result<Args, String> {
                         "immediates" => a.wgpu_options.immediates = false,
                         "f16" => a.wgpu_options.native_f16 = false,
                         "subgroups" => a.wgpu_options.subgroups = false,
-                        other => return Err(format!("unknown wgpu feature {other} (immediates, f16, subgroups)")),
+                        "coop" => a.wgpu_options.cooperative_matrix = false,
+                        other => return Err(format!("unknown wgpu feature {other} (immediates, f16, subgroups, coop)")),
                     }
                 }
             }
-            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train,vlc] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--levels 4,5] [--edges N] [--compile-level L] [--memory-steps N] [--vlc-data DIR] [--vlc-speed-only] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups]".into()),
+            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train,vlc] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--levels 4,5] [--edges N] [--compile-level L] [--memory-steps N] [--vlc-data DIR] [--vlc-speed-only] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups,coop] [--coop-tiles SRxSCxTMxTN,...]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -146,16 +156,33 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Times `run` `reps` times after two warm-ups, calling `prepare` (untimed) before each.
+/// Seconds of warm-up runs before timed ones (see [`time_it`]).
+const WARM_UP_SECONDS: f64 = 0.5;
+
+/// Times `run` `reps` times after warm-ups (at least two, and [`WARM_UP_SECONDS`] of them),
+/// calling `prepare` (untimed) before each.
 fn time_it(reps: usize, mut prepare: impl FnMut(usize), mut run: impl FnMut()) -> f64 {
-    let mut times = Vec::new();
-    for i in 0..reps + 2 {
-        prepare(i);
+    // Warm-up: at least two runs and half a second of them. A GPU left idle (while a peer ran
+    // on the CPU, say) drops its clocks and raises them only after sustained load: on an H200
+    // through Vulkan, runs after an idle spell took 3-4x longer for the first 0.1-0.2 s.
+    let (mut warm, mut warm_runs) = (0.0, 0);
+    while warm_runs < 2 || (warm < WARM_UP_SECONDS && warm_runs < 200) {
+        prepare(warm_runs);
         let t = Instant::now();
         run();
-        if i >= 2 {
-            times.push(t.elapsed().as_secs_f64());
-        }
+        warm += t.elapsed().as_secs_f64();
+        warm_runs += 1;
+    }
+    let mut times = Vec::new();
+    for i in 0..reps {
+        prepare(warm_runs + i);
+        let t = Instant::now();
+        run();
+        times.push(t.elapsed().as_secs_f64());
+    }
+    if std::env::var_os("BENCH_EVERY_RUN").is_some() {
+        let ms: Vec<String> = times.iter().map(|t| format!("{:.2}", t * 1e3)).collect();
+        println!("bench: every run (ms): {}", ms.join(" "));
     }
     median(times)
 }
@@ -182,8 +209,13 @@ fn main() -> ExitCode {
                 let copy = |src: &backend_wgpu::WgpuBuffer, dst: &backend_wgpu::WgpuBuffer| {
                     gpu.copy_whole_buffer(src, dst)
                 };
+                let tiles = |name: &str| match backend_wgpu::coop::CoopTiles::parse(name) {
+                    Some(t) => gpu.set_coop_tiles(t),
+                    None => false,
+                };
                 let hooks = Hooks {
                     device_copy: Some(&copy),
+                    coop_tiles: Some(&tiles),
                     ..Hooks::default()
                 };
                 run(&gpu, &args, hooks)
@@ -211,6 +243,7 @@ fn main() -> ExitCode {
                     device_copy: Some(&copy),
                     empty_launch: Some(&empty),
                     memory: Some(&memory),
+                    coop_tiles: None,
                 };
                 run(&gpu, &args, hooks)
             }
@@ -239,6 +272,8 @@ struct Hooks<'a, B: Backend> {
     empty_launch: Option<&'a dyn Fn() -> hal::Result<()>>,
     /// Describes device memory in use.
     memory: Option<&'a dyn Fn() -> String>,
+    /// Sets the tiling of wgpu's cooperative-matrix product (`SRxSCxTMxTN`); false if refused.
+    coop_tiles: Option<&'a dyn Fn(&str) -> bool>,
 }
 
 impl<B: Backend> Default for Hooks<'_, B> {
@@ -247,6 +282,7 @@ impl<B: Backend> Default for Hooks<'_, B> {
             device_copy: None,
             empty_launch: None,
             memory: None,
+            coop_tiles: None,
         }
     }
 }
@@ -254,7 +290,7 @@ impl<B: Backend> Default for Hooks<'_, B> {
 fn run<B: Backend>(b: &B, args: &Args, hooks: Hooks<'_, B>) -> ExitCode {
     let info = b.info();
     println!(
-        "bench: backend {} on {} ({:.1} GiB), medians of {} runs after 2 warm-ups",
+        "bench: backend {} on {} ({:.1} GiB), medians of {} runs after warm-ups (at least 2 runs and {WARM_UP_SECONDS} s)",
         info.backend,
         info.name,
         info.memory_total as f64 / (1u64 << 30) as f64,
@@ -263,7 +299,7 @@ fn run<B: Backend>(b: &B, args: &Args, hooks: Hooks<'_, B>) -> ExitCode {
     let mut ok = true;
     for suite in &args.suites {
         let result = match suite.as_str() {
-            "gemm" => gemm(b, args),
+            "gemm" => gemm(b, args, hooks.coop_tiles),
             "nearest" => nearest(b, args),
             "skinny" => skinny(b, args),
             "launch" => launch(b, args, &hooks),
@@ -374,8 +410,12 @@ print(json.dumps({"median": times[len(times) // 2], "what": "numpy " + np.__vers
     Ok((median, field("what").unwrap_or_default()))
 }
 
-fn gemm<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
-    gemm_at(b, args, "f32", 1e-5)?;
+fn gemm<B: Backend>(
+    b: &B,
+    args: &Args,
+    coop_tiles: Option<&dyn Fn(&str) -> bool>,
+) -> hal::Result<()> {
+    gemm_at(b, args, "f32", DType::F32, 1e-5)?;
     match numpy_gemm(args.gemm_size, args.reps) {
         Ok((tp, what)) => {
             let n = args.gemm_size;
@@ -387,26 +427,67 @@ fn gemm<B: Backend>(b: &B, args: &Args) -> hal::Result<()> {
         }
         Err(why) => println!("gemm f32 {}^3: peer numpy not run: {why}", args.gemm_size),
     }
-    if b.capabilities().fast_precision {
-        // Precision::Fast's stated bound is 2^-10 k |a||b|; the check is tighter: 2^-10 |a||b|.
-        gemm_at(
-            &b.with_precision(hal::Precision::Fast),
-            args,
-            "f32 in Precision::Fast",
-            2f64.powi(-10),
-        )?;
+    let caps = b.capabilities();
+    // Precision::Fast's stated bound is 2^-10 k |a||b|; the check is tighter: 2^-10 |a||b|.
+    // Compensated is held to the f32 check.
+    for (policy, present, tol) in [
+        (hal::Precision::Fast, caps.fast_precision, 2f64.powi(-10)),
+        (
+            hal::Precision::Compensated,
+            caps.compensated_precision,
+            1e-5,
+        ),
+    ] {
+        if present {
+            let label = format!("f32 in Precision::{policy:?}");
+            gemm_at(&b.with_precision(policy), args, &label, DType::F32, tol)?;
+        }
+    }
+    if caps.matrix_units {
+        // f16 inputs are exact in f32, so the f32 product's bound applies.
+        gemm_at(b, args, "f16 inputs, f32 accumulation", DType::F16, 1e-5)?;
+        for name in &args.coop_tiles {
+            match coop_tiles {
+                Some(set) if set(name) => gemm_at(
+                    b,
+                    args,
+                    &format!("f16 inputs, cooperative tiles {name}"),
+                    DType::F16,
+                    1e-5,
+                )?,
+                _ => println!("gemm: tiling {name} not applicable on this backend"),
+            }
+        }
     }
     Ok(())
 }
 
-/// Times an `n^3` f32 GEMM on `b`, checked first on sampled entries against float64 to `tol`
-/// of `|a| @ |b|`.
-fn gemm_at<B: Backend>(b: &B, args: &Args, label: &str, tol: f64) -> hal::Result<()> {
+/// A buffer's values as f64, whatever its float dtype.
+fn read_f64<B: Backend>(b: &B, buf: &B::Buffer) -> hal::Result<Vec<f64>> {
+    Ok(match hal::DeviceBuffer::dtype(buf) {
+        DType::F16 => b
+            .read::<half::f16>(buf)?
+            .iter()
+            .map(|v| v.to_f64())
+            .collect(),
+        DType::BF16 => b
+            .read::<half::bf16>(buf)?
+            .iter()
+            .map(|v| v.to_f64())
+            .collect(),
+        _ => b.read::<f32>(buf)?.iter().map(|&v| v as f64).collect(),
+    })
+}
+
+/// Times an `n^3` GEMM of `dtype` inputs into f32 on `b`, checked first on sampled entries
+/// against float64 to `tol` of `|a| @ |b|`; prints also the normwise relative error of the
+/// sampled entries.
+fn gemm_at<B: Backend>(b: &B, args: &Args, label: &str, dtype: DType, tol: f64) -> hal::Result<()> {
     let n = args.gemm_size;
     let l = Layout::contiguous(&[n, n]);
     let (x, y, out) = (
-        b.alloc(DType::F32, n * n)?,
-        b.alloc(DType::F32, n * n)?,
+        b.alloc(dtype, n * n)?,
+        b.alloc(dtype, n * n)?,
         b.alloc(DType::F32, n * n)?,
     );
     let normal = Distribution::Normal {
@@ -430,18 +511,19 @@ fn gemm_at<B: Backend>(b: &B, args: &Args, label: &str, tol: f64) -> hal::Result
         1.0,
         0.0,
     )?;
-    let (xs, ys, os) = (b.read::<f32>(&x)?, b.read::<f32>(&y)?, b.read::<f32>(&out)?);
+    let (xs, ys, os) = (read_f64(b, &x)?, read_f64(b, &y)?, b.read::<f32>(&out)?);
     let mut worst = 0f64;
-    for s in 0..64 {
+    let (mut err2, mut ref2) = (0f64, 0f64);
+    for s in 0..256 {
         let (i, j) = ((s * 7919) % n, (s * 104_729 + 13) % n);
-        let want: f64 = (0..n)
-            .map(|k| xs[i * n + k] as f64 * ys[k * n + j] as f64)
-            .sum();
-        let scale: f64 = (0..n)
-            .map(|k| (xs[i * n + k] as f64 * ys[k * n + j] as f64).abs())
-            .sum();
-        worst = worst.max((os[i * n + j] as f64 - want).abs() / scale);
+        let want: f64 = (0..n).map(|k| xs[i * n + k] * ys[k * n + j]).sum();
+        let scale: f64 = (0..n).map(|k| (xs[i * n + k] * ys[k * n + j]).abs()).sum();
+        let e = os[i * n + j] as f64 - want;
+        worst = worst.max(e.abs() / scale);
+        err2 += e * e;
+        ref2 += want * want;
     }
+    let relative = (err2 / ref2).sqrt();
     if os.iter().any(|v| v.is_nan()) || worst > tol {
         return Err(hal::Error::Backend {
             backend: "bench",
@@ -463,7 +545,7 @@ fn gemm_at<B: Backend>(b: &B, args: &Args, label: &str, tol: f64) -> hal::Result
     });
     let flops = 2.0 * (n as f64).powi(3);
     println!(
-        "gemm {label} {n}^3: {:.2} ms, {:.1} GFLOP/s (checked: worst sampled error {worst:.1e} of |a||b|)",
+        "gemm {label} {n}^3: {:.2} ms, {:.1} GFLOP/s (checked: worst sampled error {worst:.1e} of |a||b|; relative error {relative:.1e} against f64 on 256 sampled entries)",
         t * 1e3,
         flops / t / 1e9
     );

@@ -410,6 +410,15 @@ pub enum Precision {
     /// in f32: `sums[s, k] = fma(w_i, x[i, k], sums[s, k])` and `counts[s] += w_i`, from 0.
     /// Other primitives behave as under [`Precision::Exact`].
     Reproducible,
+    /// f32 products on matrix units of a narrower type with near-f32 accuracy: each operand
+    /// split into a high part and a low part (`a = a_hi + a_lo`), three products
+    /// (`a_hi b_hi + a_hi b_lo + a_lo b_hi`, about 22 significant bits per term) accumulated
+    /// in f32. `matmul` stays within [`Precision::Exact`]'s tolerance for operands whose
+    /// nonzero magnitudes lie in `[2^-14, 65504]`; smaller magnitudes may add `2^-35 |b|` per
+    /// term, and operands with larger or non-finite values are multiplied exactly. Where a
+    /// backend has no such path ([`Capabilities::compensated_precision`](crate::Capabilities)),
+    /// and for every other primitive, it is [`Precision::Exact`].
+    Compensated,
 }
 
 /// Conveniences every backend gets for free.

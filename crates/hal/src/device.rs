@@ -55,4 +55,7 @@ pub struct Capabilities {
     /// [`Precision::Fast`](crate::Precision::Fast) has its own, faster path (otherwise it runs
     /// exactly).
     pub fast_precision: bool,
+    /// [`Precision::Compensated`](crate::Precision::Compensated) has its own path on matrix
+    /// units (otherwise it runs exactly).
+    pub compensated_precision: bool,
 }
