@@ -8,7 +8,8 @@
 //!   committed in `crates/backend-cuda/ptx/` (ISA 9.0, `compute_80`), each file stamped with the
 //!   hash of its sources; building needs no CUDA toolkit ([`device::MODULES`]).
 //! - `matmul` goes to cuBLAS (`cublasGemmStridedBatchedEx`): f32, f16 and bf16 inputs with f32
-//!   accumulation; TF32 tensor cores under [`hal::Precision::Fast`].
+//!   accumulation; TF32 tensor cores under [`hal::Precision::Fast`] (the nearest-centroid
+//!   search: f16 tensor cores, operands scaled into f16's range).
 //! - The scalar program IR is lowered to CUDA C and compiled by NVRTC at run time, cached by the
 //!   program's structural hash (`program.rs`).
 //! - Memory comes from a caching allocator (`alloc.rs`): a steady-state loop never calls
@@ -51,6 +52,10 @@ pub struct CudaBuffer {
     dtype: DType,
     len: usize,
 }
+
+/// The longest d for which `nearest_f16_held` keeps a block's points in shared memory
+/// (cluster.cu's `HOLD_D`).
+const NEAREST_F16_HOLD_D: usize = 128;
 
 impl std::fmt::Debug for CudaBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -954,18 +959,65 @@ impl Backend for CudaBackend {
                 .arg(cl.strides[1] as i64)
                 .arg(norms.ptr()),
         )?;
-        // Tensor cores where the rows are contiguous and 16-byte aligned: TF32 under
-        // Precision::Fast, three TF32 passes (f32-accurate ranking) otherwise; both re-check
-        // their two best candidates in f32. Other layouts take the f32 SIMT kernel.
+        // Tensor cores where the rows are contiguous and 16-byte aligned: f16 under
+        // Precision::Fast (operands scaled by powers of two into f16's range, measured first),
+        // three TF32 passes (f32-accurate ranking) otherwise; both re-check their two best
+        // candidates in f32. Other layouts take the f32 SIMT kernel.
         let rows_ok = |l: &Layout| l.strides[1] == 1 && l.strides[0] % 4 == 0 && l.offset % 4 == 0;
         let tensor_cores = rows_ok(&xl) && rows_ok(&cl) && d % 4 == 0;
         let kernel = match (tensor_cores, self.precision) {
-            (true, Precision::Fast) => "nearest_tf32",
+            (true, Precision::Fast) if d <= NEAREST_F16_HOLD_D => "nearest_f16_held",
+            (true, Precision::Fast) => "nearest_f16",
             (true, _) => "nearest_3xtf32",
             (false, _) => "nearest_exact",
         };
+        let scales = if kernel.starts_with("nearest_f16") {
+            Some(self.scratch(DType::U32, 2)?)
+        } else {
+            None
+        };
+        if let Some(scales) = &scales {
+            for (i, (v, l, rows)) in [(&xb, &xl, n), (&cb, &cl, m)].into_iter().enumerate() {
+                self.dev.launch(
+                    "absmax_rows",
+                    rows * d,
+                    Args::new()
+                        .arg(v.ptr() + l.offset as u64 * 4)
+                        .arg(rows as i64)
+                        .arg(d as i64)
+                        .arg(l.strides[0] as i64)
+                        .arg(l.strides[1] as i64)
+                        .arg(scales.ptr() + 4 * i as u64),
+                )?;
+            }
+        }
+        // nearest_f16_held reads the centroids packed to f16 (rows padded to whole tiles of
+        // 128 and to a multiple of 32 halves).
+        let (mp, dp) = (m.next_multiple_of(128), d.next_multiple_of(32));
+        let packed = if kernel == "nearest_f16_held" {
+            let scales = scales.as_ref().expect("measured for the f16 kernels");
+            let packed = self.new_buffer(DType::U32, mp * dp / 2)?;
+            self.dev.launch(
+                "pack_f16_scaled",
+                mp * dp / 2,
+                Args::new()
+                    .arg(c0)
+                    .arg(m as i64)
+                    .arg(d as i64)
+                    .arg(cl.strides[0] as i64)
+                    .arg(cl.strides[1] as i64)
+                    .arg(scales.ptr() + 4)
+                    .arg(mp as i64)
+                    .arg(dp as i64)
+                    .arg(packed.ptr()),
+            )?;
+            Some(packed)
+        } else {
+            None
+        };
         // All three kernels take the same parameters (the tensor-core ones require unit column
-        // strides and ignore them).
+        // strides and ignore them; nearest_f16 takes the scales after them, the others ignore
+        // the extra argument).
         let blocks = n.div_ceil(128) as u32;
         self.dev.launch_raw(
             self.dev.function(kernel)?,
@@ -987,7 +1039,10 @@ impl Backend for CudaBackend {
                 .arg(out_index.layout.strides[0] as i64)
                 .arg(out_distance.buffer.ptr())
                 .arg(out_distance.layout.offset as i64)
-                .arg(out_distance.layout.strides[0] as i64),
+                .arg(out_distance.layout.strides[0] as i64)
+                .arg(scales.as_ref().map_or(0, |s| s.ptr()))
+                .arg(packed.as_ref().map_or(0, |p| p.ptr()))
+                .arg(dp as i64),
         )
     }
 
