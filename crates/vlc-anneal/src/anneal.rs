@@ -43,7 +43,9 @@ use std::time::Instant;
 /// Fast or bit-reproducible arithmetic.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Mode {
-    /// The backend's fastest exact-f32 paths (GEMM-style distances, parallel sums).
+    /// The backend's fastest paths ([`hal::Precision::Fast`]): GEMM-style distances, on
+    /// matrix units where the backend has them (candidates ranked in f16 or TF32, the chosen
+    /// anchor's distance recomputed in f32), parallel sums.
     #[default]
     Fast,
     /// Identical results on every backend ([`hal::Precision::Reproducible`]); slower.
@@ -200,7 +202,7 @@ pub struct Clustering {
 /// The device handle a mode runs on.
 pub fn handle_for<B: Backend>(backend: &B, mode: Mode) -> B {
     match mode {
-        Mode::Fast => backend.clone(),
+        Mode::Fast => backend.with_precision(Precision::Fast),
         Mode::Exact => backend.with_precision(Precision::Reproducible),
     }
 }
