@@ -273,7 +273,8 @@ pub struct WgpuOptions {
     /// Cooperative matrices (tensor cores) for f16 and bf16 products and for products under
     /// [`Precision::Fast`] and [`Precision::Compensated`], where the adapter offers 16 x 16 x 16
     /// tiles of f16 with f32 accumulation and 32-lane subgroups (wgpu's experimental
-    /// `EXPERIMENTAL_COOPERATIVE_MATRIX`).
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX`); needs `subgroups` too (the fast nearest-centroid
+    /// search re-checks its candidates with subgroup sums).
     pub cooperative_matrix: bool,
 }
 
