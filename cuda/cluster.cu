@@ -130,13 +130,13 @@ extern "C" __global__ void __launch_bounds__(256) nearest_exact(const float* x, 
     }
 }
 
-// ----- tensor-core search -----
+// ----- tensor-core search, exact mode -----
 // Distances by TF32 tensor-core MMAs (mma.sync m16n8k8), fused with a running top-2 per point;
-// the two candidates are then re-checked with an f32 distance and the better one kept.
-// PASSES = 1: operands rounded to TF32 (10-bit mantissa; Precision::Fast used it until the f16
-// kernel below, 23.3 ms against 9.0 ms at 1M x 128 against 4096 on an H200).
-// PASSES = 3 (exact mode): each operand split into a TF32 high part and a TF32 remainder, and
-// hi*hi + hi*lo + lo*hi accumulated, which ranks as accurately as f32 arithmetic.
+// the two candidates are then re-checked with an f32 distance and the better one kept. Each
+// operand is split into a TF32 high part and a TF32 remainder, and hi*hi + hi*lo + lo*hi
+// accumulated, which ranks as accurately as f32 arithmetic. (A single TF32 pass served
+// Precision::Fast until the f16 kernel below: 23.3 ms against 9.0 ms at 1M x 128 against
+// 4096 on an H200.)
 // Needs contiguous rows (unit column stride, row stride and d multiples of 4, 16-byte aligned);
 // the host falls back to nearest_exact otherwise. The entry points take nearest_exact's
 // parameters, the column strides (1 here) included, so the host passes one list to either.
@@ -227,10 +227,38 @@ __device__ void top2_finish(float (&b1)[4], float (&b2)[4], int (&i1)[4], int (&
     }
 }
 
-template <int PASSES>
-__device__ void nearest_tc_impl(const float* x, i64 n, i64 xr, const float* c, i64 m, i64 cr, i64 d,
-                                const float* cnorm, u32* out_index, i64 ioff, i64 is, float* out_dist, i64 doff,
-                                i64 ds) {
+// Scores |c|^2 + scale x.c (scale -2, or -2 undoing operand scales) of a 128 x 128 tile's
+// centroids (from n0) into each of the thread's four rows' top-2, from the mma accumulators
+// (warp tile wr, wc as in nearest_3xtf32; accumulator (mt, nt, q): row mt*16 + g + (q/2)*8,
+// column nt*8 + 2t + q%2). GATED: enter only strictly below the second best (columns rise,
+// so a tie cannot win), one comparison for most scores.
+template <bool GATED>
+__device__ __forceinline__ void score_tile(const float (&acc)[2][8][4], float scale, i64 n0, i64 m,
+                                           const float* cnorm, float (&b1)[4], int (&i1)[4], float (&b2)[4],
+                                           int (&i2)[4]) {
+    const int lane = threadIdx.x & 31, wc = (threadIdx.x >> 5) & 1, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            i64 col = n0 + wc * 64 + nt * 8 + 2 * t + e;
+            if (col < m) {
+                float cn = cnorm[col];
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        int r = mt * 2 + h;
+                        float s = fmaf(scale, acc[mt][nt][h * 2 + e], cn);
+                        if (!GATED || s < b2[r]) top2_insert(s, (int)col, b1[r], i1[r], b2[r], i2[r]);
+                    }
+            }
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+nearest_3xtf32(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m, i64 cr, i64 cc_unit, i64 d,
+               const float* cnorm, u32* out_index, i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds) {
     __shared__ __align__(16) float As[TBM * TLD];
     __shared__ __align__(16) float Bs[TBN * TLD];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -278,7 +306,7 @@ __device__ void nearest_tc_impl(const float* x, i64 n, i64 xr, const float* c, i
 #pragma unroll
                     for (int q = 0; q < 4; ++q) {
                         ah[mt][q] = to_tf32(v[q]);
-                        if (PASSES > 1) al[mt][q] = to_tf32(v[q] - __uint_as_float(ah[mt][q]));
+                        al[mt][q] = to_tf32(v[q] - __uint_as_float(ah[mt][q]));
                     }
                 }
 #pragma unroll
@@ -288,47 +316,22 @@ __device__ void nearest_tc_impl(const float* x, i64 n, i64 xr, const float* c, i
 #pragma unroll
                     for (int q = 0; q < 2; ++q) {
                         bh[nt][q] = to_tf32(v[q]);
-                        if (PASSES > 1) bl[nt][q] = to_tf32(v[q] - __uint_as_float(bh[nt][q]));
+                        bl[nt][q] = to_tf32(v[q] - __uint_as_float(bh[nt][q]));
                     }
                 }
 #pragma unroll
                 for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
                     for (int nt = 0; nt < 8; ++nt) {
-                        if (PASSES > 1) {
-                            mma_tf32(acc[mt][nt], al[mt], bh[nt]);
-                            mma_tf32(acc[mt][nt], ah[mt], bl[nt]);
-                        }
+                        mma_tf32(acc[mt][nt], al[mt], bh[nt]);
+                        mma_tf32(acc[mt][nt], ah[mt], bl[nt]);
                         mma_tf32(acc[mt][nt], ah[mt], bh[nt]);
                     }
             }
         }
-        // Scores |c|^2 - 2 x.c of this tile's centroids into each row's top-2.
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                i64 col = n0 + wc * 64 + nt * 8 + 2 * t + e;
-                if (col < m) {
-                    float cn = cnorm[col];
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            int r = mt * 2 + h;
-                            float s = fmaf(-2.0f, acc[mt][nt][h * 2 + e], cn);
-                            top2_insert(s, (int)col, b1[r], i1[r], b2[r], i2[r]);
-                        }
-                }
-            }
+        score_tile<false>(acc, -2.0f, n0, m, cnorm, b1, i1, b2, i2);
     }
     top2_finish(b1, b2, i1, i2, x, n, xr, c, m, cr, d, m0, out_index, ioff, is, out_dist, doff, ds);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-nearest_3xtf32(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m, i64 cr, i64 cc_unit, i64 d,
-             const float* cnorm, u32* out_index, i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds) {
-    nearest_tc_impl<3>(x, n, xr, c, m, cr, d, cnorm, out_index, ioff, is, out_dist, doff, ds);
 }
 
 // ----- f16 tensor-core search (Precision::Fast) -----
@@ -489,24 +492,7 @@ __device__ __forceinline__ void nearest_f16_impl(const float* x, i64 n, i64 xr, 
                     for (int nt = 0; nt < 8; ++nt) mma_f16(acc[mt][nt], a[mt], b[nt]);
             }
         }
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                i64 col = n0 + wc * 64 + nt * 8 + 2 * t + e;
-                if (col < m) {
-                    float cn = cnorm[col];
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            int r = mt * 2 + h;
-                            float s = fmaf(back, acc[mt][nt][h * 2 + e], cn);
-                            // Columns rise, so only a strictly lower score can enter.
-                            if (s < b2[r]) top2_insert(s, (int)col, b1[r], i1[r], b2[r], i2[r]);
-                        }
-                }
-            }
+        score_tile<true>(acc, back, n0, m, cnorm, b1, i1, b2, i2);
     }
     top2_finish(b1, b2, i1, i2, x, n, xr, c, m, cr, d, m0, out_index, ioff, is, out_dist, doff, ds);
 }

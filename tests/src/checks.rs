@@ -927,28 +927,16 @@ fn matmul<B: Backend>(s: &mut Suite<'_, B>) {
                 s.rng().range(-1.0, 1.0)
             },
         );
-        let (xa, ya, oa) = (x.logical(), y.logical(), out.logical());
-        let mut exact = vec![0f64; batch * m * n];
-        let mut mag = vec![0f64; batch * m * n];
-        for bi in 0..batch {
-            for i in 0..m {
-                for j in 0..n {
-                    let (mut acc, mut am) = (0f64, 0f64);
-                    for p in 0..k {
-                        let (a, b) = (xa[(bi * m + i) * k + p], ya[(bi * k + p) * n + j]);
-                        acc += a * b;
-                        am += (a * b).abs();
-                    }
-                    let o = (bi * m + i) * n + j;
-                    let old = if beta == 0.0 {
-                        0.0
-                    } else {
-                        beta as f64 * oa[o]
-                    };
-                    exact[o] = alpha as f64 * acc + old;
-                    mag[o] = alpha as f64 * am * k as f64 + old.abs();
-                }
-            }
+        let oa = out.logical();
+        let (mut exact, mut mag) = host_products(&x, &y, [batch, m, k, n]);
+        for o in 0..batch * m * n {
+            let old = if beta == 0.0 {
+                0.0
+            } else {
+                beta as f64 * oa[o]
+            };
+            exact[o] = alpha as f64 * exact[o] + old;
+            mag[o] = alpha as f64 * mag[o] + old.abs();
         }
         let (row, rel) = match s.policy {
             hal::Precision::Fast => ("matmul (Precision::Fast)", 2f64.powi(-10)),
@@ -967,6 +955,32 @@ fn matmul<B: Backend>(s: &mut Suite<'_, B>) {
             Err(e) => s.fail(row, format!("[{batch},{m},{k},{n}]: {e}")),
         }
     }
+}
+
+/// The batched product `x @ y` in f64 on the host, and beside it `k * (|x| @ |y|)` (the scale
+/// matmul tolerances are stated in).
+fn host_products(
+    x: &HostTensor,
+    y: &HostTensor,
+    [batch, m, k, n]: [usize; 4],
+) -> (Vec<f64>, Vec<f64>) {
+    let (xa, ya) = (x.logical(), y.logical());
+    let mut exact = vec![0f64; batch * m * n];
+    let mut mag = vec![0f64; batch * m * n];
+    for bi in 0..batch {
+        for i in 0..m {
+            for j in 0..n {
+                let o = (bi * m + i) * n + j;
+                for p in 0..k {
+                    let v = xa[(bi * m + i) * k + p] * ya[(bi * k + p) * n + j];
+                    exact[o] += v;
+                    mag[o] += v.abs();
+                }
+                mag[o] *= k as f64;
+            }
+        }
+    }
+    (exact, mag)
 }
 
 /// Products whose operands hold values that f16 cannot represent (bf16 operands; f32 ones
@@ -1000,20 +1014,7 @@ fn matmul_beyond_f16<B: Backend>(s: &mut Suite<'_, B>) {
         let at = s.rng().below(x.backing.len());
         x.backing[at] = round_to(dt, odd);
         let out = output_tensor(s.rng(), &[batch, m, n], DType::F32);
-        let (xa, ya) = (x.logical(), y.logical());
-        let mut exact = vec![0f64; batch * m * n];
-        let mut mag = vec![0f64; batch * m * n];
-        for bi in 0..batch {
-            for i in 0..m {
-                for j in 0..n {
-                    for p in 0..k {
-                        let v = xa[(bi * m + i) * k + p] * ya[(bi * k + p) * n + j];
-                        exact[(bi * m + i) * n + j] += v;
-                        mag[(bi * m + i) * n + j] += v.abs() * k as f64;
-                    }
-                }
-            }
-        }
+        let (exact, mag) = host_products(&x, &y, [batch, m, k, n]);
         match both!(s, run_matmul(&x, &y, &out, 1.0, 0.0)) {
             Ok((c, t)) => s.judge(
                 row,

@@ -923,42 +923,42 @@ impl Backend for CudaBackend {
         };
         let (xb, xl) = f32_view(x)?;
         let (cb, cl) = f32_view(centroids)?;
-        let c0 = cb.ptr() + cl.offset as u64 * 4;
+        // A matrix's parameters as the kernels take them: start, rows, d, row and column
+        // strides (nearest_* pass the points' and the centroids' in turn, then d once).
+        let rows = |a: Args, b: &CudaBuffer, l: &Layout, count: usize| {
+            a.arg(b.ptr() + l.offset as u64 * 4)
+                .arg(count as i64)
+                .arg(l.strides[0] as i64)
+                .arg(l.strides[1] as i64)
+        };
+        let matrix = |b: &CudaBuffer, l: &Layout, count: usize| {
+            Args::new()
+                .arg(b.ptr() + l.offset as u64 * 4)
+                .arg(count as i64)
+                .arg(d as i64)
+                .arg(l.strides[0] as i64)
+                .arg(l.strides[1] as i64)
+        };
+        let both = || rows(rows(Args::new(), &xb, &xl, n), &cb, &cl, m).arg(d as i64);
+        let outputs = |a: Args| {
+            a.arg(out_index.buffer.ptr())
+                .arg(out_index.layout.offset as i64)
+                .arg(out_index.layout.strides[0] as i64)
+                .arg(out_distance.buffer.ptr())
+                .arg(out_distance.layout.offset as i64)
+                .arg(out_distance.layout.strides[0] as i64)
+        };
         if self.precision == Precision::Reproducible {
             return self.dev.launch_raw(
                 self.dev.function("nearest_ordered")?,
                 (n.div_ceil(128) as u32, 1, 1),
                 128,
-                Args::new()
-                    .arg(xb.ptr() + xl.offset as u64 * 4)
-                    .arg(n as i64)
-                    .arg(xl.strides[0] as i64)
-                    .arg(xl.strides[1] as i64)
-                    .arg(c0)
-                    .arg(m as i64)
-                    .arg(cl.strides[0] as i64)
-                    .arg(cl.strides[1] as i64)
-                    .arg(d as i64)
-                    .arg(out_index.buffer.ptr())
-                    .arg(out_index.layout.offset as i64)
-                    .arg(out_index.layout.strides[0] as i64)
-                    .arg(out_distance.buffer.ptr())
-                    .arg(out_distance.layout.offset as i64)
-                    .arg(out_distance.layout.strides[0] as i64),
+                outputs(both()),
             );
         }
         let norms = self.new_buffer(DType::F32, m)?;
-        self.dev.launch(
-            "row_norms",
-            m * 32,
-            Args::new()
-                .arg(c0)
-                .arg(m as i64)
-                .arg(d as i64)
-                .arg(cl.strides[0] as i64)
-                .arg(cl.strides[1] as i64)
-                .arg(norms.ptr()),
-        )?;
+        self.dev
+            .launch("row_norms", m * 32, matrix(&cb, &cl, m).arg(norms.ptr()))?;
         // Tensor cores where the rows are contiguous and 16-byte aligned: f16 under
         // Precision::Fast (operands scaled by powers of two into f16's range, measured first),
         // three TF32 passes (f32-accurate ranking) otherwise; both re-check their two best
@@ -977,69 +977,37 @@ impl Backend for CudaBackend {
             None
         };
         if let Some(scales) = &scales {
-            for (i, (v, l, rows)) in [(&xb, &xl, n), (&cb, &cl, m)].into_iter().enumerate() {
-                self.dev.launch(
-                    "absmax_rows",
-                    rows * d,
-                    Args::new()
-                        .arg(v.ptr() + l.offset as u64 * 4)
-                        .arg(rows as i64)
-                        .arg(d as i64)
-                        .arg(l.strides[0] as i64)
-                        .arg(l.strides[1] as i64)
-                        .arg(scales.ptr() + 4 * i as u64),
-                )?;
+            for (i, (b, l, count)) in [(&xb, &xl, n), (&cb, &cl, m)].into_iter().enumerate() {
+                let out = scales.ptr() + 4 * i as u64;
+                self.dev
+                    .launch("absmax_rows", count * d, matrix(b, l, count).arg(out))?;
             }
         }
         // nearest_f16_held reads the centroids packed to f16 (rows padded to whole tiles of
         // 128 and to a multiple of 32 halves).
         let (mp, dp) = (m.next_multiple_of(128), d.next_multiple_of(32));
-        let packed = if kernel == "nearest_f16_held" {
-            let scales = scales.as_ref().expect("measured for the f16 kernels");
-            let packed = self.new_buffer(DType::U32, mp * dp / 2)?;
-            self.dev.launch(
-                "pack_f16_scaled",
-                mp * dp / 2,
-                Args::new()
-                    .arg(c0)
-                    .arg(m as i64)
-                    .arg(d as i64)
-                    .arg(cl.strides[0] as i64)
-                    .arg(cl.strides[1] as i64)
+        let packed = match &scales {
+            Some(scales) if kernel == "nearest_f16_held" => {
+                let packed = self.new_buffer(DType::U32, mp * dp / 2)?;
+                let args = matrix(&cb, &cl, m)
                     .arg(scales.ptr() + 4)
                     .arg(mp as i64)
                     .arg(dp as i64)
-                    .arg(packed.ptr()),
-            )?;
-            Some(packed)
-        } else {
-            None
+                    .arg(packed.ptr());
+                self.dev.launch("pack_f16_scaled", mp * dp / 2, args)?;
+                Some(packed)
+            }
+            _ => None,
         };
-        // All three kernels take the same parameters (the tensor-core ones require unit column
-        // strides and ignore them; nearest_f16 takes the scales after them, the others ignore
-        // the extra argument).
+        // Every kernel here takes the same leading parameters (the tensor-core ones require
+        // unit column strides and ignore them); the f16 ones take the scales, the packed
+        // centroids and their row length after them, which the others ignore.
         let blocks = n.div_ceil(128) as u32;
         self.dev.launch_raw(
             self.dev.function(kernel)?,
             (blocks, 1, 1),
             256,
-            Args::new()
-                .arg(xb.ptr() + xl.offset as u64 * 4)
-                .arg(n as i64)
-                .arg(xl.strides[0] as i64)
-                .arg(xl.strides[1] as i64)
-                .arg(c0)
-                .arg(m as i64)
-                .arg(cl.strides[0] as i64)
-                .arg(cl.strides[1] as i64)
-                .arg(d as i64)
-                .arg(norms.ptr())
-                .arg(out_index.buffer.ptr())
-                .arg(out_index.layout.offset as i64)
-                .arg(out_index.layout.strides[0] as i64)
-                .arg(out_distance.buffer.ptr())
-                .arg(out_distance.layout.offset as i64)
-                .arg(out_distance.layout.strides[0] as i64)
+            outputs(both().arg(norms.ptr()))
                 .arg(scales.as_ref().map_or(0, |s| s.ptr()))
                 .arg(packed.as_ref().map_or(0, |p| p.ptr()))
                 .arg(dp as i64),

@@ -78,6 +78,16 @@ const SORTED_SEGMENTS: usize = 128;
 /// iteration (the weighted segment sum lost rows past about 13,000); 8192 was measured safe.
 const LOOP_BUDGET: usize = 8_192;
 
+/// The `guard` slot of a kernel file: the verdict words at binding `b`, and `skipped()`, true
+/// when the check whose word and serial sit in scalar slots `[word, serial]` failed, or, with
+/// `unless_failed`, when it passed (the f32 fallback of a range-checked product).
+fn guard_slot(b: usize, [word, serial]: [u32; 2], unless_failed: bool) -> String {
+    let test = if unless_failed { "!=" } else { "==" };
+    format!(
+        "@group(0) @binding({b}) var<storage, read> B{b}: array<u32>;\nfn skipped() -> bool {{ return B{b}[s({word}u)] {test} s({serial}u); }}"
+    )
+}
+
 /// What the segment-sum kernels bind as weights: the weights and their layout, or, without
 /// weights, `x` itself under a broadcast layout, which the kernels are told (a scalar slot)
 /// not to read: no per-call buffer of ones.
@@ -635,6 +645,34 @@ impl WgpuBackend {
         ))
     }
 
+    /// The squared norm of each centroid (row_norms.wgsl) in a new f32 buffer of `len >= m`
+    /// entries, those past `m` +inf (padding that no search picks).
+    fn centroid_norms(&self, c: V<'_>, len: usize) -> Result<WgpuBuffer> {
+        let (m, d) = (c.layout.shape[0], c.layout.shape[1]);
+        let norms = self.scratch(DType::F32, len)?;
+        self.run(
+            Spec::new("row_norms.wgsl").bindings(wgsl::io(&[c.dtype()], DType::F32)),
+            Params::default().scalar(0, d as u32).matrix(1, c.layout),
+            &[(c.buffer, false), (&norms, true)],
+            m,
+        )?;
+        if len > m {
+            let tail = Layout {
+                shape: vec![len - m],
+                strides: vec![1],
+                offset: m,
+            };
+            self.fill(View::new(&norms, &tail), f64::INFINITY)?;
+        }
+        Ok(norms)
+    }
+
+    /// Whether `halves` f16 elements fit one storage binding and the cooperative kernels' u32
+    /// element offsets (which also address f32 products of half as many elements).
+    fn coop_fits(&self, halves: usize) -> bool {
+        (halves as u64 * 2) <= self.max_binding_bytes() && halves < (1 << 31)
+    }
+
     /// `nearest_centroid` under [`Precision::Fast`] on cooperative matrices: candidates
     /// ranked with f16 operands (nearest_coop.wgsl), then compared in f32
     /// (nearest_recheck_subgroups.wgsl). A coordinate beyond f16's range fails the packing's range
@@ -649,8 +687,7 @@ impl WgpuBackend {
         let np = n.next_multiple_of(tiles.rows());
         let mp = m.next_multiple_of(tiles.cols());
         let kp = d.next_multiple_of(coop::STEP_K);
-        let fits = |halves: usize| (halves as u64 * 2) <= self.max_binding_bytes();
-        if !fits(np * kp) || !fits(kp * mp) || np * kp >= (1 << 31) || kp * mp >= (1 << 31) {
+        if !self.coop_fits(np * kp) || !self.coop_fits(kp * mp) {
             return Ok(false);
         }
         let guard = self.next_guard();
@@ -673,21 +710,7 @@ impl WgpuBackend {
             Some(guard),
         )?;
         // Padding centroids score +inf: never a candidate.
-        let norms = self.scratch(DType::F32, mp)?;
-        self.run(
-            Spec::new("row_norms.wgsl").bindings(wgsl::io(&[c.dtype()], DType::F32)),
-            Params::default().scalar(0, d as u32).matrix(1, c.layout),
-            &[(c.buffer, false), (&norms, true)],
-            m,
-        )?;
-        if mp > m {
-            let tail = Layout {
-                shape: vec![mp - m],
-                strides: vec![1],
-                offset: m,
-            };
-            self.fill(View::new(&norms, &tail), f64::INFINITY)?;
-        }
+        let norms = self.centroid_norms(c, mp)?;
         let candidates = self.scratch(DType::U32, 2 * np)?;
         let kernel = self.kernel(&Spec {
             file: "nearest_coop.wgsl",
@@ -795,15 +818,11 @@ impl WgpuBackend {
             && om.strides[2] == 1
             && om.offset % 4 == 0
             && (om.batch == 1 || om.strides[0] == (m * n) as isize);
-        let product_bytes = (om.batch * mp * np * 4) as u64;
-        let fits = |halves: usize| (halves as u64 * 2) <= self.max_binding_bytes();
         let parts = if split { 2 } else { 1 };
-        if !fits(parts * am.batch * mp * kp)
-            || !fits(parts * bm.batch * kp * np)
-            || (!direct && product_bytes > self.max_binding_bytes())
-            || [mp, np, kp]
-                .iter()
-                .any(|&e| e * om.batch.max(1) >= (1 << 31))
+        // The padded product as f32 takes as many bytes as twice its elements in halves.
+        if !self.coop_fits(parts * am.batch * mp * kp)
+            || !self.coop_fits(parts * bm.batch * kp * np)
+            || (!direct && !self.coop_fits(2 * om.batch * mp * np))
         {
             return Ok(false);
         }
@@ -986,10 +1005,8 @@ impl WgpuBackend {
             let (name, text) = tile.slot();
             let mut spec = Spec::new("gemm.wgsl").bindings(bindings).slot(name, text);
             if fallback_of.is_some() {
-                spec = spec.slot(
-                    "guard",
-                    "@group(0) @binding(4) var<storage, read> B4: array<u32>;\nfn skipped() -> bool { return B4[s(9u)] != s(12u); }".to_string(),
-                );
+                // gemm.wgsl's free scalars hold the verdict word and serial.
+                spec = spec.slot("guard", guard_slot(4, [9, 12], true));
             }
             (
                 self.kernel(&spec)?,
@@ -1854,12 +1871,7 @@ impl WgpuBackend {
             return self.run(spec, params, buffers, threads);
         };
         let b = buffers.len() + 1;
-        let spec = spec.slot(
-            "guard",
-            format!(
-                "@group(0) @binding({b}) var<storage, read> B{b}: array<u32>;\nfn skipped() -> bool {{ return B{b}[s(14u)] == s(15u); }}"
-            ),
-        );
+        let spec = spec.slot("guard", guard_slot(b, [14, 15], false));
         let params = params.scalar(14, g.word).scalar(15, g.serial);
         let mut with_verdicts = buffers.to_vec();
         with_verdicts.push((&self.0.verdicts, false));
@@ -2564,14 +2576,7 @@ impl Backend for WgpuBackend {
                 .slot(name, text),
         )?;
         // The centroids' squared norms, once per call.
-        let norms = self.scratch(DType::F32, m)?;
-        let np = Params::default().scalar(0, d as u32).matrix(1, c.layout);
-        self.run(
-            Spec::new("row_norms.wgsl").bindings(wgsl::io(&[dts[1]], DType::F32)),
-            np,
-            &[(c.buffer, false), (&norms, true)],
-            m,
-        )?;
+        let norms = self.centroid_norms(c, m)?;
         let blocks = n.div_ceil(tile.rows);
         let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
         let groups = [blocks.min(max) as u32, blocks.div_ceil(max) as u32, 1];
