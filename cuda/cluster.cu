@@ -170,8 +170,10 @@ __device__ __forceinline__ void top2_insert(float s, int j, float& b1, int& i1, 
 // The end of a tensor-core search (256 threads, 8 warps as 4 x 2 over a 128 x 128 tile): each
 // thread's top-2 for its four rows (mt, half) -> rows wr*32 + mt*16 + g + half*8 merged across
 // the four lanes that share them, then across the two column halves through shared memory;
-// the two candidates of each row are then compared by their f32 distance. A row with no
-// candidate (every score NaN) gets centroid 0 and its distance, as the reference would.
+// the two candidates of each row are then compared by their f32 distance, a warp per 16 rows
+// reading the rows whole (float4 a lane: these kernels have d % 4 == 0 and aligned rows). A
+// row with no candidate (every score NaN) gets centroid 0 and its distance, as the reference
+// would.
 __device__ void top2_finish(float (&b1)[4], float (&b2)[4], int (&i1)[4], int (&i2)[4], const float* x, i64 n,
                             i64 xr, const float* c, i64 m, i64 cr, i64 d, i64 m0, u32* out_index, i64 ioff,
                             i64 is, float* out_dist, i64 doff, i64 ds) {
@@ -199,62 +201,104 @@ __device__ void top2_finish(float (&b1)[4], float (&b2)[4], int (&i1)[4], int (&
         }
     }
     __syncthreads();
-    // Two threads per row, one per candidate: the f32 distance decides.
-    int row = tid >> 1, which = tid & 1;
-    float s1 = cand_s[row][0][0], s2 = cand_s[row][0][1];
-    int j1 = cand_i[row][0][0], j2 = cand_i[row][0][1];
-    top2_insert(cand_s[row][1][0], cand_i[row][1][0], s1, j1, s2, j2);
-    top2_insert(cand_s[row][1][1], cand_i[row][1][1], s1, j1, s2, j2);
-    int j = which == 0 ? j1 : j2;
-    if (which == 0 && j1 >= m) j = 0;
-    i64 grow = m0 + row;
-    float dist = INF;
-    if (grow < n && j < m) {
-        float a = 0.0f;
-        for (i64 k = 0; k < d; ++k) {
-            float diff = x[grow * xr + k] - c[(i64)j * cr + k];
-            a = fmaf(diff, diff, a);
+    // Rows warp*16 .. +15, four at a time: candidate a (the best, or centroid 0 when there is
+    // none) and candidate b (the second best, when there is one).
+#pragma unroll 1
+    for (int r0 = warp * 16; r0 < warp * 16 + 16; r0 += 4) {
+        int ja[4], jb[4];
+        float da[4], db[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            int row = r0 + q;
+            float s1 = cand_s[row][0][0], s2 = cand_s[row][0][1];
+            int j1 = cand_i[row][0][0], j2 = cand_i[row][0][1];
+            top2_insert(cand_s[row][1][0], cand_i[row][1][0], s1, j1, s2, j2);
+            top2_insert(cand_s[row][1][1], cand_i[row][1][1], s1, j1, s2, j2);
+            ja[q] = j1 < m ? j1 : 0;
+            jb[q] = j2;
+            da[q] = 0.0f;
+            db[q] = 0.0f;
         }
-        dist = a;
-    }
-    float od = __shfl_xor_sync(0xffffffffu, dist, 1);
-    int oj = __shfl_xor_sync(0xffffffffu, j, 1);
-    // A NaN distance is replaced by any number (the reference's rule).
-    if (oj < m && (od < dist || (od == dist && oj < j) || (dist != dist && od == od))) { dist = od; j = oj; }
-    if (grow < n && which == 0) {
-        out_index[ioff + grow * is] = (u32)j;
-        out_dist[doff + grow * ds] = dist;
+        // The four rows' coordinates in one sweep, so their loads are in flight together.
+        for (i64 k = lane * 4; k < d; k += 128) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const i64 grow = m0 + r0 + q;
+                if (grow >= n) continue;
+                float4 xv = *(const float4*)&x[grow * xr + k];
+                float4 ca = *(const float4*)&c[(i64)ja[q] * cr + k];
+                float4 cb = jb[q] < m ? *(const float4*)&c[(i64)jb[q] * cr + k] : ca;
+                float e0 = xv.x - ca.x, e1 = xv.y - ca.y, e2 = xv.z - ca.z, e3 = xv.w - ca.w;
+                da[q] = fmaf(e0, e0, fmaf(e1, e1, fmaf(e2, e2, fmaf(e3, e3, da[q]))));
+                e0 = xv.x - cb.x, e1 = xv.y - cb.y, e2 = xv.z - cb.z, e3 = xv.w - cb.w;
+                db[q] = fmaf(e0, e0, fmaf(e1, e1, fmaf(e2, e2, fmaf(e3, e3, db[q]))));
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            for (int o = 16; o > 0; o >>= 1) {
+                da[q] += __shfl_xor_sync(0xffffffffu, da[q], o);
+                db[q] += __shfl_xor_sync(0xffffffffu, db[q], o);
+            }
+            const i64 grow = m0 + r0 + q;
+            if (lane == 0 && grow < n) {
+                int j = ja[q];
+                float dist = da[q];
+                const float od = jb[q] < m ? db[q] : INF;
+                const int oj = jb[q];
+                // A NaN distance is replaced by any number (the reference's rule).
+                if (oj < m && (od < dist || (od == dist && oj < j) || (dist != dist && od == od))) {
+                    dist = od;
+                    j = oj;
+                }
+                out_index[ioff + grow * is] = (u32)j;
+                out_dist[doff + grow * ds] = dist;
+            }
+        }
     }
 }
 
 // Scores |c|^2 + scale x.c (scale -2, or -2 undoing operand scales) of a 128 x 128 tile's
 // centroids (from n0) into each of the thread's four rows' top-2, from the mma accumulators
 // (warp tile wr, wc as in nearest_3xtf32; accumulator (mt, nt, q): row mt*16 + g + (q/2)*8,
-// column nt*8 + 2t + q%2). GATED: enter only strictly below the second best (columns rise,
-// so a tie cannot win), one comparison for most scores.
-template <bool GATED>
-__device__ __forceinline__ void score_tile(const float (&acc)[2][8][4], float scale, i64 n0, i64 m,
-                                           const float* cnorm, float (&b1)[4], int (&i1)[4], float (&b2)[4],
-                                           int (&i2)[4]) {
+// column nt*8 + 2t + q%2). `norm_at(column in tile)` gives |c|^2, NaN past the last centroid
+// (a NaN score never enters). Branch-free: a thread meets its columns in rising order, so
+// strict comparisons leave a tie to the lower index; selects rather than branches, because
+// across a warp some lane nearly always has a score to insert.
+template <typename NormAt>
+__device__ __forceinline__ void score_tile(const float (&acc)[2][8][4], float scale, i64 n0, NormAt norm_at,
+                                           float (&b1)[4], int (&i1)[4], float (&b2)[4], int (&i2)[4]) {
     const int lane = threadIdx.x & 31, wc = (threadIdx.x >> 5) & 1, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            i64 col = n0 + wc * 64 + nt * 8 + 2 * t + e;
-            if (col < m) {
-                float cn = cnorm[col];
+            const int cl = wc * 64 + nt * 8 + 2 * t + e;
+            const float cn = norm_at(cl);
+            const int col = (int)n0 + cl;
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        int r = mt * 2 + h;
-                        float s = fmaf(scale, acc[mt][nt][h * 2 + e], cn);
-                        if (!GATED || s < b2[r]) top2_insert(s, (int)col, b1[r], i1[r], b2[r], i2[r]);
-                    }
-            }
+                for (int h = 0; h < 2; ++h) {
+                    const int r = mt * 2 + h;
+                    const float s = fmaf(scale, acc[mt][nt][h * 2 + e], cn);
+                    const bool lt1 = s < b1[r], lt2 = s < b2[r];
+                    b2[r] = lt1 ? b1[r] : (lt2 ? s : b2[r]);
+                    i2[r] = lt1 ? i1[r] : (lt2 ? col : i2[r]);
+                    b1[r] = lt1 ? s : b1[r];
+                    i1[r] = lt1 ? col : i1[r];
+                }
         }
 }
+
+// norm_at for the kernels that read the norms from global memory.
+struct GlobalNorms {
+    const float* cnorm;
+    i64 n0, m;
+    __device__ __forceinline__ float operator()(int cl) const {
+        return n0 + cl < m ? cnorm[n0 + cl] : __uint_as_float(0x7fc00000u);
+    }
+};
 
 extern "C" __global__ void __launch_bounds__(256)
 nearest_3xtf32(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m, i64 cr, i64 cc_unit, i64 d,
@@ -329,7 +373,7 @@ nearest_3xtf32(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m
                     }
             }
         }
-        score_tile<false>(acc, -2.0f, n0, m, cnorm, b1, i1, b2, i2);
+        score_tile(acc, -2.0f, n0, GlobalNorms{cnorm, n0, m}, b1, i1, b2, i2);
     }
     top2_finish(b1, b2, i1, i2, x, n, xr, c, m, cr, d, m0, out_index, ioff, is, out_dist, doff, ds);
 }
@@ -338,23 +382,22 @@ nearest_3xtf32(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m
 // As the TF32 search, with operands rounded to f16 while they are staged (once per element and
 // block, not per fragment) and mma.sync m16n8k16: twice the products per instruction and half
 // the shared memory. f16's range is made to fit: each operand is scaled by a power of two that
-// brings its largest magnitude just under 2^15 (absmax_rows measured it first; 1 where it is 0
-// or not finite), and the scores undo the scales exactly.
+// brings its largest finite magnitude just under 2^15 (absmax_rows measured it first; 1 where
+// it is 0), and the scores undo the scales exactly. Non-finite coordinates stay non-finite and
+// make their scores NaN or infinite, as in f32.
 #define HLD (TBK + 8)
 
-// The largest |v| of a [rows, cols] matrix (strides rs, cs) into *out as float bits (atomicMax
-// on the bits orders non-negative floats; NaN wins). *out must start at 0.
+// The largest finite |v| of a [rows, cols] matrix (strides rs, cs) into *out as float bits
+// (atomicMax on the bits orders non-negative floats). *out must start at 0. Non-finite values
+// are passed over, so one NaN or infinity does not cost every other value its scaling.
 extern "C" __global__ void absmax_rows(const float* v, i64 rows, i64 cols, i64 rs, i64 cs, u32* out) {
     float mx = 0.0f;
     i64 total = rows * cols;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
         float a = fabsf(v[(i / cols) * rs + (i % cols) * cs]);
-        mx = (a > mx || a != a) ? a : mx;
+        if (a > mx && a < __int_as_float(0x7f800000)) mx = a;
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float other = __shfl_xor_sync(0xffffffffu, mx, o);
-        mx = (other > mx || other != other) ? other : mx;
-    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     if ((threadIdx.x & 31) == 0) atomicMax(out, __float_as_uint(mx));
 }
 
@@ -381,26 +424,16 @@ __device__ __forceinline__ void mma_f16(float* c, const u32* a, const u32* b) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The longest d for which nearest_f16 keeps its block's points in shared memory (staged once,
-// not once per block of centroids), and their padded row length in halves.
-#define HOLD_D 128
-#define XLD (HOLD_D + 8)
-
-// nearest_3xtf32's parameters, then `scales`: absmax_rows' words for x and for c. HOLD: d is at
-// most HOLD_D and the block's points are staged once.
-// With HOLD, the centroids come packed (pack_f16_scaled: f16, scaled, rows padded to whole
-// tiles and to `dp` halves, a multiple of TBK), and each next tile is read into registers while
-// the current one is multiplied.
-template <bool HOLD>
+// nearest_3xtf32's parameters, then `scales`: absmax_rows' words for x and for c. Any d; the
+// operands are staged through registers (rounded to f16 there) one k-step at a time. For
+// d <= HOLD_D, nearest_f16_held below is faster.
 __device__ __forceinline__ void nearest_f16_impl(const float* x, i64 n, i64 xr, const float* c, i64 m, i64 cr,
                                                  i64 d, const float* cnorm, u32* out_index, i64 ioff, i64 is,
-                                                 float* out_dist, i64 doff, i64 ds, const u32* scales,
-                                                 const u32* ch, i64 dp) {
+                                                 float* out_dist, i64 doff, i64 ds, const u32* scales) {
     // Rows of TBK halves padded to HLD: the fragment loads of a lane group (rows g, words t)
     // fall in distinct banks.
-    __shared__ __align__(16) u32 As[TBM * (HOLD ? XLD : HLD) / 2];
+    __shared__ __align__(16) u32 As[TBM * HLD / 2];
     __shared__ __align__(16) u32 Bs[TBN * HLD / 2];
-    const int ald = HOLD ? XLD : HLD;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wr = warp >> 1, wc = warp & 1;  // warp tile: rows wr*32.., cols wc*64..
@@ -414,9 +447,8 @@ __device__ __forceinline__ void nearest_f16_impl(const float* x, i64 n, i64 xr, 
     int i1[4], i2[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) { b1[r] = INF; b2[r] = INF; i1[r] = 0x7fffffff; i2[r] = 0x7fffffff; }
-    // A tile of 128 rows by 32 of k (from k0), scaled and rounded to f16, into `dst` at column
-    // `col` of rows of `ld` halves.
-    auto stage = [&](u32* dst, int ld, int col, const float* src, i64 rs, i64 row0, i64 rows, i64 k0, float sv) {
+    // A tile of 128 rows by 32 of k (from k0), scaled and rounded to f16, into `dst`.
+    auto stage = [&](u32* dst, const float* src, i64 rs, i64 row0, i64 rows, i64 k0, float sv) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             int idx = q * 256 + tid;
@@ -424,24 +456,10 @@ __device__ __forceinline__ void nearest_f16_impl(const float* x, i64 n, i64 xr, 
             i64 k = k0 + kq;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
             if (row0 + r < rows && k < d) v = *(const float4*)&src[(row0 + r) * rs + k];
-            *(uint2*)&dst[(r * ld + col + kq) / 2] =
+            *(uint2*)&dst[(r * HLD + kq) / 2] =
                 make_uint2(pack_f16x2(v.x * sv, v.y * sv), pack_f16x2(v.z * sv, v.w * sv));
         }
     };
-    // The packed centroids' tile at (n0, k0): eight halves a thread, twice.
-    uint4 nb[2];
-    auto load_b = [&](i64 n0, i64 k0) {
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-            int idx = q * 256 + tid;
-            nb[q] = *(const uint4*)&ch[((n0 + (idx >> 2)) * dp + k0 + (idx & 3) * 8) / 2];
-        }
-    };
-    if (HOLD) {
-        for (i64 k0 = 0; k0 < d; k0 += TBK) stage(As, XLD, (int)k0, x, xr, m0, n, k0, sx);
-        load_b(0, 0);
-    }
-    const i64 kend = HOLD ? dp : d;
 
     for (i64 n0 = 0; n0 < m; n0 += TBN) {
         float acc[2][8][4];
@@ -451,34 +469,21 @@ __device__ __forceinline__ void nearest_f16_impl(const float* x, i64 n, i64 xr, 
             for (int b = 0; b < 8; ++b)
 #pragma unroll
                 for (int q = 0; q < 4; ++q) acc[a][b][q] = 0.0f;
-        for (i64 k0 = 0; k0 < kend; k0 += TBK) {
+        for (i64 k0 = 0; k0 < d; k0 += TBK) {
             __syncthreads();
-            if (HOLD) {
-#pragma unroll
-                for (int q = 0; q < 2; ++q) {
-                    int idx = q * 256 + tid;
-                    *(uint4*)&Bs[((idx >> 2) * HLD + (idx & 3) * 8) / 2] = nb[q];
-                }
-            } else {
-                stage(As, HLD, 0, x, xr, m0, n, k0, sx);
-                stage(Bs, HLD, 0, c, cr, n0, m, k0, sc);
-            }
+            stage(As, x, xr, m0, n, k0, sx);
+            stage(Bs, c, cr, n0, m, k0, sc);
             __syncthreads();
-            if (HOLD) {
-                if (k0 + TBK < kend) load_b(n0, k0 + TBK);
-                else if (n0 + TBN < m) load_b(n0 + TBN, 0);
-            }
-            const int ak = HOLD ? (int)k0 : 0;
 #pragma unroll
             for (int kk = 0; kk < TBK; kk += 16) {
                 u32 a[2][4], b[8][2];
 #pragma unroll
                 for (int mt = 0; mt < 2; ++mt) {
                     int r0 = wr * 32 + mt * 16 + g;
-                    a[mt][0] = As[(r0 * ald + ak + kk) / 2 + t];
-                    a[mt][1] = As[((r0 + 8) * ald + ak + kk) / 2 + t];
-                    a[mt][2] = As[(r0 * ald + ak + kk) / 2 + t + 4];
-                    a[mt][3] = As[((r0 + 8) * ald + ak + kk) / 2 + t + 4];
+                    a[mt][0] = As[(r0 * HLD + kk) / 2 + t];
+                    a[mt][1] = As[((r0 + 8) * HLD + kk) / 2 + t];
+                    a[mt][2] = As[(r0 * HLD + kk) / 2 + t + 4];
+                    a[mt][3] = As[((r0 + 8) * HLD + kk) / 2 + t + 4];
                 }
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) {
@@ -492,35 +497,196 @@ __device__ __forceinline__ void nearest_f16_impl(const float* x, i64 n, i64 xr, 
                     for (int nt = 0; nt < 8; ++nt) mma_f16(acc[mt][nt], a[mt], b[nt]);
             }
         }
-        score_tile<true>(acc, back, n0, m, cnorm, b1, i1, b2, i2);
+        score_tile(acc, back, n0, GlobalNorms{cnorm, n0, m}, b1, i1, b2, i2);
     }
     top2_finish(b1, b2, i1, i2, x, n, xr, c, m, cr, d, m0, out_index, ioff, is, out_dist, doff, ds);
 }
 
-// Two blocks per multiprocessor (at most 128 registers a thread; a few spill; measured 11.3 ms
-// at 1M x 128 against 4096 on an H200, against 15.6 ms for one block of 172 registers).
+// Two blocks per multiprocessor (at most 128 registers a thread).
 extern "C" __global__ void __launch_bounds__(256, 2)
 nearest_f16(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m, i64 cr, i64 cc_unit, i64 d,
             const float* cnorm, u32* out_index, i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds,
             const u32* scales) {
-    nearest_f16_impl<false>(x, n, xr, c, m, cr, d, cnorm, out_index, ioff, is, out_dist, doff, ds, scales,
-                            nullptr, 0);
+    nearest_f16_impl(x, n, xr, c, m, cr, d, cnorm, out_index, ioff, is, out_dist, doff, ds, scales);
 }
 
-// For d <= HOLD_D: the block's points staged once, the centroids packed beforehand (`ch`,
-// rows of `dp` halves).
+// ----- held searches: d <= HOLD_D, points held, centroids packed and copied ahead -----
+// A block's 128 points are staged once (scaled, rounded to f16) and held in shared memory for
+// the whole sweep; the centroids come packed beforehand (pack_f16_scaled: f16, scaled, rows of
+// `dp` halves, padded to whole tiles) and each next 128-centroid tile is copied in whole by
+// cp.async while the current one is multiplied, so a tile costs two barriers and no register
+// staging. Fragments are read with ldmatrix. SPLIT (exact mode): every operand is also held
+// as an f16 remainder (v - hi, rounded), and hi*hi + hi*lo + lo*hi are accumulated: 22
+// significant bits a product, as three TF32 passes give, at f16's rate; the two best
+// candidates are re-checked in f32 in both modes.
+// Dynamic shared memory: (1 + SPLIT) x (points + two centroid tiles) of 128 rows of dp + 8
+// halves (rows padded so ldmatrix's eight row reads fall in distinct banks). `cnorm` must hold
+// whole tiles, NaN past the last centroid, and be 16-byte aligned: it is copied with the tiles.
+#define HOLD_D 128
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+// f16 of v and of its remainder v - f16(v).
+__device__ __forceinline__ void split_f16(float v, u16& hi, u16& lo) {
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(v));
+    float back;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(back) : "h"(hi));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(v - back));
+}
+
+template <bool SPLIT>
+__device__ __forceinline__ void nearest_held_impl(const float* x, i64 n, i64 xr, const float* c, i64 m, i64 cr,
+                                                  i64 d, const float* cnorm, u32* out_index, i64 ioff, i64 is,
+                                                  float* out_dist, i64 doff, i64 ds, const u32* scales,
+                                                  const u16* ch, i64 dp) {
+    extern __shared__ __align__(16) u16 held[];
+    const int ld = (int)dp + 8;                     // halves a row
+    const int plane = TBM * ld;                     // halves a 128-row tile
+    u16* xs = held;                                 // points: hi, then lo (SPLIT)
+    u16* cs = held + (SPLIT ? 2 : 1) * plane;       // centroid buffer s at cs + s * (1 + SPLIT) * plane
+    const int cstride = (SPLIT ? 2 : 1) * plane;
+    const i64 cplane = (m + TBN - 1) / TBN * TBN * dp;  // halves of one packed plane (hi or lo)
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wr = warp >> 1, wc = warp & 1;  // warp tile: rows wr*32.., cols wc*64..
+    const i64 m0 = (i64)blockIdx.x * TBM;
+    const float INF = __int_as_float(0x7f800000);
+    const float sx = f16_scale(scales[0]), sc = f16_scale(scales[1]);
+    const float back = -2.0f / (sx * sc);
+
+    // The next centroid tile (rows n0..n0+127 of the packed planes) into buffer `s`.
+    const int chunks = TBN * (int)dp / 8;  // 16-byte pieces a plane
+    const int row_chunks = (int)dp / 8;
+    __shared__ __align__(16) float norms_s[2][TBN];
+    auto fetch = [&](i64 n0, int s) {
+        if (tid < TBN / 4) cp_async16(smem_addr(&norms_s[s][tid * 4]), cnorm + n0 + tid * 4);
+        for (int i = tid; i < chunks; i += 256) {
+            int r = i / row_chunks, q = i - r * row_chunks;
+            const u16* src = ch + (n0 + r) * dp + q * 8;
+            u16* dst = cs + s * cstride + r * ld + q * 8;
+            cp_async16(smem_addr(dst), src);
+            if (SPLIT) cp_async16(smem_addr(dst + plane), src + cplane);
+        }
+    };
+    fetch(0, 0);
+    cp_async_commit();
+    // The points, scaled and rounded (and split), four coordinates a thread at a time.
+    for (int i = tid; i < TBM * (int)dp / 4; i += 256) {
+        int r = i / ((int)dp / 4), k = (i - r * ((int)dp / 4)) * 4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (m0 + r < n && k < d) v = *(const float4*)&x[(m0 + r) * xr + k];
+        float e[4] = {v.x * sx, v.y * sx, v.z * sx, v.w * sx};
+        u16 hi[4], lo[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) split_f16(e[q], hi[q], lo[q]);
+        *(uint2*)&xs[r * ld + k] = make_uint2(hi[0] | ((u32)hi[1] << 16), hi[2] | ((u32)hi[3] << 16));
+        if (SPLIT)
+            *(uint2*)&xs[plane + r * ld + k] = make_uint2(lo[0] | ((u32)lo[1] << 16), lo[2] | ((u32)lo[3] << 16));
+    }
+
+    float b1[4], b2[4];
+    int i1[4], i2[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) { b1[r] = INF; b2[r] = INF; i1[r] = 0x7fffffff; i2[r] = 0x7fffffff; }
+    // ldmatrix addresses: lane l names row (l % 8) + 8 ((l / 8) % 2) of a 16-row A fragment at
+    // column 8 (l / 16); for B, row (l % 8) + 8 (l / 16) of a 16-centroid pair at column
+    // 8 ((l / 8) % 2), which yields b[nt][0], b[nt][1], b[nt+1][0], b[nt+1][1].
+    const u32 a_base = smem_addr(xs + (wr * 32 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8);
+    const int b_off = (wc * 64 + (lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8;
+
+    int s = 0;
+    for (i64 n0 = 0; n0 < m; n0 += TBN, s ^= 1) {
+        if (n0 + TBN < m) fetch(n0 + TBN, s ^ 1);
+        cp_async_commit();
+        cp_async_wait_one();
+        __syncthreads();
+        const u32 b_base = smem_addr(cs + s * cstride + b_off);
+        float acc[2][8][4];
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+#pragma unroll
+            for (int b = 0; b < 8; ++b)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) acc[a][b][q] = 0.0f;
+#pragma unroll 2
+        for (int kk = 0; kk < (int)dp; kk += 16) {
+            u32 a[2][4], b[8][2];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(a[mt], a_base + 2 * (mt * 16 * ld + kk));
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {
+                u32 r[4];
+                ldmatrix_x4(r, b_base + 2 * (p * 16 * ld + kk));
+                b[2 * p][0] = r[0]; b[2 * p][1] = r[1]; b[2 * p + 1][0] = r[2]; b[2 * p + 1][1] = r[3];
+            }
+            if (SPLIT) {
+                // The cross terms first: they are the small ones.
+                u32 al[2][4], bl[8][2];
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(al[mt], a_base + 2 * (plane + mt * 16 * ld + kk));
+#pragma unroll
+                for (int p = 0; p < 4; ++p) {
+                    u32 r[4];
+                    ldmatrix_x4(r, b_base + 2 * (plane + p * 16 * ld + kk));
+                    bl[2 * p][0] = r[0]; bl[2 * p][1] = r[1]; bl[2 * p + 1][0] = r[2]; bl[2 * p + 1][1] = r[3];
+                }
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < 8; ++nt) {
+                        mma_f16(acc[mt][nt], al[mt], b[nt]);
+                        mma_f16(acc[mt][nt], a[mt], bl[nt]);
+                    }
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) mma_f16(acc[mt][nt], a[mt], b[nt]);
+        }
+        const float* tile_norms = norms_s[s];
+        score_tile(acc, back, n0, [&](int cl) { return tile_norms[cl]; }, b1, i1, b2, i2);
+        // Every warp is done with buffer s before the next iteration's fetch overwrites it.
+        __syncthreads();
+    }
+    top2_finish(b1, b2, i1, i2, x, n, xr, c, m, cr, d, m0, out_index, ioff, is, out_dist, doff, ds);
+}
+
+// Fast mode: two blocks per multiprocessor (at most 128 registers a thread; 104 KiB of shared
+// memory each at d = 128).
 extern "C" __global__ void __launch_bounds__(256, 2)
 nearest_f16_held(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m, i64 cr, i64 cc_unit, i64 d,
                  const float* cnorm, u32* out_index, i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds,
-                 const u32* scales, const u32* ch, i64 dp) {
-    nearest_f16_impl<true>(x, n, xr, c, m, cr, d, cnorm, out_index, ioff, is, out_dist, doff, ds, scales, ch,
-                           dp);
+                 const u32* scales, const u16* ch, i64 dp) {
+    nearest_held_impl<false>(x, n, xr, c, m, cr, d, cnorm, out_index, ioff, is, out_dist, doff, ds, scales, ch,
+                             dp);
+}
+
+// Exact mode: one block per multiprocessor (208 KiB of shared memory at d = 128).
+extern "C" __global__ void __launch_bounds__(256, 1)
+nearest_f16x3_held(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m, i64 cr, i64 cc_unit,
+                   i64 d, const float* cnorm, u32* out_index, i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds,
+                   const u32* scales, const u16* ch, i64 dp) {
+    nearest_held_impl<true>(x, n, xr, c, m, cr, d, cnorm, out_index, ioff, is, out_dist, doff, ds, scales, ch,
+                            dp);
 }
 
 // v [rows, cols] (strides rs, cs) times the power of two f16_scale(*scale) makes of the word, to
-// f16 rows of `cols_p` halves, `rows_p` of them (the padding zero), two halves per word.
+// f16 rows of `cols_p` halves, `rows_p` of them (the padding zero), two halves per word. With
+// `split`, a second plane of rows_p * cols_p halves follows, holding each value's remainder
+// (v - f16(v), rounded to f16).
 extern "C" __global__ void pack_f16_scaled(const float* v, i64 rows, i64 cols, i64 rs, i64 cs, const u32* scale,
-                                           i64 rows_p, i64 cols_p, u32* out) {
+                                           i64 rows_p, i64 cols_p, u32* out, i64 split) {
     const float sv = f16_scale(*scale);
     const i64 words = rows_p * cols_p / 2;
     for (i64 w = (i64)blockIdx.x * blockDim.x + threadIdx.x; w < words; w += (i64)gridDim.x * blockDim.x) {
@@ -528,7 +694,11 @@ extern "C" __global__ void pack_f16_scaled(const float* v, i64 rows, i64 cols, i
         float a = 0.0f, b = 0.0f;
         if (r < rows && k < cols) a = v[r * rs + k * cs] * sv;
         if (r < rows && k + 1 < cols) b = v[r * rs + (k + 1) * cs] * sv;
-        out[w] = pack_f16x2(a, b);
+        u16 ah, al, bh, bl;
+        split_f16(a, ah, al);
+        split_f16(b, bh, bl);
+        out[w] = ah | ((u32)bh << 16);
+        if (split) out[words + w] = al | ((u32)bl << 16);
     }
 }
 

@@ -8,6 +8,18 @@ typedef unsigned short u16;
 typedef long long i64;
 typedef unsigned long long u64;
 
+// Programmatic dependent launch (Hopper and newer; compiled only into the compute_90 PTX of the
+// files xtask builds for both targets). The first statement of each kernel there: let the next
+// kernel in the stream begin launching now (`launch_dependents`), then wait until the kernels
+// before this one have finished and their writes are visible (`wait`) before touching memory.
+// The backend launches only those kernels with the programmatic-serialization attribute, so a
+// chain of small kernels overlaps each launch with the previous kernel's run.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GRID_DEPENDENCY() asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory")
+#else
+#define GRID_DEPENDENCY()
+#endif
+
 // Dtype codes: the order of hal::DType as the backend numbers it (lib.rs, `dtype_code`).
 #define DT_F32 0
 #define DT_F16 1

@@ -1,6 +1,8 @@
 // Elementwise primitives over strided, broadcast views: fill, copy (and cast), unary, binary,
 // ternary; contiguous f32 fast paths with 16-byte loads; an empty kernel for launch timing.
 // Op codes follow hal's enums in declaration order (lib.rs, `unary_code`, `BinaryOp::ALL`).
+// Built twice (xtask's DUAL_TARGET): the compute_90 PTX has every kernel open with
+// GRID_DEPENDENCY, and the backend launches it with programmatic dependent launch on Hopper.
 #include "common.cuh"
 
 __device__ __forceinline__ float unary_apply(int op, float x, float p0, float p1) {
@@ -63,9 +65,10 @@ __device__ __forceinline__ float ternary_apply(int op, float a, float b, float c
     }
 }
 
-extern "C" __global__ void empty_kernel() {}
+extern "C" __global__ void empty_kernel() { GRID_DEPENDENCY(); }
 
 extern "C" __global__ void fill_kernel(Walk w, void* out, int esize, u32 bits) {
+    GRID_DEPENDENCY();
     GRID_STRIDE(i, w.n) {
         i64 o[1];
         walk_offsets<1>(w, i, o);
@@ -75,6 +78,7 @@ extern "C" __global__ void fill_kernel(Walk w, void* out, int esize, u32 bits) {
 }
 
 extern "C" __global__ void copy_kernel(Walk w, void* out, int odt, const void* src, int sdt) {
+    GRID_DEPENDENCY();
     GRID_STRIDE(i, w.n) {
         i64 o[2];
         walk_offsets<2>(w, i, o);
@@ -92,6 +96,7 @@ extern "C" __global__ void copy_kernel(Walk w, void* out, int odt, const void* s
 }
 
 extern "C" __global__ void unary_kernel(Walk w, void* out, int odt, const void* x, int xdt, int op, float p0, float p1) {
+    GRID_DEPENDENCY();
     GRID_STRIDE(i, w.n) {
         i64 o[2];
         walk_offsets<2>(w, i, o);
@@ -100,6 +105,7 @@ extern "C" __global__ void unary_kernel(Walk w, void* out, int odt, const void* 
 }
 
 extern "C" __global__ void binary_kernel(Walk w, void* out, int odt, const void* a, int adt, const void* b, int bdt, int op) {
+    GRID_DEPENDENCY();
     GRID_STRIDE(i, w.n) {
         i64 o[3];
         walk_offsets<3>(w, i, o);
@@ -109,6 +115,7 @@ extern "C" __global__ void binary_kernel(Walk w, void* out, int odt, const void*
 
 extern "C" __global__ void ternary_kernel(Walk w, void* out, int odt, const void* a, int adt, const void* b, int bdt,
                                           const void* c, int cdt, int op) {
+    GRID_DEPENDENCY();
     GRID_STRIDE(i, w.n) {
         i64 o[4];
         walk_offsets<4>(w, i, o);
@@ -120,6 +127,7 @@ extern "C" __global__ void ternary_kernel(Walk w, void* out, int odt, const void
 // Contiguous f32 operands whose addresses are 16-byte aligned: four elements per load and store.
 // The tail (n % 4 elements) is done by the first block.
 extern "C" __global__ void unary_f32_vec4(i64 n, float* out, const float* x, int op, float p0, float p1) {
+    GRID_DEPENDENCY();
     i64 quads = n / 4;
     GRID_STRIDE(q, quads) {
         float4 v = ((const float4*)x)[q];
@@ -136,6 +144,7 @@ extern "C" __global__ void unary_f32_vec4(i64 n, float* out, const float* x, int
 }
 
 extern "C" __global__ void binary_f32_vec4(i64 n, float* out, const float* a, const float* b, int op) {
+    GRID_DEPENDENCY();
     i64 quads = n / 4;
     GRID_STRIDE(q, quads) {
         float4 u = ((const float4*)a)[q];
@@ -155,6 +164,7 @@ extern "C" __global__ void binary_f32_vec4(i64 n, float* out, const float* a, co
 // hal::random: element i of the output's row-major order gets random_value(dist, seed, offset + i).
 extern "C" __global__ void random_kernel(Walk w, void* out, int odt, u32 seed_lo, u32 seed_hi, u64 offset, int normal,
                                          float p0, float p1) {
+    GRID_DEPENDENCY();
     GRID_STRIDE(i, w.n) {
         i64 o[1];
         walk_offsets<1>(w, i, o);

@@ -1,6 +1,7 @@
 //! `cargo xtask ptx [--check]`: compiles every `cuda/*.cu` with nvcc to
-//! `crates/backend-cuda/ptx/NAME.ptx`, stamped with a hash of its sources (the `.cu` file and
-//! every `.cuh` it includes). `--check` needs no nvcc: it recomputes the hashes and fails when
+//! `crates/backend-cuda/ptx/NAME.ptx` (and the files in [`DUAL_TARGET`] also to
+//! `NAME.sm90.ptx`), stamped with a hash of its sources (the `.cu` file and every `.cuh` it
+//! includes). `--check` needs no nvcc: it recomputes the hashes and fails when
 //! a source changed without its PTX, a PTX file has no source, or a PTX file's ISA is newer
 //! than the CUDA 13.0 driver accepts (9.0).
 
@@ -9,6 +10,10 @@ use std::process::{Command, ExitCode};
 
 /// nvcc's target: PTX for compute capability 8.0, which every newer GPU JIT-compiles.
 const ARCH: &str = "compute_80";
+/// Sources also built for compute capability 9.0 (`NAME.sm90.ptx`), where their kernels use
+/// Hopper's programmatic dependent launch (`GRID_DEPENDENCY` in `cuda/common.cuh`); the
+/// backend loads that PTX on Hopper and newer.
+const DUAL_TARGET: [&str; 1] = ["elementwise"];
 /// The newest PTX ISA a CUDA 13.0 driver loads.
 const MAX_ISA: (u32, u32) = (9, 0);
 const STAMP: &str = "// source-hash: ";
@@ -57,15 +62,21 @@ fn sources() -> std::io::Result<Vec<PathBuf>> {
     Ok(v)
 }
 
-fn ptx_path(cu: &Path) -> PathBuf {
-    let stem = cu
-        .file_stem()
+fn stem(cu: &Path) -> String {
+    cu.file_stem()
         .expect("file name")
         .to_string_lossy()
-        .into_owned();
-    root()
-        .join("crates/backend-cuda/ptx")
-        .join(format!("{stem}.ptx"))
+        .into_owned()
+}
+
+/// The PTX files built from `cu`: (nvcc's `-arch`, path).
+fn targets(cu: &Path) -> Vec<(&'static str, PathBuf)> {
+    let (stem, dir) = (stem(cu), root().join("crates/backend-cuda/ptx"));
+    let mut v = vec![(ARCH, dir.join(format!("{stem}.ptx")))];
+    if DUAL_TARGET.contains(&stem.as_str()) {
+        v.push(("compute_90", dir.join(format!("{stem}.sm90.ptx"))));
+    }
+    v
 }
 
 /// The `.version` line's ISA.
@@ -97,7 +108,6 @@ pub fn run(args: &[String]) -> ExitCode {
 fn check_all(srcs: &[PathBuf]) -> ExitCode {
     let mut bad = Vec::new();
     for cu in srcs {
-        let out = ptx_path(cu);
         let want = match source_hash(cu) {
             Ok(h) => h,
             Err(e) => {
@@ -105,55 +115,51 @@ fn check_all(srcs: &[PathBuf]) -> ExitCode {
                 continue;
             }
         };
-        let Ok(ptx) = std::fs::read_to_string(&out) else {
-            bad.push(format!(
-                "{} has no PTX ({} is missing)",
-                cu.display(),
-                out.display()
-            ));
-            continue;
-        };
-        let got = ptx
-            .lines()
-            .find_map(|l| l.strip_prefix(STAMP))
-            .unwrap_or("(none)");
-        if got != want {
-            bad.push(format!(
-                "{} changed since its PTX was built (hash {want}, PTX stamped {got})",
-                cu.display()
-            ));
-        }
-        match isa(&ptx) {
-            Some(v) if v <= MAX_ISA => {}
-            other => bad.push(format!(
-                "{}: PTX ISA {other:?} is newer than {}.{} (the CUDA 13.0 driver's limit)",
-                out.display(),
-                MAX_ISA.0,
-                MAX_ISA.1
-            )),
+        for (_, out) in targets(cu) {
+            let Ok(ptx) = std::fs::read_to_string(&out) else {
+                bad.push(format!(
+                    "{} has no PTX ({} is missing)",
+                    cu.display(),
+                    out.display()
+                ));
+                continue;
+            };
+            let got = ptx
+                .lines()
+                .find_map(|l| l.strip_prefix(STAMP))
+                .unwrap_or("(none)");
+            if got != want {
+                bad.push(format!(
+                    "{} changed since {} was built (hash {want}, PTX stamped {got})",
+                    cu.display(),
+                    out.display()
+                ));
+            }
+            match isa(&ptx) {
+                Some(v) if v <= MAX_ISA => {}
+                other => bad.push(format!(
+                    "{}: PTX ISA {other:?} is newer than {}.{} (the CUDA 13.0 driver's limit)",
+                    out.display(),
+                    MAX_ISA.0,
+                    MAX_ISA.1
+                )),
+            }
         }
     }
     if let Ok(dir) = std::fs::read_dir(root().join("crates/backend-cuda/ptx")) {
         for e in dir.filter_map(|e| e.ok()) {
-            let stem = e
-                .path()
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned());
-            if let Some(stem) = stem {
-                if !srcs
-                    .iter()
-                    .any(|s| s.file_stem().is_some_and(|f| f.to_string_lossy() == stem))
-                {
-                    bad.push(format!("{} has no source in cuda/", e.path().display()));
-                }
+            let path = e.path();
+            if !srcs
+                .iter()
+                .any(|cu| targets(cu).iter().any(|(_, out)| *out == path))
+            {
+                bad.push(format!("{} has no source in cuda/", path.display()));
             }
         }
     }
     if bad.is_empty() {
-        println!(
-            "xtask ptx --check: {} PTX files match their sources",
-            srcs.len()
-        );
+        let files: usize = srcs.iter().map(|cu| targets(cu).len()).sum();
+        println!("xtask ptx --check: {files} PTX files match their sources");
         ExitCode::SUCCESS
     } else {
         for b in &bad {
@@ -172,49 +178,47 @@ fn build_all(srcs: &[PathBuf]) -> ExitCode {
     }
     let _ = std::fs::create_dir_all(root().join("crates/backend-cuda/ptx"));
     for cu in srcs {
-        let out = ptx_path(cu);
-        let tmp = out.with_extension("ptx.tmp");
-        let status = Command::new(&nvcc)
-            .args(["-ptx", &format!("-arch={ARCH}"), "-O3", "-lineinfo"])
-            .arg(format!("-I{}", root().join("cuda").display()))
-            .arg(cu)
-            .arg("-o")
-            .arg(&tmp)
-            .status();
-        if !matches!(status, Ok(s) if s.success()) {
-            eprintln!("xtask ptx: nvcc failed on {}", cu.display());
-            return ExitCode::FAILURE;
-        }
-        let body = match std::fs::read_to_string(&tmp) {
-            Ok(b) => b,
-            Err(e) => {
+        for (arch, out) in targets(cu) {
+            if let Err(e) = build_one(&nvcc, cu, arch, &out) {
                 eprintln!("xtask ptx: {e}");
                 return ExitCode::FAILURE;
             }
-        };
-        let _ = std::fs::remove_file(&tmp);
-        if !matches!(isa(&body), Some(v) if v <= MAX_ISA) {
-            eprintln!(
-                "xtask ptx: {} came out as PTX ISA {:?}, newer than 9.0: pin nvidia-nvvm==13.0.*",
-                cu.display(),
-                isa(&body)
-            );
-            return ExitCode::FAILURE;
         }
-        let name = cu.file_name().expect("name").to_string_lossy().into_owned();
-        let hash = source_hash(cu).expect("readable");
-        // nvcc stamps its own build comments; ours name the source and hash.
-        let stamped = format!(
-            "// Generated by `cargo xtask ptx` from cuda/{name} ({ARCH}); do not edit.\n{STAMP}{hash}\n{body}"
-        );
-        if let Err(e) = std::fs::write(&out, stamped) {
-            eprintln!("xtask ptx: writing {}: {e}", out.display());
-            return ExitCode::FAILURE;
-        }
-        println!(
-            "xtask ptx: cuda/{name} -> {}",
-            out.strip_prefix(root()).unwrap_or(&out).display()
-        );
     }
     ExitCode::SUCCESS
+}
+
+fn build_one(nvcc: &str, cu: &Path, arch: &str, out: &Path) -> Result<(), String> {
+    let tmp = out.with_extension("ptx.tmp");
+    let status = Command::new(nvcc)
+        .args(["-ptx", &format!("-arch={arch}"), "-O3", "-lineinfo"])
+        .arg(format!("-I{}", root().join("cuda").display()))
+        .arg(cu)
+        .arg("-o")
+        .arg(&tmp)
+        .status();
+    if !matches!(status, Ok(s) if s.success()) {
+        return Err(format!("nvcc failed on {} ({arch})", cu.display()));
+    }
+    let body = std::fs::read_to_string(&tmp).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&tmp);
+    if !matches!(isa(&body), Some(v) if v <= MAX_ISA) {
+        return Err(format!(
+            "{} came out as PTX ISA {:?}, newer than 9.0: pin nvidia-nvvm==13.0.*",
+            cu.display(),
+            isa(&body)
+        ));
+    }
+    let name = cu.file_name().expect("name").to_string_lossy().into_owned();
+    let hash = source_hash(cu).map_err(|e| e.to_string())?;
+    // nvcc stamps its own build comments; ours name the source and hash.
+    let stamped = format!(
+        "// Generated by `cargo xtask ptx` from cuda/{name} ({arch}); do not edit.\n{STAMP}{hash}\n{body}"
+    );
+    std::fs::write(out, stamped).map_err(|e| format!("writing {}: {e}", out.display()))?;
+    println!(
+        "xtask ptx: cuda/{name} ({arch}) -> {}",
+        out.strip_prefix(root()).unwrap_or(out).display()
+    );
+    Ok(())
 }

@@ -19,6 +19,12 @@ pub(crate) const MODULES: [(&str, &str); 5] = [
     ("optim", include_str!("../ptx/optim.ptx")),
 ];
 
+/// The compute-capability-9.0 builds of files in `MODULES` (xtask's `DUAL_TARGET`), loaded in
+/// their place on Hopper and newer: their kernels open with `GRID_DEPENDENCY`
+/// (`cuda/common.cuh`) and are launched with programmatic dependent launch.
+const HOPPER_MODULES: [(&str, &str); 1] =
+    [("elementwise", include_str!("../ptx/elementwise.sm90.ptx"))];
+
 /// Threads per block of the one-dimensional kernels.
 pub(crate) const BLOCK: u32 = 256;
 
@@ -45,7 +51,22 @@ pub(crate) fn blas_error(what: &str, e: blas::CublasError) -> Error {
 
 /// A kernel handle (a raw driver pointer, usable from any thread).
 #[derive(Clone, Copy)]
-pub(crate) struct Func(pub sys::CUfunction);
+pub(crate) struct Func {
+    pub raw: sys::CUfunction,
+    /// The kernel waits for its predecessors itself (`GRID_DEPENDENCY`), so it may be
+    /// launched before they finish (programmatic stream serialization).
+    pub grid_dependency: bool,
+}
+
+impl Func {
+    /// A kernel launched in plain stream order.
+    pub fn plain(raw: sys::CUfunction) -> Func {
+        Func {
+            raw,
+            grid_dependency: false,
+        }
+    }
+}
 // SAFETY: CUfunction handles are immutable and the driver API is thread-safe.
 unsafe impl Send for Func {}
 unsafe impl Sync for Func {}
@@ -86,7 +107,8 @@ impl Args {
 pub(crate) struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: sys::CUstream,
-    modules: Vec<(&'static str, sys::CUmodule)>,
+    /// Each loaded module, and whether it is a `HOPPER_MODULES` build.
+    modules: Vec<(&'static str, sys::CUmodule, bool)>,
     functions: Mutex<HashMap<&'static str, Func>>,
     pub pool: Arc<Pool>,
     pub cublas: Mutex<blas_sys::cublasHandle_t>,
@@ -100,6 +122,8 @@ pub(crate) struct Device {
     pub capturing: AtomicBool,
     pub name: String,
     pub sms: u32,
+    /// The most shared memory one block may ask for (opting in beyond the default 48 KiB).
+    pub shared_optin: usize,
     pub compute_capability: (i32, i32),
     pub memory_total: u64,
 }
@@ -144,10 +168,16 @@ impl Device {
         }
         let ctx = CudaContext::new(ordinal)
             .map_err(|e| unavailable(format!("cannot create a context: {e:?}")))?;
-        let (name, sms, cc, memory_total) = (
+        let attribute = |a| {
+            ctx.attribute(a)
+                .map_err(|e| driver_error("device attribute", e))
+        };
+        let (name, sms, shared_optin, cc, memory_total) = (
             ctx.name().unwrap_or_else(|_| "NVIDIA GPU".into()),
-            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                .map_err(|e| driver_error("device attribute", e))? as u32,
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )? as usize,
             ctx.compute_capability()
                 .map_err(|e| driver_error("compute capability", e))?,
             ctx.total_mem()
@@ -162,12 +192,19 @@ impl Device {
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| driver_error("stream", e))?;
         let mut modules = Vec::new();
+        // BACKEND_CUDA_NO_PDL=1 keeps the compute_80 builds (to compare, or to rule the
+        // overlapped launches out when chasing a fault).
+        let hopper = cc.0 >= 9 && std::env::var_os("BACKEND_CUDA_NO_PDL").is_none();
         for (name, ptx) in MODULES {
-            let image = CString::new(ptx).expect("PTX has no NUL bytes");
+            let hopper_ptx = HOPPER_MODULES
+                .iter()
+                .find(|(n, _)| hopper && *n == name)
+                .map(|(_, p)| *p);
+            let image = CString::new(hopper_ptx.unwrap_or(ptx)).expect("PTX has no NUL bytes");
             // SAFETY: a NUL-terminated PTX image; the context is current.
             let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
                 .map_err(|e| driver_error(&format!("loading the PTX of cuda/{name}.cu"), e))?;
-            modules.push((name, module));
+            modules.push((name, module, hopper_ptx.is_some()));
         }
         let pool = Pool::new(stream);
         let handle = blas::create_handle().map_err(|e| blas_error("cublasCreate", e))?;
@@ -195,6 +232,7 @@ impl Device {
             capturing: AtomicBool::new(false),
             name,
             sms,
+            shared_optin,
             compute_capability: cc,
             memory_total,
         };
@@ -215,11 +253,15 @@ impl Device {
             return Ok(*f);
         }
         let cname = CString::new(name).expect("kernel names have no NUL");
-        for (_, module) in &self.modules {
+        for &(_, module, grid_dependency) in &self.modules {
             // SAFETY: the module is loaded; a missing name is an error, not UB.
-            if let Ok(f) = unsafe { result::module::get_function(*module, cname.clone()) } {
-                map.insert(name, Func(f));
-                return Ok(Func(f));
+            if let Ok(raw) = unsafe { result::module::get_function(module, cname.clone()) } {
+                let f = Func {
+                    raw,
+                    grid_dependency,
+                };
+                map.insert(name, f);
+                return Ok(f);
             }
         }
         Err(Error::Backend {
@@ -229,18 +271,71 @@ impl Device {
     }
 
     /// Launches `f` on the backend's stream.
-    pub fn launch_raw(
+    pub fn launch_raw(&self, f: Func, grid: (u32, u32, u32), block: u32, args: Args) -> Result<()> {
+        self.launch_shared(f, grid, block, 0, args)
+    }
+
+    /// Launches `f` with `shared` bytes of dynamic shared memory (beyond 48 KiB the function
+    /// is first allowed that much; callers keep `shared` within [`Device::shared_optin`]).
+    pub fn launch_shared(
         &self,
         f: Func,
         grid: (u32, u32, u32),
         block: u32,
+        shared: usize,
         mut args: Args,
     ) -> Result<()> {
+        if shared > 48 << 10 {
+            // SAFETY: a function of a loaded module; the size is the device's to refuse.
+            unsafe {
+                result::function::set_function_attribute(
+                    f.raw,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared as i32,
+                )
+            }
+            .map_err(|e| driver_error("cuFuncSetAttribute (dynamic shared memory)", e))?;
+        }
         let mut ptrs = args.pointers();
+        if f.grid_dependency {
+            // SAFETY: a zeroed attribute is a valid "ignore" value before id and value are set.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: shared as u32,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; the kernel opens with griddepcontrol.wait, so starting before
+            // its predecessors finish cannot let it read or write memory early.
+            return unsafe {
+                sys::cuLaunchKernelEx(&config, f.raw, ptrs.as_mut_ptr(), std::ptr::null_mut())
+            }
+            .result()
+            .map_err(|e| driver_error("cuLaunchKernelEx", e));
+        }
         // SAFETY: the argument list matches the kernel's signature (each call site mirrors the
         // kernel's declaration in cuda/*.cu); device pointers come from live blocks.
-        unsafe { result::launch_kernel(f.0, grid, (block, 1, 1), 0, self.stream, &mut ptrs) }
-            .map_err(|e| driver_error("cuLaunchKernel", e))
+        unsafe {
+            result::launch_kernel(
+                f.raw,
+                grid,
+                (block, 1, 1),
+                shared as u32,
+                self.stream,
+                &mut ptrs,
+            )
+        }
+        .map_err(|e| driver_error("cuLaunchKernel", e))
     }
 
     /// Launches kernel `name` with enough blocks of [`BLOCK`] threads for `work` items (the
@@ -297,7 +392,7 @@ impl Drop for Device {
         // SAFETY: the handle and modules are ours and no longer used.
         unsafe {
             let _ = blas::destroy_handle(handle);
-            for (_, m) in &self.modules {
+            for (_, m, _) in &self.modules {
                 let _ = result::module::unload(*m);
             }
         }

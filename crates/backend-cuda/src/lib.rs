@@ -6,10 +6,13 @@
 //!
 //! - Kernels are CUDA C in the repository's `cuda/` folder, compiled by `cargo xtask ptx` to PTX
 //!   committed in `crates/backend-cuda/ptx/` (ISA 9.0, `compute_80`), each file stamped with the
-//!   hash of its sources; building needs no CUDA toolkit ([`device::MODULES`]).
+//!   hash of its sources; building needs no CUDA toolkit ([`device::MODULES`]). On Hopper the
+//!   elementwise kernels come from a compute_90 build and launch with programmatic dependent
+//!   launch: each may start while its predecessor runs and waits for it on the device.
 //! - `matmul` goes to cuBLAS (`cublasGemmStridedBatchedEx`): f32, f16 and bf16 inputs with f32
-//!   accumulation; TF32 tensor cores under [`hal::Precision::Fast`] (the nearest-centroid
-//!   search: f16 tensor cores, operands scaled into f16's range).
+//!   accumulation; TF32 tensor cores under [`hal::Precision::Fast`]. The nearest-centroid
+//!   search runs on f16 tensor cores, operands scaled into f16's range (exact mode: three
+//!   passes over split operands), two candidates a point re-checked in f32.
 //! - The scalar program IR is lowered to CUDA C and compiled by NVRTC at run time, cached by the
 //!   program's structural hash (`program.rs`).
 //! - Memory comes from a caching allocator (`alloc.rs`): a steady-state loop never calls
@@ -53,9 +56,9 @@ pub struct CudaBuffer {
     len: usize,
 }
 
-/// The longest d for which `nearest_f16_held` keeps a block's points in shared memory
-/// (cluster.cu's `HOLD_D`).
-const NEAREST_F16_HOLD_D: usize = 128;
+/// The longest d for which the held nearest-centroid kernels (`nearest_f16_held`,
+/// `nearest_f16x3_held`) keep a block's points in shared memory (cluster.cu's `HOLD_D`).
+const NEAREST_HOLD_D: usize = 128;
 
 impl std::fmt::Debug for CudaBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -956,20 +959,41 @@ impl Backend for CudaBackend {
                 outputs(both()),
             );
         }
-        let norms = self.new_buffer(DType::F32, m)?;
+        // The norms padded to whole tiles of 128 with NaN (all-ones bits), which the held
+        // kernels copy with each tile and which no score can win with.
+        let norms = self.new_buffer(DType::F32, m.next_multiple_of(128))?;
+        self.dev
+            .memset(norms.ptr(), 0xff, m.next_multiple_of(128) * 4)?;
         self.dev
             .launch("row_norms", m * 32, matrix(&cb, &cl, m).arg(norms.ptr()))?;
         // Tensor cores where the rows are contiguous and 16-byte aligned: f16 under
-        // Precision::Fast (operands scaled by powers of two into f16's range, measured first),
-        // three TF32 passes (f32-accurate ranking) otherwise; both re-check their two best
-        // candidates in f32. Other layouts take the f32 SIMT kernel.
+        // Precision::Fast (operands scaled by powers of two into f16's range, measured first);
+        // otherwise three passes over operands split into high and low parts (f16 ones, scaled
+        // likewise, where d <= 128; TF32 ones beyond), which rank as accurately as f32. All
+        // re-check their two best candidates in f32. Other layouts take the f32 SIMT kernel.
         let rows_ok = |l: &Layout| l.strides[1] == 1 && l.strides[0] % 4 == 0 && l.offset % 4 == 0;
         let tensor_cores = rows_ok(&xl) && rows_ok(&cl) && d % 4 == 0;
+        // For d <= 128 the held kernels (points held in shared memory, centroids packed to f16
+        // beforehand and copied a tile ahead) where the device lends a block enough shared
+        // memory: at d = 128, 107 KiB in fast mode and 209 KiB for exact mode's split form
+        // (Hopper has 227 KiB, A100 163, other Ampere and Ada parts 99).
+        let (mp, dp) = (m.next_multiple_of(128), d.next_multiple_of(32));
+        let held_shared = |planes: usize| planes * 3 * 128 * (dp + 8) * 2;
+        // The held kernels' static shared memory (candidates and norms) comes on top.
+        let held = |planes: usize| {
+            d <= NEAREST_HOLD_D && held_shared(planes) + (5 << 10) <= self.dev.shared_optin
+        };
         let kernel = match (tensor_cores, self.precision) {
-            (true, Precision::Fast) if d <= NEAREST_F16_HOLD_D => "nearest_f16_held",
+            (true, Precision::Fast) if held(1) => "nearest_f16_held",
             (true, Precision::Fast) => "nearest_f16",
+            (true, _) if held(2) => "nearest_f16x3_held",
             (true, _) => "nearest_3xtf32",
             (false, _) => "nearest_exact",
+        };
+        let planes = match kernel {
+            "nearest_f16_held" => 1,
+            "nearest_f16x3_held" => 2,
+            _ => 0,
         };
         let scales = if kernel.starts_with("nearest_f16") {
             Some(self.scratch(DType::U32, 2)?)
@@ -983,17 +1007,17 @@ impl Backend for CudaBackend {
                     .launch("absmax_rows", count * d, matrix(b, l, count).arg(out))?;
             }
         }
-        // nearest_f16_held reads the centroids packed to f16 (rows padded to whole tiles of
-        // 128 and to a multiple of 32 halves).
-        let (mp, dp) = (m.next_multiple_of(128), d.next_multiple_of(32));
+        // The held kernels read the centroids packed to f16 (rows padded to whole tiles of 128
+        // and to a multiple of 32 halves; the split form's remainders in a second plane).
         let packed = match &scales {
-            Some(scales) if kernel == "nearest_f16_held" => {
-                let packed = self.new_buffer(DType::U32, mp * dp / 2)?;
+            Some(scales) if planes > 0 => {
+                let packed = self.new_buffer(DType::U32, planes * mp * dp / 2)?;
                 let args = matrix(&cb, &cl, m)
                     .arg(scales.ptr() + 4)
                     .arg(mp as i64)
                     .arg(dp as i64)
-                    .arg(packed.ptr());
+                    .arg(packed.ptr())
+                    .arg((planes - 1) as i64);
                 self.dev.launch("pack_f16_scaled", mp * dp / 2, args)?;
                 Some(packed)
             }
@@ -1003,10 +1027,11 @@ impl Backend for CudaBackend {
         // unit column strides and ignore them); the f16 ones take the scales, the packed
         // centroids and their row length after them, which the others ignore.
         let blocks = n.div_ceil(128) as u32;
-        self.dev.launch_raw(
+        self.dev.launch_shared(
             self.dev.function(kernel)?,
             (blocks, 1, 1),
             256,
+            if planes > 0 { held_shared(planes) } else { 0 },
             outputs(both().arg(norms.ptr()))
                 .arg(scales.as_ref().map_or(0, |s| s.ptr()))
                 .arg(packed.as_ref().map_or(0, |p| p.ptr()))

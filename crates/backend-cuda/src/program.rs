@@ -283,7 +283,7 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
             .map_err(|e| driver_error("cuModuleGetFunction", e))?;
     Ok(CudaKernel {
         program: Arc::new(program.clone()),
-        function: Func(function),
+        function: Func::plain(function),
         source: Arc::new(source),
     })
 }
