@@ -681,6 +681,147 @@ nearest_f16x3_held(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i
                             dp);
 }
 
+// ----- streamed searches: any d, both operands packed, k-chunks copied STAGES - 1 ahead -----
+// For d beyond HOLD_D (the points no longer fit in shared memory): the points are packed like
+// the centroids (pack_f16_scaled: rows of dp halves, dp a multiple of SK, rows padded to whole
+// tiles), and the block walks (centroid tile, k-chunk) steps in order, each step's 128 x SK
+// slices of points and centroids copied by cp.async STAGES - 1 steps ahead: one barrier a
+// step. The accumulators of a centroid tile are scored after its last chunk. Layout of a
+// plane: rows of `dp` halves; SPLIT: the remainders' plane follows (at rows_p * dp halves).
+#define SK 32
+#define SLD (SK + 8)
+
+template <bool SPLIT, int STAGES>
+__device__ __forceinline__ void nearest_stream_impl(const float* x, i64 n, i64 xr, const float* c, i64 m, i64 cr,
+                                                    i64 d, const float* cnorm, u32* out_index, i64 ioff, i64 is,
+                                                    float* out_dist, i64 doff, i64 ds, const u32* scales,
+                                                    const u16* xh, const u16* ch, i64 dp) {
+    extern __shared__ __align__(16) u16 streamed[];
+    const int slice = TBM * SLD;                        // halves of one 128 x SK slice
+    const int stage_halves = (SPLIT ? 4 : 2) * slice;   // points (hi, lo), centroids (hi, lo)
+    const i64 xplane = (n + TBM - 1) / TBM * TBM * dp, cplane = (m + TBN - 1) / TBN * TBN * dp;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wr = warp >> 1, wc = warp & 1;
+    const i64 m0 = (i64)blockIdx.x * TBM;
+    const float INF = __int_as_float(0x7f800000);
+    const float back = -2.0f / (f16_scale(scales[0]) * f16_scale(scales[1]));
+    const int chunks = (int)(dp / SK);
+    const int tiles = (int)((m + TBN - 1) / TBN);
+    const int steps = tiles * chunks;
+
+    // Step `st` (tile st / chunks, chunk st % chunks) into stage `buf`: 128 rows x SK halves of
+    // each operand plane, 16 bytes a copy, two copies a thread a plane.
+    auto fetch = [&](int st, int buf) {
+        if (st < steps) {
+            const i64 n0 = (i64)(st / chunks) * TBN, k0 = (i64)(st % chunks) * SK;
+            u16* dst = streamed + buf * stage_halves;
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const int i = q * 256 + tid, r = i >> 2, kq = (i & 3) * 8;
+                const u16* xs = xh + (m0 + r) * dp + k0 + kq;
+                const u16* cs = ch + (n0 + r) * dp + k0 + kq;
+                cp_async16(smem_addr(dst + r * SLD + kq), xs);
+                cp_async16(smem_addr(dst + (SPLIT ? 2 : 1) * slice + r * SLD + kq), cs);
+                if (SPLIT) {
+                    cp_async16(smem_addr(dst + slice + r * SLD + kq), xs + xplane);
+                    cp_async16(smem_addr(dst + 3 * slice + r * SLD + kq), cs + cplane);
+                }
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) fetch(st, st);
+
+    float b1[4], b2[4];
+    int i1[4], i2[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) { b1[r] = INF; b2[r] = INF; i1[r] = 0x7fffffff; i2[r] = 0x7fffffff; }
+    float acc[2][8][4];
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int b = 0; b < 8; ++b)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[a][b][q] = 0.0f;
+    // ldmatrix lanes as in nearest_held_impl, rows of SLD halves.
+    const int a_off = (wr * 32 + (lane & 7) + ((lane >> 3) & 1) * 8) * SLD + (lane >> 4) * 8;
+    const int b_off = (wc * 64 + (lane & 7) + (lane >> 4) * 8) * SLD + ((lane >> 3) & 1) * 8;
+
+    for (int st = 0; st < steps; ++st) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2) : "memory");
+        __syncthreads();
+        // The stage read one step ago is free: every warp has passed the barrier.
+        fetch(st + STAGES - 1, (st + STAGES - 1) % STAGES);
+        const u16* stage = streamed + (st % STAGES) * stage_halves;
+        const u32 a_base = smem_addr(stage + a_off);
+        const u32 b_base = smem_addr(stage + (SPLIT ? 2 : 1) * slice + b_off);
+#pragma unroll
+        for (int kk = 0; kk < SK; kk += 16) {
+            u32 a[2][4], b[8][2];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(a[mt], a_base + 2 * (mt * 16 * SLD + kk));
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {
+                u32 r[4];
+                ldmatrix_x4(r, b_base + 2 * (p * 16 * SLD + kk));
+                b[2 * p][0] = r[0]; b[2 * p][1] = r[1]; b[2 * p + 1][0] = r[2]; b[2 * p + 1][1] = r[3];
+            }
+            if (SPLIT) {
+                u32 al[2][4], bl[8][2];
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(al[mt], a_base + 2 * (slice + mt * 16 * SLD + kk));
+#pragma unroll
+                for (int p = 0; p < 4; ++p) {
+                    u32 r[4];
+                    ldmatrix_x4(r, b_base + 2 * (slice + p * 16 * SLD + kk));
+                    bl[2 * p][0] = r[0]; bl[2 * p][1] = r[1]; bl[2 * p + 1][0] = r[2]; bl[2 * p + 1][1] = r[3];
+                }
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < 8; ++nt) {
+                        mma_f16(acc[mt][nt], al[mt], b[nt]);
+                        mma_f16(acc[mt][nt], a[mt], bl[nt]);
+                    }
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) mma_f16(acc[mt][nt], a[mt], b[nt]);
+        }
+        if (st % chunks == chunks - 1) {
+            const i64 n0 = (i64)(st / chunks) * TBN;
+            score_tile(acc, back, n0, GlobalNorms{cnorm, n0, m}, b1, i1, b2, i2);
+#pragma unroll
+            for (int a = 0; a < 2; ++a)
+#pragma unroll
+                for (int b = 0; b < 8; ++b)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) acc[a][b][q] = 0.0f;
+        }
+    }
+    top2_finish(b1, b2, i1, i2, x, n, xr, c, m, cr, d, m0, out_index, ioff, is, out_dist, doff, ds);
+}
+
+// Fast mode, any d: four stages of 20 KiB, two blocks per multiprocessor.
+extern "C" __global__ void __launch_bounds__(256, 2)
+nearest_f16_stream(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m, i64 cr, i64 cc_unit, i64 d,
+                   const float* cnorm, u32* out_index, i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds,
+                   const u32* scales, const u16* ch, i64 dp, const u16* xh) {
+    nearest_stream_impl<false, 4>(x, n, xr, c, m, cr, d, cnorm, out_index, ioff, is, out_dist, doff, ds, scales,
+                                  xh, ch, dp);
+}
+
+// Exact mode, any d: three stages of 40 KiB.
+extern "C" __global__ void __launch_bounds__(256, 1)
+nearest_f16x3_stream(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m, i64 cr, i64 cc_unit,
+                     i64 d, const float* cnorm, u32* out_index, i64 ioff, i64 is, float* out_dist, i64 doff,
+                     i64 ds, const u32* scales, const u16* ch, i64 dp, const u16* xh) {
+    nearest_stream_impl<true, 3>(x, n, xr, c, m, cr, d, cnorm, out_index, ioff, is, out_dist, doff, ds, scales,
+                                 xh, ch, dp);
+}
+
 // v [rows, cols] (strides rs, cs) times the power of two f16_scale(*scale) makes of the word, to
 // f16 rows of `cols_p` halves, `rows_p` of them (the padding zero), two halves per word. With
 // `split`, a second plane of rows_p * cols_p halves follows, holding each value's remainder

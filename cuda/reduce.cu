@@ -220,23 +220,40 @@ extern "C" __global__ void segment_place(const u32* seg, i64 n, i64 m, i64 chunk
 
 // partial[(s * parts + p) * (d + 1) + k]: the sum over sub-range p of segment s's rows (in
 // order) of w * x[row, k]; column d holds the sum of weights. Grid (m, parts), threads over k.
+// The sub-range's row numbers and weights pass through shared memory 64 at a time, so each
+// thread's loads of x do not wait on them and can be in flight together.
+#define PART_ROWS 64
 extern "C" __global__ void segment_partial(const void* x, int xdt, i64 xoff, i64 xs0, i64 xs1, const void* wts, int wdt,
                                            i64 woff, i64 ws, int has_w, const u32* starts, const u32* order, i64 d,
                                            i64 parts, float* partial, const u32* verdict) {
     if (*verdict) return;
+    __shared__ i64 rows_s[PART_ROWS];
+    __shared__ float w_s[PART_ROWS];
     i64 s = blockIdx.x, p = blockIdx.y;
     u32 a = starts[s], b = starts[s + 1];
     u32 len = b - a;
     u32 per = (len + (u32)parts - 1u) / (u32)parts;
     u32 lo = a + min(len, (u32)p * per), hi = a + min(len, (u32)(p + 1) * per);
-    for (i64 k = threadIdx.x; k <= d; k += blockDim.x) {
+    for (i64 k0 = 0; k0 <= d; k0 += blockDim.x) {
+        const i64 k = k0 + threadIdx.x;
         float acc = 0.0f;
-        for (u32 q = lo; q < hi; ++q) {
-            i64 row = order[q];
-            float wv = has_w ? load_f(wts, wdt, woff + row * ws) : 1.0f;
-            acc += k < d ? wv * load_f(x, xdt, xoff + row * xs0 + k * xs1) : wv;
+        for (u32 q0 = lo; q0 < hi; q0 += PART_ROWS) {
+            __syncthreads();
+            if (threadIdx.x < PART_ROWS && q0 + threadIdx.x < hi) {
+                i64 row = order[q0 + threadIdx.x];
+                rows_s[threadIdx.x] = row;
+                w_s[threadIdx.x] = has_w ? load_f(wts, wdt, woff + row * ws) : 1.0f;
+            }
+            __syncthreads();
+            const int count = (int)min((u32)PART_ROWS, hi - q0);
+            if (k < d) {
+#pragma unroll 4
+                for (int j = 0; j < count; ++j) acc += w_s[j] * load_f(x, xdt, xoff + rows_s[j] * xs0 + k * xs1);
+            } else if (k == d) {
+                for (int j = 0; j < count; ++j) acc += w_s[j];
+            }
         }
-        partial[(s * parts + p) * (d + 1) + k] = acc;
+        if (k <= d) partial[(s * parts + p) * (d + 1) + k] = acc;
     }
 }
 

@@ -1409,6 +1409,7 @@ fn nearest_centroid<B: Backend>(s: &mut Suite<'_, B>) {
         [1000, 128, 300],
         [129, 96, 513],
         [200, 132, 130],
+        [150, 260, 200],
     ];
     while cases.len() < s.cfg.cases + 4 {
         let r = s.rng();

@@ -60,6 +60,69 @@ pub struct CudaBuffer {
 /// `nearest_f16x3_held`) keep a block's points in shared memory (cluster.cu's `HOLD_D`).
 const NEAREST_HOLD_D: usize = 128;
 
+/// Which nearest-centroid kernel runs, and what it needs.
+struct NearestPlan {
+    kernel: &'static str,
+    /// f16 planes of each packed operand (2: high parts and remainders), 0 for unpacked.
+    planes: usize,
+    /// The points are packed too (the streamed kernels).
+    streamed: bool,
+    /// Dynamic shared memory, bytes.
+    shared: usize,
+}
+
+impl NearestPlan {
+    /// `tensor_cores`: rows contiguous and aligned, d % 4 == 0; `dp`: d rounded up to 32;
+    /// `optin`: the most shared memory a block may have.
+    fn choose(
+        tensor_cores: bool,
+        precision: Precision,
+        d: usize,
+        dp: usize,
+        optin: usize,
+    ) -> NearestPlan {
+        // The static shared memory of these kernels (candidates, norms) comes on top.
+        let fits = |bytes: usize| bytes + (5 << 10) <= optin;
+        // cluster.cu: held, (1 + split) x (points + two centroid tiles) of 128 rows of dp + 8
+        // halves; streamed, STAGES x (1 + split) x 2 slices of 128 rows of SK + 8 = 40 halves.
+        let held = |planes: usize| planes * 3 * 128 * (dp + 8) * 2;
+        let streamed = |planes: usize, stages: usize| stages * planes * 2 * 128 * 40 * 2;
+        let plan = |kernel, planes, streamed, shared| NearestPlan {
+            kernel,
+            planes,
+            streamed,
+            shared,
+        };
+        let fast = precision == Precision::Fast;
+        let planes = if fast { 1 } else { 2 };
+        if !tensor_cores {
+            return plan("nearest_exact", 0, false, 0);
+        }
+        if d <= NEAREST_HOLD_D && fits(held(planes)) {
+            let kernel = if fast {
+                "nearest_f16_held"
+            } else {
+                "nearest_f16x3_held"
+            };
+            return plan(kernel, planes, false, held(planes));
+        }
+        let stages = if fast { 4 } else { 3 };
+        if fits(streamed(planes, stages)) {
+            let kernel = if fast {
+                "nearest_f16_stream"
+            } else {
+                "nearest_f16x3_stream"
+            };
+            return plan(kernel, planes, true, streamed(planes, stages));
+        }
+        if fast {
+            plan("nearest_f16", 0, false, 0)
+        } else {
+            plan("nearest_3xtf32", 0, false, 0)
+        }
+    }
+}
+
 impl std::fmt::Debug for CudaBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "CudaBuffer({} x {})", self.len, self.dtype)
@@ -969,33 +1032,24 @@ impl Backend for CudaBackend {
         // Tensor cores where the rows are contiguous and 16-byte aligned: f16 under
         // Precision::Fast (operands scaled by powers of two into f16's range, measured first);
         // otherwise three passes over operands split into high and low parts (f16 ones, scaled
-        // likewise, where d <= 128; TF32 ones beyond), which rank as accurately as f32. All
-        // re-check their two best candidates in f32. Other layouts take the f32 SIMT kernel.
+        // likewise; TF32 ones on devices with too little shared memory), which rank as
+        // accurately as f32. All re-check their two best candidates in f32. Other layouts
+        // take the f32 SIMT kernel.
         let rows_ok = |l: &Layout| l.strides[1] == 1 && l.strides[0] % 4 == 0 && l.offset % 4 == 0;
         let tensor_cores = rows_ok(&xl) && rows_ok(&cl) && d % 4 == 0;
-        // For d <= 128 the held kernels (points held in shared memory, centroids packed to f16
-        // beforehand and copied a tile ahead) where the device lends a block enough shared
-        // memory: at d = 128, 107 KiB in fast mode and 209 KiB for exact mode's split form
-        // (Hopper has 227 KiB, A100 163, other Ampere and Ada parts 99).
-        let (mp, dp) = (m.next_multiple_of(128), d.next_multiple_of(32));
-        let held_shared = |planes: usize| planes * 3 * 128 * (dp + 8) * 2;
-        // The held kernels' static shared memory (candidates and norms) comes on top.
-        let held = |planes: usize| {
-            d <= NEAREST_HOLD_D && held_shared(planes) + (5 << 10) <= self.dev.shared_optin
-        };
-        let kernel = match (tensor_cores, self.precision) {
-            (true, Precision::Fast) if held(1) => "nearest_f16_held",
-            (true, Precision::Fast) => "nearest_f16",
-            (true, _) if held(2) => "nearest_f16x3_held",
-            (true, _) => "nearest_3xtf32",
-            (false, _) => "nearest_exact",
-        };
-        let planes = match kernel {
-            "nearest_f16_held" => 1,
-            "nearest_f16x3_held" => 2,
-            _ => 0,
-        };
-        let scales = if kernel.starts_with("nearest_f16") {
+        // Where the device lends a block enough shared memory (Hopper 227 KiB, A100 163, other
+        // Ampere and Ada parts 99): for d <= 128 the held kernels (points held in shared
+        // memory, centroids packed to f16 beforehand and copied a tile ahead; at d = 128,
+        // 107 KiB in fast mode, 209 KiB for exact mode's split form), beyond that the streamed
+        // ones (points packed too, k-slices copied stages ahead: 84 and 124 KiB). The older
+        // register-staged kernels remain for devices with less.
+        let (np, mp, dp) = (
+            n.next_multiple_of(128),
+            m.next_multiple_of(128),
+            d.next_multiple_of(32),
+        );
+        let plan = NearestPlan::choose(tensor_cores, self.precision, d, dp, self.dev.shared_optin);
+        let scales = if plan.kernel.starts_with("nearest_f16") {
             Some(self.scratch(DType::U32, 2)?)
         } else {
             None
@@ -1007,35 +1061,46 @@ impl Backend for CudaBackend {
                     .launch("absmax_rows", count * d, matrix(b, l, count).arg(out))?;
             }
         }
-        // The held kernels read the centroids packed to f16 (rows padded to whole tiles of 128
-        // and to a multiple of 32 halves; the split form's remainders in a second plane).
-        let packed = match &scales {
-            Some(scales) if planes > 0 => {
-                let packed = self.new_buffer(DType::U32, planes * mp * dp / 2)?;
-                let args = matrix(&cb, &cl, m)
-                    .arg(scales.ptr() + 4)
-                    .arg(mp as i64)
-                    .arg(dp as i64)
-                    .arg(packed.ptr())
-                    .arg((planes - 1) as i64);
-                self.dev.launch("pack_f16_scaled", mp * dp / 2, args)?;
-                Some(packed)
-            }
-            _ => None,
+        // The held and streamed kernels read their operands packed to f16 (rows padded to
+        // whole tiles of 128 and to a multiple of 32 halves; the split form's remainders in a
+        // second plane): the centroids for both, the points for the streamed ones.
+        let pack = |b: &CudaBuffer, l: &Layout, rows: usize, rows_p: usize, scale: u64| {
+            let packed = self.new_buffer(DType::U32, plan.planes * rows_p * dp / 2)?;
+            let args = matrix(b, l, rows)
+                .arg(scale)
+                .arg(rows_p as i64)
+                .arg(dp as i64)
+                .arg(packed.ptr())
+                .arg((plan.planes - 1) as i64);
+            self.dev.launch("pack_f16_scaled", rows_p * dp / 2, args)?;
+            Ok::<_, Error>(packed)
+        };
+        let (packed_c, packed_x) = match &scales {
+            Some(scales) if plan.planes > 0 => (
+                Some(pack(&cb, &cl, m, mp, scales.ptr() + 4)?),
+                match plan.streamed {
+                    true => Some(pack(&xb, &xl, n, np, scales.ptr())?),
+                    false => None,
+                },
+            ),
+            _ => (None, None),
         };
         // Every kernel here takes the same leading parameters (the tensor-core ones require
         // unit column strides and ignore them); the f16 ones take the scales, the packed
-        // centroids and their row length after them, which the others ignore.
+        // centroids, their row length and the packed points after them, which the others
+        // ignore.
+        let ptr = |b: &Option<CudaBuffer>| b.as_ref().map_or(0, |b| b.ptr());
         let blocks = n.div_ceil(128) as u32;
         self.dev.launch_shared(
-            self.dev.function(kernel)?,
+            self.dev.function(plan.kernel)?,
             (blocks, 1, 1),
             256,
-            if planes > 0 { held_shared(planes) } else { 0 },
+            plan.shared,
             outputs(both().arg(norms.ptr()))
-                .arg(scales.as_ref().map_or(0, |s| s.ptr()))
-                .arg(packed.as_ref().map_or(0, |p| p.ptr()))
-                .arg(dp as i64),
+                .arg(ptr(&scales))
+                .arg(ptr(&packed_c))
+                .arg(dp as i64)
+                .arg(ptr(&packed_x)),
         )
     }
 
@@ -1059,7 +1124,10 @@ impl Backend for CudaBackend {
         // in order), then each segment's rows summed in order in `PARTS` sub-ranges, then the
         // sub-ranges summed in order: the same result on every run.
         const PARTS: usize = 16;
-        let chunks = n.div_ceil(1 << 16).clamp(1, 64);
+        // Chunks of 2048 rows (two passes of segment_place's 1024 threads; its warps take turns
+        // within a chunk, so long chunks serialise), as many as keep the per-chunk counts
+        // (chunks x m words) within 16M words.
+        let chunks = n.div_ceil(2048).clamp(1, ((1 << 24) / m).max(1));
         let chunk_len = n.div_ceil(chunks).max(1);
         let counts_u = self.scratch(DType::U32, chunks * m)?;
         self.dev.launch(
@@ -1470,6 +1538,29 @@ mod tests {
         assert_eq!(codes, (0..UnaryOp::all().len() as i32).collect::<Vec<_>>());
         // The kernel's switch ends with Clamp as its default case.
         assert_eq!(unary_code(UnaryOp::Clamp { lo: 0.0, hi: 1.0 }).0, 23);
+    }
+
+    /// The nearest-centroid kernel follows d, the policy and the device's shared memory
+    /// (Hopper 227 KiB, A100 163, other Ampere and Ada parts 99).
+    #[test]
+    fn nearest_kernels_fit_the_shared_memory_they_are_given() {
+        let kernel = |precision, d: usize, optin_kib: usize| {
+            let p =
+                NearestPlan::choose(true, precision, d, d.next_multiple_of(32), optin_kib << 10);
+            assert!(p.shared + (5 << 10) <= optin_kib << 10 || p.shared == 0);
+            p.kernel
+        };
+        let (fast, exact) = (Precision::Fast, Precision::Exact);
+        assert_eq!(kernel(fast, 128, 227), "nearest_f16_held");
+        assert_eq!(kernel(exact, 128, 227), "nearest_f16x3_held");
+        assert_eq!(kernel(fast, 132, 227), "nearest_f16_stream");
+        assert_eq!(kernel(exact, 768, 227), "nearest_f16x3_stream");
+        assert_eq!(kernel(exact, 128, 163), "nearest_f16x3_stream");
+        assert_eq!(kernel(fast, 128, 99), "nearest_f16_stream");
+        assert_eq!(kernel(exact, 64, 99), "nearest_3xtf32");
+        assert_eq!(kernel(fast, 768, 48), "nearest_f16");
+        let simt = NearestPlan::choose(false, fast, 128, 128, 227 << 10);
+        assert_eq!((simt.kernel, simt.planes), ("nearest_exact", 0));
     }
 
     #[test]

@@ -232,6 +232,82 @@ fn speed<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
             crate::median(deltas.clone()),
             deltas.len()
         );
+        iteration_parts(b, &data, m, args.reps).map_err(|e| e.to_string())?;
     }
+    Ok(())
+}
+
+/// Where an iteration's time goes: its three heavy primitives timed alone on the fast-mode
+/// handle (each waited for), with the data's first `m` rows as anchors.
+fn iteration_parts<B: Backend>(
+    backend: &B,
+    data: &Matrix,
+    m: usize,
+    reps: usize,
+) -> hal::Result<()> {
+    use hal::{BackendExt, DType, Layout, View};
+    let b = backend.with_precision(hal::Precision::Fast);
+    let (n, d) = (data.rows, data.cols);
+    let x = b.upload(&data.data)?;
+    let anchors = b.upload(&data.data[..m * d])?;
+    let (assign, dist, weights) = (
+        b.alloc(DType::U32, n)?,
+        b.alloc(DType::F32, n)?,
+        b.alloc(DType::F32, n)?,
+    );
+    let (sums, wsums, sse, counts) = (
+        b.alloc(DType::F32, m * d)?,
+        b.alloc(DType::F32, m)?,
+        b.alloc(DType::F32, m)?,
+        b.alloc(DType::F32, m)?,
+    );
+    let (lx, lc, ln) = (
+        Layout::contiguous(&[n, d]),
+        Layout::contiguous(&[m, d]),
+        Layout::contiguous(&[n]),
+    );
+    b.fill(View::new(&weights, &ln), 1.0)?;
+    let nearest = || {
+        b.nearest_centroid(
+            View::new(&x, &lx),
+            View::new(&anchors, &lc),
+            View::new(&assign, &ln),
+            View::new(&dist, &ln),
+        )
+    };
+    nearest()?;
+    let ms = |run: &dyn Fn() -> hal::Result<()>| {
+        crate::time_it(
+            reps.max(5),
+            |_| {},
+            || {
+                run().expect("primitive");
+                b.synchronize().expect("sync");
+            },
+        ) * 1e3
+    };
+    let t_nearest = ms(&nearest);
+    let t_energy = ms(&|| {
+        b.segment_sum(
+            View::new(&dist, &Layout::contiguous(&[n, 1])),
+            View::new(&assign, &ln),
+            None,
+            View::new(&sse, &Layout::contiguous(&[m, 1])),
+            View::new(&counts, &Layout::contiguous(&[m])),
+        )?;
+        b.read::<f32>(&sse).map(|_| ())
+    });
+    let t_weighted = ms(&|| {
+        b.segment_sum(
+            View::new(&x, &lx),
+            View::new(&assign, &ln),
+            Some(View::new(&weights, &ln)),
+            View::new(&sums, &lc),
+            View::new(&wsums, &Layout::contiguous(&[m])),
+        )
+    });
+    println!(
+        "vlc speed:   of which, each alone and waited for: assignment {t_nearest:.2} ms, energy sums + read-back {t_energy:.2} ms, weighted member sums {t_weighted:.2} ms"
+    );
     Ok(())
 }
