@@ -66,8 +66,17 @@ extern "C" __global__ void reduce_partial(Walk kept, Walk red, float* partial, i
         float acc = reduce_identity(op);
         if (red.rank == 1) {
             // The common case (one reduced axis) without a division per element.
-            const i64 st = red.st[0][0];
-            for (i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) acc = reduce_combine(op, acc, load_f(x, xdt, o[1] + red.off[0] + j * st));
+            // Four loads issued before they are combined (in the same order as one at a time),
+            // so a thread has several in flight.
+            const i64 st = red.st[0][0], base = o[1] + red.off[0], step = blockDim.x;
+            i64 j = lo + threadIdx.x;
+            for (; j + 3 * step < hi; j += 4 * step) {
+                const float v0 = load_f(x, xdt, base + j * st), v1 = load_f(x, xdt, base + (j + step) * st);
+                const float v2 = load_f(x, xdt, base + (j + 2 * step) * st);
+                const float v3 = load_f(x, xdt, base + (j + 3 * step) * st);
+                acc = reduce_combine(op, reduce_combine(op, reduce_combine(op, reduce_combine(op, acc, v0), v1), v2), v3);
+            }
+            for (; j < hi; j += step) acc = reduce_combine(op, acc, load_f(x, xdt, base + j * st));
         } else {
             for (i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
                 i64 r[1];

@@ -28,7 +28,7 @@ mod program;
 mod walk;
 
 pub use alloc::PoolStats;
-pub use program::CudaKernel;
+pub use program::{CudaKernel, lower as cuda_source};
 
 use alloc::Block;
 use cudarc::cublas::{result as blas, sys as blas_sys};
@@ -421,7 +421,9 @@ impl CudaBackend {
         // (`reduce_partial`), whose partial results are then reduced as below.
         let sms = self.dev.sms as i64;
         if kept.n < sms && red.n >= 1 << 16 {
-            let chunks = ((4 * sms + kept.n - 1) / kept.n).min(red.n / 4096).max(2);
+            // About eight blocks per multiprocessor in all: enough threads to keep the loads
+            // in flight.
+            let chunks = ((8 * sms + kept.n - 1) / kept.n).min(red.n / 4096).max(2);
             let partial = self.new_buffer(DType::F32, (kept.n * chunks) as usize)?;
             self.dev.launch_raw(
                 self.dev.function("reduce_partial")?,
@@ -1354,11 +1356,13 @@ impl Backend for CudaBackend {
             a = a.arg(b.ptr()).arg(b.len() as i64);
         }
         self.dev.fault_pending.store(true, Ordering::Release);
+        // A thread per element (the kernel's grid-stride loop runs once): for these kernels
+        // that measured faster than a capped grid looping (0.60 against 0.71 ms for 30M
+        // edge-length residuals on an H200); the loop covers grids beyond the hardware limit.
         self.dev.launch_raw(
             kernel.function,
             (
-                n.div_ceil(device::BLOCK as usize)
-                    .min(self.dev.sms as usize * 16) as u32,
+                n.div_ceil(device::BLOCK as usize).min(i32::MAX as usize) as u32,
                 1,
                 1,
             ),

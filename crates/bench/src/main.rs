@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train,vlc] [--reps N] [--gemm-size N]
-//!       [--levels 4,5] [--edges N] [--compile-level L]
+//!       [--levels 4,5] [--edges N] [--compile-level L] [--no-break-even]
 //!       [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]
 //!       [--wgpu-without immediates,f16,subgroups,coop] [--coop-tiles SRxSCxTMxTN,...]
 //! ```
@@ -81,6 +81,7 @@ fn parse() -> Result<Args, String> {
             levels: vec![4, 5],
             edges: None,
             compile_level: 7,
+            break_even: true,
             reps: 9,
         },
         train: train::TrainArgs {
@@ -121,6 +122,7 @@ fn parse() -> Result<Args, String> {
             "--vlc-speed-only" => a.vlc.speed_only = true,
             "--memory-steps" => a.train.memory_steps = num(value()?)?.max(100),
             "--compile-level" => a.nlls.compile_level = num(value()?)? as u32,
+            "--no-break-even" => a.nlls.break_even = false,
             "--coop-tiles" => {
                 a.coop_tiles = value()?.split(',').map(str::to_string).collect();
             }
@@ -136,7 +138,7 @@ fn parse() -> Result<Args, String> {
                     }
                 }
             }
-            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train,vlc] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--levels 4,5] [--edges N] [--compile-level L] [--memory-steps N] [--vlc-data DIR] [--vlc-speed-only] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups,coop] [--coop-tiles SRxSCxTMxTN,...]".into()),
+            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train,vlc] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--levels 4,5] [--edges N] [--compile-level L] [--no-break-even] [--memory-steps N] [--vlc-data DIR] [--vlc-speed-only] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups,coop] [--coop-tiles SRxSCxTMxTN,...]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
     }

@@ -3,7 +3,7 @@
 
 use crate::Error;
 use crate::graph::Derivatives;
-use crate::lower::lower;
+use crate::lower::{SlotRuns, lower};
 use crate::problem::{Loss, Problem};
 use hal::{Backend, BackendExt, DType, Layout, ReduceOp, View};
 use std::collections::HashMap;
@@ -18,8 +18,9 @@ pub struct KernelCache<B: Backend> {
 
 /// A shape's signature and its loss.
 type CacheKey = (u64, (u8, u64));
-/// The shapes under one key (equal hashes of different graphs are told apart by comparison).
-type CacheBucket<B> = Vec<(crate::graph::Graph, <B as Backend>::Kernel)>;
+/// The shapes under one key (equal hashes of different graphs are told apart by comparison),
+/// each with the slot runs its kernel was lowered for.
+type CacheBucket<B> = Vec<(crate::graph::Graph, SlotRuns, <B as Backend>::Kernel)>;
 /// One compile thread's result: the group and its kernel with its IR size.
 type Compiled<K> = (usize, hal::Result<(K, usize)>);
 
@@ -40,18 +41,23 @@ impl<B: Backend> KernelCache<B> {
         Self::default()
     }
 
-    fn get(&self, key: CacheKey, graph: &crate::graph::Graph) -> Option<B::Kernel> {
+    fn get(
+        &self,
+        key: CacheKey,
+        graph: &crate::graph::Graph,
+        runs: &SlotRuns,
+    ) -> Option<B::Kernel> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries
             .get(&key)?
             .iter()
-            .find(|(g, _)| g == graph)
-            .map(|(_, k)| k.clone())
+            .find(|(g, r, _)| g == graph && r == runs)
+            .map(|(_, _, k)| k.clone())
     }
 
-    fn insert(&self, key: CacheKey, graph: crate::graph::Graph, kernel: B::Kernel) {
+    fn insert(&self, key: CacheKey, graph: crate::graph::Graph, runs: SlotRuns, kernel: B::Kernel) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.entry(key).or_default().push((graph, kernel));
+        entries.entry(key).or_default().push((graph, runs, kernel));
     }
 }
 
@@ -80,6 +86,9 @@ pub struct GroupReport {
     /// Nodes traced per instance, and IR instructions of the compiled values-and-Jacobian
     /// program (0 on a cache hit, which compiles nothing).
     pub traced_nodes: usize,
+    /// Parameter indices stored per instance: runs of slots that hold consecutive parameters
+    /// in every instance share one (`SlotRuns`).
+    pub index_runs: usize,
     pub ir_instructions: usize,
     pub cache_hit: bool,
 }
@@ -136,10 +145,19 @@ impl<B: Backend> CompiledProblem<B> {
         }
         let started = Instant::now();
         let groups = problem.groups();
-        // Derive, lower and compile the shapes not in the cache, in parallel.
+        // Each shape's slot runs (what its instances' parameter indices allow), then derive,
+        // lower and compile the shapes not in the cache, in parallel.
+        let runs: Vec<SlotRuns> = {
+            use rayon::prelude::*;
+            groups
+                .par_iter()
+                .map(|g| SlotRuns::of(&g.param_index, g.params_per_instance()))
+                .collect()
+        };
         let mut kernels: Vec<Option<B::Kernel>> = groups
             .iter()
-            .map(|g| cache.get(cache_key(g.signature, g.loss), &g.graph))
+            .zip(&runs)
+            .map(|(g, r)| cache.get(cache_key(g.signature, g.loss), &g.graph, r))
             .collect();
         let mut ir_sizes = vec![0usize; groups.len()];
         let misses: Vec<usize> = (0..groups.len())
@@ -149,11 +167,12 @@ impl<B: Backend> CompiledProblem<B> {
             let handles: Vec<_> = misses
                 .iter()
                 .map(|&gi| {
-                    let g = &groups[gi];
+                    let (g, slot_runs) = (&groups[gi], &runs[gi]);
                     s.spawn(move || {
                         let derivatives: Derivatives = g.graph.derivatives();
                         let name = format!("residual_{}", sanitize(&g.name));
-                        let result = lower(&derivatives, g.loss, &name).and_then(|program| {
+                        let lowered = lower(&derivatives, g.loss, slot_runs, &name);
+                        let result = lowered.and_then(|program| {
                             Ok((backend.compile(&program)?, program.insts.len()))
                         });
                         (gi, result)
@@ -170,6 +189,7 @@ impl<B: Backend> CompiledProblem<B> {
             cache.insert(
                 cache_key(groups[gi].signature, groups[gi].loss),
                 groups[gi].graph.clone(),
+                runs[gi].clone(),
                 kernel.clone(),
             );
             kernels[gi] = Some(kernel);
@@ -218,7 +238,7 @@ impl<B: Backend> CompiledProblem<B> {
             };
             group_kernels.push(GroupKernel {
                 kernel: kernels[gi].take().expect("every group was compiled"),
-                param_index: backend.upload(&g.param_index)?,
+                param_index: backend.upload(&runs[gi].firsts(&g.param_index))?,
                 constants,
                 offsets: backend.upload(&offsets)?,
                 instances: n,
@@ -231,6 +251,7 @@ impl<B: Backend> CompiledProblem<B> {
                 params_per_instance: p,
                 residuals_per_instance: r,
                 traced_nodes: g.graph.nodes.len(),
+                index_runs: runs[gi].runs(),
                 ir_instructions: ir_sizes[gi],
                 cache_hit: ir_sizes[gi] == 0,
             });

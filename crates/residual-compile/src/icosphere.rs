@@ -173,38 +173,48 @@ impl Icosphere {
             [i, i + 1, i + 2]
         };
         let rest = self.mean_edge_length();
-        for e in &self.edges {
-            let [a0, a1, a2] = xyz(e.a);
-            let [b0, b1, b2] = xyz(e.b);
-            p.add_residual(
-                "edge",
-                &[a0, a1, a2, b0, b1, b2],
-                &[rest],
-                Loss::Trivial,
-                |v, c| {
-                    let d = Vec3::from_slice(&v[0..3]) - Vec3::from_slice(&v[3..6]);
-                    vec![d.norm() - c[0]]
-                },
-            )?;
-        }
-        for v in 0..self.vertices.len() as u32 {
-            p.add_residual("sphere", &xyz(v), &[], Loss::Trivial, move |x, _| {
-                vec![(Vec3::from_slice(x).norm() - 1.0) * w1]
-            })?;
-        }
-        for e in &self.edges {
-            let mut idx = [0usize; 12];
-            for (k, v) in [e.a, e.b, e.c, e.d].into_iter().enumerate() {
-                idx[k * 3..k * 3 + 3].copy_from_slice(&xyz(v));
+        // Each kind's blocks are added in one call, traced in parallel.
+        let corners = |vertices_per_block: usize, blocks: &mut dyn Iterator<Item = [u32; 4]>| {
+            let mut out = Vec::with_capacity(self.edges.len() * vertices_per_block * 3);
+            for vs in blocks {
+                for &v in &vs[..vertices_per_block] {
+                    out.extend(xyz(v));
+                }
             }
-            p.add_residual("bending", &idx, &[], Loss::Trivial, move |x, _| {
+            out
+        };
+        let edges = corners(2, &mut self.edges.iter().map(|e| [e.a, e.b, 0, 0]));
+        let rests = vec![rest; self.edges.len()];
+        p.add_residuals("edge", 6, &edges, 1, &rests, Loss::Trivial, |v, c| {
+            let d = Vec3::from_slice(&v[0..3]) - Vec3::from_slice(&v[3..6]);
+            vec![d.norm() - c[0]]
+        })?;
+        let vertices = corners(1, &mut (0..self.vertices.len() as u32).map(|v| [v; 4]));
+        p.add_residuals(
+            "sphere",
+            3,
+            &vertices,
+            0,
+            &[],
+            Loss::Trivial,
+            move |x, _| vec![(Vec3::from_slice(x).norm() - 1.0) * w1],
+        )?;
+        let hinges = corners(4, &mut self.edges.iter().map(|e| [e.a, e.b, e.c, e.d]));
+        p.add_residuals(
+            "bending",
+            12,
+            &hinges,
+            0,
+            &[],
+            Loss::Trivial,
+            move |x, _| {
                 let (a, b) = (Vec3::from_slice(&x[0..3]), Vec3::from_slice(&x[3..6]));
                 let (c, d) = (Vec3::from_slice(&x[6..9]), Vec3::from_slice(&x[9..12]));
                 let n1 = (b - a).cross(c - a).normalize();
                 let n2 = (a - b).cross(d - b).normalize();
                 ((n1 - n2) * w2).to_array().to_vec()
-            })?;
-        }
+            },
+        )?;
         Ok(p)
     }
 

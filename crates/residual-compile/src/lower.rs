@@ -8,7 +8,7 @@
 //! | buffer | dtype | contents |
 //! |---|---|---|
 //! | 0 `params` | f32 | every parameter of the problem |
-//! | 1 `param_index` | u32 | `[instance * P + k]`: the parameter in slot `k` |
+//! | 1 `param_index` | u32 | `[instance * R + run]`: the first parameter of each run of slots (below) |
 //! | 2 `constants` | f32 | `[instance * C + k]` (a 1-element dummy when `C = 0`) |
 //! | 3 `offsets` | u32 | `[first residual row, first Jacobian entry, first cost entry]` |
 //! | 4 `residuals` | f32 | row `first + instance * R + r` |
@@ -16,7 +16,13 @@
 //! | 6 `cost` | f32 | `first + instance`: `rho(|f|^2) / 2` |
 //!
 //! The offsets come from a buffer rather than from literals so that the program depends on
-//! the shape and the loss only, and one compiled kernel is reused by every problem.
+//! the shape, the loss and the slot runs only, and one compiled kernel is reused by every
+//! problem.
+//!
+//! **Slot runs**: where consecutive parameter slots hold consecutive parameters in every
+//! instance (a point's x, y, z), the slots form a run and the instance stores only the run's
+//! first parameter ([`SlotRuns`]). An edge between two points then reads 2 indices rather than
+//! 6: the indices were the largest part of an evaluation's memory traffic.
 
 use crate::graph::Derivatives;
 use crate::problem::Loss;
@@ -24,14 +30,82 @@ use crate::trace::{Binary, Node, Unary};
 use hal::DType;
 use hal::ir::{Access, IrBinary, IrCmp, IrUnary, Program, ProgramBuilder, Value};
 
-/// The program evaluating residuals, Jacobian and cost of every instance of one shape.
-pub fn lower(derivatives: &Derivatives, loss: Loss, name: &str) -> hal::Result<Program> {
+/// How a shape's parameter slots find their parameters: slot `k` reads parameter
+/// `first[run[k]] + offset[k]`, where `first` is the instance's `runs()` stored indices.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SlotRuns {
+    /// The run of each slot.
+    pub run: Vec<u32>,
+    /// Each slot's distance from its run's first slot.
+    pub offset: Vec<u32>,
+}
+
+impl SlotRuns {
+    /// Every slot its own run (no instance data assumed).
+    pub fn single(p: usize) -> Self {
+        Self {
+            run: (0..p as u32).collect(),
+            offset: vec![0; p],
+        }
+    }
+
+    /// The longest runs `param_index` (`[instance * p + k]`) allows: slot `k` continues slot
+    /// `k - 1`'s run when it holds the next parameter in every instance.
+    pub fn of(param_index: &[u32], p: usize) -> Self {
+        let mut continues: Vec<bool> = (0..p).map(|k| k > 0).collect();
+        for inst in param_index.chunks_exact(p) {
+            for k in 1..p {
+                continues[k] &= inst[k - 1].checked_add(1) == Some(inst[k]);
+            }
+            if !continues.iter().any(|&c| c) {
+                break;
+            }
+        }
+        let (mut run, mut offset) = (Vec::with_capacity(p), Vec::with_capacity(p));
+        for (k, &continued) in continues.iter().enumerate() {
+            if k == 0 || !continued {
+                run.push(run.last().map_or(0, |&r: &u32| r + 1));
+                offset.push(0);
+            } else {
+                run.push(*run.last().expect("k > 0"));
+                offset.push(offset.last().expect("k > 0") + 1);
+            }
+        }
+        Self { run, offset }
+    }
+
+    /// Runs per instance.
+    pub fn runs(&self) -> usize {
+        self.run.last().map_or(0, |&r| r as usize + 1)
+    }
+
+    /// The stored indices, `[instance * runs() + run]`: each run's first parameter.
+    pub fn firsts(&self, param_index: &[u32]) -> Vec<u32> {
+        let p = self.run.len();
+        let heads: Vec<usize> = (0..p).filter(|&k| self.offset[k] == 0).collect();
+        let mut out = Vec::with_capacity(param_index.len() / p.max(1) * heads.len());
+        for inst in param_index.chunks_exact(p) {
+            out.extend(heads.iter().map(|&k| inst[k]));
+        }
+        out
+    }
+}
+
+/// The program evaluating residuals, Jacobian and cost of every instance of one shape, its
+/// parameter slots read through `runs`.
+pub fn lower(
+    derivatives: &Derivatives,
+    loss: Loss,
+    runs: &SlotRuns,
+    name: &str,
+) -> hal::Result<Program> {
     let graph = &derivatives.graph;
     let (p, c, r) = (
         graph.n_params,
         graph.n_consts.max(1),
         graph.outputs.len() as u32,
     );
+    assert_eq!(runs.run.len(), p as usize, "a run for every slot");
     let mut b = ProgramBuilder::new(name);
     let params = b.buffer(DType::F32, Access::Read);
     let param_index = b.buffer(DType::U32, Access::Read);
@@ -68,10 +142,12 @@ pub fn lower(derivatives: &Derivatives, loss: Loss, name: &str) -> hal::Result<P
         }
     }
 
-    let np = b.const_u32(p);
     let nc = b.const_u32(c);
-    let param_base = b.mul(i, np);
+    let nruns = b.const_u32(runs.runs() as u32);
+    let param_base = b.mul(i, nruns);
     let const_base = b.mul(i, nc);
+    // Each run's first parameter, loaded once.
+    let mut firsts: Vec<Option<Value>> = vec![None; runs.runs()];
     let mut value: Vec<Option<Value>> = vec![None; graph.nodes.len()];
     for (id, &node) in graph.nodes.iter().enumerate() {
         if !needed[id] {
@@ -80,9 +156,23 @@ pub fn lower(derivatives: &Derivatives, loss: Loss, name: &str) -> hal::Result<P
         let v = |k: u32| value[k as usize].expect("operands precede their users");
         let out = match node {
             Node::Param(k) => {
-                let kk = b.const_u32(k);
-                let at = b.add(param_base, kk);
-                let which = b.load(param_index, at);
+                let (run, offset) = (runs.run[k as usize], runs.offset[k as usize]);
+                let first = match firsts[run as usize] {
+                    Some(f) => f,
+                    None => {
+                        let rr = b.const_u32(run);
+                        let at = b.add(param_base, rr);
+                        let f = b.load(param_index, at);
+                        firsts[run as usize] = Some(f);
+                        f
+                    }
+                };
+                let which = if offset == 0 {
+                    first
+                } else {
+                    let o = b.const_u32(offset);
+                    b.add(first, o)
+                };
                 b.load(params, which)
             }
             Node::Const(k) => {
@@ -169,20 +259,23 @@ pub fn lower(derivatives: &Derivatives, loss: Loss, name: &str) -> hal::Result<P
         None => x,
     };
 
+    // An instance's rows are consecutive, and so are its R x P Jacobian entries: every store
+    // below is `instance base + constant`, which lets a backend combine a warp's stores (the
+    // CUDA lowering does).
     let nr = b.const_u32(r);
     let row_base = b.mul(i, nr);
     let first_row = b.add(row0, row_base);
+    let nrp = b.const_u32(r * p);
+    let entry_base = b.mul(i, nrp);
+    let entry_base = b.add(entry0, entry_base);
     for (ri, &f) in outputs.iter().enumerate() {
         let rr = b.const_u32(ri as u32);
         let row = b.add(first_row, rr);
         let fs = scaled(&mut b, f);
         b.store(residuals, row, fs);
-        let local_row = b.add(row_base, rr);
-        let entry_base = b.mul(local_row, np);
-        let entry_base = b.add(entry0, entry_base);
         for k in 0..p {
-            let kk = b.const_u32(k);
-            let at = b.add(entry_base, kk);
+            let q = b.const_u32(ri as u32 * p + k);
+            let at = b.add(entry_base, q);
             let d = v(derivatives.jacobian[ri * p as usize + k as usize]);
             let ds = scaled(&mut b, d);
             b.store(jacobian, at, ds);
@@ -253,5 +346,29 @@ fn lower_unary(b: &mut ProgramBuilder, op: Unary, x: Value) -> Value {
                 positive
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SlotRuns;
+
+    #[test]
+    fn slot_runs_follow_consecutive_indices_in_every_instance() {
+        // Two points of three coordinates each, in two instances.
+        let index = [9, 10, 11, 3, 4, 5, 0, 1, 2, 30, 31, 32];
+        let runs = SlotRuns::of(&index, 6);
+        assert_eq!(runs.run, vec![0, 0, 0, 1, 1, 1]);
+        assert_eq!(runs.offset, vec![0, 1, 2, 0, 1, 2]);
+        assert_eq!(runs.firsts(&index), vec![9, 3, 0, 30]);
+        // One instance breaks the second run after its first slot.
+        let index = [9, 10, 11, 3, 4, 5, 0, 1, 2, 30, 7, 8];
+        let runs = SlotRuns::of(&index, 6);
+        assert_eq!(runs.run, vec![0, 0, 0, 1, 2, 2]);
+        assert_eq!(runs.offset, vec![0, 1, 2, 0, 0, 1]);
+        assert_eq!(runs.firsts(&index), vec![9, 3, 4, 0, 30, 7]);
+        // u32::MAX has no successor; a single slot is one run.
+        assert_eq!(SlotRuns::of(&[u32::MAX, 0], 2).runs(), 2);
+        assert_eq!(SlotRuns::of(&[5, 6], 1), SlotRuns::single(1));
     }
 }

@@ -192,130 +192,206 @@ impl Problem {
         F: for<'t> Fn(&[Var<'t>], &[Var<'t>]) -> Vec<Var<'t>>,
     {
         let block = self.blocks.len();
-        let bad = |detail: String| {
-            Error::InvalidProblem(format!("residual block '{name}' (block {block}): {detail}"))
-        };
-        if params.is_empty() {
-            return Err(bad("it has no parameters".into()));
-        }
-        for (k, &p) in params.iter().enumerate() {
-            if p >= self.params.len() {
-                return Err(bad(format!(
-                    "parameter index {p} is out of range (the problem has {} parameters)",
-                    self.params.len()
-                )));
-            }
-            if params[..k].contains(&p) {
-                return Err(bad(format!("parameter {p} appears twice")));
-            }
-        }
-        if let Some(c) = constants.iter().find(|c| !c.is_finite()) {
-            return Err(bad(format!("constant {c} is not finite")));
-        }
-        match loss {
-            Loss::Huber(d) | Loss::Cauchy(d) if !(d.is_finite() && d > 0.0) => {
-                return Err(bad(format!("loss scale {d} must be finite and positive")));
-            }
-            _ => {}
-        }
+        check_block(name, block, params, constants, loss, self.params.len())?;
+        // The tape is taken out while its nodes are looked up, so they need no copy.
+        let tape = std::mem::take(&mut self.tape);
+        let group = trace_block(&tape, params.len(), constants.len(), &f).map(|outputs| {
+            let nodes = tape.nodes();
+            self.group_for(name, &nodes, &outputs, params.len(), constants.len(), loss)
+        });
+        self.tape = tape;
+        let group = group.map_err(|detail| block_error(name, block, detail))?;
+        let name_id = self.name_id(name);
+        self.push_instances(group, name_id, params, constants, 1);
+        Ok(block)
+    }
 
-        // Trace.
-        self.tape.clear();
-        let outputs: Vec<u32> = {
-            let tape = &self.tape;
-            let (np, nc) = (params.len(), constants.len());
-            for k in 0..np {
-                tape.push(Node::Param(k as u32));
-            }
-            for k in 0..nc {
-                tape.push(Node::Const(k as u32));
-            }
-            // The slot variables are nodes 0..np+nc; small blocks get them without a heap
-            // allocation (tracing runs once per instance).
-            const STACK: usize = 32;
-            if np + nc <= STACK {
-                let vars: [Var<'_>; STACK] = std::array::from_fn(|k| tape.var(k as u32));
-                f(&vars[..np], &vars[np..np + nc])
-                    .iter()
-                    .map(|v| v.id())
-                    .collect()
-            } else {
-                let vars: Vec<Var<'_>> = (0..np + nc).map(|k| tape.var(k as u32)).collect();
-                f(&vars[..np], &vars[np..]).iter().map(|v| v.id()).collect()
-            }
-        };
-        if outputs.is_empty() {
-            return Err(bad("the closure returned no residuals".into()));
+    /// Adds `count` residual blocks of one arity at once, traced in parallel: block `i` reads
+    /// parameters `params[i * P..(i + 1) * P]` and constants `constants[i * C..(i + 1) * C]`
+    /// (`count = params.len() / P`; `constants.len()` must be `count * C`). The result is the
+    /// same as `count` calls of [`Problem::add_residual`] in order (groups, instance order,
+    /// block ids), but when any block is invalid nothing is added and the error names the
+    /// first invalid block. Returns the first block id.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_residuals<F>(
+        &mut self,
+        name: &str,
+        params_per_block: usize,
+        params: &[usize],
+        constants_per_block: usize,
+        constants: &[f64],
+        loss: Loss,
+        f: F,
+    ) -> Result<usize, Error>
+    where
+        F: for<'t> Fn(&[Var<'t>], &[Var<'t>]) -> Vec<Var<'t>> + Sync,
+    {
+        use rayon::prelude::*;
+        let first = self.blocks.len();
+        if params_per_block == 0 {
+            return Err(block_error(name, first, "it has no parameters".into()));
         }
-        let nodes = self.tape.nodes();
-        let (n_params, n_consts) = (params.len() as u32, constants.len() as u32);
+        let count = params.len() / params_per_block;
+        if params.len() != count * params_per_block
+            || constants.len() != count * constants_per_block
+        {
+            return Err(Error::InvalidProblem(format!(
+                "add_residuals '{name}': {} parameter indices and {} constants do not make whole blocks of {params_per_block} and {constants_per_block}",
+                params.len(),
+                constants.len()
+            )));
+        }
+        let n_total = self.params.len();
+        // Runs of consecutive blocks with one graph, per chunk of blocks; each chunk on its
+        // own tape.
+        struct Run {
+            nodes: Vec<Node>,
+            outputs: Vec<u32>,
+            blocks: std::ops::Range<usize>,
+        }
+        const CHUNK: usize = 4096;
+        let chunks: Vec<Result<Vec<Run>, Error>> = (0..count.div_ceil(CHUNK))
+            .into_par_iter()
+            .map(|c| {
+                let tape = Tape::new();
+                let mut runs: Vec<Run> = Vec::new();
+                for i in c * CHUNK..((c + 1) * CHUNK).min(count) {
+                    let bp = &params[i * params_per_block..(i + 1) * params_per_block];
+                    let bc = &constants[i * constants_per_block..(i + 1) * constants_per_block];
+                    check_block(name, first + i, bp, bc, loss, n_total)?;
+                    let outputs = trace_block(&tape, bp.len(), bc.len(), &f)
+                        .map_err(|detail| block_error(name, first + i, detail))?;
+                    let nodes = tape.nodes();
+                    match runs.last_mut() {
+                        Some(r) if r.outputs == outputs && r.nodes == *nodes => {
+                            r.blocks.end = i + 1
+                        }
+                        _ => runs.push(Run {
+                            nodes: nodes.clone(),
+                            outputs,
+                            blocks: i..i + 1,
+                        }),
+                    }
+                }
+                Ok(runs)
+            })
+            .collect();
+        let mut all = Vec::new();
+        for chunk in chunks {
+            all.extend(chunk?);
+        }
+        let name_id = self.name_id(name);
+        for run in all {
+            let group = self.group_for(
+                name,
+                &run.nodes,
+                &run.outputs,
+                params_per_block,
+                constants_per_block,
+                loss,
+            );
+            let (lo, hi) = (run.blocks.start, run.blocks.end);
+            self.push_instances(
+                group,
+                name_id,
+                &params[lo * params_per_block..hi * params_per_block],
+                &constants[lo * constants_per_block..hi * constants_per_block],
+                hi - lo,
+            );
+        }
+        Ok(first)
+    }
+
+    /// The group of a traced graph: the last block's when equal (consecutive blocks usually
+    /// share a shape, and comparing is cheaper than hashing), else found by signature, else new.
+    fn group_for(
+        &mut self,
+        name: &str,
+        nodes: &[Node],
+        outputs: &[u32],
+        n_params: usize,
+        n_consts: usize,
+        loss: Loss,
+    ) -> usize {
+        let (n_params, n_consts) = (n_params as u32, n_consts as u32);
         let same_graph = |graph: &Graph| {
             graph.n_params == n_params
                 && graph.n_consts == n_consts
                 && graph.outputs == outputs
-                && graph.nodes == *nodes
+                && graph.nodes == nodes
         };
-        // Consecutive blocks usually share a shape: comparing with the last block's group is
-        // cheaper than hashing the graph.
-        let last = self
+        if let Some(g) = self
             .last_group
-            .filter(|&g| self.groups[g].loss == loss && same_graph(&self.groups[g].graph));
-        let group = match last {
+            .filter(|&g| self.groups[g].loss == loss && same_graph(&self.groups[g].graph))
+        {
+            return g;
+        }
+        let signature = crate::graph::signature_of(nodes, outputs, n_params, n_consts);
+        let candidates = self.lookup.entry((signature, loss.key())).or_default();
+        let group = match candidates
+            .iter()
+            .copied()
+            .find(|&g| same_graph(&self.groups[g].graph))
+        {
             Some(g) => g,
             None => {
-                let signature = crate::graph::signature_of(&nodes, &outputs, n_params, n_consts);
-                let candidates = self.lookup.entry((signature, loss.key())).or_default();
-                match candidates
-                    .iter()
-                    .copied()
-                    .find(|&g| same_graph(&self.groups[g].graph))
-                {
-                    Some(g) => g,
-                    None => {
-                        self.groups.push(ResidualGroup {
-                            name: name.to_string(),
-                            graph: Graph {
-                                nodes: nodes.clone(),
-                                outputs: outputs.clone(),
-                                n_params,
-                                n_consts,
-                            },
-                            signature,
-                            loss,
-                            param_index: Vec::new(),
-                            constants: Vec::new(),
-                            block_ids: Vec::new(),
-                        });
-                        candidates.push(self.groups.len() - 1);
-                        self.groups.len() - 1
-                    }
-                }
+                self.groups.push(ResidualGroup {
+                    name: name.to_string(),
+                    graph: Graph {
+                        nodes: nodes.to_vec(),
+                        outputs: outputs.to_vec(),
+                        n_params,
+                        n_consts,
+                    },
+                    signature,
+                    loss,
+                    param_index: Vec::new(),
+                    constants: Vec::new(),
+                    block_ids: Vec::new(),
+                });
+                candidates.push(self.groups.len() - 1);
+                self.groups.len() - 1
             }
         };
         self.last_group = Some(group);
-        drop(nodes);
+        group
+    }
+
+    /// The id of a block name (the last block's when equal: names come in runs).
+    fn name_id(&mut self, name: &str) -> u32 {
+        let last = self.blocks.last().map(|b| b.2);
+        if let Some(id) = last.filter(|&id| self.names[id as usize] == name) {
+            return id;
+        }
+        if let Some(&id) = self.name_ids.get(name) {
+            return id;
+        }
+        self.names.push(name.to_string());
+        let id = self.names.len() as u32 - 1;
+        self.name_ids.insert(name.to_string(), id);
+        id
+    }
+
+    /// Appends `count` instances of `group` (their parameter indices and constants flattened)
+    /// as the next blocks.
+    fn push_instances(
+        &mut self,
+        group: usize,
+        name_id: u32,
+        params: &[usize],
+        constants: &[f64],
+        count: usize,
+    ) {
         let g = &mut self.groups[group];
-        let instance = g.block_ids.len() as u32;
+        let first_instance = g.block_ids.len() as u32;
+        let first_block = self.blocks.len() as u32;
         g.param_index.extend(params.iter().map(|&p| p as u32));
         g.constants.extend(constants.iter().map(|&c| c as f32));
-        g.block_ids.push(block as u32);
-        self.rows += outputs.len();
-        let last_name = self.blocks.last().map(|b| b.2);
-        let name_id = match last_name.filter(|&id| self.names[id as usize] == name) {
-            Some(id) => Some(id),
-            None => self.name_ids.get(name).copied(),
-        };
-        let name_id = match name_id {
-            Some(id) => id,
-            None => {
-                self.names.push(name.to_string());
-                let id = self.names.len() as u32 - 1;
-                self.name_ids.insert(name.to_string(), id);
-                id
-            }
-        };
-        self.blocks.push((group as u32, instance, name_id));
-        Ok(block)
+        g.block_ids
+            .extend((0..count as u32).map(|i| first_block + i));
+        self.rows += count * g.graph.outputs.len();
+        self.blocks
+            .extend((0..count as u32).map(|i| (group as u32, first_instance + i, name_id)));
     }
 
     /// The cost `sum rho(|f|^2) / 2` at `params`, in `f64` on the host (the reference).
@@ -353,4 +429,74 @@ impl Problem {
         }
         None
     }
+}
+
+fn block_error(name: &str, block: usize, detail: String) -> Error {
+    Error::InvalidProblem(format!("residual block '{name}' (block {block}): {detail}"))
+}
+
+/// The checks every block passes before it is traced.
+fn check_block(
+    name: &str,
+    block: usize,
+    params: &[usize],
+    constants: &[f64],
+    loss: Loss,
+    n_params: usize,
+) -> Result<(), Error> {
+    let bad = |detail: String| block_error(name, block, detail);
+    if params.is_empty() {
+        return Err(bad("it has no parameters".into()));
+    }
+    for (k, &p) in params.iter().enumerate() {
+        if p >= n_params {
+            return Err(bad(format!(
+                "parameter index {p} is out of range (the problem has {n_params} parameters)"
+            )));
+        }
+        if params[..k].contains(&p) {
+            return Err(bad(format!("parameter {p} appears twice")));
+        }
+    }
+    if let Some(c) = constants.iter().find(|c| !c.is_finite()) {
+        return Err(bad(format!("constant {c} is not finite")));
+    }
+    match loss {
+        Loss::Huber(d) | Loss::Cauchy(d) if !(d.is_finite() && d > 0.0) => {
+            Err(bad(format!("loss scale {d} must be finite and positive")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Traces `f` on `tape` (cleared first) over `np` parameter and `nc` constant slots; returns
+/// the output node ids.
+fn trace_block<F>(tape: &Tape, np: usize, nc: usize, f: &F) -> Result<Vec<u32>, String>
+where
+    F: for<'t> Fn(&[Var<'t>], &[Var<'t>]) -> Vec<Var<'t>>,
+{
+    tape.clear();
+    for k in 0..np {
+        tape.push(Node::Param(k as u32));
+    }
+    for k in 0..nc {
+        tape.push(Node::Const(k as u32));
+    }
+    // The slot variables are nodes 0..np+nc; small blocks get them without a heap allocation
+    // (tracing runs once per instance).
+    const STACK: usize = 32;
+    let outputs: Vec<u32> = if np + nc <= STACK {
+        let vars: [Var<'_>; STACK] = std::array::from_fn(|k| tape.var(k as u32));
+        f(&vars[..np], &vars[np..np + nc])
+            .iter()
+            .map(|v| v.id())
+            .collect()
+    } else {
+        let vars: Vec<Var<'_>> = (0..np + nc).map(|k| tape.var(k as u32)).collect();
+        f(&vars[..np], &vars[np..]).iter().map(|v| v.id()).collect()
+    };
+    if outputs.is_empty() {
+        return Err("the closure returned no residuals".into());
+    }
+    Ok(outputs)
 }

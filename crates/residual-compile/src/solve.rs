@@ -141,12 +141,13 @@ impl fmt::Display for Summary {
         for g in &self.compile.groups {
             writeln!(
                 f,
-                "    {:<16} signature {:016x}: {} instances x {} residuals x {} parameters, {} traced nodes, {}",
+                "    {:<16} signature {:016x}: {} instances x {} residuals x {} parameters ({} index runs), {} traced nodes, {}",
                 g.name,
                 g.signature,
                 g.instances,
                 g.residuals_per_instance,
                 g.params_per_instance,
+                g.index_runs,
                 g.traced_nodes,
                 if g.cache_hit {
                     "cache hit".to_string()

@@ -67,10 +67,12 @@ fn compare(label: &str, got: &[f32], want: &[f32]) -> f64 {
     worst
 }
 
-fn parity_on<B: Backend>(gpu: &B) {
+/// Residuals, Jacobians and costs of the icosphere at `level` (and the everything-shape) on
+/// `gpu` against the CPU, then a small solve on both.
+fn parity_on<B: Backend>(gpu: &B, level: u32) {
     let s = seed();
     let mut rng = SplitMix64(s);
-    let mesh = Icosphere::new(3).unwrap();
+    let mesh = Icosphere::new(level).unwrap();
     let start = mesh.perturbed(0.05, s);
     let mut problem = mesh.problem(&start, 1.0, 1.0).unwrap();
     everything(&mut problem, &mut rng, 1001);
@@ -131,12 +133,13 @@ fn parity_on<B: Backend>(gpu: &B) {
 fn wgpu_matches_cpu() {
     let gpu = backend_wgpu::WgpuBackend::new()
         .expect("the wgpu backend is required (install mesa-vulkan-drivers for lavapipe)");
-    parity_on(&gpu);
+    parity_on(&gpu, 3);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU host"]
 fn cuda_matches_cpu() {
     let gpu = backend_cuda::CudaBackend::new().expect("the CUDA backend is required");
-    parity_on(&gpu);
+    // Level 5: 30,720 edges, enough blocks to fill the GPU.
+    parity_on(&gpu, 5);
 }

@@ -59,6 +59,109 @@ fn instances_of_three_shapes_compile_three_kernels() {
     .unwrap();
     let third = CompiledProblem::new(&cpu, &q, &cache).unwrap();
     assert_eq!(third.report.kernels_compiled, 1);
+    // The first shape again, its parameters no longer consecutive in every instance: the
+    // indices are stored per slot rather than per run of slots, which is another kernel.
+    assert_eq!(first.report.groups[0].index_runs, 1);
+    let mut spread = Problem::new();
+    spread.add_parameters(&[0.5; 9]);
+    spread
+        .add_residual("distance", &[0, 2, 4], &[1.0], Loss::Trivial, |v, c| {
+            vec![Vec3::from_slice(v).norm() - c[0]]
+        })
+        .unwrap();
+    let fourth = CompiledProblem::new(&cpu, &spread, &cache).unwrap();
+    assert_eq!(
+        (
+            fourth.report.kernels_compiled,
+            fourth.report.groups[0].index_runs
+        ),
+        (1, 3)
+    );
+}
+
+/// Blocks added in one parallel batch group exactly as when added one by one, and a batch with
+/// a bad block adds nothing and names the first bad block.
+#[test]
+fn batched_blocks_match_blocks_added_one_by_one() {
+    let count = 10_007usize; // several tracing chunks, the last one short
+    let params: Vec<usize> = (0..count)
+        .flat_map(|i| {
+            let j = (i * 7919) % 2997;
+            [j, j + 1, j + 2]
+        })
+        .collect();
+    let constants: Vec<f64> = (0..count).map(|i| 1.0 + i as f64 * 1e-3).collect();
+    fn f<'t>(
+        v: &[residual_compile::Var<'t>],
+        c: &[residual_compile::Var<'t>],
+    ) -> Vec<residual_compile::Var<'t>> {
+        vec![Vec3::from_slice(v).norm() - c[0], v[0] * c[0]]
+    }
+    let start = |p: &mut Problem| {
+        p.add_parameters(&vec![0.5; 3000]);
+        // A block before the batch, so the batch's ids do not start at 0.
+        p.add_residual("first", &[0], &[], Loss::Trivial, |v, _| vec![v[0]])
+            .unwrap();
+    };
+    let mut one = Problem::new();
+    start(&mut one);
+    for i in 0..count {
+        one.add_residual(
+            "distance",
+            &params[i * 3..i * 3 + 3],
+            &constants[i..i + 1],
+            Loss::Trivial,
+            f,
+        )
+        .unwrap();
+    }
+    let mut batch = Problem::new();
+    start(&mut batch);
+    let first = batch
+        .add_residuals("distance", 3, &params, 1, &constants, Loss::Trivial, f)
+        .unwrap();
+    assert_eq!(first, 1);
+    assert_eq!(batch.num_blocks(), one.num_blocks());
+    assert_eq!(batch.num_residuals(), one.num_residuals());
+    assert_eq!(batch.groups().len(), 2);
+    for (a, b) in one.groups().iter().zip(batch.groups()) {
+        assert_eq!(
+            (
+                &a.name,
+                a.signature,
+                &a.param_index,
+                &a.constants,
+                &a.block_ids
+            ),
+            (
+                &b.name,
+                b.signature,
+                &b.param_index,
+                &b.constants,
+                &b.block_ids
+            )
+        );
+    }
+    assert_eq!(batch.block_name(count), Some("distance"));
+
+    // A bad parameter index in block 5000 of the batch: nothing is added.
+    let mut bad = params.clone();
+    bad[5000 * 3 + 1] = 9999;
+    let before = batch.num_blocks();
+    let err = batch
+        .add_residuals("distance", 3, &bad, 1, &constants, Loss::Trivial, f)
+        .unwrap_err();
+    let expected = format!("block {}", before + 5000);
+    assert!(
+        err.to_string().contains(&expected) && err.to_string().contains("out of range"),
+        "{err}"
+    );
+    assert_eq!(batch.num_blocks(), before);
+    // Blocks that are not whole.
+    let err = batch
+        .add_residuals("distance", 3, &params[..7], 1, &constants, Loss::Trivial, f)
+        .unwrap_err();
+    assert!(err.to_string().contains("whole blocks"), "{err}");
 }
 
 #[test]
