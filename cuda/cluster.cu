@@ -158,6 +158,22 @@ __device__ __forceinline__ void mma_tf32(float* c, const u32* a, const u32* b) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// A warp tile's accumulators to zero; a thread's four rows' top-2 to empty.
+__device__ __forceinline__ void zero_acc(float (&acc)[2][8][4]) {
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int b = 0; b < 8; ++b)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[a][b][q] = 0.0f;
+}
+__device__ __forceinline__ void top2_init(float (&b1)[4], int (&i1)[4], float (&b2)[4], int (&i2)[4]) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        b1[r] = __int_as_float(0x7f800000); b2[r] = b1[r]; i1[r] = 0x7fffffff; i2[r] = 0x7fffffff;
+    }
+}
+
 // Keeps the two best (score, index) pairs; ties go to the lower index.
 __device__ __forceinline__ void top2_insert(float s, int j, float& b1, int& i1, float& b2, int& i2) {
     if (s < b1 || (s == b1 && j < i1)) {
@@ -309,22 +325,15 @@ nearest_3xtf32(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m
     const int g = lane >> 2, t = lane & 3;
     const int wr = warp >> 1, wc = warp & 1;  // warp tile: rows wr*32.., cols wc*64..
     const i64 m0 = (i64)blockIdx.x * TBM;
-    const float INF = __int_as_float(0x7f800000);
 
     // Top-2 for the thread's four rows: (mt, half) -> rows wr*32 + mt*16 + g + half*8.
     float b1[4], b2[4];
     int i1[4], i2[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) { b1[r] = INF; b2[r] = INF; i1[r] = 0x7fffffff; i2[r] = 0x7fffffff; }
+    top2_init(b1, i1, b2, i2);
 
     for (i64 n0 = 0; n0 < m; n0 += TBN) {
         float acc[2][8][4];
-#pragma unroll
-        for (int a = 0; a < 2; ++a)
-#pragma unroll
-            for (int b = 0; b < 8; ++b)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) acc[a][b][q] = 0.0f;
+        zero_acc(acc);
         for (i64 k0 = 0; k0 < d; k0 += TBK) {
             __syncthreads();
 #pragma unroll
@@ -438,15 +447,13 @@ __device__ __forceinline__ void nearest_f16_impl(const float* x, i64 n, i64 xr, 
     const int g = lane >> 2, t = lane & 3;
     const int wr = warp >> 1, wc = warp & 1;  // warp tile: rows wr*32.., cols wc*64..
     const i64 m0 = (i64)blockIdx.x * TBM;
-    const float INF = __int_as_float(0x7f800000);
     const float sx = f16_scale(scales[0]), sc = f16_scale(scales[1]);
     // score = |c|^2 - 2 x.c, with x.c = acc / (sx sc): exact, the scales being powers of two.
     const float back = -2.0f / (sx * sc);
 
     float b1[4], b2[4];
     int i1[4], i2[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) { b1[r] = INF; b2[r] = INF; i1[r] = 0x7fffffff; i2[r] = 0x7fffffff; }
+    top2_init(b1, i1, b2, i2);
     // A tile of 128 rows by 32 of k (from k0), scaled and rounded to f16, into `dst`.
     auto stage = [&](u32* dst, const float* src, i64 rs, i64 row0, i64 rows, i64 k0, float sv) {
 #pragma unroll
@@ -463,12 +470,7 @@ __device__ __forceinline__ void nearest_f16_impl(const float* x, i64 n, i64 xr, 
 
     for (i64 n0 = 0; n0 < m; n0 += TBN) {
         float acc[2][8][4];
-#pragma unroll
-        for (int a = 0; a < 2; ++a)
-#pragma unroll
-            for (int b = 0; b < 8; ++b)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) acc[a][b][q] = 0.0f;
+        zero_acc(acc);
         for (i64 k0 = 0; k0 < d; k0 += TBK) {
             __syncthreads();
             stage(As, x, xr, m0, n, k0, sx);
@@ -546,6 +548,44 @@ __device__ __forceinline__ void split_f16(float v, u16& hi, u16& lo) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(v - back));
 }
 
+// One k-step of 16 of a warp's 32 x 64 tile from shared memory: the A fragments of its two
+// 16-row blocks and the B fragments of its eight 8-centroid blocks by ldmatrix (addresses as
+// set up by the callers, rows of `ld` halves, `kk` halves in), then the products. SPLIT: the
+// remainders' planes lie `lo` halves after the high parts; the cross terms go first (they are
+// the small ones).
+__device__ __forceinline__ void load_fragments(u32 (&a)[2][4], u32 (&b)[8][2], u32 a_base, u32 b_base, int ld,
+                                               int kk) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(a[mt], a_base + 2 * (mt * 16 * ld + kk));
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        u32 r[4];
+        ldmatrix_x4(r, b_base + 2 * (p * 16 * ld + kk));
+        b[2 * p][0] = r[0]; b[2 * p][1] = r[1]; b[2 * p + 1][0] = r[2]; b[2 * p + 1][1] = r[3];
+    }
+}
+
+template <bool SPLIT>
+__device__ __forceinline__ void mma_step(float (&acc)[2][8][4], u32 a_base, u32 b_base, int ld, int lo, int kk) {
+    u32 a[2][4], b[8][2];
+    load_fragments(a, b, a_base, b_base, ld, kk);
+    if (SPLIT) {
+        u32 al[2][4], bl[8][2];
+        load_fragments(al, bl, a_base + 2 * lo, b_base + 2 * lo, ld, kk);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                mma_f16(acc[mt][nt], al[mt], b[nt]);
+                mma_f16(acc[mt][nt], a[mt], bl[nt]);
+            }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) mma_f16(acc[mt][nt], a[mt], b[nt]);
+}
+
 template <bool SPLIT>
 __device__ __forceinline__ void nearest_held_impl(const float* x, i64 n, i64 xr, const float* c, i64 m, i64 cr,
                                                   i64 d, const float* cnorm, u32* out_index, i64 ioff, i64 is,
@@ -561,7 +601,6 @@ __device__ __forceinline__ void nearest_held_impl(const float* x, i64 n, i64 xr,
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wr = warp >> 1, wc = warp & 1;  // warp tile: rows wr*32.., cols wc*64..
     const i64 m0 = (i64)blockIdx.x * TBM;
-    const float INF = __int_as_float(0x7f800000);
     const float sx = f16_scale(scales[0]), sc = f16_scale(scales[1]);
     const float back = -2.0f / (sx * sc);
 
@@ -597,8 +636,7 @@ __device__ __forceinline__ void nearest_held_impl(const float* x, i64 n, i64 xr,
 
     float b1[4], b2[4];
     int i1[4], i2[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) { b1[r] = INF; b2[r] = INF; i1[r] = 0x7fffffff; i2[r] = 0x7fffffff; }
+    top2_init(b1, i1, b2, i2);
     // ldmatrix addresses: lane l names row (l % 8) + 8 ((l / 8) % 2) of a 16-row A fragment at
     // column 8 (l / 16); for B, row (l % 8) + 8 (l / 16) of a 16-centroid pair at column
     // 8 ((l / 8) % 2), which yields b[nt][0], b[nt][1], b[nt+1][0], b[nt+1][1].
@@ -613,47 +651,9 @@ __device__ __forceinline__ void nearest_held_impl(const float* x, i64 n, i64 xr,
         __syncthreads();
         const u32 b_base = smem_addr(cs + s * cstride + b_off);
         float acc[2][8][4];
-#pragma unroll
-        for (int a = 0; a < 2; ++a)
-#pragma unroll
-            for (int b = 0; b < 8; ++b)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) acc[a][b][q] = 0.0f;
+        zero_acc(acc);
 #pragma unroll 2
-        for (int kk = 0; kk < (int)dp; kk += 16) {
-            u32 a[2][4], b[8][2];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(a[mt], a_base + 2 * (mt * 16 * ld + kk));
-#pragma unroll
-            for (int p = 0; p < 4; ++p) {
-                u32 r[4];
-                ldmatrix_x4(r, b_base + 2 * (p * 16 * ld + kk));
-                b[2 * p][0] = r[0]; b[2 * p][1] = r[1]; b[2 * p + 1][0] = r[2]; b[2 * p + 1][1] = r[3];
-            }
-            if (SPLIT) {
-                // The cross terms first: they are the small ones.
-                u32 al[2][4], bl[8][2];
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(al[mt], a_base + 2 * (plane + mt * 16 * ld + kk));
-#pragma unroll
-                for (int p = 0; p < 4; ++p) {
-                    u32 r[4];
-                    ldmatrix_x4(r, b_base + 2 * (plane + p * 16 * ld + kk));
-                    bl[2 * p][0] = r[0]; bl[2 * p][1] = r[1]; bl[2 * p + 1][0] = r[2]; bl[2 * p + 1][1] = r[3];
-                }
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < 8; ++nt) {
-                        mma_f16(acc[mt][nt], al[mt], b[nt]);
-                        mma_f16(acc[mt][nt], a[mt], bl[nt]);
-                    }
-            }
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) mma_f16(acc[mt][nt], a[mt], b[nt]);
-        }
+        for (int kk = 0; kk < (int)dp; kk += 16) mma_step<SPLIT>(acc, a_base, b_base, ld, plane, kk);
         const float* tile_norms = norms_s[s];
         score_tile(acc, back, n0, [&](int cl) { return tile_norms[cl]; }, b1, i1, b2, i2);
         // Every warp is done with buffer s before the next iteration's fetch overwrites it.
@@ -703,7 +703,6 @@ __device__ __forceinline__ void nearest_stream_impl(const float* x, i64 n, i64 x
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wr = warp >> 1, wc = warp & 1;
     const i64 m0 = (i64)blockIdx.x * TBM;
-    const float INF = __int_as_float(0x7f800000);
     const float back = -2.0f / (f16_scale(scales[0]) * f16_scale(scales[1]));
     const int chunks = (int)(dp / SK);
     const int tiles = (int)((m + TBN - 1) / TBN);
@@ -735,15 +734,9 @@ __device__ __forceinline__ void nearest_stream_impl(const float* x, i64 n, i64 x
 
     float b1[4], b2[4];
     int i1[4], i2[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) { b1[r] = INF; b2[r] = INF; i1[r] = 0x7fffffff; i2[r] = 0x7fffffff; }
+    top2_init(b1, i1, b2, i2);
     float acc[2][8][4];
-#pragma unroll
-    for (int a = 0; a < 2; ++a)
-#pragma unroll
-        for (int b = 0; b < 8; ++b)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[a][b][q] = 0.0f;
+    zero_acc(acc);
     // ldmatrix lanes as in nearest_held_impl, rows of SLD halves.
     const int a_off = (wr * 32 + (lane & 7) + ((lane >> 3) & 1) * 8) * SLD + (lane >> 4) * 8;
     const int b_off = (wc * 64 + (lane & 7) + (lane >> 4) * 8) * SLD + ((lane >> 3) & 1) * 8;
@@ -757,48 +750,11 @@ __device__ __forceinline__ void nearest_stream_impl(const float* x, i64 n, i64 x
         const u32 a_base = smem_addr(stage + a_off);
         const u32 b_base = smem_addr(stage + (SPLIT ? 2 : 1) * slice + b_off);
 #pragma unroll
-        for (int kk = 0; kk < SK; kk += 16) {
-            u32 a[2][4], b[8][2];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(a[mt], a_base + 2 * (mt * 16 * SLD + kk));
-#pragma unroll
-            for (int p = 0; p < 4; ++p) {
-                u32 r[4];
-                ldmatrix_x4(r, b_base + 2 * (p * 16 * SLD + kk));
-                b[2 * p][0] = r[0]; b[2 * p][1] = r[1]; b[2 * p + 1][0] = r[2]; b[2 * p + 1][1] = r[3];
-            }
-            if (SPLIT) {
-                u32 al[2][4], bl[8][2];
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(al[mt], a_base + 2 * (slice + mt * 16 * SLD + kk));
-#pragma unroll
-                for (int p = 0; p < 4; ++p) {
-                    u32 r[4];
-                    ldmatrix_x4(r, b_base + 2 * (slice + p * 16 * SLD + kk));
-                    bl[2 * p][0] = r[0]; bl[2 * p][1] = r[1]; bl[2 * p + 1][0] = r[2]; bl[2 * p + 1][1] = r[3];
-                }
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < 8; ++nt) {
-                        mma_f16(acc[mt][nt], al[mt], b[nt]);
-                        mma_f16(acc[mt][nt], a[mt], bl[nt]);
-                    }
-            }
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) mma_f16(acc[mt][nt], a[mt], b[nt]);
-        }
+        for (int kk = 0; kk < SK; kk += 16) mma_step<SPLIT>(acc, a_base, b_base, SLD, slice, kk);
         if (st % chunks == chunks - 1) {
             const i64 n0 = (i64)(st / chunks) * TBN;
             score_tile(acc, back, n0, GlobalNorms{cnorm, n0, m}, b1, i1, b2, i2);
-#pragma unroll
-            for (int a = 0; a < 2; ++a)
-#pragma unroll
-                for (int b = 0; b < 8; ++b)
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) acc[a][b][q] = 0.0f;
+            zero_acc(acc);
         }
     }
     top2_finish(b1, b2, i1, i2, x, n, xr, c, m, cr, d, m0, out_index, ioff, is, out_dist, doff, ds);
