@@ -134,9 +134,9 @@ extern "C" __global__ void __launch_bounds__(256) nearest_exact(const float* x, 
 // Distances by TF32 tensor-core MMAs (mma.sync m16n8k8), fused with a running top-2 per point;
 // the two candidates are then re-checked with an f32 distance and the better one kept. Each
 // operand is split into a TF32 high part and a TF32 remainder, and hi*hi + hi*lo + lo*hi
-// accumulated, which ranks as accurately as f32 arithmetic. (A single TF32 pass served
-// Precision::Fast until the f16 kernel below: 23.3 ms against 9.0 ms at 1M x 128 against
-// 4096 on an H200.)
+// accumulated, which ranks as accurately as f32 arithmetic. Exact mode where a device cannot
+// lend the split f16 kernels below their shared memory (they run the same three passes at
+// twice the rate: 10.5 against 33.1 ms at 1M x 128 against 4096 on an H200).
 // Needs contiguous rows (unit column stride, row stride and d multiples of 4, 16-byte aligned);
 // the host falls back to nearest_exact otherwise. The entry points take nearest_exact's
 // parameters, the column strides (1 here) included, so the host passes one list to either.
@@ -434,8 +434,9 @@ __device__ __forceinline__ void mma_f16(float* c, const u32* a, const u32* b) {
 }
 
 // nearest_3xtf32's parameters, then `scales`: absmax_rows' words for x and for c. Any d; the
-// operands are staged through registers (rounded to f16 there) one k-step at a time. For
-// d <= HOLD_D, nearest_f16_held below is faster.
+// operands are staged through registers (rounded to f16 there) one k-step at a time, in 24 KiB
+// of static shared memory: the fast mode of devices that cannot lend the held or streamed
+// kernels below their dynamic shared memory (the host's NearestPlan decides).
 __device__ __forceinline__ void nearest_f16_impl(const float* x, i64 n, i64 xr, const float* c, i64 m, i64 cr,
                                                  i64 d, const float* cnorm, u32* out_index, i64 ioff, i64 is,
                                                  float* out_dist, i64 doff, i64 ds, const u32* scales) {

@@ -129,22 +129,21 @@ fn store_runs(
     }
     // Deferring a store is safe where nothing else writes its buffer: one run per buffer,
     // covering every store to it (write-only buffers are never loaded).
-    let stores_to = |buffer: u32| {
-        program
-            .insts
-            .iter()
-            .filter(|i| matches!(i, Inst::Store { buffer: b, .. } | Inst::AtomicAdd { buffer: b, .. } if b.0 == buffer))
-            .count()
-    };
+    let mut writes: BTreeMap<u32, usize> = BTreeMap::new();
+    for inst in &program.insts {
+        if let Inst::Store { buffer, .. } | Inst::AtomicAdd { buffer, .. } = inst {
+            *writes.entry(buffer.0).or_default() += 1;
+        }
+    }
+    let mut bases: BTreeMap<u32, usize> = BTreeMap::new();
+    for &(buffer, _) in groups.keys() {
+        *bases.entry(buffer).or_default() += 1;
+    }
     let mut runs = Vec::new();
     let mut member = vec![None; program.insts.len()];
-    let mut per_buffer: BTreeMap<u32, usize> = BTreeMap::new();
-    for &(buffer, _) in groups.keys() {
-        *per_buffer.entry(buffer).or_default() += 1;
-    }
     for ((buffer, base), offsets) in groups {
         let k = offsets.len();
-        if per_buffer[&buffer] != 1 || stores_to(buffer) != k {
+        if bases[&buffer] != 1 || writes[&buffer] != k {
             continue;
         }
         let whole = (2..=MAX_RUN).contains(&k)
