@@ -45,6 +45,7 @@ pub mod icosphere;
 pub mod lower;
 pub mod problem;
 pub mod solve;
+mod supernodal;
 pub mod trace;
 
 pub use compile::{CompileReport, CompiledProblem, Evaluation, GroupReport, KernelCache};

@@ -478,7 +478,7 @@ fn norm(v: &[f64]) -> f64 {
 
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::sparse::linalg::cholesky::{
-    SymbolicCholesky, SymmetricOrdering, factorize_symbolic_cholesky,
+    LltRef, SymbolicCholesky, SymmetricOrdering, factorize_symbolic_cholesky,
 };
 use faer::sparse::{SparseColMatRef, SymbolicSparseColMat};
 use faer::{Conj, Par, Side};
@@ -494,6 +494,8 @@ struct CholeskyEngine<B: Backend> {
     /// `J^T J` over the free parameters: lower triangle, CSC.
     normal: SymbolicSparseColMat<u32>,
     symbolic: SymbolicCholesky<u32>,
+    /// The numeric factorisation on all cores, when faer's analysis is supernodal.
+    parallel: Option<crate::supernodal::ParallelCholesky>,
     /// The factor's values and the factorisation's scratch, kept between iterations.
     factor: Vec<f64>,
     scratch: MemBuffer,
@@ -585,9 +587,10 @@ impl<B: Backend> CholeskyEngine<B> {
             Default::default(),
         )
         .map_err(|e| Error::Solver(format!("sparse Cholesky analysis failed: {e:?}")))?;
-        // faer's parallel factorisation was slower than the sequential one here (2 cores,
-        // level 4: 4.8 s against 2.6 s) and on a 16-core host (level 5: 56.6 s against 36.7 s
-        // sequential on 2 cores): these supernodes are too small to split.
+        // The numeric factorisation spreads subtrees over the cores (`supernodal`); faer's own
+        // splits only inside supernodes, which are too small here for that to pay. faer
+        // factors only when it chose its simplicial method (small problems).
+        let parallel = crate::supernodal::ParallelCholesky::new(normal.as_ref(), &symbolic);
         let par = Par::Seq;
         let scratch = MemBuffer::try_new(
             symbolic
@@ -605,6 +608,7 @@ impl<B: Backend> CholeskyEngine<B> {
             free_index,
             normal,
             symbolic,
+            parallel,
             factor,
             scratch,
             par,
@@ -715,23 +719,31 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
         for (&start, &d) in col_ptr.iter().zip(&self.diagonal) {
             self.damped[start as usize] += lambda * d;
         }
-        let matrix = SparseColMatRef::new(self.normal.as_ref(), &self.damped);
-        let llt = self
-            .symbolic
-            .factorize_numeric_llt::<f64>(
-                &mut self.factor,
-                matrix,
-                Side::Lower,
-                Default::default(),
-                self.par,
-                MemStack::new(&mut self.scratch),
-                Default::default(),
-            )
-            .map_err(|e| {
-                Error::Solver(format!(
-                    "sparse Cholesky failed ({e:?}): J^T J + lambda D is not positive definite (lambda = {lambda:e}); a parameter no residual constrains? fix it with Problem::set_fixed"
-                ))
-            })?;
+        let not_positive = |what: String| {
+            Error::Solver(format!(
+                "sparse Cholesky failed ({what}): J^T J + lambda D is not positive definite (lambda = {lambda:e}); a parameter no residual constrains? fix it with Problem::set_fixed"
+            ))
+        };
+        let llt = match &mut self.parallel {
+            Some(parallel) => {
+                parallel
+                    .factorize(&self.damped, &mut self.factor)
+                    .map_err(|column| not_positive(format!("pivot of free parameter {column}")))?;
+                LltRef::new(&self.symbolic, &self.factor)
+            }
+            None => self
+                .symbolic
+                .factorize_numeric_llt::<f64>(
+                    &mut self.factor,
+                    SparseColMatRef::new(self.normal.as_ref(), &self.damped),
+                    Side::Lower,
+                    Default::default(),
+                    self.par,
+                    MemStack::new(&mut self.scratch),
+                    Default::default(),
+                )
+                .map_err(|e| not_positive(format!("{e:?}")))?,
+        };
         self.delta
             .iter_mut()
             .zip(&self.gradient)

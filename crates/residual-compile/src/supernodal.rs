@@ -1,0 +1,672 @@
+//! The numeric sparse Cholesky factorisation of the CPU solver, on all cores.
+//!
+//! faer analyses the matrix (AMD ordering, supernodes, the factor's pattern) and solves with
+//! the factor; this module computes the factor's values. faer's own numeric factorisation
+//! visits the supernodes one after another and splits only the dense work inside a supernode
+//! between threads, which costs more than it saves on supernodes this small (level 4 took
+//! 4.8 s with it against 2.6 s sequentially). The supernodes form an elimination tree, and
+//! disjoint subtrees do not touch each other's values, so here whole subtrees go to
+//! different threads and a supernode starts as soon as its children are done.
+//!
+//! Each supernode is computed left-looking: its columns of the (permuted) matrix, minus the
+//! updates of the descendants that touch it, applied in ascending order, then a dense
+//! Cholesky of its diagonal block and a triangular solve below it. What a supernode computes
+//! depends only on finished descendants, never on which thread ran what, so the factor is
+//! the same bit for bit whatever the thread count or the schedule.
+//!
+//! The values are written in faer's supernodal layout, so `faer`'s `LltRef` solves with them.
+
+use faer::dyn_stack::{MemBuffer, MemStack};
+use faer::linalg::cholesky::llt::factor::{LltError, cholesky_in_place, cholesky_in_place_scratch};
+use faer::reborrow::{Reborrow, ReborrowMut};
+use faer::sparse::SymbolicSparseColMatRef;
+use faer::sparse::linalg::cholesky::{SymbolicCholesky, SymbolicCholeskyRaw};
+use faer::{Accum, MatMut, MatRef, Par};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+/// A subtree whose factorisation costs fewer flops than this runs on one thread as one task;
+/// about 30 us on one core, well above the cost of handing a task to another thread.
+const TASK_FLOPS: f64 = 1e6;
+/// Below this many multiply-adds a descendant's update is computed by plain loops, above it
+/// by faer's matrix product (which has a fixed cost to set up).
+const UPDATE_MATMUL_MIN: usize = 8 * 8 * 8;
+
+/// Columns of a descendant's update computed at a time (the diagonal block of each is
+/// computed whole, so narrower blocks waste fewer products above the diagonal).
+const UPDATE_BLOCK: usize = 32;
+/// Dense work of at least this many multiply-adds is split between threads. The supernodes
+/// near the root are large and form a chain, where the tree offers no parallelism.
+const PARALLEL_DENSE_MIN: usize = 1 << 21;
+
+fn dense_par(multiply_adds: usize) -> Par {
+    if multiply_adds >= PARALLEL_DENSE_MIN {
+        Par::rayon(0)
+    } else {
+        Par::Seq
+    }
+}
+
+/// The supernodal structure of one symbolic analysis, and the task tree over it.
+pub(crate) struct ParallelCholesky {
+    /// `forward[new]` is the matrix's column at position `new` of the fill-reducing order.
+    forward: Vec<u32>,
+    /// The permuted matrix's lower triangle (CSC); `input_position[k]` is where value `k` of
+    /// the input lower triangle lands in it.
+    permuted_col_ptr: Vec<usize>,
+    permuted_rows: Vec<u32>,
+    input_position: Vec<u32>,
+    permuted_values: Vec<f64>,
+    /// Supernode `s` holds columns `begin[s]..end[s]` and, below them, the rows
+    /// `pattern[pattern_ptr[s]..pattern_ptr[s + 1]]`; its values are column-major at
+    /// `value_ptr[s]..value_ptr[s + 1]`.
+    begin: Vec<usize>,
+    end: Vec<usize>,
+    pattern_ptr: Vec<usize>,
+    pattern: Vec<u32>,
+    value_ptr: Vec<usize>,
+    /// The descendants whose columns update supernode `s`, ascending.
+    updater_ptr: Vec<usize>,
+    updaters: Vec<u32>,
+    /// Tasks: a task is a whole small subtree (its supernodes in ascending order) or one
+    /// supernode of the large ones near the root.
+    task_ptr: Vec<usize>,
+    task_members: Vec<u32>,
+    /// The task that waits for this one, or `u32::MAX` at a root.
+    task_parent: Vec<u32>,
+    /// How many tasks each task waits for.
+    task_children: Vec<u32>,
+    max_width: usize,
+}
+
+/// Per-thread scratch.
+#[derive(Default)]
+struct Scratch {
+    product: Vec<f64>,
+    local_rows: Vec<u32>,
+    /// The dense Cholesky's workspace, and the widest supernode it was sized for.
+    dense: Option<(usize, MemBuffer)>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// The factor's values, written by several threads at disjoint supernodes.
+#[derive(Clone, Copy)]
+struct SharedValues(*mut f64);
+// SAFETY: every supernode's range is written by exactly one task, and read by others only
+// after that task has finished (ordered by the `AcqRel` counters of the schedule).
+unsafe impl Send for SharedValues {}
+unsafe impl Sync for SharedValues {}
+
+impl ParallelCholesky {
+    /// The structure for `symbolic`, an analysis of the lower-triangular pattern `lower`
+    /// (rows sorted in each column). `None` when faer chose its simplicial factorisation,
+    /// which has no supernodes to spread.
+    pub(crate) fn new(
+        lower: SymbolicSparseColMatRef<'_, u32>,
+        symbolic: &SymbolicCholesky<u32>,
+    ) -> Option<Self> {
+        let SymbolicCholeskyRaw::Supernodal(sn) = symbolic.raw() else {
+            return None;
+        };
+        let n = lower.nrows();
+        // Where each row and column goes: faer factors P A P^T with new index inverse[old].
+        let (forward, inverse): (Vec<u32>, Vec<usize>) = match symbolic.perm() {
+            Some(p) => (
+                p.arrays().0.to_vec(),
+                p.arrays().1.iter().map(|&i| i as usize).collect(),
+            ),
+            None => ((0..n as u32).collect(), (0..n).collect()),
+        };
+        let col_ptr = lower.col_ptr();
+        let rows = lower.row_idx();
+        let mut counts = vec![0usize; n + 1];
+        for c in 0..n {
+            for &r in &rows[col_ptr[c] as usize..col_ptr[c + 1] as usize] {
+                let (a, b) = (inverse[r as usize], inverse[c]);
+                counts[a.min(b) + 1] += 1;
+            }
+        }
+        for c in 0..n {
+            counts[c + 1] += counts[c];
+        }
+        let permuted_col_ptr = counts.clone();
+        let nnz = rows.len();
+        let mut entries: Vec<(u32, u32)> = vec![(0, 0); nnz]; // (permuted row, input index)
+        let mut next = counts;
+        for c in 0..n {
+            for k in col_ptr[c] as usize..col_ptr[c + 1] as usize {
+                let (a, b) = (inverse[rows[k] as usize], inverse[c]);
+                let col = a.min(b);
+                entries[next[col]] = (a.max(b) as u32, k as u32);
+                next[col] += 1;
+            }
+        }
+        let mut input_position = vec![0u32; nnz];
+        let mut permuted_rows = vec![0u32; nnz];
+        for c in 0..n {
+            let column = &mut entries[permuted_col_ptr[c]..permuted_col_ptr[c + 1]];
+            column.sort_unstable();
+            for (offset, &(row, input)) in column.iter().enumerate() {
+                permuted_rows[permuted_col_ptr[c] + offset] = row;
+                input_position[input as usize] = (permuted_col_ptr[c] + offset) as u32;
+            }
+        }
+
+        let ns = sn.n_supernodes();
+        let begin: Vec<usize> = sn.supernode_begin().iter().map(|&v| v as usize).collect();
+        let end: Vec<usize> = sn.supernode_end().iter().map(|&v| v as usize).collect();
+        let pattern_ptr: Vec<usize> = sn
+            .col_ptr_for_row_idx()
+            .iter()
+            .map(|&v| v as usize)
+            .collect();
+        let value_ptr: Vec<usize> = sn.col_ptr_for_val().iter().map(|&v| v as usize).collect();
+        let pattern = sn.row_idx().to_vec();
+        let mut supernode_of = vec![0u32; n];
+        for s in 0..ns {
+            supernode_of[begin[s]..end[s]].fill(s as u32);
+        }
+        let pattern_of = |s: usize| &pattern[pattern_ptr[s]..pattern_ptr[s + 1]];
+
+        // Which descendants update each supernode: every supernode its pattern's rows fall
+        // in (consecutive rows of one supernode counted once). Ascending by construction.
+        let mut lists: Vec<Vec<u32>> = vec![Vec::new(); ns];
+        let mut parent = vec![u32::MAX; ns];
+        for (d, parent_of_d) in parent.iter_mut().enumerate() {
+            let mut last = u32::MAX;
+            for &r in pattern_of(d) {
+                let s = supernode_of[r as usize];
+                if s != last {
+                    lists[s as usize].push(d as u32);
+                    last = s;
+                }
+            }
+            if let Some(&r) = pattern_of(d).first() {
+                *parent_of_d = supernode_of[r as usize];
+            }
+        }
+        let mut updater_ptr = vec![0usize; ns + 1];
+        let mut updaters = Vec::new();
+        for (s, list) in lists.iter().enumerate() {
+            updaters.extend_from_slice(list);
+            updater_ptr[s + 1] = updaters.len();
+        }
+
+        // Flops of each supernode's own columns (their updates of ancestors included), and
+        // of each subtree. Parents come after their children in faer's numbering.
+        let mut subtree = vec![0f64; ns];
+        for s in 0..ns {
+            let w = end[s] - begin[s];
+            let below = pattern_of(s).len();
+            subtree[s] += (0..w)
+                .map(|k| ((w - k + below) as f64).powi(2))
+                .sum::<f64>();
+            if parent[s] != u32::MAX {
+                debug_assert!(parent[s] as usize > s);
+                let own = subtree[s];
+                subtree[parent[s] as usize] += own;
+            }
+        }
+        // A supernode whose subtree is small joins the task of its subtree's top; a large one
+        // is a task alone. Tops are visited root first, so a task's members are collected by
+        // walking down from it.
+        let is_large = |s: usize| subtree[s] >= TASK_FLOPS;
+        let mut task_of = vec![u32::MAX; ns];
+        let mut task_top = Vec::new();
+        for s in (0..ns).rev() {
+            let p = parent[s];
+            if is_large(s) || p == u32::MAX || is_large(p as usize) {
+                task_of[s] = task_top.len() as u32;
+                task_top.push(s);
+            } else {
+                task_of[s] = task_of[p as usize];
+            }
+        }
+        let tasks = task_top.len();
+        let mut members: Vec<Vec<u32>> = vec![Vec::new(); tasks];
+        for s in 0..ns {
+            members[task_of[s] as usize].push(s as u32);
+        }
+        let mut task_ptr = vec![0usize; tasks + 1];
+        let mut task_members = Vec::with_capacity(ns);
+        let mut task_parent = vec![u32::MAX; tasks];
+        let mut task_children = vec![0u32; tasks];
+        for (t, list) in members.iter().enumerate() {
+            task_members.extend_from_slice(list);
+            task_ptr[t + 1] = task_members.len();
+            let p = parent[task_top[t]];
+            if p != u32::MAX {
+                let pt = task_of[p as usize];
+                task_parent[t] = pt;
+                task_children[pt as usize] += 1;
+            }
+        }
+        let max_width = (0..ns).map(|s| end[s] - begin[s]).max().unwrap_or(0);
+        Some(Self {
+            forward,
+            permuted_col_ptr,
+            permuted_rows,
+            input_position,
+            permuted_values: vec![0.0; nnz],
+            begin,
+            end,
+            pattern_ptr,
+            pattern,
+            value_ptr,
+            updater_ptr,
+            updaters,
+            task_ptr,
+            task_members,
+            task_parent,
+            task_children,
+            max_width,
+        })
+    }
+
+    /// Factors the matrix whose lower triangle has the values `lower_values` (in the order of
+    /// the pattern given to `new`) into `factor` (faer's layout for the same analysis).
+    /// `Err(column)` names a column of the matrix whose pivot was not positive.
+    pub(crate) fn factorize(
+        &mut self,
+        lower_values: &[f64],
+        factor: &mut [f64],
+    ) -> Result<(), usize> {
+        assert_eq!(lower_values.len(), self.input_position.len());
+        assert_eq!(factor.len(), *self.value_ptr.last().unwrap_or(&0));
+        for (&v, &at) in lower_values.iter().zip(&self.input_position) {
+            self.permuted_values[at as usize] = v;
+        }
+        let this = &*self;
+        let values = SharedValues(factor.as_mut_ptr());
+        let failed = AtomicUsize::new(usize::MAX);
+        let waiting: Vec<AtomicU32> = this
+            .task_children
+            .iter()
+            .map(|&c| AtomicU32::new(c))
+            .collect();
+        rayon::scope(|scope| {
+            for (t, &c) in this.task_children.iter().enumerate() {
+                if c == 0 {
+                    let (waiting, failed) = (&waiting, &failed);
+                    scope.spawn(move |scope| this.run_task(t, values, waiting, failed, scope));
+                }
+            }
+        });
+        match failed.into_inner() {
+            usize::MAX => Ok(()),
+            column => Err(self.forward[column] as usize),
+        }
+    }
+
+    fn run_task<'s>(
+        &'s self,
+        task: usize,
+        values: SharedValues,
+        waiting: &'s [AtomicU32],
+        failed: &'s AtomicUsize,
+        scope: &rayon::Scope<'s>,
+    ) {
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            for &s in &self.task_members[self.task_ptr[task]..self.task_ptr[task + 1]] {
+                // SAFETY: see `SharedValues`; this task is the only writer of `s`, and every
+                // descendant of `s` belongs to this task (earlier) or to one already finished.
+                if let Err(column) =
+                    unsafe { self.factor_supernode(s as usize, values, &mut scratch) }
+                {
+                    failed.fetch_min(column, Ordering::Relaxed);
+                }
+            }
+        });
+        let parent = self.task_parent[task];
+        if parent != u32::MAX && waiting[parent as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+            scope
+                .spawn(move |scope| self.run_task(parent as usize, values, waiting, failed, scope));
+        }
+    }
+
+    /// Computes supernode `s` from the matrix and its finished descendants.
+    ///
+    /// # Safety
+    /// No other thread may access `s`'s values meanwhile, and every descendant of `s` must be
+    /// finished.
+    unsafe fn factor_supernode(
+        &self,
+        s: usize,
+        values: SharedValues,
+        scratch: &mut Scratch,
+    ) -> Result<(), usize> {
+        let (s0, s1) = (self.begin[s], self.end[s]);
+        let width = s1 - s0;
+        let below = &self.pattern[self.pattern_ptr[s]..self.pattern_ptr[s + 1]];
+        let nrows = width + below.len();
+        // SAFETY: the caller guarantees exclusive access to this range.
+        let own = unsafe {
+            std::slice::from_raw_parts_mut(
+                values.0.add(self.value_ptr[s]),
+                self.value_ptr[s + 1] - self.value_ptr[s],
+            )
+        };
+        own.fill(0.0);
+        let local_row = |row: usize| -> usize {
+            if row < s1 {
+                row - s0
+            } else {
+                width
+                    + below
+                        .binary_search(&(row as u32))
+                        .expect("row in the supernode's pattern")
+            }
+        };
+        for j in s0..s1 {
+            let column = &mut own[(j - s0) * nrows..(j - s0 + 1) * nrows];
+            for k in self.permuted_col_ptr[j]..self.permuted_col_ptr[j + 1] {
+                column[local_row(self.permuted_rows[k] as usize)] += self.permuted_values[k];
+            }
+        }
+
+        for &d in &self.updaters[self.updater_ptr[s]..self.updater_ptr[s + 1]] {
+            let d = d as usize;
+            let d_width = self.end[d] - self.begin[d];
+            let d_below = &self.pattern[self.pattern_ptr[d]..self.pattern_ptr[d + 1]];
+            let d_rows = d_width + d_below.len();
+            // SAFETY: `d` is a finished descendant; nobody writes it any more.
+            let ld = unsafe {
+                std::slice::from_raw_parts(
+                    values.0.add(self.value_ptr[d]),
+                    self.value_ptr[d + 1] - self.value_ptr[d],
+                )
+            };
+            // d's rows inside s's columns (`mid`), then the rest, all of them in s's pattern.
+            let first = d_below.partition_point(|&r| (r as usize) < s0);
+            let mid = d_below[first..].partition_point(|&r| (r as usize) < s1);
+            let rows = d_below.len() - first;
+            scratch.local_rows.clear();
+            let mut at = 0;
+            for (i, &r) in d_below[first..].iter().enumerate() {
+                if i < mid {
+                    scratch.local_rows.push(r - s0 as u32);
+                } else {
+                    while below[at] != r {
+                        at += 1;
+                    }
+                    scratch.local_rows.push((width + at) as u32);
+                }
+            }
+            // own[rows, mid] -= L_d[rows, :] L_d[mid, :]^T, lower triangle only: by blocks of
+            // columns, each from its diagonal down.
+            let top = d_width + first;
+            let mut c0 = 0;
+            while c0 < mid {
+                let c1 = (c0 + UPDATE_BLOCK).min(mid);
+                let (h, w) = (rows - c0, c1 - c0);
+                scratch.product.clear();
+                scratch.product.resize(h * w, 0.0);
+                let multiply_adds = h * w * d_width;
+                if multiply_adds >= UPDATE_MATMUL_MIN {
+                    let lhs = MatRef::from_column_major_slice_with_stride(
+                        &ld[top + c0..],
+                        h,
+                        d_width,
+                        d_rows,
+                    );
+                    let rhs = MatRef::from_column_major_slice_with_stride(
+                        &ld[top + c0..],
+                        w,
+                        d_width,
+                        d_rows,
+                    );
+                    faer::linalg::matmul::matmul(
+                        MatMut::from_column_major_slice_mut(&mut scratch.product, h, w),
+                        Accum::Replace,
+                        lhs,
+                        rhs.transpose(),
+                        1.0,
+                        dense_par(multiply_adds),
+                    );
+                } else {
+                    for jj in 0..w {
+                        let column = &mut scratch.product[jj * h..(jj + 1) * h];
+                        for k in 0..d_width {
+                            let source = &ld[k * d_rows + top + c0..][..h];
+                            let scale = source[jj];
+                            for (p, &l) in column[jj..].iter_mut().zip(&source[jj..]) {
+                                *p += l * scale;
+                            }
+                        }
+                    }
+                }
+                let local_rows = &scratch.local_rows[c0..];
+                for jj in 0..w {
+                    let column = &mut own[local_rows[jj] as usize * nrows..];
+                    let product = &scratch.product[jj * h..(jj + 1) * h];
+                    for i in jj..h {
+                        column[local_rows[i] as usize] -= product[i];
+                    }
+                }
+                c0 = c1;
+            }
+        }
+
+        let block = MatMut::from_column_major_slice_mut(own, nrows, width);
+        let (mut diagonal, lower) = block.split_at_row_mut(width);
+        let needed = cholesky_in_place_scratch::<f64>(self.max_width, Par::Seq, Default::default());
+        let dense = match &mut scratch.dense {
+            Some((size, buffer)) if *size >= self.max_width => buffer,
+            slot => &mut slot.insert((self.max_width, MemBuffer::new(needed))).1,
+        };
+        let pivots = cholesky_in_place(
+            diagonal.rb_mut(),
+            Default::default(),
+            dense_par(width * width * width / 3),
+            MemStack::new(dense),
+            Default::default(),
+        );
+        if let Err(LltError::NonPositivePivot { index }) = pivots {
+            return Err(s0 + index);
+        }
+        // The rows below: L_below = A_below L_diag^-T, i.e. L_diag X = A_below^T.
+        faer::linalg::triangular_solve::solve_lower_triangular_in_place(
+            diagonal.rb(),
+            lower.transpose_mut(),
+            dense_par(width * width * below.len()),
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use faer::sparse::linalg::cholesky::{LltRef, SymmetricOrdering, factorize_symbolic_cholesky};
+    use faer::sparse::{SparseColMatRef, SymbolicSparseColMat};
+    use faer::{Conj, Side};
+
+    /// xorshift64*: uniform in [-1, 1).
+    fn uniform(state: &mut u64) -> f64 {
+        *state ^= *state >> 12;
+        *state ^= *state << 25;
+        *state ^= *state >> 27;
+        let bits = state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11;
+        bits as f64 / (1u64 << 52) as f64 - 1.0
+    }
+
+    /// The lower triangle of a symmetric matrix over a `side` x `side` grid with 3 unknowns
+    /// per node, coupled to the 8 neighbours (a surface mesh's normal equations look alike);
+    /// diagonally dominant by `margin` (negative: not positive definite).
+    fn grid_matrix(side: usize, seed: u64, margin: f64) -> (SymbolicSparseColMat<u32>, Vec<f64>) {
+        let nodes = side * side;
+        let n = 3 * nodes;
+        let mut state = seed | 1;
+        let mut columns: Vec<Vec<(u32, f64)>> = vec![Vec::new(); n];
+        for y in 0..side {
+            for x in 0..side {
+                let a = y * side + x;
+                for (dx, dy) in [(0i64, 0i64), (1, 0), (-1, 1), (0, 1), (1, 1)] {
+                    let (nx, ny) = (x as i64 + dx, y as i64 + dy);
+                    if nx < 0 || ny < 0 || nx >= side as i64 || ny >= side as i64 {
+                        continue;
+                    }
+                    let b = ny as usize * side + nx as usize;
+                    for i in 0..3 {
+                        for j in 0..3 {
+                            let (r, c) = (3 * b + i, 3 * a + j);
+                            if r > c {
+                                columns[c].push((r as u32, uniform(&mut state)));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let mut row_sums = vec![0f64; n];
+        for (c, column) in columns.iter().enumerate() {
+            for &(r, v) in column {
+                row_sums[r as usize] += v.abs();
+                row_sums[c] += v.abs();
+            }
+        }
+        let (mut col_ptr, mut rows, mut values) = (vec![0u32], Vec::new(), Vec::new());
+        for (c, column) in columns.iter_mut().enumerate() {
+            column.sort_by_key(|&(r, _)| r);
+            rows.push(c as u32);
+            values.push(row_sums[c] + margin);
+            for &(r, v) in column.iter() {
+                rows.push(r);
+                values.push(v);
+            }
+            col_ptr.push(rows.len() as u32);
+        }
+        (
+            SymbolicSparseColMat::new_checked(n, n, col_ptr, None, rows),
+            values,
+        )
+    }
+
+    fn analyse(pattern: &SymbolicSparseColMat<u32>) -> SymbolicCholesky<u32> {
+        factorize_symbolic_cholesky(
+            pattern.as_ref(),
+            Side::Lower,
+            SymmetricOrdering::Amd,
+            Default::default(),
+        )
+        .expect("symbolic analysis")
+    }
+
+    fn factor_on(
+        threads: usize,
+        parallel: &mut ParallelCholesky,
+        values: &[f64],
+        len: usize,
+    ) -> Result<Vec<f64>, usize> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let mut factor = vec![0.0; len];
+        pool.install(|| parallel.factorize(values, &mut factor))?;
+        Ok(factor)
+    }
+
+    #[test]
+    fn solves_like_faer_and_the_same_on_any_thread_count() {
+        let (pattern, values) = grid_matrix(40, 0x5eed, 1.0);
+        let symbolic = analyse(&pattern);
+        let mut parallel =
+            ParallelCholesky::new(pattern.as_ref(), &symbolic).expect("a supernodal analysis");
+        assert!(
+            parallel.task_children.iter().any(|&c| c > 1),
+            "the test matrix should give a task tree with branches"
+        );
+        let one = factor_on(1, &mut parallel, &values, symbolic.len_val()).unwrap();
+        let four = factor_on(4, &mut parallel, &values, symbolic.len_val()).unwrap();
+        assert!(one == four, "the factor depends on the thread count");
+
+        // faer's own factor of the same matrix, and both solves of one right-hand side.
+        let n = pattern.nrows();
+        let mut reference = vec![0.0; symbolic.len_val()];
+        let mut scratch = MemBuffer::new(
+            symbolic
+                .factorize_numeric_llt_scratch::<f64>(Par::Seq, Default::default())
+                .or(symbolic.solve_in_place_scratch::<f64>(1, Par::Seq)),
+        );
+        symbolic
+            .factorize_numeric_llt::<f64>(
+                &mut reference,
+                SparseColMatRef::new(pattern.as_ref(), &values),
+                Side::Lower,
+                Default::default(),
+                Par::Seq,
+                MemStack::new(&mut scratch),
+                Default::default(),
+            )
+            .unwrap();
+        let scale = reference.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let worst = one
+            .iter()
+            .zip(&reference)
+            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            worst <= 1e-12 * scale,
+            "factor differs from faer's by {worst:e} (scale {scale:e})"
+        );
+
+        let mut state = 99u64;
+        let rhs: Vec<f64> = (0..n).map(|_| uniform(&mut state)).collect();
+        let mut ours = rhs.clone();
+        LltRef::new(&symbolic, &one).solve_in_place_with_conj(
+            Conj::No,
+            MatMut::from_column_major_slice_mut(&mut ours, n, 1),
+            Par::Seq,
+            MemStack::new(&mut scratch),
+        );
+        let mut theirs = rhs.clone();
+        LltRef::new(&symbolic, &reference).solve_in_place_with_conj(
+            Conj::No,
+            MatMut::from_column_major_slice_mut(&mut theirs, n, 1),
+            Par::Seq,
+            MemStack::new(&mut scratch),
+        );
+        // And the residual A x - b of ours, from the lower triangle.
+        let mut ax = vec![0f64; n];
+        for c in 0..n {
+            let range = pattern.col_ptr()[c] as usize..pattern.col_ptr()[c + 1] as usize;
+            for (&r, &v) in pattern.row_idx()[range.clone()].iter().zip(&values[range]) {
+                let r = r as usize;
+                ax[r] += v * ours[c];
+                if r != c {
+                    ax[c] += v * ours[r];
+                }
+            }
+        }
+        let residual = ax
+            .iter()
+            .zip(&rhs)
+            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(residual < 1e-10, "|A x - b| = {residual:e}");
+        let gap = ours
+            .iter()
+            .zip(&theirs)
+            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(gap < 1e-10, "solutions differ by {gap:e}");
+    }
+
+    #[test]
+    fn indefinite_matrix_names_a_column() {
+        let (pattern, mut values) = grid_matrix(40, 7, 1.0);
+        let symbolic = analyse(&pattern);
+        let mut parallel =
+            ParallelCholesky::new(pattern.as_ref(), &symbolic).expect("a supernodal analysis");
+        // Make one diagonal entry negative: its column (in the permuted order) or an earlier
+        // one must fail.
+        values[pattern.col_ptr()[100] as usize] = -1.0;
+        let failed = factor_on(2, &mut parallel, &values, symbolic.len_val());
+        assert!(
+            matches!(failed, Err(c) if c < pattern.nrows()),
+            "{failed:?}"
+        );
+    }
+}
