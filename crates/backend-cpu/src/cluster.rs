@@ -100,7 +100,7 @@ fn by_gemm(d: usize, m: usize) -> bool {
 }
 
 /// Distances of `x` to centroids `a` and `b` summed in the reference order (fma, by `k`).
-#[inline]
+#[inline(always)]
 fn exact_distance(x: &[f32], c: &[f32]) -> f32 {
     x.iter().zip(c).fold(0f32, |acc, (&xv, &cv)| {
         let t = xv - cv;
@@ -109,80 +109,137 @@ fn exact_distance(x: &[f32], c: &[f32]) -> f32 {
 }
 
 /// Nearest centroids by blocks of rows: one GEMM per block gives `-2 x.c` for every centroid
-/// (no n x m matrix: a block's products are `ROWS x m`), the lowest `|c|^2 - 2 x.c` wins (lowest index on ties),
-/// and its distance is recomputed with the reference's exact sum, so the returned distance is
-/// an exact one; the ranking's rounding is what `hal`'s tolerance allows. Rows run in
-/// parallel.
+/// (no n x m matrix: a block's products are `ROWS x m`), the lowest `|c|^2 - 2 x.c` wins
+/// (lowest index on ties), and its distance is recomputed with the reference's exact sum, so
+/// the returned distance is an exact one; the ranking's rounding is what `hal`'s tolerance
+/// allows. Rows run in parallel.
 fn nearest_by_gemm(xs: &[f32], cs: &[f32], d: usize, m: usize, idx: &mut [u32], dist: &mut [f32]) {
     // Blocks of 256 rows, one per task: measured faster here than larger blocks with the GEMM
     // itself parallel (143 against 152 ms at 100,000 x 128 against 1024 on 2 cores).
     const ROWS: usize = 256;
+    thread_local! {
+        static TILE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
     let norms: Vec<f32> = cs
         .chunks_exact(d)
         .map(|c| c.iter().map(|v| v * v).sum())
         .collect();
+    #[cfg(target_arch = "x86_64")]
+    let fma =
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
     idx.par_chunks_mut(ROWS)
         .zip(dist.par_chunks_mut(ROWS))
         .enumerate()
         .for_each(|(blk, (ib, db))| {
             let rows = ib.len();
-            let x0 = blk * ROWS;
-            let mut tile = vec![0f32; rows * m];
-            // SAFETY: the slices hold rows x d, m x d and rows x m f32s at the strides given.
-            unsafe {
-                gemm::gemm(
-                    rows,
-                    m,
-                    d,
-                    tile.as_mut_ptr(),
-                    1,
-                    m as isize,
-                    false,
-                    xs.as_ptr().add(x0 * d),
-                    1,
-                    d as isize,
-                    cs.as_ptr(),
-                    d as isize,
-                    1,
-                    0.0,
-                    -2.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
+            let x = &xs[blk * ROWS * d..(blk * ROWS + rows) * d];
+            TILE.with(|tile| {
+                let mut tile = tile.borrow_mut();
+                tile.resize(rows * m, 0.0);
+                // tile = -2 x c^T, row-major rows x m (faer's kernels: AVX-512 where present).
+                faer::linalg::matmul::matmul(
+                    faer::MatMut::from_row_major_slice_mut(&mut tile[..rows * m], rows, m),
+                    faer::Accum::Replace,
+                    faer::MatRef::from_row_major_slice(x, rows, d),
+                    faer::MatRef::from_row_major_slice(cs, m, d).transpose(),
+                    -2.0f32,
+                    faer::Par::Seq,
                 );
-            }
-            for r in 0..rows {
-                let x = &xs[(x0 + r) * d..(x0 + r + 1) * d];
-                let j = match lowest(&tile[r * m..(r + 1) * m], &norms) {
-                    Some(j) => j,
-                    None => {
-                        // NaN scores: the reference scan decides this row.
-                        let mut bj = (0usize, f32::NAN);
-                        for j in 0..m {
-                            let v = exact_distance(x, &cs[j * d..(j + 1) * d]);
-                            if v < bj.1 || bj.1.is_nan() && !v.is_nan() {
-                                bj = (j, v);
-                            }
-                        }
-                        bj.0
-                    }
-                };
-                ib[r] = j as u32;
-                db[r] = exact_distance(x, &cs[j * d..(j + 1) * d]);
-            }
+                #[cfg(target_arch = "x86_64")]
+                if fma {
+                    // SAFETY: the CPU supports the enabled features (checked above).
+                    unsafe { pick_rows_fma(&tile, x, cs, &norms, d, ib, db) };
+                    return;
+                }
+                pick_rows(&tile, x, cs, &norms, d, ib, db);
+            });
         });
 }
 
+/// For each row of a block: the centroid of lowest score (`tile` holds `-2 x.c`), then its
+/// exact distance. Rows go eight at a time through the exact sums, each in the reference
+/// order, so their fused multiply-add chains overlap.
+#[inline(always)]
+fn pick_rows(
+    tile: &[f32],
+    xs: &[f32],
+    cs: &[f32],
+    norms: &[f32],
+    d: usize,
+    ib: &mut [u32],
+    db: &mut [f32],
+) {
+    let m = norms.len();
+    for (r, i) in ib.iter_mut().enumerate() {
+        let x = &xs[r * d..(r + 1) * d];
+        *i = match lowest(&tile[r * m..(r + 1) * m], norms) {
+            Some(j) => j as u32,
+            None => {
+                // NaN scores: the reference scan decides this row.
+                let mut bj = (0usize, f32::NAN);
+                for j in 0..m {
+                    let v = exact_distance(x, &cs[j * d..(j + 1) * d]);
+                    if v < bj.1 || bj.1.is_nan() && !v.is_nan() {
+                        bj = (j, v);
+                    }
+                }
+                bj.0 as u32
+            }
+        };
+    }
+    // Always eight chains (a short last group repeats its first row), so the accumulators
+    // stay in registers.
+    const LANES: usize = 8;
+    let mut r0 = 0;
+    while r0 < ib.len() {
+        let lanes = LANES.min(ib.len() - r0);
+        let lane_row = |l: usize| r0 + if l < lanes { l } else { 0 };
+        let rows: [&[f32]; LANES] =
+            std::array::from_fn(|l| &xs[lane_row(l) * d..(lane_row(l) + 1) * d]);
+        let centroids: [&[f32]; LANES] = std::array::from_fn(|l| {
+            let j = ib[lane_row(l)] as usize;
+            &cs[j * d..(j + 1) * d]
+        });
+        let mut acc = [0f32; LANES];
+        for k in 0..d {
+            for l in 0..LANES {
+                let t = rows[l][k] - centroids[l][k];
+                acc[l] = t.mul_add(t, acc[l]);
+            }
+        }
+        db[r0..r0 + lanes].copy_from_slice(&acc[..lanes]);
+        r0 += lanes;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pick_rows_fma(
+    tile: &[f32],
+    xs: &[f32],
+    cs: &[f32],
+    norms: &[f32],
+    d: usize,
+    ib: &mut [u32],
+    db: &mut [f32],
+) {
+    pick_rows(tile, xs, cs, norms, d, ib, db)
+}
+
 /// The index of the first smallest `minus_two_dot[j] + norms[j]`, or `None` when one is NaN.
-/// Two passes (the minimum, then its first position), each a simple loop the compiler
-/// vectorises.
-#[inline]
+/// Two passes, each a loop over sixteen lanes the compiler vectorises: the minimum, then the
+/// first chunk of sixteen that holds it.
+#[inline(always)]
 fn lowest(minus_two_dot: &[f32], norms: &[f32]) -> Option<usize> {
-    let mut lanes = [f32::INFINITY; 16];
+    const LANES: usize = 16;
+    let mut lanes = [f32::INFINITY; LANES];
     let mut nan = false;
-    let chunks = minus_two_dot.chunks_exact(16).zip(norms.chunks_exact(16));
-    for (t, c) in chunks {
+    let chunks = || {
+        minus_two_dot
+            .chunks_exact(LANES)
+            .zip(norms.chunks_exact(LANES))
+    };
+    for (t, c) in chunks() {
         for ((l, &a), &b) in lanes.iter_mut().zip(t).zip(c) {
             let v = a + b;
             nan |= v.is_nan();
@@ -190,7 +247,7 @@ fn lowest(minus_two_dot: &[f32], norms: &[f32]) -> Option<usize> {
         }
     }
     let mut min = lanes.iter().copied().fold(f32::INFINITY, f32::min);
-    let done = minus_two_dot.len() / 16 * 16;
+    let done = minus_two_dot.len() / LANES * LANES;
     for (&a, &b) in minus_two_dot[done..].iter().zip(&norms[done..]) {
         let v = a + b;
         nan |= v.is_nan();
@@ -199,10 +256,21 @@ fn lowest(minus_two_dot: &[f32], norms: &[f32]) -> Option<usize> {
     if nan {
         return None;
     }
-    minus_two_dot
+    for (c, (t, n)) in chunks().enumerate() {
+        let mut hit = false;
+        for (&a, &b) in t.iter().zip(n) {
+            hit |= a + b == min;
+        }
+        if hit {
+            let within = t.iter().zip(n).position(|(&a, &b)| a + b == min);
+            return Some(c * LANES + within.unwrap_or(0));
+        }
+    }
+    minus_two_dot[done..]
         .iter()
-        .zip(norms)
+        .zip(&norms[done..])
         .position(|(&a, &b)| a + b == min)
+        .map(|j| done + j)
         .or(Some(0))
 }
 

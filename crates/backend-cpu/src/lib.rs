@@ -2,8 +2,8 @@
 //!
 //! Implements every [`hal::Backend`] primitive and the scalar program IR on the CPU. It is the
 //! reference the GPU backends are checked against, and a real fallback for users without a
-//! GPU: kernels run on all cores (rayon), GEMM uses the `gemm` crate's SIMD micro-kernels, and
-//! `f16`/`bf16` storage goes through `half`.
+//! GPU: kernels run on all cores (rayon), GEMM uses `faer`'s SIMD micro-kernels (AVX-512 where
+//! the CPU has it), and `f16`/`bf16` storage goes through `half`.
 //!
 //! ```
 //! use backend_cpu::CpuBackend;

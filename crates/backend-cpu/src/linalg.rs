@@ -1,4 +1,5 @@
-//! Batched matrix multiplication (through the `gemm` crate's SIMD kernels) and CSR mat-vec.
+//! Batched matrix multiplication (through `faer`'s SIMD kernels, AVX-512 where the CPU has it)
+//! and CSR mat-vec.
 
 use crate::elementwise;
 use crate::storage::{CpuBuffer, Dst, Src};
@@ -93,7 +94,7 @@ fn gemm_f32(
     unsafe impl Sync for P {}
     unsafe impl Send for P {}
     let (pa, pb, po) = (P(a), P(b), P(out));
-    let one = |bi: usize, par: gemm::Parallelism| {
+    let one = |bi: usize, par: faer::Par| {
         let (pa, pb, po) = (&pa, &pb, &po);
         // SAFETY: every view was checked to lie inside its buffer.
         unsafe {
@@ -107,25 +108,37 @@ fn gemm_f32(
                 }
                 return;
             }
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst,
-                om.strides[2],
-                om.strides[1],
-                beta != 0.0,
-                pa.0.offset(am.batch_offset(bi)),
-                am.strides[2],
-                am.strides[1],
-                pb.0.offset(bm.batch_offset(bi)),
-                bm.strides[2],
-                bm.strides[1],
-                beta,
+            // out = beta * out + alpha * a b, as faer's `matmul` (which replaces or adds).
+            let accum = if beta == 0.0 {
+                faer::Accum::Replace
+            } else {
+                if beta != 1.0 {
+                    for i in 0..m as isize {
+                        for j in 0..n as isize {
+                            *dst.offset(i * om.strides[1] + j * om.strides[2]) *= beta;
+                        }
+                    }
+                }
+                faer::Accum::Add
+            };
+            faer::linalg::matmul::matmul(
+                faer::MatMut::from_raw_parts_mut(dst, m, n, om.strides[1], om.strides[2]),
+                accum,
+                faer::MatRef::from_raw_parts(
+                    pa.0.offset(am.batch_offset(bi)) as *const f32,
+                    m,
+                    k,
+                    am.strides[1],
+                    am.strides[2],
+                ),
+                faer::MatRef::from_raw_parts(
+                    pb.0.offset(bm.batch_offset(bi)) as *const f32,
+                    k,
+                    n,
+                    bm.strides[1],
+                    bm.strides[2],
+                ),
                 alpha,
-                false,
-                false,
-                false,
                 par,
             );
         }
@@ -134,12 +147,12 @@ fn gemm_f32(
     if om.batch > 1 && small {
         (0..om.batch)
             .into_par_iter()
-            .for_each(|bi| one(bi, gemm::Parallelism::None));
+            .for_each(|bi| one(bi, faer::Par::Seq));
     } else {
         let par = if small {
-            gemm::Parallelism::None
+            faer::Par::Seq
         } else {
-            gemm::Parallelism::Rayon(0)
+            faer::Par::rayon(0)
         };
         for bi in 0..om.batch {
             one(bi, par);

@@ -68,6 +68,11 @@ impl Acc {
     }
 }
 
+/// The input's address, shared by the threads of one reduction (they only read).
+struct XPtr(*const f32);
+// SAFETY: read-only access to memory the execution lock keeps alive and unchanged.
+unsafe impl Sync for XPtr {}
+
 fn accumulate(x: Src, walk: &Walk<1>, base: isize, start: usize, end: usize) -> Acc {
     let mut acc = Acc::EMPTY;
     walk.runs(start, end, |_, [o], [s], len| {
@@ -85,6 +90,42 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
     let count = red_walk.numel();
     let out_walk = Walk::new(&ol.shape, [ol, &kept]);
     let n_out = out_walk.numel();
+    // Sums along a strided axis (a bias gradient: [batch, features] summed over the batch):
+    // blocks of neighbouring outputs accumulate together, row after row, so the reads are
+    // contiguous. Each output still adds its elements in the same order, so the bits match
+    // the one-output-at-a-time loop below.
+    let sum_like = matches!(op, ReduceOp::Sum | ReduceOp::Mean);
+    let inner_reduced_stride = red.strides.last().copied().unwrap_or(1);
+    if sum_like && x.dtype == hal::DType::F32 && inner_reduced_stride.abs() > 1 {
+        const BLOCK: usize = 64;
+        let xs = x.ptr as *const f32;
+        let xs = XPtr(xs);
+        out_walk.par_runs(|_, [o, k], [so, sk], len| {
+            let xs = &xs;
+            let mut j0 = 0;
+            while j0 < len {
+                let width = BLOCK.min(len - j0);
+                let mut sums = [0f64; BLOCK];
+                let first = k + j0 as isize * sk;
+                red_walk.runs(0, count, |_, [r], [rs], rlen| {
+                    for i in 0..rlen as isize {
+                        let row = first + r + i * rs;
+                        for (jj, sum) in sums[..width].iter_mut().enumerate() {
+                            // SAFETY: the view was checked to lie inside the buffer.
+                            *sum += unsafe { *xs.0.offset(row + jj as isize * sk) } as f64;
+                        }
+                    }
+                });
+                for (jj, &sum) in sums[..width].iter().enumerate() {
+                    let acc = Acc { sum, ..Acc::EMPTY };
+                    // SAFETY: output view checked; disjoint positions per thread.
+                    unsafe { out.store(o + (j0 + jj) as isize * so, acc.finish(op, count)) };
+                }
+                j0 += width;
+            }
+        });
+        return;
+    }
     if n_out >= 2 * rayon::current_num_threads() || count <= CHUNK {
         out_walk.par_runs(|_, [o, k], [so, sk], len| {
             for j in 0..len as isize {
@@ -140,4 +181,91 @@ pub(crate) fn arg_reduce(op: ArgReduceOp, x: Src, xl: &Layout, axis: usize, out:
             unsafe { *out.as_u32().offset(o + j * so) = best as u32 };
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::CpuBackend;
+    use hal::{Backend, BackendExt, DType, Layout, ReduceOp, View};
+
+    /// Sums along a strided axis take the blocked path; each output must still be the f64 sum
+    /// of its elements in index order, rounded once, bit for bit (the CPU reference's
+    /// determinism). Checked on a row-major matrix summed over rows, on a transposed view
+    /// summed over its (contiguous) second axis, and on a sliced view, with the mean as well.
+    #[test]
+    fn strided_sums_add_in_index_order() {
+        let (rows, cols) = (37usize, 301usize);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 1e3
+            })
+            .collect();
+        let b = CpuBackend::new();
+        let x = b.upload(&values).unwrap();
+        let expected = |col_range: std::ops::Range<usize>, mean: bool| -> Vec<f32> {
+            col_range
+                .map(|c| {
+                    let s: f64 = (0..rows).map(|r| values[r * cols + c] as f64).sum();
+                    (if mean { s / rows as f64 } else { s }) as f32
+                })
+                .collect()
+        };
+        for (op, mean) in [(ReduceOp::Sum, false), (ReduceOp::Mean, true)] {
+            // [rows, cols] over axis 0.
+            let out = b.alloc(DType::F32, cols).unwrap();
+            let lx = Layout::contiguous(&[rows, cols]);
+            b.reduce(
+                op,
+                View::new(&x, &lx),
+                &[0],
+                View::new(&out, &Layout::contiguous(&[1, cols])),
+            )
+            .unwrap();
+            let got: Vec<f32> = b.read(&out).unwrap();
+            assert!(
+                got.iter()
+                    .zip(expected(0..cols, mean))
+                    .all(|(a, e)| a.to_bits() == e.to_bits())
+            );
+            // The transposed view [cols, rows] over axis 1: the same sums.
+            let lt = lx.transpose(0, 1).unwrap();
+            b.reduce(
+                op,
+                View::new(&x, &lt),
+                &[1],
+                View::new(&out, &Layout::contiguous(&[cols, 1])),
+            )
+            .unwrap();
+            let got: Vec<f32> = b.read(&out).unwrap();
+            assert!(
+                got.iter()
+                    .zip(expected(0..cols, mean))
+                    .all(|(a, e)| a.to_bits() == e.to_bits())
+            );
+            // Columns 5..250 only (an offset view).
+            let sliced = Layout {
+                shape: vec![rows, 245],
+                strides: vec![cols as isize, 1],
+                offset: 5,
+            };
+            let out = b.alloc(DType::F32, 245).unwrap();
+            b.reduce(
+                op,
+                View::new(&x, &sliced),
+                &[0],
+                View::new(&out, &Layout::contiguous(&[1, 245])),
+            )
+            .unwrap();
+            let got: Vec<f32> = b.read(&out).unwrap();
+            assert!(
+                got.iter()
+                    .zip(expected(5..250, mean))
+                    .all(|(a, e)| a.to_bits() == e.to_bits())
+            );
+        }
+    }
 }

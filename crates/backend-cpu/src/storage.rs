@@ -13,11 +13,40 @@ use std::sync::Arc;
 
 pub(crate) const ALIGN: usize = 64;
 
+/// Allocations at least this large are rounded up to whole pages and, when freed, kept for
+/// reuse: a training step frees and re-allocates the same sizes every step, and fresh large
+/// allocations come from the kernel page by page (a fault and a kernel zeroing each), which
+/// cost more than clearing a kept one.
+const REUSE_MIN: usize = 64 << 10;
+const PAGE: usize = 4 << 10;
+/// The most memory kept for reuse; beyond it freed allocations go back to the system.
+const REUSE_LIMIT: usize = 512 << 20;
+
+/// Freed large allocations by capacity, and their total.
+struct Kept {
+    by_capacity: std::collections::HashMap<usize, Vec<usize>>,
+    bytes: usize,
+}
+
+fn kept() -> std::sync::MutexGuard<'static, Kept> {
+    static KEPT: std::sync::OnceLock<std::sync::Mutex<Kept>> = std::sync::OnceLock::new();
+    KEPT.get_or_init(|| {
+        std::sync::Mutex::new(Kept {
+            by_capacity: Default::default(),
+            bytes: 0,
+        })
+    })
+    .lock()
+    .unwrap_or_else(|e| e.into_inner())
+}
+
 pub(crate) struct Storage {
     pub dtype: DType,
     pub len: usize,
     ptr: NonNull<u8>,
     bytes: usize,
+    /// The allocation's size (`bytes`, or rounded up to pages when it may be kept).
+    capacity: usize,
 }
 
 // SAFETY: the storage is plain memory; all access is serialised by the backend's execution lock
@@ -36,9 +65,36 @@ impl Storage {
                 len,
                 ptr,
                 bytes,
+                capacity: 0,
             });
         }
-        let layout = AllocLayout::from_size_align(bytes, ALIGN).ok()?;
+        let capacity = if bytes >= REUSE_MIN {
+            bytes.checked_next_multiple_of(PAGE)?
+        } else {
+            bytes
+        };
+        if capacity >= REUSE_MIN {
+            let reused = {
+                let mut kept = kept();
+                let found = kept.by_capacity.get_mut(&capacity).and_then(|v| v.pop());
+                if found.is_some() {
+                    kept.bytes -= capacity;
+                }
+                found
+            };
+            if let Some(addr) = reused {
+                // SAFETY: a live allocation of `capacity` bytes that nothing else refers to.
+                unsafe { std::ptr::write_bytes(addr as *mut u8, 0, capacity) };
+                return Some(Self {
+                    dtype,
+                    len,
+                    ptr: NonNull::new(addr as *mut u8)?,
+                    bytes,
+                    capacity,
+                });
+            }
+        }
+        let layout = AllocLayout::from_size_align(capacity, ALIGN).ok()?;
         // SAFETY: layout has non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
         Some(Self {
@@ -46,6 +102,7 @@ impl Storage {
             len,
             ptr,
             bytes,
+            capacity,
         })
     }
 
@@ -60,14 +117,27 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        if self.bytes > 0 {
-            // SAFETY: allocated in `zeroed` with this exact layout.
-            unsafe {
-                dealloc(
-                    self.ptr.as_ptr(),
-                    AllocLayout::from_size_align_unchecked(self.bytes, ALIGN),
-                )
+        if self.capacity == 0 {
+            return;
+        }
+        if self.capacity >= REUSE_MIN {
+            let mut kept = kept();
+            if kept.bytes + self.capacity <= REUSE_LIMIT {
+                kept.bytes += self.capacity;
+                let addr = self.ptr.as_ptr() as usize;
+                kept.by_capacity
+                    .entry(self.capacity)
+                    .or_default()
+                    .push(addr);
+                return;
             }
+        }
+        // SAFETY: allocated in `zeroed` with this exact layout.
+        unsafe {
+            dealloc(
+                self.ptr.as_ptr(),
+                AllocLayout::from_size_align_unchecked(self.capacity, ALIGN),
+            )
         }
     }
 }
