@@ -109,10 +109,11 @@ fn exact_distance(x: &[f32], c: &[f32]) -> f32 {
 }
 
 /// Nearest centroids by blocks of rows: one GEMM per block gives `-2 x.c` for every centroid
-/// (no n x m matrix: a block's products are `ROWS x m`), the lowest `|c|^2 - 2 x.c` wins
-/// (lowest index on ties), and its distance is recomputed with the reference's exact sum, so
-/// the returned distance is an exact one; the ranking's rounding is what `hal`'s tolerance
-/// allows. Rows run in parallel.
+/// (no n x m matrix: a block's products are `ROWS x m`), and the scores `|c|^2 - 2 x.c` pick
+/// the candidates: every centroid whose score is within the rounding error bound of the
+/// lowest (`score_slack`). Candidates are ranked by the reference's exact distance (lowest
+/// index on ties), so the answer is the reference's own, at GEMM speed; a second candidate is
+/// rare (a point about equally far from two centroids). Rows run in parallel.
 fn nearest_by_gemm(xs: &[f32], cs: &[f32], d: usize, m: usize, idx: &mut [u32], dist: &mut [f32]) {
     // Blocks of 256 rows, one per task: measured faster here than larger blocks with the GEMM
     // itself parallel (143 against 152 ms at 100,000 x 128 against 1024 on 2 cores).
@@ -124,6 +125,7 @@ fn nearest_by_gemm(xs: &[f32], cs: &[f32], d: usize, m: usize, idx: &mut [u32], 
         .chunks_exact(d)
         .map(|c| c.iter().map(|v| v * v).sum())
         .collect();
+    let largest_norm = norms.iter().fold(0f32, |m, &n| m.max(n)).sqrt();
     #[cfg(target_arch = "x86_64")]
     let fma =
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
@@ -148,44 +150,104 @@ fn nearest_by_gemm(xs: &[f32], cs: &[f32], d: usize, m: usize, idx: &mut [u32], 
                 #[cfg(target_arch = "x86_64")]
                 if fma {
                     // SAFETY: the CPU supports the enabled features (checked above).
-                    unsafe { pick_rows_fma(&tile, x, cs, &norms, d, ib, db) };
+                    unsafe { pick_rows_fma(&tile, x, cs, &norms, largest_norm, ib, db) };
                     return;
                 }
-                pick_rows(&tile, x, cs, &norms, d, ib, db);
+                pick_rows(&tile, x, cs, &norms, largest_norm, ib, db);
             });
         });
 }
 
-/// For each row of a block: the centroid of lowest score (`tile` holds `-2 x.c`), then its
-/// exact distance. Rows go eight at a time through the exact sums, each in the reference
-/// order, so their fused multiply-add chains overlap.
+/// How far above the lowest computed score the exact nearest centroid's computed score can
+/// be, for a point of norm `x_norm` and centroids of norm at most `c_norm` in dimension `d`.
+/// Each score `|c|^2 - 2 x.c` is within `(d + 1) u (|x| + |c|)^2` of its true value (a sum of
+/// `d` products and one more addition; `u = 2^-24`), and the reference's distance within
+/// `d u (|x| + |c|)^2` of the true distance; the exact winner's score is at most the lowest
+/// score plus two of each. Doubled for the f32 arithmetic of the bound itself.
+#[inline(always)]
+fn score_slack(d: usize, x_norm: f32, c_norm: f32) -> f32 {
+    let u = f32::EPSILON / 2.0;
+    let reach = x_norm + c_norm;
+    8.0 * (d as f32 + 2.0) * u * reach * reach
+}
+
+/// For each row of a block: the candidates by score (`tile` holds `-2 x.c`), ranked by exact
+/// distance; then the winners' exact distances, eight rows at a time so that their fused
+/// multiply-add chains overlap (each summed in the reference order).
 #[inline(always)]
 fn pick_rows(
     tile: &[f32],
     xs: &[f32],
     cs: &[f32],
     norms: &[f32],
-    d: usize,
+    largest_norm: f32,
     ib: &mut [u32],
     db: &mut [f32],
 ) {
     let m = norms.len();
+    let d = xs.len() / ib.len().max(1);
     for (r, i) in ib.iter_mut().enumerate() {
         let x = &xs[r * d..(r + 1) * d];
-        *i = match lowest(&tile[r * m..(r + 1) * m], norms) {
-            Some(j) => j as u32,
-            None => {
-                // NaN scores: the reference scan decides this row.
-                let mut bj = (0usize, f32::NAN);
-                for j in 0..m {
-                    let v = exact_distance(x, &cs[j * d..(j + 1) * d]);
-                    if v < bj.1 || bj.1.is_nan() && !v.is_nan() {
-                        bj = (j, v);
-                    }
+        let scores = &tile[r * m..(r + 1) * m];
+        let candidates = match lowest_score(scores, norms) {
+            Some(low) => {
+                let x_norm = x.iter().map(|v| v * v).sum::<f32>().sqrt();
+                Some(low + score_slack(d, x_norm, largest_norm))
+            }
+            // NaN scores: every centroid is a candidate (the reference scan decides).
+            None => None,
+        };
+        // The candidates' indices, ascending; with one, no distance is needed here (the
+        // winner's is computed below with the others).
+        let mut found: Vec<u32> = Vec::new();
+        let mut first = u32::MAX;
+        let mut note = |j: usize| {
+            if first == u32::MAX {
+                first = j as u32;
+            } else {
+                if found.is_empty() {
+                    found.push(first);
                 }
-                bj.0 as u32
+                found.push(j as u32);
             }
         };
+        match candidates {
+            Some(limit) => {
+                let chunks = scores.chunks_exact(16).zip(norms.chunks_exact(16));
+                for (c, (t, n)) in chunks.enumerate() {
+                    let mut any = false;
+                    for (&a, &b) in t.iter().zip(n) {
+                        any |= a + b <= limit;
+                    }
+                    if any {
+                        for (jj, (&a, &b)) in t.iter().zip(n).enumerate() {
+                            if a + b <= limit {
+                                note(c * 16 + jj);
+                            }
+                        }
+                    }
+                }
+                let done = m / 16 * 16;
+                for j in done..m {
+                    if scores[j] + norms[j] <= limit {
+                        note(j);
+                    }
+                }
+            }
+            None => (0..m).for_each(&mut note),
+        }
+        if found.is_empty() {
+            *i = if first == u32::MAX { 0 } else { first };
+            continue;
+        }
+        let mut best = (0u32, f32::NAN);
+        for &j in &found {
+            let v = exact_distance(x, &cs[j as usize * d..(j as usize + 1) * d]);
+            if v < best.1 || best.1.is_nan() && !v.is_nan() {
+                best = (j, v);
+            }
+        }
+        *i = best.0;
     }
     // Always eight chains (a short last group repeats its first row), so the accumulators
     // stay in registers.
@@ -219,27 +281,24 @@ unsafe fn pick_rows_fma(
     xs: &[f32],
     cs: &[f32],
     norms: &[f32],
-    d: usize,
+    largest_norm: f32,
     ib: &mut [u32],
     db: &mut [f32],
 ) {
-    pick_rows(tile, xs, cs, norms, d, ib, db)
+    pick_rows(tile, xs, cs, norms, largest_norm, ib, db)
 }
 
-/// The index of the first smallest `minus_two_dot[j] + norms[j]`, or `None` when one is NaN.
-/// Two passes, each a loop over sixteen lanes the compiler vectorises: the minimum, then the
-/// first chunk of sixteen that holds it.
+/// The smallest `minus_two_dot[j] + norms[j]`, or `None` when one is NaN: sixteen lanes the
+/// compiler vectorises.
 #[inline(always)]
-fn lowest(minus_two_dot: &[f32], norms: &[f32]) -> Option<usize> {
+fn lowest_score(minus_two_dot: &[f32], norms: &[f32]) -> Option<f32> {
     const LANES: usize = 16;
     let mut lanes = [f32::INFINITY; LANES];
     let mut nan = false;
-    let chunks = || {
-        minus_two_dot
-            .chunks_exact(LANES)
-            .zip(norms.chunks_exact(LANES))
-    };
-    for (t, c) in chunks() {
+    let chunks = minus_two_dot
+        .chunks_exact(LANES)
+        .zip(norms.chunks_exact(LANES));
+    for (t, c) in chunks {
         for ((l, &a), &b) in lanes.iter_mut().zip(t).zip(c) {
             let v = a + b;
             nan |= v.is_nan();
@@ -253,25 +312,7 @@ fn lowest(minus_two_dot: &[f32], norms: &[f32]) -> Option<usize> {
         nan |= v.is_nan();
         min = min.min(v);
     }
-    if nan {
-        return None;
-    }
-    for (c, (t, n)) in chunks().enumerate() {
-        let mut hit = false;
-        for (&a, &b) in t.iter().zip(n) {
-            hit |= a + b == min;
-        }
-        if hit {
-            let within = t.iter().zip(n).position(|(&a, &b)| a + b == min);
-            return Some(c * LANES + within.unwrap_or(0));
-        }
-    }
-    minus_two_dot[done..]
-        .iter()
-        .zip(&norms[done..])
-        .position(|(&a, &b)| a + b == min)
-        .map(|j| done + j)
-        .or(Some(0))
+    if nan { None } else { Some(min) }
 }
 
 /// `reference`: the CPU reference's order of operations (always under
@@ -457,5 +498,86 @@ pub(crate) fn segment_sum_ordered(
         }
         // SAFETY: as above.
         unsafe { counts.store(cl.index_of(&[s]) as isize, cnt[s]) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::CpuBackend;
+    use hal::{Backend, BackendExt, DType, Layout, Precision, View};
+
+    /// The GEMM search re-ranks its candidates by the reference's exact distance, so its
+    /// answers are the reference's own, also where centroids come in nearly equal pairs and
+    /// points sit halfway between them (where a ranking by `|c|^2 - 2 x.c` alone flips).
+    #[test]
+    fn gemm_search_answers_like_the_reference_on_near_ties() {
+        let (n, d, pairs) = (2000usize, 96usize, 40usize);
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let mut centroids = Vec::with_capacity(2 * pairs * d);
+        for _ in 0..pairs {
+            let base: Vec<f32> = (0..d).map(|_| 10.0 * uniform()).collect();
+            let twin: Vec<f32> = base.iter().map(|&v| v + 1e-4 * uniform()).collect();
+            centroids.extend_from_slice(&base);
+            centroids.extend_from_slice(&twin);
+        }
+        let m = 2 * pairs;
+        // Points: midpoints of a pair, nudged by a few ulps' worth, plus plain random ones.
+        let mut points = Vec::with_capacity(n * d);
+        for i in 0..n {
+            let p = i % pairs;
+            for k in 0..d {
+                let (a, b) = (centroids[2 * p * d + k], centroids[(2 * p + 1) * d + k]);
+                let v = if i % 4 == 3 {
+                    10.0 * uniform()
+                } else {
+                    0.5 * (a + b) + 1e-6 * uniform()
+                };
+                points.push(v);
+            }
+        }
+        let cpu = CpuBackend::new();
+        let x = cpu.upload(&points).unwrap();
+        let c = cpu.upload(&centroids).unwrap();
+        let search = |b: &CpuBackend| {
+            let (index, distance) = (
+                b.alloc(DType::U32, n).unwrap(),
+                b.alloc(DType::F32, n).unwrap(),
+            );
+            b.nearest_centroid(
+                View::new(&x, &Layout::contiguous(&[n, d])),
+                View::new(&c, &Layout::contiguous(&[m, d])),
+                View::new(&index, &Layout::contiguous(&[n])),
+                View::new(&distance, &Layout::contiguous(&[n])),
+            )
+            .unwrap();
+            (
+                b.read::<u32>(&index).unwrap(),
+                b.read::<f32>(&distance).unwrap(),
+            )
+        };
+        let (fast_index, fast_distance) = search(&cpu.with_precision(Precision::Fast));
+        let (exact_index, exact_distance) = search(&cpu.with_precision(Precision::Reproducible));
+        assert!(super::by_gemm(d, m), "the test must exercise the GEMM path");
+        let differ = fast_index
+            .iter()
+            .zip(&exact_index)
+            .filter(|(a, b)| a != b)
+            .count();
+        assert_eq!(
+            differ, 0,
+            "{differ} of {n} assignments differ from the reference"
+        );
+        assert!(
+            fast_distance
+                .iter()
+                .zip(&exact_distance)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
     }
 }
