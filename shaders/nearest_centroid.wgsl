@@ -5,16 +5,22 @@
 // no point-by-centroid matrix is ever written. Each thread keeps the best of its own columns;
 // the 16 threads sharing a row then combine theirs through workgroup memory (lowest index on
 // ties), and the winner's distance is recomputed exactly, sum_k (x_k - c_k)^2 with
-// multiply-adds in order of k, as the CPU reference does.
+// multiply-adds in order of k, as the CPU reference does. Each thread also keeps its second
+// best score; where the row's runner-up score is within the rounding error bound of the best
+// (a point about equally far from two centroids), the row is decided by the exact distances
+// to every centroid of the slice instead, as the reference would: the answers are then the
+// reference's own (the CPU backend's GEMM search does the same).
 //
 // Long centroid lists run as several slices (dispatches) in order; a later slice replaces a
 // point's result only with a strictly smaller distance, so ties still go to the lowest index.
 //
 // Blocks: 0 out_index, 1 out_distance. Scalars: 0 n, 1 end of the slice's centroids, 2 d,
 // 3 x's offset, 4-5 x's row and column strides, 6 the centroids' offset, 7-8 their row and
-// column strides, 9 the slice's first centroid, 10 whether an earlier slice wrote results.
+// column strides, 9 the slice's first centroid, 10 whether an earlier slice wrote results,
+// 11 whether fma() is fused, 12 zero (fma_exact.wgsl).
 
 // @include tile.wgsl
+// @include fma_exact.wgsl
 
 // @slot bindings
 @group(0) @binding(1) var<storage, read> B1: array<u32>;
@@ -32,14 +38,20 @@ fn st4(i: i32, v: f32) { B4[i] = bitcast<u32>(v); }
 
 const NONE: u32 = 0xffffffffu;
 
-// Each row's winning centroid, after the workgroup has combined its threads' candidates.
+// Each row's winning centroid, after the workgroup has combined its threads' candidates, its
+// score, and the lowest score of any other centroid (the runner-up).
 var<workgroup> winner: array<u32, 128>;
+var<workgroup> winner_score: array<f32, 128>;
+var<workgroup> runner_up: array<f32, 128>;
 
 // This thread's best score and centroid for each of its eight rows.
 var<private> bv0: f32; var<private> bv1: f32; var<private> bv2: f32; var<private> bv3: f32;
 var<private> bv4: f32; var<private> bv5: f32; var<private> bv6: f32; var<private> bv7: f32;
 var<private> bi0: u32; var<private> bi1: u32; var<private> bi2: u32; var<private> bi3: u32;
 var<private> bi4: u32; var<private> bi5: u32; var<private> bi6: u32; var<private> bi7: u32;
+// This thread's second best score for each of its eight rows.
+var<private> sv0: f32; var<private> sv1: f32; var<private> sv2: f32; var<private> sv3: f32;
+var<private> sv4: f32; var<private> sv5: f32; var<private> sv6: f32; var<private> sv7: f32;
 
 // Does candidate (v, i) beat (bv, bi)? The smaller score, then the lower index; NONE is no
 // candidate. (Scores that are NaN or infinite never become candidates: a row left without
@@ -49,14 +61,19 @@ fn beats(v: f32, i: u32, bv: f32, bi: u32) -> bool {
 }
 
 // Folds one row's dot products with this tile's four columns (norms `cn`) into its running
-// best. Columns arrive in increasing order, so the strict comparison keeps the lowest index
-// on ties.
-fn improve(dots: vec4<f32>, cn: vec4<f32>, col: u32, end: u32, bv: ptr<private, f32>, bi: ptr<private, u32>) {
+// best and second best. Columns arrive in increasing order, so the strict comparison keeps
+// the lowest index on ties (an equal score becomes the second best).
+fn improve(dots: vec4<f32>, cn: vec4<f32>, col: u32, end: u32, bv: ptr<private, f32>, bi: ptr<private, u32>, sv: ptr<private, f32>) {
     let v = cn - 2.0 * dots;
     for (var j = 0u; j < 4u; j = j + 1u) {
-        if (col + j < end && v[j] < *bv) {
-            *bv = v[j];
-            *bi = col + j;
+        if (col + j < end) {
+            if (v[j] < *bv) {
+                *sv = *bv;
+                *bv = v[j];
+                *bi = col + j;
+            } else if (v[j] < *sv) {
+                *sv = v[j];
+            }
         }
     }
 }
@@ -64,8 +81,10 @@ fn improve(dots: vec4<f32>, cn: vec4<f32>, col: u32, end: u32, bv: ptr<private, 
 fn scratch_put(w: u32, v: f32) { As[w / 4u][w % 4u] = v; }
 fn scratch_get(w: u32) -> f32 { return As[w / 4u][w % 4u]; }
 
-// Combines the 16 candidates of 64 rows (this thread's rows `half` of c0..c3 or c4..c7).
-fn combine(li: u32, half: u32, v: vec4<f32>, i: vec4<u32>) {
+// Combines the 16 candidates of 64 rows (this thread's rows `half` of c0..c3 or c4..c7): the
+// winner, then the runner-up score (each thread's best other than the winner, else its
+// second best).
+fn combine(li: u32, half: u32, v: vec4<f32>, i: vec4<u32>, second: vec4<f32>) {
     let tx = li % 16u;
     let ty = li / 16u;
     for (var q = 0u; q < 4u; q = q + 1u) {
@@ -83,8 +102,36 @@ fn combine(li: u32, half: u32, v: vec4<f32>, i: vec4<u32>) {
             if (beats(v2, i2, cv, ci)) { cv = v2; ci = i2; }
         }
         winner[half * 64u + li] = ci;
+        winner_score[half * 64u + li] = cv;
     }
     workgroupBarrier();
+    for (var q = 0u; q < 4u; q = q + 1u) {
+        let slot = (4u * ty + q) * 16u + tx;
+        var other = v[q];
+        if (i[q] == winner[half * 64u + 4u * ty + q]) { other = second[q]; }
+        scratch_put(slot, other);
+    }
+    workgroupBarrier();
+    if (li < 64u) {
+        var low = bitcast<f32>(0x7f800000u);
+        for (var j = 0u; j < 16u; j = j + 1u) {
+            low = min(low, scratch_get(li * 16u + j));
+        }
+        runner_up[half * 64u + li] = low;
+    }
+    workgroupBarrier();
+}
+
+// The exact distance from row `xb` to centroid `at`, summed as the CPU reference does, with
+// correctly rounded multiply-adds (fma_exact.wgsl) so that the bits match it.
+fn exact_distance(xb: i32, at: u32) -> f32 {
+    let cb = si(6u) + i32(at) * si(7u);
+    var dist = 0.0;
+    for (var k = 0u; k < s(2u); k = k + 1u) {
+        let diff = ld1(xb + i32(k) * si(5u)) - ld2(cb + i32(k) * si(8u));
+        dist = fma_exact(diff, diff, dist);
+    }
+    return dist;
 }
 
 @compute @workgroup_size(256)
@@ -97,6 +144,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let inf = bitcast<f32>(0x7f800000u);
     bv0 = inf; bv1 = inf; bv2 = inf; bv3 = inf; bv4 = inf; bv5 = inf; bv6 = inf; bv7 = inf;
     bi0 = NONE; bi1 = NONE; bi2 = NONE; bi3 = NONE; bi4 = NONE; bi5 = NONE; bi6 = NONE; bi7 = NONE;
+    sv0 = inf; sv1 = inf; sv2 = inf; sv3 = inf; sv4 = inf; sv5 = inf; sv6 = inf; sv7 = inf;
     let end = s(1u);
     for (var col0 = s(9u); col0 < end; col0 = col0 + BN) {
         clear_tile();
@@ -106,14 +154,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         for (var j = 0u; j < 4u; j = j + 1u) {
             if (col + j < end) { cn[j] = B5[col + j]; }
         }
-        improve(c0, cn, col, end, &bv0, &bi0);
-        improve(c1, cn, col, end, &bv1, &bi1);
-        improve(c2, cn, col, end, &bv2, &bi2);
-        improve(c3, cn, col, end, &bv3, &bi3);
-        improve(c4, cn, col, end, &bv4, &bi4);
-        improve(c5, cn, col, end, &bv5, &bi5);
-        improve(c6, cn, col, end, &bv6, &bi6);
-        improve(c7, cn, col, end, &bv7, &bi7);
+        improve(c0, cn, col, end, &bv0, &bi0, &sv0);
+        improve(c1, cn, col, end, &bv1, &bi1, &sv1);
+        improve(c2, cn, col, end, &bv2, &bi2, &sv2);
+        improve(c3, cn, col, end, &bv3, &bi3, &sv3);
+        improve(c4, cn, col, end, &bv4, &bi4, &sv4);
+        improve(c5, cn, col, end, &bv5, &bi5, &sv5);
+        improve(c6, cn, col, end, &bv6, &bi6, &sv6);
+        improve(c7, cn, col, end, &bv7, &bi7, &sv7);
         if (TN == 8u) {
             // This thread's second group of columns, 64 further on (visited after the first,
             // so ties still resolve to the lower index).
@@ -122,28 +170,46 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             for (var j = 0u; j < 4u; j = j + 1u) {
                 if (col2 + j < end) { cn2[j] = B5[col2 + j]; }
             }
-            improve(d0, cn2, col2, end, &bv0, &bi0);
-            improve(d1, cn2, col2, end, &bv1, &bi1);
-            improve(d2, cn2, col2, end, &bv2, &bi2);
-            improve(d3, cn2, col2, end, &bv3, &bi3);
-            improve(d4, cn2, col2, end, &bv4, &bi4);
-            improve(d5, cn2, col2, end, &bv5, &bi5);
-            improve(d6, cn2, col2, end, &bv6, &bi6);
-            improve(d7, cn2, col2, end, &bv7, &bi7);
+            improve(d0, cn2, col2, end, &bv0, &bi0, &sv0);
+            improve(d1, cn2, col2, end, &bv1, &bi1, &sv1);
+            improve(d2, cn2, col2, end, &bv2, &bi2, &sv2);
+            improve(d3, cn2, col2, end, &bv3, &bi3, &sv3);
+            improve(d4, cn2, col2, end, &bv4, &bi4, &sv4);
+            improve(d5, cn2, col2, end, &bv5, &bi5, &sv5);
+            improve(d6, cn2, col2, end, &bv6, &bi6, &sv6);
+            improve(d7, cn2, col2, end, &bv7, &bi7, &sv7);
         }
     }
-    combine(li, 0u, vec4<f32>(bv0, bv1, bv2, bv3), vec4<u32>(bi0, bi1, bi2, bi3));
-    combine(li, 1u, vec4<f32>(bv4, bv5, bv6, bv7), vec4<u32>(bi4, bi5, bi6, bi7));
+    combine(li, 0u, vec4<f32>(bv0, bv1, bv2, bv3), vec4<u32>(bi0, bi1, bi2, bi3), vec4<f32>(sv0, sv1, sv2, sv3));
+    combine(li, 1u, vec4<f32>(bv4, bv5, bv6, bv7), vec4<u32>(bi4, bi5, bi6, bi7), vec4<f32>(sv4, sv5, sv6, sv7));
     let row = row0 + li;
     if (li >= BM || row >= n) { return; }
     var at = winner[li];
     if (at == NONE) { at = s(9u); }
     let xb = si(3u) + i32(row) * si(4u);
-    let cb = si(6u) + i32(at) * si(7u);
-    var dist = 0.0;
-    for (var k = 0u; k < s(2u); k = k + 1u) {
-        let diff = ld1(xb + i32(k) * si(5u)) - ld2(cb + i32(k) * si(8u));
-        dist = fma(diff, diff, dist);
+    var dist = exact_distance(xb, at);
+    if (winner[li] != NONE) {
+        // Scores are within (d + 1) u (|x| + |c|)^2 of their true values, the exact distances
+        // within d u (|x| + |c|)^2, and a centroid scoring near the best has
+        // |c| <= 2 |x| + |c_winner|; twice the sum of those errors, as in the CPU backend.
+        var xx = 0.0;
+        for (var k = 0u; k < s(2u); k = k + 1u) {
+            let xv = ld1(xb + i32(k) * si(5u));
+            xx = fma(xv, xv, xx);
+        }
+        let reach = 3.0 * sqrt(xx) + 2.0 * sqrt(max(B5[at], 0.0));
+        let slack = 8.0 * (f32(s(2u)) + 2.0) * 5.9604645e-8 * reach * reach;
+        if (runner_up[li] <= winner_score[li] + slack) {
+            // Ambiguous: the reference's scan over this slice's centroids decides.
+            var best = bitcast<f32>(0x7fc00000u);
+            var best_at = s(9u);
+            for (var j = s(9u); j < s(1u); j = j + 1u) {
+                let e = exact_distance(xb, j);
+                if (e < best || (is_nan(best) && !is_nan(e))) { best = e; best_at = j; }
+            }
+            at = best_at;
+            dist = best;
+        }
     }
     if (s(10u) == 1u) {
         let before = ld4(off(1u, row));

@@ -2577,13 +2577,15 @@ impl Backend for WgpuBackend {
         )?;
         // The centroids' squared norms, once per call.
         let norms = self.centroid_norms(c, m)?;
+        let fused = self.fma_is_fused()?;
         let blocks = n.div_ceil(tile.rows);
         let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
         let groups = [blocks.min(max) as u32, blocks.div_ceil(max) as u32, 1];
         let mut first = 0;
         while first < m {
             let end = (first + slice).min(m);
-            let p = nearest_slice_params([x, c, out_index, out_distance], first, end);
+            let p = nearest_slice_params([x, c, out_index, out_distance], first, end)
+                .scalar(11, fused as u32);
             self.dispatch_groups(
                 &pipeline,
                 &p,
