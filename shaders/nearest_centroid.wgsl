@@ -6,10 +6,10 @@
 // the 16 threads sharing a row then combine theirs through workgroup memory (lowest index on
 // ties), and the winner's distance is recomputed exactly, sum_k (x_k - c_k)^2 with
 // multiply-adds in order of k, as the CPU reference does. Each thread also keeps its second
-// best score; where the row's runner-up score is within the rounding error bound of the best
-// (a point about equally far from two centroids), the row is decided by the exact distances
-// to every centroid of the slice instead, as the reference would: the answers are then the
-// reference's own (the CPU backend's GEMM search does the same).
+// best; where the row's runner-up score is within the rounding error bound of the best (a
+// point about equally far from two centroids), the two are ranked by their exact distances,
+// as the reference would rank them (the CPU backend's GEMM search does the same, over every
+// candidate within the bound).
 //
 // Long centroid lists run as several slices (dispatches) in order; a later slice replaces a
 // point's result only with a strictly smaller distance, so ties still go to the lowest index.
@@ -43,15 +43,18 @@ const NONE: u32 = 0xffffffffu;
 var<workgroup> winner: array<u32, 128>;
 var<workgroup> winner_score: array<f32, 128>;
 var<workgroup> runner_up: array<f32, 128>;
+var<workgroup> runner_up_index: array<u32, 128>;
 
 // This thread's best score and centroid for each of its eight rows.
 var<private> bv0: f32; var<private> bv1: f32; var<private> bv2: f32; var<private> bv3: f32;
 var<private> bv4: f32; var<private> bv5: f32; var<private> bv6: f32; var<private> bv7: f32;
 var<private> bi0: u32; var<private> bi1: u32; var<private> bi2: u32; var<private> bi3: u32;
 var<private> bi4: u32; var<private> bi5: u32; var<private> bi6: u32; var<private> bi7: u32;
-// This thread's second best score for each of its eight rows.
+// This thread's second best score and centroid for each of its eight rows.
 var<private> sv0: f32; var<private> sv1: f32; var<private> sv2: f32; var<private> sv3: f32;
 var<private> sv4: f32; var<private> sv5: f32; var<private> sv6: f32; var<private> sv7: f32;
+var<private> sj0: u32; var<private> sj1: u32; var<private> sj2: u32; var<private> sj3: u32;
+var<private> sj4: u32; var<private> sj5: u32; var<private> sj6: u32; var<private> sj7: u32;
 
 // Does candidate (v, i) beat (bv, bi)? The smaller score, then the lower index; NONE is no
 // candidate. (Scores that are NaN or infinite never become candidates: a row left without
@@ -63,16 +66,18 @@ fn beats(v: f32, i: u32, bv: f32, bi: u32) -> bool {
 // Folds one row's dot products with this tile's four columns (norms `cn`) into its running
 // best and second best. Columns arrive in increasing order, so the strict comparison keeps
 // the lowest index on ties (an equal score becomes the second best).
-fn improve(dots: vec4<f32>, cn: vec4<f32>, col: u32, end: u32, bv: ptr<private, f32>, bi: ptr<private, u32>, sv: ptr<private, f32>) {
+fn improve(dots: vec4<f32>, cn: vec4<f32>, col: u32, end: u32, bv: ptr<private, f32>, bi: ptr<private, u32>, sv: ptr<private, f32>, sj: ptr<private, u32>) {
     let v = cn - 2.0 * dots;
     for (var j = 0u; j < 4u; j = j + 1u) {
         if (col + j < end) {
             if (v[j] < *bv) {
                 *sv = *bv;
+                *sj = *bi;
                 *bv = v[j];
                 *bi = col + j;
             } else if (v[j] < *sv) {
                 *sv = v[j];
+                *sj = col + j;
             }
         }
     }
@@ -84,7 +89,7 @@ fn scratch_get(w: u32) -> f32 { return As[w / 4u][w % 4u]; }
 // Combines the 16 candidates of 64 rows (this thread's rows `half` of c0..c3 or c4..c7): the
 // winner, then the runner-up score (each thread's best other than the winner, else its
 // second best).
-fn combine(li: u32, half: u32, v: vec4<f32>, i: vec4<u32>, second: vec4<f32>) {
+fn combine(li: u32, half: u32, v: vec4<f32>, i: vec4<u32>, second: vec4<f32>, second_i: vec4<u32>) {
     let tx = li % 16u;
     let ty = li / 16u;
     for (var q = 0u; q < 4u; q = q + 1u) {
@@ -108,16 +113,22 @@ fn combine(li: u32, half: u32, v: vec4<f32>, i: vec4<u32>, second: vec4<f32>) {
     for (var q = 0u; q < 4u; q = q + 1u) {
         let slot = (4u * ty + q) * 16u + tx;
         var other = v[q];
-        if (i[q] == winner[half * 64u + 4u * ty + q]) { other = second[q]; }
+        var other_i = i[q];
+        if (i[q] == winner[half * 64u + 4u * ty + q]) { other = second[q]; other_i = second_i[q]; }
         scratch_put(slot, other);
+        scratch_put(1024u + slot, bitcast<f32>(other_i));
     }
     workgroupBarrier();
     if (li < 64u) {
-        var low = bitcast<f32>(0x7f800000u);
+        var cv = 0.0;
+        var ci = NONE;
         for (var j = 0u; j < 16u; j = j + 1u) {
-            low = min(low, scratch_get(li * 16u + j));
+            let v2 = scratch_get(li * 16u + j);
+            let i2 = bitcast<u32>(scratch_get(1024u + li * 16u + j));
+            if (beats(v2, i2, cv, ci)) { cv = v2; ci = i2; }
         }
-        runner_up[half * 64u + li] = low;
+        runner_up[half * 64u + li] = cv;
+        runner_up_index[half * 64u + li] = ci;
     }
     workgroupBarrier();
 }
@@ -145,6 +156,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     bv0 = inf; bv1 = inf; bv2 = inf; bv3 = inf; bv4 = inf; bv5 = inf; bv6 = inf; bv7 = inf;
     bi0 = NONE; bi1 = NONE; bi2 = NONE; bi3 = NONE; bi4 = NONE; bi5 = NONE; bi6 = NONE; bi7 = NONE;
     sv0 = inf; sv1 = inf; sv2 = inf; sv3 = inf; sv4 = inf; sv5 = inf; sv6 = inf; sv7 = inf;
+    sj0 = NONE; sj1 = NONE; sj2 = NONE; sj3 = NONE; sj4 = NONE; sj5 = NONE; sj6 = NONE; sj7 = NONE;
     let end = s(1u);
     for (var col0 = s(9u); col0 < end; col0 = col0 + BN) {
         clear_tile();
@@ -154,14 +166,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         for (var j = 0u; j < 4u; j = j + 1u) {
             if (col + j < end) { cn[j] = B5[col + j]; }
         }
-        improve(c0, cn, col, end, &bv0, &bi0, &sv0);
-        improve(c1, cn, col, end, &bv1, &bi1, &sv1);
-        improve(c2, cn, col, end, &bv2, &bi2, &sv2);
-        improve(c3, cn, col, end, &bv3, &bi3, &sv3);
-        improve(c4, cn, col, end, &bv4, &bi4, &sv4);
-        improve(c5, cn, col, end, &bv5, &bi5, &sv5);
-        improve(c6, cn, col, end, &bv6, &bi6, &sv6);
-        improve(c7, cn, col, end, &bv7, &bi7, &sv7);
+        improve(c0, cn, col, end, &bv0, &bi0, &sv0, &sj0);
+        improve(c1, cn, col, end, &bv1, &bi1, &sv1, &sj1);
+        improve(c2, cn, col, end, &bv2, &bi2, &sv2, &sj2);
+        improve(c3, cn, col, end, &bv3, &bi3, &sv3, &sj3);
+        improve(c4, cn, col, end, &bv4, &bi4, &sv4, &sj4);
+        improve(c5, cn, col, end, &bv5, &bi5, &sv5, &sj5);
+        improve(c6, cn, col, end, &bv6, &bi6, &sv6, &sj6);
+        improve(c7, cn, col, end, &bv7, &bi7, &sv7, &sj7);
         if (TN == 8u) {
             // This thread's second group of columns, 64 further on (visited after the first,
             // so ties still resolve to the lower index).
@@ -170,25 +182,26 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             for (var j = 0u; j < 4u; j = j + 1u) {
                 if (col2 + j < end) { cn2[j] = B5[col2 + j]; }
             }
-            improve(d0, cn2, col2, end, &bv0, &bi0, &sv0);
-            improve(d1, cn2, col2, end, &bv1, &bi1, &sv1);
-            improve(d2, cn2, col2, end, &bv2, &bi2, &sv2);
-            improve(d3, cn2, col2, end, &bv3, &bi3, &sv3);
-            improve(d4, cn2, col2, end, &bv4, &bi4, &sv4);
-            improve(d5, cn2, col2, end, &bv5, &bi5, &sv5);
-            improve(d6, cn2, col2, end, &bv6, &bi6, &sv6);
-            improve(d7, cn2, col2, end, &bv7, &bi7, &sv7);
+            improve(d0, cn2, col2, end, &bv0, &bi0, &sv0, &sj0);
+            improve(d1, cn2, col2, end, &bv1, &bi1, &sv1, &sj1);
+            improve(d2, cn2, col2, end, &bv2, &bi2, &sv2, &sj2);
+            improve(d3, cn2, col2, end, &bv3, &bi3, &sv3, &sj3);
+            improve(d4, cn2, col2, end, &bv4, &bi4, &sv4, &sj4);
+            improve(d5, cn2, col2, end, &bv5, &bi5, &sv5, &sj5);
+            improve(d6, cn2, col2, end, &bv6, &bi6, &sv6, &sj6);
+            improve(d7, cn2, col2, end, &bv7, &bi7, &sv7, &sj7);
         }
     }
-    combine(li, 0u, vec4<f32>(bv0, bv1, bv2, bv3), vec4<u32>(bi0, bi1, bi2, bi3), vec4<f32>(sv0, sv1, sv2, sv3));
-    combine(li, 1u, vec4<f32>(bv4, bv5, bv6, bv7), vec4<u32>(bi4, bi5, bi6, bi7), vec4<f32>(sv4, sv5, sv6, sv7));
+    combine(li, 0u, vec4<f32>(bv0, bv1, bv2, bv3), vec4<u32>(bi0, bi1, bi2, bi3), vec4<f32>(sv0, sv1, sv2, sv3), vec4<u32>(sj0, sj1, sj2, sj3));
+    combine(li, 1u, vec4<f32>(bv4, bv5, bv6, bv7), vec4<u32>(bi4, bi5, bi6, bi7), vec4<f32>(sv4, sv5, sv6, sv7), vec4<u32>(sj4, sj5, sj6, sj7));
     let row = row0 + li;
     if (li >= BM || row >= n) { return; }
     var at = winner[li];
     if (at == NONE) { at = s(9u); }
     let xb = si(3u) + i32(row) * si(4u);
     var dist = exact_distance(xb, at);
-    if (winner[li] != NONE) {
+    let other = runner_up_index[li];
+    if (winner[li] != NONE && other != NONE) {
         // Scores are within (d + 1) u (|x| + |c|)^2 of their true values, the exact distances
         // within d u (|x| + |c|)^2, and a centroid scoring near the best has
         // |c| <= 2 |x| + |c_winner|; twice the sum of those errors, as in the CPU backend.
@@ -200,15 +213,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         let reach = 3.0 * sqrt(xx) + 2.0 * sqrt(max(B5[at], 0.0));
         let slack = 8.0 * (f32(s(2u)) + 2.0) * 5.9604645e-8 * reach * reach;
         if (runner_up[li] <= winner_score[li] + slack) {
-            // Ambiguous: the reference's scan over this slice's centroids decides.
-            var best = bitcast<f32>(0x7fc00000u);
-            var best_at = s(9u);
-            for (var j = s(9u); j < s(1u); j = j + 1u) {
-                let e = exact_distance(xb, j);
-                if (e < best || (is_nan(best) && !is_nan(e))) { best = e; best_at = j; }
+            // Too close to call by scores: the exact distances rank the two, as in the
+            // reference (the lower distance, then the lower index; a NaN loses).
+            let e = exact_distance(xb, other);
+            if (e < dist || (e == dist && other < at) || (is_nan(dist) && !is_nan(e))) {
+                at = other;
+                dist = e;
             }
-            at = best_at;
-            dist = best;
         }
     }
     if (s(10u) == 1u) {
