@@ -58,6 +58,23 @@ fn block_distances(
 
 #[inline(always)]
 fn search_rows(xs: &[f32], d: usize, ct: &[f32], m: usize, idx: &mut [u32], dist: &mut [f32]) {
+    if m < FEW_CENTROIDS {
+        search_rows_few(xs, d, ct, m, idx, dist)
+    } else {
+        search_rows_blocked(xs, d, ct, m, idx, dist)
+    }
+}
+
+/// The reference search vectorised across blocks of `CBLOCK` centroids.
+#[inline(always)]
+fn search_rows_blocked(
+    xs: &[f32],
+    d: usize,
+    ct: &[f32],
+    m: usize,
+    idx: &mut [u32],
+    dist: &mut [f32],
+) {
     let mut acc = [0f32; CBLOCK];
     for (r, x) in xs.chunks_exact(d.max(1)).enumerate().take(idx.len()) {
         let x = if d == 0 { &[][..] } else { x };
@@ -77,6 +94,56 @@ fn search_rows(xs: &[f32], d: usize, ct: &[f32], m: usize, idx: &mut [u32], dist
         }
         idx[r] = best_j as u32;
         dist[r] = best_d;
+    }
+}
+
+/// Below this many centroids, vectorising across them leaves most lanes idle (k-means++
+/// searches one centroid at a time): `search_rows_few` vectorises across rows instead.
+const FEW_CENTROIDS: usize = 16;
+const ROW_LANES: usize = 8;
+
+/// The reference search for few centroids: eight rows at a time, their coordinates transposed
+/// so that one vector operation advances all eight sums. Each row's distance is still summed
+/// over `k` in order with fused multiply-adds, and the first strictly smaller one kept, so the
+/// results are the same bits as `block_distances`'s.
+#[inline(always)]
+fn search_rows_few(xs: &[f32], d: usize, ct: &[f32], m: usize, idx: &mut [u32], dist: &mut [f32]) {
+    let mut xt = vec![0f32; d * ROW_LANES];
+    let mut r0 = 0;
+    while r0 < idx.len() {
+        let lanes = ROW_LANES.min(idx.len() - r0);
+        for l in 0..ROW_LANES {
+            // A short last group repeats its first row in the spare lanes.
+            let r = r0 + if l < lanes { l } else { 0 };
+            for k in 0..d {
+                xt[k * ROW_LANES + l] = xs[r * d + k];
+            }
+        }
+        let mut best_j = [0usize; ROW_LANES];
+        let mut best_d = [f32::NAN; ROW_LANES];
+        for j in 0..m {
+            let mut acc = [0f32; ROW_LANES];
+            for k in 0..d {
+                let c = ct[k * m + j];
+                let x = &xt[k * ROW_LANES..(k + 1) * ROW_LANES];
+                for l in 0..ROW_LANES {
+                    let t = x[l] - c;
+                    acc[l] = t.mul_add(t, acc[l]);
+                }
+            }
+            for l in 0..ROW_LANES {
+                let v = acc[l];
+                if v < best_d[l] || best_d[l].is_nan() && !v.is_nan() {
+                    best_d[l] = v;
+                    best_j[l] = j;
+                }
+            }
+        }
+        for l in 0..lanes {
+            idx[r0 + l] = best_j[l] as u32;
+            dist[r0 + l] = best_d[l];
+        }
+        r0 += lanes;
     }
 }
 
@@ -504,6 +571,48 @@ pub(crate) fn segment_sum_ordered(
 #[cfg(test)]
 mod tests {
     use crate::CpuBackend;
+
+    /// With few centroids the reference search runs across rows instead of centroids; the
+    /// answers must be the same bits (odd row counts, ties included).
+    #[test]
+    fn few_centroid_search_matches_the_blocked_one() {
+        let mut state = 0x1234_5678_9abc_def1u64;
+        let mut uniform = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+        };
+        for (n, d, m) in [
+            (37usize, 19usize, 1usize),
+            (101, 64, 3),
+            (9, 128, 15),
+            (17, 5, 7),
+        ] {
+            let xs: Vec<f32> = (0..n * d).map(|_| uniform()).collect();
+            let mut cs: Vec<f32> = (0..m * d).map(|_| uniform()).collect();
+            if m > 2 {
+                // A duplicated centroid: ties must go to the lower index.
+                let (a, b) = cs.split_at_mut(d);
+                b[..d].copy_from_slice(a);
+            }
+            let mut ct = vec![0f32; d * m];
+            for j in 0..m {
+                for k in 0..d {
+                    ct[k * m + j] = cs[j * d + k];
+                }
+            }
+            let (mut i1, mut d1) = (vec![0u32; n], vec![0f32; n]);
+            let (mut i2, mut d2) = (vec![0u32; n], vec![0f32; n]);
+            super::search_rows_few(&xs, d, &ct, m, &mut i1, &mut d1);
+            super::search_rows_blocked(&xs, d, &ct, m, &mut i2, &mut d2);
+            assert_eq!(i1, i2, "n {n} d {d} m {m}");
+            assert!(
+                d1.iter().zip(&d2).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "n {n} d {d} m {m}"
+            );
+        }
+    }
     use hal::{Backend, BackendExt, DType, Layout, Precision, View};
 
     /// The GEMM search re-ranks its candidates by the reference's exact distance, so its
