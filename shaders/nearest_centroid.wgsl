@@ -86,49 +86,53 @@ fn improve(dots: vec4<f32>, cn: vec4<f32>, col: u32, end: u32, bv: ptr<private, 
 fn scratch_put(w: u32, v: f32) { As[w / 4u][w % 4u] = v; }
 fn scratch_get(w: u32) -> f32 { return As[w / 4u][w % 4u]; }
 
+// One candidate per (row, thread) into the scratch: scores at 0..1023, indices after.
+fn put_candidate(slot: u32, v: f32, i: u32) {
+    scratch_put(slot, v);
+    scratch_put(1024u + slot, bitcast<f32>(i));
+}
+
+struct Candidate { v: f32, i: u32 }
+
+// The best of row `r`'s 16 candidates in the scratch (`beats`: lower score, then index).
+fn best_of_row(r: u32) -> Candidate {
+    var best = Candidate(0.0, NONE);
+    for (var j = 0u; j < 16u; j = j + 1u) {
+        let v = scratch_get(r * 16u + j);
+        let i = bitcast<u32>(scratch_get(1024u + r * 16u + j));
+        if (beats(v, i, best.v, best.i)) { best = Candidate(v, i); }
+    }
+    return best;
+}
+
 // Combines the 16 candidates of 64 rows (this thread's rows `half` of c0..c3 or c4..c7): the
-// winner, then the runner-up score (each thread's best other than the winner, else its
-// second best).
+// winner, then the runner-up (each thread's best other than the winner, else its second best).
 fn combine(li: u32, half: u32, v: vec4<f32>, i: vec4<u32>, second: vec4<f32>, second_i: vec4<u32>) {
     let tx = li % 16u;
     let ty = li / 16u;
     for (var q = 0u; q < 4u; q = q + 1u) {
-        let slot = (4u * ty + q) * 16u + tx;
-        scratch_put(slot, v[q]);
-        scratch_put(1024u + slot, bitcast<f32>(i[q]));
+        put_candidate((4u * ty + q) * 16u + tx, v[q], i[q]);
     }
     workgroupBarrier();
     if (li < 64u) {
-        var cv = 0.0;
-        var ci = NONE;
-        for (var j = 0u; j < 16u; j = j + 1u) {
-            let v2 = scratch_get(li * 16u + j);
-            let i2 = bitcast<u32>(scratch_get(1024u + li * 16u + j));
-            if (beats(v2, i2, cv, ci)) { cv = v2; ci = i2; }
-        }
-        winner[half * 64u + li] = ci;
-        winner_score[half * 64u + li] = cv;
+        let best = best_of_row(li);
+        winner[half * 64u + li] = best.i;
+        winner_score[half * 64u + li] = best.v;
     }
     workgroupBarrier();
     for (var q = 0u; q < 4u; q = q + 1u) {
         let slot = (4u * ty + q) * 16u + tx;
-        var other = v[q];
-        var other_i = i[q];
-        if (i[q] == winner[half * 64u + 4u * ty + q]) { other = second[q]; other_i = second_i[q]; }
-        scratch_put(slot, other);
-        scratch_put(1024u + slot, bitcast<f32>(other_i));
+        if (i[q] == winner[half * 64u + 4u * ty + q]) {
+            put_candidate(slot, second[q], second_i[q]);
+        } else {
+            put_candidate(slot, v[q], i[q]);
+        }
     }
     workgroupBarrier();
     if (li < 64u) {
-        var cv = 0.0;
-        var ci = NONE;
-        for (var j = 0u; j < 16u; j = j + 1u) {
-            let v2 = scratch_get(li * 16u + j);
-            let i2 = bitcast<u32>(scratch_get(1024u + li * 16u + j));
-            if (beats(v2, i2, cv, ci)) { cv = v2; ci = i2; }
-        }
-        runner_up[half * 64u + li] = cv;
-        runner_up_index[half * 64u + li] = ci;
+        let other = best_of_row(li);
+        runner_up[half * 64u + li] = other.v;
+        runner_up_index[half * 64u + li] = other.i;
     }
     workgroupBarrier();
 }

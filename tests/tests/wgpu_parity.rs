@@ -520,12 +520,14 @@ fn wgpu_nearest_answers_like_the_reference_on_near_ties() {
     let (n, d, pairs) = (3001usize, 72usize, 45usize);
     let seed = hal_parity::fresh_seed("NEAR_TIES_SEED");
     eprintln!("data seed {seed} (NEAR_TIES_SEED={seed} repeats it)");
-    let mut state = seed | 1;
+    let mut counter = 0u64;
     let mut uniform = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        counter += 1;
+        let range = hal::Distribution::Uniform {
+            low: -0.5,
+            high: 0.5,
+        };
+        hal::random::random_value(range, seed, counter)
     };
     let m = 2 * pairs;
     let mut centroids = Vec::with_capacity(m * d);

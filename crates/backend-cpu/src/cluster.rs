@@ -13,8 +13,7 @@ fn f32_rows(src: Src, l: &Layout) -> std::borrow::Cow<'static, [f32]> {
     if src.dtype == DType::F32 && l.is_contiguous() {
         // SAFETY: the view was checked to lie inside its buffer, which outlives the call (the
         // execution lock is held), and f32 buffers are 4-byte aligned.
-        let s =
-            unsafe { std::slice::from_raw_parts((src.ptr as *const f32).add(l.offset), l.numel()) };
+        let s = unsafe { std::slice::from_raw_parts(src.as_f32().add(l.offset), l.numel()) };
         return std::borrow::Cow::Borrowed(s);
     }
     std::borrow::Cow::Owned(contiguous_f32(src, l))
@@ -84,8 +83,7 @@ fn search_rows_blocked(
             let width = CBLOCK.min(m - j0);
             block_distances(x, ct, m, j0, width, &mut acc);
             for (jj, &v) in acc[..width].iter().enumerate() {
-                // Strict `<` keeps the lowest index on ties; a NaN best is replaced by anything.
-                if v < best_d || best_d.is_nan() && !v.is_nan() {
+                if closer(v, best_d) {
                     best_d = v;
                     best_j = j0 + jj;
                 }
@@ -133,7 +131,7 @@ fn search_rows_few(xs: &[f32], d: usize, ct: &[f32], m: usize, idx: &mut [u32], 
             }
             for l in 0..ROW_LANES {
                 let v = acc[l];
-                if v < best_d[l] || best_d[l].is_nan() && !v.is_nan() {
+                if closer(v, best_d[l]) {
                     best_d[l] = v;
                     best_j[l] = j;
                 }
@@ -166,6 +164,13 @@ fn by_gemm(d: usize, m: usize) -> bool {
     d >= 16 && m >= 64
 }
 
+/// Whether distance `v` replaces the best so far in the reference's scan: strictly smaller
+/// (so the lowest index wins ties), or a number where the best is NaN.
+#[inline(always)]
+fn closer(v: f32, best: f32) -> bool {
+    v < best || best.is_nan() && !v.is_nan()
+}
+
 /// Distances of `x` to centroids `a` and `b` summed in the reference order (fma, by `k`).
 #[inline(always)]
 fn exact_distance(x: &[f32], c: &[f32]) -> f32 {
@@ -194,8 +199,7 @@ fn nearest_by_gemm(xs: &[f32], cs: &[f32], d: usize, m: usize, idx: &mut [u32], 
         .collect();
     let largest_norm = norms.iter().fold(0f32, |m, &n| m.max(n)).sqrt();
     #[cfg(target_arch = "x86_64")]
-    let fma =
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    let fma = crate::has_avx2_fma();
     idx.par_chunks_mut(ROWS)
         .zip(dist.par_chunks_mut(ROWS))
         .enumerate()
@@ -217,10 +221,10 @@ fn nearest_by_gemm(xs: &[f32], cs: &[f32], d: usize, m: usize, idx: &mut [u32], 
                 #[cfg(target_arch = "x86_64")]
                 if fma {
                     // SAFETY: the CPU supports the enabled features (checked above).
-                    unsafe { pick_rows_fma(&tile, x, cs, &norms, largest_norm, ib, db) };
+                    unsafe { pick_rows_fma(&tile, x, cs, d, &norms, largest_norm, ib, db) };
                     return;
                 }
-                pick_rows(&tile, x, cs, &norms, largest_norm, ib, db);
+                pick_rows(&tile, x, cs, d, &norms, largest_norm, ib, db);
             });
         });
 }
@@ -246,13 +250,14 @@ fn pick_rows(
     tile: &[f32],
     xs: &[f32],
     cs: &[f32],
+    d: usize,
     norms: &[f32],
     largest_norm: f32,
     ib: &mut [u32],
     db: &mut [f32],
 ) {
     let m = norms.len();
-    let d = xs.len() / ib.len().max(1);
+    let mut found: Vec<u32> = Vec::new();
     for (r, i) in ib.iter_mut().enumerate() {
         let x = &xs[r * d..(r + 1) * d];
         let scores = &tile[r * m..(r + 1) * m];
@@ -266,18 +271,7 @@ fn pick_rows(
         };
         // The candidates' indices, ascending; with one, no distance is needed here (the
         // winner's is computed below with the others).
-        let mut found: Vec<u32> = Vec::new();
-        let mut first = u32::MAX;
-        let mut note = |j: usize| {
-            if first == u32::MAX {
-                first = j as u32;
-            } else {
-                if found.is_empty() {
-                    found.push(first);
-                }
-                found.push(j as u32);
-            }
-        };
+        found.clear();
         match candidates {
             Some(limit) => {
                 let chunks = scores.chunks_exact(16).zip(norms.chunks_exact(16));
@@ -287,30 +281,31 @@ fn pick_rows(
                         any |= a + b <= limit;
                     }
                     if any {
-                        for (jj, (&a, &b)) in t.iter().zip(n).enumerate() {
-                            if a + b <= limit {
-                                note(c * 16 + jj);
-                            }
-                        }
+                        let hits = t
+                            .iter()
+                            .zip(n)
+                            .enumerate()
+                            .filter(|(_, (a, b))| *a + *b <= limit);
+                        found.extend(hits.map(|(jj, _)| (c * 16 + jj) as u32));
                     }
                 }
                 let done = m / 16 * 16;
-                for j in done..m {
-                    if scores[j] + norms[j] <= limit {
-                        note(j);
-                    }
-                }
+                found.extend(
+                    (done..m)
+                        .filter(|&j| scores[j] + norms[j] <= limit)
+                        .map(|j| j as u32),
+                );
             }
-            None => (0..m).for_each(&mut note),
+            None => found.extend(0..m as u32),
         }
-        if found.is_empty() {
-            *i = if first == u32::MAX { 0 } else { first };
+        if found.len() <= 1 {
+            *i = found.first().copied().unwrap_or(0);
             continue;
         }
         let mut best = (0u32, f32::NAN);
         for &j in &found {
             let v = exact_distance(x, &cs[j as usize * d..(j as usize + 1) * d]);
-            if v < best.1 || best.1.is_nan() && !v.is_nan() {
+            if closer(v, best.1) {
                 best = (j, v);
             }
         }
@@ -347,12 +342,13 @@ unsafe fn pick_rows_fma(
     tile: &[f32],
     xs: &[f32],
     cs: &[f32],
+    d: usize,
     norms: &[f32],
     largest_norm: f32,
     ib: &mut [u32],
     db: &mut [f32],
 ) {
-    pick_rows(tile, xs, cs, norms, largest_norm, ib, db)
+    pick_rows(tile, xs, cs, d, norms, largest_norm, ib, db)
 }
 
 /// The smallest `minus_two_dot[j] + norms[j]`, or `None` when one is NaN: sixteen lanes the
@@ -411,8 +407,7 @@ pub(crate) fn nearest_centroid(
     }
     let ct = contiguous_f32(c, &cl.transpose(0, 1).expect("rank 2"));
     #[cfg(target_arch = "x86_64")]
-    let fma =
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    let fma = crate::has_avx2_fma();
     const ROWS: usize = 64;
     idx.par_chunks_mut(ROWS)
         .zip(dist.par_chunks_mut(ROWS))
@@ -576,12 +571,14 @@ mod tests {
     /// answers must be the same bits (odd row counts, ties included).
     #[test]
     fn few_centroid_search_matches_the_blocked_one() {
-        let mut state = 0x1234_5678_9abc_def1u64;
+        let mut counter = 0u64;
         let mut uniform = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+            counter += 1;
+            let range = hal::Distribution::Uniform {
+                low: -4.0,
+                high: 4.0,
+            };
+            hal::random::random_value(range, 0x1234_5678_9abc_def1u64, counter)
         };
         for (n, d, m) in [
             (37usize, 19usize, 1usize),
@@ -621,12 +618,14 @@ mod tests {
     #[test]
     fn gemm_search_answers_like_the_reference_on_near_ties() {
         let (n, d, pairs) = (2000usize, 96usize, 40usize);
-        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut counter = 0u64;
         let mut uniform = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            counter += 1;
+            let range = hal::Distribution::Uniform {
+                low: -0.5,
+                high: 0.5,
+            };
+            hal::random::random_value(range, 0x2545_f491_4f6c_dd1du64, counter)
         };
         let mut centroids = Vec::with_capacity(2 * pairs * d);
         for _ in 0..pairs {

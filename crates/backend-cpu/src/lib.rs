@@ -50,6 +50,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 static EXEC: Mutex<()> = Mutex::new(());
 
+/// Whether this CPU runs the kernels compiled with `#[target_feature(enable = "avx2,fma")]`
+/// (the build itself targets baseline x86-64). `std` caches the detection.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2_fma() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
 fn exec() -> MutexGuard<'static, ()> {
     // A panic inside a kernel poisons the lock but leaves no state to repair.
     EXEC.lock().unwrap_or_else(|p| p.into_inner())

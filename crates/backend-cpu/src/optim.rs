@@ -58,7 +58,7 @@ pub(crate) fn adam(n: usize, p: Shared, g: Shared, m: Shared, v: Shared, h: &Ada
     let buffers = [p.0, g.0, m.0, v.0];
     let distinct = (0..4).all(|i| (i + 1..4).all(|j| buffers[i] != buffers[j]));
     #[cfg(target_arch = "x86_64")]
-    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    let avx2 = crate::has_avx2_fma();
     par_ranges(n, |r| {
         if !distinct {
             // The same buffer passed twice: element by element through the pointers.
@@ -66,13 +66,9 @@ pub(crate) fn adam(n: usize, p: Shared, g: Shared, m: Shared, v: Shared, h: &Ada
                 // SAFETY: lengths checked by the caller; ranges are disjoint.
                 unsafe {
                     let (pi, mi, vi) = (p.at(i), m.at(i), v.at(i));
-                    let (mut pv, mut mv, mut vv) = (*pi, *mi, *vi);
-                    if h.decoupled_weight_decay {
-                        adam_one::<true>(&mut pv, *g.at(i), &mut mv, &mut vv, h, bc1, bc2);
-                    } else {
-                        adam_one::<false>(&mut pv, *g.at(i), &mut mv, &mut vv, h, bc1, bc2);
-                    }
-                    (*pi, *mi, *vi) = (pv, mv, vv);
+                    let (mut pv, mut mv, mut vv) = ([*pi], [*mi], [*vi]);
+                    adam_slices(&mut pv, &[*g.at(i)], &mut mv, &mut vv, h, bc1, bc2);
+                    (*pi, *mi, *vi) = (pv[0], mv[0], vv[0]);
                 }
             }
             return;

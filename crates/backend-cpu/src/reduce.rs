@@ -68,11 +68,6 @@ impl Acc {
     }
 }
 
-/// The input's address, shared by the threads of one reduction (they only read).
-struct XPtr(*const f32);
-// SAFETY: read-only access to memory the execution lock keeps alive and unchanged.
-unsafe impl Sync for XPtr {}
-
 fn accumulate(x: Src, walk: &Walk<1>, base: isize, start: usize, end: usize) -> Acc {
     let mut acc = Acc::EMPTY;
     walk.runs(start, end, |_, [o], [s], len| {
@@ -98,10 +93,8 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
     let inner_reduced_stride = red.strides.last().copied().unwrap_or(1);
     if sum_like && x.dtype == hal::DType::F32 && inner_reduced_stride.abs() > 1 {
         const BLOCK: usize = 64;
-        let xs = x.ptr as *const f32;
-        let xs = XPtr(xs);
         out_walk.par_runs(|_, [o, k], [so, sk], len| {
-            let xs = &xs;
+            let xs = x.as_f32();
             let mut j0 = 0;
             while j0 < len {
                 let width = BLOCK.min(len - j0);
@@ -112,7 +105,7 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
                         let row = first + r + i * rs;
                         for (jj, sum) in sums[..width].iter_mut().enumerate() {
                             // SAFETY: the view was checked to lie inside the buffer.
-                            *sum += unsafe { *xs.0.offset(row + jj as isize * sk) } as f64;
+                            *sum += unsafe { *xs.offset(row + jj as isize * sk) } as f64;
                         }
                     }
                 });
@@ -195,14 +188,12 @@ mod tests {
     #[test]
     fn strided_sums_add_in_index_order() {
         let (rows, cols) = (37usize, 301usize);
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let values: Vec<f32> = (0..rows * cols)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 1e3
-            })
+        let range = hal::Distribution::Uniform {
+            low: -500.0,
+            high: 500.0,
+        };
+        let values: Vec<f32> = (0..(rows * cols) as u64)
+            .map(|i| hal::random::random_value(range, 0x9e37_79b9_7f4a_7c15, i))
             .collect();
         let b = CpuBackend::new();
         let x = b.upload(&values).unwrap();
@@ -214,58 +205,36 @@ mod tests {
                 })
                 .collect()
         };
+        let lx = Layout::contiguous(&[rows, cols]);
+        let sliced = Layout {
+            shape: vec![rows, 245],
+            strides: vec![cols as isize, 1],
+            offset: 5,
+        };
+        // [rows, cols] over axis 0; the transposed view [cols, rows] over axis 1 (the same
+        // sums); columns 5..250 only (an offset view).
+        let cases = [
+            (lx.clone(), 0, vec![1, cols], 0..cols),
+            (lx.transpose(0, 1).unwrap(), 1, vec![cols, 1], 0..cols),
+            (sliced, 0, vec![1, 245], 5..250),
+        ];
         for (op, mean) in [(ReduceOp::Sum, false), (ReduceOp::Mean, true)] {
-            // [rows, cols] over axis 0.
-            let out = b.alloc(DType::F32, cols).unwrap();
-            let lx = Layout::contiguous(&[rows, cols]);
-            b.reduce(
-                op,
-                View::new(&x, &lx),
-                &[0],
-                View::new(&out, &Layout::contiguous(&[1, cols])),
-            )
-            .unwrap();
-            let got: Vec<f32> = b.read(&out).unwrap();
-            assert!(
-                got.iter()
-                    .zip(expected(0..cols, mean))
-                    .all(|(a, e)| a.to_bits() == e.to_bits())
-            );
-            // The transposed view [cols, rows] over axis 1: the same sums.
-            let lt = lx.transpose(0, 1).unwrap();
-            b.reduce(
-                op,
-                View::new(&x, &lt),
-                &[1],
-                View::new(&out, &Layout::contiguous(&[cols, 1])),
-            )
-            .unwrap();
-            let got: Vec<f32> = b.read(&out).unwrap();
-            assert!(
-                got.iter()
-                    .zip(expected(0..cols, mean))
-                    .all(|(a, e)| a.to_bits() == e.to_bits())
-            );
-            // Columns 5..250 only (an offset view).
-            let sliced = Layout {
-                shape: vec![rows, 245],
-                strides: vec![cols as isize, 1],
-                offset: 5,
-            };
-            let out = b.alloc(DType::F32, 245).unwrap();
-            b.reduce(
-                op,
-                View::new(&x, &sliced),
-                &[0],
-                View::new(&out, &Layout::contiguous(&[1, 245])),
-            )
-            .unwrap();
-            let got: Vec<f32> = b.read(&out).unwrap();
-            assert!(
-                got.iter()
-                    .zip(expected(5..250, mean))
-                    .all(|(a, e)| a.to_bits() == e.to_bits())
-            );
+            for (layout, axis, out_shape, columns) in cases.iter().cloned() {
+                let out = b.alloc(DType::F32, columns.len()).unwrap();
+                b.reduce(
+                    op,
+                    View::new(&x, &layout),
+                    &[axis],
+                    View::new(&out, &Layout::contiguous(&out_shape)),
+                )
+                .unwrap();
+                let got: Vec<f32> = b.read(&out).unwrap();
+                assert!(
+                    got.iter()
+                        .zip(expected(columns, mean))
+                        .all(|(a, e)| a.to_bits() == e.to_bits())
+                );
+            }
         }
     }
 }

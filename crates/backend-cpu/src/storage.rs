@@ -22,22 +22,19 @@ const PAGE: usize = 4 << 10;
 /// The most memory kept for reuse; beyond it freed allocations go back to the system.
 const REUSE_LIMIT: usize = 512 << 20;
 
-/// Freed large allocations by capacity, and their total.
+/// Freed large allocations (addresses) by capacity, and their total.
 struct Kept {
-    by_capacity: std::collections::HashMap<usize, Vec<usize>>,
+    by_capacity: std::collections::BTreeMap<usize, Vec<usize>>,
     bytes: usize,
 }
 
+static KEPT: std::sync::Mutex<Kept> = std::sync::Mutex::new(Kept {
+    by_capacity: std::collections::BTreeMap::new(),
+    bytes: 0,
+});
+
 fn kept() -> std::sync::MutexGuard<'static, Kept> {
-    static KEPT: std::sync::OnceLock<std::sync::Mutex<Kept>> = std::sync::OnceLock::new();
-    KEPT.get_or_init(|| {
-        std::sync::Mutex::new(Kept {
-            by_capacity: Default::default(),
-            bytes: 0,
-        })
-    })
-    .lock()
-    .unwrap_or_else(|e| e.into_inner())
+    KEPT.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 pub(crate) struct Storage {
@@ -83,8 +80,9 @@ impl Storage {
                 found
             };
             if let Some(addr) = reused {
-                // SAFETY: a live allocation of `capacity` bytes that nothing else refers to.
-                unsafe { std::ptr::write_bytes(addr as *mut u8, 0, capacity) };
+                // SAFETY: a live allocation of `capacity >= bytes` bytes that nothing else
+                // refers to; only the first `bytes` are ever read.
+                unsafe { std::ptr::write_bytes(addr as *mut u8, 0, bytes) };
                 return Some(Self {
                     dtype,
                     len,
@@ -205,6 +203,13 @@ unsafe impl Send for Dst {}
 unsafe impl Sync for Dst {}
 
 impl Src {
+    /// The buffer as `f32`s, for kernels that checked the dtype (a method, so closures
+    /// capture the whole `Sync` handle).
+    #[inline(always)]
+    pub fn as_f32(self) -> *const f32 {
+        self.ptr as *const f32
+    }
+
     /// Element `i` as `f32`. `i` lies inside the buffer (views are checked up front).
     #[inline(always)]
     pub unsafe fn load(self, i: isize) -> f32 {

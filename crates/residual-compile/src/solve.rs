@@ -499,7 +499,6 @@ struct CholeskyEngine<B: Backend> {
     /// The factor's values and the factorisation's scratch, kept between iterations.
     factor: Vec<f64>,
     scratch: MemBuffer,
-    par: Par,
     /// Per instance of each group, the slot in `normal`'s values of each pair `(a, b)`,
     /// `b <= a`, of its parameter slots (`u32::MAX` when either is fixed).
     pair_slots: Vec<Vec<u32>>,
@@ -591,11 +590,10 @@ impl<B: Backend> CholeskyEngine<B> {
         // splits only inside supernodes, which are too small here for that to pay. faer
         // factors only when it chose its simplicial method (small problems).
         let parallel = crate::supernodal::ParallelCholesky::new(normal.as_ref(), &symbolic);
-        let par = Par::Seq;
         let scratch = MemBuffer::try_new(
             symbolic
-                .factorize_numeric_llt_scratch::<f64>(par, Default::default())
-                .or(symbolic.solve_in_place_scratch::<f64>(1, par)),
+                .factorize_numeric_llt_scratch::<f64>(Par::Seq, Default::default())
+                .or(symbolic.solve_in_place_scratch::<f64>(1, Par::Seq)),
         )
         .map_err(|_| Error::Solver("out of memory for the sparse Cholesky scratch".into()))?;
         let factor = vec![0.0; symbolic.len_val()];
@@ -611,7 +609,6 @@ impl<B: Backend> CholeskyEngine<B> {
             parallel,
             factor,
             scratch,
-            par,
             pair_slots,
             normal_values: vec![0.0; nnz_normal],
             gradient: vec![0.0; n],
@@ -738,7 +735,7 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
                     SparseColMatRef::new(self.normal.as_ref(), &self.damped),
                     Side::Lower,
                     Default::default(),
-                    self.par,
+                    Par::Seq,
                     MemStack::new(&mut self.scratch),
                     Default::default(),
                 )
@@ -752,7 +749,7 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
         llt.solve_in_place_with_conj(
             Conj::No,
             faer::MatMut::from_column_major_slice_mut(&mut self.delta, n, 1),
-            self.par,
+            Par::Seq,
             MemStack::new(&mut self.scratch),
         );
         // L(0) - L(delta) = -g.delta - |J delta|^2 / 2, and |J delta|^2 = delta^T (J^T J) delta.

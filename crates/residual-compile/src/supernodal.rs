@@ -100,6 +100,24 @@ struct SharedValues(*mut f64);
 unsafe impl Send for SharedValues {}
 unsafe impl Sync for SharedValues {}
 
+impl SharedValues {
+    /// Values `range`, to write.
+    ///
+    /// # Safety
+    /// No other thread accesses `range` meanwhile.
+    unsafe fn slice_mut<'a>(self, range: std::ops::Range<usize>) -> &'a mut [f64] {
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(range.start), range.len()) }
+    }
+
+    /// Values `range`, to read.
+    ///
+    /// # Safety
+    /// No thread writes `range` meanwhile.
+    unsafe fn slice<'a>(self, range: std::ops::Range<usize>) -> &'a [f64] {
+        unsafe { std::slice::from_raw_parts(self.0.add(range.start), range.len()) }
+    }
+}
+
 impl ParallelCholesky {
     /// The structure for `symbolic`, an analysis of the lower-triangular pattern `lower`
     /// (rows sorted in each column). `None` when faer chose its simplicial factorisation,
@@ -344,12 +362,7 @@ impl ParallelCholesky {
         let below = &self.pattern[self.pattern_ptr[s]..self.pattern_ptr[s + 1]];
         let nrows = width + below.len();
         // SAFETY: the caller guarantees exclusive access to this range.
-        let own = unsafe {
-            std::slice::from_raw_parts_mut(
-                values.0.add(self.value_ptr[s]),
-                self.value_ptr[s + 1] - self.value_ptr[s],
-            )
-        };
+        let own = unsafe { values.slice_mut(self.value_ptr[s]..self.value_ptr[s + 1]) };
         own.fill(0.0);
         let local_row = |row: usize| -> usize {
             if row < s1 {
@@ -374,12 +387,7 @@ impl ParallelCholesky {
             let d_below = &self.pattern[self.pattern_ptr[d]..self.pattern_ptr[d + 1]];
             let d_rows = d_width + d_below.len();
             // SAFETY: `d` is a finished descendant; nobody writes it any more.
-            let ld = unsafe {
-                std::slice::from_raw_parts(
-                    values.0.add(self.value_ptr[d]),
-                    self.value_ptr[d + 1] - self.value_ptr[d],
-                )
-            };
+            let ld = unsafe { values.slice(self.value_ptr[d]..self.value_ptr[d + 1]) };
             // d's rows inside s's columns (`mid`), then the rest, all of them in s's pattern.
             let first = d_below.partition_point(|&r| (r as usize) < s0);
             let mid = d_below[first..].partition_point(|&r| (r as usize) < s1);
@@ -407,18 +415,14 @@ impl ParallelCholesky {
                 scratch.product.resize(h * w, 0.0);
                 let multiply_adds = h * w * d_width;
                 if multiply_adds >= UPDATE_MATMUL_MIN {
+                    // Rows top + c0.. of L_d; the right operand is their first w rows.
                     let lhs = MatRef::from_column_major_slice_with_stride(
                         &ld[top + c0..],
                         h,
                         d_width,
                         d_rows,
                     );
-                    let rhs = MatRef::from_column_major_slice_with_stride(
-                        &ld[top + c0..],
-                        w,
-                        d_width,
-                        d_rows,
-                    );
+                    let rhs = lhs.subrows(0, w);
                     faer::linalg::matmul::matmul(
                         MatMut::from_column_major_slice_mut(&mut scratch.product, h, w),
                         Accum::Replace,
@@ -485,13 +489,14 @@ mod tests {
     use faer::sparse::{SparseColMatRef, SymbolicSparseColMat};
     use faer::{Conj, Side};
 
-    /// xorshift64*: uniform in [-1, 1).
-    fn uniform(state: &mut u64) -> f64 {
-        *state ^= *state >> 12;
-        *state ^= *state << 25;
-        *state ^= *state >> 27;
-        let bits = state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11;
-        bits as f64 / (1u64 << 52) as f64 - 1.0
+    /// Uniform in [-1, 1): `hal`'s counter-based generator, one counter per draw.
+    fn uniform(counter: &mut u64, seed: u64) -> f64 {
+        *counter += 1;
+        let range = hal::Distribution::Uniform {
+            low: -1.0,
+            high: 1.0,
+        };
+        hal::random::random_value(range, seed, *counter) as f64
     }
 
     /// The lower triangle of a symmetric matrix over a `side` x `side` grid with 3 unknowns
@@ -500,7 +505,7 @@ mod tests {
     fn grid_matrix(side: usize, seed: u64, margin: f64) -> (SymbolicSparseColMat<u32>, Vec<f64>) {
         let nodes = side * side;
         let n = 3 * nodes;
-        let mut state = seed | 1;
+        let mut counter = 0u64;
         let mut columns: Vec<Vec<(u32, f64)>> = vec![Vec::new(); n];
         for y in 0..side {
             for x in 0..side {
@@ -515,7 +520,7 @@ mod tests {
                         for j in 0..3 {
                             let (r, c) = (3 * b + i, 3 * a + j);
                             if r > c {
-                                columns[c].push((r as u32, uniform(&mut state)));
+                                columns[c].push((r as u32, uniform(&mut counter, seed)));
                             }
                         }
                     }
@@ -614,8 +619,8 @@ mod tests {
             "factor differs from faer's by {worst:e} (scale {scale:e})"
         );
 
-        let mut state = 99u64;
-        let rhs: Vec<f64> = (0..n).map(|_| uniform(&mut state)).collect();
+        let mut counter = 0u64;
+        let rhs: Vec<f64> = (0..n).map(|_| uniform(&mut counter, 99)).collect();
         let mut ours = rhs.clone();
         LltRef::new(&symbolic, &one).solve_in_place_with_conj(
             Conj::No,
