@@ -290,3 +290,86 @@ extern "C" __global__ void segment_ordered(const void* x, int xdt, i64 xoff, i64
             store_f(counts, cdt, coff + s * cs, acc);
     }
 }
+
+// segment_sum for small problems (segments x rows within 2^24): one block per segment finds
+// its rows by scanning every segment id (two per thread per step; a block-wide exclusive
+// scan keeps them in ascending order in a shared list), and sums them as segment_ordered does:
+// the same terms in the same order from 0, one fused multiply-add per term, the count with
+// plain adds. So the result is bit-identical to segment_ordered's and serves both precisions,
+// in one launch where the counting sort takes five. The list is flushed into the per-column
+// accumulators (dynamic shared memory, d + 1 floats) whenever it could overflow.
+#define SCAN_THREADS 1024
+#define SCAN_LIST 4096
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
+    segment_scan(const void* x, int xdt, i64 xoff, i64 xs0, i64 xs1, const void* wts, int wdt, i64 woff, i64 ws,
+                 int has_w, const u32* seg, i64 n, i64 d, void* sums, int sdt, i64 soff, i64 ss0, i64 ss1,
+                 void* counts, int cdt, i64 coff, i64 cs, const u32* verdict) {
+    extern __shared__ float acc[];
+    __shared__ u32 list[SCAN_LIST];
+    __shared__ int warp_total[SCAN_THREADS / 32];
+    if (*verdict) return;
+    const u32 s = blockIdx.x;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    for (i64 k = t; k <= d; k += SCAN_THREADS) acc[k] = 0.0f;
+    int listed = 0;
+    for (i64 base = 0; base < n; base += 2 * SCAN_THREADS) {
+        // Two ids per thread, adjacent, so the list stays in ascending order.
+        i64 i0 = base + 2 * t;
+        bool hit0 = i0 < n && seg[i0] == s;
+        bool hit1 = i0 + 1 < n && seg[i0 + 1] == s;
+        int c = (int)hit0 + (int)hit1;
+        int incl = c;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += y;
+        }
+        if (lane == 31) warp_total[warp] = incl;
+        __syncthreads();
+        int before = 0, total = 0;
+#pragma unroll 8
+        for (int w = 0; w < SCAN_THREADS / 32; ++w) {
+            int v = warp_total[w];
+            before += w < warp ? v : 0;
+            total += v;
+        }
+        int pos = listed + before + incl - c;
+        if (hit0) list[pos++] = (u32)i0;
+        if (hit1) list[pos] = (u32)(i0 + 1);
+        listed += total;
+        __syncthreads();
+        if (listed > SCAN_LIST - 2 * SCAN_THREADS || base + 2 * SCAN_THREADS >= n) {
+            for (i64 k = t; k <= d; k += SCAN_THREADS) {
+                float a = acc[k];
+                int q = 0;
+                // Four rows' loads in flight at a time; the adds stay in row order.
+                for (; q + 4 <= listed; q += 4) {
+                    i64 r[4];
+                    float wv[4], xv[4];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        r[j] = list[q + j];
+                        wv[j] = has_w ? load_f(wts, wdt, woff + r[j] * ws) : 1.0f;
+                        xv[j] = k < d ? load_f(x, xdt, xoff + r[j] * xs0 + k * xs1) : 0.0f;
+                    }
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) a = k < d ? __fmaf_rn(wv[j], xv[j], a) : __fadd_rn(a, wv[j]);
+                }
+                for (; q < listed; ++q) {
+                    i64 row = list[q];
+                    float wv = has_w ? load_f(wts, wdt, woff + row * ws) : 1.0f;
+                    a = k < d ? __fmaf_rn(wv, load_f(x, xdt, xoff + row * xs0 + k * xs1), a) : __fadd_rn(a, wv);
+                }
+                acc[k] = a;
+            }
+            listed = 0;
+            __syncthreads();
+        }
+    }
+    for (i64 k = t; k <= d; k += SCAN_THREADS) {
+        if (k < d)
+            store_f(sums, sdt, soff + s * ss0 + k * ss1, acc[k]);
+        else
+            store_f(counts, cdt, coff + s * cs, acc[k]);
+    }
+}

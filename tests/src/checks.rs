@@ -1537,8 +1537,12 @@ fn segment_sum<B: Backend>(s: &mut Suite<'_, B>) {
         [257, 16, 7],
         [65537, 8, 257],
         [3001, 5, 300],
+        [3, 2, 1],
+        // Segments times rows beyond 2^24, where GPU backends sort the rows first (smaller
+        // problems scan the ids per segment); odd position, so weighted.
+        [70001, 3, 300],
     ];
-    while cases.len() < s.cfg.cases + 4 {
+    while cases.len() < s.cfg.cases + 6 {
         let r = s.rng();
         cases.push([r.below(3000), 1 + r.below(40), 1 + r.below(400)]);
     }
@@ -1589,8 +1593,15 @@ fn segment_sum<B: Backend>(s: &mut Suite<'_, B>) {
 fn reproducible<B: Backend>(s: &mut Suite<'_, B>) {
     let target = s.target.with_precision(hal::Precision::Reproducible);
     let cpu = s.cpu.with_precision(hal::Precision::Reproducible);
-    let mut cases: Vec<[usize; 3]> = vec![[1, 1, 1], [7, 3, 7], [300, 33, 65], [65537, 8, 33]];
-    while cases.len() < s.cfg.cases.min(6) + 4 {
+    // The last fixed case has segments times rows beyond 2^24 (GPU backends sort there).
+    let mut cases: Vec<[usize; 3]> = vec![
+        [1, 1, 1],
+        [7, 3, 7],
+        [300, 33, 65],
+        [65537, 8, 33],
+        [300001, 2, 61],
+    ];
+    while cases.len() < s.cfg.cases.min(6) + 5 {
         let r = s.rng();
         cases.push([1 + r.below(2000), 1 + r.below(70), 1 + r.below(80)]);
     }

@@ -151,6 +151,12 @@ pub(crate) fn arg_reduce(op: ArgReduceOp, x: Src, xl: &Layout, axis: usize, out:
     out_walk.par_runs(|_, [o, k], [so, sk], len| {
         for j in 0..len as isize {
             let base = k + j * sk;
+            if x.dtype == hal::DType::F32 && stride == 1 {
+                // SAFETY: the view was checked: `len_axis` elements from `base` lie inside.
+                let row = unsafe { std::slice::from_raw_parts(x.as_f32().offset(base), len_axis) };
+                unsafe { *out.as_u32().offset(o + j * so) = arg_extreme_f32(op, row) as u32 };
+                continue;
+            }
             let mut best = 0usize;
             // SAFETY: the view was checked; len_axis >= 1 was checked by the caller.
             let mut best_v = unsafe { x.load(base) };
@@ -174,6 +180,22 @@ pub(crate) fn arg_reduce(op: ArgReduceOp, x: Src, xl: &Layout, axis: usize, out:
             unsafe { *out.as_u32().offset(o + j * so) = best as u32 };
         }
     });
+}
+
+/// `arg_reduce` along a contiguous f32 row: the first NaN's index if there is one, else the
+/// lowest index of the extreme value. Passes that vectorise (the extreme, then its first
+/// position) instead of one loop whose every step depends on the last.
+fn arg_extreme_f32(op: ArgReduceOp, row: &[f32]) -> usize {
+    if let Some(i) = row.iter().position(|v| v.is_nan()) {
+        return i;
+    }
+    let extreme = match op {
+        ArgReduceOp::ArgMin => row.iter().fold(f32::INFINITY, |a, &v| a.min(v)),
+        ArgReduceOp::ArgMax => row.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v)),
+    };
+    // -0.0 and 0.0 compare equal, as in the strict comparison of the general loop, which
+    // keeps the first of them.
+    row.iter().position(|&v| v == extreme).unwrap_or(0)
 }
 
 #[cfg(test)]

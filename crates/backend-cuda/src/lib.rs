@@ -60,6 +60,11 @@ pub struct CudaBuffer {
 /// `nearest_f16x3_held`) keep a block's points in shared memory (cluster.cu's `HOLD_D`).
 const NEAREST_HOLD_D: usize = 128;
 
+/// `segment_sum` scans every id once per segment (`segment_scan`) while segments times rows
+/// stay within this: at 2^24 ids read from L2 that is a few microseconds, against the five
+/// launches of the counting sort.
+const SCAN_SEGMENTS_TIMES_ROWS: u64 = 1 << 24;
+
 /// Which nearest-centroid kernel runs, and what it needs.
 struct NearestPlan {
     kernel: &'static str,
@@ -1122,6 +1127,50 @@ impl Backend for CudaBackend {
         }
         let verdict = self.check_indices("segment_sum", segment, m)?;
         let seg = self.contiguous(segment, DType::U32)?;
+        let (wptr, wdt, woff, ws, has_w) = match weights {
+            Some(w) => (
+                w.buffer.ptr(),
+                dtype_code(w.dtype()),
+                w.layout.offset as i64,
+                w.layout.strides[0] as i64,
+                1i32,
+            ),
+            None => (x.buffer.ptr(), 0, 0, 0, 0),
+        };
+        // Few segments times few rows: each segment's block scans all the ids itself (one
+        // launch, the reproducible order, so under either precision).
+        if (m as u64) * (n as u64) <= SCAN_SEGMENTS_TIMES_ROWS && d < 4096 {
+            return self.dev.launch_shared(
+                self.dev.function("segment_scan")?,
+                (m as u32, 1, 1),
+                1024,
+                (d + 1) * 4,
+                Args::new()
+                    .arg(x.buffer.ptr())
+                    .arg(dtype_code(x.dtype()))
+                    .arg(x.layout.offset as i64)
+                    .arg(x.layout.strides[0] as i64)
+                    .arg(x.layout.strides[1] as i64)
+                    .arg(wptr)
+                    .arg(wdt)
+                    .arg(woff)
+                    .arg(ws)
+                    .arg(has_w)
+                    .arg(seg.ptr())
+                    .arg(n as i64)
+                    .arg(d as i64)
+                    .arg(sums.buffer.ptr())
+                    .arg(dtype_code(sums.dtype()))
+                    .arg(sums.layout.offset as i64)
+                    .arg(sums.layout.strides[0] as i64)
+                    .arg(sums.layout.strides[1] as i64)
+                    .arg(counts.buffer.ptr())
+                    .arg(dtype_code(counts.dtype()))
+                    .arg(counts.layout.offset as i64)
+                    .arg(counts.layout.strides[0] as i64)
+                    .arg(verdict.ptr()),
+            );
+        }
         // A stable counting sort of the rows by segment (chunks of rows count, then place,
         // in order), then each segment's rows summed in order in `PARTS` sub-ranges, then the
         // sub-ranges summed in order: the same result on every run.
@@ -1180,16 +1229,6 @@ impl Backend for CudaBackend {
                     .arg(verdict.ptr()),
             )?;
         }
-        let (wptr, wdt, woff, ws, has_w) = match weights {
-            Some(w) => (
-                w.buffer.ptr(),
-                dtype_code(w.dtype()),
-                w.layout.offset as i64,
-                w.layout.strides[0] as i64,
-                1i32,
-            ),
-            None => (x.buffer.ptr(), 0, 0, 0, 0),
-        };
         // The rows, their weights and their order: the leading parameters of both kernels.
         let rows_args = || {
             Args::new()

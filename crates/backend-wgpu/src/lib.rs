@@ -73,6 +73,10 @@ const SUM_CHUNK: usize = 256;
 /// instead of having every (chunk, segment, column) thread scan its chunk (O(n m d)).
 const SORTED_SEGMENTS: usize = 128;
 
+/// `segment_sum` lets each segment's workgroup scan every id (segment_scan.wgsl) while
+/// segments times rows stay within this.
+const SCAN_SEGMENTS_TIMES_ROWS: u64 = 1 << 24;
+
 /// Iterations one invocation's loops may run in the reproducible kernels. lavapipe stops a
 /// loop after 65535 of its own counts, and a body with branches costs several counts per
 /// iteration (the weighted segment sum lost rows past about 13,000); 8192 was measured safe.
@@ -1272,6 +1276,51 @@ impl WgpuBackend {
         )?;
         let parts_last = Layout::contiguous(&[m, parts, d + 1]).permute(&[0, 2, 1])?;
         self.sum_segment_partials(&partial, &parts_last, sums, counts, guard)
+    }
+
+    /// `segment_sum` for few segments times few rows (segment_scan.wgsl): one workgroup per
+    /// segment scans every id for its rows and adds them in the reproducible order, so under
+    /// either precision; then the accumulators are copied out (the pass the guard governs).
+    fn segment_sum_scan(
+        &self,
+        x: View<'_, WgpuBuffer>,
+        segment: View<'_, WgpuBuffer>,
+        weights: Option<View<'_, WgpuBuffer>>,
+        sums: View<'_, WgpuBuffer>,
+        counts: View<'_, WgpuBuffer>,
+        guard: Guard,
+    ) -> Result<()> {
+        let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
+        let (w, wl) = weight_binding(x, weights)?;
+        let fused = self.fma_is_fused()?;
+        let acc = self.scratch(DType::F32, m * (d + 1))?;
+        let pipeline = self.kernel(
+            &Spec::new("segment_scan.wgsl")
+                .bindings(wgsl::io(&[x.dtype(), DType::U32, w.dtype()], DType::F32)),
+        )?;
+        let p = Params::default()
+            .block(segment.layout)
+            .block(&wl)
+            .scalar(0, n as u32)
+            .scalar(1, d as u32)
+            .scalar(2, m as u32)
+            .matrix(3, x.layout)
+            .scalar(7, weights.is_some() as u32)
+            .scalar(11, fused as u32);
+        let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
+        self.dispatch_groups(
+            &pipeline,
+            &p,
+            &[
+                (x.buffer, false),
+                (segment.buffer, false),
+                (w, false),
+                (&acc, true),
+            ],
+            [m.min(max) as u32, m.div_ceil(max) as u32, 1],
+        )?;
+        let parts_last = Layout::contiguous(&[m, d + 1, 1]);
+        self.sum_segment_partials(&acc, &parts_last, sums, counts, guard)
     }
 
     /// `segment_sum` under [`Precision::Reproducible`] (segment_sum_ordered.wgsl): one thread
@@ -2613,7 +2662,21 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         validate::segment_sum(x, segment, weights, sums, counts)?;
         let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
+        // The scan's per-thread loops run over all of a segment's rows, so on a software
+        // rasteriser (loops capped) only while they stay within the loop budget.
+        let capped = !self.info().kind.is_hardware_gpu();
+        let scan = (m as u64) * (n as u64) <= SCAN_SEGMENTS_TIMES_ROWS
+            && d < 1024
+            && (!capped || n <= LOOP_BUDGET);
+        if scan || self.1 == Precision::Reproducible {
+            // Probed (once per device, with a read-back) before the index check is enqueued,
+            // whose fault must surface at the caller's synchronize, not at the probe's.
+            self.fma_is_fused()?;
+        }
         let guard = self.check_indices("segment_sum", segment, m)?;
+        if scan {
+            return self.segment_sum_scan(x, segment, weights, sums, counts, guard);
+        }
         if self.1 == Precision::Reproducible {
             return self.segment_sum_ordered(x, segment, weights, sums, counts, guard);
         }

@@ -88,6 +88,8 @@ pub fn vlc<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
         let mut cfg = Config::new(m);
         cfg.iterations = iterations;
         cfg.pq_bytes = bytes;
+        // Per-iteration times below come from the reports' clocks.
+        cfg.report_each_iteration = true;
         let out = compress(b, &data, &cfg, &mut |_| {}).map_err(|e| e.to_string())?;
         let deltas: Vec<f64> = out
             .clustering
@@ -196,6 +198,7 @@ fn speed<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
     cfg.pq_bytes = 16;
     let mut whole = Vec::new();
     let mut anneal_only = Vec::new();
+    let mut parts: [Vec<f64>; 4] = Default::default();
     for rep in 0..args.reps + 2 {
         cfg.seed = rep as u64;
         let t = Instant::now();
@@ -204,6 +207,16 @@ fn speed<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
         if rep >= 2 {
             whole.push(s * 1e3);
             anneal_only.push((out.seconds.seeding + out.seconds.annealing) * 1e3);
+            let t = out.seconds;
+            let split = [
+                t.seeding,
+                t.annealing,
+                t.coding,
+                t.total - t.seeding - t.annealing - t.coding,
+            ];
+            for (v, x) in parts.iter_mut().zip(split) {
+                v.push(x * 1e3);
+            }
         }
     }
     println!(
@@ -211,6 +224,27 @@ fn speed<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
         crate::median(whole),
         crate::median(anneal_only)
     );
+    let [seeding, annealing, coding, index] = parts.map(crate::median);
+    println!(
+        "  medians: seeding {seeding:.2} ms, annealing {annealing:.2} ms, residual codes {coding:.2} ms, index and MSE {index:.2} ms"
+    );
+    iteration_parts(b, &small, 256, args.reps).map_err(|e| e.to_string())?;
+    {
+        // Once more, waiting for every iteration: where the annealing's time goes.
+        let mut live = cfg.clone();
+        live.report_each_iteration = true;
+        let out = compress(b, &small, &live, &mut |_| {}).map_err(e)?;
+        let h = &out.clustering.history;
+        let deltas: Vec<String> = h
+            .windows(2)
+            .map(|w| format!("{:.2}", (w[1].elapsed - w[0].elapsed) * 1e3))
+            .collect();
+        println!(
+            "vlc speed:   waiting for each iteration: seeding + first assignment {:.2} ms, then per iteration (ms; maintenance after 5, 10, 15, 20): {}",
+            h[0].elapsed * 1e3,
+            deltas.join(" ")
+        );
+    }
     for (n, d, m, goal) in [
         (1_000_000usize, 128usize, 4096usize, 10.0),
         (100_000, 768, 1024, 2.0),
@@ -220,6 +254,7 @@ fn speed<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
         cfg.iterations = args.reps + 3;
         cfg.maintain_every = 0;
         cfg.pq_bytes = 0;
+        cfg.report_each_iteration = true;
         let out = vlc_anneal::anneal(b, &data, &cfg, &mut |_| {}).map_err(e)?;
         let deltas: Vec<f64> = out
             .history
@@ -306,8 +341,45 @@ fn iteration_parts<B: Backend>(
             View::new(&wsums, &Layout::contiguous(&[m])),
         )
     });
+    let t_wait = ms(&|| Ok(()));
+    // The same calls 20 times back to back and one wait: what each costs inside a loop.
+    let batch = |run: &dyn Fn() -> hal::Result<()>| {
+        ms(&|| {
+            for _ in 0..20 {
+                run()?;
+            }
+            Ok(())
+        }) / 20.0
+    };
+    let l1 = Layout::contiguous(&[1]);
+    let in_loop = [
+        batch(&nearest),
+        batch(&|| {
+            b.segment_sum(
+                View::new(&dist, &Layout::contiguous(&[n, 1])),
+                View::new(&assign, &ln),
+                None,
+                View::new(&sse, &Layout::contiguous(&[m, 1])),
+                View::new(&counts, &Layout::contiguous(&[m])),
+            )
+        }),
+        batch(&|| {
+            b.segment_sum(
+                View::new(&x, &lx),
+                View::new(&assign, &ln),
+                Some(View::new(&weights, &ln)),
+                View::new(&sums, &lc),
+                View::new(&wsums, &Layout::contiguous(&[m])),
+            )
+        }),
+        batch(&|| b.copy(View::new(&sse, &l1), View::new(&counts, &l1))),
+    ];
     println!(
-        "vlc speed:   of which, each alone and waited for: assignment {t_nearest:.2} ms, energy sums + read-back {t_energy:.2} ms, weighted member sums {t_weighted:.2} ms"
+        "vlc speed:   in a loop (20 back to back, one wait), each: assignment {:.3} ms, energy sums {:.3} ms, weighted member sums {:.3} ms, a one-element copy {:.3} ms",
+        in_loop[0], in_loop[1], in_loop[2], in_loop[3]
+    );
+    println!(
+        "vlc speed:   of which, each alone and waited for: assignment {t_nearest:.3} ms, energy sums + read-back {t_energy:.3} ms, weighted member sums {t_weighted:.3} ms (a wait alone {t_wait:.3} ms)"
     );
     Ok(())
 }

@@ -1,0 +1,93 @@
+// Segment sums for few segments times few rows (either precision): one workgroup per segment
+// finds its rows by scanning every segment id (four per thread per step; a workgroup-wide
+// prefix sum keeps them in ascending order in a shared list), and adds them exactly as
+// segment_sum_ordered.wgsl does: the same terms in the same order from 0, a correctly rounded
+// fused multiply-add per term, the count with plain adds. So the sums are bit-identical to the
+// reproducible ones, in one dispatch for all segments. The list is flushed into the
+// per-column accumulators whenever it could overflow; every loop stays far below lavapipe's
+// 65535 iterations where that applies (the backend uses this file there only for short inputs).
+// Blocks: 0 segment ids, 1 weights. Scalars: 0 n, 1 d (d + 1 <= 1024), 2 m, 3 x's offset,
+// 4-5 x's strides, 7 whether there are weights, 11 whether fma() is fused, 12 zero
+// (fma_exact.wgsl). Output: B4, [m, d + 1] accumulators (column d the count).
+
+// @include fma_exact.wgsl
+
+// @slot bindings
+@group(0) @binding(1) var<storage, read> B1: array<u32>;
+fn ld1(i: i32) -> f32 { return bitcast<f32>(B1[i]); }
+@group(0) @binding(2) var<storage, read> B2: array<u32>;
+fn bits2(i: i32) -> u32 { return B2[i]; }
+@group(0) @binding(3) var<storage, read> B3: array<u32>;
+fn ld3(i: i32) -> f32 { return bitcast<f32>(B3[i]); }
+@group(0) @binding(4) var<storage, read_write> B4: array<u32>;
+fn ld4(i: i32) -> f32 { return bitcast<f32>(B4[i]); }
+fn st4(i: i32, v: f32) { B4[i] = bitcast<u32>(v); }
+// @end
+
+const THREADS: u32 = 256u;
+const LIST: u32 = 2048u;
+
+var<workgroup> acc: array<f32, 1024>;
+var<workgroup> list: array<u32, 2048>;
+var<workgroup> tally: array<u32, 256>;
+var<workgroup> step_total: u32;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    _ = arrayLength(&B1); _ = arrayLength(&B2); _ = arrayLength(&B3); _ = arrayLength(&B4);
+    let seg = wg.y * nwg.x + wg.x;
+    if (seg >= s(2u)) { return; }
+    let n = s(0u);
+    let d = s(1u);
+    for (var k = li; k <= d; k = k + THREADS) { acc[k] = 0.0; }
+    var listed = 0u;
+    for (var base = 0u; base < n; base = base + 4u * THREADS) {
+        var mine = array<u32, 4>(0u, 0u, 0u, 0u);
+        var c = 0u;
+        for (var q = 0u; q < 4u; q = q + 1u) {
+            let i = base + 4u * li + q;
+            if (i < n && bits2(off(0u, i)) == seg) {
+                mine[c] = i;
+                c = c + 1u;
+            }
+        }
+        // Inclusive prefix sum of the per-thread counts.
+        tally[li] = c;
+        workgroupBarrier();
+        for (var o = 1u; o < THREADS; o = o * 2u) {
+            var v = 0u;
+            if (li >= o) { v = tally[li - o]; }
+            workgroupBarrier();
+            tally[li] = tally[li] + v;
+            workgroupBarrier();
+        }
+        let incl = tally[li];
+        if (li == THREADS - 1u) { step_total = incl; }
+        let total = workgroupUniformLoad(&step_total);
+        let pos = listed + incl - c;
+        for (var q = 0u; q < c; q = q + 1u) { list[pos + q] = mine[q]; }
+        listed = listed + total;
+        workgroupBarrier();
+        if (listed > LIST - 4u * THREADS || base + 4u * THREADS >= n) {
+            for (var k = li; k <= d; k = k + THREADS) {
+                var a = acc[k];
+                for (var q = 0u; q < listed; q = q + 1u) {
+                    let row = list[q];
+                    var w = 1.0;
+                    if (s(7u) == 1u) { w = ld3(off(1u, row)); }
+                    if (k == d) {
+                        a = a + w;
+                    } else {
+                        a = fma_exact(w, ld1(si(3u) + i32(row) * si(4u) + i32(k) * si(5u)), a);
+                    }
+                }
+                acc[k] = a;
+            }
+            listed = 0u;
+            workgroupBarrier();
+        }
+    }
+    for (var k = li; k <= d; k = k + THREADS) {
+        st4(i32(seg * (d + 1u) + k), acc[k]);
+    }
+}
