@@ -138,6 +138,8 @@ fn run(command: Command) -> Res<()> {
             cfg.seed = seed;
             cfg.tolerance = tolerance;
             cfg.mode = if exact { Mode::Exact } else { Mode::Fast };
+            // The progress bar shows each iteration as it finishes.
+            cfg.report_each_iteration = !quiet;
             let name = backends::resolve(&backend);
             if !quiet {
                 eprintln!(
