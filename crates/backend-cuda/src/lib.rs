@@ -60,6 +60,10 @@ pub struct CudaBuffer {
 /// `nearest_f16x3_held`) keep a block's points in shared memory (cluster.cu's `HOLD_D`).
 const NEAREST_HOLD_D: usize = 128;
 
+/// Below this many centroids `nearest_centroid` takes the reference-order kernel under every
+/// precision.
+const FEW_CENTROIDS: usize = 16;
+
 /// `segment_sum` scans every id once per segment (`segment_scan`) while segments times rows
 /// stay within this: at 2^24 ids read from L2 that is a few microseconds, against the five
 /// launches of the counting sort.
@@ -1021,7 +1025,11 @@ impl Backend for CudaBackend {
                 .arg(out_distance.layout.offset as i64)
                 .arg(out_distance.layout.strides[0] as i64)
         };
-        if self.precision == Precision::Reproducible {
+        // The reference's order, one light pass: under Precision::Reproducible, and for a few
+        // centroids under any precision, where the GEMM-style paths would spend their set-up
+        // (norms, scaling, packing, a tile of 128 centroids) on a handful (k-means++ asks for
+        // one at a time).
+        if self.precision == Precision::Reproducible || m < FEW_CENTROIDS {
             return self.dev.launch_raw(
                 self.dev.function("nearest_ordered")?,
                 (n.div_ceil(128) as u32, 1, 1),
@@ -1137,6 +1145,32 @@ impl Backend for CudaBackend {
             ),
             None => (x.buffer.ptr(), 0, 0, 0, 0),
         };
+        // The rows and their weights lead every segment kernel's parameters; the outputs and
+        // the index check's verdict close them.
+        let with_rows = |a: Args| {
+            a.arg(x.buffer.ptr())
+                .arg(dtype_code(x.dtype()))
+                .arg(x.layout.offset as i64)
+                .arg(x.layout.strides[0] as i64)
+                .arg(x.layout.strides[1] as i64)
+                .arg(wptr)
+                .arg(wdt)
+                .arg(woff)
+                .arg(ws)
+                .arg(has_w)
+        };
+        let with_outputs = |a: Args| {
+            a.arg(sums.buffer.ptr())
+                .arg(dtype_code(sums.dtype()))
+                .arg(sums.layout.offset as i64)
+                .arg(sums.layout.strides[0] as i64)
+                .arg(sums.layout.strides[1] as i64)
+                .arg(counts.buffer.ptr())
+                .arg(dtype_code(counts.dtype()))
+                .arg(counts.layout.offset as i64)
+                .arg(counts.layout.strides[0] as i64)
+                .arg(verdict.ptr())
+        };
         // Few segments times few rows: each segment's block scans all the ids itself (one
         // launch, the reproducible order, so under either precision).
         if (m as u64) * (n as u64) <= SCAN_SEGMENTS_TIMES_ROWS && d < 4096 {
@@ -1145,30 +1179,12 @@ impl Backend for CudaBackend {
                 (m as u32, 1, 1),
                 1024,
                 (d + 1) * 4,
-                Args::new()
-                    .arg(x.buffer.ptr())
-                    .arg(dtype_code(x.dtype()))
-                    .arg(x.layout.offset as i64)
-                    .arg(x.layout.strides[0] as i64)
-                    .arg(x.layout.strides[1] as i64)
-                    .arg(wptr)
-                    .arg(wdt)
-                    .arg(woff)
-                    .arg(ws)
-                    .arg(has_w)
-                    .arg(seg.ptr())
-                    .arg(n as i64)
-                    .arg(d as i64)
-                    .arg(sums.buffer.ptr())
-                    .arg(dtype_code(sums.dtype()))
-                    .arg(sums.layout.offset as i64)
-                    .arg(sums.layout.strides[0] as i64)
-                    .arg(sums.layout.strides[1] as i64)
-                    .arg(counts.buffer.ptr())
-                    .arg(dtype_code(counts.dtype()))
-                    .arg(counts.layout.offset as i64)
-                    .arg(counts.layout.strides[0] as i64)
-                    .arg(verdict.ptr()),
+                with_outputs(
+                    with_rows(Args::new())
+                        .arg(seg.ptr())
+                        .arg(n as i64)
+                        .arg(d as i64),
+                ),
             );
         }
         // A stable counting sort of the rows by segment (chunks of rows count, then place,
@@ -1231,17 +1247,7 @@ impl Backend for CudaBackend {
         }
         // The rows, their weights and their order: the leading parameters of both kernels.
         let rows_args = || {
-            Args::new()
-                .arg(x.buffer.ptr())
-                .arg(dtype_code(x.dtype()))
-                .arg(x.layout.offset as i64)
-                .arg(x.layout.strides[0] as i64)
-                .arg(x.layout.strides[1] as i64)
-                .arg(wptr)
-                .arg(wdt)
-                .arg(woff)
-                .arg(ws)
-                .arg(has_w)
+            with_rows(Args::new())
                 .arg(starts.ptr())
                 .arg(order.ptr())
                 .arg(d as i64)
@@ -1251,17 +1257,7 @@ impl Backend for CudaBackend {
                 self.dev.function("segment_ordered")?,
                 (m as u32, 1, 1),
                 128,
-                rows_args()
-                    .arg(sums.buffer.ptr())
-                    .arg(dtype_code(sums.dtype()))
-                    .arg(sums.layout.offset as i64)
-                    .arg(sums.layout.strides[0] as i64)
-                    .arg(sums.layout.strides[1] as i64)
-                    .arg(counts.buffer.ptr())
-                    .arg(dtype_code(counts.dtype()))
-                    .arg(counts.layout.offset as i64)
-                    .arg(counts.layout.strides[0] as i64)
-                    .arg(verdict.ptr()),
+                with_outputs(rows_args()),
             );
         }
         let partial = self.new_buffer(DType::F32, m * PARTS * (d + 1))?;

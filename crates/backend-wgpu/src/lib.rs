@@ -73,6 +73,10 @@ const SUM_CHUNK: usize = 256;
 /// instead of having every (chunk, segment, column) thread scan its chunk (O(n m d)).
 const SORTED_SEGMENTS: usize = 128;
 
+/// Below this many centroids `nearest_centroid` takes nearest_ordered.wgsl under every
+/// precision.
+const FEW_CENTROIDS: usize = 16;
+
 /// `segment_sum` lets each segment's workgroup scan every id (segment_scan.wgsl) while
 /// segments times rows stay within this.
 const SCAN_SEGMENTS_TIMES_ROWS: u64 = 1 << 24;
@@ -1278,54 +1282,22 @@ impl WgpuBackend {
         self.sum_segment_partials(&partial, &parts_last, sums, counts, guard)
     }
 
-    /// `segment_sum` for few segments times few rows (segment_scan.wgsl): one workgroup per
-    /// segment scans every id for its rows and adds them in the reproducible order, so under
-    /// either precision; then the accumulators are copied out (the pass the guard governs).
-    fn segment_sum_scan(
-        &self,
-        x: View<'_, WgpuBuffer>,
-        segment: View<'_, WgpuBuffer>,
-        weights: Option<View<'_, WgpuBuffer>>,
-        sums: View<'_, WgpuBuffer>,
-        counts: View<'_, WgpuBuffer>,
-        guard: Guard,
-    ) -> Result<()> {
-        let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
-        let (w, wl) = weight_binding(x, weights)?;
-        let fused = self.fma_is_fused()?;
-        let acc = self.scratch(DType::F32, m * (d + 1))?;
-        let pipeline = self.kernel(
-            &Spec::new("segment_scan.wgsl")
-                .bindings(wgsl::io(&[x.dtype(), DType::U32, w.dtype()], DType::F32)),
-        )?;
-        let p = Params::default()
-            .block(segment.layout)
-            .block(&wl)
-            .scalar(0, n as u32)
-            .scalar(1, d as u32)
-            .scalar(2, m as u32)
-            .matrix(3, x.layout)
-            .scalar(7, weights.is_some() as u32)
-            .scalar(11, fused as u32);
-        let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
-        self.dispatch_groups(
-            &pipeline,
-            &p,
-            &[
-                (x.buffer, false),
-                (segment.buffer, false),
-                (w, false),
-                (&acc, true),
-            ],
-            [m.min(max) as u32, m.div_ceil(max) as u32, 1],
-        )?;
-        let parts_last = Layout::contiguous(&[m, d + 1, 1]);
-        self.sum_segment_partials(&acc, &parts_last, sums, counts, guard)
+    /// Whether segment_scan.wgsl takes a segment sum: segments times rows within
+    /// [`SCAN_SEGMENTS_TIMES_ROWS`], and, since its per-thread loops run over all of a
+    /// segment's rows, on a software rasteriser (loops capped) only within the loop budget.
+    fn scan_fits(&self, n: usize, m: usize, d: usize) -> bool {
+        let capped = !self.info().kind.is_hardware_gpu();
+        (m as u64) * (n as u64) <= SCAN_SEGMENTS_TIMES_ROWS
+            && d < 1024
+            && (!capped || n <= LOOP_BUDGET)
     }
 
-    /// `segment_sum` under [`Precision::Reproducible`] (segment_sum_ordered.wgsl): one thread
-    /// per (segment, column) adding rows in ascending order, in row ranges short enough for
-    /// lavapipe's loop limit; then the accumulators are copied into `sums` and `counts`.
+    /// `segment_sum` in the reproducible order (each segment's rows ascending, a correctly
+    /// rounded fused multiply-add per term) into `[m, d + 1]` accumulators, then copied into
+    /// `sums` and `counts` by the pass that honours the index check's guard (a sum over an
+    /// axis of length 1, exact). Small sums in one dispatch (segment_scan.wgsl: a workgroup
+    /// per segment scans every id for its rows); otherwise segment_sum_ordered.wgsl, one
+    /// thread per (segment, column), in row ranges short enough for lavapipe's loop limit.
     fn segment_sum_ordered(
         &self,
         x: View<'_, WgpuBuffer>,
@@ -1339,40 +1311,46 @@ impl WgpuBackend {
         let (w, wl) = weight_binding(x, weights)?;
         let fused = self.fma_is_fused()?;
         let acc = self.scratch(DType::F32, m * (d + 1))?;
-        let spec = Spec::new("segment_sum_ordered.wgsl")
-            .bindings(wgsl::io(&[x.dtype(), DType::U32, w.dtype()], DType::F32));
-        let rows = LOOP_BUDGET;
-        let mut first = 0;
-        loop {
-            let end = (first + rows).min(n);
-            let p = Params::default()
-                .block(segment.layout)
-                .block(&wl)
-                .scalar(0, end as u32)
-                .scalar(1, d as u32)
-                .matrix(3, x.layout)
-                .scalar(7, weights.is_some() as u32)
-                .scalar(8, first as u32)
-                .scalar(9, (first > 0) as u32)
-                .scalar(11, fused as u32);
-            self.run(
-                spec.clone(),
-                p,
-                &[
-                    (x.buffer, false),
-                    (segment.buffer, false),
-                    (w, false),
-                    (&acc, true),
-                ],
-                m * (d + 1),
+        let bindings = wgsl::io(&[x.dtype(), DType::U32, w.dtype()], DType::F32);
+        let buffers = [
+            (x.buffer, false),
+            (segment.buffer, false),
+            (w, false),
+            (&acc, true),
+        ];
+        let params = Params::default()
+            .block(segment.layout)
+            .block(&wl)
+            .scalar(1, d as u32)
+            .matrix(3, x.layout)
+            .scalar(7, weights.is_some() as u32)
+            .scalar(11, fused as u32);
+        if self.scan_fits(n, m, d) {
+            let pipeline = self.kernel(&Spec::new("segment_scan.wgsl").bindings(bindings))?;
+            let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
+            self.dispatch_groups(
+                &pipeline,
+                &params.scalar(0, n as u32).scalar(2, m as u32),
+                &buffers,
+                [m.min(max) as u32, m.div_ceil(max) as u32, 1],
             )?;
-            first = end;
-            if first >= n {
-                break;
+        } else {
+            let spec = Spec::new("segment_sum_ordered.wgsl").bindings(bindings);
+            let mut first = 0;
+            loop {
+                let end = (first + LOOP_BUDGET).min(n);
+                let p = params
+                    .clone()
+                    .scalar(0, end as u32)
+                    .scalar(8, first as u32)
+                    .scalar(9, (first > 0) as u32);
+                self.run(spec.clone(), p, &buffers, m * (d + 1))?;
+                first = end;
+                if first >= n {
+                    break;
+                }
             }
         }
-        // The copy out is a sum over an axis of length 1 (exact), which is the pass that
-        // honours the index check's guard.
         let parts_last = Layout::contiguous(&[m, d + 1, 1]);
         self.sum_segment_partials(&acc, &parts_last, sums, counts, guard)
     }
@@ -2597,7 +2575,10 @@ impl Backend for WgpuBackend {
         if n == 0 {
             return Ok(());
         }
-        if self.1 == Precision::Reproducible {
+        // The reference's order, one light pass: under Precision::Reproducible, and for a few
+        // centroids under any precision, where the tiled paths would spend their set-up on a
+        // handful (k-means++ asks for one at a time).
+        if self.1 == Precision::Reproducible || m < FEW_CENTROIDS {
             return self.nearest_ordered(x, c, out_index, out_distance);
         }
         if self.1 == Precision::Fast && self.nearest_coop([x, c, out_index, out_distance])? {
@@ -2662,22 +2643,15 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         validate::segment_sum(x, segment, weights, sums, counts)?;
         let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
-        // The scan's per-thread loops run over all of a segment's rows, so on a software
-        // rasteriser (loops capped) only while they stay within the loop budget.
-        let capped = !self.info().kind.is_hardware_gpu();
-        let scan = (m as u64) * (n as u64) <= SCAN_SEGMENTS_TIMES_ROWS
-            && d < 1024
-            && (!capped || n <= LOOP_BUDGET);
-        if scan || self.1 == Precision::Reproducible {
+        // Small sums take the scan (in the reproducible order) under either precision.
+        let ordered = self.1 == Precision::Reproducible || self.scan_fits(n, m, d);
+        if ordered {
             // Probed (once per device, with a read-back) before the index check is enqueued,
             // whose fault must surface at the caller's synchronize, not at the probe's.
             self.fma_is_fused()?;
         }
         let guard = self.check_indices("segment_sum", segment, m)?;
-        if scan {
-            return self.segment_sum_scan(x, segment, weights, sums, counts, guard);
-        }
-        if self.1 == Precision::Reproducible {
+        if ordered {
             return self.segment_sum_ordered(x, segment, weights, sums, counts, guard);
         }
         if m >= SORTED_SEGMENTS {

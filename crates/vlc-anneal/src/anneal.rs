@@ -218,8 +218,8 @@ pub fn handle_for<B: Backend>(backend: &B, mode: Mode) -> B {
 /// sampled on the device by an exponential race (the point minimising `-ln(u) / D^2` wins,
 /// which picks point `i` with probability `D_i^2 / sum D^2`; Efraimidis and Spirakis, 2006).
 /// Each step is five device calls (draws, the race with the `D^2` update fused in, the
-/// argmin, the winner's row, its distances, summed in the reference order); nothing is read
-/// back.
+/// argmin, the winner's row, its distances: one centroid, which every backend searches in the
+/// reference order, without the set-up of its GEMM-style paths); nothing is read back.
 ///
 /// Drawing several anchors per step against the same `D^2` (k-means||-like batches) would
 /// take far fewer steps, but was measured to place them much worse: on 20K x 64 points in 200
@@ -246,10 +246,6 @@ pub fn kmeans_pp<B: Backend>(
     let near_i = b.alloc(DType::U32, n)?;
     let race = b.compile(&race_program()?)?;
     let all = Layout::contiguous(&[1, n]);
-    // Distances to one anchor in the reference's order: a single light pass on every backend,
-    // where the GEMM-style fast search would pay its set-up (norms, scaling, packing) for one
-    // centroid at every step.
-    let one_anchor = b.with_precision(Precision::Reproducible);
     for j in 0..m {
         b.random(
             View::new(&u, &ln),
@@ -278,25 +274,14 @@ pub fn kmeans_pp<B: Backend>(
             1,
             View::new(&winners, &winner),
         )?;
-        // The winner's index, broadcast along the row it selects.
-        let pick = Layout {
-            shape: vec![1, d],
-            strides: vec![1, 0],
-            offset: j,
-        };
         let row = Layout {
             shape: vec![1, d],
             strides: vec![d as isize, 1],
             offset: j * d,
         };
-        b.gather(
-            View::new(x, &lx),
-            0,
-            View::new(&winners, &pick),
-            View::new(&anchors, &row),
-        )?;
+        crate::gather_rows(b, View::new(x, &lx), &winners, j, View::new(&anchors, &row))?;
         if j + 1 < m {
-            one_anchor.nearest_centroid(
+            b.nearest_centroid(
                 View::new(x, &lx),
                 View::new(&anchors, &row),
                 View::new(&near_i, &ln),
@@ -442,15 +427,11 @@ pub(crate) fn anneal_on_device<B: Backend>(
             .collect();
         let rows = b.upload(&rows)?;
         let xs = b.alloc(DType::F32, sample * d)?;
-        let pick = Layout {
-            shape: vec![sample, d],
-            strides: vec![1, 0],
-            offset: 0,
-        };
-        b.gather(
+        crate::gather_rows(
+            b,
             View::new(&x, &Layout::contiguous(&[n, d])),
+            &rows,
             0,
-            View::new(&rows, &pick),
             View::new(&xs, &Layout::contiguous(&[sample, d])),
         )?;
         kmeans_pp(b, &xs, sample, d, m, cfg.seed)?
@@ -487,7 +468,9 @@ pub(crate) fn anneal_on_device<B: Backend>(
             elapsed: 0.0,
         };
         let last = it == cfg.iterations;
-        if cfg.tolerance > 0.0 || last || live {
+        // Whether this report's energy has been read (otherwise it waits in `pending`).
+        let known = cfg.tolerance > 0.0 || last || live;
+        if known {
             let energies = state.energies()?;
             report.energy = energies[row];
             let converged = it > 0 && cfg.tolerance > 0.0 && {
@@ -516,7 +499,7 @@ pub(crate) fn anneal_on_device<B: Backend>(
         // threshold (`polish_huber`), so only far outliers stay down-weighted. The annealed
         // phase has placed the anchors by then; these steps settle them where the mean
         // squared distance is lowest.
-        report.temperature = state.schedule_temperature(it);
+        report.temperature = state.temperatures[it];
         state.update(it)?;
         if cfg.maintain_every > 0 && (it + 1) % cfg.maintain_every == 0 && it + 1 < last_maintenance
         {
@@ -531,12 +514,12 @@ pub(crate) fn anneal_on_device<B: Backend>(
                 current = Some(after);
             }
         }
-        if report.energy.is_nan() {
-            pending.push((report, row));
-        } else {
+        if known {
             report.elapsed = start.elapsed().as_secs_f64();
             progress(&report);
             history.push(report);
+        } else {
+            pending.push((report, row));
         }
     }
     let energy = history.last().map_or(0.0, |r| r.energy);
@@ -615,6 +598,7 @@ pub(crate) struct State<B: Backend> {
     /// Row `t`: update `t`'s `[huber^2 / n, temperature, momentum, 0]`, copied to `params`
     /// before the update (so no update waits for the host).
     schedule: B::Buffer,
+    /// The schedule's temperatures on the host, for the reports.
     temperatures: Vec<f32>,
     params: B::Buffer,
     huber: B::Kernel,
@@ -722,10 +706,6 @@ impl<B: Backend> State<B> {
             .iter()
             .map(|&t| t as f64 / self.n as f64)
             .collect())
-    }
-
-    fn schedule_temperature(&self, it: usize) -> f32 {
-        self.temperatures[it]
     }
 
     /// Update `it` of the schedule, from the last assignment.

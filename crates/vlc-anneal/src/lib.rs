@@ -138,6 +138,27 @@ pub fn compress<B: Backend>(
     })
 }
 
+/// `out[r, ...] = src[index[first + r], ...]`: whole rows (of any rank) picked by a `u32`
+/// index buffer, read from `first` on and broadcast along each row; `out`'s shape says how
+/// many rows and how much of each.
+pub(crate) fn gather_rows<B: Backend>(
+    b: &B,
+    src: hal::View<'_, B::Buffer>,
+    index: &B::Buffer,
+    first: usize,
+    out: hal::View<'_, B::Buffer>,
+) -> Result<()> {
+    let shape = out.layout.shape.clone();
+    let mut strides = vec![0isize; shape.len()];
+    strides[0] = 1;
+    let pick = hal::Layout {
+        shape,
+        strides,
+        offset: first,
+    };
+    Ok(b.gather(src, 0, hal::View::new(index, &pick), out)?)
+}
+
 /// The first `k` of a seeded Fisher-Yates shuffle of `0..n`: `k` distinct indices.
 pub(crate) fn partial_shuffle(n: usize, k: usize, seed: u64) -> Vec<usize> {
     let k = k.min(n);

@@ -77,15 +77,11 @@ pub fn residuals<B: Backend>(
     let lx = Layout::contiguous(&[n, d]);
     let gathered = b.alloc(DType::F32, n * d)?;
     let m = anchors.len() / d;
-    let idx = Layout {
-        shape: vec![n, d],
-        strides: vec![1, 0],
-        offset: 0,
-    };
-    b.gather(
+    crate::gather_rows(
+        b,
         View::new(anchors, &Layout::contiguous(&[m, d])),
+        assign,
         0,
-        View::new(assign, &idx),
         View::new(&gathered, &lx),
     )?;
     let out = b.alloc(DType::F32, n * d)?;
@@ -180,7 +176,8 @@ fn train_all_subspaces<B: Backend>(
     let cb = b.alloc(DType::F32, bytes * k * wmax)?;
     let aug = b.alloc(DType::F32, bytes * k * row)?;
     let starts = b.upload(&first_codewords(n, seed))?;
-    b.gather(
+    crate::gather_rows(
+        b,
         View::new(
             &xa,
             &Layout {
@@ -189,15 +186,8 @@ fn train_all_subspaces<B: Backend>(
                 offset: 0,
             },
         ),
+        &starts,
         0,
-        View::new(
-            &starts,
-            &Layout {
-                shape: vec![k, bytes, wmax],
-                strides: vec![1, 0, 0],
-                offset: 0,
-            },
-        ),
         View::new(
             &cb,
             &Layout {
@@ -269,11 +259,6 @@ fn train_all_subspaces<B: Backend>(
         )?;
         b.launch(&update, &[&sums, &counts, &cb, &aug], segments)?;
     }
-    let codes: Vec<u8> = b
-        .read::<u32>(&codes)?
-        .into_iter()
-        .map(|c| c as u8)
-        .collect();
     // Each subspace's codebook without its padding.
     let padded = b.read::<f32>(&cb)?;
     let mut codebooks = Vec::with_capacity(k * d);
@@ -283,15 +268,26 @@ fn train_all_subspaces<B: Backend>(
             codebooks.extend_from_slice(&padded[(j * k + c) * wmax..][..w]);
         }
     }
-    Ok((
-        ProductQuantizer {
-            dim: d,
-            codewords: k,
-            bounds,
-            codebooks,
-        },
-        codes,
-    ))
+    quantizer(b, &codes, d, k, bounds, codebooks)
+}
+
+/// The trained quantiser, with the codes (`u32` on the device) read back as bytes.
+fn quantizer<B: Backend>(
+    b: &B,
+    codes: &B::Buffer,
+    dim: usize,
+    codewords: usize,
+    bounds: Vec<usize>,
+    codebooks: Vec<f32>,
+) -> Result<(ProductQuantizer, Vec<u8>)> {
+    let codes = b.read::<u32>(codes)?.into_iter().map(|c| c as u8).collect();
+    let pq = ProductQuantizer {
+        dim,
+        codewords,
+        bounds,
+        codebooks,
+    };
+    Ok((pq, codes))
 }
 
 /// `seg[t] = codes[t] + k * (t mod bytes)`: row `t`'s segment (subspace, code).
@@ -382,15 +378,11 @@ fn train_each_subspace<B: Backend>(
         };
         let lk = Layout::contiguous(&[k, w]);
         let cb = b.alloc(DType::F32, k * w)?;
-        let pick = Layout {
-            shape: vec![k, w],
-            strides: vec![1, 0],
-            offset: 0,
-        };
-        b.gather(
+        crate::gather_rows(
+            b,
             View::new(residuals, &sub),
+            &starts,
             0,
-            View::new(&starts, &pick),
             View::new(&cb, &lk),
         )?;
         let sums = b.alloc(DType::F32, k * w)?;
@@ -422,19 +414,6 @@ fn train_each_subspace<B: Backend>(
         };
         b.copy(View::new(&cb, &lk), View::new(&all_books, &book_j))?;
     }
-    let codes: Vec<u8> = b
-        .read::<u32>(&all_codes)?
-        .into_iter()
-        .map(|c| c as u8)
-        .collect();
     let codebooks = b.read::<f32>(&all_books)?;
-    Ok((
-        ProductQuantizer {
-            dim: d,
-            codewords: k,
-            bounds,
-            codebooks,
-        },
-        codes,
-    ))
+    quantizer(b, &all_codes, d, k, bounds, codebooks)
 }
