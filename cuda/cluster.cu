@@ -400,14 +400,24 @@ nearest_3xtf32(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m
 // (atomicMax on the bits orders non-negative floats). *out must start at 0. Non-finite values
 // are passed over, so one NaN or infinity does not cost every other value its scaling.
 extern "C" __global__ void absmax_rows(const float* v, i64 rows, i64 cols, i64 rs, i64 cs, u32* out) {
+    __shared__ float part[32];
     float mx = 0.0f;
-    i64 total = rows * cols;
+    const i64 total = rows * cols;
+    // Contiguous rows need no division per element.
+    const bool flat = cs == 1 && rs == cols;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
-        float a = fabsf(v[(i / cols) * rs + (i % cols) * cs]);
+        float a = fabsf(v[flat ? i : (i / cols) * rs + (i % cols) * cs]);
         if (a > mx && a < __int_as_float(0x7f800000)) mx = a;
     }
+    // One atomic per block (one per warp on a single word was most of this kernel's time).
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if ((threadIdx.x & 31) == 0) atomicMax(out, __float_as_uint(mx));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        mx = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        if (threadIdx.x == 0) atomicMax(out, __float_as_uint(mx));
+    }
 }
 
 // The power of two that maps magnitudes up to `bits` (a float's bits) under 2^15.
@@ -803,16 +813,23 @@ extern "C" __global__ void pack_f16_scaled(const float* v, i64 rows, i64 cols, i
 // nearest_centroid under hal::Precision::Reproducible: one thread per point, each distance
 // summed over k in order with fused multiply-adds from 0, the first strictly smaller distance
 // kept (a NaN best is replaced by any number): the CPU reference's order of operations, so the
-// result is bit-identical to it. Centroids pass through shared memory in tiles of RT rows.
-#define RT 32
+// result is bit-identical to it. Centroids pass through shared memory in tiles of RT rows;
+// each thread keeps RT sums, so a search among a few centroids takes the narrow tiles (with
+// 32, one centroid cost 32 times its arithmetic: 44 us for 8,192 x 128 on an H200).
 #define RD 64
-extern "C" __global__ void __launch_bounds__(128) nearest_ordered(const float* x, i64 n, i64 xr, i64 xc, const float* c,
-                                                                  i64 m, i64 cr, i64 cc, i64 d, u32* out_index,
-                                                                  i64 ioff, i64 is, float* out_dist, i64 doff,
-                                                                  i64 ds) {
+template <int RT, int BT, int NT>
+__device__ __forceinline__ void nearest_ordered_impl(const float* x, i64 n, i64 xr, i64 xc, const float* c, i64 m,
+                                                     i64 cr, i64 cc, i64 d, u32* out_index, i64 ioff, i64 is,
+                                                     float* out_dist, i64 doff, i64 ds) {
     __shared__ float tile[RT][RD];
-    const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    const bool live = row < n;
+    // The block's BT points pass through shared memory too, a slice of RD coordinates at a
+    // time, loaded by all NT threads with their loads issued together (a thread walking its
+    // own row waited on one load after another); rows padded by one word, so the BT threads
+    // that compute, one per point, read without bank conflicts.
+    __shared__ float points[BT][RD + 1];
+    const i64 first = (i64)blockIdx.x * BT;
+    const i64 row = first + threadIdx.x;
+    const bool live = threadIdx.x < BT && row < n;
     float best = nan_f();
     i64 best_j = 0;
     float acc[RT];
@@ -823,14 +840,20 @@ extern "C" __global__ void __launch_bounds__(128) nearest_ordered(const float* x
         for (i64 k0 = 0; k0 < d; k0 += RD) {
             const int depth = (int)min((i64)RD, d - k0);
             __syncthreads();
-            for (int e = threadIdx.x; e < RT * RD; e += blockDim.x) {
+            for (int e = threadIdx.x; e < RT * RD; e += NT) {
                 int jj = e / RD, kk = e % RD;
                 tile[jj][kk] = (jj < width && kk < depth) ? c[(j0 + jj) * cr + (k0 + kk) * cc] : 0.0f;
+            }
+#pragma unroll 8
+            for (int q = 0; q < BT * RD / NT; ++q) {
+                const int e = threadIdx.x + q * NT;
+                const int p = e / RD, kk = e % RD;
+                points[p][kk] = (first + p < n && kk < depth) ? x[(first + p) * xr + (k0 + kk) * xc] : 0.0f;
             }
             __syncthreads();
             if (live) {
                 for (int kk = 0; kk < depth; ++kk) {
-                    const float xv = x[row * xr + (k0 + kk) * xc];
+                    const float xv = points[threadIdx.x][kk];
 #pragma unroll
                     for (int jj = 0; jj < RT; ++jj) {
                         const float t = __fsub_rn(xv, tile[jj][kk]);
@@ -851,3 +874,43 @@ extern "C" __global__ void __launch_bounds__(128) nearest_ordered(const float* x
         out_dist[doff + row * ds] = best;
     }
 }
+
+// nearest_centroid among a few centroids outside hal::Precision::Reproducible: a warp per
+// point, its lanes splitting the coordinates (coalesced loads), the sums combined by shuffles,
+// so no thread walks a row alone (k-means++ asks for one centroid at a time).
+extern "C" __global__ void nearest_few(const float* x, i64 n, i64 xr, i64 xc, const float* c, i64 m, i64 cr, i64 cc,
+                                       i64 d, u32* out_index, i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds) {
+    const int lane = threadIdx.x & 31;
+    const i64 warps = ((i64)gridDim.x * blockDim.x) / 32;
+    for (i64 row = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32; row < n; row += warps) {
+        float best = nan_f();
+        i64 best_j = 0;
+        for (i64 j = 0; j < m; ++j) {
+            float acc = 0.0f;
+            for (i64 k = lane; k < d; k += 32) {
+                const float t = x[row * xr + k * xc] - c[j * cr + k * cc];
+                acc = fmaf(t, t, acc);
+            }
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (acc < best || (is_nan_f(best) && !is_nan_f(acc))) {
+                best = acc;
+                best_j = j;
+            }
+        }
+        if (lane == 0) {
+            out_index[ioff + row * is] = (u32)best_j;
+            out_dist[doff + row * ds] = best;
+        }
+    }
+}
+
+// Launched with NT threads per block, BT points each.
+#define NEAREST_ORDERED(NAME, RT, BT, NT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(NT)                                                              \
+        NAME(const float* x, i64 n, i64 xr, i64 xc, const float* c, i64 m, i64 cr, i64 cc, i64 d, u32* out_index, \
+             i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds) {                                               \
+        nearest_ordered_impl<RT, BT, NT>(x, n, xr, xc, c, m, cr, cc, d, out_index, ioff, is, out_dist, doff, ds);   \
+    }
+NEAREST_ORDERED(nearest_ordered, 32, 128, 256)
+NEAREST_ORDERED(nearest_ordered_8, 8, 64, 256)
+NEAREST_ORDERED(nearest_ordered_1, 1, 64, 256)

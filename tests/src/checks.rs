@@ -777,8 +777,18 @@ fn run_arg<B: Backend>(
 }
 
 fn arg_reduce<B: Backend>(s: &mut Suite<'_, B>) {
-    let shapes = s.shapes(1..=3, 1 << 18);
-    for (i, shape) in shapes.iter().enumerate() {
+    let mut cases: Vec<(Vec<usize>, Option<usize>)> = s
+        .shapes(1..=3, 1 << 18)
+        .into_iter()
+        .map(|shape| (shape, None))
+        .collect();
+    // A few long lines (the backends' paths for few outputs along a long axis), one strided.
+    cases.extend([
+        (vec![1, 8191], Some(1)),
+        (vec![3, 65537], Some(1)),
+        (vec![2051, 2], Some(0)),
+    ]);
+    for (i, (shape, axis)) in cases.iter().enumerate() {
         if shape.contains(&0) {
             continue;
         }
@@ -787,7 +797,10 @@ fn arg_reduce<B: Backend>(s: &mut Suite<'_, B>) {
         } else {
             ArgReduceOp::ArgMin
         };
-        let axis = s.rng().below(shape.len());
+        let axis = match axis {
+            Some(a) => *a,
+            None => s.rng().below(shape.len()),
+        };
         let mut oshape = shape.clone();
         oshape[axis] = 1;
         let (din, kind) = (s.float_dtype(), s.kind());

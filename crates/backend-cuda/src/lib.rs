@@ -60,9 +60,14 @@ pub struct CudaBuffer {
 /// `nearest_f16x3_held`) keep a block's points in shared memory (cluster.cu's `HOLD_D`).
 const NEAREST_HOLD_D: usize = 128;
 
-/// Below this many centroids `nearest_centroid` takes the reference-order kernel under every
-/// precision.
+/// Below this many centroids `nearest_centroid` takes one light pass instead of a GEMM-style
+/// kernel: a warp per point (`nearest_few`), or under `Precision::Reproducible` the
+/// reference-order kernel with narrow centroid tiles.
 const FEW_CENTROIDS: usize = 16;
+
+/// `arg_reduce` gives each output a block of 1,024 threads (`arg_reduce_block`) instead of a
+/// warp when the axis is at least this long and the outputs are few.
+const ARG_BLOCK_FROM_LEN: usize = 2048;
 
 /// `segment_sum` scans every id once per segment (`segment_scan`) while segments times rows
 /// stay within this: at 2^24 ids read from L2 that is a few microseconds, against the five
@@ -866,18 +871,27 @@ impl Backend for CudaBackend {
         if kept.n == 0 {
             return Ok(());
         }
-        self.dev.launch(
-            "arg_reduce_kernel",
-            kept.n as usize * 32,
-            Args::new()
-                .arg(kept)
-                .arg(x.layout.shape[axis] as i64)
-                .arg(x.layout.strides[axis] as i64)
-                .arg(out.buffer.ptr())
-                .arg(x.buffer.ptr())
-                .arg(dtype_code(x.dtype()))
-                .arg(matches!(op, ArgReduceOp::ArgMax) as i32),
-        )
+        let len = x.layout.shape[axis];
+        let args = Args::new()
+            .arg(kept)
+            .arg(len as i64)
+            .arg(x.layout.strides[axis] as i64)
+            .arg(out.buffer.ptr())
+            .arg(x.buffer.ptr())
+            .arg(dtype_code(x.dtype()))
+            .arg(matches!(op, ArgReduceOp::ArgMax) as i32);
+        // A warp per output while there are enough outputs to fill the device; a block each
+        // for a few long ones.
+        if len >= ARG_BLOCK_FROM_LEN && (kept.n as usize) < self.dev.sms as usize * 8 {
+            return self.dev.launch_raw(
+                self.dev.function("arg_reduce_block")?,
+                (kept.n as u32, 1, 1),
+                1024,
+                args,
+            );
+        }
+        self.dev
+            .launch("arg_reduce_kernel", kept.n as usize * 32, args)
     }
 
     fn matmul(&self, a: V<'_>, b: V<'_>, out: V<'_>, alpha: f32, beta: f32) -> Result<()> {
@@ -1025,15 +1039,25 @@ impl Backend for CudaBackend {
                 .arg(out_distance.layout.offset as i64)
                 .arg(out_distance.layout.strides[0] as i64)
         };
-        // The reference's order, one light pass: under Precision::Reproducible, and for a few
-        // centroids under any precision, where the GEMM-style paths would spend their set-up
-        // (norms, scaling, packing, a tile of 128 centroids) on a handful (k-means++ asks for
-        // one at a time).
-        if self.precision == Precision::Reproducible || m < FEW_CENTROIDS {
+        // A few centroids take one light pass, where the GEMM-style paths would spend their
+        // set-up (norms, scaling, packing, a tile of 128 centroids) on a handful (k-means++
+        // asks for one at a time): a warp per point, or the reference's order under
+        // Precision::Reproducible, which also takes it for any number of centroids.
+        if self.precision != Precision::Reproducible && m < FEW_CENTROIDS {
+            return self.dev.launch("nearest_few", n * 32, outputs(both()));
+        }
+        if self.precision == Precision::Reproducible {
+            // Tiles of 32, 8 or 1 centroids (each computing thread keeps that many sums) for
+            // 128, 64 or 64 points a block of 256 threads.
+            let (kernel, points) = match m {
+                1 => ("nearest_ordered_1", 64),
+                2..=8 => ("nearest_ordered_8", 64),
+                _ => ("nearest_ordered", 128),
+            };
             return self.dev.launch_raw(
-                self.dev.function("nearest_ordered")?,
-                (n.div_ceil(128) as u32, 1, 1),
-                128,
+                self.dev.function(kernel)?,
+                (n.div_ceil(points) as u32, 1, 1),
+                256,
                 outputs(both()),
             );
         }

@@ -66,6 +66,10 @@ const NAME: &str = "wgpu";
 
 /// The most elements one thread scans or multiplies in one pass.
 const CHUNK: usize = 2048;
+
+/// `arg_reduce` shortens its chunks when chunks of [`CHUNK`] would give it fewer threads than
+/// this.
+const ARG_FEW_THREADS: usize = 4096;
 /// The most terms one thread adds in sequence before a partial is written: short runs keep
 /// f32 sums accurate without relying on compensation, which a shader compiler may undo.
 const SUM_CHUNK: usize = 256;
@@ -372,6 +376,22 @@ struct Guard {
 /// Size of the launch-parameter buffer: far more than any kernel's parameters need.
 const PARAMS_BYTES: u64 = 16 << 10;
 
+/// Commands go to the queue in batches of at most this many: a submission costs tens of
+/// microseconds on the host (fences, tracking), several times a dispatch's encoding, so a
+/// chain of small launches submitted one by one was bound by it.
+const BATCH_COMMANDS: usize = 32;
+
+/// The command encoder that dispatches and copies are appended to, submitted when it holds
+/// [`BATCH_COMMANDS`] commands and before anything that must see their effects or must not be
+/// overtaken by them: a wait, a read, a queue write (`write_buffer` lands before the next
+/// submission's commands, so the batch goes first), a dispatch reading the shared parameter
+/// buffer. Work therefore still runs in the order it was asked for.
+#[derive(Default)]
+struct Batch {
+    encoder: Option<wgpu::CommandEncoder>,
+    commands: usize,
+}
+
 struct Inner {
     device: wgpu::Device,
     queue: wgpu::Queue,
@@ -382,11 +402,12 @@ struct Inner {
     /// turned off).
     immediate_words: u32,
     pipelines: Mutex<HashMap<String, Arc<Kernel>>>,
-    /// Launch parameters of the dispatch being submitted. One buffer serves every dispatch:
-    /// each dispatch writes it and submits under `submit_lock`, and queue writes land in
-    /// submission order, so no dispatch sees another's parameters.
+    /// Launch parameters of a dispatch on a device without immediates. One buffer serves every
+    /// such dispatch: each writes it and is submitted alone right after (see [`Batch`]), and
+    /// queue writes land in submission order, so no dispatch sees another's parameters.
     params: wgpu::Buffer,
-    submit_lock: Mutex<()>,
+    /// Commands encoded but not yet submitted.
+    batch: Mutex<Batch>,
     kernels: hal::ir::KernelCache<program::WgpuKernel>,
     /// Errors wgpu reported outside an error scope, returned by the next synchronize.
     deferred: Arc<Mutex<Option<String>>>,
@@ -632,7 +653,7 @@ impl WgpuBackend {
                 params,
                 verdicts,
                 check_serial: std::sync::atomic::AtomicU32::new(1),
-                submit_lock: Mutex::default(),
+                batch: Mutex::default(),
                 device,
                 queue,
                 info,
@@ -1364,11 +1385,51 @@ impl WgpuBackend {
                 detail: format!("{src:?} and {dst:?} differ"),
             });
         }
-        let mut encoder = self.0.device.create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(&src.0.buffer, 0, &dst.0.buffer, 0, src.0.buffer.size());
-        let _submitting = self.0.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.0.queue.submit([encoder.finish()]);
+        self.encode(|e| {
+            e.copy_buffer_to_buffer(&src.0.buffer, 0, &dst.0.buffer, 0, src.0.buffer.size())
+        });
         Ok(())
+    }
+
+    fn lock_batch(&self) -> std::sync::MutexGuard<'_, Batch> {
+        self.0.batch.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Submits the batch's commands, if any.
+    fn submit_batch(&self, batch: &mut Batch) {
+        if let Some(encoder) = batch.encoder.take() {
+            batch.commands = 0;
+            self.0.queue.submit([encoder.finish()]);
+        }
+    }
+
+    /// Submits every command encoded so far.
+    fn flush(&self) {
+        self.submit_batch(&mut self.lock_batch());
+    }
+
+    /// Writes `bytes` into `buffer` through the queue, after every command encoded so far.
+    fn write_after_batch(&self, buffer: &wgpu::Buffer, bytes: &[u8]) {
+        let mut batch = self.lock_batch();
+        self.submit_batch(&mut batch);
+        self.0.queue.write_buffer(buffer, 0, bytes);
+    }
+
+    /// Appends one command to the batch (see [`Batch`]).
+    fn encode(&self, command: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let mut batch = self.lock_batch();
+        self.encode_locked(&mut batch, command);
+    }
+
+    fn encode_locked(&self, batch: &mut Batch, command: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let encoder = batch
+            .encoder
+            .get_or_insert_with(|| self.0.device.create_command_encoder(&Default::default()));
+        command(encoder);
+        batch.commands += 1;
+        if batch.commands >= BATCH_COMMANDS {
+            self.submit_batch(batch);
+        }
     }
 
     /// What modules are composed for on this device.
@@ -1650,7 +1711,6 @@ impl WgpuBackend {
                 ),
             });
         }
-        let mut encoder = d.create_command_encoder(&Default::default());
         // Copies come from the pool (same dtype and length, so the same size class) and go
         // back to it once this call returns: queue order keeps them intact until the dispatch
         // has read them.
@@ -1658,9 +1718,7 @@ impl WgpuBackend {
         for &(b, writes) in buffers {
             let aliased = !writes && buffers.iter().any(|&(o, w)| w && o.same_memory(b));
             copies.push(if aliased {
-                let tmp = self.scratch(b.dtype(), b.len())?;
-                encoder.copy_buffer_to_buffer(&b.0.buffer, 0, &tmp.0.buffer, 0, b.0.buffer.size());
-                Some(tmp)
+                Some(self.scratch(b.dtype(), b.len())?)
             } else {
                 None
             });
@@ -1688,7 +1746,28 @@ impl WgpuBackend {
             layout: &kernel.layout,
             entries: &entries,
         });
-        {
+        let mut batch = self.lock_batch();
+        if immediates == 0 {
+            // The shared parameter buffer: what came before is submitted first (the write
+            // would land ahead of it), and this dispatch right after (the next write would
+            // land ahead of it).
+            self.submit_batch(&mut batch);
+            self.0
+                .queue
+                .write_buffer(&self.0.params, 0, bytemuck::cast_slice(&words));
+        }
+        self.encode_locked(&mut batch, |encoder| {
+            for (&(b, _), copy) in buffers.iter().zip(&copies) {
+                if let Some(tmp) = copy {
+                    encoder.copy_buffer_to_buffer(
+                        &b.0.buffer,
+                        0,
+                        &tmp.0.buffer,
+                        0,
+                        b.0.buffer.size(),
+                    );
+                }
+            }
             let mut pass = encoder.begin_compute_pass(&Default::default());
             pass.set_pipeline(&kernel.pipeline);
             pass.set_bind_group(0, &group, &[]);
@@ -1698,14 +1777,10 @@ impl WgpuBackend {
                 pass.set_immediates(0, bytemuck::cast_slice(&words));
             }
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        }
-        let _submitting = self.0.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        });
         if immediates == 0 {
-            self.0
-                .queue
-                .write_buffer(&self.0.params, 0, bytemuck::cast_slice(&words));
+            self.submit_batch(&mut batch);
         }
-        self.0.queue.submit([encoder.finish()]);
         Ok(())
     }
 
@@ -1785,9 +1860,14 @@ impl WgpuBackend {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut encoder = d.create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, size);
-        self.0.queue.submit([encoder.finish()]);
+        // The copy goes out with everything encoded before it, in one submission.
+        {
+            let mut batch = self.lock_batch();
+            self.encode_locked(&mut batch, |e| {
+                e.copy_buffer_to_buffer(buffer, 0, &staging, 0, size)
+            });
+            self.submit_batch(&mut batch);
+        }
         let slice = staging.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
@@ -1820,9 +1900,7 @@ impl WgpuBackend {
             let w: Vec<u32> =
                 bytemuck::pod_collect_to_vec(&self.read_words(&self.0.faults.0.buffer)?);
             if w[0] != 0 {
-                self.0
-                    .queue
-                    .write_buffer(&self.0.faults.0.buffer, 0, &[0u8; 16]);
+                self.write_after_batch(&self.0.faults.0.buffer, &[0u8; 16]);
                 return Err(
                     fault_error("wgpu", [w[0], w[1], w[2], w[3]]).expect("the record is claimed")
                 );
@@ -2016,7 +2094,14 @@ impl WgpuBackend {
     ) -> Result<()> {
         let count = line.numel();
         let n_out = out_layout.numel();
-        let chunks = count.div_ceil(CHUNK).max(1);
+        // Few outputs along a long line get chunks of about sqrt(count) (two passes of that
+        // many steps each) instead of CHUNK, which left one line of 8,192 to four threads.
+        let chunk = if n_out * count.div_ceil(CHUNK) < ARG_FEW_THREADS {
+            count.isqrt().clamp(32, CHUNK)
+        } else {
+            CHUNK
+        };
+        let chunks = count.div_ceil(chunk).max(1);
         let better = if op == ArgReduceOp::ArgMax {
             "v > best"
         } else {
@@ -2038,7 +2123,7 @@ impl WgpuBackend {
             .slot("rule", rule);
         let scalars = |p: Params| {
             p.scalar(0, count as u32)
-                .scalar(2, CHUNK as u32)
+                .scalar(2, chunk as u32)
                 .scalar(3, chunks as u32)
                 .scalar(4, index.is_some() as u32)
         };
@@ -2176,6 +2261,7 @@ impl Backend for WgpuBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.flush();
         // Short work is awaited by polling without blocking for a while: a blocking wait sleeps
         // in the driver and wakes up tens of microseconds after the GPU is done.
         let start = std::time::Instant::now();
@@ -2204,10 +2290,7 @@ impl Backend for WgpuBackend {
         let (buf, reused) = self.alloc_uninit(dtype, len)?;
         if reused {
             // A reused buffer holds its last owner's data; the contract is zeros.
-            let mut encoder = self.0.device.create_command_encoder(&Default::default());
-            encoder.clear_buffer(&buf.0.buffer, 0, None);
-            let _submitting = self.0.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
-            self.0.queue.submit([encoder.finish()]);
+            self.encode(|e| e.clear_buffer(&buf.0.buffer, 0, None));
         }
         Ok(buf)
     }
@@ -2222,7 +2305,7 @@ impl Backend for WgpuBackend {
         validate::write(dst, bytes)?;
         let mut padded = bytes.to_vec();
         padded.resize(dst.0.buffer.size() as usize, 0);
-        self.0.queue.write_buffer(&dst.0.buffer, 0, &padded);
+        self.write_after_batch(&dst.0.buffer, &padded);
         Ok(())
     }
 

@@ -6,9 +6,10 @@
 //! 1. assignment: `nearest_centroid(x, anchors)` gives each point's anchor and squared
 //!    distance `r^2`;
 //! 2. per-anchor statistics: `segment_sum` of `r^2` gives each anchor's member count and sum
-//!    of squared distances; the `m` sums are the only per-iteration read-back, from which the
-//!    host adds up the energy (mean squared distance) in a fixed order (and the next step's
-//!    threshold, temperature and momentum are the only per-iteration upload, four floats);
+//!    of squared distances, and a one-segment `segment_sum` of those (anchor order, so one
+//!    fixed order) the total, kept on the device in a slot per assignment; the host reads the
+//!    totals (energies) only when it needs them (tolerance test, maintenance, the end, live
+//!    progress), and the schedule (threshold, temperature, momentum) is uploaded once;
 //! 3. Huber weights (an IR kernel): `w = 1` where `r <= delta`, `delta / r` beyond, with
 //!    `delta = huber * sqrt(energy)`: the data's own scale, the root-mean-square distance of a
 //!    point to its anchor, so a point counts fully unless it lies more than `huber` times
@@ -217,9 +218,17 @@ pub fn handle_for<B: Backend>(backend: &B, mode: Mode) -> B {
 /// probability proportional to the squared distance `D^2` to the nearest anchor so far,
 /// sampled on the device by an exponential race (the point minimising `-ln(u) / D^2` wins,
 /// which picks point `i` with probability `D_i^2 / sum D^2`; Efraimidis and Spirakis, 2006).
-/// Each step is five device calls (draws, the race with the `D^2` update fused in, the
-/// argmin, the winner's row, its distances: one centroid, which every backend searches in the
-/// reference order, without the set-up of its GEMM-style paths); nothing is read back.
+///
+/// Each step is four launches: the newest anchor's distances (`nearest_centroid` with one
+/// centroid, which backends search in one light pass without the set-up of their GEMM-style
+/// paths), the race with the `D^2` update fused in (IR), the argmin, and the winner's row
+/// copied into the anchors (IR). The step number lives on the device, in two counters that
+/// steps take turns reading (the copy writes the other one, one more than the one it read,
+/// so no launch reads and advances the same word), so two recordings, one per counter, are
+/// replayed in turn for all steps (one device-graph launch per step where the backend
+/// captures). The race's uniform draws are made for a block of steps at a time, each step
+/// reading its own row, so the stream is the same as one draw of `n` per step at offset
+/// `step * n`. Nothing is read back.
 ///
 /// Drawing several anchors per step against the same `D^2` (k-means||-like batches) would
 /// take far fewer steps, but was measured to place them much worse: on 20K x 64 points in 200
@@ -233,76 +242,180 @@ pub fn kmeans_pp<B: Backend>(
     m: usize,
     seed: u64,
 ) -> Result<B::Buffer> {
+    // Draws for this many steps at once: all of them while they fit in 2^22 floats.
+    kmeans_pp_in_blocks(b, x, n, d, m, seed, DRAWS_AT_ONCE / n.max(1))
+}
+
+/// [`kmeans_pp`] drawing the uniforms for `block` steps at a time.
+fn kmeans_pp_in_blocks<B: Backend>(
+    b: &B,
+    x: &B::Buffer,
+    n: usize,
+    d: usize,
+    m: usize,
+    seed: u64,
+    block: usize,
+) -> Result<B::Buffer> {
     let anchors = b.alloc(DType::F32, m * d)?;
-    let lx = Layout::contiguous(&[n, d]);
-    let ln = Layout::contiguous(&[n]);
-    // D^2 to the anchors so far; infinite before the first, whose race is on the draws alone.
-    let d2 = b.alloc(DType::F32, n)?;
-    b.fill(View::new(&d2, &ln), f64::INFINITY)?;
-    let u = b.alloc(DType::F32, n)?;
-    let key = b.alloc(DType::F32, n)?;
-    let winners = b.alloc(DType::U32, m)?;
-    let near = b.alloc(DType::F32, n)?;
-    let near_i = b.alloc(DType::U32, n)?;
-    let race = b.compile(&race_program()?)?;
-    let all = Layout::contiguous(&[1, n]);
-    for j in 0..m {
+    if m == 0 {
+        return Ok(anchors);
+    }
+    let block = block.clamp(1, m);
+    let steps: Steps<B> = Steps {
+        x: x.clone(),
+        anchors: anchors.clone(),
+        u: b.alloc(DType::F32, block * n)?,
+        // D^2 to the anchors so far (the first anchor's race is on the draws alone).
+        d2: b.alloc(DType::F32, n)?,
+        key: b.alloc(DType::F32, n)?,
+        near: b.alloc(DType::F32, n)?,
+        near_i: b.alloc(DType::U32, n)?,
+        winner: b.alloc(DType::U32, 1)?,
+        newest: b.alloc(DType::F32, d)?,
+        counters: [b.alloc(DType::U32, 1)?, b.alloc(DType::U32, 1)?],
+        race: b.compile(&race_program(n, block)?)?,
+        commit: b.compile(&commit_program(d)?)?,
+        n,
+        d,
+    };
+    b.fill(
+        View::new(&steps.d2, &Layout::contiguous(&[n])),
+        f64::INFINITY,
+    )?;
+    let draws = steps.u.clone();
+    let draw = |first: usize| {
+        let len = (block * n).min((m - first) * n);
         b.random(
-            View::new(&u, &ln),
+            View::new(&draws, &Layout::contiguous(&[len])),
             Distribution::Uniform {
                 low: 0.0,
                 high: 1.0,
             },
             seed,
-            (j * n) as u64,
-        )?;
-        let keys = if j == 0 {
-            &u
-        } else {
-            // D^2 takes in the last anchor's distances, then the keys.
-            b.launch(&race, &[&u, &near, &d2, &key], n)?;
-            &key
-        };
-        let winner = Layout {
-            shape: vec![1, 1],
-            strides: vec![1, 1],
-            offset: j,
-        };
-        b.arg_reduce(
-            hal::ArgReduceOp::ArgMin,
-            View::new(keys, &all),
-            1,
-            View::new(&winners, &winner),
-        )?;
-        let row = Layout {
-            shape: vec![1, d],
-            strides: vec![d as isize, 1],
-            offset: j * d,
-        };
-        crate::gather_rows(b, View::new(x, &lx), &winners, j, View::new(&anchors, &row))?;
-        if j + 1 < m {
-            b.nearest_centroid(
-                View::new(x, &lx),
-                View::new(&anchors, &row),
-                View::new(&near_i, &ln),
-                View::new(&near, &ln),
-            )?;
+            (first * n) as u64,
+        )
+    };
+    draw(0)?;
+    // The first anchor: the smallest draw.
+    b.arg_reduce(
+        hal::ArgReduceOp::ArgMin,
+        View::new(&steps.u, &Layout::contiguous(&[1, n])),
+        1,
+        View::new(&steps.winner, &Layout::contiguous(&[1, 1])),
+    )?;
+    steps.commit(b, 0)?;
+    if m > 1 {
+        // Step j reads counter j mod 2.
+        let steps = std::sync::Arc::new(steps);
+        let mut graphs = Vec::with_capacity(2);
+        for parity in 0..2 {
+            let recorded = steps.clone();
+            graphs.push(b.record(std::sync::Arc::new(move |b: &B| recorded.next(b, parity)))?);
+        }
+        for j in 1..m {
+            if j % block == 0 {
+                draw(j)?;
+            }
+            b.replay(&graphs[j % 2])?;
         }
     }
     Ok(anchors)
 }
 
-/// `d2[i] = min(d2[i], near[i])`, then `key[i] = -ln(u[i]) / d2[i]` (infinite where
-/// `d2 = 0`: a point on an anchor never wins; `u = 0` is mapped to the smallest positive
-/// float so the key stays finite).
-fn race_program() -> Result<hal::ir::Program> {
+/// The uniform draws k-means++ makes at once, at most (16 MiB of f32).
+const DRAWS_AT_ONCE: usize = 1 << 22;
+
+/// The device state of k-means++ (see [`kmeans_pp`]).
+struct Steps<B: Backend> {
+    x: B::Buffer,
+    anchors: B::Buffer,
+    /// Uniform draws, a row of `n` per step of the current block.
+    u: B::Buffer,
+    d2: B::Buffer,
+    key: B::Buffer,
+    near: B::Buffer,
+    near_i: B::Buffer,
+    /// The step's winning point, and its row.
+    winner: B::Buffer,
+    newest: B::Buffer,
+    /// The number of anchors placed so far, in the counter the next step reads (see
+    /// [`kmeans_pp`]); both start at 0.
+    counters: [B::Buffer; 2],
+    race: B::Kernel,
+    commit: B::Kernel,
+    n: usize,
+    d: usize,
+}
+
+impl<B: Backend> Steps<B> {
+    /// Copies the winner's row into the anchors at the count in counter `parity` and writes
+    /// the count plus one into the other counter.
+    fn commit(&self, b: &B, parity: usize) -> hal::Result<()> {
+        b.launch(
+            &self.commit,
+            &[
+                &self.x,
+                &self.winner,
+                &self.counters[parity],
+                &self.counters[1 - parity],
+                &self.newest,
+                &self.anchors,
+            ],
+            self.d,
+        )
+    }
+
+    /// A step after the first, reading counter `parity`: the newest anchor's distances, the
+    /// race, the winner.
+    fn next(&self, b: &B, parity: usize) -> hal::Result<()> {
+        let (n, d) = (self.n, self.d);
+        let ln = Layout::contiguous(&[n]);
+        b.nearest_centroid(
+            View::new(&self.x, &Layout::contiguous(&[n, d])),
+            View::new(&self.newest, &Layout::contiguous(&[1, d])),
+            View::new(&self.near_i, &ln),
+            View::new(&self.near, &ln),
+        )?;
+        b.launch(
+            &self.race,
+            &[
+                &self.u,
+                &self.near,
+                &self.counters[parity],
+                &self.d2,
+                &self.key,
+            ],
+            n,
+        )?;
+        b.arg_reduce(
+            hal::ArgReduceOp::ArgMin,
+            View::new(&self.key, &Layout::contiguous(&[1, n])),
+            1,
+            View::new(&self.winner, &Layout::contiguous(&[1, 1])),
+        )?;
+        self.commit(b, parity)
+    }
+}
+
+/// With `s = step[0]`: `d2[i] = min(d2[i], near[i])`, then `key[i] = -ln(u[t n + i]) / d2[i]`
+/// with `t = s mod block` (infinite where `d2 = 0`: a point on an anchor never wins; `u = 0`
+/// is mapped to the smallest positive float so the key stays finite).
+fn race_program(n: usize, block: usize) -> Result<hal::ir::Program> {
     let mut p = ProgramBuilder::new("vlc_kmeanspp_race");
     let u = p.buffer(DType::F32, Access::Read);
     let near = p.buffer(DType::F32, Access::Read);
+    let step = p.buffer(DType::U32, Access::Read);
     let d2 = p.buffer(DType::F32, Access::ReadWrite);
     let key = p.buffer(DType::F32, Access::Write);
     let i = p.index();
-    let uv = p.load(u, i);
+    let zero_u = p.const_u32(0);
+    let s = p.load(step, zero_u);
+    let block = p.const_u32(block as u32);
+    let t = p.binary(hal::ir::IrBinary::Rem, s, block);
+    let n = p.const_u32(n as u32);
+    let row = p.mul(t, n);
+    let at = p.add(row, i);
+    let uv = p.load(u, at);
     let old = p.load(d2, i);
     let new = p.load(near, i);
     let dv = p.binary(hal::ir::IrBinary::Min, old, new);
@@ -317,6 +430,34 @@ fn race_program() -> Result<hal::ir::Program> {
     let empty = p.cmp(IrCmp::Le, dv, zero);
     let k = p.select(empty, inf, k);
     p.store(key, i, k);
+    Ok(p.build()?)
+}
+
+/// Over `k < d`: `newest[k] = x[winner[0] d + k]` and `anchors[step[0] d + k]` the same;
+/// `next[0] = step[0] + 1` (every thread writes the same value).
+fn commit_program(d: usize) -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("vlc_kmeanspp_commit");
+    let x = p.buffer(DType::F32, Access::Read);
+    let winner = p.buffer(DType::U32, Access::Read);
+    let step = p.buffer(DType::U32, Access::Read);
+    let next = p.buffer(DType::U32, Access::Write);
+    let newest = p.buffer(DType::F32, Access::Write);
+    let anchors = p.buffer(DType::F32, Access::Write);
+    let k = p.index();
+    let zero = p.const_u32(0);
+    let dd = p.const_u32(d as u32);
+    let w = p.load(winner, zero);
+    let s = p.load(step, zero);
+    let from = p.mul(w, dd);
+    let from = p.add(from, k);
+    let v = p.load(x, from);
+    p.store(newest, k, v);
+    let to = p.mul(s, dd);
+    let to = p.add(to, k);
+    p.store(anchors, to, v);
+    let one = p.const_u32(1);
+    let s1 = p.add(s, one);
+    p.store(next, zero, s1);
     Ok(p.build()?)
 }
 
@@ -888,9 +1029,11 @@ fn merge_close(
             if j <= i || gone[j] {
                 continue;
             }
-            let dj = sq_dist(ai, &anchors[j * d..(j + 1) * d]);
+            let Some(dj) = sq_dist_below(ai, &anchors[j * d..(j + 1) * d], merge2) else {
+                continue;
+            };
             let better = best.is_none_or(|(bj, bd)| dj < bd || (dj == bd && j < bj));
-            if dj < merge2 && better {
+            if better {
                 best = Some((j, dj));
             }
         }
@@ -931,6 +1074,25 @@ fn widest_coordinate(anchors: &[f32], d: usize, gone: &[bool]) -> usize {
     })
 }
 
+/// The squared distance of `a` and `b` (summed in f64, in coordinate order) when it is below
+/// `limit`; `None` as soon as a partial sum reaches it. Anchors to be merged are rare and most
+/// pairs pass the limit within a few coordinates, so a round's merge search stays short even
+/// when the sorted sweep finds nearly every pair within its band (high `d`).
+fn sq_dist_below(a: &[f32], b: &[f32], limit: f64) -> Option<f64> {
+    let mut sum = 0.0;
+    for (ca, cb) in a.chunks(8).zip(b.chunks(8)) {
+        for (&x, &y) in ca.iter().zip(cb) {
+            let t = x as f64 - y as f64;
+            sum += t * t;
+        }
+        if sum >= limit {
+            return None;
+        }
+    }
+    Some(sum)
+}
+
+#[cfg(test)]
 fn sq_dist(a: &[f32], b: &[f32]) -> f64 {
     a.iter()
         .zip(b)
@@ -1010,6 +1172,31 @@ fn principal_direction(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// k-means++ gives the same anchors whether its uniform draws come a step at a time, a
+    /// few steps at a time (a partial last block) or all at once, and each anchor is one of
+    /// the points.
+    #[test]
+    fn kmeans_pp_draw_blocks_do_not_change_the_anchors() {
+        let b = backend_cpu::CpuBackend::new();
+        let (n, d, m) = (300, 5, 23);
+        let data = crate::synthetic::gaussian_mixture(n, d, 7, 0.3, 11);
+        let x = b.upload(&data.data).unwrap();
+        let run = |block| {
+            b.read::<f32>(&kmeans_pp_in_blocks(&b, &x, n, d, m, 5, block).unwrap())
+                .unwrap()
+        };
+        let whole = run(m);
+        assert_eq!(run(1), whole);
+        assert_eq!(run(4), whole);
+        for anchor in whole.chunks(d) {
+            assert!(data.data.chunks(d).any(|p| p == anchor), "{anchor:?}");
+        }
+        // Distinct anchors: k-means++ never draws a point already taken (its D^2 is 0).
+        for (i, a) in whole.chunks(d).enumerate() {
+            assert!(whole.chunks(d).skip(i + 1).all(|c| c != a));
+        }
+    }
 
     /// The merge rule by comparing every two anchors, as `merge_close` must decide it.
     fn merge_all_pairs(
