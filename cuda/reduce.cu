@@ -336,7 +336,20 @@ extern "C" __global__ void segment_ordered(const void* x, int xdt, i64 xoff, i64
     u32 a = starts[s], b = starts[s + 1];
     for (i64 k = threadIdx.x; k <= d; k += blockDim.x) {
         float acc = 0.0f;
-        for (u32 q = a; q < b; ++q) {
+        u32 q = a;
+        // Four rows' loads in flight at a time; the adds stay in row order.
+        for (; q + 4 <= b; q += 4) {
+            float wv[4], xv[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const i64 row = order[q + j];
+                wv[j] = has_w ? load_f(wts, wdt, woff + row * ws) : 1.0f;
+                xv[j] = k < d ? load_f(x, xdt, xoff + row * xs0 + k * xs1) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc = k < d ? __fmaf_rn(wv[j], xv[j], acc) : __fadd_rn(acc, wv[j]);
+        }
+        for (; q < b; ++q) {
             i64 row = order[q];
             float wv = has_w ? load_f(wts, wdt, woff + row * ws) : 1.0f;
             acc = k < d ? __fmaf_rn(wv, load_f(x, xdt, xoff + row * xs0 + k * xs1), acc) : __fadd_rn(acc, wv);

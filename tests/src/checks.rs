@@ -1552,10 +1552,12 @@ fn segment_sum<B: Backend>(s: &mut Suite<'_, B>) {
         [3001, 5, 300],
         [3, 2, 1],
         // Segments times rows beyond 2^24, where GPU backends sort the rows first (smaller
-        // problems scan the ids per segment); odd position, so weighted.
+        // problems scan the ids per segment); odd position, so weighted. The second has at
+        // most 64 rows per segment on average (CUDA sums such segments whole, not in parts).
         [70001, 3, 300],
+        [65537, 4, 1031],
     ];
-    while cases.len() < s.cfg.cases + 6 {
+    while cases.len() < s.cfg.cases + 7 {
         let r = s.rng();
         cases.push([r.below(3000), 1 + r.below(40), 1 + r.below(400)]);
     }

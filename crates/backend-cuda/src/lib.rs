@@ -69,6 +69,10 @@ const FEW_CENTROIDS: usize = 16;
 /// warp when the axis is at least this long and the outputs are few.
 const ARG_BLOCK_FROM_LEN: usize = 2048;
 
+/// The sorted `segment_sum` sums each segment in one part (`segment_ordered`) while segments
+/// average at most this many rows.
+const WHOLE_SEGMENT_ROWS: usize = 64;
+
 /// `segment_sum` scans every id once per segment (`segment_scan`) while segments times rows
 /// stay within this: at 2^24 ids read from L2 that is a few microseconds, against the five
 /// launches of the counting sort.
@@ -1276,7 +1280,10 @@ impl Backend for CudaBackend {
                 .arg(order.ptr())
                 .arg(d as i64)
         };
-        if self.precision == Precision::Reproducible {
+        // Segments of a few rows on average (the residual codes' 4,096 of about 40) are summed
+        // whole, in order, by one block each: split into parts, most blocks would sum two or
+        // three rows and the parts' two reductions would cost more than the sums.
+        if self.precision == Precision::Reproducible || n <= m * WHOLE_SEGMENT_ROWS {
             return self.dev.launch_raw(
                 self.dev.function("segment_ordered")?,
                 (m as u32, 1, 1),

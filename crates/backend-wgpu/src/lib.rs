@@ -184,8 +184,8 @@ impl Params {
 }
 
 /// Which kernel to run: a file of `shaders/` and how it is specialised (see
-/// [`wgsl::compose`]). Its `Debug` text is the pipeline-cache key.
-#[derive(Clone, Debug)]
+/// [`wgsl::compose`]). It is the pipeline-cache key (with the immediates variant).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Spec {
     file: &'static str,
     bindings: Option<Vec<(DType, Access)>>,
@@ -376,18 +376,33 @@ struct Guard {
 /// Size of the launch-parameter buffer: far more than any kernel's parameters need.
 const PARAMS_BYTES: u64 = 16 << 10;
 
-/// Commands go to the queue in batches of at most this many: a submission costs tens of
-/// microseconds on the host (fences, tracking), several times a dispatch's encoding, so a
-/// chain of small launches submitted one by one was bound by it.
+/// Commands go to the queue in batches of at most this many by default: a submission costs
+/// tens of microseconds on the host (fences, tracking), several times a dispatch's encoding,
+/// so a chain of small launches submitted one by one was bound by it.
 const BATCH_COMMANDS: usize = 32;
+
+/// The batch size in use: [`BATCH_COMMANDS`], or `HAL_WGPU_BATCH` (a tuning knob, at least 1).
+fn batch_commands() -> usize {
+    static BATCH: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BATCH.get_or_init(|| {
+        std::env::var("HAL_WGPU_BATCH")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(BATCH_COMMANDS, |n| n.max(1))
+    })
+}
 
 /// The command encoder that dispatches and copies are appended to, submitted when it holds
 /// [`BATCH_COMMANDS`] commands and before anything that must see their effects or must not be
 /// overtaken by them: a wait, a read, a queue write (`write_buffer` lands before the next
 /// submission's commands, so the batch goes first), a dispatch reading the shared parameter
-/// buffer. Work therefore still runs in the order it was asked for.
+/// buffer. Work therefore still runs in the order it was asked for. Consecutive dispatches
+/// share one compute pass (WebGPU orders and synchronises the dispatches of a pass); a copy or
+/// clear closes it.
 #[derive(Default)]
 struct Batch {
+    /// Declared first, so dropped before the encoder it records into.
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     commands: usize,
 }
@@ -401,7 +416,7 @@ struct Inner {
     /// Words of launch parameters passed as immediates (0: the device has none, or they are
     /// turned off).
     immediate_words: u32,
-    pipelines: Mutex<HashMap<String, Arc<Kernel>>>,
+    pipelines: Mutex<HashMap<(Spec, u32), Arc<Kernel>>>,
     /// Launch parameters of a dispatch on a device without immediates. One buffer serves every
     /// such dispatch: each writes it and is submitted alone right after (see [`Batch`]), and
     /// queue writes land in submission order, so no dispatch sees another's parameters.
@@ -1397,6 +1412,7 @@ impl WgpuBackend {
 
     /// Submits the batch's commands, if any.
     fn submit_batch(&self, batch: &mut Batch) {
+        batch.pass = None;
         if let Some(encoder) = batch.encoder.take() {
             batch.commands = 0;
             self.0.queue.submit([encoder.finish()]);
@@ -1422,12 +1438,13 @@ impl WgpuBackend {
     }
 
     fn encode_locked(&self, batch: &mut Batch, command: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        batch.pass = None;
         let encoder = batch
             .encoder
             .get_or_insert_with(|| self.0.device.create_command_encoder(&Default::default()));
         command(encoder);
         batch.commands += 1;
-        if batch.commands >= BATCH_COMMANDS {
+        if batch.commands >= batch_commands() {
             self.submit_batch(batch);
         }
     }
@@ -1687,7 +1704,6 @@ impl WgpuBackend {
         if groups.contains(&0) {
             return Ok(());
         }
-        let d = &self.0.device;
         let mut words = params.encode(threads);
         let immediates = kernel.immediate_words as usize;
         if immediates > 0 && words.len() > immediates {
@@ -1741,7 +1757,7 @@ impl WgpuBackend {
                 resource: buffer.as_entire_binding(),
             });
         }
-        let group = d.create_bind_group(&wgpu::BindGroupDescriptor {
+        let group = self.0.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
             layout: &kernel.layout,
             entries: &entries,
@@ -1756,29 +1772,38 @@ impl WgpuBackend {
                 .queue
                 .write_buffer(&self.0.params, 0, bytemuck::cast_slice(&words));
         }
-        self.encode_locked(&mut batch, |encoder| {
-            for (&(b, _), copy) in buffers.iter().zip(&copies) {
-                if let Some(tmp) = copy {
+        for (&(b, _), copy) in buffers.iter().zip(&copies) {
+            if let Some(tmp) = copy {
+                self.encode_locked(&mut batch, |encoder| {
                     encoder.copy_buffer_to_buffer(
                         &b.0.buffer,
                         0,
                         &tmp.0.buffer,
                         0,
                         b.0.buffer.size(),
-                    );
-                }
+                    )
+                });
             }
-            let mut pass = encoder.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&kernel.pipeline);
-            pass.set_bind_group(0, &group, &[]);
-            if immediates > 0 {
-                // The shader declares the whole block; every word must be set.
-                words.resize(immediates, 0);
-                pass.set_immediates(0, bytemuck::cast_slice(&words));
-            }
-            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        }
+        let batch_ref = &mut *batch;
+        let encoder = batch_ref
+            .encoder
+            .get_or_insert_with(|| self.0.device.create_command_encoder(&Default::default()));
+        let pass = batch_ref.pass.get_or_insert_with(|| {
+            encoder
+                .begin_compute_pass(&Default::default())
+                .forget_lifetime()
         });
-        if immediates == 0 {
+        pass.set_pipeline(&kernel.pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        if immediates > 0 {
+            // The shader declares the whole block; every word must be set.
+            words.resize(immediates, 0);
+            pass.set_immediates(0, bytemuck::cast_slice(&words));
+        }
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        batch.commands += 1;
+        if immediates == 0 || batch.commands >= batch_commands() {
             self.submit_batch(&mut batch);
         }
         Ok(())
@@ -1794,7 +1819,8 @@ impl WgpuBackend {
     /// binding 0). The cache key is the spec itself and the variant, so two calls share a
     /// pipeline exactly when they would compose the same WGSL.
     fn kernel_variant(&self, spec: &Spec, immediate_words: u32) -> Result<Arc<Kernel>> {
-        let key = format!("{spec:?} immediates {immediate_words}");
+        // Looked up by the spec itself: formatting it per dispatch cost more than the lookup.
+        let key = (spec.clone(), immediate_words);
         let cached = self
             .0
             .pipelines
@@ -1816,7 +1842,8 @@ impl WgpuBackend {
             spec.entry,
             features,
         );
-        let p = self.build_pipeline(&key, &module, true, immediate_words, Some(spec.clone()))?;
+        let label = format!("{spec:?} immediates {immediate_words}");
+        let p = self.build_pipeline(&label, &module, true, immediate_words, Some(spec.clone()))?;
         self.0
             .pipelines
             .lock()
