@@ -144,6 +144,10 @@ extern "C" __global__ void arg_reduce_kernel(Walk kept, i64 len, i64 stride, u32
     }
 }
 
+// (arg_reduce_kernel and arg_reduce_block share their loops by copy, not through device
+// helpers: factored into helpers, nvcc compiled this file's unchanged segment kernels
+// differently and the sorted weighted segment sum of 100,000 x 768 went from 0.54 to 0.83 ms
+// on an H200.)
 // One block per output, for few outputs along a long axis (a warp each would walk it with one
 // load in flight: 116 us for one row of 8,192 on an H200). Each thread keeps the best of its
 // strided share, four loads in flight; the block then combines them (the result does not
@@ -323,10 +327,11 @@ extern "C" __global__ void segment_partial(const void* x, int xdt, i64 xoff, i64
     }
 }
 
-// segment_sum under hal::Precision::Reproducible: segment s's rows, in ascending row order
-// (`order` is the stable counting sort), summed in f32 from 0 with one fused multiply-add per
-// term (the count column with plain adds): the order every backend follows, so the sums are
-// bit-identical to the CPU's. One block per segment, threads over the columns k <= d.
+// segment_sum under hal::Precision::Reproducible, and under either precision for segments of
+// few rows: segment s's rows, in ascending row order (`order` is the stable counting sort),
+// summed in f32 from 0 with one fused multiply-add per term (the count column with plain
+// adds): the order every backend follows, so the sums are bit-identical to the CPU's. One
+// block per segment, threads over the columns k <= d.
 extern "C" __global__ void segment_ordered(const void* x, int xdt, i64 xoff, i64 xs0, i64 xs1, const void* wts, int wdt,
                                            i64 woff, i64 ws, int has_w, const u32* starts, const u32* order, i64 d,
                                            void* sums, int sdt, i64 soff, i64 ss0, i64 ss1, void* counts, int cdt,

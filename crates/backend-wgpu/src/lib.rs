@@ -407,6 +407,27 @@ struct Batch {
     commands: usize,
 }
 
+impl Batch {
+    /// The open encoder (a new one if there is none). Its compute pass, if open, must have
+    /// been closed before the encoder records anything else.
+    fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
+        self.encoder
+            .get_or_insert_with(|| device.create_command_encoder(&Default::default()))
+    }
+
+    /// The open compute pass (opened on the encoder if there is none).
+    fn pass(&mut self, device: &wgpu::Device) -> &mut wgpu::ComputePass<'static> {
+        if self.pass.is_none() {
+            let pass = self
+                .encoder(device)
+                .begin_compute_pass(&Default::default())
+                .forget_lifetime();
+            self.pass = Some(pass);
+        }
+        self.pass.as_mut().expect("opened above")
+    }
+}
+
 struct Inner {
     device: wgpu::Device,
     queue: wgpu::Queue,
@@ -1439,10 +1460,7 @@ impl WgpuBackend {
 
     fn encode_locked(&self, batch: &mut Batch, command: impl FnOnce(&mut wgpu::CommandEncoder)) {
         batch.pass = None;
-        let encoder = batch
-            .encoder
-            .get_or_insert_with(|| self.0.device.create_command_encoder(&Default::default()));
-        command(encoder);
+        command(batch.encoder(&self.0.device));
         batch.commands += 1;
         if batch.commands >= batch_commands() {
             self.submit_batch(batch);
@@ -1785,15 +1803,7 @@ impl WgpuBackend {
                 });
             }
         }
-        let batch_ref = &mut *batch;
-        let encoder = batch_ref
-            .encoder
-            .get_or_insert_with(|| self.0.device.create_command_encoder(&Default::default()));
-        let pass = batch_ref.pass.get_or_insert_with(|| {
-            encoder
-                .begin_compute_pass(&Default::default())
-                .forget_lifetime()
-        });
+        let pass = batch.pass(&self.0.device);
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &group, &[]);
         if immediates > 0 {

@@ -219,7 +219,7 @@ pub fn handle_for<B: Backend>(backend: &B, mode: Mode) -> B {
 /// sampled on the device by an exponential race (the point minimising `-ln(u) / D^2` wins,
 /// which picks point `i` with probability `D_i^2 / sum D^2`; Efraimidis and Spirakis, 2006).
 ///
-/// Each step is four launches: the newest anchor's distances (`nearest_centroid` with one
+/// Each step is four device calls: the newest anchor's distances (`nearest_centroid` with one
 /// centroid, which backends search in one light pass without the set-up of their GEMM-style
 /// paths), the race with the `D^2` update fused in (IR), the argmin, and the winner's row
 /// copied into the anchors (IR). The step number lives on the device, in two counters that
