@@ -815,12 +815,18 @@ extern "C" __global__ void pack_f16_scaled(const float* v, i64 rows, i64 cols, i
 // kept (a NaN best is replaced by any number): the CPU reference's order of operations, so the
 // result is bit-identical to it. Centroids pass through shared memory in tiles of RT rows;
 // each thread keeps RT sums, so a search among a few centroids takes the narrow tiles (with
-// 32, one centroid cost 32 times its arithmetic: 44 us for 8,192 x 128 on an H200).
-#define RD 64
-template <int RT, int BT, int NT>
+// 32, one centroid cost 32 times its arithmetic: 44 us for 8,192 x 128 on an H200), and
+// coordinates in slices of RD. A batch of searches (rank-3 views) takes one grid row per
+// group: blockIdx.y moves every operand by its group stride (xg, cg, ig, dg).
+template <int RT, int BT, int NT, int RD>
 __device__ __forceinline__ void nearest_ordered_impl(const float* x, i64 n, i64 xr, i64 xc, const float* c, i64 m,
                                                      i64 cr, i64 cc, i64 d, u32* out_index, i64 ioff, i64 is,
-                                                     float* out_dist, i64 doff, i64 ds) {
+                                                     float* out_dist, i64 doff, i64 ds, i64 xg, i64 cg, i64 ig,
+                                                     i64 dg) {
+    x += blockIdx.y * xg;
+    c += blockIdx.y * cg;
+    ioff += blockIdx.y * ig;
+    doff += blockIdx.y * dg;
     __shared__ float tile[RT][RD];
     // The block's BT points pass through shared memory too, a slice of RD coordinates at a
     // time, loaded by all NT threads with their loads issued together (a thread walking its
@@ -875,6 +881,76 @@ __device__ __forceinline__ void nearest_ordered_impl(const float* x, i64 n, i64 
     }
 }
 
+// The reference order for short rows (d <= D, D a multiple of 4; a product quantiser's
+// subspaces): each of the 256 threads of a block holds its point's coordinates in registers
+// (zeros past d, whose terms add exactly nothing) and sweeps the group's centroids, staged in
+// shared memory in tiles of 256 rows of D, reading each centroid as D / 4 broadcast vector
+// loads. The tile-of-sums kernels above read shared memory once per multiply-add and would
+// stage mostly padding here. blockIdx.y is the group (see nearest_ordered_impl).
+template <int D>
+__device__ __forceinline__ void nearest_short_impl(const float* x, i64 n, i64 xr, i64 xc, const float* c, i64 m,
+                                                   i64 cr, i64 cc, i64 d, u32* out_index, i64 ioff, i64 is,
+                                                   float* out_dist, i64 doff, i64 ds, i64 xg, i64 cg, i64 ig,
+                                                   i64 dg) {
+    constexpr int TILE = 256;
+    __shared__ float4 tile[TILE * D / 4];
+    x += blockIdx.y * xg;
+    c += blockIdx.y * cg;
+    ioff += blockIdx.y * ig;
+    doff += blockIdx.y * dg;
+    const i64 row = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    float xv[D];
+#pragma unroll
+    for (int k = 0; k < D; ++k) xv[k] = (row < n && k < d) ? x[row * xr + k * xc] : 0.0f;
+    float best = nan_f();
+    i64 best_j = 0;
+    for (i64 j0 = 0; j0 < m; j0 += TILE) {
+        const int width = (int)min((i64)TILE, m - j0);
+        __syncthreads();
+        float* flat = reinterpret_cast<float*>(tile);
+        for (int e = threadIdx.x; e < TILE * D; e += blockDim.x) {
+            const int jj = e / D, kk = e % D;
+            flat[e] = (jj < width && kk < d) ? c[(j0 + jj) * cr + kk * cc] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int jj = 0; jj < width; ++jj) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int q = 0; q < D / 4; ++q) {
+                const float4 cv = tile[jj * (D / 4) + q];
+                float t = __fsub_rn(xv[4 * q], cv.x);
+                acc = __fmaf_rn(t, t, acc);
+                t = __fsub_rn(xv[4 * q + 1], cv.y);
+                acc = __fmaf_rn(t, t, acc);
+                t = __fsub_rn(xv[4 * q + 2], cv.z);
+                acc = __fmaf_rn(t, t, acc);
+                t = __fsub_rn(xv[4 * q + 3], cv.w);
+                acc = __fmaf_rn(t, t, acc);
+            }
+            if (acc < best || (is_nan_f(best) && !is_nan_f(acc))) {
+                best = acc;
+                best_j = j0 + jj;
+            }
+        }
+    }
+    if (row < n) {
+        out_index[ioff + row * is] = (u32)best_j;
+        out_dist[doff + row * ds] = best;
+    }
+}
+
+#define NEAREST_SHORT(NAME, D)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        NAME(const float* x, i64 n, i64 xr, i64 xc, const float* c, i64 m, i64 cr, i64 cc, i64 d, u32* out_index, \
+             i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds, i64 xg, i64 cg, i64 ig, i64 dg) {               \
+        nearest_short_impl<D>(x, n, xr, xc, c, m, cr, cc, d, out_index, ioff, is, out_dist, doff, ds, xg, cg, ig,   \
+                              dg);                                                                                \
+    }
+NEAREST_SHORT(nearest_short_4, 4)
+NEAREST_SHORT(nearest_short_8, 8)
+NEAREST_SHORT(nearest_short_16, 16)
+
 // nearest_centroid among a few centroids outside hal::Precision::Reproducible: a warp per
 // point, its lanes splitting the coordinates (coalesced loads), the sums combined by shuffles,
 // so no thread walks a row alone (k-means++ asks for one centroid at a time).
@@ -904,13 +980,14 @@ extern "C" __global__ void nearest_few(const float* x, i64 n, i64 xr, i64 xc, co
     }
 }
 
-// Launched with NT threads per block, BT points each.
-#define NEAREST_ORDERED(NAME, RT, BT, NT)                                                                          \
+// Launched with NT threads per block, BT points each, and a grid row per group.
+#define NEAREST_ORDERED(NAME, RT, BT, NT, RD)                                                                      \
     extern "C" __global__ void __launch_bounds__(NT)                                                              \
         NAME(const float* x, i64 n, i64 xr, i64 xc, const float* c, i64 m, i64 cr, i64 cc, i64 d, u32* out_index, \
-             i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds) {                                               \
-        nearest_ordered_impl<RT, BT, NT>(x, n, xr, xc, c, m, cr, cc, d, out_index, ioff, is, out_dist, doff, ds);   \
+             i64 ioff, i64 is, float* out_dist, i64 doff, i64 ds, i64 xg, i64 cg, i64 ig, i64 dg) {               \
+        nearest_ordered_impl<RT, BT, NT, RD>(x, n, xr, xc, c, m, cr, cc, d, out_index, ioff, is, out_dist, doff, ds, \
+                                             xg, cg, ig, dg);                                                     \
     }
-NEAREST_ORDERED(nearest_ordered, 32, 128, 256)
-NEAREST_ORDERED(nearest_ordered_8, 8, 64, 256)
-NEAREST_ORDERED(nearest_ordered_1, 1, 64, 256)
+NEAREST_ORDERED(nearest_ordered, 32, 128, 256, 64)
+NEAREST_ORDERED(nearest_ordered_8, 8, 64, 256, 64)
+NEAREST_ORDERED(nearest_ordered_1, 1, 64, 256, 64)

@@ -144,7 +144,7 @@ extern "C" __global__ void arg_reduce_kernel(Walk kept, i64 len, i64 stride, u32
     }
 }
 
-// (arg_reduce_kernel and arg_reduce_block share their loops by copy, not through device
+// (arg_reduce_kernel, arg_reduce_block and arg_reduce_split share their loops by copy, not through device
 // helpers: factored into helpers, nvcc compiled this file's unchanged segment kernels
 // differently and the sorted weighted segment sum of 100,000 x 768 went from 0.54 to 0.83 ms
 // on an H200.)
@@ -192,6 +192,78 @@ extern "C" __global__ void __launch_bounds__(ARG_BLOCK)
             out[o[0]] = (u32)bi;
         }
         __syncthreads();
+    }
+}
+
+// One output along a long axis, split over the grid: block b keeps the best of its contiguous
+// share (threads striding, four loads in flight) and writes it to part_v/part_i[b]; the block
+// that finishes last (counted on `ticket`) combines the gridDim.x partials and writes the
+// output, then resets the ticket. One launch, where a single block walked 10,000 keys in
+// 9 us on an H200 (k-means++ asks for one such argmin per anchor). The result does not depend
+// on the order (see arg_better).
+#define ARG_SPLIT 256
+extern "C" __global__ void __launch_bounds__(ARG_SPLIT)
+    arg_reduce_split(Walk kept, i64 len, i64 stride, u32* out, const void* x, int xdt, int is_max, float* part_v,
+                     i64* part_i, u32* ticket) {
+    __shared__ float wbest[ARG_SPLIT / 32];
+    __shared__ i64 windex[ARG_SPLIT / 32];
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    i64 o[2];
+    walk_offsets<2>(kept, 0, o);
+    const i64 share = (len + gridDim.x - 1) / gridDim.x;
+    const i64 lo = (i64)blockIdx.x * share, hi = min(len, lo + share);
+    float best = 0.0f;
+    i64 bi = -1;
+    i64 j = lo + threadIdx.x;
+    for (; j + 3 * ARG_SPLIT < hi; j += 4 * ARG_SPLIT) {
+        float v[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) v[q] = load_f(x, xdt, o[1] + (j + q * ARG_SPLIT) * stride);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            if (bi < 0 || arg_better(is_max, v[q], j + q * ARG_SPLIT, best, bi)) { best = v[q]; bi = j + q * ARG_SPLIT; }
+    }
+    for (; j < hi; j += ARG_SPLIT) {
+        float v = load_f(x, xdt, o[1] + j * stride);
+        if (bi < 0 || arg_better(is_max, v, j, best, bi)) { best = v; bi = j; }
+    }
+    for (int s = 16; s > 0; s >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, s);
+        i64 oi = __shfl_xor_sync(0xffffffffu, bi, s);
+        if (oi >= 0 && (bi < 0 || arg_better(is_max, ov, oi, best, bi))) { best = ov; bi = oi; }
+    }
+    if (lane == 0) { wbest[warp] = best; windex[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ARG_SPLIT / 32; ++w) {
+            i64 oi = windex[w];
+            if (oi >= 0 && (bi < 0 || arg_better(is_max, wbest[w], oi, best, bi))) { best = wbest[w]; bi = oi; }
+        }
+        part_v[blockIdx.x] = best;
+        part_i[blockIdx.x] = bi;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last || warp != 0) return;
+    // The last block: its first warp combines the partials (read past the L1, which may hold
+    // none of them but must not serve stale ones).
+    best = 0.0f;
+    bi = -1;
+    for (int b = lane; b < (int)gridDim.x; b += 32) {
+        float v = __ldcg(part_v + b);
+        i64 i = __ldcg(part_i + b);
+        if (i >= 0 && (bi < 0 || arg_better(is_max, v, i, best, bi))) { best = v; bi = i; }
+    }
+    for (int s = 16; s > 0; s >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, s);
+        i64 oi = __shfl_xor_sync(0xffffffffu, bi, s);
+        if (oi >= 0 && (bi < 0 || arg_better(is_max, ov, oi, best, bi))) { best = ov; bi = oi; }
+    }
+    if (lane == 0) {
+        out[o[0]] = (u32)bi;
+        *ticket = 0;
     }
 }
 
@@ -377,6 +449,7 @@ extern "C" __global__ void segment_ordered(const void* x, int xdt, i64 xoff, i64
 #define SCAN_LIST 4096
 #define SCAN_TILE 2048
 #define SCAN_TILE_ROWS 512
+static_assert(SCAN_THREADS == 1024, "segment_scan: warp 0 scans one warp total per lane");
 // Two blocks per multiprocessor (at most 32 registers a thread): with one, the 256 segments of
 // a 10,000 x 128 sum took two waves on an H200's 132.
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
@@ -386,6 +459,7 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
     extern __shared__ float acc[];
     __shared__ u32 list[SCAN_LIST];
     __shared__ int warp_total[SCAN_THREADS / 32];
+    __shared__ int round_total;
     __shared__ float tile_x[SCAN_TILE];
     __shared__ float tile_w[SCAN_TILE_ROWS];
     if (*verdict) return;
@@ -393,31 +467,41 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     for (i64 k = t; k <= d; k += SCAN_THREADS) acc[k] = 0.0f;
     int listed = 0;
+    // Two ids per thread, adjacent, so the list stays in ascending order; the next pair is
+    // loaded while this one is listed (each round otherwise began by waiting on its loads).
+    u32 next0 = 2 * t < n ? seg[2 * t] : 0u, next1 = 2 * t + 1 < n ? seg[2 * t + 1] : 0u;
     for (i64 base = 0; base < n; base += 2 * SCAN_THREADS) {
-        // Two ids per thread, adjacent, so the list stays in ascending order.
         i64 i0 = base + 2 * t;
-        bool hit0 = i0 < n && seg[i0] == s;
-        bool hit1 = i0 + 1 < n && seg[i0 + 1] == s;
-        int c = (int)hit0 + (int)hit1;
-        int incl = c;
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, incl, off);
-            if (lane >= off) incl += y;
-        }
-        if (lane == 31) warp_total[warp] = incl;
+        const u32 id0 = next0, id1 = next1;
+        const i64 ahead = i0 + 2 * SCAN_THREADS;
+        if (ahead < n) next0 = seg[ahead];
+        if (ahead + 1 < n) next1 = seg[ahead + 1];
+        const bool hit0 = i0 < n && id0 == s;
+        const bool hit1 = i0 + 1 < n && id1 == s;
+        // Places in the list: the hits of the lanes below within the warp (ballots), after
+        // those of the warps below (warp 0 scans the warps' totals once; every thread walking
+        // all 32 totals made the scan compute-bound).
+        const u32 m0 = __ballot_sync(0xffffffffu, hit0), m1 = __ballot_sync(0xffffffffu, hit1);
+        const u32 below = (1u << lane) - 1u;
+        int pos = __popc(m0 & below) + __popc(m1 & below);
+        if (lane == 0) warp_total[warp] = __popc(m0) + __popc(m1);
         __syncthreads();
-        int before = 0, total = 0;
-#pragma unroll 8
-        for (int w = 0; w < SCAN_THREADS / 32; ++w) {
-            int v = warp_total[w];
-            before += w < warp ? v : 0;
-            total += v;
+        if (warp == 0) {
+            const int v = warp_total[lane];
+            int incl = v;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                int y = __shfl_up_sync(0xffffffffu, incl, off);
+                if (lane >= off) incl += y;
+            }
+            warp_total[lane] = incl - v;
+            if (lane == 31) round_total = incl;
         }
-        int pos = listed + before + incl - c;
+        __syncthreads();
+        pos += listed + warp_total[warp];
         if (hit0) list[pos++] = (u32)i0;
         if (hit1) list[pos] = (u32)(i0 + 1);
-        listed += total;
+        listed += round_total;
         __syncthreads();
         if (listed > SCAN_LIST - 2 * SCAN_THREADS || base + 2 * SCAN_THREADS >= n) {
             // The listed rows pass through shared memory a tile at a time, loaded by every

@@ -6,7 +6,10 @@
 // after the first continues from the results the previous one stored (scalar 10).
 // Blocks: 0 out_index, 1 out_distance. Scalars: 0 n, 1 end of the slice, 2 d, 3 x's offset,
 // 4-5 x's strides, 6 the centroids' offset, 7-8 their strides, 9 the slice's first centroid,
-// 10 whether an earlier slice wrote results, 11 whether fma() is fused, 12 zero (fma_exact.wgsl).
+// 10 whether an earlier slice wrote results, 11 whether fma() is fused, 12 zero (fma_exact.wgsl),
+// 13-14 the points' and the centroids' group strides. A batch of searches (rank-3 views) runs
+// n threads per group, thread t taking point t mod n of group t / n; the output blocks are
+// the whole [groups, n] views.
 
 // @include fma_exact.wgsl
 
@@ -31,9 +34,11 @@ fn kernel(t: u32) {
         best_j = bits3(off(0u, t));
         best = ld4(off(1u, t));
     }
-    let xrow = si(3u) + i32(t) * si(4u);
+    let group = i32(t / s(0u));
+    let xrow = si(3u) + group * si(13u) + i32(t % s(0u)) * si(4u);
+    let cbase = si(6u) + group * si(14u);
     for (var j = s(9u); j < s(1u); j = j + 1u) {
-        let crow = si(6u) + i32(j) * si(7u);
+        let crow = cbase + i32(j) * si(7u);
         var acc = 0.0;
         for (var k = 0u; k < d; k = k + 1u) {
             let diff = ld1(xrow + i32(k) * si(5u)) - ld2(crow + i32(k) * si(8u));

@@ -118,7 +118,7 @@ impl<B: Backend> Suite<'_, B> {
 }
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 33] = [
+pub(crate) const EXPECTED_ROWS: [&str; 34] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -141,6 +141,7 @@ pub(crate) const EXPECTED_ROWS: [&str; 33] = [
     "im2col",
     "col2im",
     "nearest_centroid",
+    "nearest_centroid (batched)",
     "segment_sum",
     "segment_sum (weighted)",
     "nearest_centroid (Precision::Reproducible)",
@@ -161,6 +162,7 @@ pub(crate) fn run_matrix_unit_policy<B: Backend>(s: &mut Suite<'_, B>) {
     matmul_beyond_f16(s);
     if s.policy == hal::Precision::Fast {
         nearest_centroid(s);
+        nearest_centroid_batched(s);
     }
 }
 
@@ -179,6 +181,7 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     scatter_add(s);
     conv(s);
     nearest_centroid(s);
+    nearest_centroid_batched(s);
     segment_sum(s);
     reproducible(s);
     optimizers(s);
@@ -782,9 +785,12 @@ fn arg_reduce<B: Backend>(s: &mut Suite<'_, B>) {
         .into_iter()
         .map(|shape| (shape, None))
         .collect();
-    // A few long lines (the backends' paths for few outputs along a long axis), one strided.
+    // A few long lines (the backends' paths for few outputs along a long axis, and for one
+    // output split over blocks), one strided.
     cases.extend([
         (vec![1, 8191], Some(1)),
+        (vec![300007], Some(0)),
+        (vec![4097, 1], Some(0)),
         (vec![3, 65537], Some(1)),
         (vec![2051, 2], Some(0)),
     ]);
@@ -1446,69 +1452,187 @@ fn nearest_centroid<B: Backend>(s: &mut Suite<'_, B>) {
             }
         }
         let (xs, cs) = (x.logical(), c.logical());
-        let dist = |i: usize, j: usize| -> f64 {
-            (0..d)
-                .map(|k| (xs[i * d + k] - cs[j * d + k]).powi(2))
-                .sum()
-        };
-        let norm = |v: &[f64], i: usize| -> f64 { (0..d).map(|k| v[i * d + k].powi(2)).sum() };
         match both!(s, run_nc(&x, &c)) {
             Ok(((ci, cd), t)) => {
-                let (gi, gd) = match &t {
-                    Some((ti, td)) => (ti.clone(), td.clone()),
-                    None => (ci.clone(), cd.clone()),
-                };
                 let case = format!("n={n} d={d} m={m} {dt} {kind:?}");
-                // For every row: the chosen centroid's exact distance must be within tolerance of
-                // the best one's (the reference's choice when comparing against the CPU), the
-                // reported distance within tolerance of the exact one, and an exact tie must go
-                // to the lower index.
-                let cmax = (0..m).map(|j| norm(&cs, j)).fold(0.0, f64::max);
-                let (mut worst, mut worst_rel, mut worst_case) = (0f64, 0f64, String::new());
-                // Precision::Fast may pick a centroid up to 2^-9 (|x|^2 + |c|^2) worse.
-                let choice = if s.policy == hal::Precision::Fast {
-                    2f64.powi(-9)
-                } else {
-                    2f64.powi(-16)
-                };
-                for i in 0..n {
-                    let tol = 2f64.powi(-16) * (norm(&xs, i) + cmax);
-                    let choice_tol = choice * (norm(&xs, i) + cmax);
-                    let j = gi[i] as usize;
-                    let reference_j = if t.is_some() {
-                        ci[i] as usize
-                    } else {
-                        (0..m)
-                            .min_by(|&a, &b| dist(i, a).total_cmp(&dist(i, b)))
-                            .unwrap_or(0)
-                    };
-                    let best = dist(i, reference_j);
-                    let chosen = if j < m { dist(i, j) } else { f64::INFINITY };
-                    let mut over =
-                        ((chosen - best).max(0.0) / choice_tol).max((gd[i] - chosen).abs() / tol);
-                    if chosen == best
-                        && j > reference_j
-                        && (0..d).all(|k| cs[j * d + k] == cs[reference_j * d + k])
-                    {
-                        over = f64::INFINITY; // a duplicate centroid not resolved to the lower index
-                    }
-                    worst_rel = worst_rel.max((gd[i] - best).abs() / best.max(2f64.powi(-20)));
-                    if over > worst {
-                        worst = over;
-                        worst_case = format!(
-                            "row {i}: index {j} (distance {}) vs {reference_j} (distance {best})",
-                            gd[i]
-                        );
-                    }
-                }
-                let row = if s.policy == hal::Precision::Fast {
-                    "nearest_centroid (Precision::Fast)"
-                } else {
-                    "nearest_centroid"
-                };
-                s.record(row, &format!("{case} {worst_case}"), worst_rel, worst);
+                let reference = t.as_ref().map(|_| ci.as_slice());
+                let (gi, gd) = t.as_ref().map_or((&ci, &cd), |(ti, td)| (ti, td));
+                let got = (gi.as_slice(), gd.as_slice());
+                let (worst, worst_rel, worst_case) =
+                    judge_nearest(s.policy, &xs, &cs, [n, d, m], got, reference);
+                s.record(
+                    nearest_row(s.policy),
+                    &format!("{case} {worst_case}"),
+                    worst_rel,
+                    worst,
+                );
             }
             Err(e) => s.fail("nearest_centroid", format!("n={n} d={d} m={m}: {e}")),
+        }
+    }
+}
+
+/// The table row a nearest-centroid check reports under.
+fn nearest_row(policy: hal::Precision) -> &'static str {
+    if policy == hal::Precision::Fast {
+        "nearest_centroid (Precision::Fast)"
+    } else {
+        "nearest_centroid"
+    }
+}
+
+/// Judges nearest-centroid results `got` (indices, distances) for the points `xs: [n, d]`
+/// among `cs: [m, d]` (float64, row-major): for every row, the chosen centroid's exact
+/// distance must be within tolerance of the best one's (the reference's choice when
+/// `reference` gives the CPU's indices), the reported distance within tolerance of the exact
+/// one, and an exact tie between duplicate centroids must go to the lower index. Returns the
+/// worst tolerance ratio, the worst relative distance error and the worst row's description.
+fn judge_nearest(
+    policy: hal::Precision,
+    xs: &[f64],
+    cs: &[f64],
+    [n, d, m]: [usize; 3],
+    (gi, gd): (&[f64], &[f64]),
+    reference: Option<&[f64]>,
+) -> (f64, f64, String) {
+    let dist = |i: usize, j: usize| -> f64 {
+        (0..d)
+            .map(|k| (xs[i * d + k] - cs[j * d + k]).powi(2))
+            .sum()
+    };
+    let norm = |v: &[f64], i: usize| -> f64 { (0..d).map(|k| v[i * d + k].powi(2)).sum() };
+    let cmax = (0..m).map(|j| norm(cs, j)).fold(0.0, f64::max);
+    let (mut worst, mut worst_rel, mut worst_case) = (0f64, 0f64, String::new());
+    // Precision::Fast may pick a centroid up to 2^-9 (|x|^2 + |c|^2) worse.
+    let choice = if policy == hal::Precision::Fast {
+        2f64.powi(-9)
+    } else {
+        2f64.powi(-16)
+    };
+    for i in 0..n {
+        let tol = 2f64.powi(-16) * (norm(xs, i) + cmax);
+        let choice_tol = choice * (norm(xs, i) + cmax);
+        let j = gi[i] as usize;
+        let reference_j = match reference {
+            Some(ci) => ci[i] as usize,
+            None => (0..m)
+                .min_by(|&a, &b| dist(i, a).total_cmp(&dist(i, b)))
+                .unwrap_or(0),
+        };
+        let best = dist(i, reference_j);
+        let chosen = if j < m { dist(i, j) } else { f64::INFINITY };
+        let mut over = ((chosen - best).max(0.0) / choice_tol).max((gd[i] - chosen).abs() / tol);
+        if chosen == best
+            && j > reference_j
+            && (0..d).all(|k| cs[j * d + k] == cs[reference_j * d + k])
+        {
+            over = f64::INFINITY; // a duplicate centroid not resolved to the lower index
+        }
+        worst_rel = worst_rel.max((gd[i] - best).abs() / best.max(2f64.powi(-20)));
+        if over > worst {
+            worst = over;
+            worst_case = format!(
+                "row {i}: index {j} (distance {}) vs {reference_j} (distance {best})",
+                gd[i]
+            );
+        }
+    }
+    (worst, worst_rel, worst_case)
+}
+
+fn run_nc_batched<B: Backend>(
+    b: &B,
+    x: &HostTensor,
+    c: &HostTensor,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let (g, n) = (x.shape()[0], x.shape()[1]);
+    let (xb, cb) = (x.upload(b)?, c.upload(b)?);
+    let (ib, db) = (b.alloc(DType::U32, g * n)?, b.alloc(DType::F32, g * n)?);
+    // The outputs point-major ([n, g] storage seen as [g, n]), as a product quantiser lays
+    // out its codes.
+    let l = Layout::contiguous(&[n, g]).transpose(0, 1)?;
+    b.nearest_centroid(
+        View::new(&xb, &x.layout),
+        View::new(&cb, &c.layout),
+        View::new(&ib, &l),
+        View::new(&db, &l),
+    )?;
+    let group_major = |v: Vec<f32>| -> Vec<f64> {
+        (0..g * n)
+            .map(|t| f64::from(v[(t % n) * g + t / n]))
+            .collect()
+    };
+    Ok((group_major(b.read_f32(&ib)?), group_major(b.read_f32(&db)?)))
+}
+
+/// Batched searches (`x: [g, n, d]` against `centroids: [g, m, d]`): each group's results
+/// judged against its own centroids as the unbatched search is, on any view of the points,
+/// with a duplicated centroid in every group.
+fn nearest_centroid_batched<B: Backend>(s: &mut Suite<'_, B>) {
+    let mut cases: Vec<[usize; 4]> = vec![
+        [1, 1, 1, 1],
+        [3, 0, 4, 5],
+        [16, 1000, 8, 256],
+        [3, 257, 5, 33],
+        [5, 300, 20, 9],
+        [2, 129, 3, 1],
+        [4, 70, 67, 40],
+        [6, 90, 13, 300],
+    ];
+    while cases.len() < s.cfg.cases.min(6) + 8 {
+        let r = s.rng();
+        cases.push([
+            1 + r.below(20),
+            1 + r.below(300),
+            1 + r.below(24),
+            1 + r.below(100),
+        ]);
+    }
+    for [g, n, d, m] in cases {
+        let (dt, kind) = (s.float_dtype(), s.kind());
+        let x = random_tensor(s.rng(), &[g, n, d], dt, kind, |r| r.range(-1.0, 1.0));
+        let mut c = random_tensor(s.rng(), &[g, m, d], dt, ViewKind::Contiguous, |r| {
+            r.range(-1.0, 1.0)
+        });
+        if m >= 3 {
+            for group in 0..g {
+                let (src, dst) = (s.rng().below(m / 2), m / 2 + s.rng().below(m - m / 2));
+                let base = group * m * d;
+                for k in 0..d {
+                    c.backing[base + dst * d + k] = c.backing[base + src * d + k];
+                }
+            }
+        }
+        let (xs, cs) = (x.logical(), c.logical());
+        let case = format!("g={g} n={n} d={d} m={m} {dt} {kind:?}");
+        match both!(s, run_nc_batched(&x, &c)) {
+            Ok(((ci, cd), t)) => {
+                let (gi, gd) = t.as_ref().map_or((&ci, &cd), |(ti, td)| (ti, td));
+                let (mut worst, mut worst_rel, mut worst_case) = (0f64, 0f64, String::new());
+                for group in 0..g {
+                    let rows = group * n..(group + 1) * n;
+                    let reference = t.as_ref().map(|_| &ci[rows.clone()]);
+                    let (w, r, case) = judge_nearest(
+                        s.policy,
+                        &xs[group * n * d..(group + 1) * n * d],
+                        &cs[group * m * d..(group + 1) * m * d],
+                        [n, d, m],
+                        (&gi[rows.clone()], &gd[rows]),
+                        reference,
+                    );
+                    worst_rel = worst_rel.max(r);
+                    if w > worst {
+                        (worst, worst_case) = (w, format!("group {group} {case}"));
+                    }
+                }
+                s.record(
+                    "nearest_centroid (batched)",
+                    &format!("{case} {worst_case}"),
+                    worst_rel,
+                    worst,
+                );
+            }
+            Err(e) => s.fail("nearest_centroid (batched)", format!("{case}: {e}")),
         }
     }
 }

@@ -412,6 +412,11 @@ impl Backend for CpuBackend {
         out_distance: V<'_>,
     ) -> Result<()> {
         validate::nearest_centroid(x, c, out_index, out_distance)?;
+        if x.layout.rank() == 3 {
+            return hal::nearest_per_group([x, c, out_index, out_distance], |[x, c, i, d]| {
+                self.nearest_centroid(x, c, i, d)
+            });
+        }
         let _g = exec();
         cluster::nearest_centroid(
             x.buffer.src(),

@@ -116,6 +116,9 @@ pub(crate) struct Device {
     _blas_workspace: Arc<Block>,
     /// The fault record `[claimed, index, bound, op]` (`cuda/common.cuh`, `report_fault`).
     pub fault: Arc<Block>,
+    /// A word that the last block of a split reduction finds by counting blocks in
+    /// (`arg_reduce_split`); zero between launches, each such launch leaving it so.
+    pub ticket: Arc<Block>,
     /// True when a launch that can fault ran since the record was last read.
     pub fault_pending: AtomicBool,
     /// True while a recording captures the stream.
@@ -219,6 +222,7 @@ impl Device {
         .result()
         .map_err(|e| blas_error("cublasSetWorkspace", e))?;
         let fault = pool.alloc(16)?;
+        let ticket = pool.alloc(4)?;
         let dev = Device {
             ctx,
             stream,
@@ -228,6 +232,7 @@ impl Device {
             cublas: Mutex::new(handle),
             _blas_workspace: workspace,
             fault,
+            ticket,
             fault_pending: AtomicBool::new(false),
             capturing: AtomicBool::new(false),
             name,
@@ -237,6 +242,7 @@ impl Device {
             memory_total,
         };
         dev.memset(dev.fault.ptr, 0, 16)?;
+        dev.memset(dev.ticket.ptr, 0, 4)?;
         Ok(dev)
     }
 

@@ -69,6 +69,10 @@ const FEW_CENTROIDS: usize = 16;
 /// warp when the axis is at least this long and the outputs are few.
 const ARG_BLOCK_FROM_LEN: usize = 2048;
 
+/// `arg_reduce` of a single output splits the axis over blocks (`arg_reduce_split`) from this
+/// length on.
+const ARG_SPLIT_FROM_LEN: usize = 4096;
+
 /// The sorted `segment_sum` sums each segment in one part (`segment_ordered`) while segments
 /// average at most this many rows.
 const WHOLE_SEGMENT_ROWS: usize = 64;
@@ -885,7 +889,21 @@ impl Backend for CudaBackend {
             .arg(dtype_code(x.dtype()))
             .arg(matches!(op, ArgReduceOp::ArgMax) as i32);
         // A warp per output while there are enough outputs to fill the device; a block each
-        // for a few long ones.
+        // for a few long ones; one output along a long axis split over blocks of 256 with
+        // 1,024 keys or more each.
+        if kept.n == 1 && len >= ARG_SPLIT_FROM_LEN {
+            let blocks = (len / 1024).min(self.dev.sms as usize * 2);
+            let part_v = self.new_buffer(DType::F32, blocks)?;
+            let part_i = self.new_buffer(DType::I32, 2 * blocks)?;
+            return self.dev.launch_raw(
+                self.dev.function("arg_reduce_split")?,
+                (blocks as u32, 1, 1),
+                256,
+                args.arg(part_v.ptr())
+                    .arg(part_i.ptr())
+                    .arg(self.dev.ticket.ptr),
+            );
+        }
         if len >= ARG_BLOCK_FROM_LEN && (kept.n as usize) < self.dev.sms as usize * 8 {
             return self.dev.launch_raw(
                 self.dev.function("arg_reduce_block")?,
@@ -999,6 +1017,9 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         validate::nearest_centroid(x, centroids, out_index, out_distance)?;
         self.dev.bind()?;
+        if x.layout.rank() == 3 {
+            return self.nearest_batched([x, centroids, out_index, out_distance]);
+        }
         let (n, d, m) = (
             x.layout.shape[0],
             x.layout.shape[1],
@@ -1008,16 +1029,8 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         // The kernels read f32; other float dtypes are converted once.
-        let f32_view = |v: V<'_>| -> Result<(CudaBuffer, Layout)> {
-            if v.dtype() == DType::F32 {
-                Ok((v.buffer.clone(), v.layout.clone()))
-            } else {
-                let c = self.contiguous(v, DType::F32)?;
-                Ok((c, Layout::contiguous(&v.layout.shape)))
-            }
-        };
-        let (xb, xl) = f32_view(x)?;
-        let (cb, cl) = f32_view(centroids)?;
+        let (xb, xl) = self.as_f32(x)?;
+        let (cb, cl) = self.as_f32(centroids)?;
         // A matrix's parameters as the kernels take them: start, rows, d, row and column
         // strides (nearest_* pass the points' and the centroids' in turn, then d once).
         let rows = |a: Args, b: &CudaBuffer, l: &Layout, count: usize| {
@@ -1051,18 +1064,14 @@ impl Backend for CudaBackend {
             return self.dev.launch("nearest_few", n * 32, outputs(both()));
         }
         if self.precision == Precision::Reproducible {
-            // Tiles of 32, 8 or 1 centroids (each computing thread keeps that many sums) for
-            // 128, 64 or 64 points a block of 256 threads.
-            let (kernel, points) = match m {
-                1 => ("nearest_ordered_1", 64),
-                2..=8 => ("nearest_ordered_8", 64),
-                _ => ("nearest_ordered", 128),
-            };
+            let (kernel, points) = ordered_kernel(m, d);
+            // One group: no group strides.
+            let args = outputs(both()).arg(0i64).arg(0i64).arg(0i64).arg(0i64);
             return self.dev.launch_raw(
                 self.dev.function(kernel)?,
                 (n.div_ceil(points) as u32, 1, 1),
                 256,
-                outputs(both()),
+                args,
             );
         }
         // The norms padded to whole tiles of 128 with NaN (all-ones bits), which the held
@@ -1534,7 +1543,83 @@ impl Backend for CudaBackend {
     }
 }
 
+/// The reference-order nearest-centroid kernel for `m` centroids of dimension `d`, and the
+/// points each block of 256 threads takes: rows of at most 4, 8 or 16 held in registers
+/// (`nearest_short_*`), otherwise tiles of 32, 8 or 1 centroids (each computing thread keeps
+/// that many sums).
+fn ordered_kernel(m: usize, d: usize) -> (&'static str, usize) {
+    match (m, d) {
+        (_, 0..=4) => ("nearest_short_4", 256),
+        (_, 5..=8) => ("nearest_short_8", 256),
+        (9.., 9..=16) => ("nearest_short_16", 256),
+        (1, _) => ("nearest_ordered_1", 64),
+        (2..=8, _) => ("nearest_ordered_8", 64),
+        _ => ("nearest_ordered", 128),
+    }
+}
+
 impl CudaBackend {
+    /// `v` as f32: itself, or a contiguous f32 copy of another float dtype.
+    fn as_f32(&self, v: V<'_>) -> Result<(CudaBuffer, Layout)> {
+        if v.dtype() == DType::F32 {
+            Ok((v.buffer.clone(), v.layout.clone()))
+        } else {
+            let c = self.contiguous(v, DType::F32)?;
+            Ok((c, Layout::contiguous(&v.layout.shape)))
+        }
+    }
+
+    /// A batch of nearest-centroid searches (rank-3 views, validated): the reference-order
+    /// kernels under any precision, a grid row per group (batches search small codebooks,
+    /// where the tensor-core paths' set-up would dominate).
+    fn nearest_batched(&self, [x, c, out_index, out_distance]: [V<'_>; 4]) -> Result<()> {
+        let (g, n, d, m) = (
+            x.layout.shape[0],
+            x.layout.shape[1],
+            x.layout.shape[2],
+            c.layout.shape[1],
+        );
+        if g == 0 || n == 0 {
+            return Ok(());
+        }
+        if g > u16::MAX as usize {
+            // More groups than a grid has rows.
+            return hal::nearest_per_group([x, c, out_index, out_distance], |[x, c, i, o]| {
+                self.nearest_centroid(x, c, i, o)
+            });
+        }
+        let (xb, xl) = self.as_f32(x)?;
+        let (cb, cl) = self.as_f32(c)?;
+        let (kernel, points) = ordered_kernel(m, d);
+        let s = |l: &Layout, i: usize| l.strides[i] as i64;
+        let args = Args::new()
+            .arg(xb.ptr() + xl.offset as u64 * 4)
+            .arg(n as i64)
+            .arg(s(&xl, 1))
+            .arg(s(&xl, 2))
+            .arg(cb.ptr() + cl.offset as u64 * 4)
+            .arg(m as i64)
+            .arg(s(&cl, 1))
+            .arg(s(&cl, 2))
+            .arg(d as i64)
+            .arg(out_index.buffer.ptr())
+            .arg(out_index.layout.offset as i64)
+            .arg(s(out_index.layout, 1))
+            .arg(out_distance.buffer.ptr())
+            .arg(out_distance.layout.offset as i64)
+            .arg(s(out_distance.layout, 1))
+            .arg(s(&xl, 0))
+            .arg(s(&cl, 0))
+            .arg(s(out_index.layout, 0))
+            .arg(s(out_distance.layout, 0));
+        self.dev.launch_raw(
+            self.dev.function(kernel)?,
+            (n.div_ceil(points) as u32, g as u32, 1),
+            256,
+            args,
+        )
+    }
+
     /// A sum over the last axis of `src` into `out`, skipped when `verdict` is set (the segment
     /// sums' final step: a failed check writes nothing).
     fn reduce_guarded(&self, verdict: &CudaBuffer, src: V<'_>, out: V<'_>) -> Result<()> {

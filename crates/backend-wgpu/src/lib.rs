@@ -1157,7 +1157,22 @@ impl WgpuBackend {
         out_index: View<'_, WgpuBuffer>,
         out_distance: View<'_, WgpuBuffer>,
     ) -> Result<()> {
-        let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], c.layout.shape[0]);
+        // Rank 2, or rank 3 with a leading group axis (see nearest_ordered.wgsl).
+        let r = x.layout.rank();
+        let groups = x.layout.shape[..r - 2].iter().product::<usize>();
+        let (n, d, m) = (
+            x.layout.shape[r - 2],
+            x.layout.shape[r - 1],
+            c.layout.shape[r - 2],
+        );
+        if groups * n == 0 {
+            return Ok(());
+        }
+        let (xl, cl) = match r {
+            3 => (x.layout.select(0, 0)?, c.layout.select(0, 0)?),
+            _ => (x.layout.clone(), c.layout.clone()),
+        };
+        let group_stride = |l: &Layout| if r == 3 { l.strides[0] as i32 } else { 0 };
         let fused = self.fma_is_fused()?;
         let slice = (LOOP_BUDGET / d.max(1)).max(1);
         let spec = Spec::new("nearest_ordered.wgsl").bindings(vec![
@@ -1169,8 +1184,19 @@ impl WgpuBackend {
         let mut first = 0;
         while first < m {
             let end = (first + slice).min(m);
-            let p = nearest_slice_params([x, c, out_index, out_distance], first, end)
-                .scalar(11, fused as u32);
+            let p = nearest_slice_params(
+                [
+                    View::new(x.buffer, &xl),
+                    View::new(c.buffer, &cl),
+                    out_index,
+                    out_distance,
+                ],
+                first,
+                end,
+            )
+            .scalar(11, fused as u32)
+            .scalar(13, group_stride(x.layout) as u32)
+            .scalar(14, group_stride(c.layout) as u32);
             self.run(
                 spec.clone(),
                 p,
@@ -1180,11 +1206,54 @@ impl WgpuBackend {
                     (out_index.buffer, true),
                     (out_distance.buffer, true),
                 ],
-                n,
+                groups * n,
             )?;
             first = end;
         }
         Ok(())
+    }
+
+    /// A batch of searches among short rows (rank-3 views, `d <= 16`; see
+    /// nearest_short.wgsl): a workgroup per 256 points of a group.
+    fn nearest_short(
+        &self,
+        [x, c, out_index, out_distance]: [View<'_, WgpuBuffer>; 4],
+    ) -> Result<()> {
+        let (g, n, m) = (x.layout.shape[0], x.layout.shape[1], c.layout.shape[1]);
+        if g * n == 0 {
+            return Ok(());
+        }
+        let pipeline = self.kernel(&Spec::new("nearest_short.wgsl").bindings(vec![
+            (x.dtype(), Access::Read),
+            (c.dtype(), Access::Read),
+            (DType::U32, Access::Write),
+            (DType::F32, Access::Write),
+        ]))?;
+        let (xl, cl) = (x.layout.select(0, 0)?, c.layout.select(0, 0)?);
+        let p = nearest_slice_params(
+            [
+                View::new(x.buffer, &xl),
+                View::new(c.buffer, &cl),
+                out_index,
+                out_distance,
+            ],
+            0,
+            m,
+        )
+        .scalar(11, self.fma_is_fused()? as u32)
+        .scalar(13, x.layout.strides[0] as i32 as u32)
+        .scalar(14, c.layout.strides[0] as i32 as u32);
+        self.dispatch_groups(
+            &pipeline,
+            &p,
+            &[
+                (x.buffer, false),
+                (c.buffer, false),
+                (out_index.buffer, true),
+                (out_distance.buffer, true),
+            ],
+            [n.div_ceil(256) as u32, g as u32, 1],
+        )
     }
 
     /// Sums per-part partial results into `sums` and `counts`: `partials` is seen as
@@ -2691,6 +2760,16 @@ impl Backend for WgpuBackend {
         out_distance: V<'_>,
     ) -> Result<()> {
         validate::nearest_centroid(x, c, out_index, out_distance)?;
+        if x.layout.rank() == 3 {
+            // A batch (the codebooks of a product quantiser): one light pass over all groups,
+            // short rows with the centroids in workgroup memory.
+            let (g, n, d) = (x.layout.shape[0], x.layout.shape[1], x.layout.shape[2]);
+            let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
+            if d <= 16 && n.div_ceil(256) <= max && g <= max {
+                return self.nearest_short([x, c, out_index, out_distance]);
+            }
+            return self.nearest_ordered(x, c, out_index, out_distance);
+        }
         let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], c.layout.shape[0]);
         if n == 0 {
             return Ok(());

@@ -309,6 +309,7 @@ shader_files!(
     "segment_place.wgsl",
     "segment_gather.wgsl",
     "nearest_ordered.wgsl",
+    "nearest_short.wgsl",
     "spmv.wgsl",
     "check_csr.wgsl",
     "check_index.wgsl",

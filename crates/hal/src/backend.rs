@@ -63,6 +63,22 @@ impl<'a, Buf: DeviceBuffer> View<'a, Buf> {
     }
 }
 
+/// Runs `search` on each group of a batched [`Backend::nearest_centroid`] call (rank-3 views,
+/// validated), as rank-2 views: the plain way to serve a batch.
+pub fn nearest_per_group<Buf: DeviceBuffer>(
+    views: [View<'_, Buf>; 4],
+    mut search: impl FnMut([View<'_, Buf>; 4]) -> Result<()>,
+) -> Result<()> {
+    for g in 0..views[0].layout.shape[0] {
+        let [a, b, c, d] = views.map(|v| v.layout.select(0, g));
+        let layouts = [a?, b?, c?, d?];
+        search(std::array::from_fn(|i| {
+            View::new(views[i].buffer, &layouts[i])
+        }))?;
+    }
+    Ok(())
+}
+
 /// A sparse matrix in compressed sparse row form: row `r` holds `values[k]` at column
 /// `col_indices[k]` for `k` in `row_offsets[r]..row_offsets[r + 1]`. `row_offsets` (`u32`,
 /// `rows + 1` entries, non-decreasing, starting at 0) and `col_indices` (`u32`) and `values`
@@ -261,6 +277,10 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// expansion `|x|^2 - 2 x.c + |c|^2`. Tolerance: the distance within `2^-16 (|x|^2 + |c|^2)`
     /// and, if the index differs, the reference's distance to the backend's centroid within the
     /// same bound. `m == 0` with `n > 0` is an [`Error::Empty`].
+    ///
+    /// Batched: with `x: [g, n, d]`, `centroids: [g, m, d]` and outputs `[g, n]`, group `i`'s
+    /// points are searched among group `i`'s centroids only (the codebooks of a product
+    /// quantiser, say), in one call.
     fn nearest_centroid(
         &self,
         x: View<'_, Self::Buffer>,

@@ -289,6 +289,14 @@ impl Layout {
         })
     }
 
+    /// Fixes dimension `axis` at `index`, dropping it (one matrix of a batch).
+    pub fn select(&self, axis: usize, index: usize) -> Result<Self> {
+        let mut out = self.narrow(axis, index, 1)?;
+        out.shape.remove(axis);
+        out.strides.remove(axis);
+        Ok(out)
+    }
+
     /// Inserts a dimension of size 1 at `axis`.
     pub fn unsqueeze(&self, axis: usize) -> Result<Self> {
         if axis > self.rank() {

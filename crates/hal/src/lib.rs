@@ -45,7 +45,10 @@ mod ops;
 pub mod random;
 pub mod validate;
 
-pub use backend::{Backend, BackendExt, Csr, DeviceBuffer, Precision, RecordedSteps, Replay, View};
+pub use backend::{
+    Backend, BackendExt, Csr, DeviceBuffer, Precision, RecordedSteps, Replay, View,
+    nearest_per_group,
+};
 pub use device::{Capabilities, DeviceInfo, DeviceKind};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

@@ -464,27 +464,35 @@ pub fn nearest_centroid<B: DeviceBuffer>(
     for v in [x, c, out_index, out_distance] {
         fits(OP, v)?;
     }
-    rank(OP, x, 2, "x")?;
-    rank(OP, c, 2, "centroids")?;
+    // Rank 2, or rank 3 for a batch of independent searches.
+    let r = x.layout.rank();
+    if r != 3 {
+        rank(OP, x, 2, "x")?;
+    }
+    rank(OP, c, r, "centroids (as x)")?;
     float(OP, x.dtype())?;
     float(OP, c.dtype())?;
     dtype_is(OP, DType::U32, out_index.dtype())?;
     dtype_is(OP, DType::F32, out_distance.dtype())?;
-    let (n, d) = (x.layout.shape[0], x.layout.shape[1]);
+    let batch = &x.layout.shape[..r - 2];
+    let (n, d) = (x.layout.shape[r - 2], x.layout.shape[r - 1]);
+    let m = c.layout.shape[r - 2];
+    let with_batch = |tail: &[usize]| [batch, tail].concat();
     same_shape(
         OP,
-        &[c.layout.shape[0], d],
+        &with_batch(&[m, d]),
         &c.layout.shape,
-        "centroids have the points' dimension",
+        "centroids have the points' batch and dimension",
     )?;
-    same_shape(OP, &[n], &out_index.layout.shape, "one index per point")?;
+    let outputs = with_batch(&[n]);
+    same_shape(OP, &outputs, &out_index.layout.shape, "one index per point")?;
     same_shape(
         OP,
-        &[n],
+        &outputs,
         &out_distance.layout.shape,
         "one distance per point",
     )?;
-    if c.layout.shape[0] == 0 && n > 0 {
+    if m == 0 && n > 0 && !batch.contains(&0) {
         return Err(Error::Empty {
             op: OP,
             detail: "no centroids to search".into(),

@@ -222,8 +222,16 @@ pub fn handle_for<B: Backend>(backend: &B, mode: Mode) -> B {
 /// Each step is four device calls: the newest anchor's distances (`nearest_centroid` with one
 /// centroid, which backends search in one light pass without the set-up of their GEMM-style
 /// paths), the race with the `D^2` update fused in (IR), the argmin, and the winner's row
-/// copied into the anchors (IR). The step number lives on the device, in two counters that
-/// steps take turns reading (the copy writes the other one, one more than the one it read,
+/// copied into the anchors (IR). On a GPU outside [`Mode::Exact`] a step is three: an IR
+/// kernel copies the last winner's row into the anchors and computes the squared distances
+/// to it over slices of [`SLICE`] coordinates, a thread per point and slice (so that no
+/// thread waits on a long row's loads one after another), the race adds each point's slices
+/// in order, then the argmin (each device call costs several microseconds whatever its work,
+/// and a step's work is small). The CPU keeps the four calls (its IR interpreter would walk
+/// the distances one coordinate at a time), and so does the exact mode (its distances are
+/// `nearest_centroid`'s reference order on every backend).
+///
+/// The step number lives on the device, in two counters that steps take turns reading (the copy writes the other one, one more than the one it read,
 /// so no launch reads and advances the same word), so two recordings, one per counter, are
 /// replayed in turn for all steps (one device-graph launch per step where the backend
 /// captures). The race's uniform draws are made for a block of steps at a time, each step
@@ -261,7 +269,12 @@ fn kmeans_pp_in_blocks<B: Backend>(
         return Ok(anchors);
     }
     let block = block.clamp(1, m);
-    let steps: Steps<B> = Steps {
+    let sliced = b.info().kind != hal::DeviceKind::Cpu
+        && b.precision() != Precision::Reproducible
+        && d > 0
+        && n * d.next_multiple_of(SLICE) < u32::MAX as usize;
+    let slices = if sliced { d.div_ceil(SLICE) } else { 1 };
+    let steps = std::sync::Arc::new(Steps::<B> {
         x: x.clone(),
         anchors: anchors.clone(),
         u: b.alloc(DType::F32, block * n)?,
@@ -273,11 +286,27 @@ fn kmeans_pp_in_blocks<B: Backend>(
         winner: b.alloc(DType::U32, 1)?,
         newest: b.alloc(DType::F32, d)?,
         counters: [b.alloc(DType::U32, 1)?, b.alloc(DType::U32, 1)?],
-        race: b.compile(&race_program(n, block)?)?,
+        race: b.compile(&race_program(n, block, slices)?)?,
         commit: b.compile(&commit_program(d)?)?,
+        sliced: match sliced {
+            true => {
+                let by_coordinate = b.alloc(DType::F32, n * d)?;
+                let by_row = Layout::contiguous(&[n, d]).transpose(0, 1)?;
+                b.copy(
+                    View::new(x, &by_row),
+                    View::new(&by_coordinate, &Layout::contiguous(&[d, n])),
+                )?;
+                Some(Sliced {
+                    kernel: b.compile(&sliced_distance_program(n, d)?)?,
+                    by_coordinate,
+                    partial: b.alloc(DType::F32, slices * n)?,
+                })
+            }
+            false => None,
+        },
         n,
         d,
-    };
+    });
     b.fill(
         View::new(&steps.d2, &Layout::contiguous(&[n])),
         f64::INFINITY,
@@ -303,10 +332,13 @@ fn kmeans_pp_in_blocks<B: Backend>(
         1,
         View::new(&steps.winner, &Layout::contiguous(&[1, 1])),
     )?;
-    steps.commit(b, 0)?;
+    // Step j reads counter j mod 2; a sliced step j commits the winner of step j - 1 first,
+    // so it reads counter (j - 1) mod 2, and the last winner is committed after the loop.
+    let lag = usize::from(sliced);
+    if !sliced {
+        steps.commit(b, 0)?;
+    }
     if m > 1 {
-        // Step j reads counter j mod 2.
-        let steps = std::sync::Arc::new(steps);
         let mut graphs = Vec::with_capacity(2);
         for parity in 0..2 {
             let recorded = steps.clone();
@@ -316,8 +348,11 @@ fn kmeans_pp_in_blocks<B: Backend>(
             if j % block == 0 {
                 draw(j)?;
             }
-            b.replay(&graphs[j % 2])?;
+            b.replay(&graphs[(j - lag) % 2])?;
         }
+    }
+    if sliced {
+        steps.commit(b, (m - 1) % 2)?;
     }
     Ok(anchors)
 }
@@ -343,9 +378,23 @@ struct Steps<B: Backend> {
     counters: [B::Buffer; 2],
     race: B::Kernel,
     commit: B::Kernel,
+    /// The three-call step's state (see [`kmeans_pp`]), where it runs.
+    sliced: Option<Sliced<B>>,
     n: usize,
     d: usize,
 }
+
+/// The sliced distance kernel of [`kmeans_pp`]'s three-call step, the points it reads
+/// coordinate after coordinate (`d x n`, so neighbouring threads read neighbouring words), and
+/// its output, `slices x n` partial squared distances.
+struct Sliced<B: Backend> {
+    kernel: B::Kernel,
+    by_coordinate: B::Buffer,
+    partial: B::Buffer,
+}
+
+/// Coordinates per thread in [`kmeans_pp`]'s three-call step.
+const SLICE: usize = 16;
 
 impl<B: Backend> Steps<B> {
     /// Copies the winner's row into the anchors at the count in counter `parity` and writes
@@ -370,6 +419,39 @@ impl<B: Backend> Steps<B> {
     fn next(&self, b: &B, parity: usize) -> hal::Result<()> {
         let (n, d) = (self.n, self.d);
         let ln = Layout::contiguous(&[n]);
+        if let Some(sliced) = &self.sliced {
+            b.launch(
+                &sliced.kernel,
+                &[
+                    &self.x,
+                    &sliced.by_coordinate,
+                    &self.winner,
+                    &self.counters[parity],
+                    &self.counters[1 - parity],
+                    &self.anchors,
+                    &sliced.partial,
+                ],
+                n * d.div_ceil(SLICE),
+            )?;
+            // The race reads the count the distance kernel wrote.
+            b.launch(
+                &self.race,
+                &[
+                    &self.u,
+                    &sliced.partial,
+                    &self.counters[1 - parity],
+                    &self.d2,
+                    &self.key,
+                ],
+                n,
+            )?;
+            return b.arg_reduce(
+                hal::ArgReduceOp::ArgMin,
+                View::new(&self.key, &Layout::contiguous(&[1, n])),
+                1,
+                View::new(&self.winner, &Layout::contiguous(&[1, 1])),
+            );
+        }
         b.nearest_centroid(
             View::new(&self.x, &Layout::contiguous(&[n, d])),
             View::new(&self.newest, &Layout::contiguous(&[1, d])),
@@ -397,19 +479,43 @@ impl<B: Backend> Steps<B> {
     }
 }
 
-/// With `s = step[0]`: `d2[i] = min(d2[i], near[i])`, then `key[i] = -ln(u[t n + i]) / d2[i]`
-/// with `t = s mod block` (infinite where `d2 = 0`: a point on an anchor never wins; `u = 0`
-/// is mapped to the smallest positive float so the key stays finite).
-fn race_program(n: usize, block: usize) -> Result<hal::ir::Program> {
+/// With `s = step[0]` and `near[i]` the sum over `slices` partial distances
+/// `part[q n + i]` in order of `q` (one slice: the distance itself): `d2[i] = min(d2[i],
+/// near[i])`, then `key[i] = -ln(u[t n + i]) / d2[i]` with `t = s mod block` (infinite where
+/// `d2 = 0`: a point on an anchor never wins; `u = 0` is mapped to the smallest positive float
+/// so the key stays finite).
+fn race_program(n: usize, block: usize, slices: usize) -> Result<hal::ir::Program> {
     let mut p = ProgramBuilder::new("vlc_kmeanspp_race");
     let u = p.buffer(DType::F32, Access::Read);
-    let near = p.buffer(DType::F32, Access::Read);
+    let part = p.buffer(DType::F32, Access::Read);
     let step = p.buffer(DType::U32, Access::Read);
     let d2 = p.buffer(DType::F32, Access::ReadWrite);
     let key = p.buffer(DType::F32, Access::Write);
     let i = p.index();
     let zero_u = p.const_u32(0);
     let s = p.load(step, zero_u);
+    let mut near = p.load(part, i);
+    for q in 1..slices {
+        let at = p.const_u32((q * n) as u32);
+        let at = p.add(at, i);
+        let v = p.load(part, at);
+        near = p.add(near, v);
+    }
+    race(&mut p, [u, d2, key], i, s, near, n, block);
+    Ok(p.build()?)
+}
+
+/// The race of step `s` (see [`race_program`]) for point `i` at distance `near` from the
+/// newest anchor.
+fn race(
+    p: &mut ProgramBuilder,
+    [u, d2, key]: [hal::ir::BufferId; 3],
+    i: hal::ir::Value,
+    s: hal::ir::Value,
+    near: hal::ir::Value,
+    n: usize,
+    block: usize,
+) {
     let block = p.const_u32(block as u32);
     let t = p.binary(hal::ir::IrBinary::Rem, s, block);
     let n = p.const_u32(n as u32);
@@ -417,8 +523,7 @@ fn race_program(n: usize, block: usize) -> Result<hal::ir::Program> {
     let at = p.add(row, i);
     let uv = p.load(u, at);
     let old = p.load(d2, i);
-    let new = p.load(near, i);
-    let dv = p.binary(hal::ir::IrBinary::Min, old, new);
+    let dv = p.binary(hal::ir::IrBinary::Min, old, near);
     p.store(d2, i, dv);
     let tiny = p.const_f32(f32::MIN_POSITIVE);
     let safe_u = p.binary(hal::ir::IrBinary::Max, uv, tiny);
@@ -430,7 +535,82 @@ fn race_program(n: usize, block: usize) -> Result<hal::ir::Program> {
     let empty = p.cmp(IrCmp::Le, dv, zero);
     let k = p.select(empty, inf, k);
     p.store(key, i, k);
+}
+
+/// The three-call k-means++ step's distance kernel, over `slices x n` threads (`slices =
+/// ceil(d / SLICE)`), with `w = winner[0]` and `s = step[0]` (the anchors placed before `w`):
+/// thread `t = q n + i` writes `part[t]`, point `i`'s squared distance to row `w` over
+/// coordinates `q SLICE ..` (up to `SLICE` of them, in order, with fused multiply-adds; `xt`
+/// is `x` coordinate after coordinate); it also copies coordinate `min(t, d - 1)` of row `w`
+/// into anchor `s` (the threads past `d` write what thread `d - 1` writes) and writes
+/// `next[0] = s + 1`.
+fn sliced_distance_program(n: usize, d: usize) -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("vlc_kmeanspp_distances");
+    let x = p.buffer(DType::F32, Access::Read);
+    let xt = p.buffer(DType::F32, Access::Read);
+    let winner = p.buffer(DType::U32, Access::Read);
+    let step = p.buffer(DType::U32, Access::Read);
+    let next = p.buffer(DType::U32, Access::Write);
+    let anchors = p.buffer(DType::F32, Access::Write);
+    let part = p.buffer(DType::F32, Access::Write);
+    let t = p.index();
+    let zero = p.const_u32(0);
+    let nn = p.const_u32(n as u32);
+    let dd = p.const_u32(d as u32);
+    let last = p.const_u32(d as u32 - 1);
+    let q = p.div(t, nn);
+    let q_n = p.mul(q, nn);
+    let i = p.sub(t, q_n);
+    let w = p.load(winner, zero);
+    let s = p.load(step, zero);
+    let from = p.mul(w, dd);
+    let slice = p.const_u32(SLICE as u32);
+    let first = p.mul(q, slice);
+    let zero_f = p.const_f32(0.0);
+    let mut acc = zero_f;
+    for k in 0..SLICE {
+        let k = p.const_u32(k as u32);
+        let c = p.add(first, k);
+        // Past the last coordinate (the last slice of a d that SLICE does not divide): a
+        // term of zero, read at a coordinate that exists.
+        let inside = p.cmp(IrCmp::Lt, c, dd);
+        let c = p.binary(hal::ir::IrBinary::Min, c, last);
+        let at = p.mul(c, nn);
+        let at = p.add(at, i);
+        let a = p.load(xt, at);
+        let at = p.add(from, c);
+        let b = p.load(x, at);
+        let diff = p.sub(a, b);
+        let diff = p.select(inside, diff, zero_f);
+        acc = p.fma(diff, diff, acc);
+    }
+    p.store(part, t, acc);
+    let k = p.binary(hal::ir::IrBinary::Min, t, last);
+    copy_winner(&mut p, [x, anchors, next], k, from, s, d);
     Ok(p.build()?)
+}
+
+/// Stores coordinate `k` of the winner's row (starting at `from` in `x`) into anchor `s`, and
+/// `next[0] = s + 1`; returns the coordinate's value.
+fn copy_winner(
+    p: &mut ProgramBuilder,
+    [x, anchors, next]: [hal::ir::BufferId; 3],
+    k: hal::ir::Value,
+    from: hal::ir::Value,
+    s: hal::ir::Value,
+    d: usize,
+) -> hal::ir::Value {
+    let at = p.add(from, k);
+    let v = p.load(x, at);
+    let dd = p.const_u32(d as u32);
+    let to = p.mul(s, dd);
+    let to = p.add(to, k);
+    p.store(anchors, to, v);
+    let one = p.const_u32(1);
+    let s1 = p.add(s, one);
+    let zero = p.const_u32(0);
+    p.store(next, zero, s1);
+    v
 }
 
 /// Over `k < d`: `newest[k] = x[winner[0] d + k]` and `anchors[step[0] d + k]` the same;
@@ -449,15 +629,8 @@ fn commit_program(d: usize) -> Result<hal::ir::Program> {
     let w = p.load(winner, zero);
     let s = p.load(step, zero);
     let from = p.mul(w, dd);
-    let from = p.add(from, k);
-    let v = p.load(x, from);
+    let v = copy_winner(&mut p, [x, anchors, next], k, from, s, d);
     p.store(newest, k, v);
-    let to = p.mul(s, dd);
-    let to = p.add(to, k);
-    p.store(anchors, to, v);
-    let one = p.const_u32(1);
-    let s1 = p.add(s, one);
-    p.store(next, zero, s1);
     Ok(p.build()?)
 }
 

@@ -86,23 +86,28 @@ pub fn compress<B: Backend>(
             "an anchor does not fit in f16 (|value| > 65504): scale the vectors down",
         ));
     }
-    let (pq, codes) = if cfg.pq_bytes > 0 {
+    let encoded = if cfg.pq_bytes > 0 {
         // Residuals to the anchors as stored (f16), from the vectors and assignment still on
         // the device.
         let rounded: Vec<f32> = anchors16.iter().map(|v| v.to_f32()).collect();
         let a = b.upload(&rounded)?;
         let res = pq::residuals(&b, &state.x, &a, &state.assign, n, d)?;
-        pq::train_and_encode(&b, &res, n, d, cfg.pq_bytes, cfg.pq_iterations, cfg.seed)?
+        let e = pq::train_and_encode(&b, &res, n, d, cfg.pq_bytes, cfg.pq_iterations, cfg.seed)?;
+        Some(e)
     } else {
-        (
-            pq::ProductQuantizer {
+        None
+    };
+    let (pq, codes, squared_error) = match encoded {
+        Some(e) => (e.pq, e.codes, Some(e.squared_error)),
+        None => {
+            let pq = pq::ProductQuantizer {
                 dim: d,
                 codewords: 0,
                 bounds: vec![0],
                 codebooks: Vec::new(),
-            },
-            Vec::new(),
-        )
+            };
+            (pq, Vec::new(), None)
+        }
     };
     let mut parts = IndexParts {
         header: Header {
@@ -124,7 +129,12 @@ pub fn compress<B: Backend>(
         codes,
     };
     let coded = start.elapsed().as_secs_f64();
-    parts.header.mse = parts.reconstruction_mse(data);
+    // The coder's own error where there are codes (the host's float64 recount differs in the
+    // last digits: each subspace's distance was summed in f32); otherwise counted here.
+    parts.header.mse = match squared_error {
+        Some(e) => e / n.max(1) as f64,
+        None => parts.reconstruction_mse(data),
+    };
     let index = Index::from_bytes(parts.to_bytes(), "(new index)")?;
     Ok(Compressed {
         index,

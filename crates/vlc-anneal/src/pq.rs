@@ -95,14 +95,17 @@ pub fn residuals<B: Backend>(
 }
 
 /// Learns the codebooks on `residuals` (`n x d`, on the device) and codes every vector:
-/// returns the quantiser and `n * bytes` codes. The first codewords are distinct vectors
+/// returns the quantiser, `n * bytes` codes and the squared error they leave. The first codewords are distinct vectors
 /// drawn by a seeded shuffle.
 ///
-/// On a [`hal::Precision::Reproducible`] handle each subspace is trained in turn with the
-/// `nearest_centroid` primitive, so every backend gives the same codes; so too on a CPU, where
-/// calls cost nothing and the fused search beats materialising scores. On a GPU all subspaces
-/// train at once ([`train_all_subspaces`]), a few device calls per iteration instead of a few
-/// per subspace.
+/// Every subspace trains at once: the residuals are laid out as `n x bytes` rows of `wmax`
+/// values (a subspace's dimensions, then zeros up to the widest subspace's width `wmax`,
+/// which add nothing to a distance or a sum), so that each iteration is one batched
+/// `nearest_centroid` (each subspace's rows against its own codebook), one `segment_sum` over
+/// the `n x bytes` rows with segment `subspace * k + code`, and one update: a few device calls
+/// per iteration, whatever the number of subspaces. On a [`hal::Precision::Reproducible`]
+/// handle the searches and sums follow the reference order, so every backend gives the same
+/// codes.
 pub fn train_and_encode<B: Backend>(
     b: &B,
     residuals: &B::Buffer,
@@ -111,44 +114,12 @@ pub fn train_and_encode<B: Backend>(
     bytes: usize,
     iterations: usize,
     seed: u64,
-) -> Result<(ProductQuantizer, Vec<u8>)> {
-    if b.precision() == hal::Precision::Reproducible || b.info().kind == hal::DeviceKind::Cpu {
-        train_each_subspace(b, residuals, n, d, bytes, iterations, seed)
-    } else {
-        train_all_subspaces(b, residuals, n, d, bytes, iterations, seed)
-    }
-}
-
-/// The first codewords: `min(n, 256)` distinct vectors by a seeded shuffle.
-fn first_codewords(n: usize, seed: u64) -> Vec<u32> {
-    crate::partial_shuffle(n, n.min(256), seed ^ 0x5851_f42d_4c95_7f2d)
-        .into_iter()
-        .map(|i| i as u32)
-        .collect()
-}
-
-/// Every subspace's k-means at once. The residuals are laid out as `n x bytes` rows of
-/// `wmax + 1` values (a subspace's dimensions, zeros up to the widest subspace's width
-/// `wmax`, then a 1), and each codeword as `-2 c` and `|c|^2` alongside, so that one batched
-/// matrix product over the subspaces gives every row's `|c|^2 - 2 x.c` for every codeword of
-/// its subspace, and an argmin over the codewords its code (the codeword nearest in f32,
-/// up to the product's rounding). Member sums are one `segment_sum` over the `n x bytes`
-/// rows with segment `subspace * k + code`.
-fn train_all_subspaces<B: Backend>(
-    b: &B,
-    residuals: &B::Buffer,
-    n: usize,
-    d: usize,
-    bytes: usize,
-    iterations: usize,
-    seed: u64,
-) -> Result<(ProductQuantizer, Vec<u8>)> {
+) -> Result<Encoded> {
     let bounds = subspace_bounds(d, bytes);
     let k = n.min(256);
     let wmax = d.div_ceil(bytes);
-    let row = wmax + 1;
-    // The residual rows, padded and with their 1.
-    let xa = b.alloc(DType::F32, n * bytes * row)?;
+    // The residual rows, zero padded.
+    let xa = b.alloc(DType::F32, n * bytes * wmax)?;
     let wide = d % bytes;
     for (first, count, w) in [(0, wide, wmax), (wide, bytes - wide, d / bytes)] {
         if count == 0 || w == 0 {
@@ -161,103 +132,58 @@ fn train_all_subspaces<B: Backend>(
         };
         let dst = Layout {
             shape: vec![n, count, w],
-            strides: vec![(bytes * row) as isize, row as isize, 1],
-            offset: first * row,
+            strides: vec![(bytes * wmax) as isize, wmax as isize, 1],
+            offset: first * wmax,
         };
         b.copy(View::new(residuals, &src), View::new(&xa, &dst))?;
     }
-    let ones = Layout {
-        shape: vec![n * bytes],
-        strides: vec![row as isize],
-        offset: wmax,
+    // The rows as a batch over the subspaces, `bytes x n x wmax`, and the codebooks
+    // `bytes x k x wmax` (zero padded too).
+    let by_subspace = Layout {
+        shape: vec![bytes, n, wmax],
+        strides: vec![wmax as isize, (bytes * wmax) as isize, 1],
+        offset: 0,
     };
-    b.fill(View::new(&xa, &ones), 1.0)?;
-    // Codebooks `bytes x k x wmax` (zero padded) and their augmented form `bytes x k x row`.
+    let books = Layout::contiguous(&[bytes, k, wmax]);
     let cb = b.alloc(DType::F32, bytes * k * wmax)?;
-    let aug = b.alloc(DType::F32, bytes * k * row)?;
     let starts = b.upload(&first_codewords(n, seed))?;
     crate::gather_rows(
         b,
-        View::new(
-            &xa,
-            &Layout {
-                shape: vec![n, bytes, wmax],
-                strides: vec![(bytes * row) as isize, row as isize, 1],
-                offset: 0,
-            },
-        ),
+        View::new(&xa, &by_subspace.transpose(0, 1)?),
         &starts,
         0,
-        View::new(
-            &cb,
-            &Layout {
-                shape: vec![k, bytes, wmax],
-                strides: vec![wmax as isize, (k * wmax) as isize, 1],
-                offset: 0,
-            },
-        ),
+        View::new(&cb, &books.transpose(0, 1)?),
     )?;
     let segments = bytes * k;
-    let sums = b.alloc(DType::F32, segments * row)?;
-    // Zero counts at first: the update then only writes the augmented codebook.
+    let sums = b.alloc(DType::F32, segments * wmax)?;
     let counts = b.alloc(DType::F32, segments)?;
-    let update = b.compile(&augmented_update(wmax)?)?;
+    let update = b.compile(&codeword_update(wmax)?)?;
     let label = b.compile(&segment_labels(bytes, k)?)?;
-    b.launch(&update, &[&sums, &counts, &cb, &aug], segments)?;
-    // Scores in chunks of points of at most 32 MiB (within an H100's or H200's L2, and few
-    // calls), and never beyond the largest buffer.
-    let cap = b.capabilities().max_buffer_bytes.min(32 << 20) as usize;
-    let chunk = (cap / (4 * bytes * k)).clamp(1, n);
-    let scores = b.alloc(DType::F32, bytes * chunk * k)?;
+    // Codes (and distances) point-major, `n x bytes`, seen per subspace.
     let codes = b.alloc(DType::U32, n * bytes)?;
+    let dist = b.alloc(DType::F32, n * bytes)?;
+    let per_subspace = Layout::contiguous(&[n, bytes]).transpose(0, 1)?;
     let seg = b.alloc(DType::U32, n * bytes)?;
-    // The products in plain f32 (no reduced-precision matrix units), whatever the handle.
-    let exact = b.with_precision(hal::Precision::Exact);
+    // `iterations` updates, each after an assignment, and a last assignment: the codes.
     for it in 0..=iterations {
-        for start in (0..n).step_by(chunk) {
-            let rows = chunk.min(n - start);
-            let a = Layout {
-                shape: vec![bytes, rows, row],
-                strides: vec![row as isize, (bytes * row) as isize, 1],
-                offset: start * bytes * row,
-            };
-            let words = Layout {
-                shape: vec![bytes, row, k],
-                strides: vec![(k * row) as isize, 1, row as isize],
-                offset: 0,
-            };
-            let out = Layout::contiguous(&[bytes, rows, k]);
-            exact.matmul(
-                View::new(&xa, &a),
-                View::new(&aug, &words),
-                View::new(&scores, &out),
-                1.0,
-                0.0,
-            )?;
-            let code_view = Layout {
-                shape: vec![bytes, rows, 1],
-                strides: vec![1, bytes as isize, 1],
-                offset: start * bytes,
-            };
-            b.arg_reduce(
-                hal::ArgReduceOp::ArgMin,
-                View::new(&scores, &out),
-                2,
-                View::new(&codes, &code_view),
-            )?;
-        }
+        b.nearest_centroid(
+            View::new(&xa, &by_subspace),
+            View::new(&cb, &books),
+            View::new(&codes, &per_subspace),
+            View::new(&dist, &per_subspace),
+        )?;
         if it == iterations {
             break;
         }
         b.launch(&label, &[&codes, &seg], n * bytes)?;
         b.segment_sum(
-            View::new(&xa, &Layout::contiguous(&[n * bytes, row])),
+            View::new(&xa, &Layout::contiguous(&[n * bytes, wmax])),
             View::new(&seg, &Layout::contiguous(&[n * bytes])),
             None,
-            View::new(&sums, &Layout::contiguous(&[segments, row])),
+            View::new(&sums, &Layout::contiguous(&[segments, wmax])),
             View::new(&counts, &Layout::contiguous(&[segments])),
         )?;
-        b.launch(&update, &[&sums, &counts, &cb, &aug], segments)?;
+        b.launch(&update, &[&sums, &counts, &cb], segments * wmax)?;
     }
     // Each subspace's codebook without its padding.
     let padded = b.read::<f32>(&cb)?;
@@ -268,26 +194,48 @@ fn train_all_subspaces<B: Backend>(
             codebooks.extend_from_slice(&padded[(j * k + c) * wmax..][..w]);
         }
     }
-    quantizer(b, &codes, d, k, bounds, codebooks)
+    // The squared reconstruction error: the last search's distances, summed per vector on
+    // the device and over vectors in f64 here (reading n sums, not n x bytes distances).
+    let per_vector = b.alloc(DType::F32, n)?;
+    b.reduce(
+        hal::ReduceOp::Sum,
+        View::new(&dist, &Layout::contiguous(&[n, bytes])),
+        &[1],
+        View::new(&per_vector, &Layout::contiguous(&[n, 1])),
+    )?;
+    let squared_error = b.read::<f32>(&per_vector)?.iter().map(|&e| e as f64).sum();
+    Ok(Encoded {
+        pq: ProductQuantizer {
+            dim: d,
+            codewords: k,
+            bounds,
+            codebooks,
+        },
+        codes: b
+            .read::<u32>(&codes)?
+            .into_iter()
+            .map(|c| c as u8)
+            .collect(),
+        squared_error,
+    })
 }
 
-/// The trained quantiser, with the codes (`u32` on the device) read back as bytes.
-fn quantizer<B: Backend>(
-    b: &B,
-    codes: &B::Buffer,
-    dim: usize,
-    codewords: usize,
-    bounds: Vec<usize>,
-    codebooks: Vec<f32>,
-) -> Result<(ProductQuantizer, Vec<u8>)> {
-    let codes = b.read::<u32>(codes)?.into_iter().map(|c| c as u8).collect();
-    let pq = ProductQuantizer {
-        dim,
-        codewords,
-        bounds,
-        codebooks,
-    };
-    Ok((pq, codes))
+/// What [`train_and_encode`] gives.
+pub struct Encoded {
+    pub pq: ProductQuantizer,
+    /// `n * bytes` codes, vector after vector.
+    pub codes: Vec<u8>,
+    /// The sum over vectors of the squared distance between residual and decoded residual
+    /// (each subspace's distance in f32, as the search computed it).
+    pub squared_error: f64,
+}
+
+/// The first codewords: `min(n, 256)` distinct vectors by a seeded shuffle.
+fn first_codewords(n: usize, seed: u64) -> Vec<u32> {
+    crate::partial_shuffle(n, n.min(256), seed ^ 0x5851_f42d_4c95_7f2d)
+        .into_iter()
+        .map(|i| i as u32)
+        .collect()
 }
 
 /// `seg[t] = codes[t] + k * (t mod bytes)`: row `t`'s segment (subspace, code).
@@ -304,116 +252,4 @@ fn segment_labels(bytes: usize, k: usize) -> Result<hal::ir::Program> {
     let v = p.add(code, base);
     p.store(seg, t, v);
     Ok(p.build()?)
-}
-
-/// Over the `bytes * k` codewords: each codeword of `cb` (`wmax` wide) becomes its members'
-/// mean where it has members (`sums` rows are `wmax + 1` wide, `counts` per codeword), and
-/// its augmented form `aug` gets `-2 c` and `|c|^2` (the squares summed in order).
-fn augmented_update(wmax: usize) -> Result<hal::ir::Program> {
-    let mut p = ProgramBuilder::new("vlc_pq_update");
-    let sums = p.buffer(DType::F32, Access::Read);
-    let counts = p.buffer(DType::F32, Access::Read);
-    let cb = p.buffer(DType::F32, Access::ReadWrite);
-    let aug = p.buffer(DType::F32, Access::Write);
-    let t = p.index();
-    let cnt = p.load(counts, t);
-    let zero = p.const_f32(0.0);
-    let has = p.cmp(hal::ir::IrCmp::Gt, cnt, zero);
-    let minus_two = p.const_f32(-2.0);
-    let w = p.const_u32(wmax as u32);
-    let r = p.const_u32(wmax as u32 + 1);
-    let cb_base = p.mul(t, w);
-    let aug_base = p.mul(t, r);
-    let mut norm = zero;
-    for q in 0..wmax {
-        let q = p.const_u32(q as u32);
-        let at_cb = p.add(cb_base, q);
-        let at_aug = p.add(aug_base, q);
-        let sum = p.load(sums, at_aug);
-        let old = p.load(cb, at_cb);
-        let mean = p.div(sum, cnt);
-        let v = p.select(has, mean, old);
-        p.store(cb, at_cb, v);
-        let scaled = p.mul(minus_two, v);
-        p.store(aug, at_aug, scaled);
-        let sq = p.mul(v, v);
-        norm = p.add(norm, sq);
-    }
-    let last = p.add(aug_base, w);
-    p.store(aug, last, norm);
-    Ok(p.build()?)
-}
-
-/// [`train_and_encode`] one subspace after another, with the `nearest_centroid` primitive.
-fn train_each_subspace<B: Backend>(
-    b: &B,
-    residuals: &B::Buffer,
-    n: usize,
-    d: usize,
-    bytes: usize,
-    iterations: usize,
-    seed: u64,
-) -> Result<(ProductQuantizer, Vec<u8>)> {
-    let bounds = subspace_bounds(d, bytes);
-    let k = n.min(256);
-    let starts = b.upload(&first_codewords(n, seed))?;
-    // Codes land in the columns of one n x bytes buffer and codebooks in one k x d buffer, so
-    // both are read back once, after every subspace is done.
-    let all_codes = b.alloc(DType::U32, n * bytes)?;
-    let all_books = b.alloc(DType::F32, k * d)?;
-    let dist = b.alloc(DType::F32, n)?;
-    let counts = b.alloc(DType::F32, k)?;
-    for j in 0..bytes {
-        let (lo, hi) = (bounds[j], bounds[j + 1]);
-        let w = hi - lo;
-        let sub = Layout {
-            shape: vec![n, w],
-            strides: vec![d as isize, 1],
-            offset: lo,
-        };
-        let codes_j = Layout {
-            shape: vec![n],
-            strides: vec![bytes as isize],
-            offset: j,
-        };
-        let lk = Layout::contiguous(&[k, w]);
-        let cb = b.alloc(DType::F32, k * w)?;
-        crate::gather_rows(
-            b,
-            View::new(residuals, &sub),
-            &starts,
-            0,
-            View::new(&cb, &lk),
-        )?;
-        let sums = b.alloc(DType::F32, k * w)?;
-        let update = b.compile(&codeword_update(w)?)?;
-        // `iterations` updates, each after an assignment, and a last assignment: the codes.
-        for it in 0..=iterations {
-            b.nearest_centroid(
-                View::new(residuals, &sub),
-                View::new(&cb, &lk),
-                View::new(&all_codes, &codes_j),
-                View::new(&dist, &Layout::contiguous(&[n])),
-            )?;
-            if it == iterations {
-                break;
-            }
-            b.segment_sum(
-                View::new(residuals, &sub),
-                View::new(&all_codes, &codes_j),
-                None,
-                View::new(&sums, &lk),
-                View::new(&counts, &Layout::contiguous(&[k])),
-            )?;
-            b.launch(&update, &[&sums, &counts, &cb], k * w)?;
-        }
-        let book_j = Layout {
-            shape: vec![k, w],
-            strides: vec![w as isize, 1],
-            offset: k * lo,
-        };
-        b.copy(View::new(&cb, &lk), View::new(&all_books, &book_j))?;
-    }
-    let codebooks = b.read::<f32>(&all_books)?;
-    quantizer(b, &all_codes, d, k, bounds, codebooks)
 }
