@@ -1398,21 +1398,32 @@ fn conv<B: Backend>(s: &mut Suite<'_, B>) {
 
 // ---------------------------------------------------------------- clustering
 
+/// Runs `nearest_centroid` on `x` and `c` (rank 2, or rank 3 for a batch) and returns the
+/// indices and distances group after group. A batch's outputs are point-major (`[n, g]`
+/// storage seen as `[g, n]`), as a product quantiser lays out its codes.
 fn run_nc<B: Backend>(b: &B, x: &HostTensor, c: &HostTensor) -> Result<(Vec<f64>, Vec<f64>)> {
-    let n = x.shape()[0];
+    let (g, n) = match x.shape() {
+        [g, n, _] => (*g, *n),
+        shape => (1, shape[0]),
+    };
     let (xb, cb) = (x.upload(b)?, c.upload(b)?);
-    let (ib, db) = (b.alloc(DType::U32, n)?, b.alloc(DType::F32, n)?);
-    let l = Layout::contiguous(&[n]);
+    let (ib, db) = (b.alloc(DType::U32, g * n)?, b.alloc(DType::F32, g * n)?);
+    let l = match x.shape().len() {
+        3 => Layout::contiguous(&[n, g]).transpose(0, 1)?,
+        _ => Layout::contiguous(&[n]),
+    };
     b.nearest_centroid(
         View::new(&xb, &x.layout),
         View::new(&cb, &c.layout),
         View::new(&ib, &l),
         View::new(&db, &l),
     )?;
-    Ok((
-        b.read_f32(&ib)?.into_iter().map(f64::from).collect(),
-        b.read_f32(&db)?.into_iter().map(f64::from).collect(),
-    ))
+    let group_major = |v: Vec<f32>| -> Vec<f64> {
+        (0..g * n)
+            .map(|t| f64::from(v[(t % n) * g + t / n]))
+            .collect()
+    };
+    Ok((group_major(b.read_f32(&ib)?), group_major(b.read_f32(&db)?)))
 }
 
 fn nearest_centroid<B: Backend>(s: &mut Suite<'_, B>) {
@@ -1540,31 +1551,6 @@ fn judge_nearest(
     (worst, worst_rel, worst_case)
 }
 
-fn run_nc_batched<B: Backend>(
-    b: &B,
-    x: &HostTensor,
-    c: &HostTensor,
-) -> Result<(Vec<f64>, Vec<f64>)> {
-    let (g, n) = (x.shape()[0], x.shape()[1]);
-    let (xb, cb) = (x.upload(b)?, c.upload(b)?);
-    let (ib, db) = (b.alloc(DType::U32, g * n)?, b.alloc(DType::F32, g * n)?);
-    // The outputs point-major ([n, g] storage seen as [g, n]), as a product quantiser lays
-    // out its codes.
-    let l = Layout::contiguous(&[n, g]).transpose(0, 1)?;
-    b.nearest_centroid(
-        View::new(&xb, &x.layout),
-        View::new(&cb, &c.layout),
-        View::new(&ib, &l),
-        View::new(&db, &l),
-    )?;
-    let group_major = |v: Vec<f32>| -> Vec<f64> {
-        (0..g * n)
-            .map(|t| f64::from(v[(t % n) * g + t / n]))
-            .collect()
-    };
-    Ok((group_major(b.read_f32(&ib)?), group_major(b.read_f32(&db)?)))
-}
-
 /// Batched searches (`x: [g, n, d]` against `centroids: [g, m, d]`): each group's results
 /// judged against its own centroids as the unbatched search is, on any view of the points,
 /// with a duplicated centroid in every group.
@@ -1605,7 +1591,7 @@ fn nearest_centroid_batched<B: Backend>(s: &mut Suite<'_, B>) {
         }
         let (xs, cs) = (x.logical(), c.logical());
         let case = format!("g={g} n={n} d={d} m={m} {dt} {kind:?}");
-        match both!(s, run_nc_batched(&x, &c)) {
+        match both!(s, run_nc(&x, &c)) {
             Ok(((ci, cd), t)) => {
                 let (gi, gd) = t.as_ref().map_or((&ci, &cd), |(ti, td)| (ti, td));
                 let (mut worst, mut worst_rel, mut worst_case) = (0f64, 0f64, String::new());

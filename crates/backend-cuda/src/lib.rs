@@ -893,8 +893,9 @@ impl Backend for CudaBackend {
         // 1,024 keys or more each.
         if kept.n == 1 && len >= ARG_SPLIT_FROM_LEN {
             let blocks = (len / 1024).min(self.dev.sms as usize * 2);
+            // Each block's best value, and its index (an i64: two words).
             let part_v = self.new_buffer(DType::F32, blocks)?;
-            let part_i = self.new_buffer(DType::I32, 2 * blocks)?;
+            let part_i = self.new_buffer(DType::U32, 2 * blocks)?;
             return self.dev.launch_raw(
                 self.dev.function("arg_reduce_split")?,
                 (blocks as u32, 1, 1),
@@ -1020,6 +1021,16 @@ impl Backend for CudaBackend {
         if x.layout.rank() == 3 {
             return self.nearest_batched([x, centroids, out_index, out_distance]);
         }
+        if self.precision == Precision::Reproducible {
+            // The reference's order: a batch of one.
+            let views = [x, centroids, out_index, out_distance];
+            let one: Vec<Layout> = views
+                .iter()
+                .map(|v| v.layout.unsqueeze(0))
+                .collect::<Result<_>>()?;
+            return self
+                .nearest_batched(std::array::from_fn(|i| View::new(views[i].buffer, &one[i])));
+        }
         let (n, d, m) = (
             x.layout.shape[0],
             x.layout.shape[1],
@@ -1056,23 +1067,11 @@ impl Backend for CudaBackend {
                 .arg(out_distance.layout.offset as i64)
                 .arg(out_distance.layout.strides[0] as i64)
         };
-        // A few centroids take one light pass, where the GEMM-style paths would spend their
-        // set-up (norms, scaling, packing, a tile of 128 centroids) on a handful (k-means++
-        // asks for one at a time): a warp per point, or the reference's order under
-        // Precision::Reproducible, which also takes it for any number of centroids.
-        if self.precision != Precision::Reproducible && m < FEW_CENTROIDS {
+        // A few centroids take one light pass, a warp per point, where the GEMM-style paths
+        // would spend their set-up (norms, scaling, packing, a tile of 128 centroids) on a
+        // handful.
+        if m < FEW_CENTROIDS {
             return self.dev.launch("nearest_few", n * 32, outputs(both()));
-        }
-        if self.precision == Precision::Reproducible {
-            let (kernel, points) = ordered_kernel(m, d);
-            // One group: no group strides.
-            let args = outputs(both()).arg(0i64).arg(0i64).arg(0i64).arg(0i64);
-            return self.dev.launch_raw(
-                self.dev.function(kernel)?,
-                (n.div_ceil(points) as u32, 1, 1),
-                256,
-                args,
-            );
         }
         // The norms padded to whole tiles of 128 with NaN (all-ones bits), which the held
         // kernels copy with each tile and which no score can win with.
@@ -1569,9 +1568,10 @@ impl CudaBackend {
         }
     }
 
-    /// A batch of nearest-centroid searches (rank-3 views, validated): the reference-order
-    /// kernels under any precision, a grid row per group (batches search small codebooks,
-    /// where the tensor-core paths' set-up would dominate).
+    /// A batch of nearest-centroid searches (rank-3 views, validated), and every search under
+    /// `Precision::Reproducible` (as a batch of one): the reference-order kernels, a grid row
+    /// per group (batches search small codebooks, where the tensor-core paths' set-up would
+    /// dominate).
     fn nearest_batched(&self, [x, c, out_index, out_distance]: [V<'_>; 4]) -> Result<()> {
         let (g, n, d, m) = (
             x.layout.shape[0],

@@ -116,23 +116,41 @@ fn weight_binding<'a>(
     })
 }
 
-/// The parameters both nearest-centroid kernels take for the slice of centroids
-/// `first..end` (see nearest_centroid.wgsl and nearest_ordered.wgsl).
+/// The parameters the nearest-centroid kernels take for the slice of centroids `first..end`
+/// (see nearest_centroid.wgsl, nearest_ordered.wgsl and nearest_short.wgsl), `fused` saying
+/// whether `fma()` is fused. Rank-3 views (a batch) give the first group's matrices and the
+/// group strides (scalars 13 and 14); the outputs are passed whole.
 fn nearest_slice_params(
     [x, c, out_index, out_distance]: [View<'_, WgpuBuffer>; 4],
     first: usize,
     end: usize,
-) -> Params {
-    Params::default()
+    fused: bool,
+) -> Result<Params> {
+    let batched = x.layout.rank() == 3;
+    let (xl, cl) = match batched {
+        true => (x.layout.select(0, 0)?, c.layout.select(0, 0)?),
+        false => (x.layout.clone(), c.layout.clone()),
+    };
+    let group_stride = |l: &Layout| {
+        if batched {
+            l.strides[0] as i32 as u32
+        } else {
+            0
+        }
+    };
+    Ok(Params::default()
         .block(out_index.layout)
         .block(out_distance.layout)
-        .scalar(0, x.layout.shape[0] as u32)
+        .scalar(0, xl.shape[0] as u32)
         .scalar(1, end as u32)
-        .scalar(2, x.layout.shape[1] as u32)
-        .matrix(3, x.layout)
-        .matrix(6, c.layout)
+        .scalar(2, xl.shape[1] as u32)
+        .matrix(3, &xl)
+        .matrix(6, &cl)
         .scalar(9, first as u32)
         .scalar(10, (first > 0) as u32)
+        .scalar(11, fused as u32)
+        .scalar(13, group_stride(x.layout))
+        .scalar(14, group_stride(c.layout)))
 }
 
 /// Launch parameters: sixteen scalar slots and up to eight layout blocks (see `wgsl.rs`).
@@ -1168,11 +1186,6 @@ impl WgpuBackend {
         if groups * n == 0 {
             return Ok(());
         }
-        let (xl, cl) = match r {
-            3 => (x.layout.select(0, 0)?, c.layout.select(0, 0)?),
-            _ => (x.layout.clone(), c.layout.clone()),
-        };
-        let group_stride = |l: &Layout| if r == 3 { l.strides[0] as i32 } else { 0 };
         let fused = self.fma_is_fused()?;
         let slice = (LOOP_BUDGET / d.max(1)).max(1);
         let spec = Spec::new("nearest_ordered.wgsl").bindings(vec![
@@ -1184,19 +1197,7 @@ impl WgpuBackend {
         let mut first = 0;
         while first < m {
             let end = (first + slice).min(m);
-            let p = nearest_slice_params(
-                [
-                    View::new(x.buffer, &xl),
-                    View::new(c.buffer, &cl),
-                    out_index,
-                    out_distance,
-                ],
-                first,
-                end,
-            )
-            .scalar(11, fused as u32)
-            .scalar(13, group_stride(x.layout) as u32)
-            .scalar(14, group_stride(c.layout) as u32);
+            let p = nearest_slice_params([x, c, out_index, out_distance], first, end, fused)?;
             self.run(
                 spec.clone(),
                 p,
@@ -1229,20 +1230,8 @@ impl WgpuBackend {
             (DType::U32, Access::Write),
             (DType::F32, Access::Write),
         ]))?;
-        let (xl, cl) = (x.layout.select(0, 0)?, c.layout.select(0, 0)?);
-        let p = nearest_slice_params(
-            [
-                View::new(x.buffer, &xl),
-                View::new(c.buffer, &cl),
-                out_index,
-                out_distance,
-            ],
-            0,
-            m,
-        )
-        .scalar(11, self.fma_is_fused()? as u32)
-        .scalar(13, x.layout.strides[0] as i32 as u32)
-        .scalar(14, c.layout.strides[0] as i32 as u32);
+        let fused = self.fma_is_fused()?;
+        let p = nearest_slice_params([x, c, out_index, out_distance], 0, m, fused)?;
         self.dispatch_groups(
             &pipeline,
             &p,
@@ -2813,8 +2802,7 @@ impl Backend for WgpuBackend {
         let mut first = 0;
         while first < m {
             let end = (first + slice).min(m);
-            let p = nearest_slice_params([x, c, out_index, out_distance], first, end)
-                .scalar(11, fused as u32);
+            let p = nearest_slice_params([x, c, out_index, out_distance], first, end, fused)?;
             self.dispatch_groups(
                 &pipeline,
                 &p,

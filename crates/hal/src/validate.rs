@@ -466,8 +466,14 @@ pub fn nearest_centroid<B: DeviceBuffer>(
     }
     // Rank 2, or rank 3 for a batch of independent searches.
     let r = x.layout.rank();
-    if r != 3 {
-        rank(OP, x, 2, "x")?;
+    if !(2..=3).contains(&r) {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            detail: format!(
+                "x must have rank 2 (or 3 for a batch), got shape {:?}",
+                x.layout.shape
+            ),
+        });
     }
     rank(OP, c, r, "centroids (as x)")?;
     float(OP, x.dtype())?;

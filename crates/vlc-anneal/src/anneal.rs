@@ -231,12 +231,12 @@ pub fn handle_for<B: Backend>(backend: &B, mode: Mode) -> B {
 /// the distances one coordinate at a time), and so does the exact mode (its distances are
 /// `nearest_centroid`'s reference order on every backend).
 ///
-/// The step number lives on the device, in two counters that steps take turns reading (the copy writes the other one, one more than the one it read,
-/// so no launch reads and advances the same word), so two recordings, one per counter, are
-/// replayed in turn for all steps (one device-graph launch per step where the backend
-/// captures). The race's uniform draws are made for a block of steps at a time, each step
-/// reading its own row, so the stream is the same as one draw of `n` per step at offset
-/// `step * n`. Nothing is read back.
+/// The step number lives on the device, in two counters that steps take turns reading (the
+/// copy writes the other one, one more than the one it read, so no launch reads and advances
+/// the same word), so two recordings, one per counter, are replayed in turn for all steps
+/// (one device-graph launch per step where the backend captures). The race's uniform draws
+/// are made for a block of steps at a time, each step reading its own row, so the stream is
+/// the same as one draw of `n` per step at offset `step * n`. Nothing is read back.
 ///
 /// Drawing several anchors per step against the same `D^2` (k-means||-like batches) would
 /// take far fewer steps, but was measured to place them much worse: on 20K x 64 points in 200
@@ -281,14 +281,12 @@ fn kmeans_pp_in_blocks<B: Backend>(
         // D^2 to the anchors so far (the first anchor's race is on the draws alone).
         d2: b.alloc(DType::F32, n)?,
         key: b.alloc(DType::F32, n)?,
-        near: b.alloc(DType::F32, n)?,
-        near_i: b.alloc(DType::U32, n)?,
         winner: b.alloc(DType::U32, 1)?,
         newest: b.alloc(DType::F32, d)?,
         counters: [b.alloc(DType::U32, 1)?, b.alloc(DType::U32, 1)?],
         race: b.compile(&race_program(n, block, slices)?)?,
         commit: b.compile(&commit_program(d)?)?,
-        sliced: match sliced {
+        distances: match sliced {
             true => {
                 let by_coordinate = b.alloc(DType::F32, n * d)?;
                 let by_row = Layout::contiguous(&[n, d]).transpose(0, 1)?;
@@ -296,13 +294,16 @@ fn kmeans_pp_in_blocks<B: Backend>(
                     View::new(x, &by_row),
                     View::new(&by_coordinate, &Layout::contiguous(&[d, n])),
                 )?;
-                Some(Sliced {
+                Distances::Sliced {
                     kernel: b.compile(&sliced_distance_program(n, d)?)?,
                     by_coordinate,
                     partial: b.alloc(DType::F32, slices * n)?,
-                })
+                }
             }
-            false => None,
+            false => Distances::Search {
+                near: b.alloc(DType::F32, n)?,
+                near_i: b.alloc(DType::U32, n)?,
+            },
         },
         n,
         d,
@@ -368,8 +369,6 @@ struct Steps<B: Backend> {
     u: B::Buffer,
     d2: B::Buffer,
     key: B::Buffer,
-    near: B::Buffer,
-    near_i: B::Buffer,
     /// The step's winning point, and its row.
     winner: B::Buffer,
     newest: B::Buffer,
@@ -378,19 +377,24 @@ struct Steps<B: Backend> {
     counters: [B::Buffer; 2],
     race: B::Kernel,
     commit: B::Kernel,
-    /// The three-call step's state (see [`kmeans_pp`]), where it runs.
-    sliced: Option<Sliced<B>>,
+    distances: Distances<B>,
     n: usize,
     d: usize,
 }
 
-/// The sliced distance kernel of [`kmeans_pp`]'s three-call step, the points it reads
-/// coordinate after coordinate (`d x n`, so neighbouring threads read neighbouring words), and
-/// its output, `slices x n` partial squared distances.
-struct Sliced<B: Backend> {
-    kernel: B::Kernel,
-    by_coordinate: B::Buffer,
-    partial: B::Buffer,
+/// How a k-means++ step finds the distances to the newest anchor (see [`kmeans_pp`]).
+enum Distances<B: Backend> {
+    /// `nearest_centroid` against the committed row (`newest`), into `near` (`near_i` takes
+    /// the indices, all 0).
+    Search { near: B::Buffer, near_i: B::Buffer },
+    /// The three-call step: the IR kernel that also commits the last winner, the points it
+    /// reads coordinate after coordinate (`d x n`, so neighbouring threads read neighbouring
+    /// words), and its output, `slices x n` partial squared distances.
+    Sliced {
+        kernel: B::Kernel,
+        by_coordinate: B::Buffer,
+        partial: B::Buffer,
+    },
 }
 
 /// Coordinates per thread in [`kmeans_pp`]'s three-call step.
@@ -419,63 +423,65 @@ impl<B: Backend> Steps<B> {
     fn next(&self, b: &B, parity: usize) -> hal::Result<()> {
         let (n, d) = (self.n, self.d);
         let ln = Layout::contiguous(&[n]);
-        if let Some(sliced) = &self.sliced {
-            b.launch(
-                &sliced.kernel,
-                &[
-                    &self.x,
-                    &sliced.by_coordinate,
-                    &self.winner,
-                    &self.counters[parity],
-                    &self.counters[1 - parity],
-                    &self.anchors,
-                    &sliced.partial,
-                ],
-                n * d.div_ceil(SLICE),
-            )?;
-            // The race reads the count the distance kernel wrote.
-            b.launch(
-                &self.race,
-                &[
-                    &self.u,
-                    &sliced.partial,
-                    &self.counters[1 - parity],
-                    &self.d2,
-                    &self.key,
-                ],
-                n,
-            )?;
-            return b.arg_reduce(
-                hal::ArgReduceOp::ArgMin,
-                View::new(&self.key, &Layout::contiguous(&[1, n])),
-                1,
-                View::new(&self.winner, &Layout::contiguous(&[1, 1])),
-            );
-        }
+        let (near, near_i) = match &self.distances {
+            Distances::Search { near, near_i } => (near, near_i),
+            Distances::Sliced {
+                kernel,
+                by_coordinate,
+                partial,
+            } => {
+                b.launch(
+                    kernel,
+                    &[
+                        &self.x,
+                        by_coordinate,
+                        &self.winner,
+                        &self.counters[parity],
+                        &self.counters[1 - parity],
+                        &self.anchors,
+                        partial,
+                    ],
+                    n * d.div_ceil(SLICE),
+                )?;
+                // The race reads the count the distance kernel wrote.
+                b.launch(
+                    &self.race,
+                    &[
+                        &self.u,
+                        partial,
+                        &self.counters[1 - parity],
+                        &self.d2,
+                        &self.key,
+                    ],
+                    n,
+                )?;
+                return self.argmin(b);
+            }
+        };
         b.nearest_centroid(
             View::new(&self.x, &Layout::contiguous(&[n, d])),
             View::new(&self.newest, &Layout::contiguous(&[1, d])),
-            View::new(&self.near_i, &ln),
-            View::new(&self.near, &ln),
+            View::new(near_i, &ln),
+            View::new(near, &ln),
         )?;
         b.launch(
             &self.race,
-            &[
-                &self.u,
-                &self.near,
-                &self.counters[parity],
-                &self.d2,
-                &self.key,
-            ],
+            &[&self.u, near, &self.counters[parity], &self.d2, &self.key],
             n,
         )?;
+        self.argmin(b)?;
+        self.commit(b, parity)
+    }
+
+    /// The race's winner: the smallest key.
+    fn argmin(&self, b: &B) -> hal::Result<()> {
+        let n = self.n;
         b.arg_reduce(
             hal::ArgReduceOp::ArgMin,
             View::new(&self.key, &Layout::contiguous(&[1, n])),
             1,
             View::new(&self.winner, &Layout::contiguous(&[1, 1])),
-        )?;
-        self.commit(b, parity)
+        )
     }
 }
 
@@ -501,21 +507,6 @@ fn race_program(n: usize, block: usize, slices: usize) -> Result<hal::ir::Progra
         let v = p.load(part, at);
         near = p.add(near, v);
     }
-    race(&mut p, [u, d2, key], i, s, near, n, block);
-    Ok(p.build()?)
-}
-
-/// The race of step `s` (see [`race_program`]) for point `i` at distance `near` from the
-/// newest anchor.
-fn race(
-    p: &mut ProgramBuilder,
-    [u, d2, key]: [hal::ir::BufferId; 3],
-    i: hal::ir::Value,
-    s: hal::ir::Value,
-    near: hal::ir::Value,
-    n: usize,
-    block: usize,
-) {
     let block = p.const_u32(block as u32);
     let t = p.binary(hal::ir::IrBinary::Rem, s, block);
     let n = p.const_u32(n as u32);
@@ -535,6 +526,7 @@ fn race(
     let empty = p.cmp(IrCmp::Le, dv, zero);
     let k = p.select(empty, inf, k);
     p.store(key, i, k);
+    Ok(p.build()?)
 }
 
 /// The three-call k-means++ step's distance kernel, over `slices x n` threads (`slices =

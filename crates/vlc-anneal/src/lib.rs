@@ -86,28 +86,22 @@ pub fn compress<B: Backend>(
             "an anchor does not fit in f16 (|value| > 65504): scale the vectors down",
         ));
     }
-    let encoded = if cfg.pq_bytes > 0 {
+    let (pq, codes, squared_error) = if cfg.pq_bytes > 0 {
         // Residuals to the anchors as stored (f16), from the vectors and assignment still on
         // the device.
         let rounded: Vec<f32> = anchors16.iter().map(|v| v.to_f32()).collect();
         let a = b.upload(&rounded)?;
         let res = pq::residuals(&b, &state.x, &a, &state.assign, n, d)?;
         let e = pq::train_and_encode(&b, &res, n, d, cfg.pq_bytes, cfg.pq_iterations, cfg.seed)?;
-        Some(e)
+        (e.pq, e.codes, Some(e.squared_error))
     } else {
-        None
-    };
-    let (pq, codes, squared_error) = match encoded {
-        Some(e) => (e.pq, e.codes, Some(e.squared_error)),
-        None => {
-            let pq = pq::ProductQuantizer {
-                dim: d,
-                codewords: 0,
-                bounds: vec![0],
-                codebooks: Vec::new(),
-            };
-            (pq, Vec::new(), None)
-        }
+        let pq = pq::ProductQuantizer {
+            dim: d,
+            codewords: 0,
+            bounds: vec![0],
+            codebooks: Vec::new(),
+        };
+        (pq, Vec::new(), None)
     };
     let mut parts = IndexParts {
         header: Header {

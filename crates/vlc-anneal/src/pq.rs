@@ -95,8 +95,8 @@ pub fn residuals<B: Backend>(
 }
 
 /// Learns the codebooks on `residuals` (`n x d`, on the device) and codes every vector:
-/// returns the quantiser, `n * bytes` codes and the squared error they leave. The first codewords are distinct vectors
-/// drawn by a seeded shuffle.
+/// returns the quantiser, `n * bytes` codes and the squared error they leave. The first
+/// codewords are distinct vectors drawn by a seeded shuffle.
 ///
 /// Every subspace trains at once: the residuals are laid out as `n x bytes` rows of `wmax`
 /// values (a subspace's dimensions, then zeros up to the widest subspace's width `wmax`,
