@@ -58,6 +58,10 @@ struct Geo {
     i64 coff;
 };
 
+// im2col and col2im exist twice: with i64 index arithmetic, and for launches whose every
+// position fits in 31 bits with u32 quotients by precomputed multipliers (`FastDiv`): the
+// hardware has no integer divider, and the LeNet bench's convolution and pooling spent
+// 80-160 us a call on 64-bit divisions on an H200.
 extern "C" __global__ void im2col_kernel(Geo g, const void* x, int xdt, void* out, int odt) {
     i64 total = g.n * g.c * g.kh * g.kw * g.oh * g.ow;
     GRID_STRIDE(t, total) {
@@ -70,6 +74,28 @@ extern "C" __global__ void im2col_kernel(Geo g, const void* x, int xdt, void* ou
         i64 oi = g.coff + b * g.cs[0] + row * g.cs[1] + p * g.cs[2];
         if (y >= 0 && y < g.h && xx >= 0 && xx < g.w) {
             move_element(out, odt, oi, x, xdt, g.xoff + b * g.xs[0] + ch * g.xs[1] + y * g.xs[2] + xx * g.xs[3]);
+        } else {
+            store_f(out, odt, oi, 0.0f);
+        }
+    }
+}
+
+// The divisors of im2col_kernel32: oh*ow, c*kh*kw, kw, kh, ow.
+struct Im2colDivs {
+    FastDiv ohw, rows, kw, kh, ow;
+};
+extern "C" __global__ void im2col_kernel32(Geo g, Im2colDivs v, const void* x, int xdt, void* out, int odt) {
+    const u32 total = (u32)(g.n * g.c * g.kh * g.kw * g.oh * g.ow);
+    for (u32 t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
+        const u32 q = fast_div(v.ohw, t), p = t - q * v.ohw.d;
+        const u32 b = fast_div(v.rows, q), row = q - b * v.rows.d;
+        const u32 r2 = fast_div(v.kw, row), j = row - r2 * v.kw.d;
+        const u32 ch = fast_div(v.kh, r2), i = r2 - ch * v.kh.d;
+        const u32 oy = fast_div(v.ow, p), ox = p - oy * v.ow.d;
+        const i64 y = (i64)oy * g.sh - g.ph + (i64)i * g.dh, xx = (i64)ox * g.sw - g.pw + (i64)j * g.dw;
+        const i64 oi = g.coff + (i64)b * g.cs[0] + (i64)row * g.cs[1] + (i64)p * g.cs[2];
+        if (y >= 0 && y < g.h && xx >= 0 && xx < g.w) {
+            move_element(out, odt, oi, x, xdt, g.xoff + (i64)b * g.xs[0] + (i64)ch * g.xs[1] + y * g.xs[2] + xx * g.xs[3]);
         } else {
             store_f(out, odt, oi, 0.0f);
         }
@@ -98,6 +124,37 @@ extern "C" __global__ void col2im_kernel(Geo g, const void* cols, int cdt, void*
             }
         }
         store_f(out, odt, g.xoff + b * g.xs[0] + ch * g.xs[1] + y * g.xs[2] + xx * g.xs[3], sum);
+    }
+}
+
+// The divisors of col2im_kernel32: w, h, c, the strides sh and sw.
+struct Col2imDivs {
+    FastDiv w, h, c, sh, sw;
+};
+extern "C" __global__ void col2im_kernel32(Geo g, Col2imDivs v, const void* cols, int cdt, void* out, int odt) {
+    const u32 total = (u32)(g.n * g.c * g.h * g.w);
+    const int kh = (int)g.kh, kw = (int)g.kw, ph = (int)g.ph, pw = (int)g.pw, dh = (int)g.dh, dw = (int)g.dw;
+    const u32 oh = (u32)g.oh, ow = (u32)g.ow;
+    for (u32 t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
+        const u32 q = fast_div(v.w, t), xx = t - q * v.w.d;
+        const u32 q2 = fast_div(v.h, q), y = q - q2 * v.h.d;
+        const u32 b = fast_div(v.c, q2), ch = q2 - b * v.c.d;
+        float sum = 0.0f;
+        for (int i = 0; i < kh; ++i) {
+            const int ty = (int)y + ph - i * dh;
+            if (ty < 0) continue;
+            const u32 oy = fast_div(v.sh, (u32)ty);
+            if (oy * v.sh.d != (u32)ty || oy >= oh) continue;
+            for (int j = 0; j < kw; ++j) {
+                const int tx = (int)xx + pw - j * dw;
+                if (tx < 0) continue;
+                const u32 ox = fast_div(v.sw, (u32)tx);
+                if (ox * v.sw.d != (u32)tx || ox >= ow) continue;
+                const i64 row = ((i64)ch * kh + i) * kw + j;
+                sum += load_f(cols, cdt, g.coff + (i64)b * g.cs[0] + row * g.cs[1] + ((i64)oy * ow + ox) * g.cs[2]);
+            }
+        }
+        store_f(out, odt, g.xoff + (i64)b * g.xs[0] + (i64)ch * g.xs[1] + (i64)y * g.xs[2] + (i64)xx * g.xs[3], sum);
     }
 }
 

@@ -681,9 +681,24 @@ fn run_reduce<B: Backend>(
 
 fn reduce<B: Backend>(s: &mut Suite<'_, B>) {
     let shapes = s.shapes(1..=4, 1 << 18);
-    for (i, shape) in shapes.iter().enumerate() {
+    let mut cases: Vec<(Vec<usize>, Vec<usize>)> = shapes
+        .into_iter()
+        .map(|shape| {
+            let axes = (0..shape.len()).filter(|_| s.rng().below(2) == 0).collect();
+            (shape, axes)
+        })
+        .collect();
+    // Column sums (the leading axis of row-major data, as for a bias gradient), which
+    // backends may serve with their own kernel: short and long columns, odd widths.
+    cases.extend([
+        (vec![257, 77], vec![0]),
+        (vec![131, 5, 33], vec![0]),
+        (vec![2003, 41], vec![0]),
+    ]);
+    for (i, (shape, axes)) in cases.iter().enumerate() {
+        let (shape, axes) = (shape.clone(), axes.clone());
+        let shape = &shape;
         let op = ReduceOp::ALL[i % 4];
-        let axes: Vec<usize> = (0..shape.len()).filter(|_| s.rng().below(2) == 0).collect();
         let mut oshape = shape.clone();
         for &a in &axes {
             oshape[a] = 1;
@@ -793,6 +808,11 @@ fn arg_reduce<B: Backend>(s: &mut Suite<'_, B>) {
         (vec![4097, 1], Some(0)),
         (vec![3, 65537], Some(1)),
         (vec![2051, 2], Some(0)),
+        // Short axes with many outputs (a pooling window's argmax), up to the longest a
+        // backend may give one thread per output.
+        (vec![37, 4, 53], Some(1)),
+        (vec![16, 1001], Some(0)),
+        (vec![603, 17], Some(1)),
     ]);
     for (i, (shape, axis)) in cases.iter().enumerate() {
         if shape.contains(&0) {

@@ -45,7 +45,7 @@ use hal::{
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use walk::{Geo, Walk};
+use walk::{Col2imDivs, FastDiv, Geo, Im2colDivs, Walk};
 
 /// A buffer in device memory. Clones share the memory; the block returns to the backend's
 /// pool when the last clone drops.
@@ -68,6 +68,9 @@ const FEW_CENTROIDS: usize = 16;
 /// `arg_reduce` gives each output a block of 1,024 threads (`arg_reduce_block`) instead of a
 /// warp when the axis is at least this long and the outputs are few.
 const ARG_BLOCK_FROM_LEN: usize = 2048;
+
+/// `arg_reduce` gives each output one thread (`arg_reduce_short`) along axes up to this long.
+const ARG_SHORT_UP_TO_LEN: usize = 16;
 
 /// `arg_reduce` of a single output splits the axis over blocks (`arg_reduce_split`) from this
 /// length on.
@@ -442,7 +445,7 @@ impl CudaBackend {
         // would leave the GPU idle, so the reduction is split into chunks over many blocks
         // (`reduce_partial`), whose partial results are then reduced as below.
         let sms = self.dev.sms as i64;
-        if kept.n < sms && red.n >= 1 << 16 {
+        if kept.n < sms && red.n >= 1 << 14 {
             // About eight blocks per multiprocessor in all: enough threads to keep the loads
             // in flight.
             let chunks = ((8 * sms + kept.n - 1) / kept.n).min(red.n / 4096).max(2);
@@ -491,18 +494,30 @@ impl CudaBackend {
                     .arg(pass2),
             );
         }
-        // Few outputs with long reductions get a block each; otherwise a warp each.
+        // One reduced axis of far-apart elements, with neighbouring outputs next to each other
+        // in x and not too many rows: 32 outputs a block (`reduce_columns`), so loads coalesce.
+        let columns = red.rank() == 1
+            && red.stride(0, 0).abs() > 1
+            && kept.rank() >= 1
+            && kept.stride(1, kept.rank() - 1) == 1
+            && kept.n >= 2
+            && red.n <= 1 << 14;
+        // Otherwise few outputs with long reductions get a block each, and the rest a warp
+        // each.
+        const COLUMN_W: usize = 32;
         let per_block = kept.n < 4 * sms && red.n >= 1024;
-        let (name, groups) = if per_block {
-            ("reduce_block", kept.n as usize)
+        let (name, groups, threads) = if columns {
+            ("reduce_columns", (kept.n as usize).div_ceil(COLUMN_W), 1024)
+        } else if per_block {
+            ("reduce_block", kept.n as usize, device::BLOCK)
         } else {
-            ("reduce_warp", (kept.n as usize).div_ceil(8))
+            ("reduce_warp", (kept.n as usize).div_ceil(8), device::BLOCK)
         };
         let blocks = groups.min(self.dev.sms as usize * 32).max(1) as u32;
         self.dev.launch_raw(
             self.dev.function(name)?,
             (blocks, 1, 1),
-            device::BLOCK,
+            threads,
             Args::new()
                 .arg(kept)
                 .arg(red)
@@ -888,9 +903,9 @@ impl Backend for CudaBackend {
             .arg(x.buffer.ptr())
             .arg(dtype_code(x.dtype()))
             .arg(matches!(op, ArgReduceOp::ArgMax) as i32);
-        // A warp per output while there are enough outputs to fill the device; a block each
-        // for a few long ones; one output along a long axis split over blocks of 256 with
-        // 1,024 keys or more each.
+        // A thread per output along short axes; a warp per output while there are enough
+        // outputs to fill the device; a block each for a few long ones; one output along a
+        // long axis split over blocks of 256 with 1,024 keys or more each.
         if kept.n == 1 && len >= ARG_SPLIT_FROM_LEN {
             let blocks = (len / 1024).min(self.dev.sms as usize * 2);
             // Each block's best value, and its index (an i64: two words).
@@ -912,6 +927,9 @@ impl Backend for CudaBackend {
                 1024,
                 args,
             );
+        }
+        if (1..=ARG_SHORT_UP_TO_LEN).contains(&len) {
+            return self.dev.launch("arg_reduce_short", kept.n as usize, args);
         }
         self.dev
             .launch("arg_reduce_kernel", kept.n as usize * 32, args)
@@ -980,12 +998,24 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         let geo = geometry(g, x.layout, out.layout);
         let total = (geo.n * geo.c * geo.kh * geo.kw * geo.oh * geo.ow) as usize;
+        let args = Args::new().arg(geo);
+        let (name, args) = if fits_fast_division(&geo, total) {
+            let d = |v: i64| FastDiv::new(v as u32);
+            let divs = Im2colDivs {
+                ohw: d(geo.oh * geo.ow),
+                rows: d(geo.c * geo.kh * geo.kw),
+                kw: d(geo.kw),
+                kh: d(geo.kh),
+                ow: d(geo.ow),
+            };
+            ("im2col_kernel32", args.arg(divs))
+        } else {
+            ("im2col_kernel", args)
+        };
         self.dev.launch(
-            "im2col_kernel",
+            name,
             total,
-            Args::new()
-                .arg(geo)
-                .arg(x.buffer.ptr())
+            args.arg(x.buffer.ptr())
                 .arg(dtype_code(x.dtype()))
                 .arg(out.buffer.ptr())
                 .arg(dtype_code(out.dtype())),
@@ -997,12 +1027,24 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         let geo = geometry(g, out.layout, cols.layout);
         let total = (geo.n * geo.c * geo.h * geo.w) as usize;
+        let args = Args::new().arg(geo);
+        let (name, args) = if fits_fast_division(&geo, total) {
+            let d = |v: i64| FastDiv::new(v as u32);
+            let divs = Col2imDivs {
+                w: d(geo.w),
+                h: d(geo.h),
+                c: d(geo.c),
+                sh: d(geo.sh),
+                sw: d(geo.sw),
+            };
+            ("col2im_kernel32", args.arg(divs))
+        } else {
+            ("col2im_kernel", args)
+        };
         self.dev.launch(
-            "col2im_kernel",
+            name,
             total,
-            Args::new()
-                .arg(geo)
-                .arg(cols.buffer.ptr())
+            args.arg(cols.buffer.ptr())
                 .arg(dtype_code(cols.dtype()))
                 .arg(out.buffer.ptr())
                 .arg(dtype_code(out.dtype())),
@@ -1639,6 +1681,25 @@ impl CudaBackend {
             out,
         )
     }
+}
+
+/// Whether the u32 im2col/col2im kernels serve geometry `g` with `total` threads' worth of
+/// positions: every position, window coordinate (`y + pad`, `k * dilation`) and divisor
+/// below 2^31, where their multiply-high division is exact.
+fn fits_fast_division(g: &Geo, total: usize) -> bool {
+    let limit = i32::MAX as i64;
+    let spans = [
+        total as i64,
+        g.h + g.ph,
+        g.w + g.pw,
+        g.kh * g.dh,
+        g.kw * g.dw,
+        g.c * g.kh * g.kw,
+        g.oh * g.ow,
+        g.sh,
+        g.sw,
+    ];
+    total as u64 <= limit as u64 && spans.iter().all(|&v| (0..limit).contains(&v))
 }
 
 fn geometry(g: &Conv2dGeometry, image: &Layout, cols: &Layout) -> Geo {

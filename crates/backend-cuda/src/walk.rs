@@ -74,6 +74,16 @@ impl Walk {
         Ok(w)
     }
 
+    /// The merged rank.
+    pub fn rank(&self) -> usize {
+        self.rank as usize
+    }
+
+    /// Operand `o`'s stride along merged dimension `d`.
+    pub fn stride(&self, o: usize, d: usize) -> i64 {
+        self.strides[o][d]
+    }
+
     /// A walk over `shape` with operands given as layouts (each broadcast to `shape` already).
     pub fn of(op: &'static str, shape: &[usize], layouts: &[&Layout]) -> Result<Walk> {
         let ops: Vec<(&[isize], usize)> = layouts
@@ -108,6 +118,57 @@ pub(crate) struct Geo {
     pub coff: i64,
 }
 
+/// `struct FastDiv` of `cuda/common.cuh`: division by `d` as `(umulhi(n, m) + n) >> s`,
+/// exact for every `n < 2^31` (the round-up method: `s = ceil(log2 d)`, `m = floor(2^32 (2^s -
+/// d) / d) + 1`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FastDiv {
+    d: u32,
+    m: u32,
+    s: u32,
+    pad: u32,
+}
+
+impl FastDiv {
+    /// The multiplier and shift for divisor `d` (at least 1, below 2^31).
+    pub fn new(d: u32) -> FastDiv {
+        let d = d.max(1);
+        let s = 32 - (d - 1).leading_zeros();
+        let m = ((1u64 << 32) * ((1u64 << s) - d as u64) / d as u64 + 1) as u32;
+        FastDiv { d, m, s, pad: 0 }
+    }
+
+    /// What the device computes, for tests.
+    #[cfg(test)]
+    fn divide(&self, n: u32) -> u32 {
+        let high = ((n as u64 * self.m as u64) >> 32) as u32;
+        (high + n) >> self.s
+    }
+}
+
+/// `struct Im2colDivs` of `cuda/index.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Im2colDivs {
+    pub ohw: FastDiv,
+    pub rows: FastDiv,
+    pub kw: FastDiv,
+    pub kh: FastDiv,
+    pub ow: FastDiv,
+}
+
+/// `struct Col2imDivs` of `cuda/index.cu`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Col2imDivs {
+    pub w: FastDiv,
+    pub h: FastDiv,
+    pub c: FastDiv,
+    pub sh: FastDiv,
+    pub sw: FastDiv,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,5 +197,37 @@ mod tests {
         let perm: Vec<usize> = (0..10).rev().collect();
         let t = Layout::contiguous(&shape).permute(&perm).unwrap();
         assert!(Walk::of("t", &shape, &[&a, &t]).is_err());
+    }
+
+    /// The multiply-high division agrees with `/` for small, power-of-two, large and random
+    /// divisors on the edges of each quotient and up to 2^31 - 1.
+    #[test]
+    fn fast_division_is_exact_below_two_to_the_31() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut divisors: Vec<u32> = (1..=4100).collect();
+        divisors.extend((0..31).map(|k| 1u32 << k));
+        divisors.extend((0..2000).map(|_| (next() % (1 << 31)) as u32 + 1));
+        for &d in &divisors {
+            let f = FastDiv::new(d);
+            let mut ns = vec![
+                0,
+                1,
+                d - 1,
+                d,
+                d.saturating_add(1),
+                (1 << 31) - 1,
+                (1 << 31) - 2,
+            ];
+            ns.extend((0..50).map(|_| (next() % (1 << 31)) as u32));
+            for n in ns.into_iter().filter(|&n| n < 1 << 31) {
+                assert_eq!(f.divide(n), n / d, "{n} / {d}");
+            }
+        }
     }
 }

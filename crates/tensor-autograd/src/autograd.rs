@@ -30,6 +30,25 @@ pub(crate) struct Node<B: Backend> {
 
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+    static IN_RECORDED_STEP: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` as the body of a recorded step ([`crate::models::RecordedStep`]), where
+/// operations whose launches would not repeat correctly on replay refuse to run.
+pub(crate) fn in_recorded_step<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_RECORDED_STEP.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(IN_RECORDED_STEP.with(|g| g.replace(true)));
+    f()
+}
+
+/// True inside the body of a recorded step.
+pub(crate) fn is_recording_step() -> bool {
+    IN_RECORDED_STEP.with(|g| g.get())
 }
 
 /// Runs `f` without recording operations for autograd (evaluation, optimiser updates).

@@ -20,7 +20,9 @@
 //! - [`optim`]: SGD, Adam, AdamW on the backends' fused step kernels; schedules; clipping.
 //! - [`data`]: datasets and a [`data::DataLoader`] that prepares the next batch on a thread.
 //! - [`models`]: the reference MLP and LeNet-style CNN, the training loop the examples and the
-//!   bench share, and the digits / synthetic MNIST-shaped datasets.
+//!   bench share ([`models::train_step`], and [`models::RecordedStep`], the same step recorded
+//!   once and replayed: one device-graph launch a step on CUDA), and the digits / synthetic
+//!   MNIST-shaped datasets.
 //!
 //! ```
 //! use backend_cpu::CpuBackend;

@@ -7,7 +7,7 @@ use crate::optim::{Optimizer, Schedule};
 use crate::{Conv2dOptions, Tensor, no_grad};
 use hal::Backend;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A multi-layer perceptron: `Linear` layers with ReLU between them (`widths[0]` inputs,
 /// `widths.last()` outputs). Flattens its input first.
@@ -99,6 +99,7 @@ pub fn lenet<B: Backend>(
 }
 
 /// What a training step leaves behind, on the device and detached from the graph.
+#[derive(Clone)]
 pub struct StepOutput<B: Backend> {
     pub loss: Tensor<B>,
     pub logits: Tensor<B>,
@@ -124,6 +125,138 @@ pub fn train_step<B: Backend>(
         loss: loss.detach(),
         logits: logits.detach(),
     })
+}
+
+/// A training step ([`train_step`]'s forward, cross-entropy, backward and optimiser update)
+/// recorded once with [`hal::Backend::record`] and replayed for each batch. On a capturing
+/// backend (CUDA) a step is then one graph launch, plus two copies that bring the batch into
+/// the recording's input tensors; elsewhere a replay runs the step's calls again, so the same
+/// code trains everywhere.
+///
+/// What a replay repeats is fixed at recording: the batch's shape and dtype, the model's
+/// structure, and the kernels' launch arguments. So the optimiser keeps its per-step values on
+/// the device ([`Optimizer::prepare_recorded`]; Adam and AdamW can, and their learning rate
+/// may still change between steps), and training-mode dropout, whose mask would repeat,
+/// refuses to run inside. The [`StepOutput`] a run returns aliases the recording's outputs:
+/// read or use it (as later device calls do, in queue order) before the next run overwrites
+/// it.
+pub struct RecordedStep<B: Backend, O: Optimizer<B>> {
+    backend: B,
+    graph: B::Graph,
+    x: Tensor<B>,
+    y: Tensor<B>,
+    output: Arc<Mutex<Option<StepOutput<B>>>>,
+    /// The error of the step's body, where it was not the backend's (the recording closure
+    /// can only return a `hal` error).
+    failure: Arc<Mutex<Option<crate::Error>>>,
+    optimizer: Arc<Mutex<O>>,
+}
+
+impl<B: Backend, O: Optimizer<B> + Send + 'static> RecordedStep<B, O> {
+    /// Records the step of `model` (its parameters in [`ModuleExt::parameters`] order) and
+    /// `optimizer` on batches shaped like `x` (inputs) and `y` (class labels). Records only:
+    /// nothing is trained until [`RecordedStep::run`].
+    pub fn new(
+        model: Arc<dyn Module<B>>,
+        mut optimizer: O,
+        x: &Tensor<B>,
+        y: &Tensor<B>,
+    ) -> Result<Self> {
+        let backend = x.backend().clone();
+        let params = model.parameters();
+        optimizer.prepare_recorded(&params)?;
+        let fixed_x = Tensor::zeros(&backend, x.shape(), x.dtype())?;
+        let fixed_y = Tensor::zeros(&backend, y.shape(), y.dtype())?;
+        let output = Arc::new(Mutex::new(None));
+        let failure = Arc::new(Mutex::new(None));
+        let optimizer = Arc::new(Mutex::new(optimizer));
+        let steps = {
+            let (x, y) = (fixed_x.clone(), fixed_y.clone());
+            let (output, failure, optimizer) = (output.clone(), failure.clone(), optimizer.clone());
+            move |_: &B| -> hal::Result<()> {
+                let body = || -> Result<StepOutput<B>> {
+                    for p in &params {
+                        p.zero_grad();
+                    }
+                    let logits = model.forward(&x)?;
+                    let loss = logits.cross_entropy(&y)?;
+                    loss.backward()?;
+                    lock(&optimizer).step_recorded(&params)?;
+                    Ok(StepOutput {
+                        loss: loss.detach(),
+                        logits: logits.detach(),
+                    })
+                };
+                match crate::autograd::in_recorded_step(body) {
+                    Ok(out) => {
+                        *lock(&output) = Some(out);
+                        Ok(())
+                    }
+                    Err(crate::Error::Hal(e)) => Err(e),
+                    Err(e) => {
+                        let detail = e.to_string();
+                        *lock(&failure) = Some(e);
+                        Err(hal::Error::InvalidArgument {
+                            op: "RecordedStep",
+                            detail,
+                        })
+                    }
+                }
+            }
+        };
+        let graph = backend.record(Arc::new(steps));
+        if let Some(e) = lock(&failure).take() {
+            return Err(e);
+        }
+        Ok(Self {
+            graph: graph?,
+            backend,
+            x: fixed_x,
+            y: fixed_y,
+            output,
+            failure,
+            optimizer,
+        })
+    }
+
+    /// One training step on the batch `x`, `y` (the recording's shapes and dtypes).
+    pub fn run(&self, x: &Tensor<B>, y: &Tensor<B>) -> Result<StepOutput<B>> {
+        for (name, given, fixed) in [("inputs", x, &self.x), ("labels", y, &self.y)] {
+            if given.shape() != fixed.shape() || given.dtype() != fixed.dtype() {
+                return Err(crate::error::shape_error(
+                    "RecordedStep::run",
+                    given.shape(),
+                    fixed.shape(),
+                    format!(
+                        "the {name} must have the recorded shape and dtype ({:?}; got {:?}); record another step for other shapes",
+                        fixed.dtype(),
+                        given.dtype()
+                    ),
+                ));
+            }
+        }
+        self.x.assign(x)?;
+        self.y.assign(y)?;
+        lock(&self.optimizer).before_replay()?;
+        if let Err(e) = self.backend.replay(&self.graph) {
+            return Err(lock(&self.failure).take().unwrap_or(crate::Error::Hal(e)));
+        }
+        lock(&self.output).clone().ok_or_else(|| {
+            invalid(
+                "RecordedStep::run",
+                "the recording left no output (the step failed when it was recorded)",
+            )
+        })
+    }
+
+    /// The optimiser (to change its learning rate between steps, or read its step count).
+    pub fn optimizer(&self) -> std::sync::MutexGuard<'_, O> {
+        lock(&self.optimizer)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// How many rows of `logits` pick the class in `labels` (a one-element device tensor).

@@ -435,6 +435,14 @@ impl<B: Backend> Module<B> for Dropout {
         if !self.training {
             return Ok(x.clone());
         }
+        if crate::autograd::is_recording_step() {
+            // The stream offset is taken on the host, once per recording: a capturing
+            // backend's replays would all draw the same mask.
+            return Err(crate::error::invalid(
+                "Dropout",
+                "dropout in training mode cannot run inside a recorded step (its replays would repeat one mask); train it with train_step",
+            ));
+        }
         // Each call consumes a fresh stretch of the stream, so masks differ between steps.
         let offset = self.drawn.fetch_add(x.numel() as u64, Ordering::Relaxed);
         x.dropout(self.p, self.seed, offset)

@@ -7,6 +7,7 @@
 
 use crate::error::{Result, invalid};
 use crate::tensor::Tensor;
+use hal::ir::{Access, IrUnary, ProgramBuilder};
 use hal::{AdamParams, Backend, BackendExt, DType, DeviceBuffer, SgdParams};
 
 /// What every optimiser offers.
@@ -17,6 +18,36 @@ pub trait Optimizer<B: Backend> {
     fn set_learning_rate(&mut self, lr: f32);
     /// Moves the optimiser state (momenta) to `device`.
     fn to_device(&mut self, device: &B) -> Result<()>;
+
+    /// Makes the optimiser ready to update `params` inside a step recorded for replay
+    /// ([`crate::models::RecordedStep`]): creates every state buffer now (one allocated inside
+    /// a recording would be zeroed again by each replay on a capturing backend) and puts every
+    /// value that changes from step to step on the device, where the recorded launches read it.
+    /// Optimisers that cannot do that refuse (the default).
+    fn prepare_recorded(&mut self, params: &[Tensor<B>]) -> Result<()> {
+        let _ = params;
+        Err(invalid(
+            "prepare_recorded",
+            "this optimiser cannot run inside a recorded step (Adam and AdamW can); use train_step",
+        ))
+    }
+
+    /// The update inside a recorded step, after [`Optimizer::prepare_recorded`]: device
+    /// launches only, reading the per-step values from the device.
+    fn step_recorded(&mut self, params: &[Tensor<B>]) -> Result<()> {
+        let _ = params;
+        Err(invalid(
+            "step_recorded",
+            "this optimiser cannot run inside a recorded step",
+        ))
+    }
+
+    /// Called before each replay of a recorded step: counts the step on the host and brings
+    /// the device's per-step values up to date where the host changed them (a new learning
+    /// rate, eager steps taken in between).
+    fn before_replay(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The gradient of `p`, checked to be a dense f32 buffer matching it, or `None` if it has
@@ -68,25 +99,47 @@ impl<B: Backend> State<B> {
             let Some(g) = dense_grad(param, op)? else {
                 continue;
             };
-            if self.buffers.len() <= i {
-                self.buffers.resize_with(i + 1, Vec::new);
-            }
-            let state = &mut self.buffers[i];
-            if let Some(b) = state.iter().find(|b| b.len() != param.numel()) {
-                return Err(invalid(
-                    op,
-                    format!(
-                        "parameter {i} has {} elements but its state has {}; pass the same parameters in the same order each step",
-                        param.numel(),
-                        b.len()
-                    ),
-                ));
-            }
-            while state.len() < kinds {
-                state.push(param.backend().alloc(DType::F32, param.numel())?);
-            }
-            update(param, &g, &state[..kinds], self.steps)?;
-            self.device.get_or_insert_with(|| param.backend().clone());
+            let steps = self.steps;
+            update(param, &g, self.state_of(op, i, param, kinds)?, steps)?;
+        }
+        Ok(())
+    }
+
+    /// The `kinds` state buffers of parameter `i`, created zeroed on first use.
+    fn state_of(
+        &mut self,
+        op: &'static str,
+        i: usize,
+        param: &Tensor<B>,
+        kinds: usize,
+    ) -> Result<&[B::Buffer]> {
+        if self.buffers.len() <= i {
+            self.buffers.resize_with(i + 1, Vec::new);
+        }
+        let state = &mut self.buffers[i];
+        if let Some(b) = state.iter().find(|b| b.len() != param.numel()) {
+            return Err(invalid(
+                op,
+                format!(
+                    "parameter {i} has {} elements but its state has {}; pass the same parameters in the same order each step",
+                    param.numel(),
+                    b.len()
+                ),
+            ));
+        }
+        while state.len() < kinds {
+            state.push(param.backend().alloc(DType::F32, param.numel())?);
+        }
+        self.device.get_or_insert_with(|| param.backend().clone());
+        Ok(&self.buffers[i][..kinds])
+    }
+
+    /// Creates the `kinds` state buffers of every parameter that lacks them, as its first
+    /// step would.
+    fn ensure(&mut self, op: &'static str, params: &[Tensor<B>], kinds: usize) -> Result<()> {
+        for (i, param) in params.iter().enumerate() {
+            dense_grad(param, op)?;
+            self.state_of(op, i, param, kinds)?;
         }
         Ok(())
     }
@@ -166,6 +219,34 @@ pub struct Adam<B: Backend> {
     /// the optimiser's own count).
     pub hyper: AdamParams,
     state: State<B>,
+    /// How recorded steps update, once [`Optimizer::prepare_recorded`] ran.
+    recorded: Recorded<B>,
+    /// Use the device values on every backend, not only capturing ones.
+    force_device_values: bool,
+}
+
+/// How [`Adam`] updates inside recorded steps.
+enum Recorded<B: Backend> {
+    /// Not prepared.
+    No,
+    /// The backend runs the recorded calls again on each replay: the eager update, as is.
+    Eager,
+    /// The backend captures: the update reads its per-step values from the device.
+    OnDevice(RecordedAdam<B>),
+}
+
+/// What Adam keeps on the device for recorded steps: `values = [lr, beta1^t, beta2^t]` (`t`
+/// the steps taken), advanced by a one-thread kernel at the start of each recorded update,
+/// and the update kernel, which reads them (the fused `adam_step` takes the learning rate and
+/// the bias corrections as launch arguments, which a replay would repeat unchanged).
+struct RecordedAdam<B: Backend> {
+    values: B::Buffer,
+    advance: B::Kernel,
+    update: B::Kernel,
+    /// The hyperparameters the kernels were built with and the learning rate `values` holds,
+    /// and the step count it holds (as the host last wrote or counted it).
+    hyper: AdamParams,
+    steps: u64,
 }
 
 impl<B: Backend> Adam<B> {
@@ -182,6 +263,8 @@ impl<B: Backend> Adam<B> {
                 step: 0,
             },
             state: State::new(),
+            recorded: Recorded::No,
+            force_device_values: false,
         }
     }
     /// AdamW with PyTorch's defaults (weight decay 0.01).
@@ -193,6 +276,14 @@ impl<B: Backend> Adam<B> {
     }
     pub fn weight_decay(mut self, weight_decay: f32) -> Self {
         self.hyper.weight_decay = weight_decay;
+        self
+    }
+    /// Makes recorded steps read the learning rate and bias corrections from the device on
+    /// every backend. That is the default, and needed, only where the backend captures
+    /// ([`hal::Capabilities::graph_capture`]); elsewhere a replay runs the eager update again,
+    /// which is as fast. This exercises the capturing path's update on any backend (tests).
+    pub fn device_values_everywhere(mut self) -> Self {
+        self.force_device_values = true;
         self
     }
     /// Steps taken so far.
@@ -223,8 +314,200 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
         self.hyper.lr = lr;
     }
     fn to_device(&mut self, device: &B) -> Result<()> {
+        // A recording's device values belong to the old device: record again there.
+        self.recorded = Recorded::No;
         self.state.move_to(device)
     }
+
+    fn prepare_recorded(&mut self, params: &[Tensor<B>]) -> Result<()> {
+        let Some(first) = params.first() else {
+            return Err(invalid("prepare_recorded", "no parameters to update"));
+        };
+        let b = first.backend().clone();
+        self.state.ensure("Adam::prepare_recorded", params, 2)?;
+        if !b.capabilities().graph_capture && !self.force_device_values {
+            self.recorded = Recorded::Eager;
+            return Ok(());
+        }
+        let h = AdamParams {
+            step: 0,
+            ..self.hyper
+        };
+        let mut recorded = RecordedAdam {
+            values: b.alloc(DType::F32, 3)?,
+            advance: b.compile(&adam_advance_program(&h)?)?,
+            update: b.compile(&adam_update_program(&h)?)?,
+            hyper: h,
+            steps: 0,
+        };
+        recorded.sync(&b, self.state.steps)?;
+        self.recorded = Recorded::OnDevice(recorded);
+        Ok(())
+    }
+
+    fn step_recorded(&mut self, params: &[Tensor<B>]) -> Result<()> {
+        let r = match &self.recorded {
+            Recorded::No => {
+                return Err(invalid(
+                    "step_recorded",
+                    "call prepare_recorded before recording",
+                ));
+            }
+            Recorded::Eager => return self.step(params),
+            Recorded::OnDevice(r) => r,
+        };
+        let Some(first) = params.first() else {
+            return Ok(());
+        };
+        let b = first.backend();
+        b.launch(&r.advance, &[&r.values], 1)?;
+        for (i, param) in params.iter().enumerate() {
+            let Some(g) = dense_grad(param, "Adam::step_recorded")? else {
+                continue;
+            };
+            let state = match self.state.buffers.get(i) {
+                Some(s) if s.len() == 2 && s[0].len() == param.numel() => s,
+                _ => {
+                    return Err(invalid(
+                        "Adam::step_recorded",
+                        format!(
+                            "parameter {i} was not prepared; pass the parameters given to prepare_recorded"
+                        ),
+                    ));
+                }
+            };
+            if param.numel() > 0 {
+                b.launch(
+                    &r.update,
+                    &[param.buffer(), g.buffer(), &state[0], &state[1], &r.values],
+                    param.numel(),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn before_replay(&mut self) -> Result<()> {
+        let r = match &mut self.recorded {
+            Recorded::No => {
+                return Err(invalid(
+                    "before_replay",
+                    "call prepare_recorded before replaying",
+                ));
+            }
+            // The replay's eager update counts the step.
+            Recorded::Eager => return Ok(()),
+            Recorded::OnDevice(r) => r,
+        };
+        let now = AdamParams {
+            step: 0,
+            lr: r.hyper.lr,
+            ..self.hyper
+        };
+        if now != r.hyper {
+            return Err(invalid(
+                "before_replay",
+                "the hyperparameters changed since the step was recorded (only the learning rate may change); record it again",
+            ));
+        }
+        if r.steps != self.state.steps || r.hyper.lr.to_bits() != self.hyper.lr.to_bits() {
+            // Eager steps in between, or a new learning rate: the host's values.
+            r.hyper.lr = self.hyper.lr;
+            let b = self
+                .state
+                .device
+                .clone()
+                .expect("prepared state has a device");
+            r.sync(&b, self.state.steps)?;
+        }
+        // The replay's own advance counts this step on the device.
+        self.state.steps += 1;
+        r.steps = self.state.steps;
+        Ok(())
+    }
+}
+
+impl<B: Backend> RecordedAdam<B> {
+    /// Writes `[lr, beta1^t, beta2^t]` for `t` steps taken.
+    fn sync(&mut self, b: &B, t: u64) -> Result<()> {
+        let h = &self.hyper;
+        let power = t.min(i32::MAX as u64) as i32;
+        b.write(
+            &self.values,
+            &[h.lr, h.beta1.powi(power), h.beta2.powi(power)],
+        )?;
+        self.steps = t;
+        Ok(())
+    }
+}
+
+/// One thread: `values[1] *= beta1`, `values[2] *= beta2` (the powers for the step about to
+/// be taken).
+fn adam_advance_program(h: &AdamParams) -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("adam_advance");
+    let values = p.buffer(DType::F32, Access::ReadWrite);
+    for (at, beta) in [(1, h.beta1), (2, h.beta2)] {
+        let at = p.const_u32(at);
+        let power = p.load(values, at);
+        let beta = p.const_f32(beta);
+        let next = p.mul(power, beta);
+        p.store(values, at, next);
+    }
+    Ok(p.build()?)
+}
+
+/// Element `i` of a parameter: the fused `adam_step` of the backends, with the learning rate
+/// and the bias corrections `1 - beta^t` from `values` (buffers `[param, grad, m, v,
+/// values]`).
+fn adam_update_program(h: &AdamParams) -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("adam_update_recorded");
+    let param = p.buffer(DType::F32, Access::ReadWrite);
+    let grad = p.buffer(DType::F32, Access::Read);
+    let m = p.buffer(DType::F32, Access::ReadWrite);
+    let v = p.buffer(DType::F32, Access::ReadWrite);
+    let values = p.buffer(DType::F32, Access::Read);
+    let i = p.index();
+    let [lr, power1, power2] = [0u32, 1, 2].map(|k| {
+        let k = p.const_u32(k);
+        p.load(values, k)
+    });
+    let one = p.const_f32(1.0);
+    let bc1 = p.sub(one, power1);
+    let bc2 = p.sub(one, power2);
+    let mut pi = p.load(param, i);
+    let mut gi = p.load(grad, i);
+    let wd = p.const_f32(h.weight_decay);
+    if h.decoupled_weight_decay {
+        let decay = p.mul(lr, wd);
+        let keep = p.sub(one, decay);
+        pi = p.mul(pi, keep);
+    } else {
+        let decay = p.mul(wd, pi);
+        gi = p.add(gi, decay);
+    }
+    let (b1, b2) = (p.const_f32(h.beta1), p.const_f32(h.beta2));
+    let (c1, c2) = (p.const_f32(1.0 - h.beta1), p.const_f32(1.0 - h.beta2));
+    let mo = p.load(m, i);
+    let mo = p.mul(b1, mo);
+    let mg = p.mul(c1, gi);
+    let mi = p.add(mo, mg);
+    let vo = p.load(v, i);
+    let vo = p.mul(b2, vo);
+    let vg = p.mul(c2, gi);
+    let vg = p.mul(vg, gi);
+    let vi = p.add(vo, vg);
+    p.store(m, i, mi);
+    p.store(v, i, vi);
+    let mhat = p.div(mi, bc1);
+    let vhat = p.div(vi, bc2);
+    let root = p.unary(IrUnary::Sqrt, vhat);
+    let eps = p.const_f32(h.eps);
+    let den = p.add(root, eps);
+    let stepv = p.mul(lr, mhat);
+    let stepv = p.div(stepv, den);
+    let pn = p.sub(pi, stepv);
+    p.store(param, i, pn);
+    Ok(p.build()?)
 }
 
 /// A learning rate as a function of the step (0-based).

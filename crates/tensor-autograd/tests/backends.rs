@@ -209,3 +209,20 @@ fn cuda_matches_cpu_forward_and_backward() {
         backend_cuda::CudaBackend::new().expect("the CUDA backend is required for this test");
     compare("cuda", &suite(&CpuBackend::new(), s), &suite(&cuda, s));
 }
+
+#[test]
+fn wgpu_recorded_step_matches_eager_steps() {
+    let wgpu = backend_wgpu::WgpuBackend::new()
+        .expect("the wgpu backend is required here (install mesa-vulkan-drivers for lavapipe)");
+    common::recorded_step_matches_eager(&wgpu, seed());
+}
+
+/// On CUDA the step is captured into a graph: this checks that replays of the capture train
+/// exactly as the eager steps do (the per-step values on the device, the batch copied in).
+#[test]
+#[ignore = "needs an NVIDIA GPU; run with --ignored on a GPU host"]
+fn cuda_recorded_step_matches_eager_steps() {
+    let cuda =
+        backend_cuda::CudaBackend::new().expect("the CUDA backend is required for this test");
+    common::recorded_step_matches_eager(&cuda, seed());
+}

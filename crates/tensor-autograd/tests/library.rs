@@ -295,3 +295,108 @@ fn loader_covers_every_item_once_and_is_seeded() {
     drop(it);
     assert!(Dataset::new(vec![f32::NAN, 1.0], &[2], vec![0]).is_err());
 }
+
+#[test]
+fn recorded_step_matches_eager_steps() {
+    common::recorded_step_matches_eager(&CpuBackend::new(), seed());
+}
+
+#[test]
+fn recorded_step_refuses_what_it_cannot_replay() {
+    use tensor_autograd::models::{RecordedStep, digits_mlp};
+    let dev = CpuBackend::new();
+    let x = Tensor::zeros(&dev, &[4, 3], hal::DType::F32).unwrap();
+    let y = Tensor::zeros(&dev, &[4], hal::DType::U32).unwrap();
+    let model = || -> Arc<dyn Module<CpuBackend>> {
+        Arc::new(mlp(&mut Init::new(&dev, 1), &[3, 5, 2]).unwrap())
+    };
+    // SGD keeps its learning rate on the host.
+    let err = RecordedStep::new(model(), Sgd::new(0.1), &x, &y)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("recorded step"), "{err}");
+    // A batch of another shape.
+    let adam = Adam::new(0.1).device_values_everywhere();
+    let step = RecordedStep::new(model(), adam, &x, &y).unwrap();
+    let wide = Tensor::zeros(&dev, &[4, 4], hal::DType::F32).unwrap();
+    let err = step.run(&wide, &y).err().unwrap();
+    assert!(
+        err.to_string().contains("[4, 4]") && err.to_string().contains("[4, 3]"),
+        "{err}"
+    );
+    step.run(&x, &y).unwrap();
+    assert_eq!(step.optimizer().steps(), 1);
+    // Changing a hyperparameter other than the learning rate after recording (which the
+    // device values would not follow).
+    step.optimizer().hyper.beta1 = 0.5;
+    let err = step.run(&x, &y).err().unwrap();
+    assert!(err.to_string().contains("record it again"), "{err}");
+    // Dropout in training mode would repeat its mask on replay.
+    let digits: Arc<dyn Module<CpuBackend>> =
+        Arc::new(digits_mlp(&mut Init::new(&dev, 1)).unwrap());
+    let x = Tensor::zeros(&dev, &[4, 64], hal::DType::F32).unwrap();
+    let step = RecordedStep::new(digits, Adam::new(0.1), &x, &y).unwrap();
+    let err = step.run(&x, &y).err().unwrap();
+    assert!(err.to_string().contains("dropout"), "{err}");
+}
+
+/// The fused cross-entropy against its definition, `nll_loss(log_softmax(x))`, forward and
+/// backward, for u32 and i32 labels on transposed logits; a label outside the classes is an
+/// error naming it and the class count.
+#[test]
+fn fused_cross_entropy_matches_its_composition() {
+    let dev = CpuBackend::new();
+    let mut rng = Rng::new(seed());
+    let (n, c) = (37, 11);
+    let values: Vec<f32> = rng
+        .vec(n * c, -4.0, 4.0)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let labels: Vec<u32> = (0..n).map(|_| rng.below(c) as u32).collect();
+    let signed: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
+    for target in [
+        Tensor::from_elements(&dev, &labels, &[n]).unwrap(),
+        Tensor::from_elements(&dev, &signed, &[n]).unwrap(),
+    ] {
+        // Stored as [C, N] and transposed: a non-contiguous view.
+        let run = |fused: bool| {
+            let x = Tensor::from_slice(&dev, &values, &[c, n])
+                .unwrap()
+                .requires_grad();
+            let loss = if fused {
+                x.t().unwrap().cross_entropy(&target).unwrap()
+            } else {
+                x.t()
+                    .unwrap()
+                    .log_softmax(1)
+                    .unwrap()
+                    .nll_loss(&target)
+                    .unwrap()
+            };
+            loss.mul_scalar(1.7).unwrap().backward().unwrap();
+            (loss.item().unwrap(), x.grad().unwrap().to_vec().unwrap())
+        };
+        let ((a, ga), (b, gb)) = (run(true), run(false));
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs(),
+            "loss {a} fused, {b} composed"
+        );
+        for (i, (x, y)) in ga.iter().zip(&gb).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-6,
+                "gradient {i}: {x} fused, {y} composed"
+            );
+        }
+    }
+    let x = Tensor::from_slice(&dev, &values, &[n, c]).unwrap();
+    let mut bad = labels.clone();
+    bad[5] = c as u32 + 2;
+    let bad = Tensor::from_elements(&dev, &bad, &[n]).unwrap();
+    let err = x.cross_entropy(&bad).and_then(|l| l.item()).err().unwrap();
+    assert!(
+        err.to_string().contains(&format!("index {}", c + 2))
+            && err.to_string().contains(&format!("size {c}")),
+        "{err}"
+    );
+}

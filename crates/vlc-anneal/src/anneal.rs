@@ -233,8 +233,9 @@ pub fn handle_for<B: Backend>(backend: &B, mode: Mode) -> B {
 ///
 /// The step number lives on the device, in two counters that steps take turns reading (the
 /// copy writes the other one, one more than the one it read, so no launch reads and advances
-/// the same word), so two recordings, one per counter, are replayed in turn for all steps
-/// (one device-graph launch per step where the backend captures). The race's uniform draws
+/// the same word), so recordings starting from either counter are replayed in turn for all
+/// steps: of [`STEPS_AT_ONCE`] steps where they fit, else of one (on a capturing backend, one
+/// device-graph launch per recording). The race's uniform draws
 /// are made for a block of steps at a time, each step reading its own row, so the stream is
 /// the same as one draw of `n` per step at offset `step * n`. Nothing is read back.
 ///
@@ -340,16 +341,28 @@ fn kmeans_pp_in_blocks<B: Backend>(
         steps.commit(b, 0)?;
     }
     if m > 1 {
-        let mut graphs = Vec::with_capacity(2);
-        for parity in 0..2 {
+        // Recordings of one step and of STEPS_AT_ONCE steps, from each counter: a capturing
+        // backend then launches one graph for that many steps (each graph launch leaves the
+        // device a gap to fill), while the draws are refreshed between graphs.
+        let record = |count: usize, parity: usize| {
             let recorded = steps.clone();
-            graphs.push(b.record(std::sync::Arc::new(move |b: &B| recorded.next(b, parity)))?);
-        }
-        for j in 1..m {
+            b.record(std::sync::Arc::new(move |b: &B| {
+                (0..count).try_for_each(|q| recorded.next(b, (parity + q) % 2))
+            }))
+        };
+        let single = [record(1, 0)?, record(1, 1)?];
+        let many = [record(STEPS_AT_ONCE, 0)?, record(STEPS_AT_ONCE, 1)?];
+        let mut j = 1;
+        while j < m {
             if j % block == 0 {
                 draw(j)?;
             }
+            // Many steps at once where they stay inside this block of draws.
+            let end = j + STEPS_AT_ONCE;
+            let at_once = end <= m && (end - 1) / block == j / block;
+            let graphs = if at_once { &many } else { &single };
             b.replay(&graphs[(j - lag) % 2])?;
+            j = if at_once { end } else { j + 1 };
         }
     }
     if sliced {
@@ -357,6 +370,10 @@ fn kmeans_pp_in_blocks<B: Backend>(
     }
     Ok(anchors)
 }
+
+/// The k-means++ steps replayed as one recording (even, so a recording ends on the counter
+/// it started from).
+const STEPS_AT_ONCE: usize = 8;
 
 /// The uniform draws k-means++ makes at once, at most (16 MiB of f32).
 const DRAWS_AT_ONCE: usize = 1 << 22;
@@ -1354,6 +1371,8 @@ mod tests {
         let whole = run(m);
         assert_eq!(run(1), whole);
         assert_eq!(run(4), whole);
+        // Blocks that several-step recordings fit in, and some steps that are left over.
+        assert_eq!(run(9), whole);
         for anchor in whole.chunks(d) {
             assert!(data.data.chunks(d).any(|p| p == anchor), "{anchor:?}");
         }

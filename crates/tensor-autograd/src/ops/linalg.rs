@@ -123,10 +123,15 @@ impl<B: Backend> Tensor<B> {
             } else {
                 None
             };
-            let gb = if b.requires_grad_flag() {
-                Some(product(&a.transpose(-1, -2)?.detach(), g)?.sum_to(b.shape())?)
-            } else {
+            let gb = if !b.requires_grad_flag() {
                 None
+            } else if a.rank() == 2 && b.rank() == 2 && b.t()?.is_dense() {
+                // `b` is a transposed dense matrix (a Linear layer's weight): its gradient is
+                // made in the weight's own layout, `(g^T a)^T`, so that the weight's gradient
+                // arrives dense and the optimiser need not copy it.
+                Some(product(&g.t()?, &a.detach())?.t()?)
+            } else {
+                Some(product(&a.transpose(-1, -2)?.detach(), g)?.sum_to(b.shape())?)
             };
             Ok(vec![ga, gb])
         }))

@@ -2,7 +2,11 @@
 
 use crate::error::{Result, invalid, shape_error};
 use crate::tensor::Tensor;
+use hal::ir::{Access, IrBinary, IrCmp, IrUnary, ProgramBuilder};
 use hal::{Backend, DType};
+
+/// The most classes [`Tensor::cross_entropy`] fuses (its kernels unroll over a row's classes).
+pub(crate) const FUSED_CLASSES: usize = 32;
 
 impl<B: Backend> Tensor<B> {
     /// Mean squared error `mean((self - target)^2)`; the shapes must be equal.
@@ -40,7 +44,10 @@ impl<B: Backend> Tensor<B> {
     }
 
     /// Cross-entropy of logits `self: [N, C]` against class indices `target: [N]`:
-    /// `nll_loss(log_softmax(self))`.
+    /// `nll_loss(log_softmax(self))`. For f32 logits of at most 32 classes it
+    /// runs as two IR kernels forward (each row's log-sum-exp and loss in one thread, then
+    /// their mean) and one backward (`(softmax - onehot) g / N` per element), instead of the
+    /// dozen or so launches of the composition each way.
     pub fn cross_entropy(&self, target: &Tensor<B>) -> Result<Self> {
         if self.rank() != 2 {
             return Err(shape_error(
@@ -49,6 +56,17 @@ impl<B: Backend> Tensor<B> {
                 target.shape(),
                 "expects logits [N, C] and class indices [N]",
             ));
+        }
+        let (n, c) = (self.shape()[0], self.shape()[1]);
+        let fits = target.rank() == 1 && target.shape()[0] == n;
+        if fits
+            && self.dtype() == DType::F32
+            && matches!(target.dtype(), DType::U32 | DType::I32)
+            && (1..=FUSED_CLASSES).contains(&c)
+            && n > 0
+            && n * c < u32::MAX as usize
+        {
+            return fused_cross_entropy(self, target);
         }
         self.log_softmax(1)?.nll_loss(target)
     }
@@ -75,4 +93,146 @@ impl<B: Backend> Tensor<B> {
             .add(&softplus)?
             .mean_all()
     }
+}
+
+/// [`Tensor::cross_entropy`] in fused kernels: f32 `logits [N, C]` (`C <= FUSED_CLASSES`) and
+/// u32/i32 `target [N]` (checked by the caller).
+fn fused_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Result<Tensor<B>> {
+    let (n, c) = (logits.shape()[0], logits.shape()[1]);
+    let b = logits.backend().clone();
+    let x = logits.materialize(&[n, c])?.detach();
+    let labels = target.materialize(&[n])?.detach();
+    // A label outside 0..C must be an error, not a read of the next row: each row also loads
+    // `classes[label]`, a C-element buffer, so a bad label faults naming itself and C.
+    let classes = b.alloc(DType::F32, c)?;
+    let lse = Tensor::zeros(&b, &[n], DType::F32)?;
+    let per_row = Tensor::zeros(&b, &[n], DType::F32)?;
+    let rows = b.compile(&rows_program(c, target.dtype())?)?;
+    b.launch(
+        &rows,
+        &[
+            x.buffer(),
+            labels.buffer(),
+            &classes,
+            lse.buffer(),
+            per_row.buffer(),
+        ],
+        n,
+    )?;
+    let loss = crate::no_grad(|| per_row.mean_all())?;
+    let label_dtype = target.dtype();
+    Ok(Tensor::from_op(
+        loss,
+        "cross_entropy",
+        &[logits],
+        move |g| {
+            let g = g.materialize(&[])?;
+            let grad = Tensor::zeros(&b, &[n, c], DType::F32)?;
+            let kernel = b.compile(&gradient_program(n, c, label_dtype)?)?;
+            b.launch(
+                &kernel,
+                &[
+                    x.buffer(),
+                    labels.buffer(),
+                    lse.buffer(),
+                    g.buffer(),
+                    grad.buffer(),
+                ],
+                n * c,
+            )?;
+            Ok(vec![Some(grad)])
+        },
+    ))
+}
+
+/// Loads label `i` as u32 (an i32 label below zero becomes a huge index, which the range
+/// check reports).
+fn load_label(
+    p: &mut ProgramBuilder,
+    labels: hal::ir::BufferId,
+    i: hal::ir::Value,
+    dtype: DType,
+) -> hal::ir::Value {
+    let label = p.load(labels, i);
+    match dtype {
+        DType::I32 => p.cast(hal::ir::ScalarType::U32, label),
+        _ => label,
+    }
+}
+
+/// One thread per row `i` of `x [N, C]`: `lse[i] = max + ln(sum exp(x - max))` and
+/// `loss[i] = lse[i] - x[i, label[i]]`. Buffers `[x, labels, classes, lse, loss]`.
+fn rows_program(c: usize, label_dtype: DType) -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("cross_entropy_rows");
+    let x = p.buffer(DType::F32, Access::Read);
+    let labels = p.buffer(label_dtype, Access::Read);
+    let classes = p.buffer(DType::F32, Access::Read);
+    let lse_out = p.buffer(DType::F32, Access::Write);
+    let loss_out = p.buffer(DType::F32, Access::Write);
+    let i = p.index();
+    let cc = p.const_u32(c as u32);
+    let base = p.mul(i, cc);
+    let values: Vec<hal::ir::Value> = (0..c)
+        .map(|k| {
+            let k = p.const_u32(k as u32);
+            let at = p.add(base, k);
+            p.load(x, at)
+        })
+        .collect();
+    let mut max = values[0];
+    for &v in &values[1..] {
+        max = p.binary(IrBinary::Max, max, v);
+    }
+    let mut sum = p.const_f32(0.0);
+    for &v in &values {
+        let shifted = p.sub(v, max);
+        let e = p.unary(IrUnary::Exp, shifted);
+        sum = p.add(sum, e);
+    }
+    let log_sum = p.unary(IrUnary::Log, sum);
+    let lse = p.add(max, log_sum);
+    let label = load_label(&mut p, labels, i, label_dtype);
+    // Faults for a label outside 0..C; the value (0) joins the result so it is kept.
+    let zero = p.load(classes, label);
+    let last = p.const_u32(c as u32 - 1);
+    let safe = p.binary(IrBinary::Min, label, last);
+    let at = p.add(base, safe);
+    let picked = p.load(x, at);
+    let loss = p.sub(lse, picked);
+    let loss = p.add(loss, zero);
+    p.store(lse_out, i, lse);
+    p.store(loss_out, i, loss);
+    Ok(p.build()?)
+}
+
+/// One thread per element `(i, k)` of the logits: `(exp(x - lse[i]) - [k == label[i]]) *
+/// g / N`. Buffers `[x, labels, lse, g, grad]`.
+fn gradient_program(n: usize, c: usize, label_dtype: DType) -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("cross_entropy_gradient");
+    let x = p.buffer(DType::F32, Access::Read);
+    let labels = p.buffer(label_dtype, Access::Read);
+    let lse = p.buffer(DType::F32, Access::Read);
+    let g = p.buffer(DType::F32, Access::Read);
+    let grad = p.buffer(DType::F32, Access::Write);
+    let t = p.index();
+    let cc = p.const_u32(c as u32);
+    let i = p.div(t, cc);
+    let row_start = p.mul(i, cc);
+    let k = p.sub(t, row_start);
+    let xv = p.load(x, t);
+    let l = p.load(lse, i);
+    let shifted = p.sub(xv, l);
+    let softmax = p.unary(IrUnary::Exp, shifted);
+    let label = load_label(&mut p, labels, i, label_dtype);
+    let hit = p.cmp(IrCmp::Eq, k, label);
+    let (one, zero) = (p.const_f32(1.0), p.const_f32(0.0));
+    let onehot = p.select(hit, one, zero);
+    let diff = p.sub(softmax, onehot);
+    let first = p.const_u32(0);
+    let gv = p.load(g, first);
+    let scale = p.const_f32(1.0 / n as f32);
+    let gs = p.mul(gv, scale);
+    let out = p.mul(diff, gs);
+    p.store(grad, t, out);
+    Ok(p.build()?)
 }

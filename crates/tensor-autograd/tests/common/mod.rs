@@ -145,3 +145,82 @@ pub fn gradcheck<B: Backend>(
     }
     worst
 }
+
+/// A recorded training step ([`tensor_autograd::models::RecordedStep`]) against the same
+/// steps taken eagerly ([`tensor_autograd::models::train_step`]) from the same start on `dev`:
+/// Adam (a learning-rate change halfway through, after two eager warm-up steps) and AdamW,
+/// on fresh random batches, the recorded update reading its per-step values from the device
+/// as on a capturing backend. The parameters and the losses must agree to f32 rounding.
+pub fn recorded_step_matches_eager<B: Backend>(dev: &B, seed: u64) {
+    use std::sync::Arc;
+    use tensor_autograd::models::{RecordedStep, mlp, train_step};
+    use tensor_autograd::nn::{Init, Module, ModuleExt};
+    use tensor_autograd::optim::{Adam, Optimizer};
+    let mut rng = Rng::new(seed);
+    let (batch, widths) = (13, [7usize, 19, 11, 5]);
+    let batches: Vec<(Tensor<B>, Tensor<B>)> = (0..7)
+        .map(|_| {
+            let x: Vec<f32> = rng
+                .vec(batch * widths[0], -1.0, 1.0)
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+            let y: Vec<u32> = (0..batch).map(|_| rng.below(widths[3]) as u32).collect();
+            (
+                Tensor::from_slice(dev, &x, &[batch, widths[0]]).unwrap(),
+                Tensor::from_elements(dev, &y, &[batch]).unwrap(),
+            )
+        })
+        .collect();
+    for adamw in [false, true] {
+        let make = || -> (Arc<dyn Module<B>>, Adam<B>) {
+            let model = mlp(&mut Init::new(dev, seed), &widths).unwrap();
+            let opt = if adamw {
+                Adam::adamw(0.01)
+            } else {
+                Adam::new(0.01)
+            };
+            // The capturing backends' update on every backend.
+            (Arc::new(model), opt.device_values_everywhere())
+        };
+        // Both start with two eager steps, so the recorded one begins mid-way in the count.
+        let (eager_model, mut eager_opt) = make();
+        let (rec_model, mut rec_opt) = make();
+        let (eager_params, rec_params) = (eager_model.parameters(), rec_model.parameters());
+        for (x, y) in &batches[..2] {
+            train_step(&*eager_model, &eager_params, &mut eager_opt, x, y).unwrap();
+            train_step(&*rec_model, &rec_params, &mut rec_opt, x, y).unwrap();
+        }
+        let recorded =
+            RecordedStep::new(rec_model.clone(), rec_opt, &batches[0].0, &batches[0].1).unwrap();
+        for (k, (x, y)) in batches[2..].iter().enumerate() {
+            if k == 2 {
+                eager_opt.set_learning_rate(0.003);
+                recorded.optimizer().set_learning_rate(0.003);
+            }
+            let a = train_step(&*eager_model, &eager_params, &mut eager_opt, x, y)
+                .unwrap()
+                .loss
+                .item()
+                .unwrap();
+            let b = recorded.run(x, y).unwrap().loss.item().unwrap();
+            assert!(
+                (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+                "adamw {adamw}, step {k}: loss {a} eager, {b} recorded"
+            );
+        }
+        assert_eq!(recorded.optimizer().steps(), eager_opt.steps());
+        for (i, (p, q)) in eager_params.iter().zip(&rec_params).enumerate() {
+            let (p, q) = (p.to_vec().unwrap(), q.to_vec().unwrap());
+            let scale = p.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let worst = p
+                .iter()
+                .zip(&q)
+                .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+            assert!(
+                worst <= 1e-5 * scale.max(1e-3),
+                "adamw {adamw}: parameter {i} differs by {worst} (scale {scale})"
+            );
+        }
+    }
+}
