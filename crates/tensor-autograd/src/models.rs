@@ -140,6 +140,26 @@ pub fn train_step<B: Backend>(
 /// refuses to run inside. The [`StepOutput`] a run returns aliases the recording's outputs:
 /// read or use it (as later device calls do, in queue order) before the next run overwrites
 /// it.
+///
+/// ```
+/// use backend_cpu::CpuBackend;
+/// use std::sync::Arc;
+/// use tensor_autograd::models::{RecordedStep, mlp};
+/// use tensor_autograd::nn::{Init, Module};
+/// use tensor_autograd::optim::Adam;
+/// use tensor_autograd::Tensor;
+/// let dev = CpuBackend::new();
+/// let model: Arc<dyn Module<CpuBackend>> = Arc::new(mlp(&mut Init::new(&dev, 1), &[4, 8, 3]).unwrap());
+/// let x = Tensor::randn(&dev, &[16, 4], 7).unwrap();
+/// let y = Tensor::from_elements(&dev, &[0u32, 1, 2, 0].repeat(4), &[16]).unwrap();
+/// let step = RecordedStep::new(model, Adam::new(0.01), &x, &y).unwrap();
+/// let first = step.run(&x, &y).unwrap().loss.item().unwrap();
+/// for _ in 0..20 {
+///     step.run(&x, &y).unwrap();
+/// }
+/// assert!(step.run(&x, &y).unwrap().loss.item().unwrap() < first);
+/// assert_eq!(step.optimizer().steps(), 22);
+/// ```
 pub struct RecordedStep<B: Backend, O: Optimizer<B>> {
     backend: B,
     graph: B::Graph,

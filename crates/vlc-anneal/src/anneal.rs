@@ -351,7 +351,11 @@ fn kmeans_pp_in_blocks<B: Backend>(
             }))
         };
         let single = [record(1, 0)?, record(1, 1)?];
-        let many = [record(STEPS_AT_ONCE, 0)?, record(STEPS_AT_ONCE, 1)?];
+        // (Not recorded where no replay could use them.)
+        let many = match m > STEPS_AT_ONCE && block >= STEPS_AT_ONCE {
+            true => Some([record(STEPS_AT_ONCE, 0)?, record(STEPS_AT_ONCE, 1)?]),
+            false => None,
+        };
         let mut j = 1;
         while j < m {
             if j % block == 0 {
@@ -360,9 +364,16 @@ fn kmeans_pp_in_blocks<B: Backend>(
             // Many steps at once where they stay inside this block of draws.
             let end = j + STEPS_AT_ONCE;
             let at_once = end <= m && (end - 1) / block == j / block;
-            let graphs = if at_once { &many } else { &single };
+            let graphs = match &many {
+                Some(many) if at_once => many,
+                _ => &single,
+            };
             b.replay(&graphs[(j - lag) % 2])?;
-            j = if at_once { end } else { j + 1 };
+            j = if at_once && many.is_some() {
+                end
+            } else {
+                j + 1
+            };
         }
     }
     if sliced {
