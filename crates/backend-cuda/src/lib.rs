@@ -316,6 +316,26 @@ impl CudaBackend {
         Ok(b)
     }
 
+    /// Launches an im2col/col2im kernel over `total` positions: `args` holds the geometry
+    /// (and the divisors of the u32 form); the source and destination follow.
+    fn launch_image_copy(
+        &self,
+        name: &'static str,
+        total: usize,
+        args: Args,
+        src: V<'_>,
+        out: V<'_>,
+    ) -> Result<()> {
+        self.dev.launch(
+            name,
+            total,
+            args.arg(src.buffer.ptr())
+                .arg(dtype_code(src.dtype()))
+                .arg(out.buffer.ptr())
+                .arg(dtype_code(out.dtype())),
+        )
+    }
+
     fn refuse_in_capture(&self, op: &'static str) -> Result<()> {
         if self.dev.capturing.load(Ordering::Acquire) {
             return Err(Error::InvalidArgument {
@@ -1012,14 +1032,7 @@ impl Backend for CudaBackend {
         } else {
             ("im2col_kernel", args)
         };
-        self.dev.launch(
-            name,
-            total,
-            args.arg(x.buffer.ptr())
-                .arg(dtype_code(x.dtype()))
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype())),
-        )
+        self.launch_image_copy(name, total, args, x, out)
     }
 
     fn col2im(&self, cols: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
@@ -1041,14 +1054,7 @@ impl Backend for CudaBackend {
         } else {
             ("col2im_kernel", args)
         };
-        self.dev.launch(
-            name,
-            total,
-            args.arg(cols.buffer.ptr())
-                .arg(dtype_code(cols.dtype()))
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype())),
-        )
+        self.launch_image_copy(name, total, args, cols, out)
     }
 
     fn nearest_centroid(

@@ -114,13 +114,24 @@ pub fn train_step<B: Backend>(
     x: &Tensor<B>,
     y: &Tensor<B>,
 ) -> Result<StepOutput<B>> {
+    step_with(model, params, x, y, |params| opt.step(params))
+}
+
+/// A training step whose optimiser update is `update` (the eager step, or a recorded one).
+fn step_with<B: Backend>(
+    model: &dyn Module<B>,
+    params: &[Tensor<B>],
+    x: &Tensor<B>,
+    y: &Tensor<B>,
+    update: impl FnOnce(&[Tensor<B>]) -> Result<()>,
+) -> Result<StepOutput<B>> {
     for p in params {
         p.zero_grad();
     }
     let logits = model.forward(x)?;
     let loss = logits.cross_entropy(y)?;
     loss.backward()?;
-    opt.step(params)?;
+    update(params)?;
     Ok(StepOutput {
         loss: loss.detach(),
         logits: logits.detach(),
@@ -194,17 +205,9 @@ impl<B: Backend, O: Optimizer<B> + Send + 'static> RecordedStep<B, O> {
             let (x, y) = (fixed_x.clone(), fixed_y.clone());
             let (output, failure, optimizer) = (output.clone(), failure.clone(), optimizer.clone());
             move |_: &B| -> hal::Result<()> {
-                let body = || -> Result<StepOutput<B>> {
-                    for p in &params {
-                        p.zero_grad();
-                    }
-                    let logits = model.forward(&x)?;
-                    let loss = logits.cross_entropy(&y)?;
-                    loss.backward()?;
-                    lock(&optimizer).step_recorded(&params)?;
-                    Ok(StepOutput {
-                        loss: loss.detach(),
-                        logits: logits.detach(),
+                let body = || {
+                    step_with(&*model, &params, &x, &y, |params| {
+                        lock(&optimizer).step_recorded(params)
                     })
                 };
                 match crate::autograd::in_recorded_step(body) {

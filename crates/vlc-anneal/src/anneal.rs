@@ -363,17 +363,12 @@ fn kmeans_pp_in_blocks<B: Backend>(
             }
             // Many steps at once where they stay inside this block of draws.
             let end = j + STEPS_AT_ONCE;
-            let at_once = end <= m && (end - 1) / block == j / block;
-            let graphs = match &many {
-                Some(many) if at_once => many,
-                _ => &single,
+            let (graphs, next) = match &many {
+                Some(many) if end <= m && (end - 1) / block == j / block => (many, end),
+                _ => (&single, j + 1),
             };
             b.replay(&graphs[(j - lag) % 2])?;
-            j = if at_once && many.is_some() {
-                end
-            } else {
-                j + 1
-            };
+            j = next;
         }
     }
     if sliced {
