@@ -212,3 +212,12 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+
+// Adds `part` to `total` with Kahan compensation (`comp` carries what the last add lost), in
+// explicitly rounded operations so the compiler can neither fuse nor reassociate them away.
+__device__ __forceinline__ void kahan_add(float& total, float& comp, float part) {
+    const float y = __fsub_rn(part, comp);
+    const float t = __fadd_rn(total, y);
+    comp = __fsub_rn(__fsub_rn(t, total), y);
+    total = t;
+}

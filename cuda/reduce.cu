@@ -453,7 +453,9 @@ extern "C" __global__ void segment_partial(const void* x, int xdt, i64 xoff, i64
     u32 lo = a + min(len, (u32)p * per), hi = a + min(len, (u32)(p + 1) * per);
     for (i64 k0 = 0; k0 <= d; k0 += blockDim.x) {
         const i64 k = k0 + threadIdx.x;
-        float acc = 0.0f;
+        // Each tile's rows are added from 0 and folded into the part's total with Kahan
+        // compensation: a part of one long segment can hold many thousands of rows.
+        float acc = 0.0f, comp = 0.0f;
         for (u32 q0 = lo; q0 < hi; q0 += PART_ROWS) {
             __syncthreads();
             if (threadIdx.x < PART_ROWS && q0 + threadIdx.x < hi) {
@@ -463,63 +465,81 @@ extern "C" __global__ void segment_partial(const void* x, int xdt, i64 xoff, i64
             }
             __syncthreads();
             const int count = (int)min((u32)PART_ROWS, hi - q0);
+            float tile = 0.0f;
             if (k < d) {
 #pragma unroll 4
-                for (int j = 0; j < count; ++j) acc += w_s[j] * load_f(x, xdt, xoff + rows_s[j] * xs0 + k * xs1);
+                for (int j = 0; j < count; ++j) tile += w_s[j] * load_f(x, xdt, xoff + rows_s[j] * xs0 + k * xs1);
             } else if (k == d) {
-                for (int j = 0; j < count; ++j) acc += w_s[j];
+                for (int j = 0; j < count; ++j) tile += w_s[j];
             }
+            kahan_add(acc, comp, tile);
         }
         if (k <= d) partial[(s * parts + p) * (d + 1) + k] = acc;
     }
 }
 
-// segment_sum under hal::Precision::Reproducible, and under either precision for segments of
-// few rows: segment s's rows, in ascending row order (`order` is the stable counting sort),
-// summed in f32 from 0 with one fused multiply-add per term (the count column with plain
-// adds): the order every backend follows, so the sums are bit-identical to the CPU's. One
-// block per segment, threads over the columns k <= d.
+// Rows one compensated run adds from 0 in the segment sums outside Precision::Reproducible
+// (see segment_scan).
+#define SEGMENT_RUN 32
+
+// segment_sum under hal::Precision::Reproducible (runs = 0), and under the other precisions
+// (runs = 1) for segments of few rows on average: segment s's rows, in ascending row order
+// (`order` is the stable counting sort), summed in f32 with one fused multiply-add per term
+// (the count column with plain adds). Reproducible: one chain from 0, the order every backend
+// follows, so the sums are bit-identical to the CPU's. Otherwise runs of SEGMENT_RUN rows,
+// each from 0, folded together with Kahan compensation (one segment may still hold most of
+// the rows). One block per segment, threads over the columns k <= d.
 extern "C" __global__ void segment_ordered(const void* x, int xdt, i64 xoff, i64 xs0, i64 xs1, const void* wts, int wdt,
                                            i64 woff, i64 ws, int has_w, const u32* starts, const u32* order, i64 d,
                                            void* sums, int sdt, i64 soff, i64 ss0, i64 ss1, void* counts, int cdt,
-                                           i64 coff, i64 cs, const u32* verdict) {
+                                           i64 coff, i64 cs, const u32* verdict, int runs) {
     if (*verdict) return;
     i64 s = blockIdx.x;
     u32 a = starts[s], b = starts[s + 1];
     for (i64 k = threadIdx.x; k <= d; k += blockDim.x) {
-        float acc = 0.0f;
-        u32 q = a;
-        // Four rows' loads in flight at a time; the adds stay in row order.
-        for (; q + 4 <= b; q += 4) {
-            float wv[4], xv[4];
+        float total = 0.0f, comp = 0.0f;
+        for (u32 q = a; q < b;) {
+            const u32 end = runs ? min(b, q + SEGMENT_RUN) : b;
+            float acc = 0.0f;
+            // Four rows' loads in flight at a time; the adds stay in row order.
+            for (; q + 4 <= end; q += 4) {
+                float wv[4], xv[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const i64 row = order[q + j];
-                wv[j] = has_w ? load_f(wts, wdt, woff + row * ws) : 1.0f;
-                xv[j] = k < d ? load_f(x, xdt, xoff + row * xs0 + k * xs1) : 0.0f;
+                for (int j = 0; j < 4; ++j) {
+                    const i64 row = order[q + j];
+                    wv[j] = has_w ? load_f(wts, wdt, woff + row * ws) : 1.0f;
+                    xv[j] = k < d ? load_f(x, xdt, xoff + row * xs0 + k * xs1) : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc = k < d ? __fmaf_rn(wv[j], xv[j], acc) : __fadd_rn(acc, wv[j]);
             }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) acc = k < d ? __fmaf_rn(wv[j], xv[j], acc) : __fadd_rn(acc, wv[j]);
-        }
-        for (; q < b; ++q) {
-            i64 row = order[q];
-            float wv = has_w ? load_f(wts, wdt, woff + row * ws) : 1.0f;
-            acc = k < d ? __fmaf_rn(wv, load_f(x, xdt, xoff + row * xs0 + k * xs1), acc) : __fadd_rn(acc, wv);
+            for (; q < end; ++q) {
+                i64 row = order[q];
+                float wv = has_w ? load_f(wts, wdt, woff + row * ws) : 1.0f;
+                acc = k < d ? __fmaf_rn(wv, load_f(x, xdt, xoff + row * xs0 + k * xs1), acc) : __fadd_rn(acc, wv);
+            }
+            if (runs)
+                kahan_add(total, comp, acc);
+            else
+                total = acc;
         }
         if (k < d)
-            store_f(sums, sdt, soff + s * ss0 + k * ss1, acc);
+            store_f(sums, sdt, soff + s * ss0 + k * ss1, total);
         else
-            store_f(counts, cdt, coff + s * cs, acc);
+            store_f(counts, cdt, coff + s * cs, total);
     }
 }
 
 // segment_sum for small problems (segments x rows within 2^24): one block per segment finds
 // its rows by scanning every segment id (two per thread per step; a block-wide exclusive
-// scan keeps them in ascending order in a shared list), and sums them as segment_ordered does:
-// the same terms in the same order from 0, one fused multiply-add per term, the count with
-// plain adds. So the result is bit-identical to segment_ordered's and serves both precisions,
-// in one launch where the counting sort takes five. The list is flushed into the per-column
-// accumulators (dynamic shared memory, d + 1 floats) whenever it could overflow.
+// scan keeps them in ascending order in a shared list), and sums them as segment_ordered does,
+// with the same `runs` choice: under Precision::Reproducible (runs = 0) the same terms in the
+// same order from 0, one fused multiply-add per term, the count with plain adds, so the result
+// is bit-identical to segment_ordered's; otherwise runs of SEGMENT_RUN rows from 0 folded
+// together with Kahan compensation (a single chain over hundreds of equal rows, a broadcast
+// view, drifted past the Sum tolerance of 2^-17 sum|x|). One launch where the counting sort
+// takes five. The list is flushed into the per-column accumulators (dynamic shared memory,
+// d + 1 floats, then d + 1 compensations with runs) whenever it could overflow.
 #define SCAN_THREADS 1024
 #define SCAN_LIST 4096
 #define SCAN_TILE 2048
@@ -530,8 +550,9 @@ static_assert(SCAN_THREADS == 1024, "segment_scan: warp 0 scans one warp total p
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
     segment_scan(const void* x, int xdt, i64 xoff, i64 xs0, i64 xs1, const void* wts, int wdt, i64 woff, i64 ws,
                  int has_w, const u32* seg, i64 n, i64 d, void* sums, int sdt, i64 soff, i64 ss0, i64 ss1,
-                 void* counts, int cdt, i64 coff, i64 cs, const u32* verdict) {
+                 void* counts, int cdt, i64 coff, i64 cs, const u32* verdict, int runs) {
     extern __shared__ float acc[];
+    float* comp = acc + d + 1;
     __shared__ u32 list[SCAN_LIST];
     __shared__ int warp_total[SCAN_THREADS / 32];
     __shared__ int round_total;
@@ -540,7 +561,10 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
     if (*verdict) return;
     const u32 s = blockIdx.x;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    for (i64 k = t; k <= d; k += SCAN_THREADS) acc[k] = 0.0f;
+    for (i64 k = t; k <= d; k += SCAN_THREADS) {
+        acc[k] = 0.0f;
+        if (runs) comp[k] = 0.0f;
+    }
     int listed = 0;
     // Two ids per thread, adjacent, so the list stays in ascending order; the next pair is
     // loaded while this one is listed (each round otherwise began by waiting on its loads).
@@ -596,20 +620,32 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
                     tile_w[r] = has_w ? load_f(wts, wdt, woff + (i64)list[q + r] * ws) : 1.0f;
                 __syncthreads();
                 for (i64 k = t; k <= d; k += SCAN_THREADS) {
-                    float a = acc[k];
-                    // Unrolled, so the shared loads are issued ahead of the chain of adds.
-                    if (k < d) {
+                    float a = acc[k], c = runs ? comp[k] : 0.0f;
+                    const int span = runs ? SEGMENT_RUN : rows;
+                    for (int r0 = 0; r0 < rows; r0 += span) {
+                        const int r1 = min(rows, r0 + span);
+                        float p = runs ? 0.0f : a;
+                        // Unrolled, so the shared loads are issued ahead of the chain of adds.
+                        if (k < d) {
 #pragma unroll 8
-                        for (int r = 0; r < rows; ++r) a = __fmaf_rn(tile_w[r], tile_x[r * d + k], a);
-                    } else {
+                            for (int r = r0; r < r1; ++r) p = __fmaf_rn(tile_w[r], tile_x[r * d + k], p);
+                        } else {
 #pragma unroll 8
-                        for (int r = 0; r < rows; ++r) a = __fadd_rn(a, tile_w[r]);
+                            for (int r = r0; r < r1; ++r) p = __fadd_rn(p, tile_w[r]);
+                        }
+                        if (runs)
+                            kahan_add(a, c, p);
+                        else
+                            a = p;
                     }
                     acc[k] = a;
+                    if (runs) comp[k] = c;
                 }
                 __syncthreads();
                 q += rows;
             }
+            // Only under Precision::Reproducible (the backend takes rows this wide with runs
+            // to the sorted path): one chain continued.
             for (i64 k = t; k <= d && q < listed; k += SCAN_THREADS) {
                 float a = acc[k];
                 int qq = q;

@@ -1,19 +1,13 @@
 // A correctly rounded a * b + c for the reproducible kernels (hal::Precision::Reproducible).
 // Where the device's fma() is fused (scalar 11 = 1, probed once per device) it is used as is.
-// Scalar 12 must be 0 (see `keep`).
+// Scalar 12 must be 0, and a file including this one also includes keep.wgsl (its `keep`
+// is the optimisation barrier used here).
 // lavapipe computes fma() as a multiply and then an add, two roundings, so there it is built
 // from separately rounded operations, which lavapipe never contracts: Dekker's exact product
 // (Veltkamp splitting by 2^12 + 1), Knuth's TwoSum, and Boldo and Melquiond's rounding to odd
 // ("Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd",
 // IEEE Transactions on Computers 57(4), 2008). Exact unless the product overflows or its low
 // part falls into the subnormal range.
-
-// An optimisation barrier: XOR with a run-time zero (scalar 12). Mesa's NIR rewrites
-// `c - (c - a)` to `a` unless an instruction is marked exact, which WGSL cannot say; no rule
-// can see through this, so each error-free step is computed as written.
-fn keep(x: f32) -> f32 {
-    return bitcast<f32>(bitcast<u32>(x) ^ s(12u));
-}
 
 fn split_high(a: f32) -> f32 {
     let c = keep(4097.0 * a);

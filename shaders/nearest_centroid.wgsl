@@ -21,6 +21,7 @@
 
 // @include tile.wgsl
 // @include fma_exact.wgsl
+// @include keep.wgsl
 
 // @slot bindings
 @group(0) @binding(1) var<storage, read> B1: array<u32>;

@@ -1,9 +1,12 @@
 // Sorted segment sums, pass 5 of 5: one thread per (segment, part, column), column d being
 // the weight total, sums its part of the segment's rows (in ascending row order, with Kahan
-// compensation) into partials laid out [segment, part, d + 1]; the backend then sums the
+// compensation, kept from the compiler by keep.wgsl: a part of one long segment can hold
+// thousands of rows) into partials laid out [segment, part, d + 1]; the backend then sums the
 // parts. Work is O(n d), whatever the number of segments.
 // Blocks: 0 weights. Scalars: 1 d, 3 x's offset, 4-5 x's strides, 6 parts, 7 whether there
-// are weights (without, B2 is bound but not read).
+// are weights (without, B2 is bound but not read), 12 zero (keep.wgsl).
+
+// @include keep.wgsl
 
 // @slot bindings
 @group(0) @binding(1) var<storage, read> B1: array<u32>;
@@ -31,17 +34,14 @@ fn kernel(t: u32) {
     let per = (len + parts - 1u) / parts;
     let lo = start + min(len, part * per);
     let hi = start + min(len, (part + 1u) * per);
-    var sum = 0.0;
-    var comp = 0.0;
+    // (sum, compensation)
+    var acc = vec2<f32>(0.0, 0.0);
     for (var q = lo; q < hi; q = q + 1u) {
         let row = bits5(i32(q));
         var v = 1.0;
         if (s(7u) == 1u) { v = ld2(off(0u, row)); }
         if (col != d) { v = v * ld1(si(3u) + i32(row) * si(4u) + i32(col) * si(5u)); }
-        let y = v - comp;
-        let tt = sum + y;
-        comp = (tt - sum) - y;
-        sum = tt;
+        acc = kahan_add(acc, v);
     }
-    st6(i32(t), sum);
+    st6(i32(t), acc.x);
 }

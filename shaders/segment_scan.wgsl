@@ -1,16 +1,22 @@
 // Segment sums for few segments times few rows (either precision): one workgroup per segment
 // finds its rows by scanning every segment id (four per thread per step; a workgroup-wide
-// prefix sum keeps them in ascending order in a shared list), and adds them exactly as
-// segment_sum_ordered.wgsl does: the same terms in the same order from 0, a correctly rounded
-// fused multiply-add per term, the count with plain adds. So the sums are bit-identical to the
-// reproducible ones, in one dispatch for all segments. The list is flushed into the
-// per-column accumulators whenever it could overflow; every loop stays far below lavapipe's
-// 65535 iterations where that applies (the backend uses this file there only for short inputs).
+// prefix sum keeps them in ascending order in a shared list), then adds them in row order.
+// Under Precision::Reproducible (scalar 13 = 0) it adds exactly as segment_sum_ordered.wgsl
+// does: the same terms in the same order from 0, a correctly rounded fused multiply-add per
+// term, the count with plain adds, so the sums are bit-identical to the reproducible ones.
+// Otherwise (scalar 13 = 1) runs of BLOCK rows are added from 0 and each run's partial is
+// folded into the column's total with Kahan compensation: one long chain of same-sign terms
+// (a broadcast row, hundreds of times) drifts past the Sum tolerance, 2^-17 sum|x|, while a
+// run of 32 stays far inside it. The list is flushed into the per-column accumulators whenever
+// it could overflow; every loop stays far below lavapipe's 65535 iterations where that
+// applies (the backend uses this file there only for short inputs).
 // Blocks: 0 segment ids, 1 weights. Scalars: 0 n, 1 d (d + 1 <= 1024), 2 m, 3 x's offset,
 // 4-5 x's strides, 7 whether there are weights, 11 whether fma() is fused, 12 zero
-// (fma_exact.wgsl). Output: B4, [m, d + 1] accumulators (column d the count).
+// (keep.wgsl), 13 whether to add in compensated runs. Output: B4, [m, d + 1]
+// accumulators (column d the count).
 
 // @include fma_exact.wgsl
+// @include keep.wgsl
 
 // @slot bindings
 @group(0) @binding(1) var<storage, read> B1: array<u32>;
@@ -26,6 +32,7 @@ fn st4(i: i32, v: f32) { B4[i] = bitcast<u32>(v); }
 
 const THREADS: u32 = 256u;
 const LIST: u32 = 2048u;
+const BLOCK: u32 = 32u;
 
 var<workgroup> acc: array<f32, 1024>;
 var<workgroup> list: array<u32, 2048>;
@@ -40,6 +47,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let n = s(0u);
     let d = s(1u);
     for (var k = li; k <= d; k = k + THREADS) { acc[k] = 0.0; }
+    // Kahan compensation of this thread's columns li, li + 256, ... (d + 1 <= 1024: four).
+    var comp = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    let runs = s(13u) == 1u;
     var listed = 0u;
     for (var base = 0u; base < n; base = base + 4u * THREADS) {
         var mine = array<u32, 4>(0u, 0u, 0u, 0u);
@@ -70,15 +80,30 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         workgroupBarrier();
         if (listed > LIST - 4u * THREADS || base + 4u * THREADS >= n) {
             for (var k = li; k <= d; k = k + THREADS) {
+                let j = (k - li) / THREADS;
                 var a = acc[k];
-                for (var q = 0u; q < listed; q = q + 1u) {
-                    let row = list[q];
-                    var w = 1.0;
-                    if (s(7u) == 1u) { w = ld3(off(1u, row)); }
-                    if (k == d) {
-                        a = a + w;
+                // Reproducible: one run over the whole list, continuing the chain.
+                var span = listed;
+                if (runs) { span = BLOCK; }
+                for (var q0 = 0u; q0 < listed; q0 = q0 + span) {
+                    var p = a;
+                    if (runs) { p = 0.0; }
+                    for (var q = q0; q < min(listed, q0 + span); q = q + 1u) {
+                        let row = list[q];
+                        var w = 1.0;
+                        if (s(7u) == 1u) { w = ld3(off(1u, row)); }
+                        if (k == d) {
+                            p = p + w;
+                        } else {
+                            p = fma_exact(w, ld1(si(3u) + i32(row) * si(4u) + i32(k) * si(5u)), p);
+                        }
+                    }
+                    if (runs) {
+                        let folded = kahan_add(vec2<f32>(a, comp[j]), p);
+                        a = folded.x;
+                        comp[j] = folded.y;
                     } else {
-                        a = fma_exact(w, ld1(si(3u) + i32(row) * si(4u) + i32(k) * si(5u)), a);
+                        a = p;
                     }
                 }
                 acc[k] = a;

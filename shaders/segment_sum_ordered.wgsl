@@ -10,6 +10,7 @@
 
 
 // @include fma_exact.wgsl
+// @include keep.wgsl
 
 // @slot bindings
 @group(0) @binding(1) var<storage, read> B1: array<u32>;

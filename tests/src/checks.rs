@@ -1692,43 +1692,79 @@ fn segment_sum<B: Backend>(s: &mut Suite<'_, B>) {
         cases.push([r.below(3000), 1 + r.below(40), 1 + r.below(400)]);
     }
     for (ci, [n, d, m]) in cases.into_iter().enumerate() {
-        let weighted = ci % 2 == 1;
         let kind = s.kind();
         let fdt = s.float_dtype();
         let x = random_tensor(s.rng(), &[n, d], fdt, kind, |r| r.range(-1.0, 1.0));
         let r = s.rng();
         let seg: Vec<u32> = (0..n).map(|_| r.below(m) as u32).collect();
-        let w: Vec<f32> = (0..n).map(|_| r.range(0.05, 1.0)).collect();
-        let xs = x.logical();
-        let mut exact = vec![0f64; m * d + m];
-        let mut mag = vec![0f64; m * d + m];
-        for i in 0..n {
-            let wi = if weighted { w[i] as f64 } else { 1.0 };
-            let sg = seg[i] as usize;
-            for k in 0..d {
-                exact[sg * d + k] += wi * xs[i * d + k];
-                mag[sg * d + k] += (wi * xs[i * d + k]).abs();
-            }
-            exact[m * d + sg] += wi;
-            mag[m * d + sg] += wi;
-        }
-        let name = if weighted {
-            "segment_sum (weighted)"
-        } else {
-            "segment_sum"
+        segment_case(s, &x, &seg, m, ci % 2 == 1, &format!("{kind:?}"));
+    }
+    // Long segments of one repeated row (a broadcast view of same-sign values), most rows in
+    // segment 0: the sums that drift furthest where a backend adds a segment as one chain of
+    // f32 adds. Sized for each GPU path: the per-segment scan, the sorted sums in parts, and
+    // the sorted sums of whole segments (at most 64 rows per segment on average).
+    for (ci, [n, d, m]) in [[6000, 9, 2], [90000, 3, 200], [30000, 3, 600]]
+        .into_iter()
+        .enumerate()
+    {
+        let r = s.rng();
+        let row: Vec<f32> = (0..d).map(|_| r.range(0.5, 1.0)).collect();
+        let x = HostTensor {
+            dtype: DType::F32,
+            backing: row,
+            layout: Layout::contiguous(&[1, d])
+                .broadcast_to(&[n, d])
+                .expect("broadcast"),
         };
-        let wref = weighted.then_some(&w[..]);
-        match both!(s, run_seg(&x, &seg, wref, m)) {
-            Ok((c, t)) => s.judge(
-                name,
-                &format!("n={n} d={d} m={m} {kind:?}"),
-                &c,
-                t.as_deref(),
-                &exact,
-                &|o, w| 2f64.powi(-17) * mag[o] + 2.0 * U32F * w.abs(),
-            ),
-            Err(e) => s.fail(name, format!("n={n} d={d} m={m}: {e}")),
+        let seg: Vec<u32> = (0..n)
+            .map(|i| if i % 8 == 0 { r.below(m) as u32 } else { 0 })
+            .collect();
+        segment_case(s, &x, &seg, m, ci == 1, "equal rows");
+    }
+}
+
+/// One segment_sum case judged against the float64 sums (weights drawn here when
+/// `weighted`).
+fn segment_case<B: Backend>(
+    s: &mut Suite<'_, B>,
+    x: &HostTensor,
+    seg: &[u32],
+    m: usize,
+    weighted: bool,
+    what: &str,
+) {
+    let (n, d) = (x.layout.shape[0], x.layout.shape[1]);
+    let r = s.rng();
+    let w: Vec<f32> = (0..n).map(|_| r.range(0.05, 1.0)).collect();
+    let xs = x.logical();
+    let mut exact = vec![0f64; m * d + m];
+    let mut mag = vec![0f64; m * d + m];
+    for i in 0..n {
+        let wi = if weighted { w[i] as f64 } else { 1.0 };
+        let sg = seg[i] as usize;
+        for k in 0..d {
+            exact[sg * d + k] += wi * xs[i * d + k];
+            mag[sg * d + k] += (wi * xs[i * d + k]).abs();
         }
+        exact[m * d + sg] += wi;
+        mag[m * d + sg] += wi;
+    }
+    let name = if weighted {
+        "segment_sum (weighted)"
+    } else {
+        "segment_sum"
+    };
+    let wref = weighted.then_some(&w[..]);
+    match both!(s, run_seg(x, seg, wref, m)) {
+        Ok((c, t)) => s.judge(
+            name,
+            &format!("n={n} d={d} m={m} {what}"),
+            &c,
+            t.as_deref(),
+            &exact,
+            &|o, w| 2f64.powi(-17) * mag[o] + 2.0 * U32F * w.abs(),
+        ),
+        Err(e) => s.fail(name, format!("n={n} d={d} m={m}: {e}")),
     }
 }
 

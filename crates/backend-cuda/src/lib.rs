@@ -1255,20 +1255,26 @@ impl Backend for CudaBackend {
                 .arg(counts.layout.strides[0] as i64)
                 .arg(verdict.ptr())
         };
+        // Outside Precision::Reproducible the in-order kernels add runs of rows folded with
+        // Kahan compensation (cuda/reduce.cu says why); reproducible sums are one chain.
+        let runs = (self.precision != Precision::Reproducible) as i32;
         // Few segments times few rows: each segment's block scans all the ids itself (one
-        // launch, the reproducible order, so under either precision).
-        if (m as u64) * (n as u64) <= SCAN_SEGMENTS_TIMES_ROWS && d < 4096 {
+        // launch, under either precision). With runs its shared memory also holds the
+        // compensations, so rows are narrower (static and dynamic within 48 KiB).
+        let widest = if runs == 1 { 2048 } else { 4096 };
+        if (m as u64) * (n as u64) <= SCAN_SEGMENTS_TIMES_ROWS && d < widest {
             return self.dev.launch_shared(
                 self.dev.function("segment_scan")?,
                 (m as u32, 1, 1),
                 1024,
-                (d + 1) * 4,
+                (d + 1) * 4 * (1 + runs as usize),
                 with_outputs(
                     with_rows(Args::new())
                         .arg(seg.ptr())
                         .arg(n as i64)
                         .arg(d as i64),
-                ),
+                )
+                .arg(runs),
             );
         }
         // A stable counting sort of the rows by segment (chunks of rows count, then place,
@@ -1344,7 +1350,7 @@ impl Backend for CudaBackend {
                 self.dev.function("segment_ordered")?,
                 (m as u32, 1, 1),
                 128,
-                with_outputs(rows_args()),
+                with_outputs(rows_args()).arg(runs),
             );
         }
         let partial = self.new_buffer(DType::F32, m * PARTS * (d + 1))?;

@@ -1411,8 +1411,10 @@ impl WgpuBackend {
     /// rounded fused multiply-add per term) into `[m, d + 1]` accumulators, then copied into
     /// `sums` and `counts` by the pass that honours the index check's guard (a sum over an
     /// axis of length 1, exact). Small sums in one dispatch (segment_scan.wgsl: a workgroup
-    /// per segment scans every id for its rows); otherwise segment_sum_ordered.wgsl, one
-    /// thread per (segment, column), in row ranges short enough for lavapipe's loop limit.
+    /// per segment scans every id for its rows; outside Precision::Reproducible it adds in
+    /// compensated runs instead, for accuracy on long segments); otherwise
+    /// segment_sum_ordered.wgsl, one thread per (segment, column), in row ranges short enough
+    /// for lavapipe's loop limit.
     fn segment_sum_ordered(
         &self,
         x: View<'_, WgpuBuffer>,
@@ -1445,7 +1447,10 @@ impl WgpuBackend {
             let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
             self.dispatch_groups(
                 &pipeline,
-                &params.scalar(0, n as u32).scalar(2, m as u32),
+                &params
+                    .scalar(0, n as u32)
+                    .scalar(2, m as u32)
+                    .scalar(13, (self.1 != Precision::Reproducible) as u32),
                 &buffers,
                 [m.min(max) as u32, m.div_ceil(max) as u32, 1],
             )?;
@@ -2830,7 +2835,8 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         validate::segment_sum(x, segment, weights, sums, counts)?;
         let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
-        // Small sums take the scan (in the reproducible order) under either precision.
+        // Small sums take the scan under either precision (in the reproducible order, or in
+        // compensated runs of rows outside Precision::Reproducible).
         let ordered = self.1 == Precision::Reproducible || self.scan_fits(n, m, d);
         if ordered {
             // Probed (once per device, with a read-back) before the index check is enqueued,

@@ -300,6 +300,7 @@ shader_files!(
     "nearest_centroid.wgsl",
     "row_norms.wgsl",
     "segment_sum.wgsl",
+    "keep.wgsl",
     "fma_exact.wgsl",
     "segment_sum_ordered.wgsl",
     "segment_scan.wgsl",
