@@ -229,6 +229,7 @@ fn speed<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
         "  medians: seeding {seeding:.2} ms, annealing {annealing:.2} ms, residual codes {coding:.2} ms, index and MSE {index:.2} ms"
     );
     iteration_parts(b, &small, 256, args.reps).map_err(|e| e.to_string())?;
+    code_parts(b, small.rows, 16, 8, args.reps).map_err(|e| e.to_string())?;
     {
         // Once more, waiting for every iteration: where the annealing's time goes.
         let mut live = cfg.clone();
@@ -368,6 +369,89 @@ fn iteration_parts<B: Backend>(
     );
     println!(
         "vlc speed:   of which, each alone and waited for: assignment {t_nearest:.3} ms, energy sums + read-back {t_energy:.3} ms, weighted member sums {t_weighted:.3} ms (a wait alone {t_wait:.3} ms)"
+    );
+    Ok(())
+}
+
+/// Where the residual codes' time goes: one training iteration's two heavy primitives (the
+/// batched search of every subspace's rows against its own codebook, and the sums per
+/// (subspace, codeword)) on `n` vectors of `bytes` subspaces of `width` values, 256 codewords,
+/// back to back in a loop; and the whole training of 12 iterations, waited for.
+fn code_parts<B: Backend>(
+    backend: &B,
+    n: usize,
+    bytes: usize,
+    width: usize,
+    reps: usize,
+) -> hal::Result<()> {
+    use hal::{BackendExt, DType, Layout, View};
+    let b = backend.with_precision(hal::Precision::Fast);
+    let k = 256;
+    let rows: Vec<f32> = (0..n * bytes * width)
+        .map(|i| {
+            ((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f32 / (1u64 << 24) as f32
+                - 0.5
+        })
+        .collect();
+    let x = b.upload(&rows)?;
+    let books = b.upload(&rows[..bytes * k * width])?;
+    let codes = b.alloc(DType::U32, n * bytes)?;
+    let dist = b.alloc(DType::F32, n * bytes)?;
+    let sums = b.alloc(DType::F32, bytes * k * width)?;
+    let counts = b.alloc(DType::F32, bytes * k)?;
+    let by_subspace = Layout {
+        shape: vec![bytes, n, width],
+        strides: vec![width as isize, (bytes * width) as isize, 1],
+        offset: 0,
+    };
+    let per_subspace = Layout::contiguous(&[n, bytes]).transpose(0, 1)?;
+    let search = || {
+        b.nearest_centroid(
+            View::new(&x, &by_subspace),
+            View::new(&books, &Layout::contiguous(&[bytes, k, width])),
+            View::new(&codes, &per_subspace),
+            View::new(&dist, &per_subspace),
+        )
+    };
+    // Segment ids like the training's: subspace * k + code.
+    let seg: Vec<u32> = (0..n * bytes)
+        .map(|t| ((t % bytes) * k + (t * 7 + t / bytes) % k) as u32)
+        .collect();
+    let seg = b.upload(&seg)?;
+    let member_sums = || {
+        b.segment_sum(
+            View::new(&x, &Layout::contiguous(&[n * bytes, width])),
+            View::new(&seg, &Layout::contiguous(&[n * bytes])),
+            None,
+            View::new(&sums, &Layout::contiguous(&[bytes * k, width])),
+            View::new(&counts, &Layout::contiguous(&[bytes * k])),
+        )
+    };
+    let ms = |run: &dyn Fn() -> hal::Result<()>| {
+        crate::time_it(
+            reps.max(5),
+            |_| {},
+            || {
+                run().expect("primitive");
+                b.synchronize().expect("sync");
+            },
+        ) * 1e3
+    };
+    let batch = |run: &dyn Fn() -> hal::Result<()>| {
+        ms(&|| {
+            for _ in 0..20 {
+                run()?;
+            }
+            Ok(())
+        }) / 20.0
+    };
+    let (t_search, t_sums) = (batch(&search), batch(&member_sums));
+    let whole = ms(&|| {
+        vlc_anneal::pq::train_and_encode(&b, &x, n, bytes * width, bytes, 12, 7).expect("training");
+        Ok(())
+    });
+    println!(
+        "vlc speed:   residual codes ({n} x {bytes} subspaces of {width}, {k} codewords): in a loop, each: search {t_search:.3} ms, member sums {t_sums:.3} ms; training of 12 iterations and the codes, waited for: {whole:.2} ms"
     );
     Ok(())
 }
