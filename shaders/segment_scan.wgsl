@@ -17,6 +17,7 @@
 
 // @include fma_exact.wgsl
 // @include keep.wgsl
+// @include segment_term.wgsl
 
 // @slot bindings
 @group(0) @binding(1) var<storage, read> B1: array<u32>;
@@ -89,14 +90,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                     var p = a;
                     if (runs) { p = 0.0; }
                     for (var q = q0; q < min(listed, q0 + span); q = q + 1u) {
-                        let row = list[q];
-                        var w = 1.0;
-                        if (s(7u) == 1u) { w = ld3(off(1u, row)); }
-                        if (k == d) {
-                            p = p + w;
-                        } else {
-                            p = fma_exact(w, ld1(si(3u) + i32(row) * si(4u) + i32(k) * si(5u)), p);
-                        }
+                        p = add_row_term(p, list[q], k, d);
                     }
                     if (runs) {
                         let folded = kahan_add(vec2<f32>(a, comp[j]), p);

@@ -11,6 +11,7 @@
 
 // @include fma_exact.wgsl
 // @include keep.wgsl
+// @include segment_term.wgsl
 
 // @slot bindings
 @group(0) @binding(1) var<storage, read> B1: array<u32>;
@@ -32,13 +33,7 @@ fn kernel(t: u32) {
     if (s(9u) == 1u) { acc = ld4(i32(t)); }
     for (var i = s(8u); i < s(0u); i = i + 1u) {
         if (bits2(off(0u, i)) != seg) { continue; }
-        var w = 1.0;
-        if (s(7u) == 1u) { w = ld3(off(1u, i)); }
-        if (col == d) {
-            acc = acc + w;
-        } else {
-            acc = fma_exact(w, ld1(si(3u) + i32(i) * si(4u) + i32(col) * si(5u)), acc);
-        }
+        acc = add_row_term(acc, i, col, d);
     }
     st4(i32(t), acc);
 }

@@ -302,6 +302,7 @@ shader_files!(
     "segment_sum.wgsl",
     "keep.wgsl",
     "fma_exact.wgsl",
+    "segment_term.wgsl",
     "segment_sum_ordered.wgsl",
     "segment_scan.wgsl",
     "segment_count.wgsl",

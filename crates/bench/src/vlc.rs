@@ -312,16 +312,7 @@ fn iteration_parts<B: Backend>(
         )
     };
     nearest()?;
-    let ms = |run: &dyn Fn() -> hal::Result<()>| {
-        crate::time_it(
-            reps.max(5),
-            |_| {},
-            || {
-                run().expect("primitive");
-                b.synchronize().expect("sync");
-            },
-        ) * 1e3
-    };
+    let ms = |run: &dyn Fn() -> hal::Result<()>| waited_ms(&b, reps, run);
     let energy_sums = || {
         b.segment_sum(
             View::new(&dist, &Layout::contiguous(&[n, 1])),
@@ -347,15 +338,7 @@ fn iteration_parts<B: Backend>(
     });
     let t_weighted = ms(&weighted_sums);
     let t_wait = ms(&|| Ok(()));
-    // The same calls 20 times back to back and one wait: what each costs inside a loop.
-    let batch = |run: &dyn Fn() -> hal::Result<()>| {
-        ms(&|| {
-            for _ in 0..20 {
-                run()?;
-            }
-            Ok(())
-        }) / 20.0
-    };
+    let batch = |run: &dyn Fn() -> hal::Result<()>| in_loop_ms(&b, reps, run);
     let l1 = Layout::contiguous(&[1]);
     let in_loop = [
         batch(&nearest),
@@ -427,24 +410,8 @@ fn code_parts<B: Backend>(
             View::new(&counts, &Layout::contiguous(&[bytes * k])),
         )
     };
-    let ms = |run: &dyn Fn() -> hal::Result<()>| {
-        crate::time_it(
-            reps.max(5),
-            |_| {},
-            || {
-                run().expect("primitive");
-                b.synchronize().expect("sync");
-            },
-        ) * 1e3
-    };
-    let batch = |run: &dyn Fn() -> hal::Result<()>| {
-        ms(&|| {
-            for _ in 0..20 {
-                run()?;
-            }
-            Ok(())
-        }) / 20.0
-    };
+    let ms = |run: &dyn Fn() -> hal::Result<()>| waited_ms(&b, reps, run);
+    let batch = |run: &dyn Fn() -> hal::Result<()>| in_loop_ms(&b, reps, run);
     let (t_search, t_sums) = (batch(&search), batch(&member_sums));
     let whole = ms(&|| {
         vlc_anneal::pq::train_and_encode(&b, &x, n, bytes * width, bytes, 12, 7).expect("training");
@@ -454,4 +421,26 @@ fn code_parts<B: Backend>(
         "vlc speed:   residual codes ({n} x {bytes} subspaces of {width}, {k} codewords): in a loop, each: search {t_search:.3} ms, member sums {t_sums:.3} ms; training of 12 iterations and the codes, waited for: {whole:.2} ms"
     );
     Ok(())
+}
+
+/// Median milliseconds of `run` and a wait for the device (at least five runs).
+fn waited_ms<B: Backend>(b: &B, reps: usize, run: &dyn Fn() -> hal::Result<()>) -> f64 {
+    crate::time_it(
+        reps.max(5),
+        |_| {},
+        || {
+            run().expect("primitive");
+            b.synchronize().expect("sync");
+        },
+    ) * 1e3
+}
+
+/// What one call of `run` costs inside a loop: 20 back to back and one wait, per call.
+fn in_loop_ms<B: Backend>(b: &B, reps: usize, run: &dyn Fn() -> hal::Result<()>) -> f64 {
+    waited_ms(b, reps, &|| {
+        for _ in 0..20 {
+            run()?;
+        }
+        Ok(())
+    }) / 20.0
 }
