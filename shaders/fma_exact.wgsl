@@ -1,5 +1,6 @@
 // A correctly rounded a * b + c for the reproducible kernels (hal::Precision::Reproducible).
-// Where the device's fma() is fused (scalar 11 = 1, probed once per device) it is used as is.
+// Where the device's fma() is fused (probed once per device; scalar 11 = 1 in modules composed
+// before the probe) it is used as is.
 // Scalar 12 must be 0, and a file including this one also includes keep.wgsl (its `keep`
 // is the optimisation barrier used here).
 // lavapipe computes fma() as a multiply and then an add, two roundings, so there it is built
@@ -43,9 +44,15 @@ fn fma_emulated(a: f32, b: f32, c: f32) -> f32 {
     return th + odd;
 }
 
+// The backend fills this slot once it has probed the device: with `fma()` alone where it is
+// fused, with the emulation alone where it is not. NVIDIA's Vulkan compiler executes both
+// sides of the run-time test below (a predicated emulation: a 10x slower nearest-centroid
+// search), so the test is only for modules composed before the probe.
+// @slot fma_choice
 fn fma_exact(a: f32, b: f32, c: f32) -> f32 {
     if (s(11u) == 1u) {
         return fma(a, b, c);
     }
     return fma_emulated(a, b, c);
 }
+// @end

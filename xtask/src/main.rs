@@ -355,6 +355,7 @@ fn validate_wgsl() -> ExitCode {
         native_f16: true,
         subgroups: true,
         cooperative_matrix: false,
+        fused_fma: Some(true),
     };
     for program in hal_parity::checks::sample_programs() {
         for (label, features) in [("", wgsl::Features::default()), (", all features", all)] {

@@ -41,6 +41,7 @@
 //! products at 3.5e-7 relative error, the search above in 11.7 ms).
 
 pub mod coop;
+mod profile;
 mod program;
 pub mod wgsl;
 
@@ -70,6 +71,11 @@ const CHUNK: usize = 2048;
 /// `arg_reduce` shortens its chunks when chunks of [`CHUNK`] would give it fewer threads than
 /// this.
 const ARG_FEW_THREADS: usize = 4096;
+/// The threads `reduce_chunked` shortens its chunks to give (see there).
+const REDUCE_THREADS: usize = 65_536;
+/// `arg_reduce` gives each output a workgroup of its own (arg_line.wgsl) when there are few
+/// outputs and their lines are at least this long.
+const ARG_LINE_FROM: usize = 1024;
 /// The most terms one thread adds in sequence before a partial is written: short runs keep
 /// f32 sums accurate without relying on compensation, which a shader compiler may undo.
 const SUM_CHUNK: usize = 256;
@@ -80,6 +86,10 @@ const SORTED_SEGMENTS: usize = 128;
 /// Below this many centroids `nearest_centroid` takes nearest_ordered.wgsl under every
 /// precision.
 const FEW_CENTROIDS: usize = 16;
+
+/// Segments of at most this many rows on average are summed whole by the sorted segment sum
+/// (no parts, so no reduction over parts).
+const WHOLE_SEGMENT_ROWS: usize = 64;
 
 /// `segment_sum` lets each segment's workgroup scan every id (segment_scan.wgsl) while
 /// segments times rows stay within this.
@@ -258,6 +268,8 @@ pub(crate) struct Kernel {
     /// What it was built from, to build the binding-0 variant for a launch whose parameters
     /// do not fit the immediates (`None` for IR programs, whose parameters always fit).
     spec: Option<Spec>,
+    /// Its shader file, or `ir:` and the program's name (for profiles).
+    name: String,
 }
 
 /// The output block one GEMM or nearest-centroid workgroup computes (`tile.wgsl`): rows and
@@ -282,20 +294,52 @@ impl TileShape {
     }
 }
 
-/// The GEMM tile: 128 x 128 unless the environment's `HAL_WGPU_TILE` names another of
-/// `128x64`, `64x64` (a tuning knob for comparing them on a new GPU; `bench` reports the one
-/// in use). Nearest-centroid always uses 128 rows, with the same columns.
+/// The GEMM tile of large products: 128 x 128 unless the environment's `HAL_WGPU_TILE` names
+/// another of `128x64`, `64x64`, `128x128` (a tuning knob for comparing them on a new GPU,
+/// which then holds for every product; `bench` reports it). Small products take 64 x 64
+/// (see [`gemm_tile`]). Nearest-centroid always uses 128 rows, with these columns.
 pub fn tile_shape() -> TileShape {
-    static SHAPE: std::sync::OnceLock<TileShape> = std::sync::OnceLock::new();
+    tile_override().unwrap_or(TileShape {
+        rows: 128,
+        cols: 128,
+    })
+}
+
+/// The tile `HAL_WGPU_TILE` asks for, if any.
+fn tile_override() -> Option<TileShape> {
+    static SHAPE: std::sync::OnceLock<Option<TileShape>> = std::sync::OnceLock::new();
     *SHAPE.get_or_init(|| {
         let (rows, cols) = match std::env::var("HAL_WGPU_TILE").as_deref() {
             Ok("128x64") => (128, 64),
             Ok("64x64") => (64, 64),
-            _ => (128, 128),
+            Ok("128x128") => (128, 128),
+            _ => return None,
         };
-        TileShape { rows, cols }
+        Some(TileShape { rows, cols })
     })
 }
+
+/// The GEMM tile of a product with an `rows x cols` output (times `batch`): 128 x 128, or
+/// 64 x 64 where 128 x 128 would give fewer than [`SMALL_PRODUCT_TILES`] workgroups (a
+/// training step's 256 x 512 products: 8 workgroups on a GPU of 132 multiprocessors; with
+/// 64 x 64 tiles an MLP step went from 0.86 to 0.60 ms on an H200), unless `HAL_WGPU_TILE`
+/// says otherwise.
+fn gemm_tile(rows: usize, cols: usize, batch: usize) -> TileShape {
+    if let Some(t) = tile_override() {
+        return t;
+    }
+    let side = match rows.div_ceil(128) * cols.div_ceil(128) * batch < SMALL_PRODUCT_TILES {
+        true => 64,
+        false => 128,
+    };
+    TileShape {
+        rows: side,
+        cols: side,
+    }
+}
+
+/// See [`gemm_tile`].
+const SMALL_PRODUCT_TILES: usize = 256;
 
 /// Which of the adapter's optional features the backend uses. Each has a fallback that runs
 /// everywhere; turning one off (tests do, to run the fallbacks on an adapter that has them)
@@ -352,7 +396,8 @@ const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(
 
 /// Matrix products with unit k strides and k at least [`DOT_FROM_K`] whose output is thin
 /// (at most [`DOT_THIN`] rows or columns: a tile would compute mostly padding) or covers fewer
-/// 128 x 128 tiles than [`DOT_BELOW_TILES`] (a quarter of a big GPU's multiprocessors) run as
+/// tiles (of [`gemm_tile`]'s choice) than [`DOT_BELOW_TILES`] (a quarter of a big GPU's
+/// multiprocessors) run as
 /// one dot product per output (`gemm_dot.wgsl`) instead of the tile.
 const DOT_BELOW_TILES: usize = 32;
 const DOT_THIN: usize = 8;
@@ -482,6 +527,19 @@ struct Inner {
     fma_fused: std::sync::OnceLock<bool>,
     /// With cooperative matrices: the tiling of single-pass products (settable for tuning).
     coop: Option<Mutex<coop::CoopTiles>>,
+    /// Per-dispatch timestamps, under `HAL_WGPU_PROFILE` (see [`profile`]).
+    profiler: Option<Mutex<profile::Profiler>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profiler {
+            let p = lock(p);
+            if !p.is_empty() {
+                eprint!("{}", p.report(1));
+            }
+        }
+    }
 }
 
 /// The wgpu device handle. Cheap to clone.
@@ -576,6 +634,11 @@ impl DeviceBuffer for WgpuBuffer {
     }
 }
 
+/// Locks `m`, going on with the data of a thread that panicked while holding it.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn backend_error(detail: impl std::fmt::Display) -> Error {
     Error::Backend {
         backend: NAME,
@@ -612,6 +675,7 @@ impl WgpuBackend {
         wanted.set(wgpu::Features::SUBGROUP, options.subgroups);
         wanted.set(wgpu::Features::SHADER_F16, options.native_f16);
         wanted.set(wgpu::Features::IMMEDIATES, options.immediates);
+        wanted.set(wgpu::Features::TIMESTAMP_QUERY, profile::requested());
         let info = adapter.get_info();
         // The fast nearest-centroid search's re-check sums over subgroups.
         let coop = options.cooperative_matrix
@@ -702,8 +766,15 @@ impl WgpuBackend {
             len: VERDICT_WORDS as usize,
             pool: pool.clone(),
         }));
+        let profiler = features
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+            .then(|| Mutex::new(profile::Profiler::new(&device, &queue)));
+        if profile::requested() && profiler.is_none() {
+            eprintln!("HAL_WGPU_PROFILE: this adapter has no timestamp queries; not profiling");
+        }
         Ok(Self(
             Arc::new(Inner {
+                profiler,
                 params,
                 verdicts,
                 check_serial: std::sync::atomic::AtomicU32::new(1),
@@ -1066,7 +1137,7 @@ impl WgpuBackend {
             offset: mv.offset,
         };
         let bindings = wgsl::io(&[a.dtype(), b.dtype()], out.dtype());
-        let tile = tile_shape();
+        let tile = gemm_tile(om.rows, om.cols, om.batch);
         // Both kernels take the same parameters (gemm.wgsl) and slice k so that no thread
         // loops past CHUNK steps (lavapipe); later slices accumulate into `out`.
         let (pipeline, k_slice, groups) = if dot {
@@ -1294,14 +1365,24 @@ impl WgpuBackend {
         guard: Guard,
     ) -> Result<()> {
         let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], sums.layout.shape[0]);
-        // Each segment's rows are summed in several parts. On a software rasteriser the parts
-        // must also keep one thread's loop under lavapipe's cap even if every row falls in one
-        // segment; a GPU has no cap and 16 parts give it enough threads.
+        // Each segment's rows are summed in parts: several for long segments (a GPU gets
+        // enough threads from 16); segments of a few rows on average (the residual codes'
+        // 4,096 of about 40) whole, where parts of two or three rows and the reduction over
+        // them would cost more than the sums. On a software rasteriser a part must also keep
+        // one thread's loop under lavapipe's cap even if every row falls in one segment.
         let capped = !self.info().kind.is_hardware_gpu();
         let parts_needed = if capped { n.div_ceil(LOOP_BUDGET) } else { 1 };
-        let parts = parts_needed.max(16);
-        // Chunks of rows, at most LOOP_BUDGET of them (the offsets pass loops over chunks).
-        let rows = n.div_ceil(LOOP_BUDGET).max(1024);
+        let parts = if n <= m * WHOLE_SEGMENT_ROWS {
+            parts_needed
+        } else {
+            parts_needed.max(16)
+        };
+        // Chunks of at least 2,048 rows (eight tiles of segment_place's workgroup), at most
+        // LOOP_BUDGET of them (the offsets pass loops over chunks), and few enough that the
+        // per-chunk counts (chunks x m words) stay within 16M words.
+        let rows = 2048
+            .max(n.div_ceil(LOOP_BUDGET))
+            .max(((n as u64 * m as u64) >> 24) as usize + 1);
         let chunks = n.div_ceil(rows).max(1);
         let u32s = |len: usize| self.scratch(DType::U32, len);
         let per_chunk = u32s(chunks * m)?;
@@ -1315,56 +1396,42 @@ impl WgpuBackend {
             .scalar(1, m as u32)
             .scalar(2, rows as u32)
             .scalar(3, chunks as u32);
-        let u = DType::U32;
         self.run_guarded(
-            Spec::new("segment_count.wgsl").bindings(vec![(u, Access::Read), (u, Access::Write)]),
+            Spec::new("segment_count.wgsl"),
             sorting.clone(),
             &[(segment.buffer, false), (&per_chunk, true)],
-            chunks,
+            n,
             Some(guard),
         )?;
         let totals = u32s(m)?;
+        let u = DType::U32;
         self.run(
             Spec::new("segment_offsets.wgsl")
                 .bindings(vec![(u, Access::Write), (u, Access::Write)]),
-            Params::default()
-                .scalar(1, m as u32)
-                .scalar(3, chunks as u32),
+            sorting.clone(),
             &[(&per_chunk, true), (&totals, true)],
             m,
         )?;
         let starts = u32s(m)?;
-        let mut first = 0;
-        while first < m {
-            let end = (first + LOOP_BUDGET).min(m);
-            self.run(
-                Spec::new("segment_starts.wgsl")
-                    .bindings(vec![(u, Access::Read), (u, Access::Write)]),
-                Params::default()
-                    .scalar(4, first as u32)
-                    .scalar(5, end as u32),
-                &[(&totals, false), (&starts, true)],
-                1,
-            )?;
-            first = end;
-        }
+        self.dispatch_groups(
+            &*self.kernel(&Spec::new("segment_starts.wgsl"))?,
+            &sorting,
+            &[(&totals, false), (&starts, true)],
+            [1, 1, 1],
+        )?;
         let order = u32s(n.max(1))?;
-        self.run_guarded(
-            Spec::new("segment_place.wgsl").bindings(vec![
-                (u, Access::Read),
-                (u, Access::Read),
-                (u, Access::Write),
-                (u, Access::Write),
-            ]),
-            sorting,
+        let place = Spec::new("segment_place.wgsl").slot("guard", guard_slot(5, [14, 15], false));
+        self.dispatch_groups(
+            &*self.kernel(&place)?,
+            &sorting.scalar(14, guard.word).scalar(15, guard.serial),
             &[
                 (segment.buffer, false),
                 (&starts, false),
                 (&per_chunk, true),
                 (&order, true),
+                (&self.0.verdicts, false),
             ],
-            chunks,
-            Some(guard),
+            [chunks as u32, 1, 1],
         )?;
         let (w, wl) = weight_binding(x, weights)?;
         let partial = self.scratch(DType::F32, m * parts * (d + 1))?;
@@ -1530,6 +1597,20 @@ impl WgpuBackend {
         }
     }
 
+    /// Under `HAL_WGPU_PROFILE` (see [`profile`]): waits for the device, returns the GPU time
+    /// per kernel since the last call divided by `runs`, and starts the totals afresh.
+    /// `None` when not profiling.
+    pub fn take_profile(&self, runs: usize) -> Result<Option<String>> {
+        let Some(profiler) = &self.0.profiler else {
+            return Ok(None);
+        };
+        self.synchronize()?;
+        let mut p = lock(profiler);
+        let report = p.report(runs);
+        p.clear();
+        Ok(Some(report))
+    }
+
     /// What modules are composed for on this device.
     fn module_features(&self) -> wgsl::Features {
         wgsl::Features {
@@ -1537,6 +1618,7 @@ impl WgpuBackend {
             native_f16: self.0.features.contains(wgpu::Features::SHADER_F16),
             subgroups: self.0.features.contains(wgpu::Features::SUBGROUP),
             cooperative_matrix: self.0.coop.is_some(),
+            fused_fma: self.0.fma_fused.get().copied(),
         }
     }
 
@@ -1718,11 +1800,16 @@ impl WgpuBackend {
                 "shader `{label}` failed to compile{at}: {report}"
             )));
         }
+        let name = match &spec {
+            Some(s) => s.file.to_string(),
+            None => format!("ir:{label}"),
+        };
         Ok(Arc::new(Kernel {
             layout: pipeline.get_bind_group_layout(0),
             pipeline,
             immediate_words,
             spec,
+            name,
         }))
     }
 
@@ -1843,6 +1930,11 @@ impl WgpuBackend {
             layout: &kernel.layout,
             entries: &entries,
         });
+        if self.0.profiler.as_ref().is_some_and(|p| lock(p).full()) {
+            self.read_profile()?;
+        }
+        // Taken before the batch, as in read_profile.
+        let mut profiler = self.0.profiler.as_ref().map(lock);
         let mut batch = self.lock_batch();
         if immediates == 0 {
             // The shared parameter buffer: what came before is submitted first (the write
@@ -1866,6 +1958,19 @@ impl WgpuBackend {
                 });
             }
         }
+        if let Some(profiler) = profiler.as_mut() {
+            // A pass of its own, timed at both ends.
+            batch.pass = None;
+            let writes = profiler.next(&kernel.name);
+            let pass = batch
+                .encoder(&self.0.device)
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: Some(writes),
+                })
+                .forget_lifetime();
+            batch.pass = Some(pass);
+        }
         let pass = batch.pass(&self.0.device);
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &group, &[]);
@@ -1875,6 +1980,9 @@ impl WgpuBackend {
             pass.set_immediates(0, bytemuck::cast_slice(&words));
         }
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        if profiler.is_some() {
+            batch.pass = None;
+        }
         batch.commands += 1;
         if immediates == 0 || batch.commands >= batch_commands() {
             self.submit_batch(&mut batch);
@@ -1903,6 +2011,11 @@ impl WgpuBackend {
             .cloned();
         if let Some(p) = cached {
             return Ok(p);
+        }
+        if wgsl::uses_fma_exact(spec.file) {
+            // Probed first, so the module has no run-time test between fma() and its
+            // emulation (see fma_exact.wgsl).
+            self.fma_is_fused()?;
         }
         let features = wgsl::Features {
             immediate_words,
@@ -1951,6 +2064,52 @@ impl WgpuBackend {
         self.dispatch(&kernel, &params, buffers, threads)
     }
 
+    /// Reads the timestamps of the dispatches timed since the last call into the profile's
+    /// totals (see [`profile`]); nothing without `HAL_WGPU_PROFILE`.
+    fn read_profile(&self) -> Result<()> {
+        let Some(profiler) = &self.0.profiler else {
+            return Ok(());
+        };
+        let mut profiler = lock(profiler);
+        let bytes = profiler.staging_bytes();
+        if bytes == 0 {
+            return Ok(());
+        }
+        let staging = self.0.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("profile read"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let timed = {
+            let mut batch = self.lock_batch();
+            batch.pass = None;
+            let timed = profiler.resolve(batch.encoder(&self.0.device), &staging);
+            self.submit_batch(&mut batch);
+            timed
+        };
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&self.map_read(&staging)?);
+        profiler.add(timed, &ticks);
+        Ok(())
+    }
+
+    /// The contents of a `MAP_READ` buffer, once every submitted command is done.
+    fn map_read(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
+        let slice = staging.slice(..);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.0
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(backend_error)?;
+        rx.recv().map_err(backend_error)?.map_err(backend_error)?;
+        let bytes = slice.get_mapped_range().map_err(backend_error)?.to_vec();
+        staging.unmap();
+        Ok(bytes)
+    }
+
     fn read_words(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
         let d = &self.0.device;
         let size = buffer.size();
@@ -1968,17 +2127,7 @@ impl WgpuBackend {
             });
             self.submit_batch(&mut batch);
         }
-        let slice = staging.slice(..);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        d.poll(wgpu::PollType::wait_indefinitely())
-            .map_err(backend_error)?;
-        rx.recv().map_err(backend_error)?.map_err(backend_error)?;
-        let bytes = slice.get_mapped_range().map_err(backend_error)?.to_vec();
-        staging.unmap();
-        Ok(bytes)
+        self.map_read(&staging)
     }
 
     fn check_deferred(&self) -> Result<()> {
@@ -2104,11 +2253,15 @@ impl WgpuBackend {
         };
         let count = red.numel();
         let n_out = out.layout.numel();
-        let per = if op == ReduceOp::Sum {
+        let longest = if op == ReduceOp::Sum {
             SUM_CHUNK
         } else {
             CHUNK
         };
+        // Chunks short enough to give the GPU REDUCE_THREADS threads where the work allows
+        // (a bias gradient, 512 sums of 256, was 512 threads each walking 256 values in
+        // sequence: 78 us on an H200), at least 32 values long.
+        let per = (count * n_out).div_ceil(REDUCE_THREADS).clamp(32, longest);
         let chunks = count.div_ceil(per).max(1);
         let keep = kept(x.layout, &out.layout.shape, axes);
         let finish = match op {
@@ -2211,6 +2364,45 @@ impl WgpuBackend {
             "fn better(v: f32, best: f32) -> bool {{ return {better}; }}\nconst NAN_WINS: bool = {nan_wins};"
         );
         let a = x.dtype();
+        // Where a one-pass kernel writes the extreme values: `out_value`, or a word it is told
+        // (scalar 5) not to write.
+        let vdummy = self.scratch(DType::F32, 1)?;
+        let (vb, vl, has) = match out_value {
+            Some((b, l)) => (b, l.clone(), 1),
+            None => (
+                &vdummy,
+                Layout::contiguous(&[1]).broadcast_to(&out_layout.shape)?,
+                0,
+            ),
+        };
+        let max_groups = self.0.limits.max_compute_workgroups_per_dimension as usize;
+        if index.is_none()
+            && chunk < CHUNK
+            && (ARG_LINE_FROM..=LOOP_BUDGET * 256).contains(&count)
+            && n_out <= max_groups
+        {
+            // Few long lines: a workgroup each (arg_line.wgsl), one dispatch.
+            let spec = Spec::new("arg_line.wgsl")
+                .bindings(vec![
+                    (a, Access::Read),
+                    (DType::U32, Access::Write),
+                    (DType::F32, Access::Write),
+                ])
+                .slot("rule", rule);
+            let p = Params::default()
+                .block(out_layout)
+                .block(keep)
+                .block(line)
+                .block(&vl)
+                .scalar(0, count as u32)
+                .scalar(5, has);
+            return self.dispatch_groups(
+                &*self.kernel(&spec)?,
+                &p,
+                &[(x, false), (out, true), (vb, true)],
+                [n_out as u32, 1, 1],
+            );
+        }
         let dummy = self.scratch(DType::U32, 1)?;
         let idx = index.unwrap_or(&dummy);
         let spec = Spec::new("arg_reduce.wgsl")
@@ -2228,15 +2420,6 @@ impl WgpuBackend {
                 .scalar(4, index.is_some() as u32)
         };
         if chunks == 1 {
-            let vdummy = self.scratch(DType::F32, 1)?;
-            let (vb, vl, has) = match out_value {
-                Some((b, l)) => (b, l.clone(), 1),
-                None => (
-                    &vdummy,
-                    Layout::contiguous(&[1]).broadcast_to(&out_layout.shape)?,
-                    0,
-                ),
-            };
             let p = scalars(
                 Params::default()
                     .block(out_layout)
@@ -2383,6 +2566,7 @@ impl Backend for WgpuBackend {
             }
             std::hint::spin_loop();
         }
+        self.read_profile()?;
         self.check_deferred()
     }
 
@@ -2600,7 +2784,7 @@ impl Backend for WgpuBackend {
         if om.batch == 0 || om.rows == 0 || om.cols == 0 {
             return Ok(());
         }
-        let tile = tile_shape();
+        let tile = gemm_tile(om.rows, om.cols, om.batch);
         let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
         let thin = om.rows.min(om.cols) <= DOT_THIN;
         let dot = (thin || tiles < DOT_BELOW_TILES)

@@ -73,6 +73,29 @@ pub struct Features {
     pub subgroups: bool,
     /// Cooperative matrices (`enable wgpu_cooperative_matrix;`) allowed: `*_coop.wgsl`.
     pub cooperative_matrix: bool,
+    /// Whether the device's `fma()` is fused, once probed: `fma_exact.wgsl`'s `fma_exact` is
+    /// then `fma()` alone (`Some(true)`) or the emulation alone (`Some(false)`); `None`
+    /// decides at run time from scalar 11.
+    pub fused_fma: Option<bool>,
+}
+
+/// The `fma_choice` slot of `fma_exact.wgsl` for a probed device (`None`: the file's own
+/// run-time test).
+fn fma_choice(fused: Option<bool>) -> Option<(&'static str, String)> {
+    let body = match fused? {
+        true => "fma(a, b, c)",
+        false => "fma_emulated(a, b, c)",
+    };
+    Some((
+        "fma_choice",
+        format!("fn fma_exact(a: f32, b: f32, c: f32) -> f32 {{ return {body}; }}\n"),
+    ))
+}
+
+/// Whether kernel file `name` includes `fma_exact.wgsl` (its modules depend on
+/// [`Features::fused_fma`]).
+pub fn uses_fma_exact(name: &str) -> bool {
+    includes(file(name).text).any(|inc| inc == "fma_exact.wgsl")
 }
 
 /// Declares binding `b` and its typed accessors `ld{b}` (as f32), `ldi{b}` (as i32, for
@@ -286,6 +309,7 @@ shader_files!(
     "binary_vec4.wgsl",
     "ternary.wgsl",
     "reduce.wgsl",
+    "arg_line.wgsl",
     "arg_reduce.wgsl",
     "gemm.wgsl",
     "coop_tiles.wgsl",
@@ -461,6 +485,7 @@ pub fn compose(
     if features.immediate_words > 0 {
         slots.push(immediate_params(features.immediate_words));
     }
+    slots.extend(fma_choice(features.fused_fma));
     let main = file(name);
     let mut parts: Vec<(&'static str, String)> = vec![(main.name, fill_slots(main.text, &slots))];
     for inc in includes(main.text) {
@@ -601,6 +626,7 @@ pub fn default_modules() -> Vec<Variant> {
         native_f16: true,
         subgroups: true,
         cooperative_matrix: true,
+        fused_fma: Some(true),
     };
     let mut out = Vec::new();
     for f in FILES {

@@ -161,6 +161,16 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Seconds of warm-up runs before timed ones (see [`time_it`]).
 const WARM_UP_SECONDS: f64 = 0.5;
 
+/// Under `HAL_WGPU_PROFILE` with the wgpu backend: the per-kernel GPU time since the last
+/// call, divided by the runs given (see `backend_wgpu::WgpuBackend::take_profile`).
+type ProfileHook = Box<dyn Fn(usize) -> Option<String> + Send>;
+static PROFILE: std::sync::Mutex<Option<ProfileHook>> = std::sync::Mutex::new(None);
+
+fn take_profile(runs: usize) -> Option<String> {
+    let hook = PROFILE.lock().unwrap_or_else(|p| p.into_inner());
+    hook.as_ref().and_then(|h| h(runs))
+}
+
 /// Times `run` `reps` times after warm-ups (at least two, and [`WARM_UP_SECONDS`] of them),
 /// calling `prepare` (untimed) before each.
 fn time_it(reps: usize, mut prepare: impl FnMut(usize), mut run: impl FnMut()) -> f64 {
@@ -175,12 +185,17 @@ fn time_it(reps: usize, mut prepare: impl FnMut(usize), mut run: impl FnMut()) -
         warm += t.elapsed().as_secs_f64();
         warm_runs += 1;
     }
+    // The warm-ups' kernels are left out of a profile.
+    let _ = take_profile(1);
     let mut times = Vec::new();
     for i in 0..reps {
         prepare(warm_runs + i);
         let t = Instant::now();
         run();
         times.push(t.elapsed().as_secs_f64());
+    }
+    if let Some(report) = take_profile(reps) {
+        print!("{report}");
     }
     if std::env::var_os("BENCH_EVERY_RUN").is_some() {
         let ms: Vec<String> = times.iter().map(|t| format!("{:.2}", t * 1e3)).collect();
@@ -201,9 +216,13 @@ fn main() -> ExitCode {
         "cpu" => run(&CpuBackend::new(), &args, Hooks::default()),
         "wgpu" => match backend_wgpu::WgpuBackend::with_options(args.wgpu_options) {
             Ok(gpu) => {
+                let profiled = gpu.clone();
+                *PROFILE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move |runs| {
+                    profiled.take_profile(runs).ok().flatten()
+                }));
                 let tile = backend_wgpu::tile_shape();
                 println!(
-                    "bench: wgpu GEMM tiles of {} x {} (HAL_WGPU_TILE); optional features in use: {}",
+                    "bench: wgpu GEMM tiles of {} x {} for large products, 64 x 64 for small ones unless HAL_WGPU_TILE is set; optional features in use: {}",
                     tile.rows,
                     tile.cols,
                     gpu.features_in_use()

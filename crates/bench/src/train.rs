@@ -76,6 +76,8 @@ pub fn train<B: Backend>(
         let time = |run: &mut dyn FnMut() -> tensor_autograd::Result<()>| {
             let block = 10;
             let mut times = Vec::with_capacity(args.reps);
+            // What came before is left out of a profile.
+            let _ = crate::take_profile(1);
             for _ in 0..args.reps {
                 b.synchronize().map_err(|x| x.to_string())?;
                 let t = Instant::now();
@@ -84,6 +86,9 @@ pub fn train<B: Backend>(
                 }
                 b.synchronize().map_err(|x| x.to_string())?;
                 times.push(t.elapsed().as_secs_f64() / block as f64);
+            }
+            if let Some(report) = crate::take_profile(args.reps * block) {
+                print!("{report}");
             }
             Ok::<f64, String>(crate::median(times) * 1e3)
         };

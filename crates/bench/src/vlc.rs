@@ -201,6 +201,10 @@ fn speed<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
     let mut parts: [Vec<f64>; 4] = Default::default();
     for rep in 0..args.reps + 2 {
         cfg.seed = rep as u64;
+        if rep == 2 {
+            // The warm-ups are left out of a profile.
+            let _ = crate::take_profile(1);
+        }
         let t = Instant::now();
         let out = compress(b, &small, &cfg, &mut |_| {}).map_err(e)?;
         let s = t.elapsed().as_secs_f64();
@@ -228,6 +232,9 @@ fn speed<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
     println!(
         "  medians: seeding {seeding:.2} ms, annealing {annealing:.2} ms, residual codes {coding:.2} ms, index and MSE {index:.2} ms"
     );
+    if let Some(report) = crate::take_profile(args.reps) {
+        print!("{report}");
+    }
     iteration_parts(b, &small, 256, args.reps).map_err(|e| e.to_string())?;
     code_parts(b, small.rows, 16, 8, args.reps).map_err(|e| e.to_string())?;
     {

@@ -701,6 +701,75 @@ fn update_program(d: usize) -> Result<hal::ir::Program> {
     Ok(p.build()?)
 }
 
+/// Whether a maintenance round can have anything to do, decided on the device so that a
+/// round that would change nothing reads nothing back. Over `m * m` threads, thread `t = i m + j`
+/// flags (adds 1 to `flags[0]`) when anchor `i` has no members (`i = j`, `counts[i] = 0`) or
+/// when `i < j` and the squared distance between anchors `i` and `j` (in f32, `d` baked in) is
+/// at most `scale * max(total[0], floor)`; every other thread adds 0 to one of 1,024 spare
+/// slots (`flags` has 1,025), so that only flagging threads contend for `flags[0]`.
+/// `scale = merge_distance^2 / n * (1 + 2^-8)` and `floor = n * f32::MIN_POSITIVE` make the
+/// test conservative: whatever [`State::maintain`] would merge (squared distance below
+/// `merge_distance^2 * max(total / n, f64::MIN_POSITIVE)`, summed in f64) is flagged, whatever
+/// the f32 rounding.
+fn maintenance_check_program(
+    m: usize,
+    d: usize,
+    scale: f32,
+    floor: f32,
+) -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("vlc_maintenance_check");
+    let anchors = p.buffer(DType::F32, Access::Read);
+    let counts = p.buffer(DType::F32, Access::Read);
+    let total = p.buffer(DType::F32, Access::Read);
+    let flags = p.buffer(DType::F32, Access::ReadWrite);
+    let t = p.index();
+    let mm = p.const_u32(m as u32);
+    let i = p.div(t, mm);
+    let i_m = p.mul(i, mm);
+    let j = p.sub(t, i_m);
+    let dd = p.const_u32(d as u32);
+    let row_i = p.mul(i, dd);
+    let row_j = p.mul(j, dd);
+    let mut d2 = p.const_f32(0.0);
+    for k in 0..d {
+        let k = p.const_u32(k as u32);
+        let at_i = p.add(row_i, k);
+        let at_j = p.add(row_j, k);
+        let a = p.load(anchors, at_i);
+        let b = p.load(anchors, at_j);
+        let diff = p.sub(a, b);
+        d2 = p.fma(diff, diff, d2);
+    }
+    let zero_u = p.const_u32(0);
+    let sum = p.load(total, zero_u);
+    let floor = p.const_f32(floor);
+    let sum = p.binary(hal::ir::IrBinary::Max, sum, floor);
+    let scale = p.const_f32(scale);
+    let limit = p.mul(scale, sum);
+    let below = p.cmp(IrCmp::Le, d2, limit);
+    let later = p.cmp(IrCmp::Lt, i, j);
+    let close = p.binary(hal::ir::IrBinary::And, later, below);
+    let cnt = p.load(counts, i);
+    let zero = p.const_f32(0.0);
+    let none = p.cmp(IrCmp::Eq, cnt, zero);
+    let same = p.cmp(IrCmp::Eq, i, j);
+    let empty = p.binary(hal::ir::IrBinary::And, same, none);
+    let flagged = p.binary(hal::ir::IrBinary::Or, close, empty);
+    let one = p.const_f32(1.0);
+    let value = p.select(flagged, one, zero);
+    let spread = p.const_u32(1023);
+    let spare = p.binary(hal::ir::IrBinary::And, t, spread);
+    let one_u = p.const_u32(1);
+    let spare = p.add(spare, one_u);
+    let at = p.select(flagged, zero_u, spare);
+    p.atomic_add(flags, at, value);
+    Ok(p.build()?)
+}
+
+/// Anchors up to which a GPU decides on the device whether a maintenance round has work
+/// (its check runs over `m * m` pairs).
+const DEVICE_CHECK_ANCHORS: usize = 4096;
+
 /// IR for element `i` of an `m x width` centre matrix: `(mean, old)` where `old` is the
 /// centre's current value and `mean` is `sums[i] / counts[i / width]`, or `old` for a centre
 /// with no weight. Buffers: `[sums, counts, centres]`.
@@ -834,8 +903,13 @@ pub(crate) fn anneal_on_device<B: Backend>(
         {
             // Maintenance needs the assignment to the updated anchors.
             let after = state.assign()?;
-            let energies = state.energies()?;
-            let (merged, split, reseeded) = state.maintain(data, cfg, energies[after])?;
+            let checked = state.check_maintenance()?;
+            let (energies, work) = state.energies_and_verdict()?;
+            let (merged, split, reseeded) = match checked && !work {
+                // Nothing to merge, nothing empty: the round would change nothing.
+                true => (0, 0, 0),
+                false => state.maintain(data, cfg, energies[after])?,
+            };
             report.merged = merged;
             report.split = split;
             report.reseeded = reseeded;
@@ -924,6 +998,12 @@ pub(crate) struct State<B: Backend> {
     assignments: usize,
     /// Zeros: every anchor's segment in the sum of `sse`.
     zero_ids: B::Buffer,
+    /// On a GPU, the maintenance check and its flags (see [`maintenance_check_program`]);
+    /// the verdict is copied into the last slot of `totals`, so it comes back with the
+    /// energies.
+    check: Option<(B::Kernel, B::Buffer)>,
+    /// The slot of `totals` that holds the check's verdict (after every assignment's).
+    verdict_slot: usize,
     /// Row `t`: update `t`'s `[huber^2 / n, temperature, momentum, 0]`, copied to `params`
     /// before the update (so no update waits for the host).
     schedule: B::Buffer,
@@ -959,7 +1039,24 @@ impl<B: Backend> State<B> {
         // An assignment per update and one to begin, and at most one more per maintenance
         // round.
         let slots = 2 * cfg.iterations + 2;
+        let check = match b.info().kind != hal::DeviceKind::Cpu
+            && cfg.maintain_every > 0
+            && m <= DEVICE_CHECK_ANCHORS
+        {
+            true => {
+                let merge = cfg.merge_distance as f64;
+                let scale = (merge * merge / n as f64 * (1.0 + 2f64.powi(-8))) as f32;
+                let floor = n as f32 * f32::MIN_POSITIVE;
+                Some((
+                    b.compile(&maintenance_check_program(m, d, scale, floor)?)?,
+                    b.alloc(DType::F32, 1025)?,
+                ))
+            }
+            false => None,
+        };
         Ok(Self {
+            check,
+            verdict_slot: slots,
             b: b.clone(),
             n,
             d,
@@ -975,7 +1072,8 @@ impl<B: Backend> State<B> {
             sse: b.alloc(DType::F32, m)?,
             counts: b.alloc(DType::F32, m)?,
             total: b.alloc(DType::F32, 1)?,
-            totals: b.alloc(DType::F32, slots)?,
+            // The last slot: the maintenance check's verdict.
+            totals: b.alloc(DType::F32, slots + 1)?,
             assignments: 0,
             zero_ids: b.alloc(DType::U32, m)?,
             schedule: b.upload(&schedule)?,
@@ -1030,11 +1128,42 @@ impl<B: Backend> State<B> {
     /// The energy (mean squared distance) of every assignment so far, by slot (waits for the
     /// device).
     fn energies(&self) -> Result<Vec<f64>> {
+        Ok(self.energies_and_verdict()?.0)
+    }
+
+    /// [`Self::energies`], and whether the last maintenance check (if one ran since the
+    /// verdict was last cleared) found work.
+    fn energies_and_verdict(&self) -> Result<(Vec<f64>, bool)> {
         let totals = self.b.read::<f32>(&self.totals)?;
-        Ok(totals[..self.assignments]
+        let energies = totals[..self.assignments]
             .iter()
             .map(|&t| t as f64 / self.n as f64)
-            .collect())
+            .collect();
+        Ok((energies, totals.last().is_some_and(|&v| v > 0.0)))
+    }
+
+    /// On a GPU, enqueues the check whether a maintenance round on the current assignment and
+    /// anchors has work (its verdict comes back with the next energies); false where there is
+    /// no check (the round then always reads the state back).
+    fn check_maintenance(&self) -> Result<bool> {
+        let Some((kernel, flags)) = &self.check else {
+            return Ok(false);
+        };
+        let b = &self.b;
+        let one = Layout::contiguous(&[1]);
+        b.fill(View::new(flags, &one), 0.0)?;
+        b.launch(
+            kernel,
+            &[&self.anchors, &self.counts, &self.total, flags],
+            self.m * self.m,
+        )?;
+        let verdict = Layout {
+            shape: vec![1],
+            strides: vec![1],
+            offset: self.verdict_slot,
+        };
+        b.copy(View::new(flags, &one), View::new(&self.totals, &verdict))?;
+        Ok(true)
     }
 
     /// Update `it` of the schedule, from the last assignment.
@@ -1360,6 +1489,67 @@ fn principal_direction(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The device's maintenance check flags every round the host would act on: an empty
+    /// anchor, or a pair closer than the merge radius, including pairs a hair inside it
+    /// (and it stays quiet when neither holds, with pairs a little outside).
+    #[test]
+    fn maintenance_check_flags_what_the_host_would_merge_or_refill() {
+        let b = backend_cpu::CpuBackend::new();
+        let (n, d, m, merge) = (1000usize, 7, 19, 0.05f64);
+        let scale = (merge * merge / n as f64 * (1.0 + 2f64.powi(-8))) as f32;
+        let floor = n as f32 * f32::MIN_POSITIVE;
+        let kernel = b
+            .compile(&maintenance_check_program(m, d, scale, floor).unwrap())
+            .unwrap();
+        let mut rng = 0x1234_5678_9abc_def0u64;
+        let mut uniform = || {
+            rng = crate::splitmix(rng);
+            (rng >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut seen = [0usize; 2];
+        for case in 0..60 {
+            let mut anchors: Vec<f32> =
+                (0..m * d).map(|_| (uniform() * 4.0 - 2.0) as f32).collect();
+            let mut counts = vec![3.0f32; m];
+            let total = (uniform() * 50.0 + 1.0) as f32;
+            let radius2 = merge * merge * (total as f64 / n as f64);
+            match case % 4 {
+                // An empty anchor.
+                0 => counts[(uniform() * m as f64) as usize] = 0.0,
+                // A pair just inside or just outside the radius, along one axis.
+                1 | 2 => {
+                    let (i, j) = (3, 11);
+                    let factor = if case % 4 == 1 { 0.999 } else { 1.01 };
+                    let gap = (radius2.sqrt() * factor) as f32;
+                    for k in 0..d {
+                        anchors[j * d + k] = anchors[i * d + k];
+                    }
+                    anchors[j * d] += gap;
+                }
+                _ => {}
+            }
+            let host_work = counts.contains(&0.0)
+                || (0..m).any(|i| {
+                    (i + 1..m).any(|j| {
+                        sq_dist(&anchors[i * d..(i + 1) * d], &anchors[j * d..(j + 1) * d])
+                            < merge * merge * (total as f64 / n as f64).max(f64::MIN_POSITIVE)
+                    })
+                });
+            let flags = b.alloc(DType::F32, 1025).unwrap();
+            let args = [
+                b.upload(&anchors).unwrap(),
+                b.upload(&counts).unwrap(),
+                b.upload(&[total]).unwrap(),
+            ];
+            b.launch(&kernel, &[&args[0], &args[1], &args[2], &flags], m * m)
+                .unwrap();
+            let flagged = b.read::<f32>(&flags).unwrap()[0] > 0.0;
+            assert_eq!(flagged, host_work, "case {case}");
+            seen[host_work as usize] += 1;
+        }
+        assert!(seen[0] > 10 && seen[1] > 10, "{seen:?}");
+    }
 
     /// k-means++ gives the same anchors whether its uniform draws come a step at a time, a
     /// few steps at a time (a partial last block) or all at once, and each anchor is one of

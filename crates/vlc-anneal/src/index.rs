@@ -73,28 +73,41 @@ pub fn assignment_bits(m: usize) -> u32 {
 
 /// Packs values of `bits` bits each, LSB-first.
 pub fn pack_bits(values: &[u32], bits: u32) -> Vec<u8> {
-    let mut out = vec![0u8; (values.len() * bits as usize).div_ceil(8)];
-    let mut pos = 0usize;
+    let mut out = Vec::with_capacity((values.len() * bits as usize).div_ceil(8));
+    // Bits not yet written, lowest first (at most 7 + 32 of them).
+    let (mut pending, mut held) = (0u64, 0u32);
+    let mask = low_bits(bits);
     for &v in values {
-        for b in 0..bits as usize {
-            if v >> b & 1 == 1 {
-                out[(pos + b) / 8] |= 1 << ((pos + b) % 8);
-            }
+        pending |= (v as u64 & mask) << held;
+        held += bits;
+        while held >= 8 {
+            out.push(pending as u8);
+            pending >>= 8;
+            held -= 8;
         }
-        pos += bits as usize;
+    }
+    if held > 0 {
+        out.push(pending as u8);
     }
     out
 }
 
+/// A mask of the low `bits` bits (at most 32).
+fn low_bits(bits: u32) -> u64 {
+    (1u64 << bits) - 1
+}
+
 /// Value `i` of a packed array.
 pub fn unpack_bit(packed: &[u8], bits: u32, i: usize) -> u32 {
-    let mut v = 0u32;
     let start = i * bits as usize;
-    for b in 0..bits as usize {
-        let p = start + b;
-        v |= ((packed[p / 8] >> (p % 8)) as u32 & 1) << b;
+    // The (at most five) bytes holding the value, as one little-endian word.
+    let first = start / 8;
+    let last = (start + bits as usize).div_ceil(8).min(packed.len());
+    let mut word = 0u64;
+    for (k, &byte) in packed[first..last].iter().enumerate() {
+        word |= (byte as u64) << (8 * k);
     }
-    v
+    ((word >> (start % 8)) & low_bits(bits)) as u32
 }
 
 /// The mean over `n` vectors of the squared distance between `data`'s row `i` and its

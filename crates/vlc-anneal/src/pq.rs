@@ -162,28 +162,33 @@ pub fn train_and_encode<B: Backend>(
     // Codes (and distances) point-major, `n x bytes`, seen per subspace.
     let codes = b.alloc(DType::U32, n * bytes)?;
     let dist = b.alloc(DType::F32, n * bytes)?;
-    let per_subspace = Layout::contiguous(&[n, bytes]).transpose(0, 1)?;
     let seg = b.alloc(DType::U32, n * bytes)?;
-    // `iterations` updates, each after an assignment, and a last assignment: the codes.
-    for it in 0..=iterations {
-        b.nearest_centroid(
-            View::new(&xa, &by_subspace),
-            View::new(&cb, &books),
-            View::new(&codes, &per_subspace),
-            View::new(&dist, &per_subspace),
-        )?;
-        if it == iterations {
-            break;
+    let step = std::sync::Arc::new(PqIteration::<B> {
+        xa,
+        cb: cb.clone(),
+        codes: codes.clone(),
+        dist: dist.clone(),
+        seg,
+        sums,
+        counts,
+        update,
+        label,
+        by_subspace,
+        books,
+        n,
+        bytes,
+        wmax,
+    });
+    // `iterations` updates, each followed by an assignment; the first assignment before them
+    // and the last one gives the codes. The iteration is recorded once and replayed: on a
+    // capturing backend one launch an iteration instead of about ten.
+    step.assign(b)?;
+    if iterations > 0 {
+        let recorded = step.clone();
+        let graph = b.record(std::sync::Arc::new(move |b: &B| recorded.iterate(b)))?;
+        for _ in 0..iterations {
+            b.replay(&graph)?;
         }
-        b.launch(&label, &[&codes, &seg], n * bytes)?;
-        b.segment_sum(
-            View::new(&xa, &Layout::contiguous(&[n * bytes, wmax])),
-            View::new(&seg, &Layout::contiguous(&[n * bytes])),
-            None,
-            View::new(&sums, &Layout::contiguous(&[segments, wmax])),
-            View::new(&counts, &Layout::contiguous(&[segments])),
-        )?;
-        b.launch(&update, &[&sums, &counts, &cb], segments * wmax)?;
     }
     // Each subspace's codebook without its padding.
     let padded = b.read::<f32>(&cb)?;
@@ -218,6 +223,60 @@ pub fn train_and_encode<B: Backend>(
             .collect(),
         squared_error,
     })
+}
+
+/// The device state of [`train_and_encode`]'s iterations.
+struct PqIteration<B: Backend> {
+    /// The residual rows, zero padded to `wmax`.
+    xa: B::Buffer,
+    /// The codebooks, `bytes x k x wmax`.
+    cb: B::Buffer,
+    codes: B::Buffer,
+    dist: B::Buffer,
+    /// Each row's segment (subspace, code).
+    seg: B::Buffer,
+    sums: B::Buffer,
+    counts: B::Buffer,
+    update: B::Kernel,
+    label: B::Kernel,
+    by_subspace: Layout,
+    books: Layout,
+    n: usize,
+    bytes: usize,
+    wmax: usize,
+}
+
+impl<B: Backend> PqIteration<B> {
+    /// Codes every row against its subspace's codebook.
+    fn assign(&self, b: &B) -> hal::Result<()> {
+        let per_subspace = Layout::contiguous(&[self.n, self.bytes]).transpose(0, 1)?;
+        b.nearest_centroid(
+            View::new(&self.xa, &self.by_subspace),
+            View::new(&self.cb, &self.books),
+            View::new(&self.codes, &per_subspace),
+            View::new(&self.dist, &per_subspace),
+        )
+    }
+
+    /// Moves every codeword to the mean of its rows, then assigns again.
+    fn iterate(&self, b: &B) -> hal::Result<()> {
+        let (rows, wmax) = (self.n * self.bytes, self.wmax);
+        let segments = self.books.shape[0] * self.books.shape[1];
+        b.launch(&self.label, &[&self.codes, &self.seg], rows)?;
+        b.segment_sum(
+            View::new(&self.xa, &Layout::contiguous(&[rows, wmax])),
+            View::new(&self.seg, &Layout::contiguous(&[rows])),
+            None,
+            View::new(&self.sums, &Layout::contiguous(&[segments, wmax])),
+            View::new(&self.counts, &Layout::contiguous(&[segments])),
+        )?;
+        b.launch(
+            &self.update,
+            &[&self.sums, &self.counts, &self.cb],
+            segments * wmax,
+        )?;
+        self.assign(b)
+    }
 }
 
 /// What [`train_and_encode`] gives.

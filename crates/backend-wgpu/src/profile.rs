@@ -1,0 +1,157 @@
+//! Per-dispatch GPU timing, for tuning: set `HAL_WGPU_PROFILE=1` and every dispatch runs in a
+//! compute pass of its own with timestamps at its start and end (wgpu's `TIMESTAMP_QUERY`).
+//! The timestamps are read back at each synchronize (and whenever the query set fills up) and
+//! summed per kernel file. [`crate::WgpuBackend::take_profile`] reports the totals so far and
+//! clears them (what is left is written to stderr when the device is dropped), together with
+//! how busy the GPU was between the first and the last timed dispatch of each read-back (the
+//! rest is idle time: the host not keeping up, or barriers).
+//!
+//! ncu does not see Vulkan work, so this is how one finds where wgpu's time goes. A pass per
+//! dispatch changes the barriers a little; the figures are for finding hot spots, not for
+//! reporting speed.
+
+use std::collections::HashMap;
+
+/// Queries in the set: two per dispatch (wgpu's largest query set).
+const QUERIES: u32 = wgpu::QUERY_SET_MAX_QUERIES;
+
+/// Whether `HAL_WGPU_PROFILE` asks for profiling.
+pub(crate) fn requested() -> bool {
+    std::env::var("HAL_WGPU_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+#[derive(Default)]
+struct Total {
+    dispatches: u64,
+    ns: f64,
+}
+
+/// The query set, the names of the dispatches whose timestamps it holds, and the totals so
+/// far.
+pub(crate) struct Profiler {
+    queries: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    /// Nanoseconds per timestamp tick.
+    period: f64,
+    /// Kernel name of the dispatch at query pair `i`.
+    pending: Vec<String>,
+    totals: HashMap<String, Total>,
+    /// Sum over read-backs of the span from the first timed start to the last timed end.
+    span_ns: f64,
+    busy_ns: f64,
+}
+
+impl Profiler {
+    pub(crate) fn new(device: &wgpu::Device, queue: &wgpu::Queue) -> Self {
+        Profiler {
+            queries: device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: QUERIES,
+            }),
+            resolved: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("profile timestamps"),
+                size: QUERIES as u64 * 8,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            period: queue.get_timestamp_period() as f64,
+            pending: Vec::new(),
+            totals: HashMap::new(),
+            span_ns: 0.0,
+            busy_ns: 0.0,
+        }
+    }
+
+    /// Whether another dispatch's pair of queries fits before a read-back.
+    pub(crate) fn full(&self) -> bool {
+        (self.pending.len() as u32 + 1) * 2 > QUERIES
+    }
+
+    /// The timestamp writes for the next dispatch, named `name`.
+    pub(crate) fn next(&mut self, name: &str) -> wgpu::ComputePassTimestampWrites<'_> {
+        let i = self.pending.len() as u32;
+        self.pending.push(name.to_string());
+        wgpu::ComputePassTimestampWrites {
+            query_set: &self.queries,
+            beginning_of_pass_write_index: Some(2 * i),
+            end_of_pass_write_index: Some(2 * i + 1),
+        }
+    }
+
+    /// Records the resolution of the pending queries into `staging` (which must hold
+    /// [`Self::staging_bytes`]); returns how many dispatches they cover.
+    pub(crate) fn resolve(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        staging: &wgpu::Buffer,
+    ) -> usize {
+        let n = self.pending.len() as u32;
+        if n > 0 {
+            encoder.resolve_query_set(&self.queries, 0..2 * n, &self.resolved, 0);
+            encoder.copy_buffer_to_buffer(&self.resolved, 0, staging, 0, n as u64 * 16);
+        }
+        n as usize
+    }
+
+    pub(crate) fn staging_bytes(&self) -> u64 {
+        self.pending.len() as u64 * 16
+    }
+
+    /// Adds the timestamps of the first `n` pending dispatches (read back as `ticks`) to the
+    /// totals and forgets them.
+    pub(crate) fn add(&mut self, n: usize, ticks: &[u64]) {
+        let names: Vec<String> = self.pending.drain(..n).collect();
+        let (mut first, mut last) = (u64::MAX, 0u64);
+        for (i, name) in names.into_iter().enumerate() {
+            let (start, end) = (ticks[2 * i], ticks[2 * i + 1]);
+            let ns = end.saturating_sub(start) as f64 * self.period;
+            let t = self.totals.entry(name).or_default();
+            t.dispatches += 1;
+            t.ns += ns;
+            self.busy_ns += ns;
+            first = first.min(start);
+            last = last.max(end);
+        }
+        if last > first {
+            self.span_ns += (last - first) as f64 * self.period;
+        }
+    }
+
+    /// Whether nothing has been timed since the totals were last cleared.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.totals.is_empty()
+    }
+
+    /// The totals divided by `runs` (the runs of some work they cover), heaviest first, as
+    /// lines of text.
+    pub(crate) fn report(&self, runs: usize) -> String {
+        let per = runs.max(1) as f64;
+        let mut rows: Vec<(&String, &Total)> = self.totals.iter().collect();
+        rows.sort_by(|a, b| b.1.ns.total_cmp(&a.1.ns));
+        let mut out = format!(
+            "wgpu profile, per run of {runs}: GPU busy {:.3} ms in a {:.3} ms span (from the first timed start to the last timed end of each read-back)\n{:>10} {:>10} {:>10}  kernel\n",
+            self.busy_ns / 1e6 / per,
+            self.span_ns / 1e6 / per,
+            "ms",
+            "dispatches",
+            "us each"
+        );
+        for (name, t) in rows {
+            out.push_str(&format!(
+                "{:>10.3} {:>10.1} {:>10.2}  {name}\n",
+                t.ns / 1e6 / per,
+                t.dispatches as f64 / per,
+                t.ns / 1e3 / t.dispatches.max(1) as f64
+            ));
+        }
+        out
+    }
+
+    /// Forgets the totals (the pending queries stay).
+    pub(crate) fn clear(&mut self) {
+        self.totals.clear();
+        self.span_ns = 0.0;
+        self.busy_ns = 0.0;
+    }
+}
