@@ -18,6 +18,7 @@
 // @include fma_exact.wgsl
 // @include keep.wgsl
 // @include segment_term.wgsl
+// @include workgroup_scan.wgsl
 
 // @slot bindings
 @group(0) @binding(1) var<storage, read> B1: array<u32>;
@@ -37,8 +38,6 @@ const BLOCK: u32 = 32u;
 
 var<workgroup> acc: array<f32, 1024>;
 var<workgroup> list: array<u32, 2048>;
-var<workgroup> tally: array<u32, 256>;
-var<workgroup> step_total: u32;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -63,18 +62,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             }
         }
         // Inclusive prefix sum of the per-thread counts.
-        tally[li] = c;
-        workgroupBarrier();
-        for (var o = 1u; o < THREADS; o = o * 2u) {
-            var v = 0u;
-            if (li >= o) { v = tally[li - o]; }
-            workgroupBarrier();
-            tally[li] = tally[li] + v;
-            workgroupBarrier();
-        }
-        let incl = tally[li];
-        if (li == THREADS - 1u) { step_total = incl; }
-        let total = workgroupUniformLoad(&step_total);
+        let incl = inclusive_scan(li, c);
+        let total = scan_total();
         let pos = listed + incl - c;
         for (var q = 0u; q < c; q = q + 1u) { list[pos + q] = mine[q]; }
         listed = listed + total;

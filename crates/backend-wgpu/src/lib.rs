@@ -570,10 +570,7 @@ struct BufferInner {
 
 impl Drop for BufferInner {
     fn drop(&mut self) {
-        self.pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .put(self.buffer.clone());
+        lock(&self.pool).put(self.buffer.clone());
     }
 }
 
@@ -729,7 +726,7 @@ impl WgpuBackend {
         let deferred: Arc<Mutex<Option<String>>> = Arc::default();
         let sink = deferred.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            let mut d = sink.lock().unwrap_or_else(|p| p.into_inner());
+            let mut d = lock(&sink);
             d.get_or_insert_with(|| e.to_string());
         }));
         let params = device.create_buffer(&wgpu::BufferDescriptor {
@@ -958,7 +955,7 @@ impl WgpuBackend {
         let tiles = if split {
             coop::CoopTiles::SPLIT
         } else {
-            *tiling.lock().unwrap_or_else(|p| p.into_inner())
+            *lock(tiling)
         };
         let (m, n, k) = (om.rows, om.cols, am.cols);
         let mp = m.next_multiple_of(tiles.rows());
@@ -1420,17 +1417,21 @@ impl WgpuBackend {
             [1, 1, 1],
         )?;
         let order = u32s(n.max(1))?;
-        let place = Spec::new("segment_place.wgsl").slot("guard", guard_slot(5, [14, 15], false));
-        self.dispatch_groups(
-            &*self.kernel(&place)?,
-            &sorting.scalar(14, guard.word).scalar(15, guard.serial),
+        let (place, params, buffers) = self.guarded(
+            Spec::new("segment_place.wgsl"),
+            sorting,
             &[
                 (segment.buffer, false),
                 (&starts, false),
                 (&per_chunk, true),
                 (&order, true),
-                (&self.0.verdicts, false),
             ],
+            guard,
+        );
+        self.dispatch_groups(
+            &*self.kernel(&place)?,
+            &params,
+            &buffers,
             [chunks as u32, 1, 1],
         )?;
         let (w, wl) = weight_binding(x, weights)?;
@@ -1558,7 +1559,7 @@ impl WgpuBackend {
     }
 
     fn lock_batch(&self) -> std::sync::MutexGuard<'_, Batch> {
-        self.0.batch.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.0.batch)
     }
 
     /// Submits the batch's commands, if any.
@@ -1628,7 +1629,7 @@ impl WgpuBackend {
     pub fn set_coop_tiles(&self, tiles: coop::CoopTiles) -> bool {
         match &self.0.coop {
             Some(t) => {
-                *t.lock().unwrap_or_else(|p| p.into_inner()) = tiles;
+                *lock(t) = tiles;
                 true
             }
             None => false,
@@ -1679,12 +1680,7 @@ impl WgpuBackend {
             });
         }
         let size = Pool::class(bytes as u64, limit);
-        let reused = self
-            .0
-            .pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take(size);
+        let reused = lock(&self.0.pool).take(size);
         let fresh = reused.is_none();
         let buffer = match reused {
             Some(b) => b,
@@ -2002,13 +1998,7 @@ impl WgpuBackend {
     fn kernel_variant(&self, spec: &Spec, immediate_words: u32) -> Result<Arc<Kernel>> {
         // Looked up by the spec itself: formatting it per dispatch cost more than the lookup.
         let key = (spec.clone(), immediate_words);
-        let cached = self
-            .0
-            .pipelines
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .cloned();
+        let cached = lock(&self.0.pipelines).get(&key).cloned();
         if let Some(p) = cached {
             return Ok(p);
         }
@@ -2030,11 +2020,7 @@ impl WgpuBackend {
         );
         let label = format!("{spec:?} immediates {immediate_words}");
         let p = self.build_pipeline(&label, &module, true, immediate_words, Some(spec.clone()))?;
-        self.0
-            .pipelines
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, p.clone());
+        lock(&self.0.pipelines).insert(key, p.clone());
         Ok(p)
     }
 
@@ -2071,30 +2057,33 @@ impl WgpuBackend {
             return Ok(());
         };
         let mut profiler = lock(profiler);
-        let bytes = profiler.staging_bytes();
-        if bytes == 0 {
+        let timed = profiler.pending_dispatches();
+        if timed == 0 {
             return Ok(());
         }
-        let staging = self.0.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("profile read"),
-            size: bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let timed = {
-            let mut batch = self.lock_batch();
-            batch.pass = None;
-            let timed = profiler.resolve(batch.encoder(&self.0.device), &staging);
-            self.submit_batch(&mut batch);
-            timed
-        };
-        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&self.map_read(&staging)?);
-        profiler.add(timed, &ticks);
+        let bytes = self.read_back(timed as u64 * 16, |e, staging| profiler.resolve(e, staging))?;
+        profiler.add(timed, &bytemuck::pod_collect_to_vec::<u8, u64>(&bytes));
         Ok(())
     }
 
-    /// The contents of a `MAP_READ` buffer, once every submitted command is done.
-    fn map_read(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
+    /// Records `copy` into a new `MAP_READ` buffer of `size` bytes after everything encoded so
+    /// far, submits it with them, and returns the buffer's contents once the device is done.
+    fn read_back(
+        &self,
+        size: u64,
+        copy: impl FnOnce(&mut wgpu::CommandEncoder, &wgpu::Buffer),
+    ) -> Result<Vec<u8>> {
+        let staging = self.0.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("read"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        {
+            let mut batch = self.lock_batch();
+            self.encode_locked(&mut batch, |e| copy(e, &staging));
+            self.submit_batch(&mut batch);
+        }
         let slice = staging.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
@@ -2111,33 +2100,14 @@ impl WgpuBackend {
     }
 
     fn read_words(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {
-        let d = &self.0.device;
         let size = buffer.size();
-        let staging = d.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("read"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        // The copy goes out with everything encoded before it, in one submission.
-        {
-            let mut batch = self.lock_batch();
-            self.encode_locked(&mut batch, |e| {
-                e.copy_buffer_to_buffer(buffer, 0, &staging, 0, size)
-            });
-            self.submit_batch(&mut batch);
-        }
-        self.map_read(&staging)
+        self.read_back(size, |e, staging| {
+            e.copy_buffer_to_buffer(buffer, 0, staging, 0, size)
+        })
     }
 
     fn check_deferred(&self) -> Result<()> {
-        if let Some(e) = self
-            .0
-            .deferred
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(e) = lock(&self.0.deferred).take() {
             return Err(backend_error(e));
         }
         // One read of the shared fault record, and only when an IR launch may have written it.
@@ -2224,12 +2194,24 @@ impl WgpuBackend {
         let Some(g) = guard else {
             return self.run(spec, params, buffers, threads);
         };
-        let b = buffers.len() + 1;
-        let spec = spec.slot("guard", guard_slot(b, [14, 15], false));
-        let params = params.scalar(14, g.word).scalar(15, g.serial);
+        let (spec, params, buffers) = self.guarded(spec, params, buffers, g);
+        self.run(spec, params, &buffers, threads)
+    }
+
+    /// A launch of a kernel with a `guard` slot made to read `guard`'s verdict: the slot
+    /// filled (the verdict words bound after `buffers`), the serial in scalars 14 and 15.
+    fn guarded<'a>(
+        &'a self,
+        spec: Spec,
+        params: Params,
+        buffers: &[(&'a WgpuBuffer, bool)],
+        guard: Guard,
+    ) -> (Spec, Params, Vec<(&'a WgpuBuffer, bool)>) {
+        let spec = spec.slot("guard", guard_slot(buffers.len() + 1, [14, 15], false));
+        let params = params.scalar(14, guard.word).scalar(15, guard.serial);
         let mut with_verdicts = buffers.to_vec();
         with_verdicts.push((&self.0.verdicts, false));
-        self.run(spec, params, &with_verdicts, threads)
+        (spec, params, with_verdicts)
     }
 
     /// Reduces `x` over `axes` into `out` (times `scale`), at most [`CHUNK`] elements per
@@ -2348,8 +2330,10 @@ impl WgpuBackend {
         let count = line.numel();
         let n_out = out_layout.numel();
         // Few outputs along a long line get chunks of about sqrt(count) (two passes of that
-        // many steps each) instead of CHUNK, which left one line of 8,192 to four threads.
-        let chunk = if n_out * count.div_ceil(CHUNK) < ARG_FEW_THREADS {
+        // many steps each) instead of CHUNK, which left one line of 8,192 to four threads, or,
+        // for lines long enough, a workgroup each (below).
+        let few_outputs = n_out * count.div_ceil(CHUNK) < ARG_FEW_THREADS;
+        let chunk = if few_outputs {
             count.isqrt().clamp(32, CHUNK)
         } else {
             CHUNK
@@ -2377,7 +2361,7 @@ impl WgpuBackend {
         };
         let max_groups = self.0.limits.max_compute_workgroups_per_dimension as usize;
         if index.is_none()
-            && chunk < CHUNK
+            && few_outputs
             && (ARG_LINE_FROM..=LOOP_BUDGET * 256).contains(&count)
             && n_out <= max_groups
         {

@@ -38,7 +38,6 @@ pub(crate) struct Profiler {
     totals: HashMap<String, Total>,
     /// Sum over read-backs of the span from the first timed start to the last timed end.
     span_ns: f64,
-    busy_ns: f64,
 }
 
 impl Profiler {
@@ -59,7 +58,6 @@ impl Profiler {
             pending: Vec::new(),
             totals: HashMap::new(),
             span_ns: 0.0,
-            busy_ns: 0.0,
         }
     }
 
@@ -79,23 +77,16 @@ impl Profiler {
         }
     }
 
-    /// Records the resolution of the pending queries into `staging` (which must hold
-    /// [`Self::staging_bytes`]); returns how many dispatches they cover.
-    pub(crate) fn resolve(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-        staging: &wgpu::Buffer,
-    ) -> usize {
-        let n = self.pending.len() as u32;
-        if n > 0 {
-            encoder.resolve_query_set(&self.queries, 0..2 * n, &self.resolved, 0);
-            encoder.copy_buffer_to_buffer(&self.resolved, 0, staging, 0, n as u64 * 16);
-        }
-        n as usize
+    /// Dispatches timed since the last read-back.
+    pub(crate) fn pending_dispatches(&self) -> usize {
+        self.pending.len()
     }
 
-    pub(crate) fn staging_bytes(&self) -> u64 {
-        self.pending.len() as u64 * 16
+    /// Records the resolution of the pending queries into `staging` (16 bytes a dispatch).
+    pub(crate) fn resolve(&self, encoder: &mut wgpu::CommandEncoder, staging: &wgpu::Buffer) {
+        let n = self.pending.len() as u32;
+        encoder.resolve_query_set(&self.queries, 0..2 * n, &self.resolved, 0);
+        encoder.copy_buffer_to_buffer(&self.resolved, 0, staging, 0, n as u64 * 16);
     }
 
     /// Adds the timestamps of the first `n` pending dispatches (read back as `ticks`) to the
@@ -109,7 +100,6 @@ impl Profiler {
             let t = self.totals.entry(name).or_default();
             t.dispatches += 1;
             t.ns += ns;
-            self.busy_ns += ns;
             first = first.min(start);
             last = last.max(end);
         }
@@ -129,9 +119,10 @@ impl Profiler {
         let per = runs.max(1) as f64;
         let mut rows: Vec<(&String, &Total)> = self.totals.iter().collect();
         rows.sort_by(|a, b| b.1.ns.total_cmp(&a.1.ns));
+        let busy_ns: f64 = rows.iter().map(|(_, t)| t.ns).sum();
         let mut out = format!(
             "wgpu profile, per run of {runs}: GPU busy {:.3} ms in a {:.3} ms span (from the first timed start to the last timed end of each read-back)\n{:>10} {:>10} {:>10}  kernel\n",
-            self.busy_ns / 1e6 / per,
+            busy_ns / 1e6 / per,
             self.span_ns / 1e6 / per,
             "ms",
             "dispatches",
@@ -152,6 +143,5 @@ impl Profiler {
     pub(crate) fn clear(&mut self) {
         self.totals.clear();
         self.span_ns = 0.0;
-        self.busy_ns = 0.0;
     }
 }

@@ -327,6 +327,7 @@ shader_files!(
     "keep.wgsl",
     "fma_exact.wgsl",
     "segment_term.wgsl",
+    "workgroup_scan.wgsl",
     "segment_sum_ordered.wgsl",
     "segment_scan.wgsl",
     "segment_count.wgsl",

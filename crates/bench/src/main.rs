@@ -171,6 +171,14 @@ fn take_profile(runs: usize) -> Option<String> {
     hook.as_ref().and_then(|h| h(runs))
 }
 
+/// Prints the profile of the work since the last [`take_profile`] (per run of `runs`), where
+/// there is one.
+fn print_profile(runs: usize) {
+    if let Some(report) = take_profile(runs) {
+        print!("{report}");
+    }
+}
+
 /// Times `run` `reps` times after warm-ups (at least two, and [`WARM_UP_SECONDS`] of them),
 /// calling `prepare` (untimed) before each.
 fn time_it(reps: usize, mut prepare: impl FnMut(usize), mut run: impl FnMut()) -> f64 {
@@ -194,9 +202,7 @@ fn time_it(reps: usize, mut prepare: impl FnMut(usize), mut run: impl FnMut()) -
         run();
         times.push(t.elapsed().as_secs_f64());
     }
-    if let Some(report) = take_profile(reps) {
-        print!("{report}");
-    }
+    print_profile(reps);
     if std::env::var_os("BENCH_EVERY_RUN").is_some() {
         let ms: Vec<String> = times.iter().map(|t| format!("{:.2}", t * 1e3)).collect();
         println!("bench: every run (ms): {}", ms.join(" "));

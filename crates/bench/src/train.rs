@@ -87,9 +87,7 @@ pub fn train<B: Backend>(
                 b.synchronize().map_err(|x| x.to_string())?;
                 times.push(t.elapsed().as_secs_f64() / block as f64);
             }
-            if let Some(report) = crate::take_profile(args.reps * block) {
-                print!("{report}");
-            }
+            crate::print_profile(args.reps * block);
             Ok::<f64, String>(crate::median(times) * 1e3)
         };
         let ours = time(&mut || step(&mut opt).map(drop))?;

@@ -232,9 +232,7 @@ fn speed<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
     println!(
         "  medians: seeding {seeding:.2} ms, annealing {annealing:.2} ms, residual codes {coding:.2} ms, index and MSE {index:.2} ms"
     );
-    if let Some(report) = crate::take_profile(args.reps) {
-        print!("{report}");
-    }
+    crate::print_profile(args.reps);
     iteration_parts(b, &small, 256, args.reps).map_err(|e| e.to_string())?;
     code_parts(b, small.rows, 16, 8, args.reps).map_err(|e| e.to_string())?;
     {

@@ -175,9 +175,6 @@ pub fn train_and_encode<B: Backend>(
         label,
         by_subspace,
         books,
-        n,
-        bytes,
-        wmax,
     });
     // `iterations` updates, each followed by an assignment; the first assignment before them
     // and the last one gives the codes. The iteration is recorded once and replayed: on a
@@ -239,17 +236,18 @@ struct PqIteration<B: Backend> {
     counts: B::Buffer,
     update: B::Kernel,
     label: B::Kernel,
+    /// The rows as `bytes x n x wmax`, and the codebooks as `bytes x k x wmax`.
     by_subspace: Layout,
     books: Layout,
-    n: usize,
-    bytes: usize,
-    wmax: usize,
 }
 
 impl<B: Backend> PqIteration<B> {
     /// Codes every row against its subspace's codebook.
     fn assign(&self, b: &B) -> hal::Result<()> {
-        let per_subspace = Layout::contiguous(&[self.n, self.bytes]).transpose(0, 1)?;
+        let [bytes, n, _] = self.by_subspace.shape[..] else {
+            unreachable!("by_subspace is rank 3")
+        };
+        let per_subspace = Layout::contiguous(&[n, bytes]).transpose(0, 1)?;
         b.nearest_centroid(
             View::new(&self.xa, &self.by_subspace),
             View::new(&self.cb, &self.books),
@@ -260,8 +258,10 @@ impl<B: Backend> PqIteration<B> {
 
     /// Moves every codeword to the mean of its rows, then assigns again.
     fn iterate(&self, b: &B) -> hal::Result<()> {
-        let (rows, wmax) = (self.n * self.bytes, self.wmax);
-        let segments = self.books.shape[0] * self.books.shape[1];
+        let [bytes, k, wmax] = self.books.shape[..] else {
+            unreachable!("books is rank 3")
+        };
+        let (rows, segments) = (self.by_subspace.shape[1] * bytes, bytes * k);
         b.launch(&self.label, &[&self.codes, &self.seg], rows)?;
         b.segment_sum(
             View::new(&self.xa, &Layout::contiguous(&[rows, wmax])),
