@@ -16,6 +16,9 @@ fn kernel(t: u32) {
     let y = (t / W) % H;
     let c = (t / (W * H)) % C;
     let n = t / (W * H * C);
+    // Column entries by coordinates and strides (`off` would divide per dimension per term).
+    let cs0 = block_stride(1u, 0u); let cs1 = block_stride(1u, 1u); let cs2 = block_stride(1u, 2u);
+    let cbase = block_offset(1u) + i32(n) * cs0;
     var acc = 0.0;
     for (var i = 0u; i < kh; i = i + 1u) {
         let ty = i32(y + s(8u)) - i32(i * s(10u));
@@ -27,8 +30,9 @@ fn kernel(t: u32) {
             if (tx < 0 || u32(tx) % s(7u) != 0u) { continue; }
             let ox = u32(tx) / s(7u);
             if (ox >= ow) { continue; }
-            acc = acc + ld1(off(1u, (n * C * kh * kw + (c * kh + i) * kw + j) * oh * ow + oy * ow + ox));
+            acc = acc + ld1(cbase + i32((c * kh + i) * kw + j) * cs1 + i32(oy * ow + ox) * cs2);
         }
     }
-    st2(off(0u, t), acc);
+    st2(block_offset(0u) + i32(n) * block_stride(0u, 0u) + i32(c) * block_stride(0u, 1u)
+        + i32(y) * block_stride(0u, 2u) + i32(x) * block_stride(0u, 3u), acc);
 }

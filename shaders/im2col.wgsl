@@ -22,7 +22,10 @@ fn kernel(t: u32) {
     let ix = i32((pos % ow) * s(7u) + j * s(11u)) - i32(s(9u));
     var v = 0.0;
     if (iy >= 0 && ix >= 0 && u32(iy) < H && u32(ix) < W) {
-        v = ld1(off(1u, ((n * C + c) * H + u32(iy)) * W + u32(ix)));
+        // By coordinates and strides: `off` would divide once more per dimension.
+        v = ld1(block_offset(1u) + i32(n) * block_stride(1u, 0u) + i32(c) * block_stride(1u, 1u)
+            + iy * block_stride(1u, 2u) + ix * block_stride(1u, 3u));
     }
-    st2(off(0u, t), v);
+    st2(block_offset(0u) + i32(n) * block_stride(0u, 0u) + i32(row) * block_stride(0u, 1u)
+        + i32(pos) * block_stride(0u, 2u), v);
 }

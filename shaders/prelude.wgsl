@@ -35,6 +35,14 @@ fn offset_in(base: u32, lin: u32) -> i32 {
     }
     return o;
 }
+// Layout block `k`'s offset, and its stride along dimension `d`: for kernels that know their
+// operands' ranks and index them by coordinates (no division per dimension, as `off` needs).
+fn block_offset(k: u32) -> i32 { return bitcast<i32>(pw(pw(17u + k) + 1u)); }
+fn block_stride(k: u32, d: u32) -> i32 {
+    let base = pw(17u + k);
+    return bitcast<i32>(pw(base + 2u + pw(base) + d));
+}
+
 // The element offset of row-major position `lin` in layout block `k`. Elementwise kernels
 // whose every operand is contiguous replace this with a base-plus-index version.
 // @slot off

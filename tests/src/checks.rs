@@ -942,8 +942,12 @@ fn matmul<B: Backend>(s: &mut Suite<'_, B>) {
         [3, 7, 0, 7],
         [1, 0, 5, 3],
         [2, 65, 130, 33],
+        // Long k over few output tiles: backends may split k (wgpu does, under beta 0).
+        [1, 33, 1040, 65],
+        // Wide on both sides: where f32 products may take matrix units under Precision::Fast.
+        [1, 1040, 130, 1100],
     ];
-    while cases.len() < s.cfg.cases + 4 {
+    while cases.len() < s.cfg.cases + 6 {
         let r = s.rng();
         cases.push([
             1 + r.below(3),
@@ -960,7 +964,7 @@ fn matmul<B: Backend>(s: &mut Suite<'_, B>) {
         let out = output_tensor(s.rng(), &[batch, m, n], dout);
         let (alpha, beta) = (
             s.rng().range(0.5, 2.0),
-            if s.rng().below(2) == 0 {
+            if s.rng().below(2) == 0 || k >= 1024 {
                 0.0
             } else {
                 s.rng().range(-1.0, 1.0)

@@ -2,6 +2,7 @@
 //! helper. Everything here talks to the driver; `lib.rs` builds primitives on it.
 
 use crate::alloc::{Block, Pool};
+use crate::profile::Profiler;
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{CudaContext, DriverError, result, sys};
 use hal::{Error, Result};
@@ -53,6 +54,8 @@ pub(crate) fn blas_error(what: &str, e: blas::CublasError) -> Error {
 #[derive(Clone, Copy)]
 pub(crate) struct Func {
     pub raw: sys::CUfunction,
+    /// What profiles call it (see [`crate::profile`]).
+    pub name: &'static str,
     /// The kernel waits for its predecessors itself (`GRID_DEPENDENCY`), so it may be
     /// launched before they finish (programmatic stream serialization).
     pub grid_dependency: bool,
@@ -60,9 +63,10 @@ pub(crate) struct Func {
 
 impl Func {
     /// A kernel launched in plain stream order.
-    pub fn plain(raw: sys::CUfunction) -> Func {
+    pub fn plain(raw: sys::CUfunction, name: &'static str) -> Func {
         Func {
             raw,
+            name,
             grid_dependency: false,
         }
     }
@@ -123,12 +127,16 @@ pub(crate) struct Device {
     pub fault_pending: AtomicBool,
     /// True while a recording captures the stream.
     pub capturing: AtomicBool,
+    /// `alloc_for_write` fills its buffers with all-ones bits (see `poison_for_write`).
+    pub poison_for_write: AtomicBool,
     pub name: String,
     pub sms: u32,
     /// The most shared memory one block may ask for (opting in beyond the default 48 KiB).
     pub shared_optin: usize,
     pub compute_capability: (i32, i32),
     pub memory_total: u64,
+    /// Per-launch timing under `HAL_CUDA_PROFILE` (see [`crate::profile`]).
+    pub profiler: Option<Mutex<Profiler>>,
 }
 
 // SAFETY: the raw handles (stream, modules, cuBLAS handle) are used through the thread-safe
@@ -235,11 +243,13 @@ impl Device {
             ticket,
             fault_pending: AtomicBool::new(false),
             capturing: AtomicBool::new(false),
+            poison_for_write: AtomicBool::new(false),
             name,
             sms,
             shared_optin,
             compute_capability: cc,
             memory_total,
+            profiler: crate::profile::requested().then(|| Mutex::new(Profiler::default())),
         };
         dev.memset(dev.fault.ptr, 0, 16)?;
         dev.memset(dev.ticket.ptr, 0, 4)?;
@@ -264,6 +274,7 @@ impl Device {
             if let Ok(raw) = unsafe { result::module::get_function(module, cname.clone()) } {
                 let f = Func {
                     raw,
+                    name,
                     grid_dependency,
                 };
                 map.insert(name, f);
@@ -284,6 +295,40 @@ impl Device {
     /// Launches `f` with `shared` bytes of dynamic shared memory (beyond 48 KiB the function
     /// is first allowed that much; callers keep `shared` within [`Device::shared_optin`]).
     pub fn launch_shared(
+        &self,
+        f: Func,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: usize,
+        args: Args,
+    ) -> Result<()> {
+        self.timed(f.name, || self.launch_now(f, grid, block, shared, args))
+    }
+
+    /// Runs `work` (which enqueues one launch, product or memset on the stream); under
+    /// `HAL_CUDA_PROFILE`, outside a capture, brackets it with events filed under `name`.
+    pub fn timed(&self, name: &str, work: impl FnOnce() -> Result<()>) -> Result<()> {
+        let Some(profiler) = &self.profiler else {
+            return work();
+        };
+        if self.capturing.load(Ordering::Acquire) {
+            return work();
+        }
+        let lock = || profiler.lock().unwrap_or_else(|e| e.into_inner());
+        if lock().pending() >= crate::profile::MAX_PENDING {
+            self.synchronize_stream()?;
+            lock().collect()?;
+        }
+        let start = lock().mark(self.stream)?;
+        work()?;
+        let mut p = lock();
+        let end = p.mark(self.stream)?;
+        p.file(name, start, end);
+        Ok(())
+    }
+
+    /// [`Device::launch_shared`] without the profiler.
+    fn launch_now(
         &self,
         f: Func,
         grid: (u32, u32, u32),
@@ -361,15 +406,21 @@ impl Device {
         if bytes == 0 {
             return Ok(());
         }
-        // SAFETY: the range lies in a live block.
-        unsafe { result::memset_d8_async(ptr, value, bytes, self.stream) }
-            .map_err(|e| driver_error("cuMemsetD8Async", e))
+        self.timed("memset", || {
+            // SAFETY: the range lies in a live block.
+            unsafe { result::memset_d8_async(ptr, value, bytes, self.stream) }
+                .map_err(|e| driver_error("cuMemsetD8Async", e))
+        })
     }
 
     pub fn synchronize_stream(&self) -> Result<()> {
         // SAFETY: the backend's stream.
         unsafe { result::stream::synchronize(self.stream) }
-            .map_err(|e| driver_error("cuStreamSynchronize", e))
+            .map_err(|e| driver_error("cuStreamSynchronize", e))?;
+        if let Some(p) = &self.profiler {
+            p.lock().unwrap_or_else(|e| e.into_inner()).collect()?;
+        }
+        Ok(())
     }
 
     /// Reads and clears the fault record when a launch that can fault ran (after a sync).

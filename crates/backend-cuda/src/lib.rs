@@ -24,6 +24,7 @@
 
 mod alloc;
 mod device;
+mod profile;
 mod program;
 mod walk;
 
@@ -84,6 +85,11 @@ const WHOLE_SEGMENT_ROWS: usize = 64;
 /// stay within this: at 2^24 ids read from L2 that is a few microseconds, against the five
 /// launches of the counting sort.
 const SCAN_SEGMENTS_TIMES_ROWS: u64 = 1 << 24;
+
+/// Rows per chunk of the segment sums' counting sort: one pass of `segment_place`'s 1,024
+/// threads, whose warps take turns within a chunk (so long chunks serialise; chunks of 2,048
+/// took 33 us to place a product quantiser's 160,000 rows on an H200, 79 blocks of 64 turns).
+const PLACE_CHUNK: usize = 1024;
 
 /// Which nearest-centroid kernel runs, and what it needs.
 struct NearestPlan {
@@ -202,6 +208,9 @@ impl std::fmt::Debug for CudaBackend {
 
 /// A recorded CUDA graph: the instantiated executable and the memory it uses.
 pub struct CudaGraph {
+    /// Under `HAL_CUDA_PROFILE`: nothing was captured and a replay makes the calls anew (so
+    /// that each launch is timed); `exec` and `graph` are null.
+    eager: Option<Arc<hal::RecordedSteps<CudaBackend>>>,
     exec: cudarc::driver::sys::CUgraphExec,
     graph: cudarc::driver::sys::CUgraph,
     /// Blocks allocated during capture (kept alive with the graph).
@@ -230,6 +239,9 @@ impl std::fmt::Debug for CudaGraph {
 
 impl Drop for CudaGraph {
     fn drop(&mut self) {
+        if self.eager.is_some() {
+            return;
+        }
         let _ = self.dev.bind();
         // SAFETY: the handles are ours; the stream orders any replay still running before the
         // freed blocks are reused.
@@ -248,6 +260,29 @@ impl CudaBackend {
     /// cuBLAS, no device, or a device older than compute capability 8.0.
     pub fn new() -> Result<Self> {
         Self::with_ordinal(0)
+    }
+
+    /// For tests of code that allocates with `alloc_for_write`: from now on (on every clone of
+    /// this handle) such buffers start as all-ones bits, NaN in every float dtype, so that an
+    /// element the next call fails to write shows up instead of passing as a leftover zero.
+    pub fn poison_for_write(&self, on: bool) {
+        self.dev.poison_for_write.store(on, Ordering::Relaxed);
+    }
+
+    /// Under `HAL_CUDA_PROFILE` (see [`profile`]): waits for the device, returns the GPU time
+    /// per kernel since the last call divided by `runs`, and starts the totals afresh.
+    /// `None` when not profiling.
+    pub fn take_profile(&self, runs: usize) -> Result<Option<String>> {
+        let Some(profiler) = &self.dev.profiler else {
+            return Ok(None);
+        };
+        self.dev.bind()?;
+        self.dev.synchronize_stream()?;
+        let report = profiler
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take_report(runs);
+        Ok(Some(report))
     }
 
     pub fn with_ordinal(ordinal: usize) -> Result<Self> {
@@ -649,7 +684,15 @@ impl CudaBackend {
         // Row-major out = a @ b is column-major out^T = b^T @ a^T: cuBLAS's "A" is b.
         let handle = self.dev.cublas.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: pointers are live blocks; every extent was validated against its buffer.
-        unsafe {
+        // Profiles name each product's shape (the formatting only when profiling).
+        let name = match self.dev.profiler {
+            Some(_) => format!(
+                "cublas gemm {}x{}x{} batch {}",
+                om.rows, om.cols, am.cols, om.batch
+            ),
+            None => String::new(),
+        };
+        self.dev.timed(&name, || unsafe {
             blas::gemm_strided_batched_ex(
                 *handle,
                 op(tb),
@@ -675,8 +718,8 @@ impl CudaBackend {
                 compute,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
-        }
-        .map_err(|e| device::blas_error("cublasGemmStridedBatchedEx", e))
+            .map_err(|e| device::blas_error("cublasGemmStridedBatchedEx", e))
+        })
     }
 }
 
@@ -746,6 +789,14 @@ impl Backend for CudaBackend {
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
         self.scratch(dtype, len)
+    }
+
+    fn alloc_for_write(&self, dtype: DType, len: usize) -> Result<CudaBuffer> {
+        let b = self.new_buffer(dtype, len)?;
+        if self.dev.poison_for_write.load(Ordering::Relaxed) {
+            self.dev.memset(b.ptr(), 0xff, b.bytes())?;
+        }
+        Ok(b)
     }
 
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<CudaBuffer> {
@@ -1281,10 +1332,9 @@ impl Backend for CudaBackend {
         // in order), then each segment's rows summed in order in `PARTS` sub-ranges, then the
         // sub-ranges summed in order: the same result on every run.
         const PARTS: usize = 16;
-        // Chunks of 2048 rows (two passes of segment_place's 1024 threads; its warps take turns
-        // within a chunk, so long chunks serialise), as many as keep the per-chunk counts
-        // (chunks x m words) within 16M words.
-        let chunks = n.div_ceil(2048).clamp(1, ((1 << 24) / m).max(1));
+        // Chunks of PLACE_CHUNK rows, as many as keep the per-chunk counts (chunks x m words)
+        // within 16M words.
+        let chunks = n.div_ceil(PLACE_CHUNK).clamp(1, ((1 << 24) / m).max(1));
         let chunk_len = n.div_ceil(chunks).max(1);
         let counts_u = self.scratch(DType::U32, chunks * m)?;
         self.dev.launch(
@@ -1299,9 +1349,11 @@ impl Backend for CudaBackend {
                 .arg(verdict.ptr()),
         )?;
         let totals = self.new_buffer(DType::U32, m)?;
-        self.dev.launch(
-            "segment_chunk_prefix",
-            m,
+        // A warp per segment.
+        self.dev.launch_raw(
+            self.dev.function("segment_chunk_prefix")?,
+            (m.div_ceil(8) as u32, 1, 1),
+            256,
             Args::new()
                 .arg(counts_u.ptr())
                 .arg(m as i64)
@@ -1345,6 +1397,15 @@ impl Backend for CudaBackend {
         // Segments of a few rows on average (the residual codes' 4,096 of about 40) are summed
         // whole, in order, by one block each: split into parts, most blocks would sum two or
         // three rows and the parts' two reductions would cost more than the sums.
+        if self.precision != Precision::Reproducible && d < 32 && n <= m * WHOLE_SEGMENT_ROWS {
+            // Narrow rows: a warp per segment, lanes over its rows.
+            return self.dev.launch_raw(
+                self.dev.function("segment_warp")?,
+                (m.div_ceil(8) as u32, 1, 1),
+                256,
+                with_outputs(rows_args().arg(m as i64)),
+            );
+        }
         if self.precision == Precision::Reproducible || n <= m * WHOLE_SEGMENT_ROWS {
             return self.dev.launch_raw(
                 self.dev.function("segment_ordered")?,
@@ -1514,6 +1575,17 @@ impl Backend for CudaBackend {
         use cudarc::driver::sys;
         self.refuse_in_capture("record")?;
         self.dev.bind()?;
+        if self.dev.profiler.is_some() {
+            return Ok(CudaGraph {
+                eager: Some(steps),
+                exec: std::ptr::null_mut(),
+                graph: std::ptr::null_mut(),
+                _allocated: Vec::new(),
+                freed: Vec::new(),
+                dev: self.dev.clone(),
+                can_fault: false,
+            });
+        }
         let pending_before = self.dev.fault_pending.swap(false, Ordering::AcqRel);
         self.dev.pool.begin_capture();
         self.dev.capturing.store(true, Ordering::Release);
@@ -1570,6 +1642,7 @@ impl Backend for CudaBackend {
         unsafe { drv::graph::upload(exec, self.dev.stream) }
             .map_err(|e| driver_error("cuGraphUpload", e))?;
         Ok(CudaGraph {
+            eager: None,
             exec,
             graph,
             _allocated: hold.allocated,
@@ -1587,6 +1660,9 @@ impl Backend for CudaBackend {
             });
         }
         self.dev.bind()?;
+        if let Some(steps) = &graph.eager {
+            return steps(self);
+        }
         if graph.can_fault {
             self.dev.fault_pending.store(true, Ordering::Release);
         }
@@ -1644,7 +1720,19 @@ impl CudaBackend {
         }
         let (xb, xl) = self.as_f32(x)?;
         let (cb, cl) = self.as_f32(c)?;
-        let (kernel, points) = ordered_kernel(m, d);
+        let (kernel, points) = match ordered_kernel(m, d) {
+            // Outside Precision::Reproducible, short rows take the expanded distance.
+            ("nearest_short_4", p) if self.precision != Precision::Reproducible => {
+                ("nearest_short_expanded_4", p)
+            }
+            ("nearest_short_8", p) if self.precision != Precision::Reproducible => {
+                ("nearest_short_expanded_8", p)
+            }
+            ("nearest_short_16", p) if self.precision != Precision::Reproducible => {
+                ("nearest_short_expanded_16", p)
+            }
+            other => other,
+        };
         let s = |l: &Layout, i: usize| l.strides[i] as i64;
         let args = Args::new()
             .arg(xb.ptr() + xl.offset as u64 * 4)

@@ -459,9 +459,19 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
             .map_err(|e| driver_error("cuModuleGetFunction", e))?;
     Ok(CudaKernel {
         program: Arc::new(program.clone()),
-        function: Func::plain(function),
+        function: Func::plain(function, profile_name(&program.name)),
         source: Arc::new(source),
     })
+}
+
+/// An IR kernel's name in profiles: its program's, kept for the life of the process (once per
+/// compiled program, and only while profiling; otherwise one shared name).
+fn profile_name(program: &str) -> &'static str {
+    if crate::profile::requested() {
+        Box::leak(format!("ir {program}").into_boxed_str())
+    } else {
+        "ir"
+    }
 }
 
 #[cfg(test)]

@@ -341,6 +341,28 @@ fn gemm_tile(rows: usize, cols: usize, batch: usize) -> TileShape {
 /// See [`gemm_tile`].
 const SMALL_PRODUCT_TILES: usize = 256;
 
+/// Into how many slices of `k` a product of `tiles` output tiles splits (1: none): enough
+/// for about [`SMALL_PRODUCT_TILES`] workgroups, each slice at least [`MIN_SLICE_K`] long and
+/// all of one length (a divisor of `k`). A weight gradient of a convolution, 64 x 288 outputs
+/// over k = 30976, is 5 tiles: one workgroup a multiprocessor on a few of them.
+fn k_slices(k: usize, tiles: usize) -> usize {
+    let wanted = SMALL_PRODUCT_TILES.div_ceil(tiles.max(1));
+    (2..=wanted.min(k / MIN_SLICE_K))
+        .rev()
+        .find(|s| k % s == 0)
+        .unwrap_or(1)
+}
+
+/// See [`k_slices`].
+const MIN_SLICE_K: usize = 64;
+
+/// f32 products take the cooperative-matrix kernels only where each packed operand element
+/// is used at least this often on average (`m n / (m + n)`, half the harmonic mean of the
+/// output's sides; 4096 for an 8192^3 product): see `matmul_coop`. A convolution's
+/// 288 x 50176 input gradient (286) took 0.21 ms on them against 0.07 ms on the f32 kernels
+/// (H200), most of it the packing and the epilogue.
+const COOP_F32_MIN_REUSE: usize = 512;
+
 /// Which of the adapter's optional features the backend uses. Each has a fallback that runs
 /// everywhere; turning one off (tests do, to run the fallbacks on an adapter that has them)
 /// changes speed, never results beyond the tolerances `hal` states.
@@ -525,6 +547,8 @@ struct Inner {
     buffers_created: std::sync::atomic::AtomicU64,
     /// Whether WGSL's `fma` is fused on this device (probed on first need; lavapipe's is not).
     fma_fused: std::sync::OnceLock<bool>,
+    /// `alloc_for_write` fills its buffers with all-ones bits (NaN) (see `poison_for_write`).
+    poison_for_write: std::sync::atomic::AtomicBool,
     /// With cooperative matrices: the tiling of single-pass products (settable for tuning).
     coop: Option<Mutex<coop::CoopTiles>>,
     /// Per-dispatch timestamps, under `HAL_WGPU_PROFILE` (see [`profile`]).
@@ -791,6 +815,7 @@ impl WgpuBackend {
                 pool,
                 buffers_created: Default::default(),
                 fma_fused: Default::default(),
+                poison_for_write: Default::default(),
             }),
             Precision::Exact,
         ))
@@ -958,6 +983,13 @@ impl WgpuBackend {
             *lock(tiling)
         };
         let (m, n, k) = (om.rows, om.cols, am.cols);
+        if a.dtype() == DType::F32 && m * n < COOP_F32_MIN_REUSE * (m + n) {
+            // f32 operands are packed to halves first, a pass over both: with a thin output
+            // (a convolution's 64 x 50176, say) the packing and the epilogue alone cost more
+            // than the f32 kernels' whole product (0.72 against 0.89 ms per step of a small
+            // CNN on an H200).
+            return Ok(false);
+        }
         let mp = m.next_multiple_of(tiles.rows());
         let np = n.next_multiple_of(tiles.cols());
         let kp = k.next_multiple_of(coop::STEP_K);
@@ -1206,6 +1238,56 @@ impl WgpuBackend {
             }
             k0 = k1;
         }
+    }
+
+    /// A product of one `rows x cols` output over a long `k` as `slices` products over
+    /// `k / slices` each (a batch, so the tile kernel runs `slices` times as many workgroups),
+    /// written to a scratch `[slices, rows, cols]` and summed in slice order into `out`
+    /// (beta 0; alpha applied to each slice). The same result on every run.
+    fn matmul_split_k(
+        &self,
+        [a, b, out]: [V<'_>; 3],
+        [am, bm, om]: [&validate::MatrixView; 3],
+        alpha: f32,
+        slices: usize,
+    ) -> Result<()> {
+        let ks = am.cols / slices;
+        let (rows, cols) = (om.rows, om.cols);
+        let partial = self.scratch(DType::F32, slices * rows * cols)?;
+        // Slice s: A's columns and B's rows s ks .. (s + 1) ks.
+        let a_slices = validate::MatrixView {
+            batch: slices,
+            cols: ks,
+            strides: [ks as isize * am.strides[2], am.strides[1], am.strides[2]],
+            ..*am
+        };
+        let b_slices = validate::MatrixView {
+            batch: slices,
+            rows: ks,
+            strides: [ks as isize * bm.strides[1], bm.strides[1], bm.strides[2]],
+            ..*bm
+        };
+        let partial_l = Layout::contiguous(&[slices, rows, cols]);
+        let p_slices = validate::MatrixView::of(&partial_l);
+        self.matmul_f32(
+            [a, b, View::new(&partial, &partial_l)],
+            [&a_slices, &b_slices, &p_slices],
+            alpha,
+            0.0,
+            false,
+            None,
+        )?;
+        let sum_into = Layout {
+            shape: vec![1, rows, cols],
+            strides: vec![0, om.strides[1], om.strides[2]],
+            offset: om.offset,
+        };
+        self.reduce(
+            ReduceOp::Sum,
+            View::new(&partial, &partial_l),
+            &[0],
+            View::new(out.buffer, &sum_into),
+        )
     }
 
     /// Whether this device's WGSL `fma` rounds once, probed with `(1 + 2^-12)^2 - 1`, whose
@@ -1667,7 +1749,7 @@ impl WgpuBackend {
 
     /// A buffer of `len` elements whose contents are unspecified (from the pool when one of its
     /// size class is free: then the flag is true). Checks the size against the adapter.
-    fn alloc_uninit(&self, dtype: DType, len: usize) -> Result<(WgpuBuffer, bool)> {
+    fn pooled_buffer(&self, dtype: DType, len: usize) -> Result<(WgpuBuffer, bool)> {
         let bytes = len as u128 * dtype.size_in_bytes() as u128;
         let limit = self.max_binding_bytes();
         if bytes > limit as u128 {
@@ -1714,7 +1796,16 @@ impl WgpuBackend {
 
     /// Scratch space a kernel overwrites completely (partials, unused dummies): no clearing.
     fn scratch(&self, dtype: DType, len: usize) -> Result<WgpuBuffer> {
-        Ok(self.alloc_uninit(dtype, len)?.0)
+        Ok(self.pooled_buffer(dtype, len)?.0)
+    }
+
+    /// For tests of code that allocates with `alloc_for_write`: from now on (on every clone of
+    /// this handle) such buffers start as all-ones bits, NaN in every float dtype, so that an
+    /// element the next call fails to write shows up instead of passing as a leftover zero.
+    pub fn poison_for_write(&self, on: bool) {
+        self.0
+            .poison_for_write
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Storage buffers created since the backend was opened (allocations, scratch, staging
@@ -2555,7 +2646,7 @@ impl Backend for WgpuBackend {
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<WgpuBuffer> {
-        let (buf, reused) = self.alloc_uninit(dtype, len)?;
+        let (buf, reused) = self.pooled_buffer(dtype, len)?;
         if reused {
             // A reused buffer holds its last owner's data; the contract is zeros.
             self.encode(|e| e.clear_buffer(&buf.0.buffer, 0, None));
@@ -2563,8 +2654,23 @@ impl Backend for WgpuBackend {
         Ok(buf)
     }
 
+    fn alloc_for_write(&self, dtype: DType, len: usize) -> Result<WgpuBuffer> {
+        let buffer = self.scratch(dtype, len)?;
+        if self
+            .0
+            .poison_for_write
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.write_after_batch(
+                &buffer.0.buffer,
+                &vec![0xff; buffer.0.buffer.size() as usize],
+            );
+        }
+        Ok(buffer)
+    }
+
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<WgpuBuffer> {
-        let (buf, _) = self.alloc_uninit(dtype, validate::upload(dtype, bytes)?)?;
+        let (buf, _) = self.pooled_buffer(dtype, validate::upload(dtype, bytes)?)?;
         self.write_bytes(&buf, bytes)?;
         Ok(buf)
     }
@@ -2771,11 +2877,22 @@ impl Backend for WgpuBackend {
         let tile = gemm_tile(om.rows, om.cols, om.batch);
         let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
         let thin = om.rows.min(om.cols) <= DOT_THIN;
-        let dot = (thin || tiles < DOT_BELOW_TILES)
+        let slices = match thin || beta != 0.0 || om.batch != 1 || tile_only() {
+            true => 1,
+            false => k_slices(am.cols, tiles),
+        };
+        let dot = slices == 1
+            && (thin || tiles < DOT_BELOW_TILES)
             && am.cols >= DOT_FROM_K
             && am.strides[2] == 1
             && bm.strides[1] == 1
             && !tile_only();
+        // Long products over few tiles go to the split tile kernel even under
+        // Precision::Fast: the cooperative-matrix kernel does not split k, and on an H200 it
+        // took 1.4 ms per product on a small CNN's weight gradients (k up to 200704).
+        if slices > 1 {
+            return self.matmul_split_k([a, b, out], [&am, &bm, &om], alpha, slices);
+        }
         if !dot && self.matmul_coop([a, b, out], [&am, &bm, &om], alpha, beta)? {
             return Ok(());
         }
@@ -3215,4 +3332,26 @@ fn conv_params(g: &Conv2dGeometry, oh: usize, ow: usize) -> Params {
         p = p.scalar(i, x as u32);
     }
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_products_over_few_tiles_split_k_evenly() {
+        // A convolution's weight gradient: 5 tiles, k = 30976 = 2^8 x 121.
+        let s = k_slices(30976, 5);
+        assert_eq!(30976 % s, 0);
+        assert!(
+            s * 5 <= 2 * SMALL_PRODUCT_TILES && s * 5 * 2 > SMALL_PRODUCT_TILES,
+            "{s}"
+        );
+        // Slices stay at least MIN_SLICE_K long; a prime k does not split.
+        assert_eq!(k_slices(256, 32), 4);
+        assert_eq!(k_slices(127, 1), 1);
+        assert_eq!(k_slices(4099, 1), 1);
+        // Enough tiles already: no split.
+        assert_eq!(k_slices(4096, SMALL_PRODUCT_TILES), 1);
+    }
 }

@@ -10,7 +10,7 @@
 //! dispatch changes the barriers a little; the figures are for finding hot spots, not for
 //! reporting speed.
 
-use std::collections::HashMap;
+use hal::profile::KernelTimes;
 
 /// Queries in the set: two per dispatch (wgpu's largest query set).
 const QUERIES: u32 = wgpu::QUERY_SET_MAX_QUERIES;
@@ -18,12 +18,6 @@ const QUERIES: u32 = wgpu::QUERY_SET_MAX_QUERIES;
 /// Whether `HAL_WGPU_PROFILE` asks for profiling.
 pub(crate) fn requested() -> bool {
     std::env::var("HAL_WGPU_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0")
-}
-
-#[derive(Default)]
-struct Total {
-    dispatches: u64,
-    ns: f64,
 }
 
 /// The query set, the names of the dispatches whose timestamps it holds, and the totals so
@@ -35,9 +29,7 @@ pub(crate) struct Profiler {
     period: f64,
     /// Kernel name of the dispatch at query pair `i`.
     pending: Vec<String>,
-    totals: HashMap<String, Total>,
-    /// Sum over read-backs of the span from the first timed start to the last timed end.
-    span_ns: f64,
+    times: KernelTimes,
 }
 
 impl Profiler {
@@ -56,8 +48,7 @@ impl Profiler {
             }),
             period: queue.get_timestamp_period() as f64,
             pending: Vec::new(),
-            totals: HashMap::new(),
-            span_ns: 0.0,
+            times: KernelTimes::default(),
         }
     }
 
@@ -97,51 +88,27 @@ impl Profiler {
         for (i, name) in names.into_iter().enumerate() {
             let (start, end) = (ticks[2 * i], ticks[2 * i + 1]);
             let ns = end.saturating_sub(start) as f64 * self.period;
-            let t = self.totals.entry(name).or_default();
-            t.dispatches += 1;
-            t.ns += ns;
+            self.times.add(&name, ns);
             first = first.min(start);
             last = last.max(end);
         }
         if last > first {
-            self.span_ns += (last - first) as f64 * self.period;
+            self.times.add_span((last - first) as f64 * self.period);
         }
     }
 
     /// Whether nothing has been timed since the totals were last cleared.
     pub(crate) fn is_empty(&self) -> bool {
-        self.totals.is_empty()
+        self.times.is_empty()
     }
 
-    /// The totals divided by `runs` (the runs of some work they cover), heaviest first, as
-    /// lines of text.
+    /// The totals divided by `runs` (see [`KernelTimes::report`]).
     pub(crate) fn report(&self, runs: usize) -> String {
-        let per = runs.max(1) as f64;
-        let mut rows: Vec<(&String, &Total)> = self.totals.iter().collect();
-        rows.sort_by(|a, b| b.1.ns.total_cmp(&a.1.ns));
-        let busy_ns: f64 = rows.iter().map(|(_, t)| t.ns).sum();
-        let mut out = format!(
-            "wgpu profile, per run of {runs}: GPU busy {:.3} ms in a {:.3} ms span (from the first timed start to the last timed end of each read-back)\n{:>10} {:>10} {:>10}  kernel\n",
-            busy_ns / 1e6 / per,
-            self.span_ns / 1e6 / per,
-            "ms",
-            "dispatches",
-            "us each"
-        );
-        for (name, t) in rows {
-            out.push_str(&format!(
-                "{:>10.3} {:>10.1} {:>10.2}  {name}\n",
-                t.ns / 1e6 / per,
-                t.dispatches as f64 / per,
-                t.ns / 1e3 / t.dispatches.max(1) as f64
-            ));
-        }
-        out
+        self.times.report("wgpu", runs)
     }
 
     /// Forgets the totals (the pending queries stay).
     pub(crate) fn clear(&mut self) {
-        self.totals.clear();
-        self.span_ns = 0.0;
+        self.times.clear();
     }
 }

@@ -161,8 +161,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Seconds of warm-up runs before timed ones (see [`time_it`]).
 const WARM_UP_SECONDS: f64 = 0.5;
 
-/// Under `HAL_WGPU_PROFILE` with the wgpu backend: the per-kernel GPU time since the last
-/// call, divided by the runs given (see `backend_wgpu::WgpuBackend::take_profile`).
+/// Under `HAL_WGPU_PROFILE` with the wgpu backend or `HAL_CUDA_PROFILE` with the CUDA one: the
+/// per-kernel GPU time since the last call, divided by the runs given (see the backends'
+/// `take_profile`).
 type ProfileHook = Box<dyn Fn(usize) -> Option<String> + Send>;
 static PROFILE: std::sync::Mutex<Option<ProfileHook>> = std::sync::Mutex::new(None);
 
@@ -251,6 +252,10 @@ fn main() -> ExitCode {
         },
         "cuda" => match backend_cuda::CudaBackend::new() {
             Ok(gpu) => {
+                let profiled = gpu.clone();
+                *PROFILE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move |runs| {
+                    profiled.take_profile(runs).ok().flatten()
+                }));
                 let copy = |src: &backend_cuda::CudaBuffer, dst: &backend_cuda::CudaBuffer| {
                     gpu.copy_whole_buffer(src, dst)
                 };

@@ -117,6 +117,13 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// the size exceeds the device's largest buffer, [`Error::OutOfMemory`] when the device
     /// cannot supply it now.
     fn alloc(&self, dtype: DType, len: usize) -> Result<Self::Buffer>;
+    /// A buffer of `len` elements whose contents are unspecified (a pooled buffer may still
+    /// hold its last owner's data), for the output of a call that overwrites it whole: it
+    /// saves [`Backend::alloc`]'s zero fill, a launch on a GPU. Errors as `alloc`. The default
+    /// is `alloc`.
+    fn alloc_for_write(&self, dtype: DType, len: usize) -> Result<Self::Buffer> {
+        self.alloc(dtype, len)
+    }
     /// A new buffer holding `bytes` (little-endian elements of `dtype`).
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<Self::Buffer>;
     /// Overwrites the whole buffer with `bytes`, which must be exactly its size.

@@ -20,6 +20,7 @@
 //! - [`random`]: Philox 4x32-10, the random stream every backend reproduces.
 //! - [`validate`]: every primitive's argument checks, called by every backend first.
 //! - [`fault`]: the device fault record GPU backends report data-dependent errors through.
+//! - [`profile`]: per-kernel time totals of the GPU backends' tuning profilers.
 //!
 //! ```
 //! use hal::{Layout, DType};
@@ -42,6 +43,7 @@ pub mod fault;
 pub mod ir;
 mod layout;
 mod ops;
+pub mod profile;
 pub mod random;
 pub mod validate;
 

@@ -89,6 +89,14 @@ impl<B: Backend> Tensor<B> {
         Ok(Self::from_parts(backend, buffer, Layout::contiguous(shape)))
     }
 
+    /// A new contiguous tensor of `shape` and `dtype` whose contents are unspecified, for the
+    /// result of a call that writes every element ([`hal::Backend::alloc_for_write`]: no zero
+    /// fill, one launch fewer on a GPU).
+    pub(crate) fn for_write(backend: &B, shape: &[usize], dtype: DType) -> Result<Self> {
+        let buffer = backend.alloc_for_write(dtype, hal::numel(shape))?;
+        Ok(Self::from_parts(backend, buffer, Layout::contiguous(shape)))
+    }
+
     /// A new contiguous tensor of `shape` with every element `value`.
     pub fn full(backend: &B, shape: &[usize], value: f64, dtype: DType) -> Result<Self> {
         let t = Self::zeros(backend, shape, dtype)?;
@@ -268,7 +276,7 @@ impl<B: Backend> Tensor<B> {
         if self.is_dense() {
             return Ok(self.clone());
         }
-        let out = Self::zeros(self.backend(), self.shape(), self.dtype())?;
+        let out = Self::for_write(self.backend(), self.shape(), self.dtype())?;
         self.backend().copy(self.view(), out.view())?;
         Ok(out)
     }

@@ -130,6 +130,7 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
                     padding: (1, 1),
                     dilation: (1, 2),
                     groups: 2,
+                    precision: hal::Precision::Exact,
                 },
             )
         },
@@ -198,6 +199,8 @@ fn wgpu_matches_cpu_forward_and_backward() {
     let s = seed();
     let wgpu = backend_wgpu::WgpuBackend::new()
         .expect("the wgpu backend is required here (install mesa-vulkan-drivers for lavapipe)");
+    // Results allocated unfilled start as NaN: an element an operation fails to write shows.
+    wgpu.poison_for_write(true);
     compare("wgpu", &suite(&CpuBackend::new(), s), &suite(&wgpu, s));
 }
 
@@ -207,6 +210,7 @@ fn cuda_matches_cpu_forward_and_backward() {
     let s = seed();
     let cuda =
         backend_cuda::CudaBackend::new().expect("the CUDA backend is required for this test");
+    cuda.poison_for_write(true);
     compare("cuda", &suite(&CpuBackend::new(), s), &suite(&cuda, s));
 }
 
@@ -214,6 +218,7 @@ fn cuda_matches_cpu_forward_and_backward() {
 fn wgpu_recorded_step_matches_eager_steps() {
     let wgpu = backend_wgpu::WgpuBackend::new()
         .expect("the wgpu backend is required here (install mesa-vulkan-drivers for lavapipe)");
+    wgpu.poison_for_write(true);
     common::recorded_step_matches_eager(&wgpu, seed());
 }
 
@@ -224,5 +229,23 @@ fn wgpu_recorded_step_matches_eager_steps() {
 fn cuda_recorded_step_matches_eager_steps() {
     let cuda =
         backend_cuda::CudaBackend::new().expect("the CUDA backend is required for this test");
+    cuda.poison_for_write(true);
     common::recorded_step_matches_eager(&cuda, seed());
+}
+
+/// The poisoning the parity cases rely on is live: a fresh unfilled result reads as NaN.
+#[test]
+fn wgpu_poisoned_results_read_as_nan() {
+    let wgpu = backend_wgpu::WgpuBackend::new()
+        .expect("the wgpu backend is required here (install mesa-vulkan-drivers for lavapipe)");
+    wgpu.poison_for_write(true);
+    // Twice: the second comes from the pool, holding the first one's bits.
+    for _ in 0..2 {
+        let b = wgpu.alloc_for_write(DType::F32, 7).unwrap();
+        wgpu.fill(hal::View::new(&b, &hal::Layout::contiguous(&[3])), 1.0)
+            .unwrap();
+        let got: Vec<f32> = hal::BackendExt::read(&wgpu, &b).unwrap();
+        assert_eq!(&got[..3], &[1.0; 3]);
+        assert!(got[3..].iter().all(|v| v.is_nan()), "{got:?}");
+    }
 }

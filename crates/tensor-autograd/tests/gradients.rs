@@ -355,6 +355,7 @@ fn convolution_and_pooling_gradients() {
                 padding: (1, 2),
                 dilation: (1, 1),
                 groups: 1,
+                ..Default::default()
             },
             2,
             3,
@@ -366,6 +367,7 @@ fn convolution_and_pooling_gradients() {
                 padding: (1, 1),
                 dilation: (2, 1),
                 groups: 1,
+                ..Default::default()
             },
             1,
             2,
@@ -377,6 +379,7 @@ fn convolution_and_pooling_gradients() {
                 padding: (0, 1),
                 dilation: (1, 1),
                 groups: 2,
+                ..Default::default()
             },
             4,
             2,

@@ -19,7 +19,7 @@ impl<B: Backend> Tensor<B> {
                 format!("{op:?} needs a float tensor, got {}", self.dtype()),
             ));
         }
-        let out = self.new_zeros(self.shape(), self.dtype())?;
+        let out = self.new_output(self.shape(), self.dtype())?;
         self.backend().unary(op, self.view(), out.view())?;
         let x = self.clone();
         let y = out.detach();
@@ -108,7 +108,7 @@ impl<B: Backend> Tensor<B> {
     pub fn binary(&self, op: BinaryOp, other: &Self) -> Result<Self> {
         let shape = hal::broadcast_shapes(op_name(op), self.shape(), other.shape())?;
         let dtype = promote(self.dtype(), other.dtype());
-        let out = self.new_zeros(&shape, dtype)?;
+        let out = self.new_output(&shape, dtype)?;
         self.backend()
             .binary(op, self.view(), other.view(), out.view())?;
         if op.is_comparison() {
@@ -188,7 +188,7 @@ impl<B: Backend> Tensor<B> {
     pub fn where_cond(&self, a: &Self, b: &Self) -> Result<Self> {
         let shape = hal::broadcast_shapes("where", self.shape(), a.shape())?;
         let shape = hal::broadcast_shapes("where", &shape, b.shape())?;
-        let out = self.new_zeros(&shape, promote(a.dtype(), b.dtype()))?;
+        let out = self.new_output(&shape, promote(a.dtype(), b.dtype()))?;
         self.backend().ternary(
             TernaryOp::Where,
             self.view(),
@@ -211,7 +211,7 @@ impl<B: Backend> Tensor<B> {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        let out = self.new_zeros(self.shape(), dtype)?;
+        let out = self.new_output(self.shape(), dtype)?;
         self.backend().copy(self.view(), out.view())?;
         let from = self.dtype();
         if !dtype.is_float() {

@@ -9,7 +9,7 @@ impl<B: Backend> Tensor<B> {
     /// `out[p] = self[p with p[axis] replaced by index[p]]` (PyTorch's `gather`); `index` is
     /// a `u32` or `i32` tensor of the same rank.
     pub fn gather(&self, axis: usize, index: &Tensor<B>) -> Result<Self> {
-        let out = self.new_zeros(index.shape(), self.dtype())?;
+        let out = self.new_output(index.shape(), self.dtype())?;
         self.backend()
             .gather(self.view(), axis, index.view(), out.view())?;
         let index = index.clone();

@@ -4,15 +4,22 @@
 
 use crate::error::{Result, invalid, shape_error};
 use crate::tensor::Tensor;
-use hal::{Backend, Conv2dGeometry, Layout, View};
+use hal::{Backend, Conv2dGeometry, Layout, Precision, View};
 
-/// Stride, padding, dilation and groups of a 2-D convolution (PyTorch's defaults: 1, 0, 1, 1).
+/// Stride, padding, dilation and groups of a 2-D convolution (PyTorch's defaults: 1, 0, 1, 1),
+/// and the precision policy of its matrix products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2dOptions {
     pub stride: (usize, usize),
     pub padding: (usize, usize),
     pub dilation: (usize, usize),
     pub groups: usize,
+    /// The products' policy, forward and backward ([`hal::Precision`]). The default,
+    /// [`Precision::Fast`], puts them on the device's matrix units where it has them (TF32 on
+    /// CUDA, f16 cooperative matrices on wgpu; exact elsewhere), as PyTorch does by default
+    /// for convolutions (`torch.backends.cudnn.allow_tf32 = True`; its plain matrix products
+    /// stay f32, as `Tensor::matmul` does here). [`Precision::Exact`] keeps them f32.
+    pub precision: Precision,
 }
 
 impl Default for Conv2dOptions {
@@ -22,13 +29,23 @@ impl Default for Conv2dOptions {
             padding: (0, 0),
             dilation: (1, 1),
             groups: 1,
+            precision: Precision::Fast,
         }
     }
 }
 
 /// `a @ b` without history for rank-2 or rank-3 operands (a rank-2 operand against a rank-3
-/// one, or a batch of 1, broadcasts with a zero batch stride).
-fn product<B: Backend>(a: &Tensor<B>, b: &Tensor<B>) -> Result<Tensor<B>> {
+/// one, or a batch of 1, broadcasts with a zero batch stride), under `precision` where given
+/// (else the handle's own policy).
+fn product<B: Backend>(
+    a: &Tensor<B>,
+    b: &Tensor<B>,
+    precision: Option<Precision>,
+) -> Result<Tensor<B>> {
+    let dev = match precision {
+        Some(p) if p != a.backend().precision() => a.backend().with_precision(p),
+        _ => a.backend().clone(),
+    };
     let (ra, rb) = (a.rank(), b.rank());
     let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
     let (k2, n) = (b.shape()[rb - 2], b.shape()[rb - 1]);
@@ -41,9 +58,8 @@ fn product<B: Backend>(a: &Tensor<B>, b: &Tensor<B>) -> Result<Tensor<B>> {
         ));
     }
     if ra == 2 && rb == 2 {
-        let out = a.new_zeros(&[m, n], a.dtype())?;
-        a.backend()
-            .matmul(a.view(), b.view(), out.view(), 1.0, 0.0)?;
+        let out = product_output(a, &[m, n], k)?;
+        dev.matmul(a.view(), b.view(), out.view(), 1.0, 0.0)?;
         return Ok(out);
     }
     let batch_of = |t: &Tensor<B>| if t.rank() == 3 { t.shape()[0] } else { 1 };
@@ -66,8 +82,8 @@ fn product<B: Backend>(a: &Tensor<B>, b: &Tensor<B>) -> Result<Tensor<B>> {
         Ok(l.broadcast_to(&[batch, rows, cols])?)
     };
     let (la, lb) = (as3(a, m, k)?, as3(b, k, n)?);
-    let out = a.new_zeros(&[batch, m, n], a.dtype())?;
-    a.backend().matmul(
+    let out = product_output(a, &[batch, m, n], k)?;
+    dev.matmul(
         View::new(a.buffer(), &la),
         View::new(b.buffer(), &lb),
         out.view(),
@@ -82,6 +98,11 @@ impl<B: Backend> Tensor<B> {
     /// batch broadcasting; a rank-2 right operand multiplies any number of leading dimensions
     /// (`[.., k] @ [k, n]`); higher ranks need equal leading dimensions.
     pub fn matmul(&self, other: &Tensor<B>) -> Result<Self> {
+        self.matmul_under(other, None)
+    }
+
+    /// [`Tensor::matmul`] under `precision` (forward and backward) where given.
+    fn matmul_under(&self, other: &Tensor<B>, precision: Option<Precision>) -> Result<Self> {
         let (ra, rb) = (self.rank(), other.rank());
         if ra < 2 || rb < 2 {
             return Err(shape_error(
@@ -96,7 +117,7 @@ impl<B: Backend> Tensor<B> {
             let flat = self.reshape(&[lead.iter().product(), self.shape()[ra - 1]])?;
             let mut shape = lead.to_vec();
             shape.push(other.shape()[1]);
-            return flat.matmul(other)?.reshape(&shape);
+            return flat.matmul_under(other, precision)?.reshape(&shape);
         }
         if ra > 3 || rb > 3 {
             if ra != rb || self.shape()[..ra - 2] != other.shape()[..rb - 2] {
@@ -113,13 +134,13 @@ impl<B: Backend> Tensor<B> {
             let b = other.reshape(&[batch, other.shape()[rb - 2], other.shape()[rb - 1]])?;
             let mut shape = lead.to_vec();
             shape.extend_from_slice(&[self.shape()[ra - 2], other.shape()[rb - 1]]);
-            return a.matmul(&b)?.reshape(&shape);
+            return a.matmul_under(&b, precision)?.reshape(&shape);
         }
-        let out = product(self, other)?;
+        let out = product(self, other, precision)?;
         let (a, b) = (self.clone(), other.clone());
         Ok(Tensor::from_op(out, "matmul", &[self, other], move |g| {
             let ga = if a.requires_grad_flag() {
-                Some(product(g, &b.transpose(-1, -2)?.detach())?.sum_to(a.shape())?)
+                Some(product(g, &b.transpose(-1, -2)?.detach(), precision)?.sum_to(a.shape())?)
             } else {
                 None
             };
@@ -129,9 +150,9 @@ impl<B: Backend> Tensor<B> {
                 // `b` is a transposed dense matrix (a Linear layer's weight): its gradient is
                 // made in the weight's own layout, `(g^T a)^T`, so that the weight's gradient
                 // arrives dense and the optimiser need not copy it.
-                Some(product(&g.t()?, &a.detach())?.t()?)
+                Some(product(&g.t()?, &a.detach(), precision)?.t()?)
             } else {
-                Some(product(&a.transpose(-1, -2)?.detach(), g)?.sum_to(b.shape())?)
+                Some(product(&a.transpose(-1, -2)?.detach(), g, precision)?.sum_to(b.shape())?)
             };
             Ok(vec![ga, gb])
         }))
@@ -155,11 +176,44 @@ impl<B: Backend> Tensor<B> {
                 format!("the kernel does not fit the padded input: {geometry:?}"),
             ));
         };
-        let out = self.new_zeros(&cols, self.dtype())?;
+        let out = self.new_output(&cols, self.dtype())?;
         self.backend().im2col(self.view(), &geometry, out.view())?;
         Ok(Tensor::from_op(out, "im2col", &[self], move |g| {
-            let img = g.new_zeros(&geometry.image_shape(), g.dtype())?;
+            let img = g.new_output(&geometry.image_shape(), g.dtype())?;
             g.backend().col2im(g.view(), &geometry, img.view())?;
+            Ok(vec![Some(img)])
+        }))
+    }
+
+    /// The columns of [`Tensor::im2col`] stored channel-major, as one `[C*kh*kw, N*oh*ow]`
+    /// matrix (the backend's `im2col` writing through a permuted view): a convolution of the
+    /// whole batch is then one matrix product, and so is its weight gradient, where the
+    /// `[N, C*kh*kw, oh*ow]` columns need a product per image and a sum over the batch.
+    fn im2col_matrix(&self, geometry: Conv2dGeometry) -> Result<Self> {
+        let Some(cols) = geometry.cols_shape() else {
+            return Err(invalid(
+                "im2col",
+                format!("the kernel does not fit the padded input: {geometry:?}"),
+            ));
+        };
+        let [n, k, l] = cols[..] else {
+            unreachable!("the columns shape has rank 3")
+        };
+        // The `[N, C*kh*kw, oh*ow]` view of a `[C*kh*kw, N, oh*ow]` matrix at `offset`.
+        let as_cols = move |offset: usize| Layout {
+            shape: vec![n, k, l],
+            strides: vec![l as isize, (n * l) as isize, 1],
+            offset,
+        };
+        let out = self.new_output(&[k, n * l], self.dtype())?;
+        self.backend()
+            .im2col(self.view(), &geometry, View::new(out.buffer(), &as_cols(0)))?;
+        Ok(Tensor::from_op(out, "im2col", &[self], move |g| {
+            let g = g.contiguous()?;
+            let img = g.new_output(&geometry.image_shape(), g.dtype())?;
+            let cols = as_cols(g.layout().offset);
+            g.backend()
+                .col2im(View::new(g.buffer(), &cols), &geometry, img.view())?;
             Ok(vec![Some(img)])
         }))
     }
@@ -230,22 +284,30 @@ impl<B: Backend> Tensor<B> {
                 format!("the kernel does not fit the padded input: {geometry:?}"),
             )
         })?;
-        let cols = self.im2col(geometry)?;
+        // [C*kh*kw, N*oh*ow]: one product for the whole batch gives [O, N*oh*ow].
+        let cols = self.im2col_matrix(geometry)?;
         let per_group = cg * kh * kw;
         let og = o / groups;
         let y = if groups == 1 {
-            weight.reshape(&[o, per_group])?.matmul(&cols)?
+            weight
+                .reshape(&[o, per_group])?
+                .matmul_under(&cols, Some(options.precision))?
         } else {
             let w = weight.reshape(&[o, per_group])?;
             let parts = (0..groups)
                 .map(|g| {
-                    w.narrow(0, g * og, og)?
-                        .matmul(&cols.narrow(1, g * per_group, per_group)?)
+                    w.narrow(0, g * og, og)?.matmul_under(
+                        &cols.narrow(0, g * per_group, per_group)?,
+                        Some(options.precision),
+                    )
                 })
                 .collect::<Result<Vec<_>>>()?;
-            Tensor::cat(&parts.iter().collect::<Vec<_>>(), 1)?
+            Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?
         };
-        let y = y.reshape(&[geometry.batch, o, oh, ow])?;
+        // NCHW as a view of the channel-major result.
+        let y = y
+            .reshape(&[o, geometry.batch, oh, ow])?
+            .permute(&[1, 0, 2, 3])?;
         match bias {
             Some(b) => y.add(&b.reshape(&[1, o, 1, 1])?),
             None => Ok(y),
@@ -266,6 +328,7 @@ impl<B: Backend> Tensor<B> {
             padding: (0, 0),
             dilation: (1, 1),
             groups: 1,
+            precision: Precision::Exact,
         };
         let s = self.geometry(op, kernel, &options)?;
         let planes = self.reshape(&[s.batch * s.channels, 1, s.height, s.width])?;
@@ -314,5 +377,16 @@ impl<B: Backend> Tensor<B> {
     ) -> Result<Self> {
         let (cols, shape) = self.pool_columns("avg_pool2d", kernel, stride, padding, 0.0)?;
         cols.mean(&[1], false)?.reshape(&shape)
+    }
+}
+
+/// The result of a product with inner dimension `k`: written whole by `matmul` (beta 0), so
+/// not zero-filled first, except when `k = 0` (an empty sum: zeros, which a backend may or may
+/// not store).
+fn product_output<B: Backend>(a: &Tensor<B>, shape: &[usize], k: usize) -> Result<Tensor<B>> {
+    if k == 0 {
+        a.new_zeros(shape, a.dtype())
+    } else {
+        a.new_output(shape, a.dtype())
     }
 }

@@ -105,8 +105,9 @@ fn fused_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Re
     // A label outside 0..C must be an error, not a read of the next row: each row also loads
     // `classes[label]`, a C-element buffer, so a bad label faults naming itself and C.
     let classes = b.alloc(DType::F32, c)?;
-    let lse = Tensor::zeros(&b, &[n], DType::F32)?;
-    let per_row = Tensor::zeros(&b, &[n], DType::F32)?;
+    // Both written row by row by the kernel below.
+    let lse = Tensor::for_write(&b, &[n], DType::F32)?;
+    let per_row = Tensor::for_write(&b, &[n], DType::F32)?;
     let rows = b.compile(&rows_program(c, target.dtype())?)?;
     b.launch(
         &rows,
@@ -127,7 +128,7 @@ fn fused_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Re
         &[logits],
         move |g| {
             let g = g.materialize(&[])?;
-            let grad = Tensor::zeros(&b, &[n, c], DType::F32)?;
+            let grad = Tensor::for_write(&b, &[n, c], DType::F32)?;
             let kernel = b.compile(&gradient_program(n, c, label_dtype)?)?;
             b.launch(
                 &kernel,

@@ -28,6 +28,12 @@ impl<B: Backend> Tensor<B> {
         Tensor::zeros(self.backend(), shape, dtype)
     }
 
+    /// A fresh contiguous tensor on this tensor's device for a result that the next call
+    /// writes whole (contents unspecified until then; see [`Tensor::for_write`]).
+    pub(crate) fn new_output(&self, shape: &[usize], dtype: DType) -> Result<Self> {
+        Tensor::for_write(self.backend(), shape, dtype)
+    }
+
     /// Sums this gradient over the dimensions that broadcasting stretched, so that it has
     /// `shape` (the shape of the input it belongs to). Uses the backend's reduction, so no two
     /// threads add into one element.
@@ -47,7 +53,7 @@ impl<B: Backend> Tensor<B> {
             for &a in &axes {
                 keep[a] = 1;
             }
-            let out = self.new_zeros(&keep, self.dtype())?;
+            let out = self.new_output(&keep, self.dtype())?;
             self.backend()
                 .reduce(hal::ReduceOp::Sum, self.view(), &axes, out.view())?;
             out
@@ -62,7 +68,7 @@ impl<B: Backend> Tensor<B> {
             return Ok(self.clone());
         }
         let layout = self.layout().broadcast_to(shape)?;
-        let out = self.new_zeros(shape, self.dtype())?;
+        let out = self.new_output(shape, self.dtype())?;
         self.backend()
             .copy(hal::View::new(self.buffer(), &layout), out.view())?;
         Ok(out)
@@ -97,7 +103,7 @@ pub(crate) fn fused<B: Backend>(
     b.store(out_id, i, r);
     let program = b.build()?;
     let kernel = backend.compile(&program)?;
-    let out = Tensor::zeros(&backend, shape, dtype)?;
+    let out = Tensor::for_write(&backend, shape, dtype)?;
     let mut args: Vec<&B::Buffer> = dense.iter().map(|t| t.buffer()).collect();
     args.push(out.buffer());
     let n = hal::numel(shape);

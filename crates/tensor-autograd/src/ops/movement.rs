@@ -60,7 +60,7 @@ impl<B: Backend> Tensor<B> {
         if self.is_contiguous() {
             return Ok(self.clone());
         }
-        let out = self.new_zeros(self.shape(), self.dtype())?;
+        let out = self.new_output(self.shape(), self.dtype())?;
         self.backend().copy(self.view(), out.view())?;
         Ok(Tensor::from_op(out, "contiguous", &[self], |g| {
             Ok(vec![Some(g.clone())])
@@ -225,7 +225,7 @@ impl<B: Backend> Tensor<B> {
             shape[axis] += t.shape()[axis];
         }
         let dtype = first.dtype();
-        let out = first.new_zeros(&shape, dtype)?;
+        let out = first.new_output(&shape, dtype)?;
         let mut at = 0;
         let mut spans = Vec::with_capacity(tensors.len());
         for t in tensors {

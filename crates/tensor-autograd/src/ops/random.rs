@@ -17,7 +17,7 @@ impl<B: Backend> Tensor<B> {
         if p == 0.0 {
             return Ok(self.clone());
         }
-        let u = self.new_zeros(self.shape(), hal::DType::F32)?;
+        let u = self.new_output(self.shape(), hal::DType::F32)?;
         self.backend().random(
             u.view(),
             Distribution::Uniform {

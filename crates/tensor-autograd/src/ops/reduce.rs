@@ -44,7 +44,7 @@ impl<B: Backend> Tensor<B> {
             return Ok(self.clone());
         }
         let kept = self.kept_shape(&axes);
-        let out = self.new_zeros(&kept, self.dtype())?;
+        let out = self.new_output(&kept, self.dtype())?;
         self.backend().reduce(op, self.view(), &axes, out.view())?;
         let count: usize = axes.iter().map(|&a| self.shape()[a]).product();
         let in_shape = self.shape().to_vec();
@@ -103,7 +103,7 @@ impl<B: Backend> Tensor<B> {
     fn arg_reduce(&self, op: ArgReduceOp, axis: isize, keepdim: bool) -> Result<Self> {
         let axis = self.axis(axis)?;
         let kept = self.kept_shape(&[axis]);
-        let out = self.new_zeros(&kept, DType::U32)?;
+        let out = self.new_output(&kept, DType::U32)?;
         self.backend()
             .arg_reduce(op, self.view(), axis, out.view())?;
         if keepdim {
