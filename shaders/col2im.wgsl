@@ -33,6 +33,5 @@ fn kernel(t: u32) {
             acc = acc + ld1(cbase + i32((c * kh + i) * kw + j) * cs1 + i32(oy * ow + ox) * cs2);
         }
     }
-    st2(block_offset(0u) + i32(n) * block_stride(0u, 0u) + i32(c) * block_stride(0u, 1u)
-        + i32(y) * block_stride(0u, 2u) + i32(x) * block_stride(0u, 3u), acc);
+    st2(at4(0u, n, c, y, x), acc);
 }

@@ -1,5 +1,5 @@
 // im2col: out[n, c*kh*kw + i*kw + j, oy*ow + ox] = x[n, c, oy*sy + i*dy - py, ox*sx + j*dx - px]
-// (0 outside the image). Blocks: 0 out, 1 x (read by logical NCHW position).
+// (0 outside the image). Blocks: 0 out, 1 x (both indexed by coordinates and strides).
 // Scalars: 0 N, 1 C, 2 H, 3 W, 4 kh, 5 kw, 6-7 stride, 8-9 padding, 10-11 dilation, 12 oh, 13 ow.
 
 // @slot bindings
@@ -23,9 +23,7 @@ fn kernel(t: u32) {
     var v = 0.0;
     if (iy >= 0 && ix >= 0 && u32(iy) < H && u32(ix) < W) {
         // By coordinates and strides: `off` would divide once more per dimension.
-        v = ld1(block_offset(1u) + i32(n) * block_stride(1u, 0u) + i32(c) * block_stride(1u, 1u)
-            + iy * block_stride(1u, 2u) + ix * block_stride(1u, 3u));
+        v = ld1(at4(1u, n, c, u32(iy), u32(ix)));
     }
-    st2(block_offset(0u) + i32(n) * block_stride(0u, 0u) + i32(row) * block_stride(0u, 1u)
-        + i32(pos) * block_stride(0u, 2u), v);
+    st2(at3(0u, n, row, pos), v);
 }

@@ -42,6 +42,14 @@ fn block_stride(k: u32, d: u32) -> i32 {
     let base = pw(17u + k);
     return bitcast<i32>(pw(base + 2u + pw(base) + d));
 }
+// The element at coordinates (i0, i1, i2[, i3]) of rank-3 (rank-4) layout block `k`.
+fn at3(k: u32, i0: u32, i1: u32, i2: u32) -> i32 {
+    return block_offset(k) + i32(i0) * block_stride(k, 0u) + i32(i1) * block_stride(k, 1u)
+        + i32(i2) * block_stride(k, 2u);
+}
+fn at4(k: u32, i0: u32, i1: u32, i2: u32, i3: u32) -> i32 {
+    return at3(k, i0, i1, i2) + i32(i3) * block_stride(k, 3u);
+}
 
 // The element offset of row-major position `lin` in layout block `k`. Elementwise kernels
 // whose every operand is contiguous replace this with a base-plus-index version.

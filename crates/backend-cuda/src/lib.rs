@@ -1672,6 +1672,17 @@ impl Backend for CudaBackend {
     }
 }
 
+/// The expanded-distance twin of a reference-order short-row kernel (`nearest_short_*`), for
+/// batched searches outside `Precision::Reproducible`; `None` for the other kernels.
+fn expanded_short(kernel: &str) -> Option<&'static str> {
+    match kernel {
+        "nearest_short_4" => Some("nearest_short_expanded_4"),
+        "nearest_short_8" => Some("nearest_short_expanded_8"),
+        "nearest_short_16" => Some("nearest_short_expanded_16"),
+        _ => None,
+    }
+}
+
 /// The reference-order nearest-centroid kernel for `m` centroids of dimension `d`, and the
 /// points each block of 256 threads takes: rows of at most 4, 8 or 16 held in registers
 /// (`nearest_short_*`), otherwise tiles of 32, 8 or 1 centroids (each computing thread keeps
@@ -1720,19 +1731,11 @@ impl CudaBackend {
         }
         let (xb, xl) = self.as_f32(x)?;
         let (cb, cl) = self.as_f32(c)?;
-        let (kernel, points) = match ordered_kernel(m, d) {
-            // Outside Precision::Reproducible, short rows take the expanded distance.
-            ("nearest_short_4", p) if self.precision != Precision::Reproducible => {
-                ("nearest_short_expanded_4", p)
-            }
-            ("nearest_short_8", p) if self.precision != Precision::Reproducible => {
-                ("nearest_short_expanded_8", p)
-            }
-            ("nearest_short_16", p) if self.precision != Precision::Reproducible => {
-                ("nearest_short_expanded_16", p)
-            }
-            other => other,
-        };
+        let (mut kernel, points) = ordered_kernel(m, d);
+        if self.precision != Precision::Reproducible {
+            // Short rows take the expanded distance (same launch shape).
+            kernel = expanded_short(kernel).unwrap_or(kernel);
+        }
         let s = |l: &Layout, i: usize| l.strides[i] as i64;
         let args = Args::new()
             .arg(xb.ptr() + xl.offset as u64 * 4)

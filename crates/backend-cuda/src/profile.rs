@@ -15,7 +15,7 @@ use hal::profile::KernelTimes;
 
 /// Whether `HAL_CUDA_PROFILE` asks for profiling.
 pub(crate) fn requested() -> bool {
-    std::env::var("HAL_CUDA_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0")
+    hal::profile::requested("HAL_CUDA_PROFILE")
 }
 
 /// Launches timed before the events are read back whatever happens (bounds the events alive).
@@ -76,9 +76,7 @@ impl Profiler {
 
     /// The totals divided by `runs`, then cleared.
     pub(crate) fn take_report(&mut self, runs: usize) -> String {
-        let report = self.times.report("cuda", runs);
-        self.times.clear();
-        report
+        self.times.take_report("cuda", runs)
     }
 }
 

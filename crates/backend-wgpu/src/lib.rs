@@ -343,8 +343,8 @@ const SMALL_PRODUCT_TILES: usize = 256;
 
 /// Into how many slices of `k` a product of `tiles` output tiles splits (1: none): enough
 /// for about [`SMALL_PRODUCT_TILES`] workgroups, each slice at least [`MIN_SLICE_K`] long and
-/// all of one length (a divisor of `k`). A weight gradient of a convolution, 64 x 288 outputs
-/// over k = 30976, is 5 tiles: one workgroup a multiprocessor on a few of them.
+/// all of one length (a divisor of `k`). A small CNN's weight gradient, 64 x 288 outputs over
+/// k = 50176 (256 images of 14 x 14), is 5 tiles: one workgroup a multiprocessor on a few.
 fn k_slices(k: usize, tiles: usize) -> usize {
     let wanted = SMALL_PRODUCT_TILES.div_ceil(tiles.max(1));
     (2..=wanted.min(k / MIN_SLICE_K))
@@ -558,9 +558,9 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         if let Some(p) = &self.profiler {
-            let p = lock(p);
+            let mut p = lock(p);
             if !p.is_empty() {
-                eprint!("{}", p.report(1));
+                eprint!("{}", p.take_report(1));
             }
         }
     }
@@ -1689,8 +1689,7 @@ impl WgpuBackend {
         };
         self.synchronize()?;
         let mut p = lock(profiler);
-        let report = p.report(runs);
-        p.clear();
+        let report = p.take_report(runs);
         Ok(Some(report))
     }
 

@@ -17,7 +17,7 @@ const QUERIES: u32 = wgpu::QUERY_SET_MAX_QUERIES;
 
 /// Whether `HAL_WGPU_PROFILE` asks for profiling.
 pub(crate) fn requested() -> bool {
-    std::env::var("HAL_WGPU_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0")
+    hal::profile::requested("HAL_WGPU_PROFILE")
 }
 
 /// The query set, the names of the dispatches whose timestamps it holds, and the totals so
@@ -102,13 +102,9 @@ impl Profiler {
         self.times.is_empty()
     }
 
-    /// The totals divided by `runs` (see [`KernelTimes::report`]).
-    pub(crate) fn report(&self, runs: usize) -> String {
-        self.times.report("wgpu", runs)
-    }
-
-    /// Forgets the totals (the pending queries stay).
-    pub(crate) fn clear(&mut self) {
-        self.times.clear();
+    /// The totals divided by `runs` (see [`KernelTimes::report`]), then forgotten (the
+    /// pending queries stay).
+    pub(crate) fn take_report(&mut self, runs: usize) -> String {
+        self.times.take_report("wgpu", runs)
     }
 }

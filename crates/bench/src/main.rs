@@ -167,6 +167,10 @@ const WARM_UP_SECONDS: f64 = 0.5;
 type ProfileHook = Box<dyn Fn(usize) -> Option<String> + Send>;
 static PROFILE: std::sync::Mutex<Option<ProfileHook>> = std::sync::Mutex::new(None);
 
+fn set_profile_hook(hook: ProfileHook) {
+    *PROFILE.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+}
+
 fn take_profile(runs: usize) -> Option<String> {
     let hook = PROFILE.lock().unwrap_or_else(|p| p.into_inner());
     hook.as_ref().and_then(|h| h(runs))
@@ -224,7 +228,7 @@ fn main() -> ExitCode {
         "wgpu" => match backend_wgpu::WgpuBackend::with_options(args.wgpu_options) {
             Ok(gpu) => {
                 let profiled = gpu.clone();
-                *PROFILE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move |runs| {
+                set_profile_hook(Box::new(move |runs| {
                     profiled.take_profile(runs).ok().flatten()
                 }));
                 let tile = backend_wgpu::tile_shape();
@@ -253,7 +257,7 @@ fn main() -> ExitCode {
         "cuda" => match backend_cuda::CudaBackend::new() {
             Ok(gpu) => {
                 let profiled = gpu.clone();
-                *PROFILE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move |runs| {
+                set_profile_hook(Box::new(move |runs| {
                     profiled.take_profile(runs).ok().flatten()
                 }));
                 let copy = |src: &backend_cuda::CudaBuffer, dst: &backend_cuda::CudaBuffer| {

@@ -4,6 +4,11 @@
 
 use std::collections::HashMap;
 
+/// Whether the environment variable `var` asks for profiling (set, not empty, not `0`).
+pub fn requested(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
 #[derive(Default, Clone, Copy)]
 struct Total {
     launches: u64,
@@ -42,6 +47,13 @@ impl KernelTimes {
     pub fn clear(&mut self) {
         self.totals.clear();
         self.span_ns = 0.0;
+    }
+
+    /// [`KernelTimes::report`], then [`KernelTimes::clear`].
+    pub fn take_report(&mut self, backend: &str, runs: usize) -> String {
+        let report = self.report(backend, runs);
+        self.clear();
+        report
     }
 
     /// The totals divided by `runs` (the runs of some work they cover), heaviest first, as

@@ -170,12 +170,7 @@ impl<B: Backend> Tensor<B> {
     /// NCHW patches unfolded into columns `[N, C*kh*kw, oh*ow]` (the backend's `im2col`); the
     /// backward folds them back with `col2im`.
     pub fn im2col(&self, geometry: Conv2dGeometry) -> Result<Self> {
-        let Some(cols) = geometry.cols_shape() else {
-            return Err(invalid(
-                "im2col",
-                format!("the kernel does not fit the padded input: {geometry:?}"),
-            ));
-        };
+        let cols = cols_shape(&geometry)?;
         let out = self.new_output(&cols, self.dtype())?;
         self.backend().im2col(self.view(), &geometry, out.view())?;
         Ok(Tensor::from_op(out, "im2col", &[self], move |g| {
@@ -190,15 +185,7 @@ impl<B: Backend> Tensor<B> {
     /// whole batch is then one matrix product, and so is its weight gradient, where the
     /// `[N, C*kh*kw, oh*ow]` columns need a product per image and a sum over the batch.
     fn im2col_matrix(&self, geometry: Conv2dGeometry) -> Result<Self> {
-        let Some(cols) = geometry.cols_shape() else {
-            return Err(invalid(
-                "im2col",
-                format!("the kernel does not fit the padded input: {geometry:?}"),
-            ));
-        };
-        let [n, k, l] = cols[..] else {
-            unreachable!("the columns shape has rank 3")
-        };
+        let [n, k, l] = cols_shape(&geometry)?;
         // The `[N, C*kh*kw, oh*ow]` view of a `[C*kh*kw, N, oh*ow]` matrix at `offset`.
         let as_cols = move |offset: usize| Layout {
             shape: vec![n, k, l],
@@ -378,6 +365,17 @@ impl<B: Backend> Tensor<B> {
         let (cols, shape) = self.pool_columns("avg_pool2d", kernel, stride, padding, 0.0)?;
         cols.mean(&[1], false)?.reshape(&shape)
     }
+}
+
+/// The columns shape `[N, C*kh*kw, oh*ow]` of `geometry`, or the error of a kernel that does
+/// not fit the padded input.
+fn cols_shape(geometry: &Conv2dGeometry) -> Result<[usize; 3]> {
+    geometry.cols_shape().ok_or_else(|| {
+        invalid(
+            "im2col",
+            format!("the kernel does not fit the padded input: {geometry:?}"),
+        )
+    })
 }
 
 /// The result of a product with inner dimension `k`: written whole by `matmul` (beta 0), so
