@@ -80,24 +80,33 @@ extern "C" __global__ void im2col_kernel(Geo g, const void* x, int xdt, void* ou
     }
 }
 
-// The divisors of im2col_kernel32: oh*ow, c*kh*kw, kw, kh, ow.
+// The divisors of im2col_kernel32: oh*ow, c, ow.
 struct Im2colDivs {
-    FastDiv ohw, rows, kw, kh, ow;
+    FastDiv ohw, c, ow;
 };
+// A thread per (image, channel, output position), writing that position's kh*kw column entries
+// (a quotient per entry cost the LeNet bench's second convolution ~70 us on an H200).
 extern "C" __global__ void im2col_kernel32(Geo g, Im2colDivs v, const void* x, int xdt, void* out, int odt) {
-    const u32 total = (u32)(g.n * g.c * g.kh * g.kw * g.oh * g.ow);
+    const u32 total = (u32)(g.n * g.c * g.oh * g.ow);
+    const int kh = (int)g.kh, kw = (int)g.kw, h = (int)g.h, w = (int)g.w;
     for (u32 t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
         const u32 q = fast_div(v.ohw, t), p = t - q * v.ohw.d;
-        const u32 b = fast_div(v.rows, q), row = q - b * v.rows.d;
-        const u32 r2 = fast_div(v.kw, row), j = row - r2 * v.kw.d;
-        const u32 ch = fast_div(v.kh, r2), i = r2 - ch * v.kh.d;
+        const u32 b = fast_div(v.c, q), ch = q - b * v.c.d;
         const u32 oy = fast_div(v.ow, p), ox = p - oy * v.ow.d;
-        const i64 y = (i64)oy * g.sh - g.ph + (i64)i * g.dh, xx = (i64)ox * g.sw - g.pw + (i64)j * g.dw;
-        const i64 oi = g.coff + (i64)b * g.cs[0] + (i64)row * g.cs[1] + (i64)p * g.cs[2];
-        if (y >= 0 && y < g.h && xx >= 0 && xx < g.w) {
-            move_element(out, odt, oi, x, xdt, g.xoff + (i64)b * g.xs[0] + (i64)ch * g.xs[1] + y * g.xs[2] + xx * g.xs[3]);
-        } else {
-            store_f(out, odt, oi, 0.0f);
+        const i64 xbase = g.xoff + (i64)b * g.xs[0] + (i64)ch * g.xs[1];
+        i64 oi = g.coff + (i64)b * g.cs[0] + (i64)ch * (kh * kw) * g.cs[1] + (i64)p * g.cs[2];
+        const int y0 = (int)oy * (int)g.sh - (int)g.ph, x0 = (int)ox * (int)g.sw - (int)g.pw;
+        for (int i = 0; i < kh; ++i) {
+            const int y = y0 + i * (int)g.dh;
+            const bool row_inside = y >= 0 && y < h;
+            for (int j = 0; j < kw; ++j, oi += g.cs[1]) {
+                const int xx = x0 + j * (int)g.dw;
+                if (row_inside && xx >= 0 && xx < w) {
+                    move_element(out, odt, oi, x, xdt, xbase + (i64)y * g.xs[2] + (i64)xx * g.xs[3]);
+                } else {
+                    store_f(out, odt, oi, 0.0f);
+                }
+            }
         }
     }
 }
@@ -140,6 +149,21 @@ extern "C" __global__ void col2im_kernel32(Geo g, Col2imDivs v, const void* cols
         const u32 q2 = fast_div(v.h, q), y = q - q2 * v.h.d;
         const u32 b = fast_div(v.c, q2), ch = q2 - b * v.c.d;
         float sum = 0.0f;
+        const i64 cbase = g.coff + (i64)b * g.cs[0] + (i64)ch * (kh * kw) * g.cs[1];
+        if (g.sh == 1 && g.sw == 1) {
+            // Stride 1 (the common case): the window's output positions need no quotients.
+            for (int i = 0; i < kh; ++i) {
+                const int oy = (int)y + ph - i * dh;
+                if (oy < 0 || oy >= (int)oh) continue;
+                for (int j = 0; j < kw; ++j) {
+                    const int ox = (int)xx + pw - j * dw;
+                    if (ox < 0 || ox >= (int)ow) continue;
+                    sum += load_f(cols, cdt, cbase + (i64)(i * kw + j) * g.cs[1] + ((i64)oy * ow + ox) * g.cs[2]);
+                }
+            }
+            store_f(out, odt, g.xoff + (i64)b * g.xs[0] + (i64)ch * g.xs[1] + (i64)y * g.xs[2] + (i64)xx * g.xs[3], sum);
+            continue;
+        }
         for (int i = 0; i < kh; ++i) {
             const int ty = (int)y + ph - i * dh;
             if (ty < 0) continue;

@@ -152,9 +152,7 @@ impl FastDiv {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Im2colDivs {
     pub ohw: FastDiv,
-    pub rows: FastDiv,
-    pub kw: FastDiv,
-    pub kh: FastDiv,
+    pub c: FastDiv,
     pub ow: FastDiv,
 }
 

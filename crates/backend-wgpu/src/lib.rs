@@ -1240,6 +1240,40 @@ impl WgpuBackend {
         }
     }
 
+    /// The product routed to a kernel: split k for long products over few tiles, the
+    /// cooperative-matrix kernel where it applies, else the f32 tile or dot-product kernel.
+    fn matmul_routed(
+        &self,
+        [a, b, out]: [V<'_>; 3],
+        [am, bm, om]: [&validate::MatrixView; 3],
+        alpha: f32,
+        beta: f32,
+    ) -> Result<()> {
+        let tile = gemm_tile(om.rows, om.cols, om.batch);
+        let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
+        let thin = om.rows.min(om.cols) <= DOT_THIN;
+        let slices = match thin || beta != 0.0 || om.batch != 1 || tile_only() {
+            true => 1,
+            false => k_slices(am.cols, tiles),
+        };
+        let dot = slices == 1
+            && (thin || tiles < DOT_BELOW_TILES)
+            && am.cols >= DOT_FROM_K
+            && am.strides[2] == 1
+            && bm.strides[1] == 1
+            && !tile_only();
+        // Long products over few tiles go to the split tile kernel even under
+        // Precision::Fast: the cooperative-matrix kernel does not split k, and on an H200 it
+        // took 1.4 ms per product on a small CNN's weight gradients (k up to 200704).
+        if slices > 1 {
+            return self.matmul_split_k([a, b, out], [am, bm, om], alpha, slices);
+        }
+        if !dot && self.matmul_coop([a, b, out], [am, bm, om], alpha, beta)? {
+            return Ok(());
+        }
+        self.matmul_f32([a, b, out], [am, bm, om], alpha, beta, dot, None)
+    }
+
     /// A product of one `rows x cols` output over a long `k` as `slices` products over
     /// `k / slices` each (a batch, so the tile kernel runs `slices` times as many workgroups),
     /// written to a scratch `[slices, rows, cols]` and summed in slice order into `out`
@@ -2692,6 +2726,8 @@ impl Backend for WgpuBackend {
 
     fn fill(&self, out: V<'_>, value: f64) -> Result<()> {
         validate::fill(out)?;
+        let (ol, []) = hal::in_memory_order(out.layout, []);
+        let out = View::new(out.buffer, &ol);
         let dt = out.dtype();
         let spec = Spec::new("fill.wgsl")
             .bindings(vec![(dt, Access::Write)])
@@ -2705,6 +2741,8 @@ impl Backend for WgpuBackend {
 
     fn copy(&self, src: V<'_>, out: V<'_>) -> Result<()> {
         validate::copy(src, out)?;
+        let (ol, [sl]) = hal::in_memory_order(out.layout, [src.layout]);
+        let (src, out) = (View::new(src.buffer, &sl), View::new(out.buffer, &ol));
         let (a, b) = (src.dtype(), out.dtype());
         let convert = match (a, b) {
             _ if a == b => "stbits2(dst, bits1(src));",
@@ -2730,6 +2768,8 @@ impl Backend for WgpuBackend {
 
     fn unary(&self, op: UnaryOp, x: V<'_>, out: V<'_>) -> Result<()> {
         let xl = validate::unary(x, out)?;
+        let (ol, [xl]) = hal::in_memory_order(out.layout, [&xl]);
+        let out = View::new(out.buffer, &ol);
         let mut p = Params::default().block(out.layout).block(&xl);
         match op {
             UnaryOp::LeakyRelu { slope } => p = p.f(0, slope),
@@ -2753,6 +2793,8 @@ impl Backend for WgpuBackend {
 
     fn binary(&self, op: BinaryOp, a: V<'_>, b: V<'_>, out: V<'_>) -> Result<()> {
         let (al, bl) = validate::binary(a, b, out)?;
+        let (ol, [al, bl]) = hal::in_memory_order(out.layout, [&al, &bl]);
+        let out = View::new(out.buffer, &ol);
         let (da, db, dout) = (a.dtype(), b.dtype(), out.dtype());
         // f32 arithmetic on contiguous operands that start and end on 16-byte boundaries: four
         // elements per load and store, so enough bytes are in flight to reach bandwidth.
@@ -2805,6 +2847,8 @@ impl Backend for WgpuBackend {
 
     fn ternary(&self, op: TernaryOp, a: V<'_>, b: V<'_>, c: V<'_>, out: V<'_>) -> Result<()> {
         let [al, bl, cl] = validate::ternary(a, b, c, out)?;
+        let (ol, [al, bl, cl]) = hal::in_memory_order(out.layout, [&al, &bl, &cl]);
+        let out = View::new(out.buffer, &ol);
         let dts = [a.dtype(), b.dtype(), c.dtype(), out.dtype()];
         let expr = match op {
             TernaryOp::Where => "select(z, y, x != 0.0)",
@@ -2873,29 +2917,17 @@ impl Backend for WgpuBackend {
         if om.batch == 0 || om.rows == 0 || om.cols == 0 {
             return Ok(());
         }
-        let tile = gemm_tile(om.rows, om.cols, om.batch);
-        let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
-        let thin = om.rows.min(om.cols) <= DOT_THIN;
-        let slices = match thin || beta != 0.0 || om.batch != 1 || tile_only() {
-            true => 1,
-            false => k_slices(am.cols, tiles),
+        let Some(profiler) = &self.0.profiler else {
+            return self.matmul_routed([a, b, out], [&am, &bm, &om], alpha, beta);
         };
-        let dot = slices == 1
-            && (thin || tiles < DOT_BELOW_TILES)
-            && am.cols >= DOT_FROM_K
-            && am.strides[2] == 1
-            && bm.strides[1] == 1
-            && !tile_only();
-        // Long products over few tiles go to the split tile kernel even under
-        // Precision::Fast: the cooperative-matrix kernel does not split k, and on an H200 it
-        // took 1.4 ms per product on a small CNN's weight gradients (k up to 200704).
-        if slices > 1 {
-            return self.matmul_split_k([a, b, out], [&am, &bm, &om], alpha, slices);
-        }
-        if !dot && self.matmul_coop([a, b, out], [&am, &bm, &om], alpha, beta)? {
-            return Ok(());
-        }
-        self.matmul_f32([a, b, out], [&am, &bm, &om], alpha, beta, dot, None)
+        // Profiles file a product's dispatches under its shape.
+        lock(profiler).set_label(Some(format!(
+            "gemm {}x{}x{} batch {}",
+            om.rows, om.cols, am.cols, om.batch
+        )));
+        let result = self.matmul_routed([a, b, out], [&am, &bm, &om], alpha, beta);
+        lock(profiler).set_label(None);
+        result
     }
 
     fn spmv_csr(

@@ -30,6 +30,9 @@ pub(crate) struct Profiler {
     /// Kernel name of the dispatch at query pair `i`.
     pending: Vec<String>,
     times: KernelTimes,
+    /// What the dispatches of the current call are filed under, with their kernel file (a
+    /// product names its shape, as the CUDA profile does).
+    label: Option<String>,
 }
 
 impl Profiler {
@@ -49,7 +52,14 @@ impl Profiler {
             period: queue.get_timestamp_period() as f64,
             pending: Vec::new(),
             times: KernelTimes::default(),
+            label: None,
         }
+    }
+
+    /// Files the following dispatches under `label` (with their kernel file) until it is
+    /// set again; `None` goes back to the kernel file alone.
+    pub(crate) fn set_label(&mut self, label: Option<String>) {
+        self.label = label;
     }
 
     /// Whether another dispatch's pair of queries fits before a read-back.
@@ -60,7 +70,10 @@ impl Profiler {
     /// The timestamp writes for the next dispatch, named `name`.
     pub(crate) fn next(&mut self, name: &str) -> wgpu::ComputePassTimestampWrites<'_> {
         let i = self.pending.len() as u32;
-        self.pending.push(name.to_string());
+        self.pending.push(match &self.label {
+            Some(label) => format!("{label} ({name})"),
+            None => name.to_string(),
+        });
         wgpu::ComputePassTimestampWrites {
             query_set: &self.queries,
             beginning_of_pass_write_index: Some(2 * i),

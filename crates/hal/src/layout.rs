@@ -15,6 +15,19 @@ pub struct Layout {
     pub offset: usize,
 }
 
+/// `out` and the operands' layouts with their dimensions in `out`'s memory order
+/// ([`Layout::memory_order`]), for elementwise primitives, which may visit elements in any
+/// order: a permuted dense output, with operands laid out alike, then walks (and vectorises)
+/// as a contiguous one. The operands must have `out`'s rank (broadcast to its shape).
+pub fn in_memory_order<const K: usize>(
+    out: &Layout,
+    operands: [&Layout; K],
+) -> (Layout, [Layout; K]) {
+    let order = out.memory_order();
+    let permuted = |l: &Layout| l.permute(&order).expect("a permutation of the same rank");
+    (permuted(out), operands.map(permuted))
+}
+
 /// Row-major strides of a contiguous tensor of `shape`.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     let mut strides = vec![0isize; shape.len()];
@@ -146,6 +159,27 @@ impl Layout {
                 ),
             }),
         }
+    }
+
+    /// The dimension order that walks this view through memory: by descending stride
+    /// magnitude, ties (and size-1 dimensions, last) in their own order; `0..rank` for a
+    /// row-major view. Elementwise work may visit elements in any order; walking every operand
+    /// in the output's memory order turns a permuted dense output (the NCHW view of a
+    /// convolution's channel-major result) into a contiguous walk.
+    pub fn memory_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.rank()).collect();
+        if self.is_contiguous() {
+            return order;
+        }
+        order.sort_by_key(|&d| {
+            let magnitude = if self.shape[d] == 1 {
+                0
+            } else {
+                self.strides[d].unsigned_abs()
+            };
+            std::cmp::Reverse(magnitude)
+        });
+        order
     }
 
     /// Reorders the dimensions: dimension `i` of the result is dimension `perm[i]` of `self`.
@@ -328,6 +362,18 @@ impl Layout {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn memory_order_walks_a_permuted_dense_view_contiguously() {
+        let base = Layout::contiguous(&[4, 3, 5, 1]);
+        assert_eq!(base.memory_order(), vec![0, 1, 2, 3]);
+        let nchw = base.permute(&[1, 0, 3, 2]).unwrap();
+        let order = nchw.memory_order();
+        assert_eq!(order, vec![1, 0, 3, 2]);
+        assert!(nchw.permute(&order).unwrap().is_contiguous());
+        let flipped = base.flip(1).unwrap().permute(&[2, 0, 1, 3]).unwrap();
+        assert_eq!(flipped.memory_order(), vec![1, 2, 0, 3]);
+    }
+
     use super::*;
 
     #[test]

@@ -54,7 +54,7 @@ pub use backend::{
 pub use device::{Capabilities, DeviceInfo, DeviceKind};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use layout::{Layout, broadcast_shapes, contiguous_strides, numel};
+pub use layout::{Layout, broadcast_shapes, contiguous_strides, in_memory_order, numel};
 pub use ops::{
     AdamParams, ArgReduceOp, BinaryOp, Conv2dGeometry, Distribution, ReduceOp, SgdParams,
     TernaryOp, UnaryOp, erf_f32,

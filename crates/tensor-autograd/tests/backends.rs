@@ -136,9 +136,11 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
         },
     );
     run("pools", &[(&[2, 3, 9, 7], Tr)], &|v| {
+        // Overlapping and padded windows (im2col), then tiling ones (the direct kernels).
         v[0].max_pool2d((3, 2), (2, 2), (1, 0))?
             .sum_all()?
-            .add(&v[0].avg_pool2d((2, 2), (2, 2), (1, 1))?.sum_all()?)
+            .add(&v[0].avg_pool2d((2, 2), (2, 2), (1, 1))?.sum_all()?)?
+            .add(&v[0].max_pool2d((2, 2), (2, 2), (0, 0))?.exp()?.sum_all()?)
     });
     let it = Tensor::from_elements(dev, &index, &[9]).unwrap();
     let ct = Tensor::from_elements(dev, &classes, &[9]).unwrap();

@@ -19,7 +19,7 @@ impl<B: Backend> Tensor<B> {
                 format!("{op:?} needs a float tensor, got {}", self.dtype()),
             ));
         }
-        let out = self.new_output(self.shape(), self.dtype())?;
+        let out = self.new_output_like(self.dtype())?;
         self.backend().unary(op, self.view(), out.view())?;
         let x = self.clone();
         let y = out.detach();
@@ -108,7 +108,15 @@ impl<B: Backend> Tensor<B> {
     pub fn binary(&self, op: BinaryOp, other: &Self) -> Result<Self> {
         let shape = hal::broadcast_shapes(op_name(op), self.shape(), other.shape())?;
         let dtype = promote(self.dtype(), other.dtype());
-        let out = self.new_output(&shape, dtype)?;
+        // The result follows the memory order of an operand of its shape (see
+        // `Tensor::new_output_like`).
+        let out = if self.shape() == shape.as_slice() {
+            self.new_output_like(dtype)?
+        } else if other.shape() == shape.as_slice() {
+            other.new_output_like(dtype)?
+        } else {
+            self.new_output(&shape, dtype)?
+        };
         self.backend()
             .binary(op, self.view(), other.view(), out.view())?;
         if op.is_comparison() {

@@ -1,5 +1,5 @@
-//! Batched matrix products, 2-D convolution by im2col + matmul, and max / average pooling by
-//! im2col + a reduction. Transposes in the backward passes are views: the backends' matmul
+//! Batched matrix products and 2-D convolution by im2col + matmul (pooling is in `pool.rs`).
+//! Transposes in the backward passes are views: the backends' matmul
 //! takes any strides, so no operand is copied to be transposed.
 
 use crate::error::{Result, invalid, shape_error};
@@ -205,7 +205,7 @@ impl<B: Backend> Tensor<B> {
         }))
     }
 
-    fn geometry(
+    pub(super) fn geometry(
         &self,
         op: &'static str,
         kernel: (usize, usize),
@@ -300,76 +300,11 @@ impl<B: Backend> Tensor<B> {
             None => Ok(y),
         }
     }
-
-    /// Pooling windows of every channel as columns `[N*C, kh*kw, oh*ow]`, padded with `pad`.
-    fn pool_columns(
-        &self,
-        op: &'static str,
-        kernel: (usize, usize),
-        stride: (usize, usize),
-        padding: (usize, usize),
-        pad: f32,
-    ) -> Result<(Self, [usize; 4])> {
-        let options = Conv2dOptions {
-            stride,
-            padding: (0, 0),
-            dilation: (1, 1),
-            groups: 1,
-            precision: Precision::Exact,
-        };
-        let s = self.geometry(op, kernel, &options)?;
-        let planes = self.reshape(&[s.batch * s.channels, 1, s.height, s.width])?;
-        let planes = if padding == (0, 0) {
-            planes
-        } else {
-            planes.pad(
-                &[
-                    (0, 0),
-                    (0, 0),
-                    (padding.0, padding.0),
-                    (padding.1, padding.1),
-                ],
-                pad,
-            )?
-        };
-        let g = planes.geometry(op, kernel, &options)?;
-        let (oh, ow) = g.output_size().ok_or_else(|| {
-            invalid(
-                op,
-                format!("the window does not fit the padded input: {g:?}"),
-            )
-        })?;
-        Ok((planes.im2col(g)?, [s.batch, s.channels, oh, ow]))
-    }
-
-    /// Max pooling over `kernel` windows (padding counts as -infinity).
-    pub fn max_pool2d(
-        &self,
-        kernel: (usize, usize),
-        stride: (usize, usize),
-        padding: (usize, usize),
-    ) -> Result<Self> {
-        let (cols, shape) =
-            self.pool_columns("max_pool2d", kernel, stride, padding, f32::NEG_INFINITY)?;
-        cols.max(1, false)?.reshape(&shape)
-    }
-
-    /// Average pooling over `kernel` windows (padding counts as zeros in the average, PyTorch's
-    /// `count_include_pad=True`).
-    pub fn avg_pool2d(
-        &self,
-        kernel: (usize, usize),
-        stride: (usize, usize),
-        padding: (usize, usize),
-    ) -> Result<Self> {
-        let (cols, shape) = self.pool_columns("avg_pool2d", kernel, stride, padding, 0.0)?;
-        cols.mean(&[1], false)?.reshape(&shape)
-    }
 }
 
 /// The columns shape `[N, C*kh*kw, oh*ow]` of `geometry`, or the error of a kernel that does
 /// not fit the padded input.
-fn cols_shape(geometry: &Conv2dGeometry) -> Result<[usize; 3]> {
+pub(super) fn cols_shape(geometry: &Conv2dGeometry) -> Result<[usize; 3]> {
     geometry.cols_shape().ok_or_else(|| {
         invalid(
             "im2col",

@@ -7,6 +7,7 @@ mod index;
 mod linalg;
 mod loss;
 mod movement;
+mod pool;
 mod random;
 mod reduce;
 
@@ -15,7 +16,7 @@ pub use linalg::Conv2dOptions;
 use crate::error::Result;
 use crate::tensor::Tensor;
 use hal::ir::{Access, ProgramBuilder, Value};
-use hal::{Backend, DType};
+use hal::{Backend, DType, DeviceBuffer, Layout};
 
 /// The dtype of an operation's result on two operands: their common dtype, else f32.
 pub(crate) fn promote(a: DType, b: DType) -> DType {
@@ -32,6 +33,57 @@ impl<B: Backend> Tensor<B> {
     /// writes whole (contents unspecified until then; see [`Tensor::for_write`]).
     pub(crate) fn new_output(&self, shape: &[usize], dtype: DType) -> Result<Self> {
         Tensor::for_write(self.backend(), shape, dtype)
+    }
+
+    /// This tensor's layout where it covers its whole buffer from element 0 in some order of
+    /// its dimensions (row-major, or permuted: the NCHW view of a convolution's channel-major
+    /// result), else `None`.
+    pub(crate) fn dense_layout(&self) -> Option<Layout> {
+        let l = self.layout();
+        if l.offset != 0 || self.buffer().len() != self.numel() || self.numel() == 0 {
+            return None;
+        }
+        let order = l.memory_order();
+        let mut expected = 1isize;
+        for &d in order.iter().rev() {
+            if l.shape[d] != 1 && l.strides[d] != expected {
+                return None;
+            }
+            expected *= l.shape[d] as isize;
+        }
+        Some(l.clone())
+    }
+
+    /// A fresh tensor of this tensor's shape for a result the next call writes whole, laid out
+    /// in this tensor's memory order where it is dense in one ([`Tensor::dense_layout`]), else
+    /// row-major. Elementwise results follow their input's order, as PyTorch's do, so that a
+    /// chain of them over a permuted tensor neither transposes nor copies, and its gradient
+    /// comes back in the same order.
+    pub(crate) fn new_output_like(&self, dtype: DType) -> Result<Self> {
+        match self.dense_layout() {
+            Some(layout) if !layout.is_contiguous() => {
+                let buffer = self.backend().alloc_for_write(dtype, self.numel())?;
+                Ok(Tensor::from_parts(self.backend(), buffer, layout))
+            }
+            _ => self.new_output(self.shape(), dtype),
+        }
+    }
+
+    /// This tensor broadcast to `layout`'s shape and stored in `layout` (a dense layout over a
+    /// fresh buffer), or itself where it is stored so already.
+    fn stored_as(&self, layout: &Layout) -> Result<Self> {
+        if self.layout() == layout && self.buffer().len() == layout.numel() {
+            return Ok(self.clone());
+        }
+        let source = self.layout().broadcast_to(&layout.shape)?;
+        let buffer = self
+            .backend()
+            .alloc_for_write(self.dtype(), layout.numel())?;
+        self.backend().copy(
+            hal::View::new(self.buffer(), &source),
+            hal::View::new(&buffer, layout),
+        )?;
+        Ok(Tensor::from_parts(self.backend(), buffer, layout.clone()))
     }
 
     /// Sums this gradient over the dimensions that broadcasting stretched, so that it has
@@ -77,8 +129,11 @@ impl<B: Backend> Tensor<B> {
 
 /// A fused elementwise kernel through the scalar program IR: `inputs` are broadcast to
 /// `shape`, each loaded at the launch index, and `body` computes the output from the loaded
-/// values. The program is rebuilt per call (a few instructions) and compiled once per backend,
-/// which caches kernels by structural hash. No history is recorded.
+/// values. Operands and output share one dense layout: the first full-shape input's where it
+/// is dense in some order (see [`Tensor::new_output_like`]), else row-major; operands stored
+/// otherwise are copied into it first. The program is rebuilt per call (a few instructions)
+/// and compiled once per backend, which caches kernels by structural hash. No history is
+/// recorded.
 pub(crate) fn fused<B: Backend>(
     name: &str,
     inputs: &[&Tensor<B>],
@@ -87,9 +142,14 @@ pub(crate) fn fused<B: Backend>(
     body: impl FnOnce(&mut ProgramBuilder, &[Value]) -> Value,
 ) -> Result<Tensor<B>> {
     let backend = inputs[0].backend().clone();
+    let layout = inputs
+        .iter()
+        .filter(|t| t.shape() == shape)
+        .find_map(|t| t.dense_layout())
+        .unwrap_or_else(|| Layout::contiguous(shape));
     let dense: Vec<Tensor<B>> = inputs
         .iter()
-        .map(|t| t.materialize(shape))
+        .map(|t| t.stored_as(&layout))
         .collect::<Result<_>>()?;
     let mut b = ProgramBuilder::new(name);
     let ids: Vec<_> = dense
@@ -103,7 +163,11 @@ pub(crate) fn fused<B: Backend>(
     b.store(out_id, i, r);
     let program = b.build()?;
     let kernel = backend.compile(&program)?;
-    let out = Tensor::for_write(&backend, shape, dtype)?;
+    let out = Tensor::from_parts(
+        &backend,
+        backend.alloc_for_write(dtype, layout.numel())?,
+        layout,
+    );
     let mut args: Vec<&B::Buffer> = dense.iter().map(|t| t.buffer()).collect();
     args.push(out.buffer());
     let n = hal::numel(shape);
