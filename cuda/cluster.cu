@@ -4,10 +4,18 @@
 // distance is then recomputed directly as sum_k (x_k - c_k)^2.
 #include "common.cuh"
 
-// norms[j] = sum_k c[j, k]^2.
-extern "C" __global__ void row_norms(const float* c, i64 m, i64 d, i64 rs, i64 cs, float* norms) {
+// norms[j] = sum_k c[j, k]^2 for j < m, and NaN (all-ones bits) for the padding rows
+// m <= j < padded, which no score can win with. Also sets the `clear_words` words at `clear`
+// to 0: the scales that the absmax passes after it raise (one launch fewer than a memset).
+extern "C" __global__ void row_norms(const float* c, i64 m, i64 d, i64 rs, i64 cs, float* norms, i64 padded, u32* clear,
+                                     int clear_words) {
+    if (blockIdx.x == 0 && (int)threadIdx.x < clear_words) clear[threadIdx.x] = 0u;
     i64 warps = ((i64)gridDim.x * blockDim.x) / 32;
-    for (i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32; j < m; j += warps) {
+    for (i64 j = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32; j < padded; j += warps) {
+        if (j >= m) {
+            if ((threadIdx.x & 31) == 0) norms[j] = __uint_as_float(0xffffffffu);
+            continue;
+        }
         float acc = 0.0f;
         for (i64 k = threadIdx.x & 31; k < d; k += 32) {
             float v = c[j * rs + k * cs];

@@ -592,7 +592,7 @@ static_assert(SCAN_THREADS == 1024, "segment_scan: warp 0 scans one warp total p
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
     segment_scan(const void* x, int xdt, i64 xoff, i64 xs0, i64 xs1, const void* wts, int wdt, i64 woff, i64 ws,
                  int has_w, const u32* seg, i64 n, i64 d, void* sums, int sdt, i64 soff, i64 ss0, i64 ss1,
-                 void* counts, int cdt, i64 coff, i64 cs, const u32* verdict, int runs) {
+                 void* counts, int cdt, i64 coff, i64 cs, const u32* verdict, int runs, u32* fault, u32 fault_op) {
     extern __shared__ float acc[];
     float* comp = acc + d + 1;
     __shared__ u32 list[SCAN_LIST];
@@ -600,9 +600,12 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
     __shared__ int round_total;
     __shared__ float tile_x[SCAN_TILE];
     __shared__ float tile_w[SCAN_TILE_ROWS];
-    if (*verdict) return;
+    if (verdict && *verdict) return;
     const u32 s = blockIdx.x;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    // Every block reads every id, so it checks them itself (no separate check launch): an id
+    // past the last segment (gridDim.x) is reported, and no block writes its sums.
+    bool bad = false;
     for (i64 k = t; k <= d; k += SCAN_THREADS) {
         acc[k] = 0.0f;
         if (runs) comp[k] = 0.0f;
@@ -619,6 +622,10 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
         if (ahead + 1 < n) next1 = seg[ahead + 1];
         const bool hit0 = i0 < n && id0 == s;
         const bool hit1 = i0 + 1 < n && id1 == s;
+        if ((i0 < n && id0 >= gridDim.x) || (i0 + 1 < n && id1 >= gridDim.x)) {
+            bad = true;
+            if (fault) report_fault(fault, id0 >= gridDim.x ? id0 : id1, gridDim.x, fault_op);
+        }
         // Places in the list: the hits of the lanes below within the warp (ballots), after
         // those of the warps below (warp 0 scans the warps' totals once; every thread walking
         // all 32 totals made the scan compute-bound).
@@ -715,6 +722,7 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
             __syncthreads();
         }
     }
+    if (__syncthreads_or(bad)) return;
     for (i64 k = t; k <= d; k += SCAN_THREADS) {
         if (k < d)
             store_f(sums, sdt, soff + s * ss0 + k * ss1, acc[k]);

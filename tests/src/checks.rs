@@ -954,12 +954,14 @@ fn matmul<B: Backend>(s: &mut Suite<'_, B>) {
         [3, 7, 0, 7],
         [1, 0, 5, 3],
         [2, 65, 130, 33],
-        // Long k over few output tiles: backends may split k (wgpu does, under beta 0).
+        // Long k over few output tiles: backends may split k (wgpu does, under beta 0), and
+        // a thin output's slices may be dot products (wgpu's at most 16 wide).
         [1, 33, 1040, 65],
+        [1, 12, 2080, 40],
         // Wide on both sides: where f32 products may take matrix units under Precision::Fast.
         [1, 1040, 130, 1100],
     ];
-    while cases.len() < s.cfg.cases + 6 {
+    while cases.len() < s.cfg.cases + 7 {
         let r = s.rng();
         cases.push([
             1 + r.below(3),

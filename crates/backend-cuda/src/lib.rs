@@ -1238,13 +1238,6 @@ impl Backend for CudaBackend {
         if m < FEW_CENTROIDS {
             return self.dev.launch("nearest_few", n * 32, outputs(both()));
         }
-        // The norms padded to whole tiles of 128 with NaN (all-ones bits), which the held
-        // kernels copy with each tile and which no score can win with.
-        let norms = self.new_buffer(DType::F32, m.next_multiple_of(128))?;
-        self.dev
-            .memset(norms.ptr(), 0xff, m.next_multiple_of(128) * 4)?;
-        self.dev
-            .launch("row_norms", m * 32, matrix(&cb, &cl, m).arg(norms.ptr()))?;
         // Tensor cores where the rows are contiguous and 16-byte aligned: f16 under
         // Precision::Fast (operands scaled by powers of two into f16's range, measured first);
         // otherwise three passes over operands split into high and low parts (f16 ones, scaled
@@ -1265,11 +1258,24 @@ impl Backend for CudaBackend {
             d.next_multiple_of(32),
         );
         let plan = NearestPlan::choose(tensor_cores, self.precision, d, dp, self.dev.shared_optin);
+        // The scales the f16 kernels take (two words, cleared by row_norms).
         let scales = if plan.kernel.starts_with("nearest_f16") {
-            Some(self.scratch(DType::U32, 2)?)
+            Some(self.new_buffer(DType::U32, 2)?)
         } else {
             None
         };
+        // The norms padded to whole tiles of 128 with NaN, which the held kernels copy with
+        // each tile and which no score can win with.
+        let norms = self.new_buffer(DType::F32, mp)?;
+        self.dev.launch(
+            "row_norms",
+            mp * 32,
+            matrix(&cb, &cl, m)
+                .arg(norms.ptr())
+                .arg(mp as i64)
+                .arg(scales.as_ref().map_or(0, |s| s.ptr()))
+                .arg(if scales.is_some() { 2i32 } else { 0 }),
+        )?;
         if let Some(scales) = &scales {
             for (i, (b, l, count)) in [(&xb, &xl, n), (&cb, &cl, m)].into_iter().enumerate() {
                 let out = scales.ptr() + 4 * i as u64;
@@ -1334,7 +1340,20 @@ impl Backend for CudaBackend {
         if m == 0 {
             return Ok(());
         }
-        let verdict = self.check_indices("segment_sum", segment, m)?;
+        // Runs of rows folded with Kahan compensation outside Precision::Reproducible
+        // (cuda/reduce.cu says why); reproducible sums are one chain.
+        let runs = (self.precision != Precision::Reproducible) as i32;
+        // Few segments times few rows: each segment's block scans all the ids itself (one
+        // launch, under either precision), checking them on the way. With runs its shared
+        // memory also holds the compensations, so rows are narrower (static and dynamic
+        // within 48 KiB).
+        let widest = if runs == 1 { 2048 } else { 4096 };
+        let scan = (m as u64) * (n as u64) <= SCAN_SEGMENTS_TIMES_ROWS && d < widest;
+        let verdict = match scan {
+            true => None,
+            false => Some(self.check_indices("segment_sum", segment, m)?),
+        };
+        let verdict_ptr = verdict.as_ref().map_or(0, |v| v.ptr());
         let seg = self.contiguous(segment, DType::U32)?;
         let (wptr, wdt, woff, ws, has_w) = match weights {
             Some(w) => (
@@ -1370,16 +1389,10 @@ impl Backend for CudaBackend {
                 .arg(dtype_code(counts.dtype()))
                 .arg(counts.layout.offset as i64)
                 .arg(counts.layout.strides[0] as i64)
-                .arg(verdict.ptr())
+                .arg(verdict_ptr)
         };
-        // Outside Precision::Reproducible the in-order kernels add runs of rows folded with
-        // Kahan compensation (cuda/reduce.cu says why); reproducible sums are one chain.
-        let runs = (self.precision != Precision::Reproducible) as i32;
-        // Few segments times few rows: each segment's block scans all the ids itself (one
-        // launch, under either precision). With runs its shared memory also holds the
-        // compensations, so rows are narrower (static and dynamic within 48 KiB).
-        let widest = if runs == 1 { 2048 } else { 4096 };
-        if (m as u64) * (n as u64) <= SCAN_SEGMENTS_TIMES_ROWS && d < widest {
+        if scan {
+            self.dev.fault_pending.store(true, Ordering::Release);
             return self.dev.launch_shared(
                 self.dev.function("segment_scan")?,
                 (m as u32, 1, 1),
@@ -1391,9 +1404,12 @@ impl Backend for CudaBackend {
                         .arg(n as i64)
                         .arg(d as i64),
                 )
-                .arg(runs),
+                .arg(runs)
+                .arg(self.dev.fault.ptr)
+                .arg(fault_code("segment_sum", index_fault(segment.dtype()))),
             );
         }
+        let verdict = verdict.expect("checked on every path but the scan");
         // A stable counting sort of the rows by segment (chunks of rows count, then place,
         // in order), then each segment's rows summed in order in `PARTS` sub-ranges, then the
         // sub-ranges summed in order: the same result on every run.
@@ -1412,7 +1428,7 @@ impl Backend for CudaBackend {
                 .arg(m as i64)
                 .arg(chunk_len as i64)
                 .arg(counts_u.ptr())
-                .arg(verdict.ptr()),
+                .arg(verdict_ptr),
         )?;
         let totals = self.new_buffer(DType::U32, m)?;
         // A warp per segment.
@@ -1450,7 +1466,7 @@ impl Backend for CudaBackend {
                     .arg(starts.ptr())
                     .arg(counts_u.ptr())
                     .arg(order.ptr())
-                    .arg(verdict.ptr()),
+                    .arg(verdict_ptr),
             )?;
         }
         // The rows, their weights and their order: the leading parameters of both kernels.

@@ -422,6 +422,9 @@ const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(
 /// multiprocessors) run as
 /// one dot product per output (`gemm_dot.wgsl`) instead of the tile.
 const DOT_BELOW_TILES: usize = 32;
+/// A split product (`matmul_split_k`) whose output has at most this many rows or columns
+/// computes its slices as dot products.
+const SPLIT_DOT_THIN: usize = 16;
 const DOT_THIN: usize = 8;
 const DOT_FROM_K: usize = 128;
 
@@ -1303,12 +1306,16 @@ impl WgpuBackend {
         };
         let partial_l = Layout::contiguous(&[slices, rows, cols]);
         let p_slices = validate::MatrixView::of(&partial_l);
+        // An output narrower than a quarter tile on a side (a convolution's 32 x 9 weight
+        // gradient) would leave the tile kernel computing mostly padding: its slices are
+        // dot products, where the k strides allow.
+        let dot = rows.min(cols) <= SPLIT_DOT_THIN && am.strides[2] == 1 && bm.strides[1] == 1;
         self.matmul_f32(
             [a, b, View::new(&partial, &partial_l)],
             [&a_slices, &b_slices, &p_slices],
             alpha,
             0.0,
-            false,
+            dot,
             None,
         )?;
         let sum_into = Layout {

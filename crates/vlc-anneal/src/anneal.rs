@@ -233,9 +233,9 @@ pub fn handle_for<B: Backend>(backend: &B, mode: Mode) -> B {
 ///
 /// The step number lives on the device, in two counters that steps take turns reading (the
 /// copy writes the other one, one more than the one it read, so no launch reads and advances
-/// the same word), so recordings starting from either counter are replayed in turn for all
-/// steps: of [`STEPS_AT_ONCE`] steps where they fit, else of one (on a capturing backend, one
-/// device-graph launch per recording). The race's uniform draws
+/// the same word). Steps run as replays of one recording of [`STEPS_AT_ONCE`] steps where they
+/// fit (on a capturing backend, one device-graph launch each), else as direct calls. The
+/// race's uniform draws
 /// are made for a block of steps at a time, each step reading its own row, so the stream is
 /// the same as one draw of `n` per step at offset `step * n`. Nothing is read back.
 ///
@@ -278,10 +278,11 @@ fn kmeans_pp_in_blocks<B: Backend>(
     let steps = std::sync::Arc::new(Steps::<B> {
         x: x.clone(),
         anchors: anchors.clone(),
-        u: b.alloc(DType::F32, block * n)?,
+        // (Buffers written whole before they are read skip the zero fill.)
+        u: b.alloc_for_write(DType::F32, block * n)?,
         // D^2 to the anchors so far (the first anchor's race is on the draws alone).
-        d2: b.alloc(DType::F32, n)?,
-        key: b.alloc(DType::F32, n)?,
+        d2: b.alloc_for_write(DType::F32, n)?,
+        key: b.alloc_for_write(DType::F32, n)?,
         winner: b.alloc(DType::U32, 1)?,
         newest: b.alloc(DType::F32, d)?,
         counters: [b.alloc(DType::U32, 1)?, b.alloc(DType::U32, 1)?],
@@ -289,7 +290,7 @@ fn kmeans_pp_in_blocks<B: Backend>(
         commit: b.compile(&commit_program(d)?)?,
         distances: match sliced {
             true => {
-                let by_coordinate = b.alloc(DType::F32, n * d)?;
+                let by_coordinate = b.alloc_for_write(DType::F32, n * d)?;
                 let by_row = Layout::contiguous(&[n, d]).transpose(0, 1)?;
                 b.copy(
                     View::new(x, &by_row),
@@ -298,7 +299,7 @@ fn kmeans_pp_in_blocks<B: Backend>(
                 Distances::Sliced {
                     kernel: b.compile(&sliced_distance_program(n, d)?)?,
                     by_coordinate,
-                    partial: b.alloc(DType::F32, slices * n)?,
+                    partial: b.alloc_for_write(DType::F32, slices * n)?,
                 }
             }
             false => Distances::Search {
@@ -341,19 +342,22 @@ fn kmeans_pp_in_blocks<B: Backend>(
         steps.commit(b, 0)?;
     }
     if m > 1 {
-        // Recordings of one step and of STEPS_AT_ONCE steps, from each counter: a capturing
-        // backend then launches one graph for that many steps (each graph launch leaves the
-        // device a gap to fill), while the draws are refreshed between graphs.
-        let record = |count: usize, parity: usize| {
-            let recorded = steps.clone();
-            b.record(std::sync::Arc::new(move |b: &B| {
-                (0..count).try_for_each(|q| recorded.next(b, (parity + q) % 2))
-            }))
-        };
-        let single = [record(1, 0)?, record(1, 1)?];
-        // (Not recorded where no replay could use them.)
+        // One recording of STEPS_AT_ONCE steps (a capturing backend then launches one graph
+        // for that many steps, where each launch leaves the device a gap to fill), replayed
+        // wherever the steps left fit inside the current block of draws; other steps are
+        // direct calls. The recording starts from the counter that step 1 reads, and as it
+        // takes an even number of steps every replay starts there too (steps in between come
+        // in pairs). One recording, where one per counter and size cost 0.3 ms on an H200,
+        // with the device idle meanwhile.
+        let first = (1 - lag) % 2;
         let many = match m > STEPS_AT_ONCE && block >= STEPS_AT_ONCE {
-            true => Some([record(STEPS_AT_ONCE, 0)?, record(STEPS_AT_ONCE, 1)?]),
+            true => {
+                let recorded = steps.clone();
+                Some(b.record(std::sync::Arc::new(move |b: &B| {
+                    (0..STEPS_AT_ONCE).try_for_each(|q| recorded.next(b, (first + q) % 2))
+                }))?)
+            }
+            // (Not recorded where no replay could use it.)
             false => None,
         };
         let mut j = 1;
@@ -361,14 +365,19 @@ fn kmeans_pp_in_blocks<B: Backend>(
             if j % block == 0 {
                 draw(j)?;
             }
-            // Many steps at once where they stay inside this block of draws.
             let end = j + STEPS_AT_ONCE;
-            let (graphs, next) = match &many {
-                Some(many) if end <= m && (end - 1) / block == j / block => (many, end),
-                _ => (&single, j + 1),
-            };
-            b.replay(&graphs[(j - lag) % 2])?;
-            j = next;
+            match &many {
+                Some(graph)
+                    if end <= m && (end - 1) / block == j / block && (j - lag) % 2 == first =>
+                {
+                    b.replay(graph)?;
+                    j = end;
+                }
+                _ => {
+                    steps.next(b, (j - lag) % 2)?;
+                    j += 1;
+                }
+            }
         }
     }
     if sliced {
@@ -854,7 +863,7 @@ pub(crate) fn anneal_on_device<B: Backend>(
     for it in 0..=cfg.iterations {
         let row = match current.take() {
             Some(r) => r,
-            None => state.assign()?,
+            None => state.assign(false)?,
         };
         let mut report = IterationReport {
             iteration: it,
@@ -898,11 +907,16 @@ pub(crate) fn anneal_on_device<B: Backend>(
         // phase has placed the anchors by then; these steps settle them where the mean
         // squared distance is lowest.
         report.temperature = state.temperatures[it];
-        state.update(it)?;
-        if cfg.maintain_every > 0 && (it + 1) % cfg.maintain_every == 0 && it + 1 < last_maintenance
-        {
+        let maintenance = cfg.maintain_every > 0
+            && (it + 1) % cfg.maintain_every == 0
+            && it + 1 < last_maintenance;
+        if !maintenance {
+            // The update and the next iteration's assignment, as one replay.
+            current = Some(state.update_and_assign(it)?);
+        } else {
+            state.update(it)?;
             // Maintenance needs the assignment to the updated anchors.
-            let after = state.assign()?;
+            let after = state.assign(true)?;
             let checked = state.check_maintenance()?;
             let (energies, work) = state.energies_and_verdict()?;
             let (merged, split, reseeded) = match checked && !work {
@@ -926,11 +940,11 @@ pub(crate) fn anneal_on_device<B: Backend>(
         }
     }
     let energy = history.last().map_or(0.0, |r| r.energy);
-    let anchors = Matrix::new(m, d, b.read::<f32>(&state.anchors)?)?;
+    let anchors = Matrix::new(m, d, b.read::<f32>(&state.pass.anchors)?)?;
     let clustering = Clustering {
         anchors,
-        assignments: b.read::<u32>(&state.assign)?,
-        distances: b.read::<f32>(&state.dist)?,
+        assignments: b.read::<u32>(&state.pass.assign)?,
+        distances: b.read::<f32>(&state.pass.dist)?,
         energy,
         history,
         seeding_seconds,
@@ -980,6 +994,34 @@ pub(crate) struct State<B: Backend> {
     n: usize,
     d: usize,
     m: usize,
+    assignments: usize,
+    /// On a GPU, the maintenance check and its flags (see [`maintenance_check_program`]);
+    /// the verdict is copied into the last slot of `totals`, so it comes back with the
+    /// energies.
+    check: Option<(B::Kernel, B::Buffer)>,
+    /// The slot of `totals` that holds the check's verdict (after every assignment's).
+    verdict_slot: usize,
+    /// The schedule's temperatures on the host, for the reports.
+    temperatures: Vec<f32>,
+    /// The device buffers and the work of an update and of an assignment, shared with the
+    /// recording.
+    pub(crate) pass: std::sync::Arc<Pass<B>>,
+    /// An update followed by a fast assignment, recorded at first use (see
+    /// [`State::update_and_assign`]).
+    recorded: Option<B::Graph>,
+    /// Updates run so far (the device's `Pass::step` counter holds the same).
+    updates: usize,
+}
+
+/// The device work of one annealing iteration, as calls that depend on no host value: the
+/// schedule row and the energy slot come from counters on the device, which the calls
+/// advance. So an update followed by an assignment can be recorded once and replayed every
+/// iteration (on CUDA one graph launch where it was about fifteen launches, whose host cost
+/// left the device idle for a third of the annealing on an H200).
+pub(crate) struct Pass<B: Backend> {
+    n: usize,
+    d: usize,
+    m: usize,
     pub(crate) x: B::Buffer,
     anchors: B::Buffer,
     velocity: B::Buffer,
@@ -988,30 +1030,141 @@ pub(crate) struct State<B: Backend> {
     weights: B::Buffer,
     sums: B::Buffer,
     weight_sums: B::Buffer,
-    /// Each anchor's sum of squared distances, and its member count, at the last assignment.
     sse: B::Buffer,
     counts: B::Buffer,
-    /// The sum of `sse` at the last assignment, and at every assignment so far (`totals`,
-    /// one slot per assignment, `assignments` of them written), read back for the energies.
     total: B::Buffer,
     totals: B::Buffer,
-    assignments: usize,
-    /// Zeros: every anchor's segment in the sum of `sse`.
     zero_ids: B::Buffer,
-    /// On a GPU, the maintenance check and its flags (see [`maintenance_check_program`]);
-    /// the verdict is copied into the last slot of `totals`, so it comes back with the
-    /// energies.
-    check: Option<(B::Kernel, B::Buffer)>,
-    /// The slot of `totals` that holds the check's verdict (after every assignment's).
-    verdict_slot: usize,
-    /// Row `t`: update `t`'s `[huber^2 / n, temperature, momentum, 0]`, copied to `params`
-    /// before the update (so no update waits for the host).
     schedule: B::Buffer,
-    /// The schedule's temperatures on the host, for the reports.
-    temperatures: Vec<f32>,
     params: B::Buffer,
     huber: B::Kernel,
     update: B::Kernel,
+    /// `[updates so far]` and `[assignments so far]`.
+    step: B::Buffer,
+    slot: B::Buffer,
+    /// Copies schedule row `step` into `params` and advances `step`.
+    take_row: B::Kernel,
+    /// Copies `total` into `totals[slot]` and advances `slot`.
+    keep_total: B::Kernel,
+}
+
+impl<B: Backend> Pass<B> {
+    /// Assigns every point and sums the squared distances in all (see [`State::assign`]),
+    /// keeping the total in the next slot of `totals`.
+    fn assign(&self, b: &B, per_anchor: bool) -> hal::Result<()> {
+        let (n, d, m) = (self.n, self.d, self.m);
+        let ln = Layout::contiguous(&[n]);
+        b.nearest_centroid(
+            View::new(&self.x, &Layout::contiguous(&[n, d])),
+            View::new(&self.anchors, &Layout::contiguous(&[m, d])),
+            View::new(&self.assign, &ln),
+            View::new(&self.dist, &ln),
+        )?;
+        let one = Layout::contiguous(&[1]);
+        if !per_anchor && b.precision() != Precision::Reproducible {
+            b.reduce(
+                hal::ReduceOp::Sum,
+                View::new(&self.dist, &ln),
+                &[0],
+                View::new(&self.total, &one),
+            )?;
+        } else {
+            b.segment_sum(
+                View::new(&self.dist, &Layout::contiguous(&[n, 1])),
+                View::new(&self.assign, &ln),
+                None,
+                View::new(&self.sse, &Layout::contiguous(&[m, 1])),
+                View::new(&self.counts, &Layout::contiguous(&[m])),
+            )?;
+            // The total in anchor order (one fixed order under Precision::Reproducible, so
+            // the same on every backend in exact mode); its count output is discarded into
+            // `weight_sums`, which the next update overwrites.
+            b.segment_sum(
+                View::new(&self.sse, &Layout::contiguous(&[m, 1])),
+                View::new(&self.zero_ids, &Layout::contiguous(&[m])),
+                None,
+                View::new(&self.total, &Layout::contiguous(&[1, 1])),
+                View::new(&self.weight_sums, &one),
+            )?;
+        }
+        b.launch(
+            &self.keep_total,
+            &[&self.total, &self.slot, &self.totals],
+            1,
+        )
+    }
+
+    /// The next update of the schedule, from the last assignment.
+    fn update(&self, b: &B) -> hal::Result<()> {
+        let (n, d, m) = (self.n, self.d, self.m);
+        b.launch(
+            &self.take_row,
+            &[&self.schedule, &self.step, &self.params],
+            1,
+        )?;
+        b.launch(
+            &self.huber,
+            &[&self.dist, &self.params, &self.total, &self.weights],
+            n,
+        )?;
+        let ln = Layout::contiguous(&[n]);
+        b.segment_sum(
+            View::new(&self.x, &Layout::contiguous(&[n, d])),
+            View::new(&self.assign, &ln),
+            Some(View::new(&self.weights, &ln)),
+            View::new(&self.sums, &Layout::contiguous(&[m, d])),
+            View::new(&self.weight_sums, &Layout::contiguous(&[m])),
+        )?;
+        b.launch(
+            &self.update,
+            &[
+                &self.sums,
+                &self.weight_sums,
+                &self.params,
+                &self.anchors,
+                &self.velocity,
+            ],
+            m * d,
+        )
+    }
+}
+
+/// `params[k] = schedule[4 step[0] + k]` for `k < 4`, then `step[0] += 1` (one thread).
+fn take_row_program() -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("vlc_take_schedule_row");
+    let schedule = p.buffer(DType::F32, Access::Read);
+    let step = p.buffer(DType::U32, Access::ReadWrite);
+    let params = p.buffer(DType::F32, Access::Write);
+    let zero = p.const_u32(0);
+    let s = p.load(step, zero);
+    let four = p.const_u32(4);
+    let base = p.mul(s, four);
+    for k in 0..4u32 {
+        let kk = p.const_u32(k);
+        let at = p.add(base, kk);
+        let v = p.load(schedule, at);
+        p.store(params, kk, v);
+    }
+    let one = p.const_u32(1);
+    let next = p.add(s, one);
+    p.store(step, zero, next);
+    Ok(p.build()?)
+}
+
+/// `totals[slot[0]] = total[0]`, then `slot[0] += 1` (one thread).
+fn keep_total_program() -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("vlc_keep_total");
+    let total = p.buffer(DType::F32, Access::Read);
+    let slot = p.buffer(DType::U32, Access::ReadWrite);
+    let totals = p.buffer(DType::F32, Access::Write);
+    let zero = p.const_u32(0);
+    let at = p.load(slot, zero);
+    let t = p.load(total, zero);
+    p.store(totals, at, t);
+    let one = p.const_u32(1);
+    let next = p.add(at, one);
+    p.store(slot, zero, next);
+    Ok(p.build()?)
 }
 
 impl<B: Backend> State<B> {
@@ -1054,15 +1207,12 @@ impl<B: Backend> State<B> {
             }
             false => None,
         };
-        Ok(Self {
-            check,
-            verdict_slot: slots,
-            b: b.clone(),
+        let pass = Pass {
             n,
             d,
             m,
-            x,
-            anchors,
+            x: x.clone(),
+            anchors: anchors.clone(),
             velocity: b.alloc(DType::F32, m * d)?,
             assign: b.alloc(DType::U32, n)?,
             dist: b.alloc(DType::F32, n)?,
@@ -1074,55 +1224,71 @@ impl<B: Backend> State<B> {
             total: b.alloc(DType::F32, 1)?,
             // The last slot: the maintenance check's verdict.
             totals: b.alloc(DType::F32, slots + 1)?,
-            assignments: 0,
             zero_ids: b.alloc(DType::U32, m)?,
             schedule: b.upload(&schedule)?,
-            temperatures,
             params: b.alloc(DType::F32, 4)?,
             huber: b.compile(&huber_program()?)?,
             update: b.compile(&update_program(d)?)?,
+            step: b.alloc(DType::U32, 1)?,
+            slot: b.alloc(DType::U32, 1)?,
+            take_row: b.compile(&take_row_program()?)?,
+            keep_total: b.compile(&keep_total_program()?)?,
+        };
+        Ok(Self {
+            check,
+            verdict_slot: slots,
+            b: b.clone(),
+            n,
+            d,
+            m,
+            assignments: 0,
+            temperatures,
+            pass: std::sync::Arc::new(pass),
+            recorded: None,
+            updates: 0,
         })
     }
 
-    /// Assigns every point and sums the squared distances per anchor and in all, on the
-    /// device; returns the assignment's slot in [`Self::energies`].
-    fn assign(&mut self) -> Result<usize> {
-        let (n, d, m) = (self.n, self.d, self.m);
-        let b = &self.b;
-        let ln = Layout::contiguous(&[n]);
-        b.nearest_centroid(
-            View::new(&self.x, &Layout::contiguous(&[n, d])),
-            View::new(&self.anchors, &Layout::contiguous(&[m, d])),
-            View::new(&self.assign, &ln),
-            View::new(&self.dist, &ln),
-        )?;
-        b.segment_sum(
-            View::new(&self.dist, &Layout::contiguous(&[n, 1])),
-            View::new(&self.assign, &ln),
-            None,
-            View::new(&self.sse, &Layout::contiguous(&[m, 1])),
-            View::new(&self.counts, &Layout::contiguous(&[m])),
-        )?;
-        // The total in anchor order (one fixed order under Precision::Reproducible, so the
-        // same on every backend in exact mode); its count output is discarded into
-        // `weight_sums`, which the next update overwrites.
-        let one = Layout::contiguous(&[1]);
-        b.segment_sum(
-            View::new(&self.sse, &Layout::contiguous(&[m, 1])),
-            View::new(&self.zero_ids, &Layout::contiguous(&[m])),
-            None,
-            View::new(&self.total, &Layout::contiguous(&[1, 1])),
-            View::new(&self.weight_sums, &one),
-        )?;
-        let slot = self.assignments;
+    /// Assigns every point and sums the squared distances in all, on the device; returns the
+    /// assignment's slot in [`Self::energies`]. With `per_anchor` (what a maintenance round
+    /// reads), and always in exact mode (where the total is the per-anchor sums added in
+    /// anchor order, the same on every backend), also each anchor's sum and member count;
+    /// otherwise the total is one reduction of the distances (a per-anchor segment sum and
+    /// its total cost 23 us an iteration on an H200, the reduction a few).
+    fn assign(&mut self, per_anchor: bool) -> Result<usize> {
+        self.pass.assign(&self.b, per_anchor)?;
+        Ok(self.next_slot())
+    }
+
+    /// The slot of the assignment just enqueued.
+    fn next_slot(&mut self) -> usize {
         self.assignments += 1;
-        let at = Layout {
-            shape: vec![1],
-            strides: vec![1],
-            offset: slot,
-        };
-        b.copy(View::new(&self.total, &one), View::new(&self.totals, &at))?;
-        Ok(slot)
+        self.assignments - 1
+    }
+
+    /// Update `it` of the schedule, from the last assignment.
+    fn update(&mut self, it: usize) -> Result<()> {
+        debug_assert_eq!(it, self.updates, "updates run in schedule order");
+        self.pass.update(&self.b)?;
+        self.updates += 1;
+        Ok(())
+    }
+
+    /// Update `it`, then a fast assignment to the updated anchors (the next iteration's),
+    /// replayed from a recording made at the first call; returns the assignment's slot.
+    fn update_and_assign(&mut self, it: usize) -> Result<usize> {
+        debug_assert_eq!(it, self.updates, "updates run in schedule order");
+        if self.recorded.is_none() {
+            let pass = self.pass.clone();
+            self.recorded = Some(self.b.record(std::sync::Arc::new(move |b: &B| {
+                pass.update(b)?;
+                pass.assign(b, false)
+            }))?);
+        }
+        self.b
+            .replay(self.recorded.as_ref().expect("recorded above"))?;
+        self.updates += 1;
+        Ok(self.next_slot())
     }
 
     /// The energy (mean squared distance) of every assignment so far, by slot (waits for the
@@ -1134,7 +1300,7 @@ impl<B: Backend> State<B> {
     /// [`Self::energies`], and whether the last maintenance check (if one ran since the
     /// verdict was last cleared) found work.
     fn energies_and_verdict(&self) -> Result<(Vec<f64>, bool)> {
-        let totals = self.b.read::<f32>(&self.totals)?;
+        let totals = self.b.read::<f32>(&self.pass.totals)?;
         let energies = totals[..self.assignments]
             .iter()
             .map(|&t| t as f64 / self.n as f64)
@@ -1154,7 +1320,12 @@ impl<B: Backend> State<B> {
         b.fill(View::new(flags, &one), 0.0)?;
         b.launch(
             kernel,
-            &[&self.anchors, &self.counts, &self.total, flags],
+            &[
+                &self.pass.anchors,
+                &self.pass.counts,
+                &self.pass.total,
+                flags,
+            ],
             self.m * self.m,
         )?;
         let verdict = Layout {
@@ -1162,48 +1333,11 @@ impl<B: Backend> State<B> {
             strides: vec![1],
             offset: self.verdict_slot,
         };
-        b.copy(View::new(flags, &one), View::new(&self.totals, &verdict))?;
-        Ok(true)
-    }
-
-    /// Update `it` of the schedule, from the last assignment.
-    fn update(&mut self, it: usize) -> Result<()> {
-        let (n, d, m) = (self.n, self.d, self.m);
-        let b = &self.b;
-        let row = Layout {
-            shape: vec![4],
-            strides: vec![1],
-            offset: 4 * it,
-        };
         b.copy(
-            View::new(&self.schedule, &row),
-            View::new(&self.params, &Layout::contiguous(&[4])),
+            View::new(flags, &one),
+            View::new(&self.pass.totals, &verdict),
         )?;
-        b.launch(
-            &self.huber,
-            &[&self.dist, &self.params, &self.total, &self.weights],
-            n,
-        )?;
-        let ln = Layout::contiguous(&[n]);
-        b.segment_sum(
-            View::new(&self.x, &Layout::contiguous(&[n, d])),
-            View::new(&self.assign, &ln),
-            Some(View::new(&self.weights, &ln)),
-            View::new(&self.sums, &Layout::contiguous(&[m, d])),
-            View::new(&self.weight_sums, &Layout::contiguous(&[m])),
-        )?;
-        b.launch(
-            &self.update,
-            &[
-                &self.sums,
-                &self.weight_sums,
-                &self.params,
-                &self.anchors,
-                &self.velocity,
-            ],
-            m * d,
-        )?;
-        Ok(())
+        Ok(true)
     }
 
     /// One maintenance round on the read-back assignment (see the module docs). Returns
@@ -1216,10 +1350,10 @@ impl<B: Backend> State<B> {
     ) -> Result<(usize, usize, usize)> {
         let (d, m) = (self.d, self.m);
         let b = &self.b;
-        let mut anchors = b.read::<f32>(&self.anchors)?;
-        let mut counts = b.read::<f32>(&self.counts)?;
+        let mut anchors = b.read::<f32>(&self.pass.anchors)?;
+        let mut counts = b.read::<f32>(&self.pass.counts)?;
         let mut sse: Vec<f64> = b
-            .read::<f32>(&self.sse)?
+            .read::<f32>(&self.pass.sse)?
             .iter()
             .map(|&v| v as f64)
             .collect();
@@ -1247,8 +1381,8 @@ impl<B: Backend> State<B> {
             return Ok((0, 0, 0));
         }
         // The per-point state, needed only now that there are slots to fill.
-        let assign = b.read::<u32>(&self.assign)?;
-        let dist = b.read::<f32>(&self.dist)?;
+        let assign = b.read::<u32>(&self.pass.assign)?;
+        let dist = b.read::<f32>(&self.pass.dist)?;
         // Members of each anchor (ascending point order).
         let mut members: Vec<Vec<u32>> = vec![Vec::new(); m];
         for (i, &a) in assign.iter().enumerate() {
@@ -1295,10 +1429,10 @@ impl<B: Backend> State<B> {
                 reseeded += 1;
             }
         }
-        b.write(&self.anchors, &anchors)?;
+        b.write(&self.pass.anchors, &anchors)?;
         // Momentum restarts after anchors moved by hand.
         b.fill(
-            View::new(&self.velocity, &Layout::contiguous(&[m * d])),
+            View::new(&self.pass.velocity, &Layout::contiguous(&[m * d])),
             0.0,
         )?;
         Ok((merged, split, reseeded))

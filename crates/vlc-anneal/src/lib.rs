@@ -91,7 +91,7 @@ pub fn compress<B: Backend>(
         // the device.
         let rounded: Vec<f32> = anchors16.iter().map(|v| v.to_f32()).collect();
         let a = b.upload(&rounded)?;
-        let res = pq::residuals(&b, &state.x, &a, &state.assign, n, d)?;
+        let res = pq::residuals(&b, &state.pass.x, &a, &state.pass.assign, n, d)?;
         let e = pq::train_and_encode(&b, &res, n, d, cfg.pq_bytes, cfg.pq_iterations, cfg.seed)?;
         (e.pq, e.codes, Some(e.squared_error))
     } else {

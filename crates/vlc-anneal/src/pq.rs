@@ -118,9 +118,13 @@ pub fn train_and_encode<B: Backend>(
     let bounds = subspace_bounds(d, bytes);
     let k = n.min(256);
     let wmax = d.div_ceil(bytes);
-    // The residual rows, zero padded.
-    let xa = b.alloc(DType::F32, n * bytes * wmax)?;
+    // The residual rows, zero padded (no padding where every subspace is as wide: the copies
+    // below then write it whole, and the zero fill is skipped).
     let wide = d % bytes;
+    let xa = match wide {
+        0 => b.alloc_for_write(DType::F32, n * bytes * wmax)?,
+        _ => b.alloc(DType::F32, n * bytes * wmax)?,
+    };
     for (first, count, w) in [(0, wide, wmax), (wide, bytes - wide, d / bytes)] {
         if count == 0 || w == 0 {
             continue;
@@ -145,7 +149,7 @@ pub fn train_and_encode<B: Backend>(
         offset: 0,
     };
     let books = Layout::contiguous(&[bytes, k, wmax]);
-    let cb = b.alloc(DType::F32, bytes * k * wmax)?;
+    let cb = b.alloc_for_write(DType::F32, bytes * k * wmax)?;
     let starts = b.upload(&first_codewords(n, seed))?;
     crate::gather_rows(
         b,
@@ -155,14 +159,14 @@ pub fn train_and_encode<B: Backend>(
         View::new(&cb, &books.transpose(0, 1)?),
     )?;
     let segments = bytes * k;
-    let sums = b.alloc(DType::F32, segments * wmax)?;
-    let counts = b.alloc(DType::F32, segments)?;
+    let sums = b.alloc_for_write(DType::F32, segments * wmax)?;
+    let counts = b.alloc_for_write(DType::F32, segments)?;
     let update = b.compile(&codeword_update(wmax)?)?;
     let label = b.compile(&segment_labels(bytes, k)?)?;
     // Codes (and distances) point-major, `n x bytes`, seen per subspace.
-    let codes = b.alloc(DType::U32, n * bytes)?;
-    let dist = b.alloc(DType::F32, n * bytes)?;
-    let seg = b.alloc(DType::U32, n * bytes)?;
+    let codes = b.alloc_for_write(DType::U32, n * bytes)?;
+    let dist = b.alloc_for_write(DType::F32, n * bytes)?;
+    let seg = b.alloc_for_write(DType::U32, n * bytes)?;
     let step = std::sync::Arc::new(PqIteration::<B> {
         xa,
         cb: cb.clone(),
