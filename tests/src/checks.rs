@@ -517,6 +517,7 @@ fn broadcast_logical(t: &HostTensor, shape: &[usize]) -> Vec<f64> {
 
 fn binary<B: Backend>(s: &mut Suite<'_, B>) {
     let shapes = s.shapes(0..=4, 1 << 17);
+    let mut cases = Vec::new();
     for (i, shape) in shapes.iter().enumerate() {
         for op in [BinaryOp::ALL[i % 15], BinaryOp::ALL[(i * 4 + 9) % 15]] {
             let (da, db, kind) = (s.float_dtype(), s.float_dtype(), s.kind());
@@ -526,70 +527,84 @@ fn binary<B: Backend>(s: &mut Suite<'_, B>) {
                 s.float_dtype()
             };
             let bshape = broadcastable(s.rng(), shape);
-            let gen_a = move |r: &mut TestRng| match op {
-                BinaryOp::Pow => r.range(0.1, 3.0),
-                _ if op.is_comparison() => (r.below(9) as f32 - 4.0) / 4.0,
-                _ => r.range(-4.0, 4.0),
-            };
-            let gen_b = move |r: &mut TestRng| match op {
-                BinaryOp::Pow => r.range(-2.0, 2.0),
-                BinaryOp::Div | BinaryOp::Rem => {
-                    let v = r.range(0.25, 4.0);
-                    if r.below(2) == 0 { -v } else { v }
-                }
-                _ if op.is_comparison() => (r.below(9) as f32 - 4.0) / 4.0,
-                _ => r.range(-4.0, 4.0),
-            };
-            let x = random_tensor(s.rng(), shape, da, kind, gen_a);
-            let y = random_tensor(s.rng(), &bshape, db, ViewKind::Contiguous, gen_b);
-            let out = output_tensor(s.rng(), shape, dout);
-            let (xa, yb) = (x.logical(), broadcast_logical(&y, shape));
-            let exact: Vec<f64> = xa
-                .iter()
-                .zip(&yb)
-                .map(|(&a, &b)| binary_f64(op, a, b))
-                .collect();
-            let u = dout.unit_roundoff();
-            let transcendental = matches!(op, BinaryOp::Pow | BinaryOp::Atan2);
-            let (rel, abs) = if transcendental {
-                (4.0 * u + 2f64.powi(-16), 2f64.powi(-20))
-            } else {
-                (2.0 * u + 4.0 * U32F, 0.0)
-            };
-            // Rem: floor(a/b) in f32 vs f64 can differ by one at exact multiples; allow |b| there.
-            let rem_slack: Vec<f64> = if op == BinaryOp::Rem {
-                xa.iter().zip(&yb).map(|(a, b)| a.abs() + b.abs()).collect()
-            } else {
-                Vec::new()
-            };
-            let tol = |i: usize, w: f64| {
-                rel * w.abs()
-                    + abs
-                    + rounding(dout, 0.0, 2.0)
-                    + if op == BinaryOp::Rem {
-                        2f64.powi(-20) * rem_slack[i]
-                    } else {
-                        0.0
-                    }
-            };
-            match both!(s, run_binary(op, &x, &y, &out)) {
-                Ok((c, t)) => {
-                    let name = if op.is_comparison() {
-                        "binary (comparison)"
-                    } else {
-                        "binary"
-                    };
-                    s.judge(
-                        name,
-                        &format!("{op:?} {shape:?} with {bshape:?} {da},{db}->{dout} {kind:?}"),
-                        &c,
-                        t.as_deref(),
-                        &exact,
-                        &tol,
-                    )
-                }
-                Err(e) => s.fail("binary", format!("{op:?} {shape:?} with {bshape:?}: {e}")),
+            cases.push((shape.clone(), bshape, op, [da, db, dout], kind));
+        }
+    }
+    // Biases over f32 contiguous operands (the pattern backends may read four at a time):
+    // per channel of a channel-major output, per feature of a batch, and a run of 10.
+    let f = DType::F32;
+    for (shape, bshape, op) in [
+        (vec![8, 12, 20], vec![1, 12, 1], BinaryOp::Add),
+        (vec![64, 36], vec![36], BinaryOp::Mul),
+        (vec![3, 12, 10], vec![12, 1], BinaryOp::Sub),
+    ] {
+        cases.push((shape, bshape, op, [f, f, f], ViewKind::Contiguous));
+    }
+    for (shape, bshape, op, [da, db, dout], kind) in cases {
+        let shape = &shape;
+        let gen_a = move |r: &mut TestRng| match op {
+            BinaryOp::Pow => r.range(0.1, 3.0),
+            _ if op.is_comparison() => (r.below(9) as f32 - 4.0) / 4.0,
+            _ => r.range(-4.0, 4.0),
+        };
+        let gen_b = move |r: &mut TestRng| match op {
+            BinaryOp::Pow => r.range(-2.0, 2.0),
+            BinaryOp::Div | BinaryOp::Rem => {
+                let v = r.range(0.25, 4.0);
+                if r.below(2) == 0 { -v } else { v }
             }
+            _ if op.is_comparison() => (r.below(9) as f32 - 4.0) / 4.0,
+            _ => r.range(-4.0, 4.0),
+        };
+        let x = random_tensor(s.rng(), shape, da, kind, gen_a);
+        let y = random_tensor(s.rng(), &bshape, db, ViewKind::Contiguous, gen_b);
+        let out = output_tensor(s.rng(), shape, dout);
+        let (xa, yb) = (x.logical(), broadcast_logical(&y, shape));
+        let exact: Vec<f64> = xa
+            .iter()
+            .zip(&yb)
+            .map(|(&a, &b)| binary_f64(op, a, b))
+            .collect();
+        let u = dout.unit_roundoff();
+        let transcendental = matches!(op, BinaryOp::Pow | BinaryOp::Atan2);
+        let (rel, abs) = if transcendental {
+            (4.0 * u + 2f64.powi(-16), 2f64.powi(-20))
+        } else {
+            (2.0 * u + 4.0 * U32F, 0.0)
+        };
+        // Rem: floor(a/b) in f32 vs f64 can differ by one at exact multiples; allow |b| there.
+        let rem_slack: Vec<f64> = if op == BinaryOp::Rem {
+            xa.iter().zip(&yb).map(|(a, b)| a.abs() + b.abs()).collect()
+        } else {
+            Vec::new()
+        };
+        let tol = |i: usize, w: f64| {
+            rel * w.abs()
+                + abs
+                + rounding(dout, 0.0, 2.0)
+                + if op == BinaryOp::Rem {
+                    2f64.powi(-20) * rem_slack[i]
+                } else {
+                    0.0
+                }
+        };
+        match both!(s, run_binary(op, &x, &y, &out)) {
+            Ok((c, t)) => {
+                let name = if op.is_comparison() {
+                    "binary (comparison)"
+                } else {
+                    "binary"
+                };
+                s.judge(
+                    name,
+                    &format!("{op:?} {shape:?} with {bshape:?} {da},{db}->{dout} {kind:?}"),
+                    &c,
+                    t.as_deref(),
+                    &exact,
+                    &tol,
+                )
+            }
+            Err(e) => s.fail("binary", format!("{op:?} {shape:?} with {bshape:?}: {e}")),
         }
     }
 }
@@ -958,10 +973,12 @@ fn matmul<B: Backend>(s: &mut Suite<'_, B>) {
         // a thin output's slices may be dot products (wgpu's at most 16 wide).
         [1, 33, 1040, 65],
         [1, 12, 2080, 40],
+        // Enough output tiles for wgpu's large (128 x 128) tile, over a thin side.
+        [1, 64, 64, 32768],
         // Wide on both sides: where f32 products may take matrix units under Precision::Fast.
         [1, 1040, 130, 1100],
     ];
-    while cases.len() < s.cfg.cases + 7 {
+    while cases.len() < s.cfg.cases + 8 {
         let r = s.rng();
         cases.push([
             1 + r.below(3),

@@ -307,6 +307,7 @@ shader_files!(
     "unary.wgsl",
     "binary.wgsl",
     "binary_vec4.wgsl",
+    "binary_rows_vec4.wgsl",
     "ternary.wgsl",
     "reduce.wgsl",
     "arg_line.wgsl",

@@ -5,11 +5,13 @@
 //! One iteration, all enqueued on the device:
 //! 1. assignment: `nearest_centroid(x, anchors)` gives each point's anchor and squared
 //!    distance `r^2`;
-//! 2. per-anchor statistics: `segment_sum` of `r^2` gives each anchor's member count and sum
-//!    of squared distances, and a one-segment `segment_sum` of those (anchor order, so one
-//!    fixed order) the total, kept on the device in a slot per assignment; the host reads the
-//!    totals (energies) only when it needs them (tolerance test, maintenance, the end, live
-//!    progress), and the schedule (threshold, temperature, momentum) is uploaded once;
+//! 2. the total squared distance, kept on the device in a slot per assignment: one `reduce`
+//!    of `r^2` in fast mode; where a maintenance round needs per-anchor statistics, and always
+//!    in exact mode, `segment_sum` of `r^2` gives each anchor's member count and sum of squared
+//!    distances and a one-segment `segment_sum` of those (anchor order, so one fixed order) the
+//!    total. The host reads the totals (energies) only when it needs them (tolerance test,
+//!    maintenance, the end, live progress); the schedule (threshold, temperature, momentum) is
+//!    uploaded once and read at a device counter;
 //! 3. Huber weights (an IR kernel): `w = 1` where `r <= delta`, `delta / r` beyond, with
 //!    `delta = huber * sqrt(energy)`: the data's own scale, the root-mean-square distance of a
 //!    point to its anchor, so a point counts fully unless it lies more than `huber` times
@@ -18,6 +20,10 @@
 //! 5. update (an IR kernel): `v = momentum * v + T * (mean - anchor)`, `anchor += v`, where
 //!    `mean` is the weighted mean of the members and `T` the temperature, cooling
 //!    geometrically from `temperature.0` to `temperature.1`. An anchor with no members stays.
+//!
+//! Nothing in steps 1-5 depends on a host value, so an update and the next assignment are
+//! recorded once and replayed (one graph launch an iteration on CUDA), except around
+//! maintenance.
 //!
 //! The last 30% of the updates polish: temperature 1, no momentum, and the Huber threshold
 //! widened to `polish_huber` times the RMS distance, so that only far outliers stay
