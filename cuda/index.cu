@@ -144,38 +144,25 @@ extern "C" __global__ void col2im_kernel32(Geo g, Col2imDivs v, const void* cols
     const u32 total = (u32)(g.n * g.c * g.h * g.w);
     const int kh = (int)g.kh, kw = (int)g.kw, ph = (int)g.ph, pw = (int)g.pw, dh = (int)g.dh, dw = (int)g.dw;
     const u32 oh = (u32)g.oh, ow = (u32)g.ow;
+    const bool unit = g.sh == 1 && g.sw == 1;
     for (u32 t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
         const u32 q = fast_div(v.w, t), xx = t - q * v.w.d;
         const u32 q2 = fast_div(v.h, q), y = q - q2 * v.h.d;
         const u32 b = fast_div(v.c, q2), ch = q2 - b * v.c.d;
         float sum = 0.0f;
         const i64 cbase = g.coff + (i64)b * g.cs[0] + (i64)ch * (kh * kw) * g.cs[1];
-        if (g.sh == 1 && g.sw == 1) {
-            // Stride 1 (the common case): the window's output positions need no quotients.
-            for (int i = 0; i < kh; ++i) {
-                const int oy = (int)y + ph - i * dh;
-                if (oy < 0 || oy >= (int)oh) continue;
-                for (int j = 0; j < kw; ++j) {
-                    const int ox = (int)xx + pw - j * dw;
-                    if (ox < 0 || ox >= (int)ow) continue;
-                    sum += load_f(cols, cdt, cbase + (i64)(i * kw + j) * g.cs[1] + ((i64)oy * ow + ox) * g.cs[2]);
-                }
-            }
-            store_f(out, odt, g.xoff + (i64)b * g.xs[0] + (i64)ch * g.xs[1] + (i64)y * g.xs[2] + (i64)xx * g.xs[3], sum);
-            continue;
-        }
         for (int i = 0; i < kh; ++i) {
             const int ty = (int)y + ph - i * dh;
             if (ty < 0) continue;
-            const u32 oy = fast_div(v.sh, (u32)ty);
+            // Stride 1 (the common case) needs no quotient per window entry.
+            const u32 oy = unit ? (u32)ty : fast_div(v.sh, (u32)ty);
             if (oy * v.sh.d != (u32)ty || oy >= oh) continue;
             for (int j = 0; j < kw; ++j) {
                 const int tx = (int)xx + pw - j * dw;
                 if (tx < 0) continue;
-                const u32 ox = fast_div(v.sw, (u32)tx);
+                const u32 ox = unit ? (u32)tx : fast_div(v.sw, (u32)tx);
                 if (ox * v.sw.d != (u32)tx || ox >= ow) continue;
-                const i64 row = ((i64)ch * kh + i) * kw + j;
-                sum += load_f(cols, cdt, g.coff + (i64)b * g.cs[0] + row * g.cs[1] + ((i64)oy * ow + ox) * g.cs[2]);
+                sum += load_f(cols, cdt, cbase + (i64)(i * kw + j) * g.cs[1] + ((i64)oy * ow + ox) * g.cs[2]);
             }
         }
         store_f(out, odt, g.xoff + (i64)b * g.xs[0] + (i64)ch * g.xs[1] + (i64)y * g.xs[2] + (i64)xx * g.xs[3], sum);

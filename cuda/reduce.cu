@@ -600,11 +600,12 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
     __shared__ int round_total;
     __shared__ float tile_x[SCAN_TILE];
     __shared__ float tile_w[SCAN_TILE_ROWS];
-    if (verdict && *verdict) return;
+    // Every block reads every id, so it checks them itself (no separate check launch, so
+    // `verdict`, which the segment kernels share in their parameters, is unused here): an id
+    // past the last segment (gridDim.x) is reported, and no block writes its sums.
+    (void)verdict;
     const u32 s = blockIdx.x;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    // Every block reads every id, so it checks them itself (no separate check launch): an id
-    // past the last segment (gridDim.x) is reported, and no block writes its sums.
     bool bad = false;
     for (i64 k = t; k <= d; k += SCAN_THREADS) {
         acc[k] = 0.0f;
@@ -622,9 +623,10 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
         if (ahead + 1 < n) next1 = seg[ahead + 1];
         const bool hit0 = i0 < n && id0 == s;
         const bool hit1 = i0 + 1 < n && id1 == s;
-        if ((i0 < n && id0 >= gridDim.x) || (i0 + 1 < n && id1 >= gridDim.x)) {
+        const bool bad0 = i0 < n && id0 >= gridDim.x, bad1 = i0 + 1 < n && id1 >= gridDim.x;
+        if (bad0 || bad1) {
             bad = true;
-            if (fault) report_fault(fault, id0 >= gridDim.x ? id0 : id1, gridDim.x, fault_op);
+            report_fault(fault, bad0 ? id0 : id1, gridDim.x, fault_op);
         }
         // Places in the list: the hits of the lanes below within the warp (ballots), after
         // those of the warps below (warp 0 scans the warps' totals once; every thread walking

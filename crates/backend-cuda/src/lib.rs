@@ -91,7 +91,6 @@ const SCAN_SEGMENTS_TIMES_ROWS: u64 = 1 << 24;
 /// took 33 us to place a product quantiser's 160,000 rows on an H200, 79 blocks of 64 turns).
 const PLACE_CHUNK: usize = 1024;
 
-/// Which nearest-centroid kernel runs, and what it needs.
 /// Products with at most this many multiply-adds (`batch * m * n * k`) run as our
 /// `small_gemm_*` kernels rather than cuBLAS, whose launch and tile set-up dominate there (a
 /// 10 x 128 x 256 weight gradient took 57 us through cuBLAS on an H200).
@@ -127,6 +126,7 @@ impl SmallMat {
     }
 }
 
+/// Which nearest-centroid kernel runs, and what it needs.
 struct NearestPlan {
     kernel: &'static str,
     /// f16 planes of each packed operand (2: high parts and remainders), 0 for unpacked.

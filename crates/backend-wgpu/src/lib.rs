@@ -423,11 +423,18 @@ const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(
 /// multiprocessors) run as
 /// one dot product per output (`gemm_dot.wgsl`) instead of the tile.
 const DOT_BELOW_TILES: usize = 32;
+const DOT_THIN: usize = 8;
+const DOT_FROM_K: usize = 128;
+
 /// A split product (`matmul_split_k`) whose output has at most this many rows or columns
 /// computes its slices as dot products.
 const SPLIT_DOT_THIN: usize = 16;
-const DOT_THIN: usize = 8;
-const DOT_FROM_K: usize = 128;
+
+/// Whether the dot-product kernel can read both operands: k is `a`'s column and `b`'s row
+/// dimension, and it wants unit strides along it.
+fn unit_k_strides(am: &validate::MatrixView, bm: &validate::MatrixView) -> bool {
+    am.strides[2] == 1 && bm.strides[1] == 1
+}
 
 /// Verdict words of index checks, reused round robin. A word is reused only by a check
 /// submitted after the kernel that read it, and the queue runs work in order.
@@ -1263,8 +1270,7 @@ impl WgpuBackend {
         let dot = slices == 1
             && (thin || tiles < DOT_BELOW_TILES)
             && am.cols >= DOT_FROM_K
-            && am.strides[2] == 1
-            && bm.strides[1] == 1
+            && unit_k_strides(am, bm)
             && !tile_only();
         // Long products over few tiles go to the split tile kernel even under
         // Precision::Fast: the cooperative-matrix kernel does not split k, and on an H200 it
@@ -1310,7 +1316,7 @@ impl WgpuBackend {
         // An output narrower than a quarter tile on a side (a convolution's 32 x 9 weight
         // gradient) would leave the tile kernel computing mostly padding: its slices are
         // dot products, where the k strides allow.
-        let dot = rows.min(cols) <= SPLIT_DOT_THIN && am.strides[2] == 1 && bm.strides[1] == 1;
+        let dot = rows.min(cols) <= SPLIT_DOT_THIN && unit_k_strides(am, bm);
         self.matmul_f32(
             [a, b, View::new(&partial, &partial_l)],
             [&a_slices, &b_slices, &p_slices],
@@ -2846,44 +2852,36 @@ impl Backend for WgpuBackend {
         );
         let n = out.layout.numel();
         let aligned = [out.layout, &al, &bl].iter().all(|l| l.offset % 4 == 0) && n % 4 == 0;
-        if arithmetic
+        // `b` contiguous too (binary_vec4), or a broadcast bias (binary_rows_vec4: its offset in
+        // elements, then the run each value covers and the values before the pattern repeats).
+        let vec4 = if arithmetic
             && aligned
             && [da, db, dout].iter().all(|&d| d == DType::F32)
-            && all_contiguous(&out.layout.shape, &[out.layout, &al, &bl])
+            && all_contiguous(&out.layout.shape, &[out.layout, &al])
         {
-            let p = Params::default()
+            match broadcast_rows(&bl) {
+                _ if all_contiguous(&out.layout.shape, &[&bl]) => Some((
+                    "binary_vec4.wgsl",
+                    Params::default().scalar(1, (bl.offset / 4) as u32),
+                )),
+                Some((inner, outer)) => Some((
+                    "binary_rows_vec4.wgsl",
+                    Params::default()
+                        .scalar(1, bl.offset as u32)
+                        .scalar(3, inner as u32)
+                        .scalar(4, outer as u32),
+                )),
+                None => None,
+            }
+        } else {
+            None
+        };
+        if let Some((file, p)) = vec4 {
+            let p = p
                 .scalar(0, (al.offset / 4) as u32)
-                .scalar(1, (bl.offset / 4) as u32)
                 .scalar(2, (out.layout.offset / 4) as u32);
             let expr = wgsl::binary_expr(op);
-            let spec = Spec::new("binary_vec4.wgsl").slot(
-                "op",
-                format!("fn op(a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {{ return {expr}; }}"),
-            );
-            return self.run(
-                spec,
-                p,
-                &[(a.buffer, false), (b.buffer, false), (out.buffer, true)],
-                n / 4,
-            );
-        }
-        // A broadcast `b` (a bias) over contiguous `a` and output: still four at a time.
-        let contiguous = |l: &Layout| l.shape == out.layout.shape && l.is_contiguous();
-        if arithmetic
-            && aligned
-            && [da, db, dout].iter().all(|&d| d == DType::F32)
-            && contiguous(out.layout)
-            && contiguous(&al)
-            && let Some((inner, outer)) = broadcast_rows(&bl)
-        {
-            let p = Params::default()
-                .scalar(0, (al.offset / 4) as u32)
-                .scalar(1, bl.offset as u32)
-                .scalar(2, (out.layout.offset / 4) as u32)
-                .scalar(3, inner as u32)
-                .scalar(4, outer as u32);
-            let expr = wgsl::binary_expr(op);
-            let spec = Spec::new("binary_rows_vec4.wgsl").slot(
+            let spec = Spec::new(file).slot(
                 "op",
                 format!("fn op(a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {{ return {expr}; }}"),
             );

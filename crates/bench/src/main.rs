@@ -184,22 +184,31 @@ fn print_profile(runs: usize) {
     }
 }
 
+/// Warm-ups: `run(i)` (which returns the seconds it timed) for i = 0, 1, ... until at least
+/// two runs and [`WARM_UP_SECONDS`] of them; returns how many ran. A GPU left idle (while a
+/// peer ran on the CPU, say) drops its clocks and raises them only after sustained load: on an
+/// H200 through Vulkan, runs after an idle spell took 3-4x longer for the first 0.1-0.2 s.
+/// The warm-ups' kernels are left out of a profile.
+fn warm_up<E>(mut run: impl FnMut(usize) -> Result<f64, E>) -> Result<usize, E> {
+    let (mut warm, mut warm_runs) = (0.0, 0);
+    while warm_runs < 2 || (warm < WARM_UP_SECONDS && warm_runs < 200) {
+        warm += run(warm_runs)?;
+        warm_runs += 1;
+    }
+    let _ = take_profile(1);
+    Ok(warm_runs)
+}
+
 /// Times `run` `reps` times after warm-ups (at least two, and [`WARM_UP_SECONDS`] of them),
 /// calling `prepare` (untimed) before each.
 fn time_it(reps: usize, mut prepare: impl FnMut(usize), mut run: impl FnMut()) -> f64 {
-    // Warm-up: at least two runs and half a second of them. A GPU left idle (while a peer ran
-    // on the CPU, say) drops its clocks and raises them only after sustained load: on an H200
-    // through Vulkan, runs after an idle spell took 3-4x longer for the first 0.1-0.2 s.
-    let (mut warm, mut warm_runs) = (0.0, 0);
-    while warm_runs < 2 || (warm < WARM_UP_SECONDS && warm_runs < 200) {
-        prepare(warm_runs);
+    let warm_runs = warm_up(|i| {
+        prepare(i);
         let t = Instant::now();
         run();
-        warm += t.elapsed().as_secs_f64();
-        warm_runs += 1;
-    }
-    // The warm-ups' kernels are left out of a profile.
-    let _ = take_profile(1);
+        Ok::<_, std::convert::Infallible>(t.elapsed().as_secs_f64())
+    })
+    .unwrap_or_else(|never| match never {});
     let mut times = Vec::new();
     for i in 0..reps {
         prepare(warm_runs + i);

@@ -199,18 +199,13 @@ fn speed<B: Backend>(b: &B, args: &VlcArgs) -> Result<(), String> {
     let mut whole = Vec::new();
     let mut anneal_only = Vec::new();
     let mut parts: [Vec<f64>; 4] = Default::default();
-    // Warm-ups as `time_it`'s: at least two runs and WARM_UP_SECONDS of them (an idle GPU
-    // runs at low clocks for the first 0.1-0.2 s of load), each with a seed of its own.
-    let (mut warm, mut warm_runs) = (0.0, 0usize);
-    while warm_runs < 2 || (warm < crate::WARM_UP_SECONDS && warm_runs < 200) {
-        cfg.seed = 1000 + warm_runs as u64;
+    // Warm-ups as `time_it`'s, each with a seed of its own.
+    crate::warm_up(|i| {
+        cfg.seed = 1000 + i as u64;
         let t = Instant::now();
         compress(b, &small, &cfg, &mut |_| {}).map_err(e)?;
-        warm += t.elapsed().as_secs_f64();
-        warm_runs += 1;
-    }
-    // The warm-ups are left out of a profile.
-    let _ = crate::take_profile(1);
+        Ok::<_, String>(t.elapsed().as_secs_f64())
+    })?;
     for rep in 0..args.reps {
         cfg.seed = rep as u64;
         let t = Instant::now();

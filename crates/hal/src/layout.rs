@@ -362,6 +362,8 @@ impl Layout {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn memory_order_walks_a_permuted_dense_view_contiguously() {
         let base = Layout::contiguous(&[4, 3, 5, 1]);
@@ -373,8 +375,6 @@ mod tests {
         let flipped = base.flip(1).unwrap().permute(&[2, 0, 1, 3]).unwrap();
         assert_eq!(flipped.memory_order(), vec![1, 2, 0, 3]);
     }
-
-    use super::*;
 
     #[test]
     fn movement_ops_are_metadata() {

@@ -93,8 +93,14 @@ impl<B: Backend> Tensor<B> {
     /// result of a call that writes every element ([`hal::Backend::alloc_for_write`]: no zero
     /// fill, one launch fewer on a GPU).
     pub(crate) fn for_write(backend: &B, shape: &[usize], dtype: DType) -> Result<Self> {
-        let buffer = backend.alloc_for_write(dtype, hal::numel(shape))?;
-        Ok(Self::from_parts(backend, buffer, Layout::contiguous(shape)))
+        Self::for_write_as(backend, Layout::contiguous(shape), dtype)
+    }
+
+    /// [`Tensor::for_write`] laid out as `layout`, a dense layout (it covers its buffer whole,
+    /// in some order of its dimensions: see `Tensor::dense_layout`).
+    pub(crate) fn for_write_as(backend: &B, layout: Layout, dtype: DType) -> Result<Self> {
+        let buffer = backend.alloc_for_write(dtype, layout.numel())?;
+        Ok(Self::from_parts(backend, buffer, layout))
     }
 
     /// A new contiguous tensor of `shape` with every element `value`.

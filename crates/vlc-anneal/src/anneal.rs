@@ -636,10 +636,7 @@ fn copy_winner(
     let to = p.mul(s, dd);
     let to = p.add(to, k);
     p.store(anchors, to, v);
-    let one = p.const_u32(1);
-    let s1 = p.add(s, one);
-    let zero = p.const_u32(0);
-    p.store(next, zero, s1);
+    advance(p, next, s);
     v
 }
 
@@ -918,9 +915,9 @@ pub(crate) fn anneal_on_device<B: Backend>(
             && it + 1 < last_maintenance;
         if !maintenance {
             // The update and the next iteration's assignment, as one replay.
-            current = Some(state.update_and_assign(it)?);
+            current = Some(state.update_and_assign()?);
         } else {
-            state.update(it)?;
+            state.update()?;
             // Maintenance needs the assignment to the updated anchors.
             let after = state.assign(true)?;
             let checked = state.check_maintenance()?;
@@ -997,9 +994,7 @@ fn sample_rows(n: usize, k: usize, seed: u64) -> Vec<usize> {
 /// The device buffers of one run.
 pub(crate) struct State<B: Backend> {
     b: B,
-    n: usize,
-    d: usize,
-    m: usize,
+    /// Assignments enqueued so far (the device's `Pass::slot` counter holds the same).
     assignments: usize,
     /// On a GPU, the maintenance check and its flags (see [`maintenance_check_program`]);
     /// the verdict is copied into the last slot of `totals`, so it comes back with the
@@ -1015,8 +1010,6 @@ pub(crate) struct State<B: Backend> {
     /// An update followed by a fast assignment, recorded at first use (see
     /// [`State::update_and_assign`]).
     recorded: Option<B::Graph>,
-    /// Updates run so far (the device's `Pass::step` counter holds the same).
-    updates: usize,
 }
 
 /// The device work of one annealing iteration, as calls that depend on no host value: the
@@ -1036,11 +1029,19 @@ pub(crate) struct Pass<B: Backend> {
     weights: B::Buffer,
     sums: B::Buffer,
     weight_sums: B::Buffer,
+    /// Each anchor's sum of squared distances, and its member count, at the last per-anchor
+    /// assignment.
     sse: B::Buffer,
     counts: B::Buffer,
+    /// The sum of squared distances at the last assignment, and at every assignment so far
+    /// (`totals`, one slot per assignment, then the maintenance check's verdict), read back
+    /// for the energies.
     total: B::Buffer,
     totals: B::Buffer,
+    /// Zeros: every anchor's segment in the sum of `sse`.
     zero_ids: B::Buffer,
+    /// Row `t`: update `t`'s `[huber^2 / n, temperature, momentum, 0]`, taken into `params`
+    /// by `take_row` (so no update waits for the host).
     schedule: B::Buffer,
     params: B::Buffer,
     huber: B::Kernel,
@@ -1151,9 +1152,7 @@ fn take_row_program() -> Result<hal::ir::Program> {
         let v = p.load(schedule, at);
         p.store(params, kk, v);
     }
-    let one = p.const_u32(1);
-    let next = p.add(s, one);
-    p.store(step, zero, next);
+    advance(&mut p, step, s);
     Ok(p.build()?)
 }
 
@@ -1167,10 +1166,16 @@ fn keep_total_program() -> Result<hal::ir::Program> {
     let at = p.load(slot, zero);
     let t = p.load(total, zero);
     p.store(totals, at, t);
-    let one = p.const_u32(1);
-    let next = p.add(at, one);
-    p.store(slot, zero, next);
+    advance(&mut p, slot, at);
     Ok(p.build()?)
+}
+
+/// `counter[0] = value + 1`: a device counter moved on past `value`, the count it held.
+fn advance(p: &mut ProgramBuilder, counter: hal::ir::BufferId, value: hal::ir::Value) {
+    let one = p.const_u32(1);
+    let next = p.add(value, one);
+    let zero = p.const_u32(0);
+    p.store(counter, zero, next);
 }
 
 impl<B: Backend> State<B> {
@@ -1244,14 +1249,10 @@ impl<B: Backend> State<B> {
             check,
             verdict_slot: slots,
             b: b.clone(),
-            n,
-            d,
-            m,
             assignments: 0,
             temperatures,
             pass: std::sync::Arc::new(pass),
             recorded: None,
-            updates: 0,
         })
     }
 
@@ -1272,18 +1273,15 @@ impl<B: Backend> State<B> {
         self.assignments - 1
     }
 
-    /// Update `it` of the schedule, from the last assignment.
-    fn update(&mut self, it: usize) -> Result<()> {
-        debug_assert_eq!(it, self.updates, "updates run in schedule order");
-        self.pass.update(&self.b)?;
-        self.updates += 1;
-        Ok(())
+    /// The next update of the schedule (its row is the device's count of updates), from the
+    /// last assignment.
+    fn update(&mut self) -> Result<()> {
+        Ok(self.pass.update(&self.b)?)
     }
 
-    /// Update `it`, then a fast assignment to the updated anchors (the next iteration's),
+    /// The next update, then a fast assignment to the updated anchors (the next iteration's),
     /// replayed from a recording made at the first call; returns the assignment's slot.
-    fn update_and_assign(&mut self, it: usize) -> Result<usize> {
-        debug_assert_eq!(it, self.updates, "updates run in schedule order");
+    fn update_and_assign(&mut self) -> Result<usize> {
         if self.recorded.is_none() {
             let pass = self.pass.clone();
             self.recorded = Some(self.b.record(std::sync::Arc::new(move |b: &B| {
@@ -1293,7 +1291,6 @@ impl<B: Backend> State<B> {
         }
         self.b
             .replay(self.recorded.as_ref().expect("recorded above"))?;
-        self.updates += 1;
         Ok(self.next_slot())
     }
 
@@ -1309,7 +1306,7 @@ impl<B: Backend> State<B> {
         let totals = self.b.read::<f32>(&self.pass.totals)?;
         let energies = totals[..self.assignments]
             .iter()
-            .map(|&t| t as f64 / self.n as f64)
+            .map(|&t| t as f64 / self.pass.n as f64)
             .collect();
         Ok((energies, totals.last().is_some_and(|&v| v > 0.0)))
     }
@@ -1332,7 +1329,7 @@ impl<B: Backend> State<B> {
                 &self.pass.total,
                 flags,
             ],
-            self.m * self.m,
+            self.pass.m * self.pass.m,
         )?;
         let verdict = Layout {
             shape: vec![1],
@@ -1354,7 +1351,7 @@ impl<B: Backend> State<B> {
         cfg: &Config,
         energy: f64,
     ) -> Result<(usize, usize, usize)> {
-        let (d, m) = (self.d, self.m);
+        let (d, m) = (self.pass.d, self.pass.m);
         let b = &self.b;
         let mut anchors = b.read::<f32>(&self.pass.anchors)?;
         let mut counts = b.read::<f32>(&self.pass.counts)?;

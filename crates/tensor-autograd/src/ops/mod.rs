@@ -43,15 +43,8 @@ impl<B: Backend> Tensor<B> {
         if l.offset != 0 || self.buffer().len() != self.numel() || self.numel() == 0 {
             return None;
         }
-        let order = l.memory_order();
-        let mut expected = 1isize;
-        for &d in order.iter().rev() {
-            if l.shape[d] != 1 && l.strides[d] != expected {
-                return None;
-            }
-            expected *= l.shape[d] as isize;
-        }
-        Some(l.clone())
+        let in_memory_order = l.permute(&l.memory_order()).ok()?;
+        in_memory_order.is_contiguous().then(|| l.clone())
     }
 
     /// A fresh tensor of this tensor's shape for a result the next call writes whole, laid out
@@ -62,8 +55,7 @@ impl<B: Backend> Tensor<B> {
     pub(crate) fn new_output_like(&self, dtype: DType) -> Result<Self> {
         match self.dense_layout() {
             Some(layout) if !layout.is_contiguous() => {
-                let buffer = self.backend().alloc_for_write(dtype, self.numel())?;
-                Ok(Tensor::from_parts(self.backend(), buffer, layout))
+                Tensor::for_write_as(self.backend(), layout, dtype)
             }
             _ => self.new_output(self.shape(), dtype),
         }
@@ -76,14 +68,10 @@ impl<B: Backend> Tensor<B> {
             return Ok(self.clone());
         }
         let source = self.layout().broadcast_to(&layout.shape)?;
-        let buffer = self
-            .backend()
-            .alloc_for_write(self.dtype(), layout.numel())?;
-        self.backend().copy(
-            hal::View::new(self.buffer(), &source),
-            hal::View::new(&buffer, layout),
-        )?;
-        Ok(Tensor::from_parts(self.backend(), buffer, layout.clone()))
+        let out = Tensor::for_write_as(self.backend(), layout.clone(), self.dtype())?;
+        self.backend()
+            .copy(hal::View::new(self.buffer(), &source), out.view())?;
+        Ok(out)
     }
 
     /// Sums this gradient over the dimensions that broadcasting stretched, so that it has
@@ -119,11 +107,7 @@ impl<B: Backend> Tensor<B> {
         if self.shape() == shape && self.is_dense() {
             return Ok(self.clone());
         }
-        let layout = self.layout().broadcast_to(shape)?;
-        let out = self.new_output(shape, self.dtype())?;
-        self.backend()
-            .copy(hal::View::new(self.buffer(), &layout), out.view())?;
-        Ok(out)
+        self.stored_as(&Layout::contiguous(shape))
     }
 }
 
@@ -163,11 +147,7 @@ pub(crate) fn fused<B: Backend>(
     b.store(out_id, i, r);
     let program = b.build()?;
     let kernel = backend.compile(&program)?;
-    let out = Tensor::from_parts(
-        &backend,
-        backend.alloc_for_write(dtype, layout.numel())?,
-        layout,
-    );
+    let out = Tensor::for_write_as(&backend, layout, dtype)?;
     let mut args: Vec<&B::Buffer> = dense.iter().map(|t| t.buffer()).collect();
     args.push(out.buffer());
     let n = hal::numel(shape);

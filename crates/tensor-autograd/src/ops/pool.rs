@@ -140,12 +140,7 @@ impl<B: Backend> Tensor<B> {
                 let program =
                     tiled_max_backward_program(g.dtype(), g.layout(), kernel, &grad_layout)?;
                 let kernel_fn = g.backend().compile(&program)?;
-                let dx = Tensor::from_parts(
-                    g.backend(),
-                    g.backend()
-                        .alloc_for_write(g.dtype(), grad_layout.numel())?,
-                    grad_layout.clone(),
-                );
+                let dx = Tensor::for_write_as(g.backend(), grad_layout.clone(), g.dtype())?;
                 g.backend().launch(
                     &kernel_fn,
                     &[g.buffer(), arg.buffer(), dx.buffer()],
