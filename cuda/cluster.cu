@@ -399,21 +399,23 @@ nearest_3xtf32(const float* x, i64 n, i64 xr, i64 xc_unit, const float* c, i64 m
 // As the TF32 search, with operands rounded to f16 while they are staged (once per element and
 // block, not per fragment) and mma.sync m16n8k16: twice the products per instruction and half
 // the shared memory. f16's range is made to fit: each operand is scaled by a power of two that
-// brings its largest finite magnitude just under 2^15 (absmax_rows measured it first; 1 where
+// brings its largest finite magnitude just under 2^15 (absmax_rows_pair measured it first; 1 where
 // it is 0), and the scores undo the scales exactly. Non-finite coordinates stay non-finite and
 // make their scores NaN or infinite, as in f32.
 #define HLD (TBK + 8)
 
 // The largest finite |v| of a [rows, cols] matrix (strides rs, cs) into *out as float bits
-// (atomicMax on the bits orders non-negative floats). *out must start at 0. Non-finite values
-// are passed over, so one NaN or infinity does not cost every other value its scaling.
-extern "C" __global__ void absmax_rows(const float* v, i64 rows, i64 cols, i64 rs, i64 cs, u32* out) {
+// (atomicMax on the bits orders non-negative floats), over blocks `block` of `blocks`. *out
+// must start at 0. Non-finite values are passed over, so one NaN or infinity does not cost
+// every other value its scaling.
+__device__ __forceinline__ void absmax_impl(const float* v, i64 rows, i64 cols, i64 rs, i64 cs, u32* out, i64 block,
+                                            i64 blocks) {
     __shared__ float part[32];
     float mx = 0.0f;
     const i64 total = rows * cols;
     // Contiguous rows need no division per element.
     const bool flat = cs == 1 && rs == cols;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    for (i64 i = block * blockDim.x + threadIdx.x; i < total; i += blocks * blockDim.x) {
         float a = fabsf(v[flat ? i : (i / cols) * rs + (i % cols) * cs]);
         if (a > mx && a < __int_as_float(0x7f800000)) mx = a;
     }
@@ -426,6 +428,18 @@ extern "C" __global__ void absmax_rows(const float* v, i64 rows, i64 cols, i64 r
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         if (threadIdx.x == 0) atomicMax(out, __float_as_uint(mx));
     }
+}
+
+// absmax_rows of two matrices in one launch (the points' and the centroids' scales of a
+// search): the first `first_blocks` blocks take the first, the rest the second, each into its
+// own word.
+extern "C" __global__ void absmax_rows_pair(const float* v0, i64 rows0, i64 cols0, i64 rs0, i64 cs0, u32* out0,
+                                            const float* v1, i64 rows1, i64 cols1, i64 rs1, i64 cs1, u32* out1,
+                                            i64 first_blocks) {
+    if ((i64)blockIdx.x < first_blocks)
+        absmax_impl(v0, rows0, cols0, rs0, cs0, out0, blockIdx.x, first_blocks);
+    else
+        absmax_impl(v1, rows1, cols1, rs1, cs1, out1, blockIdx.x - first_blocks, gridDim.x - first_blocks);
 }
 
 // The power of two that maps magnitudes up to `bits` (a float's bits) under 2^15.
@@ -451,7 +465,7 @@ __device__ __forceinline__ void mma_f16(float* c, const u32* a, const u32* b) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// nearest_3xtf32's parameters, then `scales`: absmax_rows' words for x and for c. Any d; the
+// nearest_3xtf32's parameters, then `scales`: absmax_rows_pair's words for x and for c. Any d; the
 // operands are staged through registers (rounded to f16 there) one k-step at a time, in 24 KiB
 // of static shared memory: the fast mode of devices that cannot lend the held or streamed
 // kernels below their dynamic shared memory (the host's NearestPlan decides).

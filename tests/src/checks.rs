@@ -130,7 +130,7 @@ impl<B: Backend> Suite<'_, B> {
 const INDEX_ELEMENTS: usize = 1 << 20;
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 34] = [
+pub(crate) const EXPECTED_ROWS: [&str; 35] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -158,6 +158,7 @@ pub(crate) const EXPECTED_ROWS: [&str; 34] = [
     "segment_sum (weighted)",
     "nearest_centroid (Precision::Reproducible)",
     "segment_sum (Precision::Reproducible)",
+    "kmeans_pp",
     "sgd_step",
     "adam_step",
     "random uniform",
@@ -175,6 +176,7 @@ pub(crate) fn run_matrix_unit_policy<B: Backend>(s: &mut Suite<'_, B>) {
     if s.policy == hal::Precision::Fast {
         nearest_centroid(s);
         nearest_centroid_batched(s);
+        kmeans_pp(s);
     }
 }
 
@@ -196,6 +198,7 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     nearest_centroid_batched(s);
     segment_sum(s);
     reproducible(s);
+    kmeans_pp(s);
     optimizers(s);
     random(s);
     programs(s);
@@ -1604,6 +1607,93 @@ fn judge_nearest(
         }
     }
     (worst, worst_rel, worst_case)
+}
+
+fn run_kmeans_pp<B: Backend>(b: &B, x: &[f32], [n, d, m]: [usize; 3], seed: u64) -> Result<Vec<f64>> {
+    let xb = b.upload(x)?;
+    let anchors = b.alloc(DType::F32, m * d)?;
+    b.kmeans_pp(
+        View::new(&xb, &Layout::contiguous(&[n, d])),
+        View::new(&anchors, &Layout::contiguous(&[m, d])),
+        seed,
+    )?;
+    Ok(b.read::<f32>(&anchors)?.into_iter().map(f64::from).collect())
+}
+
+/// The row of `x` each anchor is (`None` where an anchor is no row).
+fn anchor_rows(x: &[f32], anchors: &[f64], d: usize) -> Vec<Option<usize>> {
+    anchors
+        .chunks(d.max(1))
+        .map(|a| {
+            x.chunks(d.max(1))
+                .position(|r| r.iter().zip(a).all(|(&v, &w)| v as f64 == w))
+        })
+        .collect()
+}
+
+/// k-means++ seeding: every anchor a row of `x`, no row twice, and the target's picks the
+/// reference's until a step where the two picks' race keys (recomputed in float64 from the
+/// shared anchors so far and the uniform stream) lie within the distance tolerance of each
+/// other; from there on the two runs legitimately differ. Keys' tolerance: `2^-12` relative
+/// (distances of up to a few hundred coordinates summed in f32 in different orders).
+fn kmeans_pp<B: Backend>(s: &mut Suite<'_, B>) {
+    let mut cases: Vec<[usize; 3]> = vec![[1, 3, 1], [7, 2, 7], [300, 5, 23], [2000, 128, 64], [999, 50, 40], [513, 300, 9]];
+    while cases.len() < s.cfg.cases.min(4) + 6 {
+        let r = s.rng();
+        let n = 1 + r.below(3000);
+        cases.push([n, 1 + r.below(160), 1 + r.below(n.min(80))]);
+    }
+    for [n, d, m] in cases {
+        // Points in a few loose clusters, as seeding meets them.
+        let centres: Vec<f32> = (0..8 * d).map(|_| s.rng().range(-4.0, 4.0)).collect();
+        let x: Vec<f32> = (0..n * d)
+            .map(|i| centres[(i / d % 8) * d + i % d] + s.rng().range(-1.0, 1.0))
+            .collect();
+        let seed = s.rng().next_u64();
+        let case = format!("n={n} d={d} m={m} seed={seed}");
+        let (cpu, target) = match both!(s, run_kmeans_pp(&x, [n, d, m], seed)) {
+            Ok(r) => r,
+            Err(e) => {
+                s.fail("kmeans_pp", format!("{case}: {e}"));
+                continue;
+            }
+        };
+        let got = target.as_ref().unwrap_or(&cpu);
+        let (picked, reference) = (anchor_rows(&x, got, d), anchor_rows(&x, &cpu, d));
+        let mut rows = std::collections::HashSet::new();
+        if let Some(j) = (0..m).find(|&j| picked[j].is_none_or(|r| !rows.insert(r))) {
+            s.fail("kmeans_pp", format!("{case}: anchor {j} is not a new row of x ({:?})", picked[j]));
+            continue;
+        }
+        let mut over = 0.0f64;
+        if let Some(j) = (0..m).find(|&j| picked[j] != reference[j]) {
+            // D^2 to the anchors both placed, then each pick's key.
+            let row = |i: usize| &x[i * d..(i + 1) * d];
+            let d2 = |i: usize| -> f64 {
+                reference[..j]
+                    .iter()
+                    .map(|a| {
+                        let a = row(a.expect("checked"));
+                        row(i).iter().zip(a).map(|(&p, &q)| (p as f64 - q as f64).powi(2)).sum::<f64>()
+                    })
+                    .fold(f64::INFINITY, f64::min)
+            };
+            let key = |i: usize| -> f64 {
+                let u = hal::random::random_value(
+                    hal::Distribution::Uniform { low: 0.0, high: 1.0 },
+                    seed,
+                    (j * n + i) as u64,
+                );
+                if j == 0 {
+                    return u as f64;
+                }
+                -(u.max(f32::MIN_POSITIVE) as f64).ln() / d2(i)
+            };
+            let (ours, theirs) = (key(picked[j].expect("checked")), key(reference[j].expect("checked")));
+            over = (ours / theirs - 1.0).abs() / 2f64.powi(-12);
+        }
+        s.record("kmeans_pp", &case, 0.0, over);
+    }
 }
 
 /// Batched searches (`x: [g, n, d]` against `centroids: [g, m, d]`): each group's results

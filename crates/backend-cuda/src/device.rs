@@ -389,6 +389,43 @@ impl Device {
         .map_err(|e| driver_error("cuLaunchKernel", e))
     }
 
+    /// Launches `f` cooperatively: the driver starts every block at once or refuses the
+    /// launch (too large a grid for the device), so the kernel's blocks may wait for each other.
+    pub fn launch_cooperative(
+        &self,
+        f: Func,
+        grid: u32,
+        block: u32,
+        mut args: Args,
+    ) -> Result<()> {
+        self.timed(f.name, || {
+            let mut ptrs = args.pointers();
+            // SAFETY: a zeroed attribute is a valid "ignore" value before id and value are set.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+            attr.value.cooperative = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as in `launch_now`: the arguments mirror the kernel's declaration and
+            // point into live blocks.
+            unsafe {
+                sys::cuLaunchKernelEx(&config, f.raw, ptrs.as_mut_ptr(), std::ptr::null_mut())
+            }
+            .result()
+            .map_err(|e| driver_error("cuLaunchKernelEx (cooperative)", e))
+        })
+    }
+
     /// Launches kernel `name` with enough blocks of [`BLOCK`] threads for `work` items (the
     /// kernels loop, so the grid is capped at a few waves).
     pub fn launch(&self, name: &'static str, work: usize, args: Args) -> Result<()> {

@@ -61,6 +61,9 @@ pub struct CudaBuffer {
 /// `nearest_f16x3_held`) keep a block's points in shared memory (cluster.cu's `HOLD_D`).
 const NEAREST_HOLD_D: usize = 128;
 
+/// Threads per block of `kmeans_pp_race` (reduce.cu's `KPP_BLOCK`).
+const KPP_BLOCK: u32 = 256;
+
 /// Below this many centroids `nearest_centroid` takes one light pass instead of a GEMM-style
 /// kernel: a warp per point (`nearest_few`), or under `Precision::Reproducible` the
 /// reference-order kernel with narrow centroid tiles.
@@ -599,6 +602,10 @@ impl CudaBackend {
         let per_block = kept.n < 4 * sms && red.n >= 1024;
         let (name, groups, threads) = if columns {
             ("reduce_columns", (kept.n as usize).div_ceil(COLUMN_W), 1024)
+        } else if kept.n == 1 && red.n >= 4096 {
+            // One output: a block of 1,024 threads has four times the loads in flight (the
+            // 10,000 distances of an assignment's energy).
+            ("reduce_block_wide", 1, 1024)
         } else if per_block {
             ("reduce_block", kept.n as usize, device::BLOCK)
         } else {
@@ -1277,11 +1284,26 @@ impl Backend for CudaBackend {
                 .arg(if scales.is_some() { 2i32 } else { 0 }),
         )?;
         if let Some(scales) = &scales {
-            for (i, (b, l, count)) in [(&xb, &xl, n), (&cb, &cl, m)].into_iter().enumerate() {
-                let out = scales.ptr() + 4 * i as u64;
-                self.dev
-                    .launch("absmax_rows", count * d, matrix(b, l, count).arg(out))?;
-            }
+            // Both operands' scales in one launch (a block per 256 elements, at most 16 per
+            // multiprocessor each).
+            let blocks = |count: usize| (count * d).div_ceil(256).clamp(1, self.dev.sms as usize * 16);
+            let (bx, bc) = (blocks(n), blocks(m));
+            let operand = |a: Args, b: &CudaBuffer, l: &Layout, count: usize, out: u64| {
+                a.arg(b.ptr() + l.offset as u64 * 4)
+                    .arg(count as i64)
+                    .arg(d as i64)
+                    .arg(l.strides[0] as i64)
+                    .arg(l.strides[1] as i64)
+                    .arg(out)
+            };
+            let args = operand(Args::new(), &xb, &xl, n, scales.ptr());
+            let args = operand(args, &cb, &cl, m, scales.ptr() + 4);
+            self.dev.launch_raw(
+                self.dev.function("absmax_rows_pair")?,
+                ((bx + bc) as u32, 1, 1),
+                device::BLOCK,
+                args.arg(bx as i64),
+            )?;
         }
         // The held and streamed kernels read their operands packed to f16 (rows padded to
         // whole tiles of 128 and to a multiple of 32 halves; the split form's remainders in a
@@ -1323,6 +1345,44 @@ impl Backend for CudaBackend {
                 .arg(ptr(&packed_c))
                 .arg(dp as i64)
                 .arg(ptr(&packed_x)),
+        )
+    }
+
+    fn kmeans_pp(&self, x: V<'_>, anchors: V<'_>, seed: u64) -> Result<()> {
+        let [n, d, m] = validate::kmeans_pp(x, anchors)?;
+        // The reproducible precision keeps the reference's distance order (hal's steps).
+        // (Indices are packed into 32 bits.)
+        if self.precision == Precision::Reproducible || m == 0 || n > u32::MAX as usize {
+            return hal::seeding::kmeans_pp_steps(self, x, anchors, seed);
+        }
+        self.dev.bind()?;
+        // One cooperative launch (reduce.cu's kmeans_pp_race): a group of lanes per point,
+        // about 16 coordinates a lane, and at most a block per multiprocessor, so that every
+        // block is resident.
+        let lanes = 1usize << d.div_ceil(16).max(1).ilog2().min(5);
+        let blocks = (n * lanes)
+            .div_ceil(KPP_BLOCK as usize)
+            .clamp(1, self.dev.sms as usize);
+        let d2 = self.new_buffer(DType::F32, n)?;
+        // Per anchor, the packed winner (u64) and the blocks counted in (u32), all ones.
+        let slots = self.new_buffer(DType::U32, 3 * m)?;
+        self.dev.memset(slots.ptr(), 0xff, 12 * m)?;
+        self.dev.launch_cooperative(
+            self.dev.function("kmeans_pp_race")?,
+            blocks as u32,
+            KPP_BLOCK,
+            Args::new()
+                .arg(x.buffer.ptr())
+                .arg(n as i64)
+                .arg(d as i64)
+                .arg(m as i64)
+                .arg(anchors.buffer.ptr())
+                .arg(d2.ptr())
+                .arg(slots.ptr())
+                .arg(slots.ptr() + 8 * m as u64)
+                .arg(seed as u32)
+                .arg((seed >> 32) as u32)
+                .arg(lanes as i32),
         )
     }
 

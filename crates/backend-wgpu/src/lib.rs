@@ -1841,6 +1841,20 @@ impl WgpuBackend {
         Ok((WgpuBuffer(Arc::new(inner)), !fresh))
     }
 
+    /// Runs `f` with profiles filing its dispatches under `label()` (only when profiling,
+    /// and only outside another labelled call, whose label the inner dispatches keep).
+    fn labelled(&self, label: impl FnOnce() -> String, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let Some(profiler) = &self.0.profiler else {
+            return f();
+        };
+        if !lock(profiler).set_label_if_none(label) {
+            return f();
+        }
+        let result = f();
+        lock(profiler).set_label(None);
+        result
+    }
+
     /// Scratch space a kernel overwrites completely (partials, unused dummies): no clearing.
     fn scratch(&self, dtype: DType, len: usize) -> Result<WgpuBuffer> {
         Ok(self.pooled_buffer(dtype, len)?.0)
@@ -2963,7 +2977,10 @@ impl Backend for WgpuBackend {
         } else {
             op
         };
-        self.reduce_chunked(op, x, axes, out, scale, None)
+        self.labelled(
+            || format!("reduce {:?} over {axes:?}", x.layout.shape),
+            || self.reduce_chunked(op, x, axes, out, scale, None),
+        )
     }
 
     fn arg_reduce(&self, op: ArgReduceOp, x: V<'_>, axis: usize, out: V<'_>) -> Result<()> {
@@ -2984,17 +3001,11 @@ impl Backend for WgpuBackend {
         if om.batch == 0 || om.rows == 0 || om.cols == 0 {
             return Ok(());
         }
-        let Some(profiler) = &self.0.profiler else {
-            return self.matmul_routed([a, b, out], [&am, &bm, &om], alpha, beta);
-        };
         // Profiles file a product's dispatches under its shape.
-        lock(profiler).set_label(Some(format!(
-            "gemm {}x{}x{} batch {}",
-            om.rows, om.cols, am.cols, om.batch
-        )));
-        let result = self.matmul_routed([a, b, out], [&am, &bm, &om], alpha, beta);
-        lock(profiler).set_label(None);
-        result
+        self.labelled(
+            || format!("gemm {}x{}x{} batch {}", om.rows, om.cols, am.cols, om.batch),
+            || self.matmul_routed([a, b, out], [&am, &bm, &om], alpha, beta),
+        )
     }
 
     fn spmv_csr(

@@ -62,6 +62,15 @@ impl Profiler {
         self.label = label;
     }
 
+    /// Sets the label `label()` where none is set; returns whether it did.
+    pub(crate) fn set_label_if_none(&mut self, label: impl FnOnce() -> String) -> bool {
+        let free = self.label.is_none();
+        if free {
+            self.label = Some(label());
+        }
+        free
+    }
+
     /// Whether another dispatch's pair of queries fits before a read-back.
     pub(crate) fn full(&self) -> bool {
         (self.pending.len() as u32 + 1) * 2 > QUERIES

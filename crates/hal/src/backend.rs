@@ -310,6 +310,33 @@ pub trait Backend: Clone + Send + Sync + 'static {
         counts: View<'_, Self::Buffer>,
     ) -> Result<()>;
 
+    /// k-means++ seeding: writes into `anchors: [m, d]` the rows of `x: [n, d]` (both
+    /// contiguous `f32`, offset 0; `m <= n`) that D^2 sampling picks, by an exponential race
+    /// (Efraimidis and Spirakis, 2006) on the stream of [`Backend::random`] for `seed`. With
+    /// `u_j(i)` the uniform value at offset `j n + i` of that stream: anchor 0 is the row with
+    /// the smallest `u_0(i)`; anchor `j > 0` is the row with the smallest key
+    /// `-ln(max(u_j(i), f32::MIN_POSITIVE)) / D2(i)`, where `D2(i)` is row `i`'s squared
+    /// distance to its nearest anchor so far, kept as the running `min` of the distances to
+    /// each new anchor (`+inf` where `D2 = 0`: a row already taken never wins; ties go to the
+    /// lowest index). Row `i` thus wins with probability `D2(i) / sum D2`. The rows must be
+    /// finite (with NaN or infinite coordinates the picks are unspecified).
+    ///
+    /// Tolerance: each distance as [`Backend::nearest_centroid`]'s; where two rows' keys lie
+    /// within what that allows, a backend may pick either (and the steps after it then differ).
+    /// Under [`Precision::Reproducible`] the distances follow `nearest_centroid`'s reference
+    /// order, so every backend picks the same rows. Deterministic on a given backend.
+    ///
+    /// The default runs it as a few calls of other primitives and IR kernels per anchor
+    /// ([`crate::seeding`]); a backend may fuse it.
+    fn kmeans_pp(
+        &self,
+        x: View<'_, Self::Buffer>,
+        anchors: View<'_, Self::Buffer>,
+        seed: u64,
+    ) -> Result<()> {
+        crate::seeding::kmeans_pp_steps(self, x, anchors, seed)
+    }
+
     // ----- optimisers (contiguous f32 buffers of one length) -----
 
     /// One SGD step as specified by [`SgdParams`]; `momentum_buffer` is required when

@@ -8,7 +8,7 @@
 //! What lives here:
 //! - [`Backend`]: a small closed set of primitives (elementwise over strided, broadcast views;
 //!   reductions; batched matmul; gather/scatter-add; im2col/col2im; nearest-centroid search and
-//!   segment sums; fused optimiser steps; counter-based random numbers; CSR mat-vec), each
+//!   segment sums; k-means++ seeding; fused optimiser steps; counter-based random numbers; CSR mat-vec), each
 //!   specified once in its rustdoc: semantics, NaN and tie rules, accumulation, and the
 //!   tolerance a backend may differ from the CPU reference by.
 //! - [`Backend::record`] / [`Backend::replay`]: a sequence of calls recorded once and replayed
@@ -45,6 +45,7 @@ mod layout;
 mod ops;
 pub mod profile;
 pub mod random;
+pub mod seeding;
 pub mod validate;
 
 pub use backend::{

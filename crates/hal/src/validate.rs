@@ -538,6 +538,35 @@ pub fn segment_sum<B: DeviceBuffer>(
     Ok(())
 }
 
+/// Checks [`crate::Backend::kmeans_pp`]'s operands; returns `[n, d, m]`.
+pub fn kmeans_pp<B: DeviceBuffer>(x: View<'_, B>, anchors: View<'_, B>) -> Result<[usize; 3]> {
+    const OP: &str = "kmeans_pp";
+    for v in [x, anchors] {
+        fits(OP, v)?;
+        dtype_is(OP, DType::F32, v.dtype())?;
+        if !v.layout.is_contiguous() || v.layout.offset != 0 {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                detail: format!(
+                    "x and anchors must be contiguous from offset 0, got strides {:?} offset {}",
+                    v.layout.strides, v.layout.offset
+                ),
+            });
+        }
+    }
+    rank(OP, x, 2, "x")?;
+    rank(OP, anchors, 2, "anchors")?;
+    let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], anchors.layout.shape[0]);
+    same_shape(OP, &[m, d], &anchors.layout.shape, "anchors are [m, d] for x [n, d]")?;
+    if m > n {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            detail: format!("{m} anchors asked of {n} rows: at most one anchor per row"),
+        });
+    }
+    Ok([n, d, m])
+}
+
 fn optimizer<B: DeviceBuffer>(op: &'static str, bufs: &[&B]) -> Result<()> {
     for b in bufs {
         dtype_is(op, DType::F32, b.dtype())?;
