@@ -272,6 +272,15 @@ pub(crate) struct Kernel {
     name: String,
 }
 
+/// A dispatch with its bind group and launch parameters built (see `WgpuBackend::prepare`).
+struct Prepared {
+    kernel: Arc<Kernel>,
+    group: wgpu::BindGroup,
+    /// The immediates, padded to the kernel's block.
+    words: Vec<u32>,
+    groups: [u32; 3],
+}
+
 /// The output block one GEMM or nearest-centroid workgroup computes (`tile.wgsl`): rows and
 /// columns, each 64 or 128.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -2078,9 +2087,7 @@ impl WgpuBackend {
             layout: &kernel.layout,
             entries: &entries,
         });
-        if self.0.profiler.as_ref().is_some_and(|p| lock(p).full()) {
-            self.read_profile()?;
-        }
+        self.make_room_in_profile()?;
         // Taken before the batch, as in read_profile.
         let mut profiler = self.0.profiler.as_ref().map(lock);
         let mut batch = self.lock_batch();
@@ -2106,8 +2113,45 @@ impl WgpuBackend {
                 });
             }
         }
-        if let Some(profiler) = profiler.as_mut() {
-            // A pass of its own, timed at both ends.
+        if immediates > 0 {
+            // The shader declares the whole block; every word must be set.
+            words.resize(immediates, 0);
+        }
+        self.encode_dispatch(
+            &mut batch,
+            profiler.as_deref_mut(),
+            kernel,
+            &group,
+            &words,
+            groups,
+        );
+        if immediates == 0 {
+            self.submit_batch(&mut batch);
+        }
+        Ok(())
+    }
+
+    /// Reads the profile's timestamps back when another dispatch's would not fit.
+    fn make_room_in_profile(&self) -> Result<()> {
+        if self.0.profiler.as_ref().is_some_and(|p| lock(p).full()) {
+            self.read_profile()?;
+        }
+        Ok(())
+    }
+
+    /// Appends one dispatch to the batch (under a profiler, in a pass of its own timed at both
+    /// ends), submitting the batch when it is full.
+    fn encode_dispatch(
+        &self,
+        batch: &mut Batch,
+        profiler: Option<&mut profile::Profiler>,
+        kernel: &Kernel,
+        group: &wgpu::BindGroup,
+        words: &[u32],
+        groups: [u32; 3],
+    ) {
+        let timed = profiler.is_some();
+        if let Some(profiler) = profiler {
             batch.pass = None;
             let writes = profiler.next(&kernel.name);
             let pass = batch
@@ -2121,19 +2165,78 @@ impl WgpuBackend {
         }
         let pass = batch.pass(&self.0.device);
         pass.set_pipeline(&kernel.pipeline);
-        pass.set_bind_group(0, &group, &[]);
-        if immediates > 0 {
-            // The shader declares the whole block; every word must be set.
-            words.resize(immediates, 0);
-            pass.set_immediates(0, bytemuck::cast_slice(&words));
+        pass.set_bind_group(0, group, &[]);
+        if kernel.immediate_words > 0 {
+            pass.set_immediates(0, bytemuck::cast_slice(words));
         }
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        if profiler.is_some() {
+        if timed {
             batch.pass = None;
         }
         batch.commands += 1;
-        if immediates == 0 || batch.commands >= batch_commands() {
-            self.submit_batch(&mut batch);
+        if batch.commands >= batch_commands() {
+            self.submit_batch(batch);
+        }
+    }
+
+    /// A dispatch of `spec` over `groups` workgroups made ready to encode many times without
+    /// building its bind group again: `None` where the kernel reads its parameters from the
+    /// shared binding 0 (no immediates, or too many words for them) or a buffer would have to
+    /// be copied first (bound both to read and to write).
+    fn prepare(
+        &self,
+        spec: &Spec,
+        params: &Params,
+        buffers: &[(&WgpuBuffer, bool)],
+        groups: [u32; 3],
+    ) -> Result<Option<Prepared>> {
+        let kernel = self.kernel(spec)?;
+        let immediates = kernel.immediate_words as usize;
+        let mut words = params.encode(0);
+        let aliased = buffers
+            .iter()
+            .any(|&(b, w)| !w && buffers.iter().any(|&(o, ow)| ow && o.same_memory(b)));
+        if immediates == 0 || words.len() > immediates || aliased {
+            return Ok(None);
+        }
+        words.resize(immediates, 0);
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, &(b, _))| wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.0.buffer.as_entire_binding(),
+            })
+            .collect();
+        let group = self.0.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &kernel.layout,
+            entries: &entries,
+        });
+        Ok(Some(Prepared {
+            kernel,
+            group,
+            words,
+            groups,
+        }))
+    }
+
+    /// Encodes `sequence` `times` times over, in order.
+    fn encode_repeated(&self, sequence: &[Prepared], times: usize) -> Result<()> {
+        for _ in 0..times {
+            for p in sequence {
+                self.make_room_in_profile()?;
+                let mut profiler = self.0.profiler.as_ref().map(lock);
+                let mut batch = self.lock_batch();
+                self.encode_dispatch(
+                    &mut batch,
+                    profiler.as_deref_mut(),
+                    &p.kernel,
+                    &p.group,
+                    &p.words,
+                    p.groups,
+                );
+            }
         }
         Ok(())
     }
@@ -2981,6 +3084,63 @@ impl Backend for WgpuBackend {
             || format!("reduce {:?} over {axes:?}", x.layout.shape),
             || self.reduce_chunked(op, x, axes, out, scale, None),
         )
+    }
+
+    fn kmeans_pp(&self, x: V<'_>, anchors: V<'_>, seed: u64) -> Result<()> {
+        let [n, d, m] = validate::kmeans_pp(x, anchors)?;
+        // A group of lanes per point (about 16 coordinates a lane), so many points a
+        // workgroup.
+        let lanes = 1usize << d.div_ceil(16).max(1).ilog2().min(5);
+        let groups = n.div_ceil(256 / lanes);
+        let fits = (m as u64) * (n as u64) < 1 << 32
+            && groups <= self.0.limits.max_compute_workgroups_per_dimension as usize;
+        // The reproducible precision keeps the reference's distance order (hal's steps).
+        if self.1 == Precision::Reproducible || m == 0 || !fits {
+            return hal::seeding::kmeans_pp_steps(self, x, anchors, seed);
+        }
+        let d2 = self.scratch(DType::F32, n)?;
+        let winners = self.scratch(DType::U32, m)?;
+        let step = self.alloc(DType::U32, 1)?;
+        let best_key = self.scratch(DType::F32, groups)?;
+        let best_at = self.scratch(DType::U32, groups)?;
+        let keys = self.prepare(
+            &Spec::new("kmeans_pp_keys.wgsl"),
+            &Params::default()
+                .scalar(0, n as u32)
+                .scalar(1, d as u32)
+                .scalar(2, lanes as u32)
+                .scalar(3, seed as u32)
+                .scalar(4, (seed >> 32) as u32),
+            &[
+                (x.buffer, false),
+                (&d2, true),
+                (&winners, false),
+                (&step, false),
+                (&best_key, true),
+                (&best_at, true),
+            ],
+            [groups as u32, 1, 1],
+        )?;
+        let pick = self.prepare(
+            &Spec::new("kmeans_pp_pick.wgsl"),
+            &Params::default().scalar(0, groups as u32),
+            &[
+                (&best_key, false),
+                (&best_at, false),
+                (&winners, true),
+                (&step, true),
+            ],
+            [1, 1, 1],
+        )?;
+        let (Some(keys), Some(pick)) = (keys, pick) else {
+            // (No immediates on this device: every dispatch would need its own submission.)
+            return hal::seeding::kmeans_pp_steps(self, x, anchors, seed);
+        };
+        // Every step's two dispatches encoded from the same bind groups (the step number is
+        // on the device), then the winners' rows gathered.
+        self.encode_repeated(&[keys, pick], m)?;
+        let rows = Layout::strided(&[m, d], &[1, 0], 0)?;
+        self.gather(x, 0, View::new(&winners, &rows), anchors)
     }
 
     fn arg_reduce(&self, op: ArgReduceOp, x: V<'_>, axis: usize, out: V<'_>) -> Result<()> {

@@ -311,6 +311,8 @@ shader_files!(
     "ternary.wgsl",
     "reduce.wgsl",
     "arg_line.wgsl",
+    "kmeans_pp_keys.wgsl",
+    "kmeans_pp_pick.wgsl",
     "arg_reduce.wgsl",
     "gemm.wgsl",
     "coop_tiles.wgsl",
