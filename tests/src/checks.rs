@@ -1609,7 +1609,12 @@ fn judge_nearest(
     (worst, worst_rel, worst_case)
 }
 
-fn run_kmeans_pp<B: Backend>(b: &B, x: &[f32], [n, d, m]: [usize; 3], seed: u64) -> Result<Vec<f64>> {
+fn run_kmeans_pp<B: Backend>(
+    b: &B,
+    x: &[f32],
+    [n, d, m]: [usize; 3],
+    seed: u64,
+) -> Result<Vec<f64>> {
     let xb = b.upload(x)?;
     let anchors = b.alloc(DType::F32, m * d)?;
     b.kmeans_pp(
@@ -1617,7 +1622,10 @@ fn run_kmeans_pp<B: Backend>(b: &B, x: &[f32], [n, d, m]: [usize; 3], seed: u64)
         View::new(&anchors, &Layout::contiguous(&[m, d])),
         seed,
     )?;
-    Ok(b.read::<f32>(&anchors)?.into_iter().map(f64::from).collect())
+    Ok(b.read::<f32>(&anchors)?
+        .into_iter()
+        .map(f64::from)
+        .collect())
 }
 
 /// The row of `x` each anchor is (`None` where an anchor is no row).
@@ -1637,7 +1645,15 @@ fn anchor_rows(x: &[f32], anchors: &[f64], d: usize) -> Vec<Option<usize>> {
 /// other; from there on the two runs legitimately differ. Keys' tolerance: `2^-12` relative
 /// (distances of up to a few hundred coordinates summed in f32 in different orders).
 fn kmeans_pp<B: Backend>(s: &mut Suite<'_, B>) {
-    let mut cases: Vec<[usize; 3]> = vec![[1, 3, 1], [7, 2, 7], [300, 5, 23], [2000, 128, 64], [999, 50, 40], [513, 300, 9]];
+    let mut cases: Vec<[usize; 3]> = vec![
+        [1, 3, 1],
+        [7, 2, 7],
+        [300, 5, 23],
+        [2000, 128, 64],
+        [999, 50, 40],
+        [513, 300, 9],
+        [1500, 768, 30],
+    ];
     while cases.len() < s.cfg.cases.min(4) + 6 {
         let r = s.rng();
         let n = 1 + r.below(3000);
@@ -1662,7 +1678,10 @@ fn kmeans_pp<B: Backend>(s: &mut Suite<'_, B>) {
         let (picked, reference) = (anchor_rows(&x, got, d), anchor_rows(&x, &cpu, d));
         let mut rows = std::collections::HashSet::new();
         if let Some(j) = (0..m).find(|&j| picked[j].is_none_or(|r| !rows.insert(r))) {
-            s.fail("kmeans_pp", format!("{case}: anchor {j} is not a new row of x ({:?})", picked[j]));
+            s.fail(
+                "kmeans_pp",
+                format!("{case}: anchor {j} is not a new row of x ({:?})", picked[j]),
+            );
             continue;
         }
         let mut over = 0.0f64;
@@ -1674,13 +1693,20 @@ fn kmeans_pp<B: Backend>(s: &mut Suite<'_, B>) {
                     .iter()
                     .map(|a| {
                         let a = row(a.expect("checked"));
-                        row(i).iter().zip(a).map(|(&p, &q)| (p as f64 - q as f64).powi(2)).sum::<f64>()
+                        row(i)
+                            .iter()
+                            .zip(a)
+                            .map(|(&p, &q)| (p as f64 - q as f64).powi(2))
+                            .sum::<f64>()
                     })
                     .fold(f64::INFINITY, f64::min)
             };
             let key = |i: usize| -> f64 {
                 let u = hal::random::random_value(
-                    hal::Distribution::Uniform { low: 0.0, high: 1.0 },
+                    hal::Distribution::Uniform {
+                        low: 0.0,
+                        high: 1.0,
+                    },
                     seed,
                     (j * n + i) as u64,
                 );
@@ -1689,7 +1715,10 @@ fn kmeans_pp<B: Backend>(s: &mut Suite<'_, B>) {
                 }
                 -(u.max(f32::MIN_POSITIVE) as f64).ln() / d2(i)
             };
-            let (ours, theirs) = (key(picked[j].expect("checked")), key(reference[j].expect("checked")));
+            let (ours, theirs) = (
+                key(picked[j].expect("checked")),
+                key(reference[j].expect("checked")),
+            );
             over = (ours / theirs - 1.0).abs() / 2f64.powi(-12);
         }
         s.record("kmeans_pp", &case, 0.0, over);

@@ -391,13 +391,7 @@ impl Device {
 
     /// Launches `f` cooperatively: the driver starts every block at once or refuses the
     /// launch (too large a grid for the device), so the kernel's blocks may wait for each other.
-    pub fn launch_cooperative(
-        &self,
-        f: Func,
-        grid: u32,
-        block: u32,
-        mut args: Args,
-    ) -> Result<()> {
+    pub fn launch_cooperative(&self, f: Func, grid: u32, block: u32, mut args: Args) -> Result<()> {
         self.timed(f.name, || {
             let mut ptrs = args.pointers();
             // SAFETY: a zeroed attribute is a valid "ignore" value before id and value are set.

@@ -1286,7 +1286,11 @@ impl Backend for CudaBackend {
         if let Some(scales) = &scales {
             // Both operands' scales in one launch (a block per 256 elements, at most 16 per
             // multiprocessor each).
-            let blocks = |count: usize| (count * d).div_ceil(256).clamp(1, self.dev.sms as usize * 16);
+            let blocks = |count: usize| {
+                (count * d)
+                    .div_ceil(256)
+                    .clamp(1, self.dev.sms as usize * 16)
+            };
             let (bx, bc) = (blocks(n), blocks(m));
             let operand = |a: Args, b: &CudaBuffer, l: &Layout, count: usize, out: u64| {
                 a.arg(b.ptr() + l.offset as u64 * 4)

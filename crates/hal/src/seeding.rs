@@ -33,7 +33,14 @@ pub fn kmeans_pp_steps<B: Backend>(
 ) -> Result<()> {
     let [n, d, m] = validate::kmeans_pp(x, anchors)?;
     // Draws for this many steps at once: all of them while they fit in 2^22 floats.
-    kmeans_pp_in_blocks(b, x.buffer, anchors.buffer, [n, d, m], seed, DRAWS_AT_ONCE / n.max(1))
+    kmeans_pp_in_blocks(
+        b,
+        x.buffer,
+        anchors.buffer,
+        [n, d, m],
+        seed,
+        DRAWS_AT_ONCE / n.max(1),
+    )
 }
 
 /// [`kmeans_pp_steps`] drawing the uniforms for `block` steps at a time, into `anchors`
@@ -440,4 +447,3 @@ fn commit_program(d: usize) -> Result<Program> {
     p.store(newest, k, v);
     Ok(p.build()?)
 }
-

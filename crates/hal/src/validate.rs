@@ -556,8 +556,17 @@ pub fn kmeans_pp<B: DeviceBuffer>(x: View<'_, B>, anchors: View<'_, B>) -> Resul
     }
     rank(OP, x, 2, "x")?;
     rank(OP, anchors, 2, "anchors")?;
-    let (n, d, m) = (x.layout.shape[0], x.layout.shape[1], anchors.layout.shape[0]);
-    same_shape(OP, &[m, d], &anchors.layout.shape, "anchors are [m, d] for x [n, d]")?;
+    let (n, d, m) = (
+        x.layout.shape[0],
+        x.layout.shape[1],
+        anchors.layout.shape[0],
+    );
+    same_shape(
+        OP,
+        &[m, d],
+        &anchors.layout.shape,
+        "anchors are [m, d] for x [n, d]",
+    )?;
     if m > n {
         return Err(Error::InvalidArgument {
             op: OP,
