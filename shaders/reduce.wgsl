@@ -2,7 +2,12 @@
 // line, with Kahan-compensated sums. Outputs with more than one chunk write partials that a
 // second pass reduces the same way (the backend recurses), so no thread runs a long loop.
 // Blocks: 0 the output (or partials), 1 each output's base offset in x, 2 the reduced axes.
-// Scalars: 0 elements reduced, 1 scale, 2 chunk length, 3 chunks per output.
+// Scalars: 0 elements reduced, 1 scale, 2 chunk length, 3 chunks per output, 4 the thread
+// layout, 5 outputs. Thread t takes output t / chunks and chunk t % chunks, the chunk being
+// elements c * length .. (c + 1) * length (layout 0) or every chunks-th element from c
+// (layout 2: neighbouring threads read neighbouring elements); with layout 1, output t % outputs
+// and chunk t / outputs (neighbouring threads take neighbouring outputs). Partial t is written
+// at t.
 
 // @slot bindings
 @group(0) @binding(1) var<storage, read> B1: array<u32>;
@@ -23,17 +28,34 @@ fn skipped() -> bool { return false; }
 
 fn kernel(t: u32) {
     if (skipped()) { return; }
-    let o = t / s(3u);
-    let c = t % s(3u);
+    let chunks = s(3u);
+    var o = t / chunks;
+    var c = t % chunks;
+    if (s(4u) == 1u) {
+        o = t % s(5u);
+        c = t / s(5u);
+    }
     let base = off(1u, o);
-    let end = min(s(0u), (c + 1u) * s(2u));
+    var first = c * s(2u);
+    var end = min(s(0u), first + s(2u));
+    var step = 1u;
+    if (s(4u) == 2u) {
+        first = c;
+        end = s(0u);
+        step = chunks;
+    }
+    // One reduced axis (the usual case once the backend merged them): no division per element.
+    let one_axis = pw(pw(19u)) == 1u;
+    let red_stride = block_stride(2u, 0u);
     var sum = 0.0;
     var comp = 0.0;
     var mx = bitcast<f32>(0xff800000u);
     var mn = bitcast<f32>(0x7f800000u);
     var seen_nan = false;
-    for (var j = c * s(2u); j < end; j = j + 1u) {
-        let v = ld1(base + off(2u, j));
+    for (var j = first; j < end; j = j + step) {
+        var at = base + i32(j) * red_stride;
+        if (!one_axis) { at = base + off(2u, j); }
+        let v = ld1(at);
         let y = v - comp;
         let tt = sum + y;
         comp = (tt - sum) - y;

@@ -2515,11 +2515,7 @@ impl WgpuBackend {
         scale: f32,
         guard: Option<Guard>,
     ) -> Result<()> {
-        let red = Layout {
-            shape: axes.iter().map(|&a| x.layout.shape[a]).collect(),
-            strides: axes.iter().map(|&a| x.layout.strides[a]).collect(),
-            offset: 0,
-        };
+        let red = reduced_in_memory_order(x.layout, axes);
         let count = red.numel();
         let n_out = out.layout.numel();
         let longest = if op == ReduceOp::Sum {
@@ -2533,6 +2529,25 @@ impl WgpuBackend {
         let per = (count * n_out).div_ceil(REDUCE_THREADS).clamp(32, longest);
         let chunks = count.div_ceil(per).max(1);
         let keep = kept(x.layout, &out.layout.shape, axes);
+        // Which thread takes what, so that neighbouring threads read neighbouring words: each
+        // output's elements contiguous (a channel's bias gradient over a channel-major
+        // convolution output) -> a chunk is every `chunks`-th element (REDUCE_INTERLEAVED);
+        // neighbouring outputs closer in memory than neighbouring elements (a bias gradient
+        // over a batch's rows) -> neighbouring threads take neighbouring outputs
+        // (REDUCE_OUTPUTS_FASTEST); otherwise each thread a run of `per` elements.
+        let smallest = |l: &Layout| {
+            l.shape
+                .iter()
+                .zip(&l.strides)
+                .filter(|&(&n, &st)| n > 1 && st != 0)
+                .map(|(_, st)| st.unsigned_abs())
+                .min()
+        };
+        let mode = match (smallest(&red), smallest(&keep)) {
+            _ if red.rank() == 1 && red.strides[0] == 1 => REDUCE_INTERLEAVED,
+            (Some(r), Some(k)) if k < r => REDUCE_OUTPUTS_FASTEST,
+            _ => REDUCE_CHUNKED,
+        };
         let finish = match op {
             ReduceOp::Max => "select(mx, nan(), seen_nan)",
             ReduceOp::Min => "select(mn, nan(), seen_nan)",
@@ -2555,7 +2570,9 @@ impl WgpuBackend {
                 .scalar(0, count as u32)
                 .f(1, scale)
                 .scalar(2, per as u32)
-                .scalar(3, 1);
+                .scalar(3, 1)
+                .scalar(4, mode)
+                .scalar(5, n_out as u32);
             let b = out.dtype();
             return self.run_guarded(
                 spec(wgsl::io(&[a], b)),
@@ -2574,7 +2591,9 @@ impl WgpuBackend {
             .scalar(0, count as u32)
             .f(1, 1.0)
             .scalar(2, per as u32)
-            .scalar(3, chunks as u32);
+            .scalar(3, chunks as u32)
+            .scalar(4, mode)
+            .scalar(5, n_out as u32);
         let f = DType::F32;
         self.run(
             spec(wgsl::io(&[a], f)),
@@ -2582,9 +2601,19 @@ impl WgpuBackend {
             &[(x.buffer, false), (&partial, true)],
             n_out * chunks,
         )?;
+        // Partial `c` of output `o` is at `o * chunks + c`, or at `c * n_out + o` where
+        // outputs went fastest.
         let mut shape = out.layout.shape.clone();
         shape.push(chunks);
-        let partial_layout = Layout::contiguous(&[n_out, chunks]).reshape(&shape)?;
+        let mut strides = hal::contiguous_strides(&out.layout.shape);
+        match mode {
+            REDUCE_OUTPUTS_FASTEST => strides.push(n_out as isize),
+            _ => {
+                strides.iter_mut().for_each(|st| *st *= chunks as isize);
+                strides.push(1);
+            }
+        }
+        let partial_layout = Layout::strided(&shape, &strides, 0)?;
         let out_layout = out.layout.unsqueeze(out.layout.rank())?;
         self.reduce_chunked(
             op,
@@ -2797,6 +2826,42 @@ fn broadcast_rows(l: &Layout) -> Option<(usize, usize)> {
 }
 
 /// `x`'s strides with `axes` zeroed, on `shape`: the base offset of each output's reduction.
+/// `reduce.wgsl`'s thread layouts (scalar 4; see `reduce_chunked`).
+const REDUCE_CHUNKED: u32 = 0;
+const REDUCE_OUTPUTS_FASTEST: u32 = 1;
+const REDUCE_INTERLEAVED: u32 = 2;
+
+/// The elements `axes` of `x` reduce over, as a layout (offset 0) in memory order: the axes
+/// sorted by stride, largest first, and merged where one steps over the other whole (the
+/// NCHW view of a channel-major convolution output reduced over N, H and W is one run of
+/// N*H*W contiguous elements). The order of a reduction's terms changes, not its terms.
+fn reduced_in_memory_order(x: &Layout, axes: &[usize]) -> Layout {
+    let mut dims: Vec<(usize, isize)> = axes
+        .iter()
+        .map(|&a| (x.shape[a], x.strides[a]))
+        .filter(|&(n, _)| n != 1)
+        .collect();
+    if dims.iter().any(|&(n, _)| n == 0) {
+        dims = vec![(0, 1)];
+    }
+    dims.sort_by_key(|&(_, st)| std::cmp::Reverse(st.unsigned_abs()));
+    let mut merged: Vec<(usize, isize)> = Vec::with_capacity(dims.len().max(1));
+    for (n, st) in dims {
+        match merged.last_mut() {
+            Some(last) if last.1 == st * n as isize => *last = (last.0 * n, st),
+            _ => merged.push((n, st)),
+        }
+    }
+    if merged.is_empty() {
+        merged.push((1, 0));
+    }
+    Layout {
+        shape: merged.iter().map(|&(n, _)| n).collect(),
+        strides: merged.iter().map(|&(_, st)| st).collect(),
+        offset: 0,
+    }
+}
+
 fn kept(x: &Layout, shape: &[usize], axes: &[usize]) -> Layout {
     let mut l = Layout {
         shape: shape.to_vec(),
