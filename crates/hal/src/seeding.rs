@@ -347,7 +347,7 @@ fn race_program(n: usize, block: usize, slices: usize) -> Result<Program> {
     let empty = p.cmp(IrCmp::Le, dv, zero);
     let k = p.select(empty, inf, k);
     p.store(key, i, k);
-    Ok(p.build()?)
+    p.build()
 }
 
 /// The three-call k-means++ step's distance kernel, over `slices x n` threads (`slices =
@@ -400,7 +400,7 @@ fn sliced_distance_program(n: usize, d: usize) -> Result<Program> {
     p.store(part, t, acc);
     let k = p.binary(IrBinary::Min, t, last);
     copy_winner(&mut p, [x, anchors, next], k, from, s, d);
-    Ok(p.build()?)
+    p.build()
 }
 
 /// Stores coordinate `k` of the winner's row (starting at `from` in `x`) into anchor `s`, and
@@ -445,5 +445,5 @@ fn commit_program(d: usize) -> Result<Program> {
     let from = p.mul(w, dd);
     let v = copy_winner(&mut p, [x, anchors, next], k, from, s, d);
     p.store(newest, k, v);
-    Ok(p.build()?)
+    p.build()
 }
