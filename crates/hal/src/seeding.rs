@@ -1,5 +1,6 @@
 //! k-means++ seeding built from other primitives: [`Backend::kmeans_pp`]'s default, which
-//! the CPU reference and wgpu use, and which CUDA keeps for [`Precision::Reproducible`].
+//! the CPU reference uses and the GPU backends keep for [`Precision::Reproducible`] (wgpu
+//! also where it cannot encode its fused form: no immediates, or `m n` past 2^32).
 //!
 //! Each step is four device calls: the newest anchor's distances (`nearest_centroid` with one
 //! centroid, which backends search in one light pass without the set-up of their GEMM-style
