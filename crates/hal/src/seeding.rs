@@ -7,7 +7,7 @@
 //! paths), the race with the `D^2` update fused in (IR), the argmin, and the winner's row
 //! copied into the anchors (IR). On a GPU outside [`Precision::Reproducible`] a step is
 //! three: an IR kernel copies the last winner's row into the anchors and computes the squared
-//! distances to it over slices of [`SLICE`] coordinates, a thread per point and slice (so
+//! distances to it over slices of `SLICE` (16) coordinates, a thread per point and slice (so
 //! that no thread waits on a long row's loads one after another), the race adds each point's
 //! slices in order, then the argmin (each device call costs several microseconds whatever its
 //! work, and a step's work is small). The CPU keeps the four calls (its IR interpreter would
@@ -16,7 +16,7 @@
 //!
 //! The step number lives on the device, in two counters that steps take turns reading (the
 //! copy writes the other one, one more than the one it read, so no launch reads and advances
-//! the same word). Steps run as replays of one recording of [`STEPS_AT_ONCE`] steps where they
+//! the same word). Steps run as replays of one recording of `STEPS_AT_ONCE` (8) steps where they
 //! fit (on a capturing backend, one device-graph launch each), else as direct calls. The
 //! race's uniform draws are made for a block of steps at a time, each step reading its own
 //! row, so the stream is the same as one draw of `n` per step at offset `step * n`. Nothing is
