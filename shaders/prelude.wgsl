@@ -35,8 +35,9 @@ fn offset_in(base: u32, lin: u32) -> i32 {
     }
     return o;
 }
-// Layout block `k`'s offset, and its stride along dimension `d`: for kernels that know their
+// Layout block `k`'s rank, offset, and stride along dimension `d`: for kernels that know their
 // operands' ranks and index them by coordinates (no division per dimension, as `off` needs).
+fn block_rank(k: u32) -> u32 { return pw(pw(17u + k)); }
 fn block_offset(k: u32) -> i32 { return bitcast<i32>(pw(pw(17u + k) + 1u)); }
 fn block_stride(k: u32, d: u32) -> i32 {
     let base = pw(17u + k);

@@ -426,11 +426,20 @@ impl Device {
         if work == 0 {
             return Ok(());
         }
-        let blocks = work
-            .div_ceil(BLOCK as usize)
+        self.launch_raw(
+            self.function(name)?,
+            (self.blocks_for(work), 1, 1),
+            BLOCK,
+            args,
+        )
+    }
+
+    /// The blocks of [`BLOCK`] threads [`Self::launch`] gives `work` items: one per item for
+    /// each thread, at most 16 per multiprocessor (the kernels loop), at least one.
+    pub fn blocks_for(&self, work: usize) -> u32 {
+        work.div_ceil(BLOCK as usize)
             .min(self.sms as usize * 16)
-            .max(1) as u32;
-        self.launch_raw(self.function(name)?, (blocks, 1, 1), BLOCK, args)
+            .max(1) as u32
     }
 
     pub fn memset(&self, ptr: sys::CUdeviceptr, value: u8, bytes: usize) -> Result<()> {

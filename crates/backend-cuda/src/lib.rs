@@ -1222,14 +1222,15 @@ impl Backend for CudaBackend {
                 .arg(l.strides[0] as i64)
                 .arg(l.strides[1] as i64)
         };
-        let matrix = |b: &CudaBuffer, l: &Layout, count: usize| {
-            Args::new()
-                .arg(b.ptr() + l.offset as u64 * 4)
+        let matrix_onto = |a: Args, b: &CudaBuffer, l: &Layout, count: usize| {
+            a.arg(b.ptr() + l.offset as u64 * 4)
                 .arg(count as i64)
                 .arg(d as i64)
                 .arg(l.strides[0] as i64)
                 .arg(l.strides[1] as i64)
         };
+        let matrix =
+            |b: &CudaBuffer, l: &Layout, count: usize| matrix_onto(Args::new(), b, l, count);
         let both = || rows(rows(Args::new(), &xb, &xl, n), &cb, &cl, m).arg(d as i64);
         let outputs = |a: Args| {
             a.arg(out_index.buffer.ptr())
@@ -1284,27 +1285,14 @@ impl Backend for CudaBackend {
                 .arg(if scales.is_some() { 2i32 } else { 0 }),
         )?;
         if let Some(scales) = &scales {
-            // Both operands' scales in one launch (a block per 256 elements, at most 16 per
-            // multiprocessor each).
-            let blocks = |count: usize| {
-                (count * d)
-                    .div_ceil(256)
-                    .clamp(1, self.dev.sms as usize * 16)
-            };
-            let (bx, bc) = (blocks(n), blocks(m));
-            let operand = |a: Args, b: &CudaBuffer, l: &Layout, count: usize, out: u64| {
-                a.arg(b.ptr() + l.offset as u64 * 4)
-                    .arg(count as i64)
-                    .arg(d as i64)
-                    .arg(l.strides[0] as i64)
-                    .arg(l.strides[1] as i64)
-                    .arg(out)
-            };
-            let args = operand(Args::new(), &xb, &xl, n, scales.ptr());
-            let args = operand(args, &cb, &cl, m, scales.ptr() + 4);
+            // Both operands' scales in one launch, each its own share of blocks as
+            // `Device::launch` would give it alone.
+            let (bx, bc) = (self.dev.blocks_for(n * d), self.dev.blocks_for(m * d));
+            let args = matrix(&xb, &xl, n).arg(scales.ptr());
+            let args = matrix_onto(args, &cb, &cl, m).arg(scales.ptr() + 4);
             self.dev.launch_raw(
                 self.dev.function("absmax_rows_pair")?,
-                ((bx + bc) as u32, 1, 1),
+                (bx + bc, 1, 1),
                 device::BLOCK,
                 args.arg(bx as i64),
             )?;
@@ -1363,7 +1351,7 @@ impl Backend for CudaBackend {
         // One cooperative launch (reduce.cu's kmeans_pp_race): a group of lanes per point,
         // about 16 coordinates a lane, and at most a block per multiprocessor, so that every
         // block is resident.
-        let lanes = 1usize << d.div_ceil(16).max(1).ilog2().min(5);
+        let lanes = hal::seeding::lanes_per_point(d);
         let blocks = (n * lanes)
             .div_ceil(KPP_BLOCK as usize)
             .clamp(1, self.dev.sms as usize);

@@ -2088,37 +2088,19 @@ impl WgpuBackend {
         // back to it once this call returns: queue order keeps them intact until the dispatch
         // has read them.
         let mut copies: Vec<Option<WgpuBuffer>> = Vec::with_capacity(buffers.len());
-        for &(b, writes) in buffers {
-            let aliased = !writes && buffers.iter().any(|&(o, w)| w && o.same_memory(b));
-            copies.push(if aliased {
+        for (i, &(b, _)) in buffers.iter().enumerate() {
+            copies.push(if read_and_written(buffers, i) {
                 Some(self.scratch(b.dtype(), b.len())?)
             } else {
                 None
             });
         }
-        let mut entries = Vec::with_capacity(buffers.len() + 1);
-        if immediates == 0 {
-            entries.push(wgpu::BindGroupEntry {
-                binding: 0,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &self.0.params,
-                    offset: 0,
-                    size: std::num::NonZeroU64::new(words.len() as u64 * 4),
-                }),
-            });
-        }
-        for (i, (&(b, _), copy)) in buffers.iter().zip(&copies).enumerate() {
-            let buffer = copy.as_ref().map_or(&b.0.buffer, |c| &c.0.buffer);
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: buffer.as_entire_binding(),
-            });
-        }
-        let group = self.0.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &kernel.layout,
-            entries: &entries,
-        });
+        let bound: Vec<&wgpu::Buffer> = buffers
+            .iter()
+            .zip(&copies)
+            .map(|(&(b, _), copy)| copy.as_ref().map_or(&b.0.buffer, |c| &c.0.buffer))
+            .collect();
+        let group = self.bind_group(kernel, (immediates == 0).then_some(words.len()), &bound);
         self.make_room_in_profile()?;
         // Taken before the batch, as in read_profile.
         let mut profiler = self.0.profiler.as_ref().map(lock);
@@ -2161,6 +2143,41 @@ impl WgpuBackend {
             self.submit_batch(&mut batch);
         }
         Ok(())
+    }
+
+    /// `kernel`'s bind group: `buffers` at bindings 1.., and with `params_words`, that many
+    /// words of the shared parameter buffer at binding 0.
+    fn bind_group(
+        &self,
+        kernel: &Kernel,
+        params_words: Option<usize>,
+        buffers: &[&wgpu::Buffer],
+    ) -> wgpu::BindGroup {
+        let params = params_words.map(|words| wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.0.params,
+                offset: 0,
+                size: std::num::NonZeroU64::new(words as u64 * 4),
+            }),
+        });
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = params
+            .into_iter()
+            .chain(
+                buffers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| wgpu::BindGroupEntry {
+                        binding: i as u32 + 1,
+                        resource: b.as_entire_binding(),
+                    }),
+            )
+            .collect();
+        self.0.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &kernel.layout,
+            entries: &entries,
+        })
     }
 
     /// Reads the profile's timestamps back when another dispatch's would not fit.
@@ -2225,26 +2242,13 @@ impl WgpuBackend {
         let kernel = self.kernel(spec)?;
         let immediates = kernel.immediate_words as usize;
         let mut words = params.encode(0);
-        let aliased = buffers
-            .iter()
-            .any(|&(b, w)| !w && buffers.iter().any(|&(o, ow)| ow && o.same_memory(b)));
+        let aliased = (0..buffers.len()).any(|i| read_and_written(buffers, i));
         if immediates == 0 || words.len() > immediates || aliased {
             return Ok(None);
         }
         words.resize(immediates, 0);
-        let entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, &(b, _))| wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: b.0.buffer.as_entire_binding(),
-            })
-            .collect();
-        let group = self.0.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &kernel.layout,
-            entries: &entries,
-        });
+        let bound: Vec<&wgpu::Buffer> = buffers.iter().map(|&(b, _)| &b.0.buffer).collect();
+        let group = self.bind_group(&kernel, None, &bound);
         Ok(Some(Prepared {
             kernel,
             group,
@@ -2785,6 +2789,13 @@ impl WgpuBackend {
 type V<'a> = View<'a, WgpuBuffer>;
 
 /// True when every layout is contiguous over `shape` (so element `t` of each is `offset + t`).
+/// Whether operand `i` of a dispatch is read while another binding of the same buffer is
+/// written (wgpu forbids binding one buffer both ways, so it is read from a copy).
+fn read_and_written(buffers: &[(&WgpuBuffer, bool)], i: usize) -> bool {
+    let (b, writes) = buffers[i];
+    !writes && buffers.iter().any(|&(o, w)| w && o.same_memory(b))
+}
+
 fn all_contiguous(shape: &[usize], layouts: &[&Layout]) -> bool {
     layouts
         .iter()
@@ -2825,7 +2836,6 @@ fn broadcast_rows(l: &Layout) -> Option<(usize, usize)> {
     (leading_broadcast && fits).then_some((inner, outer))
 }
 
-/// `x`'s strides with `axes` zeroed, on `shape`: the base offset of each output's reduction.
 /// `reduce.wgsl`'s thread layouts (scalar 4; see `reduce_chunked`).
 const REDUCE_CHUNKED: u32 = 0;
 const REDUCE_OUTPUTS_FASTEST: u32 = 1;
@@ -2862,6 +2872,7 @@ fn reduced_in_memory_order(x: &Layout, axes: &[usize]) -> Layout {
     }
 }
 
+/// `x`'s strides with `axes` zeroed, on `shape`: the base offset of each output's reduction.
 fn kept(x: &Layout, shape: &[usize], axes: &[usize]) -> Layout {
     let mut l = Layout {
         shape: shape.to_vec(),
@@ -3187,7 +3198,7 @@ impl Backend for WgpuBackend {
         let [n, d, m] = validate::kmeans_pp(x, anchors)?;
         // A group of lanes per point (about 16 coordinates a lane), so many points a
         // workgroup.
-        let lanes = 1usize << d.div_ceil(16).max(1).ilog2().min(5);
+        let lanes = hal::seeding::lanes_per_point(d);
         let groups = n.div_ceil(256 / lanes);
         let fits = (m as u64) * (n as u64) < 1 << 32
             && groups <= self.0.limits.max_compute_workgroups_per_dimension as usize;

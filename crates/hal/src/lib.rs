@@ -8,9 +8,11 @@
 //! What lives here:
 //! - [`Backend`]: a small closed set of primitives (elementwise over strided, broadcast views;
 //!   reductions; batched matmul; gather/scatter-add; im2col/col2im; nearest-centroid search and
-//!   segment sums; k-means++ seeding; fused optimiser steps; counter-based random numbers; CSR mat-vec), each
-//!   specified once in its rustdoc: semantics, NaN and tie rules, accumulation, and the
-//!   tolerance a backend may differ from the CPU reference by.
+//!   segment sums; k-means++ seeding; fused optimiser steps; counter-based random numbers; CSR
+//!   mat-vec), each specified once in its rustdoc: semantics, NaN and tie rules, accumulation,
+//!   and the tolerance a backend may differ from the CPU reference by.
+//! - [`seeding`]: `kmeans_pp`'s default, built from the other primitives and IR kernels (the
+//!   one primitive with a default; GPU backends fuse it).
 //! - [`Backend::record`] / [`Backend::replay`]: a sequence of calls recorded once and replayed
 //!   (a device graph where the backend can capture one, [`Replay`] elsewhere), and
 //!   [`Precision`]: a handle's policy for matrix units in `matmul` and `nearest_centroid`.

@@ -25,6 +25,12 @@
 use crate::ir::{Access, BufferId, IrBinary, IrCmp, IrUnary, Program, ProgramBuilder, Value};
 use crate::{ArgReduceOp, Backend, DType, Distribution, Layout, Precision, Result, View, validate};
 
+/// The lanes the fused forms (CUDA's, wgpu's) give each point's distance: a power of two up
+/// to 32, about 16 coordinates a lane, so a step's loads are spread over many threads.
+pub fn lanes_per_point(d: usize) -> usize {
+    1 << d.div_ceil(16).max(1).ilog2().min(5)
+}
+
 /// [`Backend::kmeans_pp`] by the steps above.
 pub fn kmeans_pp_steps<B: Backend>(
     b: &B,
