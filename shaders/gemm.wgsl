@@ -61,11 +61,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         store_row(obase, r + 65u, c, c5);
         store_row(obase, r + 66u, c, c6);
         store_row(obase, r + 67u, c, c7);
-        if (TN == 8u) {
-            store_row(obase, r, c + 64u, d0);
-            store_row(obase, r + 1u, c + 64u, d1);
-            store_row(obase, r + 2u, c + 64u, d2);
-            store_row(obase, r + 3u, c + 64u, d3);
+    }
+    if (TN == 8u) {
+        store_row(obase, r, c + 64u, d0);
+        store_row(obase, r + 1u, c + 64u, d1);
+        store_row(obase, r + 2u, c + 64u, d2);
+        store_row(obase, r + 3u, c + 64u, d3);
+        if (TM == 8u) {
             store_row(obase, r + 64u, c + 64u, d4);
             store_row(obase, r + 65u, c + 64u, d5);
             store_row(obase, r + 66u, c + 64u, d6);

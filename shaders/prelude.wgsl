@@ -60,6 +60,26 @@ fn off(k: u32, lin: u32) -> i32 { return offset_in(pw(17u + k), lin); }
 
 fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
 fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
+
+// A running reduction of the reduce kernels: a Kahan-compensated sum, the max and min, and
+// whether a NaN was seen.
+struct Running { sum: f32, comp: f32, mx: f32, mn: f32, seen_nan: bool }
+fn running_start() -> Running {
+    return Running(0.0, 0.0, bitcast<f32>(0xff800000u), bitcast<f32>(0x7f800000u), false);
+}
+// Adds `v` to the compensated sum only.
+fn running_sum(r: ptr<function, Running>, v: f32) {
+    let y = v - (*r).comp;
+    let t = (*r).sum + y;
+    (*r).comp = (t - (*r).sum) - y;
+    (*r).sum = t;
+}
+fn running_add(r: ptr<function, Running>, v: f32) {
+    running_sum(r, v);
+    (*r).mx = max((*r).mx, v);
+    (*r).mn = min((*r).mn, v);
+    (*r).seen_nan = (*r).seen_nan || is_nan(v);
+}
 fn f2i(v: f32) -> i32 {
     if (is_nan(v)) { return 0; }
     if (v >= 2147483647.0) { return 2147483647; }

@@ -47,23 +47,12 @@ fn kernel(t: u32) {
     // One reduced axis (the usual case once the backend merged them): no division per element.
     let one_axis = block_rank(2u) == 1u;
     let red_stride = block_stride(2u, 0u);
-    var sum = 0.0;
-    var comp = 0.0;
-    var mx = bitcast<f32>(0xff800000u);
-    var mn = bitcast<f32>(0x7f800000u);
-    var seen_nan = false;
+    var r = running_start();
     for (var j = first; j < end; j = j + step) {
         var at = base + i32(j) * red_stride;
         if (!one_axis) { at = base + off(2u, j); }
-        let v = ld1(at);
-        let y = v - comp;
-        let tt = sum + y;
-        comp = (tt - sum) - y;
-        sum = tt;
-        mx = max(mx, v);
-        mn = min(mn, v);
-        seen_nan = seen_nan || is_nan(v);
+        running_add(&r, ld1(at));
     }
-    if (seen_nan) { sum = nan(); }
-    st2(off(0u, t), finish(sum, mx, mn, seen_nan));
+    if (r.seen_nan) { r.sum = nan(); }
+    st2(off(0u, t), finish(r.sum, r.mx, r.mn, r.seen_nan));
 }

@@ -724,6 +724,10 @@ fn reduce<B: Backend>(s: &mut Suite<'_, B>) {
         (vec![257, 77], vec![0]),
         (vec![131, 5, 33], vec![0]),
         (vec![2003, 41], vec![0]),
+        // Short lines that still span several chunks: whole lines, a workgroup's worth of
+        // invocations each where backends have such a kernel (wgpu's reduce_lanes).
+        (vec![3001], vec![0]),
+        (vec![7, 1500], vec![1]),
     ]);
     for (i, (shape, axes)) in cases.iter().enumerate() {
         let (shape, axes) = (shape.clone(), axes.clone());
@@ -976,12 +980,18 @@ fn matmul<B: Backend>(s: &mut Suite<'_, B>) {
         // a thin output's slices may be dot products (wgpu's at most 16 wide).
         [1, 33, 1040, 65],
         [1, 12, 2080, 40],
-        // Enough output tiles for wgpu's large (128 x 128) tile, over a thin side.
+        // Enough output tiles for wgpu's large tiles, over a thin side: its half tiles
+        // (64 x 128 and 128 x 64), which pad less.
         [1, 64, 64, 32768],
+        [1, 32768, 16, 40],
+        // Long k over a few tiles of an odd output: split over k (wgpu's slices in 64 x 64
+        // tiles, partly padding).
+        [1, 40, 4096, 200],
+        [1, 200, 4096, 40],
         // Wide on both sides: where f32 products may take matrix units under Precision::Fast.
         [1, 1040, 130, 1100],
     ];
-    while cases.len() < s.cfg.cases + 8 {
+    while cases.len() < s.cfg.cases + 11 {
         let r = s.rng();
         cases.push([
             1 + r.below(3),

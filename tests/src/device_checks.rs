@@ -172,3 +172,130 @@ pub fn bad_indices_are_reported_at_synchronize<B: Backend>(gpu: &B) {
         .unwrap();
     assert_eq!(gpu.read::<f32>(&y).unwrap(), vec![3.0, 1.0]);
 }
+
+/// On a backend that captures its recordings: waits and host traffic inside a recording are
+/// refused naming the call, nothing of the recording runs, and the backend works afterwards.
+pub fn host_traffic_inside_a_recording_is_refused<B: Backend>(gpu: &B) {
+    use hal::{BinaryOp, DType, Error};
+    use std::sync::Arc;
+    assert!(gpu.capabilities().graph_capture);
+    let l = Layout::contiguous(&[8]);
+    let x = gpu.upload(&[1.0f32; 8]).unwrap();
+    for call in ["synchronize", "read_bytes", "write_bytes", "upload_bytes"] {
+        let (xs, ls) = (x.clone(), l.clone());
+        let err = gpu
+            .record(Arc::new(move |b: &B| {
+                let v = View::new(&xs, &ls);
+                b.binary(BinaryOp::Add, v, v, v)?;
+                match call {
+                    "synchronize" => b.synchronize(),
+                    "read_bytes" => b.read_bytes(&xs).map(drop),
+                    "write_bytes" => b.write_bytes(&xs, &[0u8; 32]),
+                    _ => b.upload(&[2.0f32]).map(drop),
+                }
+            }))
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidArgument { op, .. } if *op == call),
+            "{call}: {err}"
+        );
+    }
+    // Nothing ran, and the device works again.
+    assert_eq!(gpu.read::<f32>(&x).unwrap(), vec![1.0; 8]);
+    let y = gpu.alloc(DType::F32, 8).unwrap();
+    assert_eq!(gpu.read::<f32>(&y).unwrap(), vec![0.0; 8]);
+}
+
+/// A captured recording replays faithfully: recording runs nothing; a buffer allocated inside
+/// starts at zero on every replay (it is the accumulator of a sum here, so a leftover would
+/// double the result); the inputs' contents may change between replays; an index check
+/// inside reports a bad index written between replays at the next synchronize, and its guarded
+/// gather writes nothing, and the next replay's check starts afresh; what the recording
+/// allocated is held by the graph.
+pub fn captured_recordings_replay_faithfully<B: Backend>(gpu: &B) {
+    use hal::{BinaryOp, DType, Error, ReduceOp};
+    use std::sync::{Arc, Mutex};
+    assert!(gpu.capabilities().graph_capture);
+    let n = 1000;
+    let (l, l1) = (Layout::contiguous(&[n]), Layout::contiguous(&[1]));
+    let x = gpu.upload(&vec![1.0f32; n]).unwrap();
+    let index = gpu.upload(&[3u32, 1, 4, 1]).unwrap();
+    let (out, li) = (gpu.alloc(DType::F32, 1).unwrap(), Layout::contiguous(&[4]));
+    let gathered = gpu.upload(&[-7.0f32; 4]).unwrap();
+    let (xs, is, os, gs) = (x.clone(), index.clone(), out.clone(), gathered.clone());
+    let seen = Arc::new(Mutex::new(0usize));
+    let calls = seen.clone();
+    let graph = gpu
+        .record(Arc::new(move |b: &B| {
+            *calls.lock().unwrap() += 1;
+            // acc = 0 (fresh) + x + x; out = sum(acc).
+            let acc = b.alloc(DType::F32, n)?;
+            let (va, vx) = (View::new(&acc, &l), View::new(&xs, &l));
+            b.binary(BinaryOp::Add, va, vx, va)?;
+            b.binary(BinaryOp::Add, va, vx, va)?;
+            b.reduce(ReduceOp::Sum, va, &[0], View::new(&os, &l1))?;
+            b.gather(
+                View::new(&xs, &l),
+                0,
+                View::new(&is, &li),
+                View::new(&gs, &li),
+            )
+        }))
+        .unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        1,
+        "the steps run once, when recording"
+    );
+    assert_eq!(
+        gpu.read::<f32>(&out).unwrap(),
+        vec![0.0],
+        "recording ran the steps"
+    );
+    for (replay, value) in [(1, 1.0f32), (2, 1.0), (3, 0.25)] {
+        gpu.write(&x, &vec![value; n]).unwrap();
+        gpu.replay(&graph).unwrap();
+        assert_eq!(
+            gpu.read::<f32>(&out).unwrap(),
+            vec![2.0 * value * n as f32],
+            "replay {replay}"
+        );
+        assert_eq!(gpu.read::<f32>(&gathered).unwrap(), vec![value; 4]);
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        1,
+        "a replay does not run the steps again"
+    );
+    gpu.write(&index, &[0u32, 1000, 0, 0]).unwrap();
+    gpu.write(&gathered, &[-7.0f32; 4]).unwrap();
+    gpu.replay(&graph).unwrap();
+    let err = gpu.synchronize().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::IndexOutOfRange {
+                op: "gather",
+                index: 1000,
+                bound: 1000
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(gpu.read::<f32>(&gathered).unwrap(), vec![-7.0; 4]);
+    // The graph holds what it allocated (the accumulator, whose handle went when the steps
+    // returned): fresh allocations do not alias it, so a replay neither reads their data nor
+    // overwrites it. (Buffers made outside stay the caller's to keep alive.)
+    gpu.write(&index, &[0u32, 1, 2, 3]).unwrap();
+    let others: Vec<_> = (0..8)
+        .map(|_| gpu.upload(&vec![5.0f32; n]).unwrap())
+        .collect();
+    gpu.replay(&graph).unwrap();
+    assert_eq!(gpu.read::<f32>(&out).unwrap(), vec![0.5 * n as f32]);
+    // The failed check of the replay before does not hold: this one's indices are good, and
+    // its gather writes.
+    assert_eq!(gpu.read::<f32>(&gathered).unwrap(), vec![0.25; 4]);
+    for o in &others {
+        assert_eq!(gpu.read::<f32>(o).unwrap(), vec![5.0; n]);
+    }
+}

@@ -6,7 +6,6 @@
 
 use backend_cuda::CudaBackend;
 use hal::{Backend, BackendExt, BinaryOp, DType, Layout, View};
-use std::sync::Arc;
 
 fn gpu() -> CudaBackend {
     CudaBackend::new().expect("these tests need the CUDA backend")
@@ -21,35 +20,13 @@ fn bad_indices_are_reported_at_synchronize_and_write_nothing() {
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on a GPU host"]
 fn host_traffic_inside_a_recording_is_refused_and_the_backend_recovers() {
-    let b = gpu();
-    let l = Layout::contiguous(&[8]);
-    let x = b.upload(&[1.0f32; 8]).unwrap();
-    let xs = x.clone();
-    let err = b
-        .record(Arc::new(move |b: &CudaBackend| {
-            b.binary(
-                BinaryOp::Add,
-                View::new(&xs, &l),
-                View::new(&xs, &l),
-                View::new(&xs, &l),
-            )?;
-            b.synchronize()
-        }))
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            hal::Error::InvalidArgument {
-                op: "synchronize",
-                ..
-            }
-        ),
-        "{err}"
-    );
-    // Nothing ran, and the stream works again.
-    assert_eq!(b.read::<f32>(&x).unwrap(), vec![1.0; 8]);
-    let y = b.alloc(DType::F32, 8).unwrap();
-    assert_eq!(b.read::<f32>(&y).unwrap(), vec![0.0; 8]);
+    hal_parity::device_checks::host_traffic_inside_a_recording_is_refused(&gpu());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU; run with --ignored on a GPU host"]
+fn captured_recordings_replay_faithfully() {
+    hal_parity::device_checks::captured_recordings_replay_faithfully(&gpu());
 }
 
 #[test]

@@ -300,6 +300,24 @@ fn bad_indices_are_reported_at_synchronize_and_write_nothing() {
     hal_parity::device_checks::bad_indices_are_reported_at_synchronize(&gpu());
 }
 
+/// Recordings are captured (see backend-wgpu's `capture`): host traffic inside is refused,
+/// and a replay encodes the same dispatches on the same buffers, with a fresh zeroed buffer
+/// where the recording allocated one and index checks reported as the calls would report them.
+#[test]
+fn host_traffic_inside_a_recording_is_refused_and_the_backend_recovers() {
+    hal_parity::device_checks::host_traffic_inside_a_recording_is_refused(&gpu());
+}
+
+#[test]
+fn captured_recordings_replay_faithfully() {
+    hal_parity::device_checks::captured_recordings_replay_faithfully(&gpu());
+    // Without immediates every dispatch reads its parameters from binding 0: a capture gives
+    // each its own parameter buffer.
+    let fallbacks = WgpuBackend::with_options(backend_wgpu::WgpuOptions::fallbacks())
+        .expect("the wgpu backend");
+    hal_parity::device_checks::captured_recordings_replay_faithfully(&fallbacks);
+}
+
 /// Every f16 bit pattern through the 16-bit load and store paths (native `array<f16>` where
 /// the adapter has shader-f16, packed words otherwise), and f32 values at the f16 rounding
 /// boundaries, subnormals and overflow: bit for bit as the CPU (NaN as NaN).

@@ -40,6 +40,7 @@
 //! on an H200, 163 TFLOP/s for f16 inputs at 8192^3, 67 TFLOP/s for f32 split into three f16
 //! products at 3.5e-7 relative error, the search above in 11.7 ms).
 
+mod capture;
 pub mod coop;
 mod profile;
 mod program;
@@ -63,6 +64,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use wgsl::{Access, Entry};
 
+pub use capture::WgpuGraph;
+
 const NAME: &str = "wgpu";
 
 /// The most elements one thread scans or multiplies in one pass.
@@ -73,6 +76,8 @@ const CHUNK: usize = 2048;
 const ARG_FEW_THREADS: usize = 4096;
 /// The threads `reduce_chunked` shortens its chunks to give (see there).
 const REDUCE_THREADS: usize = 65_536;
+/// The longest run one invocation of `reduce_lanes.wgsl` takes (see `reduce_chunked`).
+const LANE_ELEMENTS: usize = 64;
 /// `arg_reduce` gives each output a workgroup of its own (arg_line.wgsl) when there are few
 /// outputs and their lines are at least this long.
 const ARG_LINE_FROM: usize = 1024;
@@ -279,6 +284,8 @@ struct Prepared {
     /// The immediates, padded to the kernel's block.
     words: Vec<u32>,
     groups: [u32; 3],
+    /// Its buffers, for a capture to hold.
+    buffers: Vec<WgpuBuffer>,
 }
 
 /// The output block one GEMM or nearest-centroid workgroup computes (`tile.wgsl`): rows and
@@ -304,9 +311,10 @@ impl TileShape {
 }
 
 /// The GEMM tile of large products: 128 x 128 unless the environment's `HAL_WGPU_TILE` names
-/// another of `128x64`, `64x64`, `128x128` (a tuning knob for comparing them on a new GPU,
-/// which then holds for every product; `bench` reports it). Small products take 64 x 64
-/// (see [`gemm_tile`]). Nearest-centroid always uses 128 rows, with these columns.
+/// another of `128x64`, `64x128`, `64x64`, `128x128` (a tuning knob for comparing them on a
+/// new GPU, which then holds for every product; `bench` reports it). Otherwise each product
+/// takes the tile [`gemm_tile`] chooses for its shape. Nearest-centroid always uses 128 rows,
+/// with these columns.
 pub fn tile_shape() -> TileShape {
     tile_override().unwrap_or(TileShape {
         rows: 128,
@@ -322,29 +330,42 @@ fn tile_override() -> Option<TileShape> {
             Ok("128x64") => (128, 64),
             Ok("64x64") => (64, 64),
             Ok("128x128") => (128, 128),
+            Ok("64x128") => (64, 128),
             _ => return None,
         };
         Some(TileShape { rows, cols })
     })
 }
 
-/// The GEMM tile of a product with an `rows x cols` output (times `batch`): 128 x 128, or
-/// 64 x 64 where 128 x 128 would give fewer than [`SMALL_PRODUCT_TILES`] workgroups (a
-/// training step's 256 x 512 products: 8 workgroups on a GPU of 132 multiprocessors; with
-/// 64 x 64 tiles an MLP step went from 0.86 to 0.60 ms on an H200), unless `HAL_WGPU_TILE`
-/// says otherwise. (64 x 64 tiles for thin large products, a convolution's 64 x 50176, were
-/// measured no faster: 148 -> 135 us forward, 130 -> 134 us for its input gradient.)
+/// The GEMM tile of a product with an `rows x cols` output (times `batch`), unless
+/// `HAL_WGPU_TILE` says otherwise:
+/// - 64 x 64 where 128 x 128 would give fewer than [`SMALL_PRODUCT_TILES`] workgroups (a
+///   training step's 256 x 512 products: 8 workgroups on a GPU of 132 multiprocessors; with
+///   64 x 64 tiles an MLP step went from 0.86 to 0.60 ms on an H200). That includes long
+///   products over few tiles, which are split over k ([`k_slices`]): a convolution's weight
+///   gradient, 64 x 288 over k = 50176, took 139 us in 64 x 64 tiles, 152 in 64 x 128 and 178
+///   in 128 x 64 (H200).
+/// - otherwise 128 x 128, or a half tile (64 x 128 or 128 x 64) where that pads less: a
+///   convolution's 64 x 50176 forward product (123 us against 149 in 128 x 128 tiles, half of
+///   which padding) and its 288 x 50176 input gradient (138 against 149 us).
 fn gemm_tile(rows: usize, cols: usize, batch: usize) -> TileShape {
     if let Some(t) = tile_override() {
         return t;
     }
-    let side = match rows.div_ceil(128) * cols.div_ceil(128) * batch < SMALL_PRODUCT_TILES {
-        true => 64,
-        false => 128,
-    };
-    TileShape {
-        rows: side,
-        cols: side,
+    let shape = |rows, cols| TileShape { rows, cols };
+    let padded =
+        |t: TileShape| rows.div_ceil(t.rows) * cols.div_ceil(t.cols) * batch * t.rows * t.cols;
+    let square = shape(128, 128);
+    if padded(square) / (128 * 128) < SMALL_PRODUCT_TILES {
+        return shape(64, 64);
+    }
+    let half = [shape(64, 128), shape(128, 64)]
+        .into_iter()
+        .min_by_key(|&t| padded(t))
+        .expect("two candidates");
+    match padded(half) < padded(square) {
+        true => half,
+        false => square,
     }
 }
 
@@ -510,6 +531,8 @@ struct Batch {
     pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     commands: usize,
+    /// A recording under way ([`capture`]): dispatches, copies and clears go here instead.
+    capture: Option<capture::Capture>,
 }
 
 impl Batch {
@@ -549,6 +572,8 @@ struct Inner {
     params: wgpu::Buffer,
     /// Commands encoded but not yet submitted.
     batch: Mutex<Batch>,
+    /// Whether `batch` holds a capture (readable without taking its lock).
+    capturing: std::sync::atomic::AtomicBool,
     kernels: hal::ir::KernelCache<program::WgpuKernel>,
     /// Errors wgpu reported outside an error scope, returned by the next synchronize.
     deferred: Arc<Mutex<Option<String>>>,
@@ -828,7 +853,7 @@ impl WgpuBackend {
             buffer: device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("index check verdicts"),
                 size: VERDICT_WORDS as u64 * 4,
-                usage: wgpu::BufferUsages::STORAGE,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
             dtype: DType::U32,
@@ -848,6 +873,7 @@ impl WgpuBackend {
                 verdicts,
                 check_serial: std::sync::atomic::AtomicU32::new(1),
                 batch: Mutex::default(),
+                capturing: Default::default(),
                 device,
                 queue,
                 info,
@@ -1120,7 +1146,15 @@ impl WgpuBackend {
             )?;
         }
         if let Some(g) = guard {
-            self.matmul_f32([a, b, out], [am, bm, om], alpha, beta, false, Some(g))?;
+            let tile = gemm_tile(om.rows, om.cols, om.batch);
+            self.matmul_f32(
+                [a, b, out],
+                [am, bm, om],
+                alpha,
+                beta,
+                (false, tile),
+                Some(g),
+            )?;
         }
         Ok(true)
     }
@@ -1197,7 +1231,7 @@ impl WgpuBackend {
     }
 
     /// The matrix product on the shader cores (f32 arithmetic): the dot-product kernel when
-    /// `dot`, else the shared-memory tile. With `fallback_of`, it is the f32 fallback of a
+    /// `dot`, else the shared-memory kernel with `tile` ([`gemm_tile`]). With `fallback_of`, it is the f32 fallback of a
     /// cooperative-matrix product and writes only if that product's range check failed.
     fn matmul_f32(
         &self,
@@ -1205,7 +1239,7 @@ impl WgpuBackend {
         [am, bm, om]: [&validate::MatrixView; 3],
         alpha: f32,
         beta: f32,
-        dot: bool,
+        (dot, tile): (bool, TileShape),
         fallback_of: Option<Guard>,
     ) -> Result<()> {
         let batch = |mv: &validate::MatrixView| Layout {
@@ -1214,7 +1248,6 @@ impl WgpuBackend {
             offset: mv.offset,
         };
         let bindings = wgsl::io(&[a.dtype(), b.dtype()], out.dtype());
-        let tile = gemm_tile(om.rows, om.cols, om.batch);
         // Both kernels take the same parameters (gemm.wgsl) and slice k so that no thread
         // loops past CHUNK steps (lavapipe); later slices accumulate into `out`.
         let (pipeline, k_slice, groups) = if dot {
@@ -1313,24 +1346,25 @@ impl WgpuBackend {
         // Precision::Fast: the cooperative-matrix kernel does not split k, and on an H200 it
         // took 1.4 ms per product on a small CNN's weight gradients (k up to 200704).
         if slices > 1 {
-            return self.matmul_split_k([a, b, out], [am, bm, om], alpha, slices);
+            return self.matmul_split_k([a, b, out], [am, bm, om], alpha, (slices, tile));
         }
         if !dot && self.matmul_coop([a, b, out], [am, bm, om], alpha, beta)? {
             return Ok(());
         }
-        self.matmul_f32([a, b, out], [am, bm, om], alpha, beta, dot, None)
+        self.matmul_f32([a, b, out], [am, bm, om], alpha, beta, (dot, tile), None)
     }
 
     /// A product of one `rows x cols` output over a long `k` as `slices` products over
     /// `k / slices` each (a batch, so the tile kernel runs `slices` times as many workgroups),
     /// written to a scratch `[slices, rows, cols]` and summed in slice order into `out`
-    /// (beta 0; alpha applied to each slice). The same result on every run.
+    /// (beta 0; alpha applied to each slice), each slice's product in `tile`s. The same result
+    /// on every run.
     fn matmul_split_k(
         &self,
         [a, b, out]: [V<'_>; 3],
         [am, bm, om]: [&validate::MatrixView; 3],
         alpha: f32,
-        slices: usize,
+        (slices, tile): (usize, TileShape),
     ) -> Result<()> {
         let ks = am.cols / slices;
         let (rows, cols) = (om.rows, om.cols);
@@ -1359,7 +1393,7 @@ impl WgpuBackend {
             [&a_slices, &b_slices, &p_slices],
             alpha,
             0.0,
-            dot,
+            (dot, tile),
             None,
         )?;
         let sum_into = Layout {
@@ -1578,7 +1612,7 @@ impl WgpuBackend {
         )?;
         let starts = u32s(m)?;
         self.dispatch_groups(
-            &*self.kernel(&Spec::new("segment_starts.wgsl"))?,
+            &self.kernel(&Spec::new("segment_starts.wgsl"))?,
             &sorting,
             &[(&totals, false), (&starts, true)],
             [1, 1, 1],
@@ -1596,7 +1630,7 @@ impl WgpuBackend {
             guard,
         );
         self.dispatch_groups(
-            &*self.kernel(&place)?,
+            &self.kernel(&place)?,
             &params,
             &buffers,
             [chunks as u32, 1, 1],
@@ -1719,9 +1753,12 @@ impl WgpuBackend {
                 detail: format!("{src:?} and {dst:?} differ"),
             });
         }
-        self.encode(|e| {
-            e.copy_buffer_to_buffer(&src.0.buffer, 0, &dst.0.buffer, 0, src.0.buffer.size())
-        });
+        let copy = capture::Command::Copy {
+            src: src.0.buffer.clone(),
+            dst: dst.0.buffer.clone(),
+            bytes: src.0.buffer.size(),
+        };
+        self.transfer(&mut self.lock_batch(), copy, &[src, dst]);
         Ok(())
     }
 
@@ -1744,16 +1781,87 @@ impl WgpuBackend {
     }
 
     /// Writes `bytes` into `buffer` through the queue, after every command encoded so far.
+    /// (Also inside a recording, where it happens once, when recording: the poison of
+    /// `poison_for_write`, whose buffer nothing else uses yet.)
     fn write_after_batch(&self, buffer: &wgpu::Buffer, bytes: &[u8]) {
         let mut batch = self.lock_batch();
         self.submit_batch(&mut batch);
         self.0.queue.write_buffer(buffer, 0, bytes);
     }
 
-    /// Appends one command to the batch (see [`Batch`]).
-    fn encode(&self, command: impl FnOnce(&mut wgpu::CommandEncoder)) {
-        let mut batch = self.lock_batch();
-        self.encode_locked(&mut batch, command);
+    /// Whether a recording is under way (see [`capture`]).
+    fn capturing(&self) -> bool {
+        self.0.capturing.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// `hal`'s contract for capturing backends: no waits, reads or queue writes inside a
+    /// recording (they would happen once, when recording, rather than at each replay).
+    fn refuse_in_capture(&self, op: &'static str) -> Result<()> {
+        if self.capturing() {
+            return Err(Error::InvalidArgument {
+                op,
+                detail:
+                    "not allowed inside a recording (it waits for the device or moves host data)"
+                        .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Appends a copy or clear (not a dispatch) to the batch, or to the capture under way,
+    /// which then holds `buffers`.
+    fn transfer(&self, batch: &mut Batch, command: capture::Command, buffers: &[&WgpuBuffer]) {
+        if let Some(c) = batch.capture.as_mut() {
+            c.keep(buffers.iter().copied());
+            c.commands.push(command);
+            return;
+        }
+        self.encode_command(batch, None, &command);
+    }
+
+    /// Encodes one command (a captured one on replay).
+    fn encode_command(
+        &self,
+        batch: &mut Batch,
+        profiler: Option<&mut profile::Profiler>,
+        command: &capture::Command,
+    ) {
+        match command {
+            capture::Command::Dispatch {
+                kernel,
+                group,
+                words,
+                groups,
+                name,
+            } => self.encode_dispatch(
+                batch,
+                profiler,
+                (kernel, name.as_deref()),
+                group,
+                words,
+                *groups,
+            ),
+            capture::Command::Copy { src, dst, bytes } => {
+                self.encode_locked(batch, |e| e.copy_buffer_to_buffer(src, 0, dst, 0, *bytes))
+            }
+            capture::Command::Clear(b) => self.encode_locked(batch, |e| e.clear_buffer(b, 0, None)),
+            capture::Command::ClearWord { buffer, word } => {
+                self.encode_locked(batch, |e| e.clear_buffer(buffer, *word as u64 * 4, Some(4)))
+            }
+        }
+    }
+
+    /// Notes that the fault record may be written by what was just encoded or captured, so
+    /// the next synchronize or read checks it.
+    fn faults_may_be_written(&self) {
+        self.0
+            .faults_unread
+            .store(true, std::sync::atomic::Ordering::Release);
+        if self.capturing()
+            && let Some(c) = self.lock_batch().capture.as_mut()
+        {
+            c.writes_faults = true;
+        }
     }
 
     fn encode_locked(&self, batch: &mut Batch, command: impl FnOnce(&mut wgpu::CommandEncoder)) {
@@ -2007,7 +2115,7 @@ impl WgpuBackend {
     /// `buffers` at 1.. (`true` marks a buffer the kernel writes).
     fn dispatch(
         &self,
-        kernel: &Kernel,
+        kernel: &Arc<Kernel>,
         params: &Params,
         buffers: &[(&WgpuBuffer, bool)],
         threads: usize,
@@ -2033,7 +2141,7 @@ impl WgpuBackend {
     /// [`Self::dispatch`] for kernels that index their own workgroup grid (`P[0]` is 0).
     fn dispatch_groups(
         &self,
-        kernel: &Kernel,
+        kernel: &Arc<Kernel>,
         params: &Params,
         buffers: &[(&WgpuBuffer, bool)],
         groups: [u32; 3],
@@ -2052,7 +2160,7 @@ impl WgpuBackend {
     /// call is copied first: wgpu forbids binding one buffer both ways.
     fn submit(
         &self,
-        kernel: &Kernel,
+        kernel: &Arc<Kernel>,
         params: &Params,
         threads: u32,
         buffers: &[(&WgpuBuffer, bool)],
@@ -2100,12 +2208,32 @@ impl WgpuBackend {
             .zip(&copies)
             .map(|(&(b, _), copy)| copy.as_ref().map_or(&b.0.buffer, |c| &c.0.buffer))
             .collect();
-        let group = self.bind_group(kernel, (immediates == 0).then_some(words.len()), &bound);
+        let capturing = self.capturing();
+        // Binding 0: the shared parameter buffer, or inside a recording one of the dispatch's
+        // own (the shared one is rewritten before every such dispatch, which a replay cannot).
+        let own_params = match capturing && immediates == 0 {
+            true => Some(self.params_buffer(&words)?),
+            false => None,
+        };
+        let params_binding = (immediates == 0).then(|| {
+            let buffer = own_params.as_ref().unwrap_or(&self.0.params);
+            (buffer, words.len())
+        });
+        let group = self.bind_group(kernel, params_binding, &bound);
         self.make_room_in_profile()?;
         // Taken before the batch, as in read_profile.
         let mut profiler = self.0.profiler.as_ref().map(lock);
         let mut batch = self.lock_batch();
-        if immediates == 0 {
+        if let Some(c) = batch.capture.as_mut() {
+            c.keep(
+                buffers
+                    .iter()
+                    .map(|&(b, _)| b)
+                    .chain(copies.iter().flatten()),
+            );
+        }
+        let shared_params = immediates == 0 && !capturing;
+        if shared_params {
             // The shared parameter buffer: what came before is submitted first (the write
             // would land ahead of it), and this dispatch right after (the next write would
             // land ahead of it).
@@ -2116,15 +2244,12 @@ impl WgpuBackend {
         }
         for (&(b, _), copy) in buffers.iter().zip(&copies) {
             if let Some(tmp) = copy {
-                self.encode_locked(&mut batch, |encoder| {
-                    encoder.copy_buffer_to_buffer(
-                        &b.0.buffer,
-                        0,
-                        &tmp.0.buffer,
-                        0,
-                        b.0.buffer.size(),
-                    )
-                });
+                let copy = capture::Command::Copy {
+                    src: b.0.buffer.clone(),
+                    dst: tmp.0.buffer.clone(),
+                    bytes: b.0.buffer.size(),
+                };
+                self.transfer(&mut batch, copy, &[]);
             }
         }
         if immediates > 0 {
@@ -2134,29 +2259,50 @@ impl WgpuBackend {
         self.encode_dispatch(
             &mut batch,
             profiler.as_deref_mut(),
-            kernel,
+            (kernel, None),
             &group,
             &words,
             groups,
         );
-        if immediates == 0 {
+        if shared_params {
             self.submit_batch(&mut batch);
         }
         Ok(())
     }
 
-    /// `kernel`'s bind group: `buffers` at bindings 1.., and with `params_words`, that many
-    /// words of the shared parameter buffer at binding 0.
+    /// A parameter buffer of one dispatch, holding `words` (made without the queue, so it may
+    /// be made inside a recording).
+    fn params_buffer(&self, words: &[u32]) -> Result<wgpu::Buffer> {
+        let buffer = self.0.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("captured launch parameters"),
+            size: (words.len() as u64 * 4).max(4),
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = buffer
+                .slice(..)
+                .get_mapped_range_mut()
+                .map_err(backend_error)?;
+            view.slice(..words.len() * 4)
+                .copy_from_slice(bytemuck::cast_slice(words));
+        }
+        buffer.unmap();
+        Ok(buffer)
+    }
+
+    /// `kernel`'s bind group: `buffers` at bindings 1.., and with `params`, that many words of
+    /// that parameter buffer at binding 0.
     fn bind_group(
         &self,
         kernel: &Kernel,
-        params_words: Option<usize>,
+        params: Option<(&wgpu::Buffer, usize)>,
         buffers: &[&wgpu::Buffer],
     ) -> wgpu::BindGroup {
-        let params = params_words.map(|words| wgpu::BindGroupEntry {
+        let params = params.map(|(buffer, words)| wgpu::BindGroupEntry {
             binding: 0,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.0.params,
+                buffer,
                 offset: 0,
                 size: std::num::NonZeroU64::new(words as u64 * 4),
             }),
@@ -2180,29 +2326,42 @@ impl WgpuBackend {
         })
     }
 
-    /// Reads the profile's timestamps back when another dispatch's would not fit.
+    /// Reads the profile's timestamps back when another dispatch's would not fit (never
+    /// inside a recording, which times nothing: its replays are timed).
     fn make_room_in_profile(&self) -> Result<()> {
-        if self.0.profiler.as_ref().is_some_and(|p| lock(p).full()) {
+        if !self.capturing() && self.0.profiler.as_ref().is_some_and(|p| lock(p).full()) {
             self.read_profile()?;
         }
         Ok(())
     }
 
     /// Appends one dispatch to the batch (under a profiler, in a pass of its own timed at both
-    /// ends), submitting the batch when it is full.
+    /// ends, filed under `name` where given), submitting the batch when it is full; inside a
+    /// recording, to the capture instead (the caller keeps its buffers there).
     fn encode_dispatch(
         &self,
         batch: &mut Batch,
         profiler: Option<&mut profile::Profiler>,
-        kernel: &Kernel,
+        (kernel, name): (&Arc<Kernel>, Option<&str>),
         group: &wgpu::BindGroup,
         words: &[u32],
         groups: [u32; 3],
     ) {
+        if let Some(c) = batch.capture.as_mut() {
+            c.commands.push(capture::Command::Dispatch {
+                kernel: kernel.clone(),
+                group: group.clone(),
+                words: words.to_vec(),
+                groups,
+                name: profiler.map(|p| p.name_of(&kernel.name)),
+            });
+            return;
+        }
         let timed = profiler.is_some();
         if let Some(profiler) = profiler {
             batch.pass = None;
-            let writes = profiler.next(&kernel.name);
+            let name = name.map_or_else(|| profiler.name_of(&kernel.name), str::to_string);
+            let writes = profiler.next(name);
             let pass = batch
                 .encoder(&self.0.device)
                 .begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -2254,11 +2413,15 @@ impl WgpuBackend {
             group,
             words,
             groups,
+            buffers: buffers.iter().map(|&(b, _)| b.clone()).collect(),
         }))
     }
 
     /// Encodes `sequence` `times` times over, in order.
     fn encode_repeated(&self, sequence: &[Prepared], times: usize) -> Result<()> {
+        if let Some(c) = self.lock_batch().capture.as_mut() {
+            c.keep(sequence.iter().flat_map(|p| &p.buffers));
+        }
         for _ in 0..times {
             for p in sequence {
                 self.make_room_in_profile()?;
@@ -2267,7 +2430,7 @@ impl WgpuBackend {
                 self.encode_dispatch(
                     &mut batch,
                     profiler.as_deref_mut(),
-                    &p.kernel,
+                    (&p.kernel, None),
                     &p.group,
                     &p.words,
                     p.groups,
@@ -2364,6 +2527,7 @@ impl WgpuBackend {
         size: u64,
         copy: impl FnOnce(&mut wgpu::CommandEncoder, &wgpu::Buffer),
     ) -> Result<Vec<u8>> {
+        self.refuse_in_capture("read_bytes")?;
         let staging = self.0.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("read"),
             size,
@@ -2427,10 +2591,17 @@ impl WgpuBackend {
             // 0 is what unused verdict words hold: never a serial.
             serial = self.0.check_serial.fetch_add(1, Relaxed);
         }
-        Guard {
-            word: serial % VERDICT_WORDS,
-            serial,
+        let word = serial % VERDICT_WORDS;
+        if self.capturing() {
+            // Each replay repeats the serial: its check must not find the verdict of the
+            // replay before.
+            let clear = capture::Command::ClearWord {
+                buffer: self.0.verdicts.0.buffer.clone(),
+                word,
+            };
+            self.transfer(&mut self.lock_batch(), clear, &[]);
         }
+        Guard { word, serial }
     }
 
     /// Checks on the device that every index of `index` lies in `0..bound`, without waiting:
@@ -2465,9 +2636,7 @@ impl WgpuBackend {
         buffers.push((&self.0.verdicts, true));
         buffers.push((&self.0.faults, true));
         self.run(spec, params, &buffers, threads)?;
-        self.0
-            .faults_unread
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.faults_may_be_written();
         Ok(guard)
     }
 
@@ -2566,17 +2735,19 @@ impl WgpuBackend {
             )
         };
         let a = x.dtype();
+        // What both kernels read: the output, where each output's line starts, the line.
+        let whole_lines = Params::default()
+            .block(out.layout)
+            .block(&keep)
+            .block(&red)
+            .scalar(0, count as u32)
+            .f(1, scale)
+            .scalar(5, n_out as u32);
         if chunks == 1 {
-            let p = Params::default()
-                .block(out.layout)
-                .block(&keep)
-                .block(&red)
-                .scalar(0, count as u32)
-                .f(1, scale)
+            let p = whole_lines
                 .scalar(2, per as u32)
                 .scalar(3, 1)
-                .scalar(4, mode)
-                .scalar(5, n_out as u32);
+                .scalar(4, mode);
             let b = out.dtype();
             return self.run_guarded(
                 spec(wgsl::io(&[a], b)),
@@ -2585,6 +2756,37 @@ impl WgpuBackend {
                 n_out,
                 guard,
             );
+        }
+        // Short lines that still need several chunks: one pass of reduce_lanes.wgsl, a
+        // workgroup's invocations sharing each line, instead of partials and a second
+        // dispatch (each dispatch costs several microseconds on the GPU: a training step's
+        // bias gradients are a handful of these).
+        let lanes = if mode == REDUCE_OUTPUTS_FASTEST {
+            32
+        } else {
+            1
+        };
+        let groups = n_out.div_ceil(lanes);
+        let max_groups = self.0.limits.max_compute_workgroups_per_dimension as usize;
+        if count.div_ceil(256 / lanes) <= LANE_ELEMENTS && groups.div_ceil(max_groups) <= max_groups
+        {
+            let p = whole_lines.scalar(4, lanes as u32);
+            let lanes_spec = spec(wgsl::io(&[a], out.dtype()));
+            let lanes_spec = Spec {
+                file: "reduce_lanes.wgsl",
+                ..lanes_spec
+            };
+            let buffers = [(x.buffer, false), (out.buffer, true)];
+            let (lanes_spec, p, buffers) = match guard {
+                Some(g) => self.guarded(lanes_spec, p, &buffers, g),
+                None => (lanes_spec, p, buffers.to_vec()),
+            };
+            let grid = [
+                groups.min(max_groups) as u32,
+                groups.div_ceil(max_groups) as u32,
+                1,
+            ];
+            return self.dispatch_groups(&self.kernel(&lanes_spec)?, &p, &buffers, grid);
         }
         let partial = self.scratch(DType::F32, n_out * chunks)?;
         let pl = Layout::contiguous(&[n_out * chunks]);
@@ -2701,7 +2903,7 @@ impl WgpuBackend {
                 .scalar(0, count as u32)
                 .scalar(5, has);
             return self.dispatch_groups(
-                &*self.kernel(&spec)?,
+                &self.kernel(&spec)?,
                 &p,
                 &[(x, false), (out, true), (vb, true)],
                 [n_out as u32, 1, 1],
@@ -2888,7 +3090,7 @@ fn kept(x: &Layout, shape: &[usize], axes: &[usize]) -> Layout {
 impl Backend for WgpuBackend {
     type Buffer = WgpuBuffer;
     type Kernel = program::WgpuKernel;
-    type Graph = hal::Replay<Self>;
+    type Graph = WgpuGraph;
 
     fn info(&self) -> DeviceInfo {
         let kind = match self.0.info.device_type {
@@ -2918,13 +3120,14 @@ impl Backend for WgpuBackend {
             native_float_atomics: false,
             subgroups: self.0.features.contains(wgpu::Features::SUBGROUP),
             matrix_units: self.0.coop.is_some(),
-            graph_capture: false,
+            graph_capture: capture::enabled(),
             fast_precision: self.0.coop.is_some(),
             compensated_precision: self.0.coop.is_some(),
         }
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.refuse_in_capture("synchronize")?;
         self.flush();
         // Short work is awaited by polling without blocking for a while: a blocking wait sleeps
         // in the driver and wakes up tens of microseconds after the GPU is done.
@@ -2953,9 +3156,11 @@ impl Backend for WgpuBackend {
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<WgpuBuffer> {
         let (buf, reused) = self.pooled_buffer(dtype, len)?;
-        if reused {
-            // A reused buffer holds its last owner's data; the contract is zeros.
-            self.encode(|e| e.clear_buffer(&buf.0.buffer, 0, None));
+        // A reused buffer holds its last owner's data; the contract is zeros. So does a buffer
+        // allocated inside a recording once a replay has written it.
+        if reused || self.capturing() {
+            let clear = capture::Command::Clear(buf.0.buffer.clone());
+            self.transfer(&mut self.lock_batch(), clear, &[&buf]);
         }
         Ok(buf)
     }
@@ -2976,12 +3181,14 @@ impl Backend for WgpuBackend {
     }
 
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<WgpuBuffer> {
+        self.refuse_in_capture("upload_bytes")?;
         let (buf, _) = self.pooled_buffer(dtype, validate::upload(dtype, bytes)?)?;
         self.write_bytes(&buf, bytes)?;
         Ok(buf)
     }
 
     fn write_bytes(&self, dst: &WgpuBuffer, bytes: &[u8]) -> Result<()> {
+        self.refuse_in_capture("write_bytes")?;
         validate::write(dst, bytes)?;
         let mut padded = bytes.to_vec();
         padded.resize(dst.0.buffer.size() as usize, 0);
@@ -3671,9 +3878,7 @@ impl Backend for WgpuBackend {
             .collect();
         bufs.push((&self.0.faults, true));
         self.dispatch(&kernel.pipeline, &p, &bufs, n)?;
-        self.0
-            .faults_unread
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.faults_may_be_written();
         Ok(())
     }
     fn with_precision(&self, precision: Precision) -> Self {
@@ -3684,12 +3889,91 @@ impl Backend for WgpuBackend {
         self.1
     }
 
+    /// Captures the dispatches, copies and clears `steps` makes (see [`capture`]); nothing
+    /// runs until a replay. Calls from other threads on this device while it records are
+    /// captured too.
     fn record(&self, steps: std::sync::Arc<hal::RecordedSteps<Self>>) -> Result<Self::Graph> {
-        Ok(hal::Replay::new(steps))
+        if !capture::enabled() {
+            return Ok(WgpuGraph {
+                steps: Some(steps),
+                commands: Vec::new(),
+                keep: Vec::new(),
+                writes_faults: false,
+                device: Arc::as_ptr(&self.0) as usize,
+            });
+        }
+        // Probed now: the first kernel that needs it would otherwise read inside the capture.
+        self.fma_is_fused()?;
+        {
+            let mut batch = self.lock_batch();
+            if batch.capture.is_some() {
+                return Err(Error::InvalidArgument {
+                    op: "record",
+                    detail: "a recording inside a recording".into(),
+                });
+            }
+            batch.capture = Some(capture::Capture::default());
+            self.0
+                .capturing
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        let result = steps(self);
+        let captured = {
+            let mut batch = self.lock_batch();
+            self.0
+                .capturing
+                .store(false, std::sync::atomic::Ordering::Release);
+            batch.capture.take().unwrap_or_default()
+        };
+        result?;
+        Ok(WgpuGraph {
+            steps: None,
+            commands: captured.commands,
+            keep: captured.keep,
+            writes_faults: captured.writes_faults,
+            device: Arc::as_ptr(&self.0) as usize,
+        })
     }
 
+    /// Encodes the captured commands again (inside another recording: appends them to it).
     fn replay(&self, graph: &Self::Graph) -> Result<()> {
-        graph.run(self)
+        if graph.device != Arc::as_ptr(&self.0) as usize {
+            return Err(Error::InvalidArgument {
+                op: "replay",
+                detail: "the graph was recorded on another wgpu device".into(),
+            });
+        }
+        if let Some(steps) = &graph.steps {
+            return steps(self);
+        }
+        {
+            let mut batch = self.lock_batch();
+            if let Some(c) = batch.capture.as_mut() {
+                c.commands.extend(graph.commands.iter().cloned());
+                c.keep(&graph.keep);
+                c.writes_faults |= graph.writes_faults;
+                return Ok(());
+            }
+            if self.0.profiler.is_none() {
+                for command in &graph.commands {
+                    self.encode_command(&mut batch, None, command);
+                }
+            }
+        }
+        if self.0.profiler.is_some() {
+            for command in &graph.commands {
+                self.make_room_in_profile()?;
+                let mut profiler = self.0.profiler.as_ref().map(lock);
+                let mut batch = self.lock_batch();
+                self.encode_command(&mut batch, profiler.as_deref_mut(), command);
+            }
+        }
+        if graph.writes_faults {
+            self.0
+                .faults_unread
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        Ok(())
     }
 }
 

@@ -76,13 +76,18 @@ impl Profiler {
         (self.pending.len() as u32 + 1) * 2 > QUERIES
     }
 
-    /// The timestamp writes for the next dispatch, named `name`.
-    pub(crate) fn next(&mut self, name: &str) -> wgpu::ComputePassTimestampWrites<'_> {
+    /// What a dispatch of kernel file `kernel` is filed under now (with the current label).
+    pub(crate) fn name_of(&self, kernel: &str) -> String {
+        match &self.label {
+            Some(label) => format!("{label} ({kernel})"),
+            None => kernel.to_string(),
+        }
+    }
+
+    /// The timestamp writes for the next dispatch, filed under `name` (see [`Self::name_of`]).
+    pub(crate) fn next(&mut self, name: String) -> wgpu::ComputePassTimestampWrites<'_> {
         let i = self.pending.len() as u32;
-        self.pending.push(match &self.label {
-            Some(label) => format!("{label} ({name})"),
-            None => name.to_string(),
-        });
+        self.pending.push(name);
         wgpu::ComputePassTimestampWrites {
             query_set: &self.queries,
             beginning_of_pass_write_index: Some(2 * i),

@@ -310,6 +310,7 @@ shader_files!(
     "binary_rows_vec4.wgsl",
     "ternary.wgsl",
     "reduce.wgsl",
+    "reduce_lanes.wgsl",
     "arg_line.wgsl",
     "kmeans_pp_keys.wgsl",
     "kmeans_pp_pick.wgsl",

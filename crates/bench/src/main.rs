@@ -240,11 +240,17 @@ fn main() -> ExitCode {
                 set_profile_hook(Box::new(move |runs| {
                     profiled.take_profile(runs).ok().flatten()
                 }));
-                let tile = backend_wgpu::tile_shape();
+                let tiles = match std::env::var("HAL_WGPU_TILE") {
+                    Ok(t) => format!("{t} for every product (HAL_WGPU_TILE)"),
+                    Err(_) => "by shape (64 x 64 for small products, 128 x 128 or a half tile for large ones)".into(),
+                };
                 println!(
-                    "bench: wgpu GEMM tiles of {} x {} for large products, 64 x 64 for small ones unless HAL_WGPU_TILE is set; optional features in use: {}",
-                    tile.rows,
-                    tile.cols,
+                    "bench: wgpu GEMM tiles {tiles}; recordings {}; optional features in use: {}",
+                    if gpu.capabilities().graph_capture {
+                        "captured"
+                    } else {
+                        "run again on each replay (HAL_WGPU_CAPTURE=0)"
+                    },
                     gpu.features_in_use()
                 );
                 let copy = |src: &backend_wgpu::WgpuBuffer, dst: &backend_wgpu::WgpuBuffer| {
@@ -928,7 +934,7 @@ fn launch<B: Backend>(b: &B, args: &Args, hooks: &Hooks<'_, B>) -> hal::Result<(
         one_by_one * 1e6,
         replayed * 1e6,
         if b.capabilities().graph_capture {
-            "device graph"
+            "captured launches"
         } else {
             "steps run again"
         },
