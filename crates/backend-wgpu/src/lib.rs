@@ -22,12 +22,13 @@
 //!
 //! Kernels live in `shaders/` at the repository root, one WGSL file per primitive family
 //! (see [`wgsl`] for how they are specialised and composed). Matrix products and the fused
-//! nearest-centroid search share a 128 x 128 shared-memory tile (about 28 TFLOP/s f32 GEMM on
+//! nearest-centroid search share a shared-memory tile, 128 x 128 or smaller by shape (about 28 TFLOP/s f32 GEMM on
 //! an H200; 1M x 128 points against 4096 centroids in 57 ms); products with few outputs and a
 //! long k take a dot-product kernel instead; contiguous f32 arithmetic uses vec4 loads
 //! (3.9 TB/s); docs/PERF.md has the figures. Buffers are pooled; nothing reads back to the host
 //! unless asked: index operands are checked on the device and a bad one is reported by the
-//! next synchronize.
+//! next synchronize. `record` captures (`src/capture.rs`): a replay encodes the recorded
+//! dispatches again without the calls' host work.
 //!
 //! Optional adapter features, each with a fallback ([`WgpuOptions`] turns them off):
 //! immediates (launch parameters as push constants, no buffer write per dispatch),

@@ -403,8 +403,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
 
     /// Records the calls `steps` makes on the handle it is given, to run again with
     /// [`Backend::replay`]. Where [`Capabilities::graph_capture`] is true the launches are
-    /// captured into a device graph (recording then runs no device work, and a replay is one
-    /// launch); elsewhere the steps are kept and run again on each replay, so workloads use
+    /// captured (recording then runs no device work; on CUDA a replay is one graph launch, on
+    /// wgpu the captured dispatches encoded again without the calls' host work); elsewhere the steps are kept and run again on each replay, so workloads use
     /// one code path. A replay repeats the same launches with the same scalar arguments on the
     /// same buffers; the buffers' contents may change between replays. Inside `steps`, calls
     /// that wait for the device or move data to or from the host (`synchronize`, `read_bytes`,

@@ -50,7 +50,8 @@ pub struct Capabilities {
     pub subgroups: bool,
     /// Matrix units (tensor cores / cooperative matrices) are available to the backend.
     pub matrix_units: bool,
-    /// `record`/`replay` capture launches into a device graph rather than re-running them.
+    /// `record`/`replay` capture launches (into a device graph on CUDA, a list of encoded
+    /// dispatches on wgpu) rather than re-running the calls.
     pub graph_capture: bool,
     /// [`Precision::Fast`](crate::Precision::Fast) has its own, faster path (otherwise it runs
     /// exactly).
