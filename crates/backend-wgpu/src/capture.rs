@@ -68,7 +68,7 @@ impl Capture {
     }
 }
 
-/// The graph of [`crate::WgpuBackend::record`]: the captured commands, replayed by encoding
+/// The graph of `WgpuBackend::record`: the captured commands, replayed by encoding
 /// them again on the device they were captured on.
 pub struct WgpuGraph {
     /// With capture turned off ([`enabled`]): the steps, run again on each replay.

@@ -314,7 +314,7 @@ impl TileShape {
 /// The GEMM tile of large products: 128 x 128 unless the environment's `HAL_WGPU_TILE` names
 /// another of `128x64`, `64x128`, `64x64`, `128x128` (a tuning knob for comparing them on a
 /// new GPU, which then holds for every product; `bench` reports it). Otherwise each product
-/// takes the tile [`gemm_tile`] chooses for its shape. Nearest-centroid always uses 128 rows,
+/// takes the tile `gemm_tile` chooses for its shape. Nearest-centroid always uses 128 rows,
 /// with these columns.
 pub fn tile_shape() -> TileShape {
     tile_override().unwrap_or(TileShape {
@@ -3890,7 +3890,7 @@ impl Backend for WgpuBackend {
         self.1
     }
 
-    /// Captures the dispatches, copies and clears `steps` makes (see [`capture`]); nothing
+    /// Captures the dispatches, copies and clears `steps` makes (see `src/capture.rs`); nothing
     /// runs until a replay. Calls from other threads on this device while it records are
     /// captured too.
     fn record(&self, steps: std::sync::Arc<hal::RecordedSteps<Self>>) -> Result<Self::Graph> {
