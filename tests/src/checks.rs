@@ -130,7 +130,7 @@ impl<B: Backend> Suite<'_, B> {
 const INDEX_ELEMENTS: usize = 1 << 20;
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 35] = [
+pub(crate) const EXPECTED_ROWS: [&str; 36] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -165,6 +165,7 @@ pub(crate) const EXPECTED_ROWS: [&str; 35] = [
     "random normal",
     "ir program (edge residual, atomics)",
     "ir program (math, int, select, cast)",
+    "ir program (conditional store)",
     "record/replay",
 ];
 
@@ -2408,9 +2409,37 @@ fn run_math<B: Backend>(b: &B, x: &[f32]) -> Result<Vec<f64>> {
     Ok(out)
 }
 
+/// `y[i] = 2 x[i]` where `x[i] > 0`, nothing elsewhere; and a store far out of range under a
+/// condition that never holds, which must not fault.
+fn masked_program() -> hal::ir::Program {
+    let mut b = ProgramBuilder::new("ir_masked");
+    let x = b.buffer(DType::F32, Access::Read);
+    let y = b.buffer(DType::F32, Access::Write);
+    let i = b.index();
+    let v = b.load(x, i);
+    let zero = b.const_f32(0.0);
+    let positive = b.cmp(IrCmp::Gt, v, zero);
+    let twice = b.add(v, v);
+    b.store_if(positive, y, i, twice);
+    let huge = b.const_f32(100.0);
+    let never = b.cmp(IrCmp::Gt, v, huge);
+    let far = b.const_u32(1 << 30);
+    let out_of_range = b.add(i, far);
+    b.store_if(never, y, out_of_range, v);
+    b.build().expect("a valid program")
+}
+
+fn run_masked<B: Backend>(b: &B, x: &[f32]) -> Result<Vec<f64>> {
+    let k = b.compile(&masked_program())?;
+    let xb = b.upload(x)?;
+    let yb = b.upload(&vec![-7.0f32; x.len()])?;
+    b.launch(&k, &[&xb, &yb], x.len())?;
+    Ok(b.read::<f32>(&yb)?.into_iter().map(f64::from).collect())
+}
+
 /// The IR programs the suite runs, for tools that check their lowering (`cargo xtask wgsl`).
 pub fn sample_programs() -> Vec<hal::ir::Program> {
-    vec![edge_program(), math_program()]
+    vec![edge_program(), math_program(), masked_program()]
 }
 
 fn programs<B: Backend>(s: &mut Suite<'_, B>) {
@@ -2497,6 +2526,22 @@ fn programs<B: Backend>(s: &mut Suite<'_, B>) {
                 "ir program (math, int, select, cast)",
                 format!("n={n}: {e}"),
             ),
+        }
+        let x: Vec<f32> = (0..n).map(|_| s.rng().range(-1.0, 1.0)).collect();
+        let exact: Vec<f64> = x
+            .iter()
+            .map(|&v| if v > 0.0 { 2.0 * v as f64 } else { -7.0 })
+            .collect();
+        match both!(s, run_masked(&x)) {
+            Ok((cv, t)) => s.judge(
+                "ir program (conditional store)",
+                &format!("n={n}"),
+                &cv,
+                t.as_deref(),
+                &exact,
+                &|_, _| 0.0,
+            ),
+            Err(e) => s.fail("ir program (conditional store)", format!("n={n}: {e}")),
         }
     }
 }

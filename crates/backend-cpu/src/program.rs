@@ -236,6 +236,7 @@ fn run_block(
                 buffer,
                 index,
                 value,
+                ..
             }
             | Inst::AtomicAdd {
                 buffer,
@@ -244,7 +245,14 @@ fn run_block(
             } => {
                 let (m, ix, val) = (mems[buffer.0 as usize], regs[op(index)], regs[op(value)]);
                 let atomic = matches!(inst, Inst::AtomicAdd { .. });
+                let when = match *inst {
+                    Inst::Store { when: Some(w), .. } => Some(regs[op(w)]),
+                    _ => None,
+                };
                 for l in 0..lanes {
+                    if when.is_some_and(|w| w[l] == 0) {
+                        continue;
+                    }
                     let i = ix[l] as usize;
                     if i >= m.len {
                         record_fault(buffer.0, ix[l]);

@@ -94,10 +94,12 @@ fn store_runs(
     // (buffer, base) -> its stores by offset.
     let mut groups: BTreeMap<(u32, u32), Offsets> = BTreeMap::new();
     for (n, inst) in program.insts.iter().enumerate() {
+        // (Conditional stores stay where they are.)
         let Inst::Store {
             buffer,
             index,
             value,
+            when: None,
         } = *inst
         else {
             continue;
@@ -262,6 +264,7 @@ pub fn lower(program: &Program) -> Result<String> {
                 buffer,
                 index,
                 value,
+                ..
             }
             | Inst::AtomicAdd {
                 buffer,
@@ -285,11 +288,16 @@ pub fn lower(program: &Program) -> Result<String> {
                         _ => format!("b{b}[{i}] = {x};"),
                     }
                 };
-                let _ = writeln!(
-                    src,
-                    "  if ((i64){i} < len{b}) {{ {op} }} else {};",
+                let guarded = format!(
+                    "if ((i64){i} < len{b}) {{ {op} }} else {};",
                     note_fault(&i, b)
                 );
+                let _ = match *inst {
+                    Inst::Store { when: Some(w), .. } => {
+                        writeln!(src, "  if ({}) {{ {guarded} }}", v(w))
+                    }
+                    _ => writeln!(src, "  {guarded}"),
+                };
                 continue;
             }
             Inst::Unary { op, x } => {

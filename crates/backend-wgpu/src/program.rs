@@ -126,6 +126,7 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
                 buffer,
                 index,
                 value,
+                ..
             }
             | Inst::AtomicAdd {
                 buffer,
@@ -150,11 +151,16 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
                         DType::U32 => format!("stbits{b}(i32({i}), {x});"),
                     }
                 };
-                let _ = writeln!(
-                    body,
-                    "    if ({i} < s({}u)) {{ {op} }} else {{ fault({}u, {i}); }}",
+                let guarded = format!(
+                    "if ({i} < s({}u)) {{ {op} }} else {{ fault({}u, {i}); }}",
                     buffer.0, buffer.0
                 );
+                let _ = match *inst {
+                    Inst::Store { when: Some(w), .. } => {
+                        writeln!(body, "    if ({}) {{ {guarded} }}", v(w))
+                    }
+                    _ => writeln!(body, "    {guarded}"),
+                };
                 continue;
             }
             Inst::Unary { op, x } => {

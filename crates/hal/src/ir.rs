@@ -217,11 +217,14 @@ pub enum Inst {
         to: ScalarType,
         x: Value,
     },
-    /// Stores `value` at element `index` (rounding floats to the buffer's dtype). Defines no value.
+    /// Stores `value` at element `index` (rounding floats to the buffer's dtype), only where
+    /// `when` (a bool) is true if given: an index out of range is then a fault only where the
+    /// store happens. Defines no value.
     Store {
         buffer: BufferId,
         index: Value,
         value: Value,
+        when: Option<Value>,
     },
     /// Atomically adds `value` to element `index` of an `F32`, `I32` or `U32` buffer. Defines no value.
     AtomicAdd {
@@ -241,9 +244,10 @@ impl Inst {
             Inst::Binary { a, b, .. } | Inst::Cmp { a, b, .. } => [Some(a), Some(b), None],
             Inst::Fma { a, b, c } => [Some(a), Some(b), Some(c)],
             Inst::Select { cond, a, b } => [Some(cond), Some(a), Some(b)],
-            Inst::Store { index, value, .. } | Inst::AtomicAdd { index, value, .. } => {
-                [Some(index), Some(value), None]
-            }
+            Inst::Store {
+                index, value, when, ..
+            } => [Some(index), Some(value), when],
+            Inst::AtomicAdd { index, value, .. } => [Some(index), Some(value), None],
         };
         ops.into_iter().flatten()
     }
@@ -375,6 +379,7 @@ impl Program {
                     buffer: id,
                     index,
                     value,
+                    ..
                 }
                 | Inst::AtomicAdd {
                     buffer: id,
@@ -394,6 +399,11 @@ impl Program {
                             at,
                             format!("atomic add into {} is not supported", p.dtype),
                         ));
+                    }
+                    if let Inst::Store { when: Some(w), .. } = *inst
+                        && ty(w) != Bool
+                    {
+                        return Err(err(at, "a store's condition must be a bool".into()));
                     }
                     if ty(index) != U32 {
                         return Err(err(at, "index must be u32".into()));
@@ -586,6 +596,16 @@ impl ProgramBuilder {
             buffer,
             index,
             value,
+            when: None,
+        });
+    }
+    /// A store that happens only where `when` (a bool) is true.
+    pub fn store_if(&mut self, when: Value, buffer: BufferId, index: Value, value: Value) {
+        self.push(Inst::Store {
+            buffer,
+            index,
+            value,
+            when: Some(when),
         });
     }
     pub fn atomic_add(&mut self, buffer: BufferId, index: Value, value: Value) {

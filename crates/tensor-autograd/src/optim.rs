@@ -7,7 +7,7 @@
 
 use crate::error::{Result, invalid};
 use crate::tensor::Tensor;
-use hal::ir::{Access, IrUnary, ProgramBuilder};
+use hal::ir::{Access, BufferId, IrCmp, IrUnary, ProgramBuilder, Value};
 use hal::{AdamParams, Backend, BackendExt, DType, DeviceBuffer, SgdParams};
 
 /// What every optimiser offers.
@@ -243,10 +243,22 @@ struct RecordedAdam<B: Backend> {
     values: B::Buffer,
     advance: B::Kernel,
     update: B::Kernel,
+    /// The prepared parameters in groups of up to [`ADAM_GROUP`], each updated by one
+    /// launch of its kernel over its longest parameter (used when every parameter has a
+    /// gradient; otherwise `update` runs per parameter).
+    groups: Vec<AdamGroup<B>>,
     /// The hyperparameters the kernels were built with and the learning rate `values` holds,
     /// and the step count it holds (as the host last wrote or counted it).
     hyper: AdamParams,
     steps: u64,
+}
+
+/// See [`RecordedAdam::groups`].
+struct AdamGroup<B: Backend> {
+    kernel: B::Kernel,
+    /// The parameters' positions in the prepared list.
+    members: std::ops::Range<usize>,
+    longest: usize,
 }
 
 impl<B: Backend> Adam<B> {
@@ -333,10 +345,26 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
             step: 0,
             ..self.hyper
         };
+        let mut groups = Vec::new();
+        // (An empty parameter would have its element 0 read: such lists update one by one.)
+        let steps = match params.iter().all(|p| p.numel() > 0) {
+            true => params.len(),
+            false => 0,
+        };
+        for start in (0..steps).step_by(ADAM_GROUP) {
+            let members = start..(start + ADAM_GROUP).min(params.len());
+            let lens: Vec<usize> = params[members.clone()].iter().map(|p| p.numel()).collect();
+            groups.push(AdamGroup {
+                kernel: b.compile(&adam_group_program(&h, &lens)?)?,
+                longest: lens.iter().copied().max().unwrap_or(0),
+                members,
+            });
+        }
         let mut recorded = RecordedAdam {
             values: b.alloc(DType::F32, 3)?,
             advance: b.compile(&adam_advance_program(&h)?)?,
             update: b.compile(&adam_update_program(&h)?)?,
+            groups,
             hyper: h,
             steps: 0,
         };
@@ -361,12 +389,10 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
         };
         let b = first.backend();
         b.launch(&r.advance, &[&r.values], 1)?;
+        let mut grads = Vec::with_capacity(params.len());
         for (i, param) in params.iter().enumerate() {
-            let Some(g) = dense_grad(param, "Adam::step_recorded")? else {
-                continue;
-            };
-            let state = match self.state.buffers.get(i) {
-                Some(s) if s.len() == 2 && s[0].len() == param.numel() => s,
+            match self.state.buffers.get(i) {
+                Some(s) if s.len() == 2 && s[0].len() == param.numel() => {}
                 _ => {
                     return Err(invalid(
                         "Adam::step_recorded",
@@ -375,7 +401,28 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
                         ),
                     ));
                 }
-            };
+            }
+            grads.push(dense_grad(param, "Adam::step_recorded")?);
+        }
+        let prepared = r.groups.last().map(|g| g.members.end) == Some(params.len());
+        if prepared && grads.iter().all(Option::is_some) {
+            for group in &r.groups {
+                let mut args: Vec<&B::Buffer> = Vec::with_capacity(4 * ADAM_GROUP + 1);
+                for i in group.members.clone() {
+                    let g = grads[i].as_ref().expect("checked above");
+                    let state = &self.state.buffers[i];
+                    args.extend([params[i].buffer(), g.buffer(), &state[0], &state[1]]);
+                }
+                args.push(&r.values);
+                if group.longest > 0 {
+                    b.launch(&group.kernel, &args, group.longest)?;
+                }
+            }
+            return Ok(());
+        }
+        for (i, (param, g)) in params.iter().zip(&grads).enumerate() {
+            let Some(g) = g else { continue };
+            let state = &self.state.buffers[i];
             if param.numel() > 0 {
                 b.launch(
                     &r.update,
@@ -461,12 +508,55 @@ fn adam_advance_program(h: &AdamParams) -> Result<hal::ir::Program> {
 /// values]`).
 fn adam_update_program(h: &AdamParams) -> Result<hal::ir::Program> {
     let mut p = ProgramBuilder::new("adam_update_recorded");
-    let param = p.buffer(DType::F32, Access::ReadWrite);
-    let grad = p.buffer(DType::F32, Access::Read);
-    let m = p.buffer(DType::F32, Access::ReadWrite);
-    let v = p.buffer(DType::F32, Access::ReadWrite);
+    let buffers = adam_buffers(&mut p);
     let values = p.buffer(DType::F32, Access::Read);
     let i = p.index();
+    let per_step = adam_values(&mut p, values);
+    emit_adam_update(&mut p, h, buffers, per_step, i, None);
+    Ok(p.build()?)
+}
+
+/// The update of up to [`ADAM_GROUP`] parameters of `lens` elements in one launch over the
+/// longest (buffers `[param, grad, m, v]` per parameter, then `values`): each launch costs
+/// a few microseconds of device time however little it does, and a training step updates
+/// every parameter.
+fn adam_group_program(h: &AdamParams, lens: &[usize]) -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("adam_update_recorded_group");
+    let buffers: Vec<[BufferId; 4]> = lens.iter().map(|_| adam_buffers(&mut p)).collect();
+    let values = p.buffer(DType::F32, Access::Read);
+    let i = p.index();
+    let per_step = adam_values(&mut p, values);
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    for (&len, &b) in lens.iter().zip(&buffers) {
+        if len == longest {
+            emit_adam_update(&mut p, h, b, per_step, i, None);
+            continue;
+        }
+        // Past a shorter parameter's end: element 0 read, nothing stored.
+        let end = p.const_u32(len as u32);
+        let inside = p.cmp(IrCmp::Lt, i, end);
+        let zero = p.const_u32(0);
+        let at = p.select(inside, i, zero);
+        emit_adam_update(&mut p, h, b, per_step, at, Some(inside));
+    }
+    Ok(p.build()?)
+}
+
+/// Parameters per grouped update launch: 4 buffers each and `values` stay within the 14
+/// buffers an IR program may bind on wgpu.
+const ADAM_GROUP: usize = 3;
+
+fn adam_buffers(p: &mut ProgramBuilder) -> [BufferId; 4] {
+    [
+        p.buffer(DType::F32, Access::ReadWrite),
+        p.buffer(DType::F32, Access::Read),
+        p.buffer(DType::F32, Access::ReadWrite),
+        p.buffer(DType::F32, Access::ReadWrite),
+    ]
+}
+
+/// `[lr, 1 - beta1^t, 1 - beta2^t]` from `values`.
+fn adam_values(p: &mut ProgramBuilder, values: BufferId) -> [Value; 3] {
     let [lr, power1, power2] = [0u32, 1, 2].map(|k| {
         let k = p.const_u32(k);
         p.load(values, k)
@@ -474,8 +564,25 @@ fn adam_update_program(h: &AdamParams) -> Result<hal::ir::Program> {
     let one = p.const_f32(1.0);
     let bc1 = p.sub(one, power1);
     let bc2 = p.sub(one, power2);
-    let mut pi = p.load(param, i);
-    let mut gi = p.load(grad, i);
+    [lr, bc1, bc2]
+}
+
+/// Element `at` of one parameter's update, stored only where `when` holds (if given).
+fn emit_adam_update(
+    p: &mut ProgramBuilder,
+    h: &AdamParams,
+    [param, grad, m, v]: [BufferId; 4],
+    [lr, bc1, bc2]: [Value; 3],
+    at: Value,
+    when: Option<Value>,
+) {
+    let store = |p: &mut ProgramBuilder, buffer, value| match when {
+        Some(w) => p.store_if(w, buffer, at, value),
+        None => p.store(buffer, at, value),
+    };
+    let one = p.const_f32(1.0);
+    let mut pi = p.load(param, at);
+    let mut gi = p.load(grad, at);
     let wd = p.const_f32(h.weight_decay);
     if h.decoupled_weight_decay {
         let decay = p.mul(lr, wd);
@@ -487,17 +594,17 @@ fn adam_update_program(h: &AdamParams) -> Result<hal::ir::Program> {
     }
     let (b1, b2) = (p.const_f32(h.beta1), p.const_f32(h.beta2));
     let (c1, c2) = (p.const_f32(1.0 - h.beta1), p.const_f32(1.0 - h.beta2));
-    let mo = p.load(m, i);
+    let mo = p.load(m, at);
     let mo = p.mul(b1, mo);
     let mg = p.mul(c1, gi);
     let mi = p.add(mo, mg);
-    let vo = p.load(v, i);
+    let vo = p.load(v, at);
     let vo = p.mul(b2, vo);
     let vg = p.mul(c2, gi);
     let vg = p.mul(vg, gi);
     let vi = p.add(vo, vg);
-    p.store(m, i, mi);
-    p.store(v, i, vi);
+    store(p, m, mi);
+    store(p, v, vi);
     let mhat = p.div(mi, bc1);
     let vhat = p.div(vi, bc2);
     let root = p.unary(IrUnary::Sqrt, vhat);
@@ -506,8 +613,7 @@ fn adam_update_program(h: &AdamParams) -> Result<hal::ir::Program> {
     let stepv = p.mul(lr, mhat);
     let stepv = p.div(stepv, den);
     let pn = p.sub(pi, stepv);
-    p.store(param, i, pn);
-    Ok(p.build()?)
+    store(p, param, pn);
 }
 
 /// A learning rate as a function of the step (0-based).
