@@ -411,12 +411,7 @@ impl CudaBackend {
 
     fn refuse_in_capture(&self, op: &'static str) -> Result<()> {
         if self.dev.capturing.load(Ordering::Acquire) {
-            return Err(Error::InvalidArgument {
-                op,
-                detail:
-                    "not allowed inside a recording (it waits for the device or moves host data)"
-                        .into(),
-            });
+            return Err(Error::inside_recording(op));
         }
         Ok(())
     }

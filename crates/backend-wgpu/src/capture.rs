@@ -72,7 +72,7 @@ impl Capture {
 /// them again on the device they were captured on.
 pub struct WgpuGraph {
     /// With capture turned off ([`enabled`]): the steps, run again on each replay.
-    pub(crate) steps: Option<std::sync::Arc<hal::RecordedSteps<crate::WgpuBackend>>>,
+    pub(crate) steps: Option<hal::Replay<crate::WgpuBackend>>,
     pub(crate) commands: Vec<Command>,
     pub(crate) keep: Vec<WgpuBuffer>,
     pub(crate) writes_faults: bool,

@@ -280,11 +280,8 @@ pub(crate) struct Kernel {
 
 /// A dispatch with its bind group and launch parameters built (see `WgpuBackend::prepare`).
 struct Prepared {
-    kernel: Arc<Kernel>,
-    group: wgpu::BindGroup,
-    /// The immediates, padded to the kernel's block.
-    words: Vec<u32>,
-    groups: [u32; 3],
+    /// A [`capture::Command::Dispatch`].
+    dispatch: capture::Command,
     /// Its buffers, for a capture to hold.
     buffers: Vec<WgpuBuffer>,
 }
@@ -573,8 +570,6 @@ struct Inner {
     params: wgpu::Buffer,
     /// Commands encoded but not yet submitted.
     batch: Mutex<Batch>,
-    /// Whether `batch` holds a capture (readable without taking its lock).
-    capturing: std::sync::atomic::AtomicBool,
     kernels: hal::ir::KernelCache<program::WgpuKernel>,
     /// Errors wgpu reported outside an error scope, returned by the next synchronize.
     deferred: Arc<Mutex<Option<String>>>,
@@ -874,7 +869,6 @@ impl WgpuBackend {
                 verdicts,
                 check_serial: std::sync::atomic::AtomicU32::new(1),
                 batch: Mutex::default(),
-                capturing: Default::default(),
                 device,
                 queue,
                 info,
@@ -1790,21 +1784,17 @@ impl WgpuBackend {
         self.0.queue.write_buffer(buffer, 0, bytes);
     }
 
-    /// Whether a recording is under way (see [`capture`]).
+    /// Whether a recording is under way (see [`capture`]). Takes the batch's lock: never call
+    /// it holding that.
     fn capturing(&self) -> bool {
-        self.0.capturing.load(std::sync::atomic::Ordering::Acquire)
+        self.lock_batch().capture.is_some()
     }
 
     /// `hal`'s contract for capturing backends: no waits, reads or queue writes inside a
     /// recording (they would happen once, when recording, rather than at each replay).
     fn refuse_in_capture(&self, op: &'static str) -> Result<()> {
         if self.capturing() {
-            return Err(Error::InvalidArgument {
-                op,
-                detail:
-                    "not allowed inside a recording (it waits for the device or moves host data)"
-                        .into(),
-            });
+            return Err(Error::inside_recording(op));
         }
         Ok(())
     }
@@ -1814,19 +1804,29 @@ impl WgpuBackend {
     fn transfer(&self, batch: &mut Batch, command: capture::Command, buffers: &[&WgpuBuffer]) {
         if let Some(c) = batch.capture.as_mut() {
             c.keep(buffers.iter().copied());
-            c.commands.push(command);
-            return;
         }
         self.encode_command(batch, None, &command);
     }
 
-    /// Encodes one command (a captured one on replay).
+    /// Appends one command to the batch (see [`Batch`]), or inside a recording to the capture
+    /// (a dispatch filed under the profile name it would have now; the caller has the capture
+    /// hold its buffers).
     fn encode_command(
         &self,
         batch: &mut Batch,
         profiler: Option<&mut profile::Profiler>,
         command: &capture::Command,
     ) {
+        if let Some(c) = batch.capture.as_mut() {
+            let mut kept = command.clone();
+            if let capture::Command::Dispatch { kernel, name, .. } = &mut kept
+                && name.is_none()
+            {
+                *name = profiler.map(|p| p.name_of(&kernel.name));
+            }
+            c.commands.push(kept);
+            return;
+        }
         match command {
             capture::Command::Dispatch {
                 kernel,
@@ -1858,11 +1858,31 @@ impl WgpuBackend {
         self.0
             .faults_unread
             .store(true, std::sync::atomic::Ordering::Release);
-        if self.capturing()
-            && let Some(c) = self.lock_batch().capture.as_mut()
-        {
+        if let Some(c) = self.lock_batch().capture.as_mut() {
             c.writes_faults = true;
         }
+    }
+
+    /// Encodes `commands` in order (one lock of the batch for all of them unless profiling,
+    /// whose read-backs need it in between).
+    fn encode_commands<'a>(
+        &self,
+        commands: impl IntoIterator<Item = &'a capture::Command>,
+    ) -> Result<()> {
+        if self.0.profiler.is_none() {
+            let mut batch = self.lock_batch();
+            for command in commands {
+                self.encode_command(&mut batch, None, command);
+            }
+            return Ok(());
+        }
+        for command in commands {
+            self.make_room_in_profile()?;
+            let mut profiler = self.0.profiler.as_ref().map(lock);
+            let mut batch = self.lock_batch();
+            self.encode_command(&mut batch, profiler.as_deref_mut(), command);
+        }
+        Ok(())
     }
 
     fn encode_locked(&self, batch: &mut Batch, command: impl FnOnce(&mut wgpu::CommandEncoder)) {
@@ -2257,14 +2277,14 @@ impl WgpuBackend {
             // The shader declares the whole block; every word must be set.
             words.resize(immediates, 0);
         }
-        self.encode_dispatch(
-            &mut batch,
-            profiler.as_deref_mut(),
-            (kernel, None),
-            &group,
-            &words,
+        let dispatch = capture::Command::Dispatch {
+            kernel: kernel.clone(),
+            group,
+            words,
             groups,
-        );
+            name: None,
+        };
+        self.encode_command(&mut batch, profiler.as_deref_mut(), &dispatch);
         if shared_params {
             self.submit_batch(&mut batch);
         }
@@ -2336,9 +2356,8 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// Appends one dispatch to the batch (under a profiler, in a pass of its own timed at both
-    /// ends, filed under `name` where given), submitting the batch when it is full; inside a
-    /// recording, to the capture instead (the caller keeps its buffers there).
+    /// Encodes one dispatch into the batch (under a profiler, in a pass of its own timed at both
+    /// ends, filed under `name` where given), submitting the batch when it is full.
     fn encode_dispatch(
         &self,
         batch: &mut Batch,
@@ -2348,16 +2367,6 @@ impl WgpuBackend {
         words: &[u32],
         groups: [u32; 3],
     ) {
-        if let Some(c) = batch.capture.as_mut() {
-            c.commands.push(capture::Command::Dispatch {
-                kernel: kernel.clone(),
-                group: group.clone(),
-                words: words.to_vec(),
-                groups,
-                name: profiler.map(|p| p.name_of(&kernel.name)),
-            });
-            return;
-        }
         let timed = profiler.is_some();
         if let Some(profiler) = profiler {
             batch.pass = None;
@@ -2410,10 +2419,13 @@ impl WgpuBackend {
         let bound: Vec<&wgpu::Buffer> = buffers.iter().map(|&(b, _)| &b.0.buffer).collect();
         let group = self.bind_group(&kernel, None, &bound);
         Ok(Some(Prepared {
-            kernel,
-            group,
-            words,
-            groups,
+            dispatch: capture::Command::Dispatch {
+                kernel,
+                group,
+                words,
+                groups,
+                name: None,
+            },
             buffers: buffers.iter().map(|&(b, _)| b.clone()).collect(),
         }))
     }
@@ -2423,22 +2435,7 @@ impl WgpuBackend {
         if let Some(c) = self.lock_batch().capture.as_mut() {
             c.keep(sequence.iter().flat_map(|p| &p.buffers));
         }
-        for _ in 0..times {
-            for p in sequence {
-                self.make_room_in_profile()?;
-                let mut profiler = self.0.profiler.as_ref().map(lock);
-                let mut batch = self.lock_batch();
-                self.encode_dispatch(
-                    &mut batch,
-                    profiler.as_deref_mut(),
-                    (&p.kernel, None),
-                    &p.group,
-                    &p.words,
-                    p.groups,
-                );
-            }
-        }
-        Ok(())
+        self.encode_commands((0..times).flat_map(|_| sequence.iter().map(|p| &p.dispatch)))
     }
 
     /// The pipeline of `spec`, compiled on first use, taking its parameters as immediates
@@ -2991,7 +2988,6 @@ impl WgpuBackend {
 
 type V<'a> = View<'a, WgpuBuffer>;
 
-/// True when every layout is contiguous over `shape` (so element `t` of each is `offset + t`).
 /// Whether operand `i` of a dispatch is read while another binding of the same buffer is
 /// written (wgpu forbids binding one buffer both ways, so it is read from a copy).
 fn read_and_written(buffers: &[(&WgpuBuffer, bool)], i: usize) -> bool {
@@ -2999,6 +2995,7 @@ fn read_and_written(buffers: &[(&WgpuBuffer, bool)], i: usize) -> bool {
     !writes && buffers.iter().any(|&(o, w)| w && o.same_memory(b))
 }
 
+/// True when every layout is contiguous over `shape` (so element `t` of each is `offset + t`).
 fn all_contiguous(shape: &[usize], layouts: &[&Layout]) -> bool {
     layouts
         .iter()
@@ -3896,7 +3893,7 @@ impl Backend for WgpuBackend {
     fn record(&self, steps: std::sync::Arc<hal::RecordedSteps<Self>>) -> Result<Self::Graph> {
         if !capture::enabled() {
             return Ok(WgpuGraph {
-                steps: Some(steps),
+                steps: Some(hal::Replay::new(steps)),
                 commands: Vec::new(),
                 keep: Vec::new(),
                 writes_faults: false,
@@ -3914,18 +3911,9 @@ impl Backend for WgpuBackend {
                 });
             }
             batch.capture = Some(capture::Capture::default());
-            self.0
-                .capturing
-                .store(true, std::sync::atomic::Ordering::Release);
         }
         let result = steps(self);
-        let captured = {
-            let mut batch = self.lock_batch();
-            self.0
-                .capturing
-                .store(false, std::sync::atomic::Ordering::Release);
-            batch.capture.take().unwrap_or_default()
-        };
+        let captured = self.lock_batch().capture.take().unwrap_or_default();
         result?;
         Ok(WgpuGraph {
             steps: None,
@@ -3945,34 +3933,14 @@ impl Backend for WgpuBackend {
             });
         }
         if let Some(steps) = &graph.steps {
-            return steps(self);
+            return steps.run(self);
         }
-        {
-            let mut batch = self.lock_batch();
-            if let Some(c) = batch.capture.as_mut() {
-                c.commands.extend(graph.commands.iter().cloned());
-                c.keep(&graph.keep);
-                c.writes_faults |= graph.writes_faults;
-                return Ok(());
-            }
-            if self.0.profiler.is_none() {
-                for command in &graph.commands {
-                    self.encode_command(&mut batch, None, command);
-                }
-            }
+        if let Some(c) = self.lock_batch().capture.as_mut() {
+            c.keep(&graph.keep);
         }
-        if self.0.profiler.is_some() {
-            for command in &graph.commands {
-                self.make_room_in_profile()?;
-                let mut profiler = self.0.profiler.as_ref().map(lock);
-                let mut batch = self.lock_batch();
-                self.encode_command(&mut batch, profiler.as_deref_mut(), command);
-            }
-        }
+        self.encode_commands(&graph.commands)?;
         if graph.writes_faults {
-            self.0
-                .faults_unread
-                .store(true, std::sync::atomic::Ordering::Release);
+            self.faults_may_be_written();
         }
         Ok(())
     }

@@ -84,5 +84,18 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// What a capturing backend returns for `op` (a wait, a read, an upload or a write) inside
+    /// [`Backend::record`](crate::Backend::record): it would happen once, when recording, not at
+    /// each replay.
+    pub fn inside_recording(op: &'static str) -> Self {
+        Error::InvalidArgument {
+            op,
+            detail: "not allowed inside a recording (it waits for the device or moves host data)"
+                .into(),
+        }
+    }
+}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -347,11 +347,11 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
         };
         let mut groups = Vec::new();
         // (An empty parameter would have its element 0 read: such lists update one by one.)
-        let steps = match params.iter().all(|p| p.numel() > 0) {
+        let grouped = match params.iter().all(|p| p.numel() > 0) {
             true => params.len(),
             false => 0,
         };
-        for start in (0..steps).step_by(ADAM_GROUP) {
+        for start in (0..grouped).step_by(ADAM_GROUP) {
             let members = start..(start + ADAM_GROUP).min(params.len());
             let lens: Vec<usize> = params[members.clone()].iter().map(|p| p.numel()).collect();
             groups.push(AdamGroup {
@@ -414,9 +414,7 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
                     args.extend([params[i].buffer(), g.buffer(), &state[0], &state[1]]);
                 }
                 args.push(&r.values);
-                if group.longest > 0 {
-                    b.launch(&group.kernel, &args, group.longest)?;
-                }
+                b.launch(&group.kernel, &args, group.longest)?;
             }
             return Ok(());
         }
