@@ -130,7 +130,7 @@ impl<B: Backend> Suite<'_, B> {
 const INDEX_ELEMENTS: usize = 1 << 20;
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 36] = [
+pub(crate) const EXPECTED_ROWS: [&str; 37] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -146,6 +146,7 @@ pub(crate) const EXPECTED_ROWS: [&str; 36] = [
     "argmin",
     "matmul",
     "matmul (bf16 beyond f16)",
+    "matmul (epilogue)",
     "spmv_csr",
     "gather",
     "gather (index_select)",
@@ -191,6 +192,7 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     arg_reduce(s);
     matmul(s);
     matmul_beyond_f16(s);
+    matmul_epilogue(s);
     spmv(s);
     gather(s);
     scatter_add(s);
@@ -1041,6 +1043,137 @@ fn matmul<B: Backend>(s: &mut Suite<'_, B>) {
                 &|o, w| rel * mag[o] + rounding(dout, w, 2.0),
             ),
             Err(e) => s.fail(row, format!("[{batch},{m},{k},{n}]: {e}")),
+        }
+    }
+}
+
+fn run_matmul_epilogue<B: Backend>(
+    b: &B,
+    [x, y, out]: [&HostTensor; 3],
+    bias: Option<&HostTensor>,
+    activation: Option<UnaryOp>,
+    (alpha, beta): (f32, f32),
+) -> Result<Vec<f64>> {
+    let (xb, yb, ob) = (x.upload(b)?, y.upload(b)?, out.upload(b)?);
+    let bb = bias.map(|t| t.upload(b)).transpose()?;
+    let bias_view = bias
+        .zip(bb.as_ref())
+        .map(|(t, buf)| View::new(buf, &t.layout));
+    b.matmul_epilogue(
+        View::new(&xb, &x.layout),
+        View::new(&yb, &y.layout),
+        View::new(&ob, &out.layout),
+        alpha,
+        beta,
+        hal::Epilogue {
+            bias: bias_view,
+            activation,
+        },
+    )?;
+    read_view(b, &ob, &out.layout)
+}
+
+/// Products with a bias and an activation after them (`Backend::matmul_epilogue`): shapes
+/// that wgpu splits over k (its fused sum pass) and shapes it does not (the separate calls),
+/// biases per column (contiguous, strided, broadcast), per row and per element.
+fn matmul_epilogue<B: Backend>(s: &mut Suite<'_, B>) {
+    let sizes = [1usize, 7, 16, 33, 65, 130];
+    let mut cases: Vec<[usize; 3]> = vec![
+        [33, 1040, 65],
+        [12, 2080, 40],
+        [64, 784, 96],
+        [7, 16, 33],
+        [0, 5, 3],
+        [5, 0, 7],
+    ];
+    while cases.len() < s.cfg.cases + 6 {
+        let r = s.rng();
+        cases.push([sizes[r.below(6)], sizes[r.below(6)], sizes[r.below(6)]]);
+    }
+    let activations = [
+        None,
+        Some(UnaryOp::Relu),
+        Some(UnaryOp::Sigmoid),
+        Some(UnaryOp::Tanh),
+        Some(UnaryOp::LeakyRelu { slope: 0.1 }),
+        Some(UnaryOp::Gelu),
+    ];
+    for (i, [m, k, n]) in cases.into_iter().enumerate() {
+        let (dt, dout, dbias) = (s.float_dtype(), s.float_dtype(), s.float_dtype());
+        let x = matrix_operand(s.rng(), 1, m, k, dt);
+        let y = matrix_operand(s.rng(), 1, k, n, dt);
+        let out = output_tensor(s.rng(), &[1, m, n], dout);
+        let bias_shape = match i % 4 {
+            0 => None,
+            1 | 2 => Some(vec![n]),
+            _ => Some(if i % 8 == 3 {
+                vec![m, 1]
+            } else {
+                vec![1, m, n]
+            }),
+        };
+        let kind = s.kind();
+        let bias = bias_shape
+            .map(|shape| random_tensor(s.rng(), &shape, dbias, kind, |r| r.range(-1.0, 1.0)));
+        let activation = activations[s.rng().below(activations.len())];
+        let alpha = s.rng().range(0.5, 2.0);
+        let beta = if s.rng().below(3) == 0 && k < 1024 {
+            s.rng().range(-1.0, 1.0)
+        } else {
+            0.0
+        };
+        let (mut z, mut mag) = host_products(&x, &y, [1, m, k, n]);
+        let old = out.logical();
+        let bias_at = bias.as_ref().map(|b| {
+            let values = b.logical();
+            let shape = b.layout.shape.clone();
+            move |o: usize| -> f64 {
+                match shape.len() {
+                    1 => values[o % n],
+                    2 => values[o / n.max(1)],
+                    _ => values[o],
+                }
+            }
+        });
+        let mut exact = vec![0f64; m * n];
+        let mut pre = vec![0f64; m * n];
+        for o in 0..m * n {
+            let kept = if beta == 0.0 {
+                0.0
+            } else {
+                beta as f64 * old[o]
+            };
+            z[o] = alpha as f64 * z[o] + kept;
+            mag[o] = alpha as f64 * mag[o] + kept.abs();
+            pre[o] = z[o] + bias_at.as_ref().map_or(0.0, |b| b(o));
+            exact[o] = activation.map_or(pre[o], |op| unary_f64(op, pre[o]));
+        }
+        // The product's tolerance and one rounding of the product and of the sum (a backend
+        // that runs the steps stores each), through the activation (slope at most 1.13,
+        // GELU's), then the activation's own.
+        let u = dout.unit_roundoff();
+        let (rel, abs) = match activation {
+            Some(op) if !is_exact_unary(op) => (4.0 * u + 2f64.powi(-18), 2f64.powi(-19)),
+            _ => (2.0 * u + 2.0 * U32F, 0.0),
+        };
+        let tol = |o: usize, w: f64| {
+            1.13 * (2f64.powi(-18) * mag[o]
+                + rounding(dout, z[o], 2.0)
+                + rounding(dout, pre[o], 2.0))
+                + rel * w.abs()
+                + abs
+                + rounding(dout, w, 2.0)
+        };
+        let what = format!(
+            "[{m},{k}]@[{k},{n}] {dt}->{dout} bias {:?} {dbias} {kind:?} {activation:?} beta {beta}",
+            bias.as_ref().map(|b| b.layout.shape.clone())
+        );
+        match both!(
+            s,
+            run_matmul_epilogue([&x, &y, &out], bias.as_ref(), activation, (alpha, beta))
+        ) {
+            Ok((c, t)) => s.judge("matmul (epilogue)", &what, &c, t.as_deref(), &exact, &tol),
+            Err(e) => s.fail("matmul (epilogue)", format!("{what}: {e}")),
         }
     }
 }

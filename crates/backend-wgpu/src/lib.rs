@@ -58,8 +58,8 @@ use hal::fault::{FaultKind, fault_code, fault_error, index_fault};
 use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
-    DeviceBuffer, DeviceInfo, DeviceKind, Distribution, Error, Layout, Precision, ReduceOp, Result,
-    SgdParams, TernaryOp, UnaryOp, View, validate,
+    DeviceBuffer, DeviceInfo, DeviceKind, Distribution, Epilogue, Error, Layout, Precision,
+    ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View, validate,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -384,6 +384,39 @@ fn k_slices(k: usize, tiles: usize) -> usize {
 
 /// See [`k_slices`].
 const MIN_SLICE_K: usize = 64;
+
+/// The tile of a product and into how many slices of k it splits (1: none): products with
+/// thin outputs (dot products), with beta (the sum pass overwrites), batched ones and, under
+/// `HAL_WGPU_GEMM=tile`, every product stay whole.
+fn gemm_route(
+    am: &validate::MatrixView,
+    om: &validate::MatrixView,
+    beta: f32,
+) -> (TileShape, usize) {
+    let tile = gemm_tile(om.rows, om.cols, om.batch);
+    let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
+    let thin = om.rows.min(om.cols) <= DOT_THIN;
+    let slices = match thin || beta != 0.0 || om.batch != 1 || tile_only() {
+        true => 1,
+        false => k_slices(am.cols, tiles),
+    };
+    (tile, slices)
+}
+
+/// Whether `matmul_epilogue` fuses where it can: yes unless `HAL_WGPU_EPILOGUE=0` (a knob
+/// for comparing against the separate calls).
+fn fused_epilogues() -> bool {
+    static FUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FUSED.get_or_init(|| std::env::var("HAL_WGPU_EPILOGUE").as_deref() != Ok("0"))
+}
+
+/// A product's epilogue as the split product's last pass applies it (gemm_sum.wgsl): the
+/// bias with its layout broadcast to the output's `[rows, cols]`, and the activation.
+#[derive(Clone, Copy)]
+struct SplitEpilogue<'a> {
+    bias: Option<(&'a WgpuBuffer, &'a Layout)>,
+    activation: Option<UnaryOp>,
+}
 
 /// f32 products take the cooperative-matrix kernels only where each packed operand element
 /// is used at least this often on average (`m n / (m + n)`, half the harmonic mean of the
@@ -1325,13 +1358,9 @@ impl WgpuBackend {
         alpha: f32,
         beta: f32,
     ) -> Result<()> {
-        let tile = gemm_tile(om.rows, om.cols, om.batch);
+        let (tile, slices) = gemm_route(am, om, beta);
         let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
         let thin = om.rows.min(om.cols) <= DOT_THIN;
-        let slices = match thin || beta != 0.0 || om.batch != 1 || tile_only() {
-            true => 1,
-            false => k_slices(am.cols, tiles),
-        };
         let dot = slices == 1
             && (thin || tiles < DOT_BELOW_TILES)
             && am.cols >= DOT_FROM_K
@@ -1341,7 +1370,7 @@ impl WgpuBackend {
         // Precision::Fast: the cooperative-matrix kernel does not split k, and on an H200 it
         // took 1.4 ms per product on a small CNN's weight gradients (k up to 200704).
         if slices > 1 {
-            return self.matmul_split_k([a, b, out], [am, bm, om], alpha, (slices, tile));
+            return self.matmul_split_k([a, b, out], [am, bm, om], alpha, (slices, tile), None);
         }
         if !dot && self.matmul_coop([a, b, out], [am, bm, om], alpha, beta)? {
             return Ok(());
@@ -1360,6 +1389,7 @@ impl WgpuBackend {
         [am, bm, om]: [&validate::MatrixView; 3],
         alpha: f32,
         (slices, tile): (usize, TileShape),
+        epilogue: Option<SplitEpilogue<'_>>,
     ) -> Result<()> {
         let ks = am.cols / slices;
         let (rows, cols) = (om.rows, om.cols);
@@ -1391,6 +1421,9 @@ impl WgpuBackend {
             (dot, tile),
             None,
         )?;
+        if let Some(e) = epilogue {
+            return self.split_sum_epilogue(&partial, slices, out.buffer, om, e);
+        }
         let sum_into = Layout {
             shape: vec![1, rows, cols],
             strides: vec![0, om.strides[1], om.strides[2]],
@@ -1401,6 +1434,90 @@ impl WgpuBackend {
             View::new(&partial, &partial_l),
             &[0],
             View::new(out.buffer, &sum_into),
+        )
+    }
+
+    /// [`Backend::matmul_epilogue`] as separate calls through f32 scratch buffers (the
+    /// default's in-place calls would each copy their operand first here: an elementwise
+    /// dispatch may not read and write one buffer). Validated by the caller.
+    fn matmul_epilogue_unfused(
+        &self,
+        [a, b, out]: [V<'_>; 3],
+        alpha: f32,
+        beta: f32,
+        epilogue: Epilogue<'_, WgpuBuffer>,
+    ) -> Result<()> {
+        // With beta the product reads `out`: the default's order of calls.
+        if beta != 0.0 || epilogue.is_empty() {
+            return hal::matmul_epilogue_steps(self, [a, b, out], alpha, beta, epilogue);
+        }
+        let shape = Layout::contiguous(&out.layout.shape);
+        let scratch = || self.scratch(DType::F32, shape.numel().max(1));
+        let product = scratch()?;
+        let product_view = View::new(&product, &shape);
+        self.matmul(a, b, product_view, alpha, 0.0)?;
+        match (epilogue.bias, epilogue.activation) {
+            (Some(bias), None) => self.binary(BinaryOp::Add, product_view, bias, out),
+            (Some(bias), Some(op)) => {
+                let sum = scratch()?;
+                let sum_view = View::new(&sum, &shape);
+                self.binary(BinaryOp::Add, product_view, bias, sum_view)?;
+                self.unary(op, sum_view, out)
+            }
+            (None, Some(op)) => self.unary(op, product_view, out),
+            (None, None) => self.copy(product_view, out),
+        }
+    }
+
+    /// The last pass of a split product with an epilogue (gemm_sum.wgsl): the slices of
+    /// `partial` (`[slices, rows, cols]`, contiguous) summed in order into `out`, the bias
+    /// added and the activation applied on the way.
+    fn split_sum_epilogue(
+        &self,
+        partial: &WgpuBuffer,
+        slices: usize,
+        out: &WgpuBuffer,
+        om: &validate::MatrixView,
+        e: SplitEpilogue<'_>,
+    ) -> Result<()> {
+        let (rows, cols) = (om.rows, om.cols);
+        let out_l = Layout {
+            shape: vec![rows, cols],
+            strides: vec![om.strides[1], om.strides[2]],
+            offset: om.offset,
+        };
+        // Without a bias, binding 2 is the partials again and the epilogue reads nothing.
+        let (bias, bias_l, add_bias) = match e.bias {
+            Some((buffer, layout)) => (buffer, layout, "ld2(off(1u, t))"),
+            None => (partial, &out_l, "0.0"),
+        };
+        let mut p = Params::default().block(&out_l).block(bias_l);
+        let expr = match e.activation {
+            Some(op) => {
+                match op {
+                    UnaryOp::LeakyRelu { slope } => p = p.f(0, slope),
+                    UnaryOp::Affine { scale, shift } => p = p.f(0, scale).f(1, shift),
+                    UnaryOp::Clamp { lo, hi } => p = p.f(0, lo).f(1, hi),
+                    _ => {}
+                }
+                wgsl::unary_expr(op)
+            }
+            None => "v",
+        };
+        let p = p.scalar(2, (rows * cols) as u32).scalar(3, slices as u32);
+        let spec = Spec::new("gemm_sum.wgsl")
+            .bindings(wgsl::io(&[DType::F32, bias.dtype()], out.dtype()))
+            .slot(
+                "epilogue",
+                format!(
+                    "fn epilogue(sum: f32, t: u32) -> f32 {{\n    let v = sum + {add_bias};\n    return {expr};\n}}"
+                ),
+            );
+        self.run(
+            spec,
+            p,
+            &[(partial, false), (bias, false), (out, true)],
+            rows * cols,
         )
     }
 
@@ -3483,6 +3600,49 @@ impl Backend for WgpuBackend {
                 )
             },
             || self.matmul_routed([a, b, out], [&am, &bm, &om], alpha, beta),
+        )
+    }
+
+    fn matmul_epilogue(
+        &self,
+        a: V<'_>,
+        b: V<'_>,
+        out: V<'_>,
+        alpha: f32,
+        beta: f32,
+        epilogue: Epilogue<'_, WgpuBuffer>,
+    ) -> Result<()> {
+        let ([am, bm, om], bias) = validate::matmul_epilogue([a, b, out], &epilogue)?;
+        let (tile, slices) = gemm_route(&am, &om, beta);
+        // Fused where the product is split over k (its sum pass applies the epilogue: a
+        // Linear layer's forward product in a training step); elsewhere separate calls.
+        if slices == 1 || om.rows * om.cols == 0 || !fused_epilogues() {
+            return self.matmul_epilogue_unfused([a, b, out], alpha, beta, epilogue);
+        }
+        // A rank-3 output has batch 1 here: the bias as the output's [rows, cols].
+        let bias = bias.map(|l| {
+            let r = l.rank();
+            Layout {
+                shape: l.shape[r - 2..].to_vec(),
+                strides: l.strides[r - 2..].to_vec(),
+                offset: l.offset,
+            }
+        });
+        let fused = SplitEpilogue {
+            bias: epilogue.bias.map(|v| v.buffer).zip(bias.as_ref()),
+            activation: epilogue.activation,
+        };
+        self.labelled(
+            || format!("gemm {}x{}x{} batch 1", om.rows, om.cols, am.cols),
+            || {
+                self.matmul_split_k(
+                    [a, b, out],
+                    [&am, &bm, &om],
+                    alpha,
+                    (slices, tile),
+                    Some(fused),
+                )
+            },
         )
     }
 

@@ -320,6 +320,7 @@ shader_files!(
     "gemm_coop.wgsl",
     "gemm_pack.wgsl",
     "gemm_epilogue.wgsl",
+    "gemm_sum.wgsl",
     "nearest_coop.wgsl",
     "nearest_recheck_subgroups.wgsl",
     "gemm_dot_body.wgsl",

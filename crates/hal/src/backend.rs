@@ -79,6 +79,61 @@ pub fn nearest_per_group<Buf: DeviceBuffer>(
     Ok(())
 }
 
+/// What a matrix product does to each element before storing it
+/// ([`Backend::matmul_epilogue`]): `out = activation(product + bias)`, the two epilogues of a
+/// layer's forward pass (as cuBLASLt's `BIAS` and `RELU_BIAS`). Either part may be absent.
+#[derive(Debug)]
+pub struct Epilogue<'a, Buf> {
+    /// Added to the product; broadcasts to the output's shape (a Linear layer's bias `[n]`).
+    pub bias: Option<View<'a, Buf>>,
+    /// Applied last, element by element.
+    pub activation: Option<UnaryOp>,
+}
+
+impl<Buf> Clone for Epilogue<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Buf> Copy for Epilogue<'_, Buf> {}
+
+impl<Buf> Default for Epilogue<'_, Buf> {
+    fn default() -> Self {
+        Self {
+            bias: None,
+            activation: None,
+        }
+    }
+}
+
+impl<Buf> Epilogue<'_, Buf> {
+    /// True when it changes nothing (a plain product).
+    pub fn is_empty(&self) -> bool {
+        self.bias.is_none() && self.activation.is_none()
+    }
+}
+
+/// [`Backend::matmul_epilogue`] as separate calls: the product, then the bias added and the
+/// activation applied in place. The trait's default, and the fallback of a backend that fuses
+/// only some products.
+pub fn matmul_epilogue_steps<B: Backend>(
+    backend: &B,
+    [a, b, out]: [View<'_, B::Buffer>; 3],
+    alpha: f32,
+    beta: f32,
+    epilogue: Epilogue<'_, B::Buffer>,
+) -> Result<()> {
+    crate::validate::matmul_epilogue([a, b, out], &epilogue)?;
+    backend.matmul(a, b, out, alpha, beta)?;
+    if let Some(bias) = epilogue.bias {
+        backend.binary(BinaryOp::Add, out, bias, out)?;
+    }
+    if let Some(op) = epilogue.activation {
+        backend.unary(op, out, out)?;
+    }
+    Ok(())
+}
+
 /// A sparse matrix in compressed sparse row form: row `r` holds `values[k]` at column
 /// `col_indices[k]` for `k` in `row_offsets[r]..row_offsets[r + 1]`. `row_offsets` (`u32`,
 /// `rows + 1` entries, non-decreasing, starting at 0) and `col_indices` (`u32`) and `values`
@@ -215,6 +270,26 @@ pub trait Backend: Clone + Send + Sync + 'static {
         alpha: f32,
         beta: f32,
     ) -> Result<()>;
+
+    /// [`Backend::matmul`] with an [`Epilogue`]:
+    /// `out = activation(alpha * a @ b + beta * out + bias)`, `bias` (any float dtype)
+    /// broadcasting to `out`'s shape and not overlapping it.
+    /// A backend may fuse the epilogue into the product's kernel (saving a pass over `out` and
+    /// a launch or two); the default runs the three calls ([`matmul_epilogue_steps`]).
+    /// Tolerance: matmul's on the product; the activation's own (as [`Backend::unary`]) on the
+    /// sum; for a 16-bit `out`, `2u|ref|` more (a fused kernel rounds once, the steps after
+    /// each call).
+    fn matmul_epilogue(
+        &self,
+        a: View<'_, Self::Buffer>,
+        b: View<'_, Self::Buffer>,
+        out: View<'_, Self::Buffer>,
+        alpha: f32,
+        beta: f32,
+        epilogue: Epilogue<'_, Self::Buffer>,
+    ) -> Result<()> {
+        matmul_epilogue_steps(self, [a, b, out], alpha, beta, epilogue)
+    }
 
     /// Sparse matrix times dense vector: `y = alpha * A x + beta * y` (`f32`, contiguous `x` of
     /// `cols` and `y` of `rows`). Column indices `>= cols` are an

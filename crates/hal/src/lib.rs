@@ -51,8 +51,8 @@ pub mod seeding;
 pub mod validate;
 
 pub use backend::{
-    Backend, BackendExt, Csr, DeviceBuffer, Precision, RecordedSteps, Replay, View,
-    nearest_per_group,
+    Backend, BackendExt, Csr, DeviceBuffer, Epilogue, Precision, RecordedSteps, Replay, View,
+    matmul_epilogue_steps, nearest_per_group,
 };
 pub use device::{Capabilities, DeviceInfo, DeviceKind};
 pub use dtype::{DType, Element};

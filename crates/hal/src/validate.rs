@@ -5,8 +5,8 @@
 
 use crate::ir::Program;
 use crate::{
-    AdamParams, Conv2dGeometry, Csr, DType, DeviceBuffer, Error, Layout, ReduceOp, Result,
-    SgdParams, View,
+    AdamParams, Conv2dGeometry, Csr, DType, DeviceBuffer, Epilogue, Error, Layout, ReduceOp,
+    Result, SgdParams, View,
 };
 
 /// The view lies inside its buffer.
@@ -248,6 +248,30 @@ impl MatrixView {
             offset: l.offset,
         }
     }
+}
+
+/// Checks a product with an epilogue ([`crate::Backend::matmul_epilogue`]): the product as
+/// [`matmul`], the bias a float view that broadcasts to the output's shape and does not share
+/// its memory. Returns the matrices and the bias's layout broadcast to the output's shape.
+pub fn matmul_epilogue<B: DeviceBuffer>(
+    [a, b, out]: [View<'_, B>; 3],
+    epilogue: &Epilogue<'_, B>,
+) -> Result<([MatrixView; 3], Option<Layout>)> {
+    let matrices = matmul(a, b, out)?;
+    let bias = match epilogue.bias {
+        Some(bias) => {
+            float("matmul_epilogue", bias.dtype())?;
+            if bias.buffer.same_memory(out.buffer) {
+                return Err(Error::InvalidArgument {
+                    op: "matmul_epilogue",
+                    detail: "the bias must not share memory with the output".into(),
+                });
+            }
+            Some(broadcast("matmul_epilogue", bias, &out.layout.shape)?)
+        }
+        None => None,
+    };
+    Ok((matrices, bias))
 }
 
 /// Returns the three operands as matrices; batches of 1 broadcast.

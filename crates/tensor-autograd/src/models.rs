@@ -5,7 +5,7 @@ use crate::error::{Result, invalid};
 use crate::nn::{BatchNorm2d, Conv2d, Dropout, Init, Layer, Linear, Module, ModuleExt, Sequential};
 use crate::optim::{Optimizer, Schedule};
 use crate::{Conv2dOptions, Tensor, no_grad};
-use hal::Backend;
+use hal::{Backend, DType};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -114,15 +114,19 @@ pub fn train_step<B: Backend>(
     x: &Tensor<B>,
     y: &Tensor<B>,
 ) -> Result<StepOutput<B>> {
-    step_with(model, params, x, y, |params| opt.step(params))
+    step_with(model, params, x, y, None, |params| opt.step(params))
 }
 
 /// A training step whose optimiser update is `update` (the eager step, or a recorded one).
+/// One step; `unit`, where given and of the loss's shape and dtype, is a tensor holding 1
+/// that seeds the backward pass instead of a fresh one (a recorded step makes it once,
+/// outside, so that its replays do not fill one every time).
 fn step_with<B: Backend>(
     model: &dyn Module<B>,
     params: &[Tensor<B>],
     x: &Tensor<B>,
     y: &Tensor<B>,
+    unit: Option<&Tensor<B>>,
     update: impl FnOnce(&[Tensor<B>]) -> Result<()>,
 ) -> Result<StepOutput<B>> {
     for p in params {
@@ -130,7 +134,12 @@ fn step_with<B: Backend>(
     }
     let logits = model.forward(x)?;
     let loss = logits.cross_entropy(y)?;
-    loss.backward()?;
+    match unit {
+        Some(unit) if unit.shape() == loss.shape() && unit.dtype() == loss.dtype() => {
+            loss.backward_with(unit)?
+        }
+        _ => loss.backward()?,
+    }
     update(params)?;
     Ok(StepOutput {
         loss: loss.detach(),
@@ -176,6 +185,12 @@ pub struct RecordedStep<B: Backend, O: Optimizer<B>> {
     graph: B::Graph,
     x: Tensor<B>,
     y: Tensor<B>,
+    /// The backward pass's seed, made before recording and held here: a capturing backend's
+    /// graph need not hold buffers made outside the recording (CUDA's does not), and a seed
+    /// returned to the pool would be overwritten by the next allocation.
+    _unit: Tensor<B>,
+    /// Copies a batch into `x` and `y` in one launch ([`load_pair_program`]).
+    load: B::Kernel,
     output: Arc<Mutex<Option<StepOutput<B>>>>,
     /// The error of the step's body, where it was not the backend's (the recording closure
     /// can only return a `hal` error).
@@ -198,15 +213,18 @@ impl<B: Backend, O: Optimizer<B> + Send + 'static> RecordedStep<B, O> {
         optimizer.prepare_recorded(&params)?;
         let fixed_x = Tensor::zeros(&backend, x.shape(), x.dtype())?;
         let fixed_y = Tensor::zeros(&backend, y.shape(), y.dtype())?;
+        // The loss is a mean: a tensor of shape [].
+        let unit = Tensor::full(&backend, &[], 1.0, DType::F32)?;
+        let load = backend.compile(&load_pair_program([&fixed_x, &fixed_y])?)?;
         let output = Arc::new(Mutex::new(None));
         let failure = Arc::new(Mutex::new(None));
         let optimizer = Arc::new(Mutex::new(optimizer));
         let steps = {
-            let (x, y) = (fixed_x.clone(), fixed_y.clone());
+            let (x, y, unit) = (fixed_x.clone(), fixed_y.clone(), unit.clone());
             let (output, failure, optimizer) = (output.clone(), failure.clone(), optimizer.clone());
             move |_: &B| -> hal::Result<()> {
                 let body = || {
-                    step_with(&*model, &params, &x, &y, |params| {
+                    step_with(&*model, &params, &x, &y, Some(&unit), |params| {
                         lock(&optimizer).step_recorded(params)
                     })
                 };
@@ -236,6 +254,8 @@ impl<B: Backend, O: Optimizer<B> + Send + 'static> RecordedStep<B, O> {
             backend,
             x: fixed_x,
             y: fixed_y,
+            _unit: unit,
+            load,
             output,
             failure,
             optimizer,
@@ -258,8 +278,20 @@ impl<B: Backend, O: Optimizer<B> + Send + 'static> RecordedStep<B, O> {
                 ));
             }
         }
-        self.x.assign(x)?;
-        self.y.assign(y)?;
+        // Contiguous batches from element 0 (the usual case) in one launch, others by two
+        // strided copies.
+        let plain = |t: &Tensor<B>| t.is_contiguous() && t.layout().offset == 0 && t.numel() > 0;
+        match (plain(x), plain(y)) {
+            (true, true) => self.backend.launch(
+                &self.load,
+                &[x.buffer(), y.buffer(), self.x.buffer(), self.y.buffer()],
+                x.numel().max(y.numel()),
+            )?,
+            _ => {
+                self.x.assign(x)?;
+                self.y.assign(y)?;
+            }
+        }
         lock(&self.optimizer).before_replay()?;
         if let Err(e) = self.backend.replay(&self.graph) {
             return Err(lock(&self.failure).take().unwrap_or(crate::Error::Hal(e)));
@@ -276,6 +308,34 @@ impl<B: Backend, O: Optimizer<B> + Send + 'static> RecordedStep<B, O> {
     pub fn optimizer(&self) -> std::sync::MutexGuard<'_, O> {
         lock(&self.optimizer)
     }
+}
+
+/// One launch over the longer of two contiguous tensors that copies both into two others of
+/// their shapes and dtypes (buffers `[x, y, x_out, y_out]`): a recorded step's batch arrives
+/// with one launch instead of two (each launch costs several microseconds on a GPU, whatever
+/// its size).
+fn load_pair_program<B: Backend>(into: [&Tensor<B>; 2]) -> Result<hal::ir::Program> {
+    use hal::ir::{Access, IrCmp, ProgramBuilder};
+    let mut p = ProgramBuilder::new("load_batch");
+    let sources = into.map(|t| p.buffer(t.dtype(), Access::Read));
+    let targets = into.map(|t| p.buffer(t.dtype(), Access::Write));
+    let i = p.index();
+    let longest = into[0].numel().max(into[1].numel());
+    for ((t, src), dst) in into.iter().zip(sources).zip(targets) {
+        if t.numel() == longest {
+            let v = p.load(src, i);
+            p.store(dst, i, v);
+            continue;
+        }
+        // Past the shorter tensor's end: element 0 read, nothing stored.
+        let end = p.const_u32(t.numel() as u32);
+        let inside = p.cmp(IrCmp::Lt, i, end);
+        let zero = p.const_u32(0);
+        let at = p.select(inside, i, zero);
+        let v = p.load(src, at);
+        p.store_if(inside, dst, at, v);
+    }
+    Ok(p.build()?)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -13,7 +13,7 @@ use crate::error::{Error, Result, invalid, shape_error};
 use crate::no_grad;
 use crate::ops::Conv2dOptions;
 use crate::tensor::Tensor;
-use hal::{Backend, DType, Distribution};
+use hal::{Backend, DType, Distribution, UnaryOp};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +34,15 @@ pub trait Module<B: Backend>: Send + Sync {
     fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor<B>, StateKind));
     /// Training mode (dropout active, batch statistics) or evaluation mode.
     fn set_training(&mut self, _training: bool) {}
+    /// A Linear layer's weight and bias, so that [`Sequential`] can run it together with the
+    /// activation after it ([`Tensor::linear_activation`]).
+    fn as_linear(&self) -> Option<(&Tensor<B>, Option<&Tensor<B>>)> {
+        None
+    }
+    /// The elementwise op of an activation layer (ReLU, ...).
+    fn activation(&self) -> Option<UnaryOp> {
+        None
+    }
 }
 
 fn join(prefix: &str, name: &str) -> String {
@@ -233,6 +242,9 @@ impl<B: Backend> Module<B> for Linear<B> {
         x.linear(&self.weight, self.bias.as_ref())
     }
     state_fields!(param weight, optional bias);
+    fn as_linear(&self) -> Option<(&Tensor<B>, Option<&Tensor<B>>)> {
+        Some((&self.weight, self.bias.as_ref()))
+    }
 }
 
 /// 2-D convolution over NCHW input (`weight: [out, in / groups, kh, kw]`).
@@ -501,6 +513,17 @@ impl<B: Backend> Module<B> for Layer {
     }
     fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Tensor<B>, StateKind)) {}
     fn visit_mut(&mut self, _: &str, _: &mut dyn FnMut(&str, &mut Tensor<B>, StateKind)) {}
+    fn activation(&self) -> Option<UnaryOp> {
+        Some(match *self {
+            Layer::Relu => UnaryOp::Relu,
+            Layer::LeakyRelu(slope) => UnaryOp::LeakyRelu { slope },
+            Layer::Gelu => UnaryOp::Gelu,
+            Layer::Silu => UnaryOp::Silu,
+            Layer::Tanh => UnaryOp::Tanh,
+            Layer::Sigmoid => UnaryOp::Sigmoid,
+            _ => return None,
+        })
+    }
 }
 
 /// Layers applied in order; their state is named `0.weight`, `1.bias`, ... as in PyTorch.
@@ -526,10 +549,22 @@ impl<B: Backend> Sequential<B> {
 }
 
 impl<B: Backend> Module<B> for Sequential<B> {
+    /// Runs the layers in order, a Linear layer and an activation after it as one
+    /// [`Tensor::linear_activation`] (the same values and gradients, fewer launches).
     fn forward(&self, x: &Tensor<B>) -> Result<Tensor<B>> {
         let mut h = x.clone();
-        for layer in &self.layers {
+        let mut i = 0;
+        while i < self.layers.len() {
+            let layer = &self.layers[i];
+            if let Some((weight, bias)) = layer.as_linear() {
+                let activation = self.layers.get(i + 1).and_then(|next| next.activation());
+                let activation = activation.filter(|&op| crate::ops::gradient_from_output(op));
+                h = h.linear_activation(weight, bias, activation)?;
+                i += 1 + activation.is_some() as usize;
+                continue;
+            }
             h = layer.forward(&h)?;
+            i += 1;
         }
         Ok(h)
     }

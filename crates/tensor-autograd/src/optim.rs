@@ -241,6 +241,9 @@ enum Recorded<B: Backend> {
 /// the bias corrections as launch arguments, which a replay would repeat unchanged).
 struct RecordedAdam<B: Backend> {
     values: B::Buffer,
+    /// This step's `[lr, beta1^t, beta2^t]` as the first of several groups wrote them (see
+    /// [`GroupRole`]).
+    advanced: B::Buffer,
     advance: B::Kernel,
     update: B::Kernel,
     /// The prepared parameters in groups of up to [`ADAM_GROUP`], each updated by one
@@ -259,6 +262,26 @@ struct AdamGroup<B: Backend> {
     /// The parameters' positions in the prepared list.
     members: std::ops::Range<usize>,
     longest: usize,
+    role: GroupRole,
+}
+
+/// Where a grouped update launch sits in the step, which says how it finds the step's bias
+/// corrections. The powers `beta^t` advance once a step: with one group, by a launch of
+/// their own before it; with several, the first group advances them itself (each of its
+/// threads multiplies the previous step's powers in `values` by beta) and its thread 0
+/// writes them to `advanced`, which the later groups read, and the last group's thread 0
+/// copies them back to `values` for the next step. No launch reads a word that it also
+/// writes, so its threads need no ordering among themselves, and a step saves a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GroupRole {
+    /// The only group: reads `values`, already advanced by `adam_advance`.
+    Alone,
+    /// Reads `values` (last step's powers), advances them, writes `advanced`.
+    First,
+    /// Reads `advanced`.
+    Middle,
+    /// Reads `advanced`, writes `values`.
+    Last,
 }
 
 impl<B: Backend> Adam<B> {
@@ -351,17 +374,26 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
             true => params.len(),
             false => 0,
         };
-        for start in (0..grouped).step_by(ADAM_GROUP) {
+        let count = grouped.div_ceil(ADAM_GROUP);
+        for (g, start) in (0..grouped).step_by(ADAM_GROUP).enumerate() {
             let members = start..(start + ADAM_GROUP).min(params.len());
             let lens: Vec<usize> = params[members.clone()].iter().map(|p| p.numel()).collect();
+            let role = match (g, count) {
+                (_, 1) => GroupRole::Alone,
+                (0, _) => GroupRole::First,
+                (g, _) if g + 1 == count => GroupRole::Last,
+                _ => GroupRole::Middle,
+            };
             groups.push(AdamGroup {
-                kernel: b.compile(&adam_group_program(&h, &lens)?)?,
+                kernel: b.compile(&adam_group_program(&h, &lens, role)?)?,
                 longest: lens.iter().copied().max().unwrap_or(0),
                 members,
+                role,
             });
         }
         let mut recorded = RecordedAdam {
             values: b.alloc(DType::F32, 3)?,
+            advanced: b.alloc(DType::F32, 3)?,
             advance: b.compile(&adam_advance_program(&h)?)?,
             update: b.compile(&adam_update_program(&h)?)?,
             groups,
@@ -388,7 +420,7 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
             return Ok(());
         };
         let b = first.backend();
-        b.launch(&r.advance, &[&r.values], 1)?;
+        let prepared = r.groups.last().map(|g| g.members.end) == Some(params.len());
         let mut grads = Vec::with_capacity(params.len());
         for (i, param) in params.iter().enumerate() {
             match self.state.buffers.get(i) {
@@ -404,20 +436,27 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
             }
             grads.push(dense_grad(param, "Adam::step_recorded")?);
         }
-        let prepared = r.groups.last().map(|g| g.members.end) == Some(params.len());
         if prepared && grads.iter().all(Option::is_some) {
             for group in &r.groups {
-                let mut args: Vec<&B::Buffer> = Vec::with_capacity(4 * ADAM_GROUP + 1);
+                if group.role == GroupRole::Alone {
+                    b.launch(&r.advance, &[&r.values], 1)?;
+                }
+                let mut args: Vec<&B::Buffer> = Vec::with_capacity(4 * ADAM_GROUP + 2);
                 for i in group.members.clone() {
                     let g = grads[i].as_ref().expect("checked above");
                     let state = &self.state.buffers[i];
                     args.extend([params[i].buffer(), g.buffer(), &state[0], &state[1]]);
                 }
-                args.push(&r.values);
+                args.extend(match group.role {
+                    GroupRole::Alone => vec![&r.values],
+                    GroupRole::First | GroupRole::Last => vec![&r.values, &r.advanced],
+                    GroupRole::Middle => vec![&r.advanced],
+                });
                 b.launch(&group.kernel, &args, group.longest)?;
             }
             return Ok(());
         }
+        b.launch(&r.advance, &[&r.values], 1)?;
         for (i, (param, g)) in params.iter().zip(&grads).enumerate() {
             let Some(g) = g else { continue };
             let state = &self.state.buffers[i];
@@ -518,12 +557,40 @@ fn adam_update_program(h: &AdamParams) -> Result<hal::ir::Program> {
 /// longest (buffers `[param, grad, m, v]` per parameter, then `values`): each launch costs
 /// a few microseconds of device time however little it does, and a training step updates
 /// every parameter.
-fn adam_group_program(h: &AdamParams, lens: &[usize]) -> Result<hal::ir::Program> {
+fn adam_group_program(h: &AdamParams, lens: &[usize], role: GroupRole) -> Result<hal::ir::Program> {
     let mut p = ProgramBuilder::new("adam_update_recorded_group");
     let buffers: Vec<[BufferId; 4]> = lens.iter().map(|_| adam_buffers(&mut p)).collect();
-    let values = p.buffer(DType::F32, Access::Read);
     let i = p.index();
-    let per_step = adam_values(&mut p, values);
+    let per_step = match role {
+        GroupRole::Alone | GroupRole::Middle => {
+            let values = p.buffer(DType::F32, Access::Read);
+            adam_values(&mut p, values)
+        }
+        GroupRole::First | GroupRole::Last => {
+            let values = p.buffer(DType::F32, Access::ReadWrite);
+            let advanced = p.buffer(DType::F32, Access::ReadWrite);
+            let (read, write) = match role {
+                GroupRole::First => (values, advanced),
+                _ => (advanced, values),
+            };
+            let [lr, mut power1, mut power2] = [0u32, 1, 2].map(|k| {
+                let k = p.const_u32(k);
+                p.load(read, k)
+            });
+            if role == GroupRole::First {
+                let (b1, b2) = (p.const_f32(h.beta1), p.const_f32(h.beta2));
+                power1 = p.mul(power1, b1);
+                power2 = p.mul(power2, b2);
+            }
+            let zero = p.const_u32(0);
+            let first_thread = p.cmp(IrCmp::Eq, i, zero);
+            for (k, v) in [lr, power1, power2].into_iter().enumerate() {
+                let k = p.const_u32(k as u32);
+                p.store_if(first_thread, write, k, v);
+            }
+            bias_corrections(&mut p, [lr, power1, power2])
+        }
+    };
     let longest = lens.iter().copied().max().unwrap_or(0);
     for (&len, &b) in lens.iter().zip(&buffers) {
         if len == longest {
@@ -540,8 +607,8 @@ fn adam_group_program(h: &AdamParams, lens: &[usize]) -> Result<hal::ir::Program
     Ok(p.build()?)
 }
 
-/// Parameters per grouped update launch: 4 buffers each and `values` stay within the 14
-/// buffers an IR program may bind on wgpu.
+/// Parameters per grouped update launch: 4 buffers each, `values` and `advanced` stay within
+/// the 14 buffers an IR program may bind on wgpu.
 const ADAM_GROUP: usize = 3;
 
 fn adam_buffers(p: &mut ProgramBuilder) -> [BufferId; 4] {
@@ -555,10 +622,15 @@ fn adam_buffers(p: &mut ProgramBuilder) -> [BufferId; 4] {
 
 /// `[lr, 1 - beta1^t, 1 - beta2^t]` from `values`.
 fn adam_values(p: &mut ProgramBuilder, values: BufferId) -> [Value; 3] {
-    let [lr, power1, power2] = [0u32, 1, 2].map(|k| {
+    let loaded = [0u32, 1, 2].map(|k| {
         let k = p.const_u32(k);
         p.load(values, k)
     });
+    bias_corrections(p, loaded)
+}
+
+/// `[lr, 1 - beta1^t, 1 - beta2^t]` from `[lr, beta1^t, beta2^t]`.
+fn bias_corrections(p: &mut ProgramBuilder, [lr, power1, power2]: [Value; 3]) -> [Value; 3] {
     let one = p.const_f32(1.0);
     let bc1 = p.sub(one, power1);
     let bc2 = p.sub(one, power2);

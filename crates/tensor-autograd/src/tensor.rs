@@ -105,10 +105,13 @@ impl<B: Backend> Tensor<B> {
 
     /// A new contiguous tensor of `shape` with every element `value`.
     pub fn full(backend: &B, shape: &[usize], value: f64, dtype: DType) -> Result<Self> {
-        let t = Self::zeros(backend, shape, dtype)?;
-        if value != 0.0 {
-            backend.fill(t.view(), value)?;
+        if value == 0.0 {
+            return Self::zeros(backend, shape, dtype);
         }
+        // The fill writes every element: no zero fill first (on a GPU, one launch fewer; a
+        // backward pass's seed is one of these).
+        let t = Self::for_write(backend, shape, dtype)?;
+        backend.fill(t.view(), value)?;
         Ok(t)
     }
 

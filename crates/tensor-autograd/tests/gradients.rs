@@ -341,6 +341,59 @@ fn matmul_gradients() {
     gradcheck(&dev, &mut rng, &xs, 1e-2, LOOSE, &|v: &[T]| {
         v[0].linear(&v[1], Some(&v[2]))
     });
+    // With the activation after it: one fused operation for sigmoid and tanh (their
+    // derivatives come from the output), the separate operations for GELU; with and without
+    // a bias. (ReLU, whose kink finite differences straddle, is checked against the separate
+    // operations in `linear_activation_matches_the_separate_operations`.)
+    for act in [UnaryOp::Sigmoid, UnaryOp::Tanh, UnaryOp::Gelu] {
+        println!("linear + {act:?}");
+        gradcheck(&dev, &mut rng, &xs, 1e-2, LOOSE, &|v: &[T]| {
+            v[0].linear_activation(&v[1], Some(&v[2]), Some(act))
+        });
+        gradcheck(&dev, &mut rng, &xs[..2], 1e-2, LOOSE, &|v: &[T]| {
+            v[0].linear_activation(&v[1], None, Some(act))
+        });
+    }
+}
+
+/// The fused Linear + activation (what `Sequential` runs for a Linear layer and the
+/// activation after it) gives the values and gradients of the separate operations, bit for
+/// bit on the CPU backend (which runs the same kernels either way), for every activation,
+/// on a transposed weight and an odd batch.
+#[test]
+fn linear_activation_matches_the_separate_operations() {
+    let dev = CpuBackend::new();
+    let mut rng = Rng::new(seed());
+    let acts = [
+        None,
+        Some(UnaryOp::Relu),
+        Some(UnaryOp::Sigmoid),
+        Some(UnaryOp::Tanh),
+        Some(UnaryOp::LeakyRelu { slope: 0.1 }),
+    ];
+    for act in acts {
+        let x = rng.vec(7 * 5, -1.0, 1.0);
+        let w = rng.vec(6 * 5, -1.0, 1.0);
+        let b = rng.vec(6, -1.0, 1.0);
+        let up = |v: &[f64], shape: &[usize], storage| leaf(&dev, v, shape, storage);
+        let run = |fused: bool| {
+            let (xt, wt, bt) = (
+                up(&x, &[7, 5], Storage::Contiguous),
+                up(&w, &[6, 5], Storage::Transposed),
+                up(&b, &[6], Storage::Contiguous),
+            );
+            let y = if fused {
+                xt.linear_activation(&wt, Some(&bt), act).unwrap()
+            } else {
+                let z = xt.matmul(&wt.t().unwrap()).unwrap().add(&bt).unwrap();
+                act.map_or(z.clone(), |op| z.unary(op).unwrap())
+            };
+            y.square().unwrap().sum_all().unwrap().backward().unwrap();
+            let grad = |t: &T| t.grad().unwrap().to_vec().unwrap();
+            (y.to_vec().unwrap(), grad(&xt), grad(&wt), grad(&bt))
+        };
+        assert_eq!(run(true), run(false), "{act:?}");
+    }
 }
 
 #[test]

@@ -246,8 +246,32 @@ fn op_name(op: BinaryOp) -> &'static str {
     }
 }
 
+/// Whether `op`'s derivative is a function of its output alone, so that an operation that
+/// fuses it (see [`Tensor::linear_activation`]) can give [`unary_backward`] the output in the
+/// input's place and need not keep the input.
+pub(crate) fn gradient_from_output(op: UnaryOp) -> bool {
+    use UnaryOp::*;
+    matches!(
+        op,
+        Neg | Affine { .. }
+            | Floor
+            | Ceil
+            | Round
+            | Sign
+            | Exp
+            | Exp2
+            | Sqrt
+            | Rsqrt
+            | Recip
+            | Tanh
+            | Sigmoid
+            | Relu
+    )
+}
+
 /// `d op(x) / dx * g`, in one fused kernel per op (or one primitive for the linear ones).
-fn unary_backward<B: Backend>(
+/// Where [`gradient_from_output`] holds, `x` is used for its shape and dtype only.
+pub(crate) fn unary_backward<B: Backend>(
     op: UnaryOp,
     x: &Tensor<B>,
     y: &Tensor<B>,

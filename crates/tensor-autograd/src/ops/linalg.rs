@@ -2,9 +2,10 @@
 //! Transposes in the backward passes are views: the backends' matmul
 //! takes any strides, so no operand is copied to be transposed.
 
+use super::elementwise::{gradient_from_output, unary_backward};
 use crate::error::{Result, invalid, shape_error};
 use crate::tensor::Tensor;
-use hal::{Backend, Conv2dGeometry, Layout, Precision, View};
+use hal::{Backend, Conv2dGeometry, Epilogue, Layout, Precision, UnaryOp, View};
 
 /// Stride, padding, dilation and groups of a 2-D convolution (PyTorch's defaults: 1, 0, 1, 1),
 /// and the precision policy of its matrix products.
@@ -139,32 +140,85 @@ impl<B: Backend> Tensor<B> {
         let out = product(self, other, precision)?;
         let (a, b) = (self.clone(), other.clone());
         Ok(Tensor::from_op(out, "matmul", &[self, other], move |g| {
-            let ga = if a.requires_grad_flag() {
-                Some(product(g, &b.transpose(-1, -2)?.detach(), precision)?.sum_to(a.shape())?)
-            } else {
-                None
-            };
-            let gb = if !b.requires_grad_flag() {
-                None
-            } else if a.rank() == 2 && b.rank() == 2 && b.t()?.is_dense() {
-                // `b` is a transposed dense matrix (a Linear layer's weight): its gradient is
-                // made in the weight's own layout, `(g^T a)^T`, so that the weight's gradient
-                // arrives dense and the optimiser need not copy it.
-                Some(product(&g.t()?, &a.detach(), precision)?.t()?)
-            } else {
-                Some(product(&a.transpose(-1, -2)?.detach(), g, precision)?.sum_to(b.shape())?)
-            };
-            Ok(vec![ga, gb])
+            let needs = [a.requires_grad_flag(), b.requires_grad_flag()];
+            Ok(matmul_gradients(&a, &b, g, precision, needs)?.into())
         }))
     }
 
     /// `x @ weight^T + bias`, PyTorch's `F.linear` (`weight: [out, in]`).
     pub fn linear(&self, weight: &Tensor<B>, bias: Option<&Tensor<B>>) -> Result<Self> {
-        let y = self.matmul(&weight.t()?)?;
-        match bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
+        self.linear_activation(weight, bias, None)
+    }
+
+    /// `activation(x @ weight^T + bias)`: a Linear layer and the activation after it. For a
+    /// matrix input, where the activation's derivative is a function of its output (ReLU,
+    /// sigmoid, tanh, ...: see [`gradient_from_output`]), it is one call of the backend's
+    /// [`hal::Backend::matmul_epilogue`], which may fuse the bias and the activation into the
+    /// product's kernel (the wgpu backend does for products it splits over k: a training
+    /// step's forward pass then launches two kernels a layer instead of four); the
+    /// pre-activation values are never stored. Otherwise the same as the separate operations.
+    pub fn linear_activation(
+        &self,
+        weight: &Tensor<B>,
+        bias: Option<&Tensor<B>>,
+        activation: Option<UnaryOp>,
+    ) -> Result<Self> {
+        let fusable = self.rank() == 2
+            && weight.rank() == 2
+            && self.shape()[1] == weight.shape()[1]
+            && self.dtype().is_float()
+            && weight.dtype() == self.dtype()
+            && bias.is_none_or(|b| {
+                b.rank() == 1 && b.shape()[0] == weight.shape()[0] && b.dtype() == self.dtype()
+            })
+            && activation.is_none_or(gradient_from_output);
+        if !fusable {
+            let y = self.matmul(&weight.t()?)?;
+            let y = match bias {
+                Some(b) => y.add(b)?,
+                None => y,
+            };
+            return match activation {
+                Some(op) => y.unary(op),
+                None => Ok(y),
+            };
         }
+        let (m, k, n) = (self.shape()[0], self.shape()[1], weight.shape()[0]);
+        let wt = weight.t()?;
+        let out = product_output(self, &[m, n], k)?;
+        self.backend().matmul_epilogue(
+            self.view(),
+            wt.view(),
+            out.view(),
+            1.0,
+            0.0,
+            Epilogue {
+                bias: bias.map(|b| b.view()),
+                activation,
+            },
+        )?;
+        let (x, w, b) = (self.clone(), weight.clone(), bias.cloned());
+        let y = out.detach();
+        let mut inputs = vec![self, weight];
+        inputs.extend(bias);
+        Ok(Tensor::from_op(out, "linear", &inputs, move |g| {
+            // The gradient at the product: through the activation (from its output), then as
+            // a product's and a broadcast add's.
+            let dz = match activation {
+                Some(op) => unary_backward(op, &y, &y, g)?,
+                None => g.clone(),
+            };
+            let needs = [x.requires_grad_flag(), w.requires_grad_flag()];
+            let [gx, gwt] = matmul_gradients(&x, &w.detach().t()?, &dz, None, needs)?;
+            let mut grads = vec![gx, gwt.map(|t| t.t()).transpose()?];
+            if let Some(b) = &b {
+                grads.push(match b.requires_grad_flag() {
+                    true => Some(dz.sum_to(b.shape())?),
+                    false => None,
+                });
+            }
+            Ok(grads)
+        }))
     }
 
     /// NCHW patches unfolded into columns `[N, C*kh*kw, oh*ow]` (the backend's `im2col`); the
@@ -300,6 +354,33 @@ impl<B: Backend> Tensor<B> {
             None => Ok(y),
         }
     }
+}
+
+/// The gradients of `a @ b` (rank 2 or 3, batch-broadcast) for the operands `needs` marks,
+/// each in its operand's shape.
+fn matmul_gradients<B: Backend>(
+    a: &Tensor<B>,
+    b: &Tensor<B>,
+    g: &Tensor<B>,
+    precision: Option<Precision>,
+    needs: [bool; 2],
+) -> Result<[Option<Tensor<B>>; 2]> {
+    let ga = if needs[0] {
+        Some(product(g, &b.transpose(-1, -2)?.detach(), precision)?.sum_to(a.shape())?)
+    } else {
+        None
+    };
+    let gb = if !needs[1] {
+        None
+    } else if a.rank() == 2 && b.rank() == 2 && b.t()?.is_dense() {
+        // `b` is a transposed dense matrix (a Linear layer's weight): its gradient is made in
+        // the weight's own layout, `(g^T a)^T`, so that the weight's gradient arrives dense
+        // and the optimiser need not copy it.
+        Some(product(&g.t()?, &a.detach(), precision)?.t()?)
+    } else {
+        Some(product(&a.transpose(-1, -2)?.detach(), g, precision)?.sum_to(b.shape())?)
+    };
+    Ok([ga, gb])
 }
 
 /// The columns shape `[N, C*kh*kw, oh*ow]` of `geometry`, or the error of a kernel that does

@@ -103,8 +103,10 @@ fn fused_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Re
     let x = logits.materialize(&[n, c])?.detach();
     let labels = target.materialize(&[n])?.detach();
     // A label outside 0..C must be an error, not a read of the next row: each row also loads
-    // `classes[label]`, a C-element buffer, so a bad label faults naming itself and C.
-    let classes = b.alloc(DType::F32, c)?;
+    // `classes[label]`, a C-element buffer, so a bad label faults naming itself and C. Only
+    // the bounds check matters, not what the buffer holds, so it is not zero-filled (on a GPU
+    // a recorded step would otherwise clear it on every replay).
+    let classes = b.alloc_for_write(DType::F32, c)?;
     // Both written row by row by the kernel below.
     let lse = Tensor::for_write(&b, &[n], DType::F32)?;
     let per_row = Tensor::for_write(&b, &[n], DType::F32)?;
@@ -193,14 +195,14 @@ fn rows_program(c: usize, label_dtype: DType) -> Result<hal::ir::Program> {
     let log_sum = p.unary(IrUnary::Log, sum);
     let lse = p.add(max, log_sum);
     let label = load_label(&mut p, labels, i, label_dtype);
-    // Faults for a label outside 0..C; the value (0) joins the result so it is kept.
-    let zero = p.load(classes, label);
+    // Faults for a label outside 0..C (an IR load out of range is an error on every backend,
+    // whether or not its value is used; the value, unspecified, is not).
+    p.load(classes, label);
     let last = p.const_u32(c as u32 - 1);
     let safe = p.binary(IrBinary::Min, label, last);
     let at = p.add(base, safe);
     let picked = p.load(x, at);
     let loss = p.sub(lse, picked);
-    let loss = p.add(loss, zero);
     p.store(lse_out, i, lse);
     p.store(loss_out, i, loss);
     Ok(p.build()?)

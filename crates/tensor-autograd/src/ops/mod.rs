@@ -11,6 +11,7 @@ mod pool;
 mod random;
 mod reduce;
 
+pub(crate) use elementwise::gradient_from_output;
 pub use linalg::Conv2dOptions;
 
 use crate::error::Result;

@@ -1,0 +1,34 @@
+// The last pass of a product split over k (matmul_split_k) that has an epilogue: each output
+// element sums its slices' partial products in slice order (Kahan-compensated, as reduce.wgsl
+// sums them for a plain product), then adds the bias and applies the activation, so a layer's
+// forward pass costs no separate bias and activation launches.
+// Binding 1: the partials, contiguous [slices, rows, cols] f32; binding 2: the bias (binding 1
+// again where there is none; the epilogue slot then reads nothing); binding 3: the output.
+// Blocks: 0 the output as [rows, cols], 1 the bias broadcast to [rows, cols]. Scalars: 0 and 1
+// the activation's parameters (unary.wgsl's slots), 2 rows * cols, 3 slices.
+
+// @slot bindings
+@group(0) @binding(1) var<storage, read> B1: array<u32>;
+fn ld1(i: i32) -> f32 { return bitcast<f32>(B1[i]); }
+@group(0) @binding(2) var<storage, read> B2: array<u32>;
+fn ld2(i: i32) -> f32 { return bitcast<f32>(B2[i]); }
+@group(0) @binding(3) var<storage, read_write> B3: array<u32>;
+fn st3(i: i32, v: f32) { B3[i] = bitcast<u32>(v); }
+// @end
+
+// The bias and activation, generated for each product from unary.wgsl's expressions.
+// @slot epilogue
+fn epilogue(sum: f32, t: u32) -> f32 {
+    let v = sum + ld2(off(1u, t));
+    return select(v, 0.0, v < 0.0);
+}
+// @end
+
+fn kernel(t: u32) {
+    var r = running_start();
+    for (var slice = 0u; slice < s(3u); slice = slice + 1u) {
+        running_add(&r, ld1(i32(slice * s(2u) + t)));
+    }
+    if (r.seen_nan) { r.sum = nan(); }
+    st3(off(0u, t), epilogue(r.sum, t));
+}
