@@ -388,11 +388,7 @@ const MIN_SLICE_K: usize = 64;
 /// The tile of a product and into how many slices of k it splits (1: none): products with
 /// thin outputs (dot products), with beta (the sum pass overwrites), batched ones and, under
 /// `HAL_WGPU_GEMM=tile`, every product stay whole.
-fn gemm_route(
-    am: &validate::MatrixView,
-    om: &validate::MatrixView,
-    beta: f32,
-) -> (TileShape, usize) {
+fn gemm_route(am: &validate::MatrixView, om: &validate::MatrixView, beta: f32) -> GemmRoute {
     let tile = gemm_tile(om.rows, om.cols, om.batch);
     let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
     let thin = om.rows.min(om.cols) <= DOT_THIN;
@@ -400,7 +396,41 @@ fn gemm_route(
         true => 1,
         false => k_slices(am.cols, tiles),
     };
-    (tile, slices)
+    GemmRoute {
+        tile,
+        tiles,
+        thin,
+        slices,
+    }
+}
+
+/// The name profiles file a product's dispatches under: its shape.
+fn gemm_label(am: &validate::MatrixView, om: &validate::MatrixView) -> String {
+    format!(
+        "gemm {}x{}x{} batch {}",
+        om.rows, om.cols, am.cols, om.batch
+    )
+}
+
+/// See [`gemm_route`].
+struct GemmRoute {
+    tile: TileShape,
+    /// Output tiles of `tile` over the whole batch.
+    tiles: usize,
+    /// At most [`DOT_THIN`] rows or columns.
+    thin: bool,
+    slices: usize,
+}
+
+/// `p` with `op`'s parameters in scalars 0 and 1, where [`wgsl::unary_expr`] reads them
+/// (LeakyRelu's slope, Affine's scale and shift, Clamp's bounds).
+fn unary_params(p: Params, op: UnaryOp) -> Params {
+    match op {
+        UnaryOp::LeakyRelu { slope } => p.f(0, slope),
+        UnaryOp::Affine { scale, shift } => p.f(0, scale).f(1, shift),
+        UnaryOp::Clamp { lo, hi } => p.f(0, lo).f(1, hi),
+        _ => p,
+    }
 }
 
 /// Whether `matmul_epilogue` fuses where it can: yes unless `HAL_WGPU_EPILOGUE=0` (a knob
@@ -1358,9 +1388,12 @@ impl WgpuBackend {
         alpha: f32,
         beta: f32,
     ) -> Result<()> {
-        let (tile, slices) = gemm_route(am, om, beta);
-        let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
-        let thin = om.rows.min(om.cols) <= DOT_THIN;
+        let GemmRoute {
+            tile,
+            tiles,
+            thin,
+            slices,
+        } = gemm_route(am, om, beta);
         let dot = slices == 1
             && (thin || tiles < DOT_BELOW_TILES)
             && am.cols >= DOT_FROM_K
@@ -1494,12 +1527,7 @@ impl WgpuBackend {
         let mut p = Params::default().block(&out_l).block(bias_l);
         let expr = match e.activation {
             Some(op) => {
-                match op {
-                    UnaryOp::LeakyRelu { slope } => p = p.f(0, slope),
-                    UnaryOp::Affine { scale, shift } => p = p.f(0, scale).f(1, shift),
-                    UnaryOp::Clamp { lo, hi } => p = p.f(0, lo).f(1, hi),
-                    _ => {}
-                }
+                p = unary_params(p, op);
                 wgsl::unary_expr(op)
             }
             None => "v",
@@ -3365,13 +3393,7 @@ impl Backend for WgpuBackend {
         let xl = validate::unary(x, out)?;
         let (ol, [xl]) = hal::in_memory_order(out.layout, [&xl]);
         let out = View::new(out.buffer, &ol);
-        let mut p = Params::default().block(out.layout).block(&xl);
-        match op {
-            UnaryOp::LeakyRelu { slope } => p = p.f(0, slope),
-            UnaryOp::Affine { scale, shift } => p = p.f(0, scale).f(1, shift),
-            UnaryOp::Clamp { lo, hi } => p = p.f(0, lo).f(1, hi),
-            _ => {}
-        }
+        let p = unary_params(Params::default().block(out.layout).block(&xl), op);
         let (a, b) = (x.dtype(), out.dtype());
         let expr = wgsl::unary_expr(op);
         let spec = Spec::new("unary.wgsl")
@@ -3591,14 +3613,8 @@ impl Backend for WgpuBackend {
         if om.batch == 0 || om.rows == 0 || om.cols == 0 {
             return Ok(());
         }
-        // Profiles file a product's dispatches under its shape.
         self.labelled(
-            || {
-                format!(
-                    "gemm {}x{}x{} batch {}",
-                    om.rows, om.cols, am.cols, om.batch
-                )
-            },
+            || gemm_label(&am, &om),
             || self.matmul_routed([a, b, out], [&am, &bm, &om], alpha, beta),
         )
     }
@@ -3613,7 +3629,7 @@ impl Backend for WgpuBackend {
         epilogue: Epilogue<'_, WgpuBuffer>,
     ) -> Result<()> {
         let ([am, bm, om], bias) = validate::matmul_epilogue([a, b, out], &epilogue)?;
-        let (tile, slices) = gemm_route(&am, &om, beta);
+        let GemmRoute { tile, slices, .. } = gemm_route(&am, &om, beta);
         // Fused where the product is split over k (its sum pass applies the epilogue: a
         // Linear layer's forward product in a training step); elsewhere separate calls.
         if slices == 1 || om.rows * om.cols == 0 || !fused_epilogues() {
@@ -3633,7 +3649,7 @@ impl Backend for WgpuBackend {
             activation: epilogue.activation,
         };
         self.labelled(
-            || format!("gemm {}x{}x{} batch 1", om.rows, om.cols, am.cols),
+            || gemm_label(&am, &om),
             || {
                 self.matmul_split_k(
                     [a, b, out],

@@ -315,7 +315,7 @@ impl<B: Backend, O: Optimizer<B> + Send + 'static> RecordedStep<B, O> {
 /// with one launch instead of two (each launch costs several microseconds on a GPU, whatever
 /// its size).
 fn load_pair_program<B: Backend>(into: [&Tensor<B>; 2]) -> Result<hal::ir::Program> {
-    use hal::ir::{Access, IrCmp, ProgramBuilder};
+    use hal::ir::{Access, ProgramBuilder};
     let mut p = ProgramBuilder::new("load_batch");
     let sources = into.map(|t| p.buffer(t.dtype(), Access::Read));
     let targets = into.map(|t| p.buffer(t.dtype(), Access::Write));
@@ -328,10 +328,7 @@ fn load_pair_program<B: Backend>(into: [&Tensor<B>; 2]) -> Result<hal::ir::Progr
             continue;
         }
         // Past the shorter tensor's end: element 0 read, nothing stored.
-        let end = p.const_u32(t.numel() as u32);
-        let inside = p.cmp(IrCmp::Lt, i, end);
-        let zero = p.const_u32(0);
-        let at = p.select(inside, i, zero);
+        let (at, inside) = crate::ops::index_within(&mut p, i, t.numel());
         let v = p.load(src, at);
         p.store_if(inside, dst, at, v);
     }

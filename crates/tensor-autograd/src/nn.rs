@@ -489,15 +489,33 @@ pub enum Layer {
     },
 }
 
+impl Layer {
+    /// The elementwise op of an activation layer; `None` for the others.
+    pub fn activation_op(&self) -> Option<UnaryOp> {
+        Some(match *self {
+            Layer::Relu => UnaryOp::Relu,
+            Layer::LeakyRelu(slope) => UnaryOp::LeakyRelu { slope },
+            Layer::Gelu => UnaryOp::Gelu,
+            Layer::Silu => UnaryOp::Silu,
+            Layer::Tanh => UnaryOp::Tanh,
+            Layer::Sigmoid => UnaryOp::Sigmoid,
+            _ => return None,
+        })
+    }
+}
+
 impl<B: Backend> Module<B> for Layer {
     fn forward(&self, x: &Tensor<B>) -> Result<Tensor<B>> {
+        if let Some(op) = self.activation_op() {
+            return x.unary(op);
+        }
         match *self {
-            Layer::Relu => x.relu(),
-            Layer::LeakyRelu(s) => x.leaky_relu(s),
-            Layer::Gelu => x.gelu(),
-            Layer::Silu => x.silu(),
-            Layer::Tanh => x.tanh(),
-            Layer::Sigmoid => x.sigmoid(),
+            Layer::Relu
+            | Layer::LeakyRelu(_)
+            | Layer::Gelu
+            | Layer::Silu
+            | Layer::Tanh
+            | Layer::Sigmoid => unreachable!("activations return above"),
             Layer::Flatten => x.flatten(1),
             Layer::MaxPool2d {
                 kernel,
@@ -514,15 +532,7 @@ impl<B: Backend> Module<B> for Layer {
     fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Tensor<B>, StateKind)) {}
     fn visit_mut(&mut self, _: &str, _: &mut dyn FnMut(&str, &mut Tensor<B>, StateKind)) {}
     fn activation(&self) -> Option<UnaryOp> {
-        Some(match *self {
-            Layer::Relu => UnaryOp::Relu,
-            Layer::LeakyRelu(slope) => UnaryOp::LeakyRelu { slope },
-            Layer::Gelu => UnaryOp::Gelu,
-            Layer::Silu => UnaryOp::Silu,
-            Layer::Tanh => UnaryOp::Tanh,
-            Layer::Sigmoid => UnaryOp::Sigmoid,
-            _ => return None,
-        })
+        self.activation_op()
     }
 }
 
@@ -557,8 +567,8 @@ impl<B: Backend> Module<B> for Sequential<B> {
         while i < self.layers.len() {
             let layer = &self.layers[i];
             if let Some((weight, bias)) = layer.as_linear() {
+                // (linear_activation runs an activation it cannot fuse as its own operation.)
                 let activation = self.layers.get(i + 1).and_then(|next| next.activation());
-                let activation = activation.filter(|&op| crate::ops::gradient_from_output(op));
                 h = h.linear_activation(weight, bias, activation)?;
                 i += 1 + activation.is_some() as usize;
                 continue;

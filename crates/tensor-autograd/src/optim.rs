@@ -573,10 +573,7 @@ fn adam_group_program(h: &AdamParams, lens: &[usize], role: GroupRole) -> Result
                 GroupRole::First => (values, advanced),
                 _ => (advanced, values),
             };
-            let [lr, mut power1, mut power2] = [0u32, 1, 2].map(|k| {
-                let k = p.const_u32(k);
-                p.load(read, k)
-            });
+            let [lr, mut power1, mut power2] = load_values(&mut p, read);
             if role == GroupRole::First {
                 let (b1, b2) = (p.const_f32(h.beta1), p.const_f32(h.beta2));
                 power1 = p.mul(power1, b1);
@@ -598,10 +595,7 @@ fn adam_group_program(h: &AdamParams, lens: &[usize], role: GroupRole) -> Result
             continue;
         }
         // Past a shorter parameter's end: element 0 read, nothing stored.
-        let end = p.const_u32(len as u32);
-        let inside = p.cmp(IrCmp::Lt, i, end);
-        let zero = p.const_u32(0);
-        let at = p.select(inside, i, zero);
+        let (at, inside) = crate::ops::index_within(&mut p, i, len);
         emit_adam_update(&mut p, h, b, per_step, at, Some(inside));
     }
     Ok(p.build()?)
@@ -622,11 +616,16 @@ fn adam_buffers(p: &mut ProgramBuilder) -> [BufferId; 4] {
 
 /// `[lr, 1 - beta1^t, 1 - beta2^t]` from `values`.
 fn adam_values(p: &mut ProgramBuilder, values: BufferId) -> [Value; 3] {
-    let loaded = [0u32, 1, 2].map(|k| {
+    let loaded = load_values(p, values);
+    bias_corrections(p, loaded)
+}
+
+/// `[lr, beta1^t, beta2^t]` as stored in `values` (or `advanced`).
+fn load_values(p: &mut ProgramBuilder, values: BufferId) -> [Value; 3] {
+    [0u32, 1, 2].map(|k| {
         let k = p.const_u32(k);
         p.load(values, k)
-    });
-    bias_corrections(p, loaded)
+    })
 }
 
 /// `[lr, 1 - beta1^t, 1 - beta2^t]` from `[lr, beta1^t, beta2^t]`.

@@ -11,7 +11,6 @@ mod pool;
 mod random;
 mod reduce;
 
-pub(crate) use elementwise::gradient_from_output;
 pub use linalg::Conv2dOptions;
 
 use crate::error::Result;
@@ -110,6 +109,16 @@ impl<B: Backend> Tensor<B> {
         }
         self.stored_as(&Layout::contiguous(shape))
     }
+}
+
+/// For a launch over the longest of several buffers, index `i` of one holding `len`
+/// elements: `(at, inside)` with `inside = i < len` and `at = i` there, 0 past the end, so that
+/// a load at `at` stays in range (it reads element 0) and a store is made under `inside`.
+pub(crate) fn index_within(p: &mut ProgramBuilder, i: Value, len: usize) -> (Value, Value) {
+    let end = p.const_u32(len as u32);
+    let inside = p.cmp(hal::ir::IrCmp::Lt, i, end);
+    let zero = p.const_u32(0);
+    (p.select(inside, i, zero), inside)
 }
 
 /// A fused elementwise kernel through the scalar program IR: `inputs` are broadcast to
