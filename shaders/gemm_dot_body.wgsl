@@ -11,6 +11,14 @@ fn ld3(i: i32) -> f32 { return bitcast<f32>(B3[i]); }
 fn st3(i: i32, v: f32) { B3[i] = bitcast<u32>(v); }
 // @end
 
+// How A is read and whether B has a column of ones after its last: as in tile.wgsl.
+// @slot a_load
+fn lda(i: i32) -> f32 { return ld1(i); }
+// @end
+// @slot ones_column
+const ONES_COLUMN: bool = false;
+// @end
+
 var<workgroup> RED: array<f32, 256>;
 
 // Output `o` (batch, row, column) of the batched product, row-major over (batch, m, n).
@@ -33,8 +41,15 @@ fn dot_partial(o: u32, lane: u32) -> f32 {
     let sa = si(8u);
     let sb = si(10u);
     var acc = 0.0;
+    if (ONES_COLUMN && at.z + 1u == s(1u)) {
+        // The column of ones: the sum of A's row.
+        for (var k = s(2u) + lane; k < end; k = k + 32u) {
+            acc = acc + lda(a + i32(k) * sa);
+        }
+        return acc;
+    }
     for (var k = s(2u) + lane; k < end; k = k + 32u) {
-        acc = fma(ld1(a + i32(k) * sa), ld2(b + i32(k) * sb), acc);
+        acc = fma(lda(a + i32(k) * sa), ld2(b + i32(k) * sb), acc);
     }
     return acc;
 }

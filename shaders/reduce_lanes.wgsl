@@ -3,9 +3,9 @@
 // sums of 256 rows). A workgroup takes `lanes` neighbouring outputs (scalar 4: 32 where
 // neighbouring outputs are closer in memory than neighbouring elements, so a warp reads a
 // row's run of outputs; otherwise 1), and the 256 / lanes invocations of each output take every
-// (256 / lanes)-th element from their own, with Kahan-compensated sums. The invocations'
-// results are then combined in invocation order in workgroup memory: the same result on
-// every run.
+// (256 / lanes)-th element from their own (fewer invocations, each at least PER_PART
+// elements, for short lines), with Kahan-compensated sums. The invocations' results are then
+// combined in invocation order in workgroup memory: the same result on every run.
 // Blocks: 0 the output, 1 each output's base offset in x, 2 the reduced axes. Scalars: 0
 // elements reduced, 1 scale, 4 lanes, 5 outputs. Workgroup (x, y) of a grid nwg.x wide takes
 // outputs (y nwg.x + x) lanes ...
@@ -27,6 +27,8 @@ fn finish(sum: f32, mx: f32, mn: f32, seen_nan: bool) -> f32 { return sum * sf(1
 fn skipped() -> bool { return false; }
 // @end
 
+const PER_PART: u32 = 8u;
+
 var<workgroup> part_sum: array<f32, 256>;
 var<workgroup> part_max: array<f32, 256>;
 var<workgroup> part_min: array<f32, 256>;
@@ -35,11 +37,14 @@ var<workgroup> part_nan: array<u32, 256>;
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let lanes = s(4u);
-    let parts = 256u / lanes;
+    let count = s(0u);
+    // At least PER_PART elements an invocation where the line is short: the combining below
+    // is one invocation's serial loop, which for a loss's mean (one line of 256) took longer
+    // than the 256 loads. Invocations past `parts` only wait at the barrier.
+    let parts = clamp((count + PER_PART - 1u) / PER_PART, 1u, 256u / lanes);
     let o = (wg.y * nwg.x + wg.x) * lanes + li % lanes;
     let part = li / lanes;
-    let count = s(0u);
-    let live = o < s(5u);
+    let live = o < s(5u) && part < parts;
     // One reduced axis (the usual case once the backend merged them): no division per element.
     let one_axis = block_rank(2u) == 1u;
     let red_stride = block_stride(2u, 0u);

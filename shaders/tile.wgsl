@@ -9,8 +9,21 @@
 // TM TN multiply-adds. The accumulators are private vec4s, never an indexed array, so they
 // stay in registers.
 //
-// Operands are read through the typed, strided accessors `ld1` (A) and `ld2` (B) that the
-// including kernel binds, so any dtype and any strides work.
+// Operands are read through the typed, strided accessors `ld1` (A, by way of `lda`) and `ld2`
+// (B) that the including kernel binds, so any dtype and any strides work.
+
+// How A is read: a backward product's gate (the backend's `a_load` slot) scales each element
+// by an activation's derivative as it is staged.
+// @slot a_load
+fn lda(i: i32) -> f32 { return ld1(i); }
+// @end
+
+// With ONES_COLUMN, B has a column of ones after its real columns (the last of `n`), so the
+// product's last column holds the sums of A's rows (a Linear layer's bias gradient beside its
+// weight gradient).
+// @slot ones_column
+const ONES_COLUMN: bool = false;
+// @end
 
 // Rows and columns per thread.
 // @slot tile_shape
@@ -68,63 +81,96 @@ fn clear_tile() {
     d4 = vec4<f32>(0.0); d5 = vec4<f32>(0.0); d6 = vec4<f32>(0.0); d7 = vec4<f32>(0.0);
 }
 
-// Stages A[row0 .., kk ..] and B[kk .., col0 ..]; out-of-range elements are staged as 0.
-// Each operand is read so that a warp's loads are coalesced:
-// - where k is its contiguous dimension (`a_col` or `b_row` 1: a row-major A, a transposed
-//   B), 16 neighbouring threads read 16 consecutive k of one row (column), 64 bytes;
+// Staging A[row0 .., kk ..] and B[kk .., col0 ..] into workgroup memory; out-of-range
+// elements are staged as 0. Each thread moves TM elements of A and TN of B, numbered `e`, so
+// that a warp's loads are coalesced:
+// - where k is its operand's contiguous dimension (`a_col` or `b_row` 1: a row-major A, a
+//   transposed B), 16 neighbouring threads read 16 consecutive k of one row (column), 64
+//   bytes: element e is the k % 16 = q % 16 of row (column) q / 16, q = li + 256 e;
 // - otherwise neighbouring threads read neighbouring rows (columns), each four consecutive
-//   k, which is one warp-wide run per k where rows (columns) are contiguous.
+//   k, which is one warp-wide run per k where rows (columns) are contiguous: element e is k
+//   4 (q / BM) + e % 4 of row q % BM, q = li + 256 (e / 4).
 // (The first form used to be read like the second: each thread's four k one 16-byte run, but
 // 32 rows apart across the warp. A weight gradient, both operands k-contiguous, ran at a
 // third of the product's rate with the other operand layouts.)
-fn stage(o: Operands, li: u32, row0: u32, col0: u32, kk: u32) {
+// The loads of the next step are issued before the current step's multiply-adds (into
+// registers: `na*`, `nb*`) and stored to workgroup memory after them, so their latency hides
+// behind the arithmetic instead of stalling every step.
+
+var<private> na0: vec4<f32>;
+var<private> na1: vec4<f32>;
+var<private> nb0: vec4<f32>;
+var<private> nb1: vec4<f32>;
+
+// Element e of A's staging: its (row, k) within the block.
+fn a_place(o: Operands, li: u32, e: u32) -> vec2<u32> {
     if (o.a_col == 1) {
-        for (var e = 0u; e < TM; e = e + 1u) {
-            let q = li + e * 256u;
-            let k = q % BK;
-            let r = q / BK;
-            let row = row0 + r;
-            var v = 0.0;
-            if (row < o.m && kk + k < o.kend) { v = ld1(o.a_base + i32(row) * o.a_row + i32(kk + k)); }
-            As[k * AS_ROW + r / 4u][r % 4u] = v;
-        }
-    } else {
-        for (var e = 0u; e < TM / 4u; e = e + 1u) {
-            let q = li + e * 256u;
-            let r = q % BM;
-            let k4 = (q / BM) * 4u;
-            let row = row0 + r;
-            for (var i = 0u; i < 4u; i = i + 1u) {
-                let k = kk + k4 + i;
-                var v = 0.0;
-                if (row < o.m && k < o.kend) { v = ld1(o.a_base + i32(row) * o.a_row + i32(k) * o.a_col); }
-                As[(k4 + i) * AS_ROW + r / 4u][r % 4u] = v;
-            }
-        }
+        let q = li + e * 256u;
+        return vec2<u32>(q / BK, q % BK);
     }
+    let q = li + (e / 4u) * 256u;
+    return vec2<u32>(q % BM, (q / BM) * 4u + e % 4u);
+}
+
+// Element e of B's staging: its (column, k) within the block.
+fn b_place(o: Operands, li: u32, e: u32) -> vec2<u32> {
     if (o.b_row == 1) {
-        for (var e = 0u; e < TN; e = e + 1u) {
-            let q = li + e * 256u;
-            let k = q % BK;
-            let c = q / BK;
-            let col = col0 + c;
-            var v = 0.0;
-            if (col < o.n && kk + k < o.kend) { v = ld2(o.b_base + i32(kk + k) + i32(col) * o.b_col); }
-            Bs[k * BS_ROW + c / 4u][c % 4u] = v;
-        }
-    } else {
-        for (var e = 0u; e < TN / 4u; e = e + 1u) {
-            let q = li + e * 256u;
-            let c = q % BN;
-            let k4 = (q / BN) * 4u;
-            let col = col0 + c;
-            for (var i = 0u; i < 4u; i = i + 1u) {
-                let k = kk + k4 + i;
-                var v = 0.0;
-                if (col < o.n && k < o.kend) { v = ld2(o.b_base + i32(k) * o.b_row + i32(col) * o.b_col); }
-                Bs[(k4 + i) * BS_ROW + c / 4u][c % 4u] = v;
-            }
-        }
+        let q = li + e * 256u;
+        return vec2<u32>(q / BK, q % BK);
+    }
+    let q = li + (e / 4u) * 256u;
+    return vec2<u32>(q % BN, (q / BN) * 4u + e % 4u);
+}
+
+fn a_fetch(o: Operands, li: u32, row0: u32, kk: u32, e: u32) -> f32 {
+    let at = a_place(o, li, e);
+    let row = row0 + at.x;
+    let k = kk + at.y;
+    if (row < o.m && k < o.kend) { return lda(o.a_base + i32(row) * o.a_row + i32(k) * o.a_col); }
+    return 0.0;
+}
+
+fn b_fetch(o: Operands, li: u32, col0: u32, kk: u32, e: u32) -> f32 {
+    let at = b_place(o, li, e);
+    let col = col0 + at.x;
+    let k = kk + at.y;
+    if (ONES_COLUMN && col + 1u == o.n) { return select(0.0, 1.0, k < o.kend); }
+    if (col < o.n && k < o.kend) { return ld2(o.b_base + i32(k) * o.b_row + i32(col) * o.b_col); }
+    return 0.0;
+}
+
+// Loads this thread's elements of step kk into the registers (straight-line code: no
+// indexed private array, which would live in memory).
+fn fetch(o: Operands, li: u32, row0: u32, col0: u32, kk: u32) {
+    na0 = vec4<f32>(a_fetch(o, li, row0, kk, 0u), a_fetch(o, li, row0, kk, 1u), a_fetch(o, li, row0, kk, 2u), a_fetch(o, li, row0, kk, 3u));
+    if (TM == 8u) {
+        na1 = vec4<f32>(a_fetch(o, li, row0, kk, 4u), a_fetch(o, li, row0, kk, 5u), a_fetch(o, li, row0, kk, 6u), a_fetch(o, li, row0, kk, 7u));
+    }
+    nb0 = vec4<f32>(b_fetch(o, li, col0, kk, 0u), b_fetch(o, li, col0, kk, 1u), b_fetch(o, li, col0, kk, 2u), b_fetch(o, li, col0, kk, 3u));
+    if (TN == 8u) {
+        nb1 = vec4<f32>(b_fetch(o, li, col0, kk, 4u), b_fetch(o, li, col0, kk, 5u), b_fetch(o, li, col0, kk, 6u), b_fetch(o, li, col0, kk, 7u));
+    }
+}
+
+fn a_deposit(o: Operands, li: u32, e: u32, v: f32) {
+    let at = a_place(o, li, e);
+    As[at.y * AS_ROW + at.x / 4u][at.x % 4u] = v;
+}
+
+fn b_deposit(o: Operands, li: u32, e: u32, v: f32) {
+    let at = b_place(o, li, e);
+    Bs[at.y * BS_ROW + at.x / 4u][at.x % 4u] = v;
+}
+
+// Stores the fetched registers to workgroup memory.
+fn deposit(o: Operands, li: u32) {
+    a_deposit(o, li, 0u, na0.x); a_deposit(o, li, 1u, na0.y); a_deposit(o, li, 2u, na0.z); a_deposit(o, li, 3u, na0.w);
+    if (TM == 8u) {
+        a_deposit(o, li, 4u, na1.x); a_deposit(o, li, 5u, na1.y); a_deposit(o, li, 6u, na1.z); a_deposit(o, li, 7u, na1.w);
+    }
+    b_deposit(o, li, 0u, nb0.x); b_deposit(o, li, 1u, nb0.y); b_deposit(o, li, 2u, nb0.z); b_deposit(o, li, 3u, nb0.w);
+    if (TN == 8u) {
+        b_deposit(o, li, 4u, nb1.x); b_deposit(o, li, 5u, nb1.y); b_deposit(o, li, 6u, nb1.z); b_deposit(o, li, 7u, nb1.w);
     }
 }
 
@@ -162,14 +208,18 @@ fn multiply(tx: u32, ty: u32) {
     }
 }
 
-// The whole k range of one block: stage, multiply, repeat. Must be reached in uniform
-// control flow (it synchronises the workgroup).
+// The whole k range of one block: fetch the first step, then deposit, fetch the next,
+// multiply, repeat. Must be reached in uniform control flow (it synchronises the workgroup;
+// `kstart`, `o.kend` and so every branch here are uniform).
 fn accumulate_block(o: Operands, li: u32, row0: u32, col0: u32, kstart: u32) {
     let tx = li % 16u;
     let ty = li / 16u;
+    if (kstart >= o.kend) { return; }
+    fetch(o, li, row0, col0, kstart);
     for (var kk = kstart; kk < o.kend; kk = kk + BK) {
-        stage(o, li, row0, col0, kk);
+        deposit(o, li);
         workgroupBarrier();
+        if (kk + BK < o.kend) { fetch(o, li, row0, col0, kk + BK); }
         multiply(tx, ty);
         workgroupBarrier();
     }

@@ -130,7 +130,7 @@ impl<B: Backend> Suite<'_, B> {
 const INDEX_ELEMENTS: usize = 1 << 20;
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 37] = [
+pub(crate) const EXPECTED_ROWS: [&str; 38] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -147,6 +147,7 @@ pub(crate) const EXPECTED_ROWS: [&str; 37] = [
     "matmul",
     "matmul (bf16 beyond f16)",
     "matmul (epilogue)",
+    "matmul (gate, row sums)",
     "spmv_csr",
     "gather",
     "gather (index_select)",
@@ -193,6 +194,7 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     matmul(s);
     matmul_beyond_f16(s);
     matmul_epilogue(s);
+    matmul_gate(s);
     spmv(s);
     gather(s);
     scatter_add(s);
@@ -1047,6 +1049,20 @@ fn matmul<B: Backend>(s: &mut Suite<'_, B>) {
     }
 }
 
+/// `fixed` products `[m, k, n]` followed by the suite's count of random ones, each side one
+/// of a few odd and even sizes.
+fn with_random_products<B: Backend>(
+    s: &mut Suite<'_, B>,
+    mut fixed: Vec<[usize; 3]>,
+) -> Vec<[usize; 3]> {
+    let sizes = [1usize, 7, 16, 33, 65, 130];
+    for _ in 0..s.cfg.cases {
+        let r = s.rng();
+        fixed.push([sizes[r.below(6)], sizes[r.below(6)], sizes[r.below(6)]]);
+    }
+    fixed
+}
+
 fn run_matmul_epilogue<B: Backend>(
     b: &B,
     [x, y, out]: [&HostTensor; 3],
@@ -1068,6 +1084,7 @@ fn run_matmul_epilogue<B: Backend>(
         hal::Epilogue {
             bias: bias_view,
             activation,
+            ..Default::default()
         },
     )?;
     read_view(b, &ob, &out.layout)
@@ -1077,8 +1094,7 @@ fn run_matmul_epilogue<B: Backend>(
 /// that wgpu splits over k (its fused sum pass) and shapes it does not (the separate calls),
 /// biases per column (contiguous, strided, broadcast), per row and per element.
 fn matmul_epilogue<B: Backend>(s: &mut Suite<'_, B>) {
-    let sizes = [1usize, 7, 16, 33, 65, 130];
-    let mut cases: Vec<[usize; 3]> = vec![
+    let fixed = vec![
         [33, 1040, 65],
         [12, 2080, 40],
         [64, 784, 96],
@@ -1086,10 +1102,7 @@ fn matmul_epilogue<B: Backend>(s: &mut Suite<'_, B>) {
         [0, 5, 3],
         [5, 0, 7],
     ];
-    while cases.len() < s.cfg.cases + 6 {
-        let r = s.rng();
-        cases.push([sizes[r.below(6)], sizes[r.below(6)], sizes[r.below(6)]]);
-    }
+    let cases = with_random_products(s, fixed);
     let activations = [
         None,
         Some(UnaryOp::Relu),
@@ -1174,6 +1187,163 @@ fn matmul_epilogue<B: Backend>(s: &mut Suite<'_, B>) {
         ) {
             Ok((c, t)) => s.judge("matmul (epilogue)", &what, &c, t.as_deref(), &exact, &tol),
             Err(e) => s.fail("matmul (epilogue)", format!("{what}: {e}")),
+        }
+    }
+}
+
+fn run_matmul_gate<B: Backend>(
+    b: &B,
+    [x, y, out]: [&HostTensor; 3],
+    gate: Option<(UnaryOp, &HostTensor)>,
+    sums: Option<&HostTensor>,
+    (alpha, beta): (f32, f32),
+) -> Result<Vec<f64>> {
+    let (xb, yb, ob) = (x.upload(b)?, y.upload(b)?, out.upload(b)?);
+    let gb = gate.map(|(_, t)| t.upload(b)).transpose()?;
+    let sb = sums.map(|t| t.upload(b)).transpose()?;
+    let a_gate = gate
+        .zip(gb.as_ref())
+        .map(|((activation, t), buf)| hal::Gate {
+            activation,
+            output: View::new(buf, &t.layout),
+        });
+    b.matmul_epilogue(
+        View::new(&xb, &x.layout),
+        View::new(&yb, &y.layout),
+        View::new(&ob, &out.layout),
+        alpha,
+        beta,
+        hal::Epilogue {
+            a_gate,
+            a_row_sums: sums
+                .zip(sb.as_ref())
+                .map(|(t, buf)| View::new(buf, &t.layout)),
+            ..Default::default()
+        },
+    )?;
+    let mut got = read_view(b, &ob, &out.layout)?;
+    if let Some((t, buf)) = sums.zip(sb.as_ref()) {
+        got.extend(read_view(b, buf, &t.layout)?);
+    }
+    Ok(got)
+}
+
+/// The backward epilogues (`Epilogue::a_gate`, `Epilogue::a_row_sums`): a Linear layer's
+/// weight gradient `(g * act'(y))^T x` with its bias gradient, and its input gradient. Gates
+/// laid out as `a` (which wgpu fuses into the product's reads) and otherwise (the separate
+/// calls); shapes wgpu splits over k (row sums in the split's last column; thin outputs as
+/// dot products) and shapes it does not.
+fn matmul_gate<B: Backend>(s: &mut Suite<'_, B>) {
+    let fixed = vec![
+        [65, 1040, 33],
+        [10, 256, 130],
+        [130, 256, 10],
+        [64, 784, 96],
+        [7, 16, 33],
+        [0, 5, 3],
+        [5, 0, 7],
+        [6, 9, 0],
+    ];
+    let cases = with_random_products(s, fixed);
+    for (i, [m, k, n]) in cases.into_iter().enumerate() {
+        let (dt, dout, dgate, dsums) = (
+            s.float_dtype(),
+            s.float_dtype(),
+            s.float_dtype(),
+            s.float_dtype(),
+        );
+        let x = matrix_operand(s.rng(), 1, m, k, dt);
+        let y = matrix_operand(s.rng(), 1, k, n, dt);
+        let out = output_tensor(s.rng(), &[1, m, n], dout);
+        let activation = hal::Gate::<()>::ACTIVATIONS[s.rng().below(3)];
+        // The gate's output: the activation of random values, at `x`'s strides (fusable) or
+        // laid out on its own.
+        let act = move |v: f32| unary_f64(activation, v as f64) as f32;
+        let gate = match i % 4 {
+            0 => None,
+            1 | 2 => {
+                let backing = (0..x.backing.len())
+                    .map(|_| round_to(dgate, act(s.rng().range(-2.0, 2.0))))
+                    .collect();
+                Some(HostTensor {
+                    dtype: dgate,
+                    backing,
+                    layout: x.layout.clone(),
+                })
+            }
+            _ => {
+                let kind = s.kind();
+                Some(random_tensor(s.rng(), &[1, m, k], dgate, kind, |r| {
+                    act(r.range(-2.0, 2.0))
+                }))
+            }
+        };
+        let sums = (i % 3 != 1).then(|| output_tensor(s.rng(), &[1, m], dsums));
+        let alpha = s.rng().range(0.5, 2.0);
+        let beta = if s.rng().below(4) == 0 {
+            s.rng().range(-1.0, 1.0)
+        } else {
+            0.0
+        };
+        // The gated operand in f64, then the product and the row sums.
+        let mut gated = x.clone();
+        if let Some(g) = &gate {
+            let (xs, ys) = (x.logical(), g.logical());
+            let through = |a: f64, y: f64| match activation {
+                UnaryOp::Relu if y > 0.0 => a,
+                UnaryOp::Relu => 0.0,
+                UnaryOp::Sigmoid => y * (1.0 - y) * a,
+                _ => (1.0 - y * y) * a,
+            };
+            let values: Vec<f32> = (0..m * k).map(|e| through(xs[e], ys[e]) as f32).collect();
+            gated = HostTensor::contiguous(DType::F32, &[1, m, k], values);
+        }
+        let (mut exact, mut mag) = host_products(&gated, &y, [1, m, k, n]);
+        let old = out.logical();
+        for o in 0..m * n {
+            let kept = if beta == 0.0 {
+                0.0
+            } else {
+                beta as f64 * old[o]
+            };
+            exact[o] = alpha as f64 * exact[o] + kept;
+            mag[o] = alpha as f64 * mag[o] + kept.abs();
+        }
+        if sums.is_some() {
+            let ga = gated.logical();
+            for r in 0..m {
+                let row = &ga[r * k..(r + 1) * k];
+                exact.push(alpha as f64 * row.iter().sum::<f64>());
+                mag.push(alpha as f64 * k as f64 * row.iter().map(|v| v.abs()).sum::<f64>());
+            }
+        }
+        // The product's tolerance (its scale from the gated operand, which the host rounds
+        // to f32 as a backend does), one rounding of the stored values (two for the row
+        // sums: a backend may round the sum and then its scaling by alpha).
+        let tol = |o: usize, w: f64| {
+            let d = if o < m * n { dout } else { dsums };
+            2f64.powi(-18) * mag[o] + rounding(d, w, 2.0) + 2.0 * U32F * w.abs()
+        };
+        let what = format!(
+            "[{m},{k}]@[{k},{n}] {dt}->{dout} gate {:?} {dgate} (layout of a: {}) sums {:?} {dsums} beta {beta}",
+            gate.as_ref().map(|_| activation),
+            gate.as_ref().is_some_and(|g| g.layout == x.layout),
+            sums.as_ref().map(|t| t.layout.clone()),
+        );
+        let gate_arg = gate.as_ref().map(|g| (activation, g));
+        match both!(
+            s,
+            run_matmul_gate([&x, &y, &out], gate_arg, sums.as_ref(), (alpha, beta))
+        ) {
+            Ok((c, t)) => s.judge(
+                "matmul (gate, row sums)",
+                &what,
+                &c,
+                t.as_deref(),
+                &exact,
+                &tol,
+            ),
+            Err(e) => s.fail("matmul (gate, row sums)", format!("{what}: {e}")),
         }
     }
 }

@@ -185,6 +185,7 @@ impl Backend for CpuBackend {
             graph_capture: false,
             fast_precision: false,
             compensated_precision: false,
+            fused_gradient_products: false,
         }
     }
 

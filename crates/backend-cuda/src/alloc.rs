@@ -13,7 +13,14 @@
 use cudarc::driver::{result, sys};
 use hal::{Error, Result};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Process-wide: CUDA invalidates a stream capture under way when any thread of the process
+/// makes a call that synchronizes the device implicitly (`cuMemFree`, `cuModuleUnload`, ...):
+/// one backend dropped while another records fails that recording ("operation failed due to
+/// a previous error during capture"; seen when tests ran side by side). A capture holds this
+/// for reading; those calls take it for writing, so they wait for every capture to end.
+pub(crate) static IMPLICIT_SYNC_GATE: RwLock<()> = RwLock::new(());
 
 /// Rounds a request to its size class: 512 bytes below 1 MiB, 2 MiB above, so blocks of
 /// nearby sizes are interchangeable and fragmentation stays bounded.
@@ -161,6 +168,11 @@ impl Pool {
 
     /// Returns every cached block to the driver, once queued work that may use them is done.
     fn trim(&self, st: &mut PoolState) {
+        // Not while a capture is under way (this thread's own, when an allocation inside a
+        // recording runs out: waiting would deadlock): the cache stays, the allocation fails.
+        let Ok(_gate) = IMPLICIT_SYNC_GATE.try_write() else {
+            return;
+        };
         // SAFETY: the stream belongs to the backend and outlives the pool's use of it.
         let _ = unsafe { result::stream::synchronize(self.stream) };
         for (bytes, ptrs) in st.free.drain() {

@@ -483,6 +483,10 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        // Unloading the modules would spoil another backend's capture under way.
+        let _gate = crate::alloc::IMPLICIT_SYNC_GATE
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
         let _ = self.bind();
         let _ = self.synchronize_stream();
         let handle = *self.cublas.lock().unwrap_or_else(|e| e.into_inner());

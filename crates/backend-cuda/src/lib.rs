@@ -838,6 +838,7 @@ impl Backend for CudaBackend {
             graph_capture: true,
             fast_precision: true,
             compensated_precision: false,
+            fused_gradient_products: false,
         }
     }
 
@@ -1716,6 +1717,10 @@ impl Backend for CudaBackend {
             });
         }
         let pending_before = self.dev.fault_pending.swap(false, Ordering::AcqRel);
+        // No implicit device synchronization from another backend while this captures.
+        let _gate = alloc::IMPLICIT_SYNC_GATE
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
         self.dev.pool.begin_capture();
         self.dev.capturing.store(true, Ordering::Release);
         // SAFETY: the backend's stream; relaxed mode lets other threads use the driver meanwhile.

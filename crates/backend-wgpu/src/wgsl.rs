@@ -248,6 +248,18 @@ pub fn unary_expr(op: hal::UnaryOp) -> &'static str {
     }
 }
 
+/// The WGSL expression of `g` through the derivative of a gate's activation at its output `y`
+/// ([`hal::Gate`]; ReLU selects, so a NaN `g` where `y <= 0` gives 0 as the reference does).
+pub fn gate_expr(op: hal::UnaryOp) -> &'static str {
+    use hal::UnaryOp::*;
+    match op {
+        Relu => "select(0.0, g, y > 0.0)",
+        Sigmoid => "y * (1.0 - y) * g",
+        Tanh => "(1.0 - y * y) * g",
+        _ => unreachable!("validation admits only hal::Gate::ACTIVATIONS"),
+    }
+}
+
 /// The WGSL expression of a binary op on `a` and `b`.
 pub fn binary_expr(op: hal::BinaryOp) -> &'static str {
     use hal::BinaryOp::*;

@@ -52,7 +52,7 @@ pub mod seeding;
 pub mod validate;
 
 pub use backend::{
-    Backend, BackendExt, Csr, DeviceBuffer, Epilogue, Precision, RecordedSteps, Replay, View,
+    Backend, BackendExt, Csr, DeviceBuffer, Epilogue, Gate, Precision, RecordedSteps, Replay, View,
     matmul_epilogue_steps, nearest_per_group,
 };
 pub use device::{Capabilities, DeviceInfo, DeviceKind};

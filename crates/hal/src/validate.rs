@@ -251,26 +251,75 @@ impl MatrixView {
 }
 
 /// Checks a product with an epilogue ([`crate::Backend::matmul_epilogue`]): the product as
-/// [`matmul`], the bias a float view that broadcasts to the output's shape and does not share
-/// its memory. Returns the matrices and the bias's layout broadcast to the output's shape.
+/// [`matmul`]; the bias a float view that broadcasts to the output's shape and does not share
+/// its memory; the gate one of [`Gate::ACTIVATIONS`](crate::Gate::ACTIVATIONS) with a float
+/// output of `a`'s shape; the row sums a float view of `a`'s shape less its last axis that
+/// shares memory with no operand. Returns the matrices and the bias's layout broadcast to the
+/// output's shape.
 pub fn matmul_epilogue<B: DeviceBuffer>(
     [a, b, out]: [View<'_, B>; 3],
     epilogue: &Epilogue<'_, B>,
 ) -> Result<([MatrixView; 3], Option<Layout>)> {
+    const OP: &str = "matmul_epilogue";
     let matrices = matmul(a, b, out)?;
+    let invalid = |detail: String| Error::InvalidArgument { op: OP, detail };
     let bias = match epilogue.bias {
         Some(bias) => {
-            float("matmul_epilogue", bias.dtype())?;
+            float(OP, bias.dtype())?;
             if bias.buffer.same_memory(out.buffer) {
-                return Err(Error::InvalidArgument {
-                    op: "matmul_epilogue",
-                    detail: "the bias must not share memory with the output".into(),
-                });
+                return Err(invalid(
+                    "the bias must not share memory with the output".into(),
+                ));
             }
-            Some(broadcast("matmul_epilogue", bias, &out.layout.shape)?)
+            Some(broadcast(OP, bias, &out.layout.shape)?)
         }
         None => None,
     };
+    if let Some(gate) = epilogue.a_gate {
+        if !crate::Gate::<B>::ACTIVATIONS.contains(&gate.activation) {
+            return Err(invalid(format!(
+                "a gate's activation must be one whose derivative follows from its output \
+                 ({:?}), not {:?}",
+                crate::Gate::<B>::ACTIVATIONS,
+                gate.activation
+            )));
+        }
+        fits(OP, gate.output)?;
+        float(OP, gate.output.dtype())?;
+        if gate.output.buffer.same_memory(out.buffer) {
+            return Err(invalid(
+                "the gate's output must not share memory with the product's".into(),
+            ));
+        }
+        same_shape(
+            OP,
+            &a.layout.shape,
+            &gate.output.layout.shape,
+            "the gate's output has a's shape",
+        )?;
+    }
+    if let Some(sums) = epilogue.a_row_sums {
+        fits(OP, sums)?;
+        float(OP, sums.dtype())?;
+        let rank = a.layout.rank();
+        same_shape(
+            OP,
+            &a.layout.shape[..rank - 1],
+            &sums.layout.shape,
+            "the row sums have a's shape without its last axis",
+        )?;
+        let operands = [Some(a), Some(b), Some(out), epilogue.bias]
+            .into_iter()
+            .chain([epilogue.a_gate.map(|g| g.output)]);
+        if operands
+            .flatten()
+            .any(|v| v.buffer.same_memory(sums.buffer))
+        {
+            return Err(invalid(
+                "the row sums must not share memory with another operand".into(),
+            ));
+        }
+    }
     Ok((matrices, bias))
 }
 

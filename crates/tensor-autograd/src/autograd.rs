@@ -31,6 +31,17 @@ pub(crate) struct Node<B: Backend> {
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
     static IN_RECORDED_STEP: Cell<bool> = const { Cell::new(false) };
+    /// The id of the running backward pass's seed, where that seed holds 1 everywhere: see
+    /// [`is_unit_seed`].
+    static UNIT_SEED: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Whether `g` is the seed of the backward pass running on this thread and that seed holds 1
+/// everywhere ([`Tensor::backward`]'s, or a recorded step's). An operation whose output is the
+/// loss itself may then return a gradient it made in its forward pass instead of launching a
+/// kernel to scale one by `g` (cross-entropy does, for a training step's loss).
+pub(crate) fn is_unit_seed<B: Backend>(g: &Tensor<B>) -> bool {
+    UNIT_SEED.with(|s| s.get() == Some(g.id()))
 }
 
 /// Runs `f` as the body of a recorded step ([`crate::models::RecordedStep`]), where
@@ -106,12 +117,23 @@ impl<B: Backend> Tensor<B> {
             )));
         }
         let seed = Tensor::full(self.backend(), self.shape(), 1.0, self.dtype())?;
-        self.backward_with(&seed)
+        self.backward_seeded(&seed, true)
     }
 
     /// Back-propagates `grad` (the gradient of some scalar with respect to this tensor, of
     /// this tensor's shape).
     pub fn backward_with(&self, grad: &Tensor<B>) -> Result<()> {
+        self.backward_seeded(grad, false)
+    }
+
+    /// [`Tensor::backward_with`] from `ones`, which the caller made with 1 in every element
+    /// and has not changed since (a recorded step's seed, made once outside the recording).
+    pub(crate) fn backward_with_ones(&self, ones: &Tensor<B>) -> Result<()> {
+        self.backward_seeded(ones, true)
+    }
+
+    /// The backward pass from `grad`; `unit`: `grad` holds 1 everywhere ([`is_unit_seed`]).
+    fn backward_seeded(&self, grad: &Tensor<B>, unit: bool) -> Result<()> {
         if !self.requires_grad_flag() {
             return Err(Error::Autograd(
                 "backward through a tensor that does not require a gradient (no input had requires_grad, or it was made under no_grad)".into(),
@@ -125,6 +147,13 @@ impl<B: Backend> Tensor<B> {
                 "the gradient must have the output's shape",
             ));
         }
+        struct Restore(Option<u64>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                UNIT_SEED.with(|s| s.set(self.0));
+            }
+        }
+        let _restore = Restore(UNIT_SEED.with(|s| s.replace(unit.then(|| grad.id()))));
         let order = topological_order(self);
         let mut grads: HashMap<u64, Tensor<B>> = HashMap::new();
         grads.insert(self.id(), grad.clone());

@@ -136,7 +136,7 @@ fn step_with<B: Backend>(
     let loss = logits.cross_entropy(y)?;
     match unit {
         Some(unit) if unit.shape() == loss.shape() && unit.dtype() == loss.dtype() => {
-            loss.backward_with(unit)?
+            loss.backward_with_ones(unit)?
         }
         _ => loss.backward()?,
     }

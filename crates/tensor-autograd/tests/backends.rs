@@ -48,6 +48,7 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
         }
     };
     use Storage::{Contiguous as C, Transposed as Tr};
+    use hal::UnaryOp::{Relu, Sigmoid, Tanh};
     let u = |op: hal::UnaryOp| move |v: &[Tensor<B>]| v[0].unary(op);
     for op in hal::UnaryOp::all() {
         if !matches!(
@@ -113,6 +114,20 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
     run("matmul", &[(&[3, 17, 9], Tr), (&[9, 11], Tr)], &|v| {
         v[0].matmul(&v[1])
     });
+    // Linear layers with their activations: a batch of 256 whose weight gradient wgpu splits
+    // over k (the gate and the bias gradient fused into it), and an odd one it does not.
+    for op in [None, Some(Relu), Some(Sigmoid), Some(Tanh)] {
+        run(
+            &format!("linear {op:?}"),
+            &[(&[256, 96], Tr), (&[70, 96], C), (&[70], C)],
+            &move |v| v[0].linear_activation(&v[1], Some(&v[2]), op),
+        );
+    }
+    run(
+        "linear, odd batch",
+        &[(&[33, 20], C), (&[13, 20], Tr)],
+        &|v| v[0].linear_activation(&v[1], None, Some(Relu)),
+    );
     run(
         "bmm broadcast",
         &[(&[1, 5, 7], Tr), (&[3, 7, 6], C)],

@@ -341,8 +341,9 @@ fn recorded_step_refuses_what_it_cannot_replay() {
 }
 
 /// The fused cross-entropy against its definition, `nll_loss(log_softmax(x))`, forward and
-/// backward, for u32 and i32 labels on transposed logits; a label outside the classes is an
-/// error naming it and the class count.
+/// backward (from the loss itself, where the gradient comes from the forward kernel, and from
+/// a scaled loss, where the backward kernel makes it), for u32 and i32 labels on transposed
+/// logits; a label outside the classes is an error naming it and the class count.
 #[test]
 fn fused_cross_entropy_matches_its_composition() {
     let dev = CpuBackend::new();
@@ -360,7 +361,7 @@ fn fused_cross_entropy_matches_its_composition() {
         Tensor::from_elements(&dev, &signed, &[n]).unwrap(),
     ] {
         // Stored as [C, N] and transposed: a non-contiguous view.
-        let run = |fused: bool| {
+        let run = |fused: bool, scale: Option<f32>| {
             let x = Tensor::from_slice(&dev, &values, &[c, n])
                 .unwrap()
                 .requires_grad();
@@ -374,19 +375,24 @@ fn fused_cross_entropy_matches_its_composition() {
                     .nll_loss(&target)
                     .unwrap()
             };
-            loss.mul_scalar(1.7).unwrap().backward().unwrap();
+            match scale {
+                Some(s) => loss.mul_scalar(s).unwrap().backward().unwrap(),
+                None => loss.backward().unwrap(),
+            }
             (loss.item().unwrap(), x.grad().unwrap().to_vec().unwrap())
         };
-        let ((a, ga), (b, gb)) = (run(true), run(false));
-        assert!(
-            (a - b).abs() <= 1e-5 * b.abs(),
-            "loss {a} fused, {b} composed"
-        );
-        for (i, (x, y)) in ga.iter().zip(&gb).enumerate() {
+        for scale in [Some(1.7), None] {
+            let ((a, ga), (b, gb)) = (run(true, scale), run(false, scale));
             assert!(
-                (x - y).abs() <= 1e-6,
-                "gradient {i}: {x} fused, {y} composed"
+                (a - b).abs() <= 1e-5 * b.abs(),
+                "loss {a} fused, {b} composed"
             );
+            for (i, (x, y)) in ga.iter().zip(&gb).enumerate() {
+                assert!(
+                    (x - y).abs() <= 1e-6,
+                    "gradient {i} (scale {scale:?}): {x} fused, {y} composed"
+                );
+            }
         }
     }
     let x = Tensor::from_slice(&dev, &values, &[n, c]).unwrap();

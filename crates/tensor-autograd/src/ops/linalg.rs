@@ -5,7 +5,7 @@
 use super::elementwise::{gradient_from_output, unary_backward};
 use crate::error::{Result, invalid, shape_error};
 use crate::tensor::Tensor;
-use hal::{Backend, Conv2dGeometry, Epilogue, Layout, Precision, UnaryOp, View};
+use hal::{Backend, Conv2dGeometry, Epilogue, Gate, Layout, Precision, UnaryOp, View};
 
 /// Stride, padding, dilation and groups of a 2-D convolution (PyTorch's defaults: 1, 0, 1, 1),
 /// and the precision policy of its matrix products.
@@ -195,13 +195,23 @@ impl<B: Backend> Tensor<B> {
             Epilogue {
                 bias: bias.map(|b| b.view()),
                 activation,
+                ..Default::default()
             },
         )?;
         let (x, w, b) = (self.clone(), weight.clone(), bias.cloned());
         let y = out.detach();
+        // Where the backend gates an operand as its product reads it, the backward pass
+        // makes no gradient at the product: see `fused_linear_gradients`.
+        let gated_backward = self.backend().capabilities().fused_gradient_products
+            && activation.is_none_or(|op| Gate::<B::Buffer>::ACTIVATIONS.contains(&op));
         let mut inputs = vec![self, weight];
         inputs.extend(bias);
         Ok(Tensor::from_op(out, "linear", &inputs, move |g| {
+            if gated_backward && w.requires_grad_flag() {
+                let needs = [x.requires_grad_flag(), w.requires_grad_flag()];
+                let bias_needs = b.as_ref().map(|b| b.requires_grad_flag());
+                return fused_linear_gradients(&x, &w, (&y, activation), g, needs, bias_needs);
+            }
             // The gradient at the product: through the activation (from its output), then as
             // a product's and a broadcast add's.
             let dz = match activation {
@@ -354,6 +364,62 @@ impl<B: Backend> Tensor<B> {
             None => Ok(y),
         }
     }
+}
+
+/// The gradients of `y = activation(x @ w^T + b)` from the gradient `g` at `y`, in two
+/// products that read `g` through the activation's derivative ([`hal::Gate`]): the input
+/// gradient `g' @ w` and the weight gradient `g'^T @ x`, whose product also sums the rows of
+/// `g'^T`, the bias gradient ([`hal::Epilogue::a_row_sums`]). `g' = g * activation'(y)` is
+/// never stored, so a backend that fuses both (wgpu, for products it splits over k) spends
+/// no launch on the activation's derivative or the bias gradient. `x` and `w` are matrices
+/// (`linear_activation` checked); `bias_needs` is `None` without a bias.
+fn fused_linear_gradients<B: Backend>(
+    x: &Tensor<B>,
+    w: &Tensor<B>,
+    (y, activation): (&Tensor<B>, Option<UnaryOp>),
+    g: &Tensor<B>,
+    [needs_x, needs_w]: [bool; 2],
+    bias_needs: Option<bool>,
+) -> Result<Vec<Option<Tensor<B>>>> {
+    let backend = g.backend();
+    let (m, n, k) = (x.shape()[0], w.shape()[0], x.shape()[1]);
+    fn gate_on<Buf>(activation: Option<UnaryOp>, output: View<'_, Buf>) -> Option<Gate<'_, Buf>> {
+        activation.map(|activation| Gate { activation, output })
+    }
+    let gx = match needs_x {
+        true => {
+            let gx = product_output(g, &[m, k], n)?;
+            let epilogue = Epilogue {
+                a_gate: gate_on(activation, y.view()),
+                ..Default::default()
+            };
+            backend.matmul_epilogue(g.view(), w.view(), gx.view(), 1.0, 0.0, epilogue)?;
+            Some(gx)
+        }
+        false => None,
+    };
+    let gw = match needs_w {
+        true => Some(product_output(g, &[n, k], m)?),
+        false => None,
+    };
+    let gb = match bias_needs {
+        Some(true) => Some(g.new_output(&[n], g.dtype())?),
+        _ => None,
+    };
+    if let Some(gw) = &gw {
+        let (gt, yt) = (g.t()?, y.t()?);
+        let epilogue = Epilogue {
+            a_gate: gate_on(activation, yt.view()),
+            a_row_sums: gb.as_ref().map(|t| t.view()),
+            ..Default::default()
+        };
+        backend.matmul_epilogue(gt.view(), x.view(), gw.view(), 1.0, 0.0, epilogue)?;
+    }
+    let mut grads = vec![gx, gw];
+    if bias_needs.is_some() {
+        grads.push(gb);
+    }
+    Ok(grads)
 }
 
 /// The gradients of `a @ b` (rank 2 or 3, batch-broadcast) for the operands `needs` marks,

@@ -110,25 +110,42 @@ fn fused_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Re
     // Both written row by row by the kernel below.
     let lse = Tensor::for_write(&b, &[n], DType::F32)?;
     let per_row = Tensor::for_write(&b, &[n], DType::F32)?;
-    let rows = b.compile(&rows_program(c, target.dtype())?)?;
-    b.launch(
-        &rows,
-        &[
-            x.buffer(),
-            labels.buffer(),
-            &classes,
-            lse.buffer(),
-            per_row.buffer(),
-        ],
+    // Where a backward pass may follow, the rows kernel also writes the gradient for a seed
+    // of 1 (a training step's loss): that backward pass then launches nothing here.
+    let unit_gradient = match crate::is_grad_enabled() && logits.requires_grad_flag() {
+        true => Some(Tensor::for_write(&b, &[n, c], DType::F32)?),
+        false => None,
+    };
+    let rows = b.compile(&rows_program(
         n,
-    )?;
+        c,
+        target.dtype(),
+        unit_gradient.is_some(),
+    )?)?;
+    let mut buffers = vec![
+        x.buffer(),
+        labels.buffer(),
+        &classes,
+        lse.buffer(),
+        per_row.buffer(),
+    ];
+    buffers.extend(unit_gradient.as_ref().map(|t| t.buffer()));
+    b.launch(&rows, &buffers, n)?;
     let loss = crate::no_grad(|| per_row.mean_all())?;
     let label_dtype = target.dtype();
+    // Handed out once: a second backward pass over the same graph computes its own.
+    let unit_gradient = std::sync::Mutex::new(unit_gradient);
     Ok(Tensor::from_op(
         loss,
         "cross_entropy",
         &[logits],
         move |g| {
+            if crate::autograd::is_unit_seed(g) {
+                let made = unit_gradient.lock().map(|mut t| t.take());
+                if let Ok(Some(gradient)) = made {
+                    return Ok(vec![Some(gradient)]);
+                }
+            }
             let g = g.materialize(&[])?;
             let grad = Tensor::for_write(&b, &[n, c], DType::F32)?;
             let kernel = b.compile(&gradient_program(n, c, label_dtype)?)?;
@@ -164,14 +181,25 @@ fn load_label(
 }
 
 /// One thread per row `i` of `x [N, C]`: `lse[i] = max + ln(sum exp(x - max))` and
-/// `loss[i] = lse[i] - x[i, label[i]]`. Buffers `[x, labels, classes, lse, loss]`.
-fn rows_program(c: usize, label_dtype: DType) -> Result<hal::ir::Program> {
-    let mut p = ProgramBuilder::new("cross_entropy_rows");
+/// `loss[i] = lse[i] - x[i, label[i]]`. Buffers `[x, labels, classes, lse, loss]`, and with
+/// `with_gradient` a sixth, `[N, C]`: the gradient for a seed of 1, as [`gradient_program`]
+/// computes it for `g = 1`.
+fn rows_program(
+    n: usize,
+    c: usize,
+    label_dtype: DType,
+    with_gradient: bool,
+) -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new(match with_gradient {
+        true => "cross_entropy_rows_gradient",
+        false => "cross_entropy_rows",
+    });
     let x = p.buffer(DType::F32, Access::Read);
     let labels = p.buffer(label_dtype, Access::Read);
     let classes = p.buffer(DType::F32, Access::Read);
     let lse_out = p.buffer(DType::F32, Access::Write);
     let loss_out = p.buffer(DType::F32, Access::Write);
+    let gradient_out = with_gradient.then(|| p.buffer(DType::F32, Access::Write));
     let i = p.index();
     let cc = p.const_u32(c as u32);
     let base = p.mul(i, cc);
@@ -205,6 +233,23 @@ fn rows_program(c: usize, label_dtype: DType) -> Result<hal::ir::Program> {
     let loss = p.sub(lse, picked);
     p.store(lse_out, i, lse);
     p.store(loss_out, i, loss);
+    if let Some(gradient_out) = gradient_out {
+        // (softmax - onehot) / N, in gradient_program's operations with g = 1 (g / N is
+        // then 1 / N exactly), so both give the same bits.
+        let scale = p.const_f32(1.0 / n as f32);
+        let (one, zero) = (p.const_f32(1.0), p.const_f32(0.0));
+        for (k, &v) in values.iter().enumerate() {
+            let shifted = p.sub(v, lse);
+            let softmax = p.unary(IrUnary::Exp, shifted);
+            let kc = p.const_u32(k as u32);
+            let hit = p.cmp(IrCmp::Eq, kc, label);
+            let onehot = p.select(hit, one, zero);
+            let diff = p.sub(softmax, onehot);
+            let out = p.mul(diff, scale);
+            let at = p.add(base, kc);
+            p.store(gradient_out, at, out);
+        }
+    }
     Ok(p.build()?)
 }
 
