@@ -13,14 +13,56 @@
 use cudarc::driver::{result, sys};
 use hal::{Error, Result};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Process-wide: CUDA invalidates a stream capture under way when any thread of the process
 /// makes a call that synchronizes the device implicitly (`cuMemFree`, `cuModuleUnload`, ...):
 /// one backend dropped while another records fails that recording ("operation failed due to
 /// a previous error during capture"; seen when tests ran side by side). A capture holds this
-/// for reading; those calls take it for writing, so they wait for every capture to end.
-pub(crate) static IMPLICIT_SYNC_GATE: RwLock<()> = RwLock::new(());
+/// for reading ([`capture_gate`]); those calls take it for writing ([`sync_gate`]), so they
+/// wait for every capture to end.
+static IMPLICIT_SYNC_GATE: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// Captures under way on this thread (each holding the gate for reading).
+    static CAPTURES_HERE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Held while a capture runs: [`IMPLICIT_SYNC_GATE`] for reading (once per thread: a second
+/// read lock could wait behind a waiting writer and never return).
+pub(crate) struct CaptureGate {
+    _read: Option<RwLockReadGuard<'static, ()>>,
+}
+
+pub(crate) fn capture_gate() -> CaptureGate {
+    let first = CAPTURES_HERE.with(|c| c.replace(c.get() + 1)) == 0;
+    CaptureGate {
+        _read: first.then(|| IMPLICIT_SYNC_GATE.read().unwrap_or_else(|e| e.into_inner())),
+    }
+}
+
+impl Drop for CaptureGate {
+    fn drop(&mut self) {
+        CAPTURES_HERE.with(|c| c.set(c.get() - 1));
+    }
+}
+
+/// Held around a call that synchronizes the device implicitly: waits for other threads'
+/// captures to end. `None` on a thread that is itself capturing (waiting would never end;
+/// the call spoils that capture, whose end then reports it).
+pub(crate) fn sync_gate(wait: bool) -> Option<RwLockWriteGuard<'static, ()>> {
+    if CAPTURES_HERE.with(|c| c.get()) > 0 {
+        return None;
+    }
+    match wait {
+        true => Some(
+            IMPLICIT_SYNC_GATE
+                .write()
+                .unwrap_or_else(|e| e.into_inner()),
+        ),
+        false => IMPLICIT_SYNC_GATE.try_write().ok(),
+    }
+}
 
 /// Rounds a request to its size class: 512 bytes below 1 MiB, 2 MiB above, so blocks of
 /// nearby sizes are interchangeable and fragmentation stays bounded.
@@ -168,9 +210,9 @@ impl Pool {
 
     /// Returns every cached block to the driver, once queued work that may use them is done.
     fn trim(&self, st: &mut PoolState) {
-        // Not while a capture is under way (this thread's own, when an allocation inside a
-        // recording runs out: waiting would deadlock): the cache stays, the allocation fails.
-        let Ok(_gate) = IMPLICIT_SYNC_GATE.try_write() else {
+        // Not while a capture is under way (here, when an allocation inside a recording runs
+        // out, or on another thread): the cache stays and the allocation fails.
+        let Some(_gate) = sync_gate(false) else {
             return;
         };
         // SAFETY: the stream belongs to the backend and outlives the pool's use of it.
@@ -204,7 +246,25 @@ impl Pool {
 
 #[cfg(test)]
 mod tests {
-    use super::size_class;
+    use super::{capture_gate, size_class, sync_gate};
+
+    #[test]
+    fn implicit_syncs_wait_for_other_threads_captures_only() {
+        let outer = capture_gate();
+        // This thread's own calls never wait on its captures (nested ones included).
+        let inner = capture_gate();
+        assert!(sync_gate(true).is_none());
+        drop(inner);
+        let elsewhere = || {
+            std::thread::spawn(|| sync_gate(false).is_some())
+                .join()
+                .unwrap()
+        };
+        assert!(!elsewhere(), "another thread got past a capture under way");
+        drop(outer);
+        assert!(elsewhere(), "the gate stayed shut after the capture ended");
+        assert!(sync_gate(true).is_some());
+    }
 
     #[test]
     fn size_classes_round_up() {

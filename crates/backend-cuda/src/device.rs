@@ -484,9 +484,7 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         // Unloading the modules would spoil another backend's capture under way.
-        let _gate = crate::alloc::IMPLICIT_SYNC_GATE
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
+        let _gate = crate::alloc::sync_gate(true);
         let _ = self.bind();
         let _ = self.synchronize_stream();
         let handle = *self.cublas.lock().unwrap_or_else(|e| e.into_inner());

@@ -1718,9 +1718,7 @@ impl Backend for CudaBackend {
         }
         let pending_before = self.dev.fault_pending.swap(false, Ordering::AcqRel);
         // No implicit device synchronization from another backend while this captures.
-        let _gate = alloc::IMPLICIT_SYNC_GATE
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
+        let _gate = alloc::capture_gate();
         self.dev.pool.begin_capture();
         self.dev.capturing.store(true, Ordering::Release);
         // SAFETY: the backend's stream; relaxed mode lets other threads use the driver meanwhile.
