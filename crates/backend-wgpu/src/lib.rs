@@ -1366,16 +1366,10 @@ impl WgpuBackend {
         let mut slots = Vec::new();
         if let Some(g) = extras.gate {
             bindings.push((g.output.dtype(), Access::Read));
-            let expr = wgsl::gate_expr(g.activation);
-            slots.push((
-                "a_load",
-                format!(
-                    "fn lda(i: i32) -> f32 {{\n    let g = ld1(i);\n    let y = ld4(i + si(15u));\n    return {expr};\n}}"
-                ),
-            ));
+            slots.push(wgsl::gate_load_slot(g.activation));
         }
         if extras.ones_column {
-            slots.push(("ones_column", "const ONES_COLUMN: bool = true;".to_string()));
+            slots.push(wgsl::ones_column_slot());
         }
         let with_slots = |mut spec: Spec| {
             for (name, text) in &slots {
@@ -1642,11 +1636,8 @@ impl WgpuBackend {
             bindings.push((sums.dtype(), Access::Write));
             buffers.push((sums, true));
             p = p.block(sums_l).scalar(4, partial_cols as u32);
-            spec = spec.slot(
-                "row_sums",
-                "const ROW_SUMS: bool = true;\nfn row_sum(row: u32, v: f32) { st4(off(2u, row), v); }"
-                    .to_string(),
-            );
+            let (name, text) = wgsl::row_sums_slot();
+            spec = spec.slot(name, text);
         }
         let p = p
             .scalar(2, (rows * partial_cols) as u32)

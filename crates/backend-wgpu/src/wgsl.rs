@@ -260,6 +260,34 @@ pub fn gate_expr(op: hal::UnaryOp) -> &'static str {
     }
 }
 
+/// The `a_load` slot of tile.wgsl and gemm_dot_body.wgsl for a product that reads `a`
+/// through a gate: the gate's output in binding 4, each element scalar 15's shift from `a`'s.
+pub fn gate_load_slot(op: hal::UnaryOp) -> (&'static str, String) {
+    let expr = gate_expr(op);
+    (
+        "a_load",
+        format!(
+            "fn lda(i: i32) -> f32 {{\n    let g = ld1(i);\n    let y = ld4(i + si(15u));\n    return {expr};\n}}"
+        ),
+    )
+}
+
+/// The `ones_column` slot of tile.wgsl and gemm_dot_body.wgsl: `b` with a column of ones
+/// after its last, so the product's last column sums `a`'s rows.
+pub fn ones_column_slot() -> (&'static str, String) {
+    ("ones_column", "const ONES_COLUMN: bool = true;".to_string())
+}
+
+/// The `row_sums` slot of gemm_sum.wgsl: the partials' last column stored to binding 4 at
+/// block 2.
+pub fn row_sums_slot() -> (&'static str, String) {
+    (
+        "row_sums",
+        "const ROW_SUMS: bool = true;\nfn row_sum(row: u32, v: f32) { st4(off(2u, row), v); }"
+            .to_string(),
+    )
+}
+
 /// The WGSL expression of a binary op on `a` and `b`.
 pub fn binary_expr(op: hal::BinaryOp) -> &'static str {
     use hal::BinaryOp::*;
@@ -703,6 +731,36 @@ pub fn default_modules() -> Vec<Variant> {
             });
         }
     }
+    // A Linear layer's backward products: the gate in the products' reads, the ones column
+    // of row sums, and the sum pass that stores them.
+    let f32s = |reads: usize, writes: usize| -> Vec<(DType, Access)> {
+        let mut b = vec![(DType::F32, Access::Read); reads];
+        b.extend(vec![(DType::F32, Access::Write); writes]);
+        b
+    };
+    let mut product = f32s(2, 1);
+    product.push((DType::F32, Access::Read));
+    let backward = [gate_load_slot(hal::UnaryOp::Sigmoid), ones_column_slot()];
+    for file in ["gemm.wgsl", "gemm_dot.wgsl", "gemm_dot_subgroups.wgsl"] {
+        out.push(Variant {
+            file,
+            label: "gate and ones column".to_string(),
+            module: compose(file, Some(&product), &backward, Entry::Strided, all),
+            features: all,
+        });
+    }
+    out.push(Variant {
+        file: "gemm_sum.wgsl",
+        label: "row sums".to_string(),
+        module: compose(
+            "gemm_sum.wgsl",
+            Some(&f32s(2, 2)),
+            &[row_sums_slot()],
+            Entry::Strided,
+            all,
+        ),
+        features: all,
+    });
     // The cooperative-matrix product's generated tilings, beside the file's own default.
     use crate::coop::{CoopTiles, gemm_slots, nearest_slots};
     out.push(Variant {
