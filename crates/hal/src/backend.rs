@@ -124,23 +124,6 @@ impl<Buf> Gate<'_, Buf> {
     /// multiplied, so a NaN or infinite gradient where `y <= 0` gives `0`), sigmoid
     /// (`y (1 - y)`) and tanh (`1 - y^2`).
     pub const ACTIVATIONS: [UnaryOp; 3] = [UnaryOp::Relu, UnaryOp::Sigmoid, UnaryOp::Tanh];
-
-    /// `g` through the derivative of `activation` at output `y` (the CPU reference; an
-    /// activation outside [`Gate::ACTIVATIONS`] passes `g` unchanged, validation refuses it).
-    pub fn apply(activation: UnaryOp, y: f32, g: f32) -> f32 {
-        match activation {
-            UnaryOp::Relu => {
-                if y > 0.0 {
-                    g
-                } else {
-                    0.0
-                }
-            }
-            UnaryOp::Sigmoid => y * (1.0 - y) * g,
-            UnaryOp::Tanh => (1.0 - y * y) * g,
-            _ => g,
-        }
-    }
 }
 
 impl<Buf> Clone for Epilogue<'_, Buf> {
