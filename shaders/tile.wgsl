@@ -36,7 +36,7 @@ const BK: u32 = 16u;
 
 // As[k * AS_ROW + r / 4][r % 4] = A[row0 + r, kk + k]; Bs[k * BS_ROW + c / 4][c % 4] =
 // B[kk + k, col0 + c]. Each k's row is padded by one vec4, so that the stores of a warp that
-// stages 16 consecutive k of one row (see `stage`) spread over the banks (at most 2-way
+// stages 16 consecutive k of one row (see `place`) spread over the banks (at most 2-way
 // conflicts) instead of all landing in one.
 const AS_ROW: u32 = BM / 4u + 1u;
 const BS_ROW: u32 = BN / 4u + 1u;
@@ -102,25 +102,19 @@ var<private> na1: vec4<f32>;
 var<private> nb0: vec4<f32>;
 var<private> nb1: vec4<f32>;
 
-// Element e of A's staging: its (row, k) within the block.
-fn a_place(o: Operands, li: u32, e: u32) -> vec2<u32> {
-    if (o.a_col == 1) {
+// Element e of an operand's staging: its (row or column, k) within the block, for an operand
+// whose k is contiguous (`k_contiguous`) or not, `extent` rows (A: BM) or columns (B: BN).
+fn place(k_contiguous: bool, extent: u32, li: u32, e: u32) -> vec2<u32> {
+    if (k_contiguous) {
         let q = li + e * 256u;
         return vec2<u32>(q / BK, q % BK);
     }
     let q = li + (e / 4u) * 256u;
-    return vec2<u32>(q % BM, (q / BM) * 4u + e % 4u);
+    return vec2<u32>(q % extent, (q / extent) * 4u + e % 4u);
 }
 
-// Element e of B's staging: its (column, k) within the block.
-fn b_place(o: Operands, li: u32, e: u32) -> vec2<u32> {
-    if (o.b_row == 1) {
-        let q = li + e * 256u;
-        return vec2<u32>(q / BK, q % BK);
-    }
-    let q = li + (e / 4u) * 256u;
-    return vec2<u32>(q % BN, (q / BN) * 4u + e % 4u);
-}
+fn a_place(o: Operands, li: u32, e: u32) -> vec2<u32> { return place(o.a_col == 1, BM, li, e); }
+fn b_place(o: Operands, li: u32, e: u32) -> vec2<u32> { return place(o.b_row == 1, BN, li, e); }
 
 fn a_fetch(o: Operands, li: u32, row0: u32, kk: u32, e: u32) -> f32 {
     let at = a_place(o, li, e);

@@ -440,22 +440,16 @@ fn fused_epilogues() -> bool {
     *FUSED.get_or_init(|| std::env::var("HAL_WGPU_EPILOGUE").as_deref() != Ok("0"))
 }
 
-/// A product's epilogue as the split product's last pass applies it (gemm_sum.wgsl): the
-/// bias with its layout broadcast to the output's `[rows, cols]`, and the activation.
-#[derive(Clone, Copy)]
-struct SplitEpilogue<'a> {
-    bias: Option<(&'a WgpuBuffer, &'a Layout)>,
-    activation: Option<UnaryOp>,
-}
-
 /// What a split product ([`WgpuBackend::matmul_split_k`]) does besides the product: `a` read
 /// through a gate by its slices, the sums of `a`'s rows as a last column of partials (stored
-/// to this buffer and `[rows]` layout by the sum pass), and the epilogue in the sum pass.
+/// to this buffer and `[rows]` layout by the sum pass), and in the sum pass (gemm_sum.wgsl)
+/// the bias (its layout broadcast to the output's `[rows, cols]`) and the activation.
 #[derive(Clone, Copy, Default)]
 struct SplitFused<'a> {
     gate: Option<GateRead<'a>>,
     row_sums: Option<(&'a WgpuBuffer, &'a Layout)>,
-    epilogue: Option<SplitEpilogue<'a>>,
+    bias: Option<(&'a WgpuBuffer, &'a Layout)>,
+    activation: Option<UnaryOp>,
 }
 
 /// f32 products take the cooperative-matrix kernels only where each packed operand element
@@ -1548,8 +1542,8 @@ impl WgpuBackend {
         )?;
         // The sum pass: one thread an output element (gemm_sum.wgsl), with or without an
         // epilogue. (`reduce` over the slices' axis, the first form, took 10.2 us against
-        // 8.7 for a 256 x 512 output of 8 slices on an H200, under the profiler.)
-        self.split_sum_epilogue(&partial, slices, out.buffer, om, fused)
+        // 8.4 for a 256 x 512 output of 8 slices on an H200, under the profiler.)
+        self.split_sum(&partial, slices, out.buffer, om, fused)
     }
 
     /// [`Backend::matmul_epilogue`] as separate calls through f32 scratch buffers (the
@@ -1592,7 +1586,7 @@ impl WgpuBackend {
     /// The last pass of a split product (gemm_sum.wgsl): the slices of `partial` (`[slices,
     /// rows, cols]`, contiguous, a column more with row sums) summed in order into `out` and
     /// the row sums, any bias added and activation applied on the way to `out`.
-    fn split_sum_epilogue(
+    fn split_sum(
         &self,
         partial: &WgpuBuffer,
         slices: usize,
@@ -1607,17 +1601,13 @@ impl WgpuBackend {
             strides: vec![om.strides[1], om.strides[2]],
             offset: om.offset,
         };
-        let e = fused.epilogue.unwrap_or(SplitEpilogue {
-            bias: None,
-            activation: None,
-        });
         // Without a bias, binding 2 is the partials again and the epilogue reads nothing.
-        let (bias, bias_l, add_bias) = match e.bias {
+        let (bias, bias_l, add_bias) = match fused.bias {
             Some((buffer, layout)) => (buffer, layout, "ld2(off(1u, t))"),
             None => (partial, &out_l, "0.0"),
         };
         let mut p = Params::default().block(&out_l).block(bias_l);
-        let expr = match e.activation {
+        let expr = match fused.activation {
             Some(op) => {
                 p = unary_params(p, op);
                 wgsl::unary_expr(op)
@@ -3760,14 +3750,11 @@ impl Backend for WgpuBackend {
                 offset: l.offset,
             }
         });
-        let with_epilogue = epilogue.bias.is_some() || epilogue.activation.is_some();
         let fused = SplitFused {
             gate,
             row_sums: epilogue.a_row_sums.map(|v| (v.buffer, v.layout)),
-            epilogue: with_epilogue.then_some(SplitEpilogue {
-                bias: epilogue.bias.map(|v| v.buffer).zip(bias.as_ref()),
-                activation: epilogue.activation,
-            }),
+            bias: epilogue.bias.map(|v| v.buffer).zip(bias.as_ref()),
+            activation: epilogue.activation,
         };
         let run =
             || self.matmul_split_k([a, b, out], [&am, &bm, &om], alpha, (slices, tile), fused);

@@ -234,23 +234,33 @@ fn rows_program(
     p.store(lse_out, i, lse);
     p.store(loss_out, i, loss);
     if let Some(gradient_out) = gradient_out {
-        // (softmax - onehot) / N, in gradient_program's operations with g = 1 (g / N is
-        // then 1 / N exactly), so both give the same bits.
+        // gradient_program's formula with g = 1 (g / N is then 1 / N exactly): the same bits.
         let scale = p.const_f32(1.0 / n as f32);
-        let (one, zero) = (p.const_f32(1.0), p.const_f32(0.0));
         for (k, &v) in values.iter().enumerate() {
-            let shifted = p.sub(v, lse);
-            let softmax = p.unary(IrUnary::Exp, shifted);
             let kc = p.const_u32(k as u32);
-            let hit = p.cmp(IrCmp::Eq, kc, label);
-            let onehot = p.select(hit, one, zero);
-            let diff = p.sub(softmax, onehot);
-            let out = p.mul(diff, scale);
+            let out = gradient_element(&mut p, [v, lse], kc, label, scale);
             let at = p.add(base, kc);
             p.store(gradient_out, at, out);
         }
     }
     Ok(p.build()?)
+}
+
+/// `(exp(x - lse) - [k == label]) * scale`: one element of the cross-entropy gradient.
+fn gradient_element(
+    p: &mut ProgramBuilder,
+    [x, lse]: [hal::ir::Value; 2],
+    k: hal::ir::Value,
+    label: hal::ir::Value,
+    scale: hal::ir::Value,
+) -> hal::ir::Value {
+    let shifted = p.sub(x, lse);
+    let softmax = p.unary(IrUnary::Exp, shifted);
+    let hit = p.cmp(IrCmp::Eq, k, label);
+    let (one, zero) = (p.const_f32(1.0), p.const_f32(0.0));
+    let onehot = p.select(hit, one, zero);
+    let diff = p.sub(softmax, onehot);
+    p.mul(diff, scale)
 }
 
 /// One thread per element `(i, k)` of the logits: `(exp(x - lse[i]) - [k == label[i]]) *
@@ -269,18 +279,12 @@ fn gradient_program(n: usize, c: usize, label_dtype: DType) -> Result<hal::ir::P
     let k = p.sub(t, row_start);
     let xv = p.load(x, t);
     let l = p.load(lse, i);
-    let shifted = p.sub(xv, l);
-    let softmax = p.unary(IrUnary::Exp, shifted);
     let label = load_label(&mut p, labels, i, label_dtype);
-    let hit = p.cmp(IrCmp::Eq, k, label);
-    let (one, zero) = (p.const_f32(1.0), p.const_f32(0.0));
-    let onehot = p.select(hit, one, zero);
-    let diff = p.sub(softmax, onehot);
     let first = p.const_u32(0);
     let gv = p.load(g, first);
     let scale = p.const_f32(1.0 / n as f32);
     let gs = p.mul(gv, scale);
-    let out = p.mul(diff, gs);
+    let out = gradient_element(&mut p, [xv, l], k, label, gs);
     p.store(grad, t, out);
     Ok(p.build()?)
 }
