@@ -2,7 +2,9 @@
 // long sums), where a 128 x 128 tile would leave most of the GPU idle: each output is one
 // dot product, summed by 32 threads (thread `lane` takes k = first + lane, + 32, ...) and
 // combined; a workgroup of 256 threads computes 8 outputs. Coalesced when A's and B's k
-// strides are 1, which is when the backend picks it. This file combines the 32 partials with
+// strides are 1, which is when the backend picks it for long products; small thin ones it
+// also runs here with other strides, whole, epilogue and all (gemm_dot_body.wgsl's
+// `dot_epilogue` slot). This file combines the 32 partials with
 // a tree in workgroup memory; gemm_dot_subgroups.wgsl does it with subgroup shuffles.
 // Same parameters as gemm.wgsl; scalar 6: the number of outputs (batch x m x n).
 

@@ -19,6 +19,17 @@ fn lda(i: i32) -> f32 { return ld1(i); }
 const ONES_COLUMN: bool = false;
 // @end
 
+// What a product run whole here does to each output after alpha and beta (the backend's
+// `dot_epilogue` slot): a matmul epilogue's bias and activation at (row, column), and with
+// ROW_SUMS_APART (B has a column of ones) the store of that last column, the row sums times
+// alpha, apart from the output. A split product's slices write the column of ones with their
+// partials and leave all this to its sum pass (gemm_sum.wgsl).
+// @slot dot_epilogue
+const ROW_SUMS_APART: bool = false;
+fn epilogue(x: f32, row: u32, col: u32) -> f32 { return x; }
+fn row_sum(row: u32, v: f32) {}
+// @end
+
 var<workgroup> RED: array<f32, 256>;
 
 // Output `o` (batch, row, column) of the batched product, row-major over (batch, m, n).
@@ -57,8 +68,12 @@ fn dot_partial(o: u32, lane: u32) -> f32 {
 fn write_out(o: u32, sum: f32) {
     if (o >= s(6u)) { return; }
     let at = output_at(o);
+    if (ROW_SUMS_APART && at.z + 1u == s(1u)) {
+        row_sum(at.y, sf(4u) * sum);
+        return;
+    }
     let i = off(2u, at.x) + i32(at.y) * si(13u) + i32(at.z) * si(14u);
     var x = sf(4u) * sum;
     if (sf(5u) != 0.0) { x = x + sf(5u) * ld3(i); }
-    st3(i, x);
+    st3(i, epilogue(x, at.y, at.z));
 }

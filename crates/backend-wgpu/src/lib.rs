@@ -375,34 +375,93 @@ const SMALL_PRODUCT_TILES: usize = 256;
 /// all of one length (a divisor of `k`). A small CNN's weight gradient, 64 x 288 outputs over
 /// k = 50176 (256 images of 14 x 14), is 5 tiles: one workgroup a multiprocessor on a few.
 fn k_slices(k: usize, tiles: usize) -> usize {
-    let wanted = SMALL_PRODUCT_TILES.div_ceil(tiles.max(1));
-    (2..=wanted.min(k / MIN_SLICE_K))
+    let wanted = split_groups().div_ceil(tiles.max(1));
+    (2..=wanted.min(k / min_slice_k()))
         .rev()
         .find(|s| k % s == 0)
         .unwrap_or(1)
 }
 
-/// See [`k_slices`].
-const MIN_SLICE_K: usize = 64;
+/// See [`k_slices`]. Measured on an H200 (recorded training steps, `bench --suite train`,
+/// with `HAL_WGPU_MIN_SLICE_K` and `HAL_WGPU_SPLIT_GROUPS`): 128 against 64 took the MLP step
+/// from 0.209 to 0.185 ms (its 256 x 512 products over k = 512 and 784 in 4 slices, not 8;
+/// its 512-row weight gradients over k = 256 in 2, not 4) and the CNN step from 0.93 to 0.91;
+/// 256 took the MLP to 0.24 ms. Aiming for 128 or 192 workgroups instead of 256 slowed the CNN.
+const MIN_SLICE_K: usize = 128;
 
-/// The tile of a product and into how many slices of k it splits (1: none): products with
-/// thin outputs (dot products), with beta (the sum pass overwrites), batched ones and, under
-/// `HAL_WGPU_GEMM=tile`, every product stay whole.
-fn gemm_route(am: &validate::MatrixView, om: &validate::MatrixView, beta: f32) -> GemmRoute {
+/// The workgroups a split product aims for: [`SMALL_PRODUCT_TILES`], or `HAL_WGPU_SPLIT_GROUPS`
+/// (a tuning knob, at least 1).
+fn split_groups() -> usize {
+    static GROUPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    knob(&GROUPS, "HAL_WGPU_SPLIT_GROUPS", SMALL_PRODUCT_TILES)
+}
+
+/// [`MIN_SLICE_K`], or `HAL_WGPU_MIN_SLICE_K` (a tuning knob, at least 1).
+fn min_slice_k() -> usize {
+    static K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    knob(&K, "HAL_WGPU_MIN_SLICE_K", MIN_SLICE_K)
+}
+
+/// A tuning knob: the environment variable `var` as a number (at least 1), else `default`;
+/// read once, into `cell`.
+fn knob(cell: &'static std::sync::OnceLock<usize>, var: &str, default: usize) -> usize {
+    *cell.get_or_init(|| {
+        std::env::var(var)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(default, |n| n.max(1))
+    })
+}
+
+/// The tile of a product, into how many slices of k it splits (1: none) and whether it runs
+/// whole as dot products: products with thin outputs, small thin ones ([`whole_dot`]), with
+/// beta (the sum pass overwrites), batched ones and, under `HAL_WGPU_GEMM=tile`, every product
+/// stay whole. Dot products where the output is thin or covers fewer than
+/// [`DOT_BELOW_TILES`] tiles, k is at least [`DOT_FROM_K`] and the k strides are 1, or where
+/// [`whole_dot`] holds.
+fn gemm_route(
+    am: &validate::MatrixView,
+    bm: &validate::MatrixView,
+    om: &validate::MatrixView,
+    beta: f32,
+) -> GemmRoute {
     let tile = gemm_tile(om.rows, om.cols, om.batch);
     let tiles = om.rows.div_ceil(tile.rows) * om.cols.div_ceil(tile.cols) * om.batch;
     let thin = om.rows.min(om.cols) <= DOT_THIN;
-    let slices = match thin || beta != 0.0 || om.batch != 1 || tile_only() {
+    let small = whole_dot(am, om);
+    let slices = match thin || small || beta != 0.0 || om.batch != 1 || tile_only() {
         true => 1,
         false => k_slices(am.cols, tiles),
     };
-    GemmRoute {
-        tile,
-        tiles,
-        thin,
-        slices,
-    }
+    let dot = slices == 1
+        && !tile_only()
+        && (small
+            || ((thin || tiles < DOT_BELOW_TILES)
+                && am.cols >= DOT_FROM_K
+                && unit_k_strides(am, bm)));
+    GemmRoute { tile, slices, dot }
 }
+
+/// Whether a product runs whole as dot products, whatever its k strides: an output of at most
+/// [`SPLIT_DOT_THIN`] rows or columns and [`WHOLE_DOT_OUTPUTS`] elements over k from
+/// [`DOT_FROM_K`] to [`WHOLE_DOT_K`] (an MLP's last layer: its 256 x 10 forward product over
+/// k = 512 and its 10 x 512 weight gradient over k = 256). Split, each took two launches (the
+/// slices, then the sum pass); whole, the dot kernel also applies a fused epilogue, so such a
+/// layer's forward pass or weight and bias gradient is one launch. Off under
+/// `HAL_WGPU_WHOLE_DOT=0` (a knob for comparisons).
+fn whole_dot(am: &validate::MatrixView, om: &validate::MatrixView) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("HAL_WGPU_WHOLE_DOT").as_deref() != Ok("0"));
+    on && om.rows.min(om.cols) <= SPLIT_DOT_THIN
+        && om.batch * om.rows * om.cols <= WHOLE_DOT_OUTPUTS
+        && (DOT_FROM_K..=WHOLE_DOT_K).contains(&am.cols)
+}
+
+/// See [`whole_dot`]: each of an output's 32 threads then reads at most 32 elements of each
+/// operand, and strided reads (a weight gradient's k runs down both operands' columns) touch
+/// at most a few hundred kilobytes.
+const WHOLE_DOT_K: usize = 1024;
+const WHOLE_DOT_OUTPUTS: usize = 16384;
 
 /// The name profiles file a product's dispatches under: its shape.
 fn gemm_label(am: &validate::MatrixView, om: &validate::MatrixView) -> String {
@@ -415,11 +474,17 @@ fn gemm_label(am: &validate::MatrixView, om: &validate::MatrixView) -> String {
 /// See [`gemm_route`].
 struct GemmRoute {
     tile: TileShape,
-    /// Output tiles of `tile` over the whole batch.
-    tiles: usize,
-    /// At most [`DOT_THIN`] rows or columns.
-    thin: bool,
     slices: usize,
+    /// One dot product per output (gemm_dot.wgsl), never split.
+    dot: bool,
+}
+
+/// Whether `op` reads parameters ([`unary_params`]).
+fn takes_params(op: UnaryOp) -> bool {
+    matches!(
+        op,
+        UnaryOp::LeakyRelu { .. } | UnaryOp::Affine { .. } | UnaryOp::Clamp { .. }
+    )
 }
 
 /// `p` with `op`'s parameters in scalars 0 and 1, where [`wgsl::unary_expr`] reads them
@@ -440,16 +505,26 @@ fn fused_epilogues() -> bool {
     *FUSED.get_or_init(|| std::env::var("HAL_WGPU_EPILOGUE").as_deref() != Ok("0"))
 }
 
-/// What a split product ([`WgpuBackend::matmul_split_k`]) does besides the product: `a` read
-/// through a gate by its slices, the sums of `a`'s rows as a last column of partials (stored
-/// to this buffer and `[rows]` layout by the sum pass), and in the sum pass (gemm_sum.wgsl)
-/// the bias (its layout broadcast to the output's `[rows, cols]`) and the activation.
+/// What a product does besides the product (a [`hal::Epilogue`] as the kernels take it): `a`
+/// read through a gate, the sums of `a`'s rows (a column of ones after `b`'s last, stored to
+/// this buffer and `[rows]` layout), the bias (its layout broadcast to the output's `[rows,
+/// cols]`) and the activation. A split product ([`WgpuBackend::matmul_split_k`]) reads the
+/// gate and makes the row sums in its slices and does the rest in its sum pass
+/// (gemm_sum.wgsl); a whole dot product does all of it in its one launch; the tile kernel
+/// takes the gate alone.
 #[derive(Clone, Copy, Default)]
-struct SplitFused<'a> {
+struct Fused<'a> {
     gate: Option<GateRead<'a>>,
     row_sums: Option<(&'a WgpuBuffer, &'a Layout)>,
     bias: Option<(&'a WgpuBuffer, &'a Layout)>,
     activation: Option<UnaryOp>,
+}
+
+impl Fused<'_> {
+    /// Whether anything besides the gate is asked for: what the tile kernel cannot do.
+    fn finishes(&self) -> bool {
+        self.bias.is_some() || self.activation.is_some() || self.row_sums.is_some()
+    }
 }
 
 /// f32 products take the cooperative-matrix kernels only where each packed operand element
@@ -570,10 +645,12 @@ struct ProductExtras<'a> {
     /// The f32 fallback of a cooperative-matrix product: it writes only if that product's
     /// range check failed.
     fallback_of: Option<Guard>,
-    /// `a` read through a gate (the `a_load` slot of tile.wgsl and gemm_dot_body.wgsl).
-    gate: Option<GateRead<'a>>,
+    /// `a` read through a gate (the `a_load` slot of tile.wgsl and gemm_dot_body.wgsl), and
+    /// for the dot kernel alone the rest of the epilogue (its `dot_epilogue` slot).
+    fused: Fused<'a>,
     /// `b` read with a column of ones after its last (the `ones_column` slot): the output's
-    /// last column, one more than `b` has, sums the rows of (the gated) `a`.
+    /// last column, one more than `b` has, sums the rows of (the gated) `a` (stored apart
+    /// where `fused` has row sums).
     ones_column: bool,
 }
 
@@ -612,16 +689,24 @@ const BATCH_COMMANDS: usize = 32;
 /// The batch size in use: [`BATCH_COMMANDS`], or `HAL_WGPU_BATCH` (a tuning knob, at least 1).
 fn batch_commands() -> usize {
     static BATCH: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BATCH.get_or_init(|| {
-        std::env::var("HAL_WGPU_BATCH")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or(BATCH_COMMANDS, |n| n.max(1))
-    })
+    knob(&BATCH, "HAL_WGPU_BATCH", BATCH_COMMANDS)
+}
+
+/// After a wait for the device, the first batch goes to the queue once it holds this many
+/// commands, and each next batch may hold twice as many as the last, up to
+/// [`batch_commands`]: an idle GPU then starts on the first commands while the host encodes
+/// the rest, instead of waiting for a whole batch (a recorded MLP training step is 21
+/// dispatches, which the host encodes in about 0.13 ms on an H200 machine).
+const FIRST_BATCH: usize = 2;
+
+/// [`FIRST_BATCH`], or `HAL_WGPU_FIRST_BATCH` (a tuning knob, at least 1).
+fn first_batch() -> usize {
+    static FIRST: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    knob(&FIRST, "HAL_WGPU_FIRST_BATCH", FIRST_BATCH)
 }
 
 /// The command encoder that dispatches and copies are appended to, submitted when it holds
-/// [`BATCH_COMMANDS`] commands and before anything that must see their effects or must not be
+/// its limit of commands (see [`FIRST_BATCH`]) and before anything that must see their effects or must not be
 /// overtaken by them: a wait, a read, a queue write (`write_buffer` lands before the next
 /// submission's commands, so the batch goes first), a dispatch reading the shared parameter
 /// buffer. Work therefore still runs in the order it was asked for. Consecutive dispatches
@@ -633,11 +718,33 @@ struct Batch {
     pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     commands: usize,
+    /// The size at which this batch is submitted; 0 after a wait (then [`first_batch`]).
+    limit: usize,
     /// A recording under way ([`capture`]): dispatches, copies and clears go here instead.
     capture: Option<capture::Capture>,
 }
 
 impl Batch {
+    /// Whether the batch is due for submission.
+    fn full(&self) -> bool {
+        let limit = if self.limit == 0 {
+            first_batch()
+        } else {
+            self.limit
+        };
+        self.commands >= limit.min(batch_commands())
+    }
+
+    /// After a submission: the next batch may be twice as large.
+    fn grow(&mut self) {
+        let limit = if self.limit == 0 {
+            first_batch()
+        } else {
+            self.limit
+        };
+        self.limit = (2 * limit).min(batch_commands());
+    }
+
     /// The open encoder (a new one if there is none). Its compute pass, if open, must have
     /// been closed before the encoder records anything else.
     fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
@@ -1335,20 +1442,32 @@ impl WgpuBackend {
 
     /// The matrix product on the shader cores (f32 arithmetic): the dot-product kernel when
     /// `dot`, else the shared-memory kernel with `tile` ([`gemm_tile`]), doing the `extras`
-    /// as it goes. With a ones column, `om` has one column more than `bm`.
-    fn matmul_f32(
-        &self,
-        [a, b, out]: [V<'_>; 3],
+    /// as it goes (beyond a gate, an epilogue only in the dot kernel; beta 0 with one). With
+    /// a ones column, `om` has one column more than `bm`.
+    fn matmul_f32<'a>(
+        &'a self,
+        [a, b, out]: [V<'a>; 3],
         [am, bm, om]: [&validate::MatrixView; 3],
         alpha: f32,
         beta: f32,
         (dot, tile): (bool, TileShape),
-        extras: ProductExtras<'_>,
+        extras: ProductExtras<'a>,
     ) -> Result<()> {
         let fallback_of = extras.fallback_of;
+        let Fused {
+            gate,
+            row_sums,
+            bias,
+            activation,
+        } = extras.fused;
         debug_assert!(
-            fallback_of.is_none() || extras.gate.is_none(),
+            fallback_of.is_none() || gate.is_none(),
             "a cooperative-matrix fallback reads no gate (both use scalars past 8)"
+        );
+        let finishes = extras.fused.finishes();
+        debug_assert!(
+            !finishes || (dot && beta == 0.0 && om.batch == 1),
+            "only the dot kernel applies an epilogue, to one product with beta 0"
         );
         let batch = |mv: &validate::MatrixView| Layout {
             shape: vec![om.batch],
@@ -1358,12 +1477,38 @@ impl WgpuBackend {
         let mut bindings = wgsl::io(&[a.dtype(), b.dtype()], out.dtype());
         // The extras' slots, which both kernels' files take.
         let mut slots = Vec::new();
-        if let Some(g) = extras.gate {
+        let mut buffers = vec![(a.buffer, false), (b.buffer, false), (out.buffer, true)];
+        if let Some(g) = gate {
             bindings.push((g.output.dtype(), Access::Read));
+            buffers.push((g.output, false));
             slots.push(wgsl::gate_load_slot(g.activation));
         }
         if extras.ones_column {
             slots.push(wgsl::ones_column_slot());
+        }
+        // The epilogue's buffers follow (bindings 4 on), its layouts blocks 3 and 4.
+        let mut finish_blocks = Vec::new();
+        if finishes {
+            let mut next_binding = |buffer: &'a WgpuBuffer, access: Access| {
+                bindings.push((buffer.dtype(), access));
+                buffers.push((buffer, access == Access::Write));
+                bindings.len()
+            };
+            let bias_at = bias.map(|(buffer, l)| {
+                finish_blocks.push(l.clone());
+                next_binding(buffer, Access::Read)
+            });
+            let sums_at = row_sums.map(|(buffer, l)| {
+                // `[rows]` or `[1, rows]` (one matrix): its last axis.
+                let r = l.rank();
+                finish_blocks.push(Layout {
+                    shape: vec![l.shape[r - 1]],
+                    strides: vec![l.strides[r - 1]],
+                    offset: l.offset,
+                });
+                next_binding(buffer, Access::Write)
+            });
+            slots.push(wgsl::dot_epilogue_slot(bias_at, activation, sums_at));
         }
         let with_slots = |mut spec: Spec| {
             for (name, text) in &slots {
@@ -1428,18 +1573,22 @@ impl WgpuBackend {
                 .scalar(11, i32s(bm.strides[2]))
                 .scalar(13, i32s(om.strides[1]))
                 .scalar(14, i32s(om.strides[2]));
-            let mut buffers = vec![(a.buffer, false), (b.buffer, false), (out.buffer, true)];
-            let p = match (fallback_of, extras.gate) {
-                (Some(g), _) => {
-                    buffers.push((&self.0.verdicts, false));
-                    p.scalar(9, g.word).scalar(12, g.serial)
-                }
-                (None, Some(g)) => {
-                    buffers.push((g.output, false));
-                    p.scalar(15, g.shift as u32)
-                }
+            let mut p = match (fallback_of, gate) {
+                (Some(g), _) => p.scalar(9, g.word).scalar(12, g.serial),
+                (None, Some(g)) => p.scalar(15, g.shift as u32),
                 (None, None) => p,
             };
+            for l in &finish_blocks {
+                p = p.block(l);
+            }
+            let mut buffers = buffers.clone();
+            if fallback_of.is_some() {
+                buffers.push((&self.0.verdicts, false));
+            }
+            debug_assert!(
+                !finishes || k1 >= k,
+                "an epilogue applies once, to the whole sum"
+            );
             self.dispatch_groups(&pipeline, &p, &buffers, groups)?;
             if k1 >= k {
                 return Ok(());
@@ -1448,46 +1597,49 @@ impl WgpuBackend {
         }
     }
 
-    /// The product routed to a kernel: split k for long products over few tiles, the
-    /// cooperative-matrix kernel where it applies (never with a gate), else the f32 tile or
-    /// dot-product kernel; with `gate`, `a` is read through it.
+    /// The product routed to a kernel ([`gemm_route`]): split k for long products over few
+    /// tiles, the cooperative-matrix kernel where it applies (never with a gate), else the f32
+    /// tile or dot-product kernel, doing what `fused` asks as it goes (more than a gate only
+    /// where `matmul_epilogue` allows it). `om` is the product's own output, without a column
+    /// for row sums.
     fn matmul_routed(
         &self,
         [a, b, out]: [V<'_>; 3],
         [am, bm, om]: [&validate::MatrixView; 3],
         alpha: f32,
         beta: f32,
-        gate: Option<GateRead<'_>>,
+        fused: Fused<'_>,
     ) -> Result<()> {
-        let GemmRoute {
-            tile,
-            tiles,
-            thin,
-            slices,
-        } = gemm_route(am, om, beta);
-        let dot = slices == 1
-            && (thin || tiles < DOT_BELOW_TILES)
-            && am.cols >= DOT_FROM_K
-            && unit_k_strides(am, bm)
-            && !tile_only();
+        let GemmRoute { tile, slices, dot } = gemm_route(am, bm, om, beta);
         // Long products over few tiles go to the split tile kernel even under
         // Precision::Fast: the cooperative-matrix kernel does not split k, and on an H200 it
         // took 1.4 ms per product on a small CNN's weight gradients (k up to 200704).
         if slices > 1 {
-            let fused = SplitFused {
-                gate,
-                ..Default::default()
-            };
             return self.matmul_split_k([a, b, out], [am, bm, om], alpha, (slices, tile), fused);
         }
-        if gate.is_none() && !dot && self.matmul_coop([a, b, out], [am, bm, om], alpha, beta)? {
+        let plain = fused.gate.is_none() && !fused.finishes();
+        if plain && !dot && self.matmul_coop([a, b, out], [am, bm, om], alpha, beta)? {
             return Ok(());
         }
+        // Row sums are the output's column past its last (the kernels' column of ones).
+        let ones_column = fused.row_sums.is_some();
+        let with_sums = validate::MatrixView {
+            cols: om.cols + usize::from(ones_column),
+            ..*om
+        };
         let extras = ProductExtras {
-            gate,
+            fused,
+            ones_column,
             ..Default::default()
         };
-        self.matmul_f32([a, b, out], [am, bm, om], alpha, beta, (dot, tile), extras)
+        self.matmul_f32(
+            [a, b, out],
+            [am, bm, &with_sums],
+            alpha,
+            beta,
+            (dot, tile),
+            extras,
+        )
     }
 
     /// A product of one `rows x cols` output over a long `k` as `slices` products over
@@ -1502,7 +1654,7 @@ impl WgpuBackend {
         [am, bm, om]: [&validate::MatrixView; 3],
         alpha: f32,
         (slices, tile): (usize, TileShape),
-        fused: SplitFused<'_>,
+        fused: Fused<'_>,
     ) -> Result<()> {
         let ks = am.cols / slices;
         let (rows, cols) = (om.rows, om.cols);
@@ -1529,7 +1681,10 @@ impl WgpuBackend {
         let dot = rows.min(cols) <= SPLIT_DOT_THIN && unit_k_strides(am, bm);
         let extras = ProductExtras {
             fallback_of: None,
-            gate: fused.gate,
+            fused: Fused {
+                gate: fused.gate,
+                ..Default::default()
+            },
             ones_column: fused.row_sums.is_some(),
         };
         self.matmul_f32(
@@ -1592,7 +1747,7 @@ impl WgpuBackend {
         slices: usize,
         out: &WgpuBuffer,
         om: &validate::MatrixView,
-        fused: SplitFused<'_>,
+        fused: Fused<'_>,
     ) -> Result<()> {
         let (rows, cols) = (om.rows, om.cols);
         let partial_cols = cols + usize::from(fused.row_sums.is_some());
@@ -1997,6 +2152,7 @@ impl WgpuBackend {
         batch.pass = None;
         if let Some(encoder) = batch.encoder.take() {
             batch.commands = 0;
+            batch.grow();
             self.0.queue.submit([encoder.finish()]);
         }
     }
@@ -2120,7 +2276,7 @@ impl WgpuBackend {
         batch.pass = None;
         command(batch.encoder(&self.0.device));
         batch.commands += 1;
-        if batch.commands >= batch_commands() {
+        if batch.full() {
             self.submit_batch(batch);
         }
     }
@@ -2623,7 +2779,7 @@ impl WgpuBackend {
             batch.pass = None;
         }
         batch.commands += 1;
-        if batch.commands >= batch_commands() {
+        if batch.full() {
             self.submit_batch(batch);
         }
     }
@@ -2777,6 +2933,7 @@ impl WgpuBackend {
             .device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(backend_error)?;
+        self.lock_batch().limit = 0;
         rx.recv().map_err(backend_error)?.map_err(backend_error)?;
         let bytes = slice.get_mapped_range().map_err(backend_error)?.to_vec();
         staging.unmap();
@@ -3380,6 +3537,8 @@ impl Backend for WgpuBackend {
             }
             std::hint::spin_loop();
         }
+        // The device is idle: the next commands go out in a small batch.
+        self.lock_batch().limit = 0;
         self.read_profile()?;
         self.check_deferred()
     }
@@ -3702,7 +3861,7 @@ impl Backend for WgpuBackend {
         }
         self.labelled(
             || gemm_label(&am, &om),
-            || self.matmul_routed([a, b, out], [&am, &bm, &om], alpha, beta, None),
+            || self.matmul_routed([a, b, out], [&am, &bm, &om], alpha, beta, Fused::default()),
         )
     }
 
@@ -3716,7 +3875,7 @@ impl Backend for WgpuBackend {
         epilogue: Epilogue<'_, WgpuBuffer>,
     ) -> Result<()> {
         let ([am, bm, om], bias) = validate::matmul_epilogue([a, b, out], &epilogue)?;
-        let GemmRoute { tile, slices, .. } = gemm_route(&am, &om, beta);
+        let GemmRoute { slices, dot, .. } = gemm_route(&am, &bm, &om, beta);
         // A gate fuses where its output has a's strides (the kernels read both at one index).
         let gate = epilogue.a_gate.map(|g| GateRead::of(g, &am));
         let gate_fuses = gate.is_none_or(|g| g.is_some());
@@ -3725,23 +3884,8 @@ impl Backend for WgpuBackend {
         if empty || !gate_fuses || !fused_epilogues() {
             return self.matmul_epilogue_unfused([a, b, out], alpha, beta, epilogue);
         }
-        let label = || gemm_label(&am, &om);
-        if slices == 1 {
-            // A product it does not split takes a gate alone (its kernels read `a` through
-            // it); the rest runs as separate calls.
-            let gate_alone = epilogue.bias.is_none()
-                && epilogue.activation.is_none()
-                && epilogue.a_row_sums.is_none();
-            if gate.is_some() && gate_alone {
-                let run = || self.matmul_routed([a, b, out], [&am, &bm, &om], alpha, beta, gate);
-                return self.labelled(label, run);
-            }
-            return self.matmul_epilogue_unfused([a, b, out], alpha, beta, epilogue);
-        }
-        // Fused where the product is split over k: its slices read `a` through the gate and
-        // sum its rows; its sum pass applies the bias and activation (a Linear layer's
-        // forward and backward products in a training step).
-        // A rank-3 output has batch 1 here: the bias as the output's [rows, cols].
+        // A rank-3 output has batch 1 where the rest fuses: the bias as the output's [rows,
+        // cols].
         let bias = bias.map(|l| {
             let r = l.rank();
             Layout {
@@ -3750,15 +3894,34 @@ impl Backend for WgpuBackend {
                 offset: l.offset,
             }
         });
-        let fused = SplitFused {
+        let fused = Fused {
             gate,
             row_sums: epilogue.a_row_sums.map(|v| (v.buffer, v.layout)),
             bias: epilogue.bias.map(|v| v.buffer).zip(bias.as_ref()),
             activation: epilogue.activation,
         };
-        let run =
-            || self.matmul_split_k([a, b, out], [&am, &bm, &om], alpha, (slices, tile), fused);
-        self.labelled(label, run)
+        // Everything fuses where the product is split over k (its slices read `a` through
+        // the gate and sum its rows, its sum pass adds the bias and applies the activation:
+        // a Linear layer's forward and backward products in a training step) or runs whole
+        // as dot products (an activation without parameters: the kernel's scalars 0 and 1
+        // are taken). Other products take a gate alone (their kernels read `a` through it);
+        // the rest runs as separate calls.
+        let fuses = match (slices > 1, dot) {
+            (true, _) => true,
+            (false, true) => {
+                beta == 0.0
+                    && om.batch == 1
+                    && epilogue.activation.is_none_or(|op| !takes_params(op))
+            }
+            (false, false) => fused.gate.is_some() && !fused.finishes(),
+        };
+        if !fuses {
+            return self.matmul_epilogue_unfused([a, b, out], alpha, beta, epilogue);
+        }
+        self.labelled(
+            || gemm_label(&am, &om),
+            || self.matmul_routed([a, b, out], [&am, &bm, &om], alpha, beta, fused),
+        )
     }
 
     fn spmv_csr(
@@ -4259,10 +4422,57 @@ mod tests {
             "{s}"
         );
         // Slices stay at least MIN_SLICE_K long; a prime k does not split.
-        assert_eq!(k_slices(256, 32), 4);
+        assert_eq!(k_slices(512, 32), 4);
+        assert_eq!(k_slices(256, 32), 2);
         assert_eq!(k_slices(127, 1), 1);
         assert_eq!(k_slices(4099, 1), 1);
         // Enough tiles already: no split.
         assert_eq!(k_slices(4096, SMALL_PRODUCT_TILES), 1);
+    }
+
+    fn view(rows: usize, cols: usize, strides: [isize; 2]) -> validate::MatrixView {
+        validate::MatrixView {
+            batch: 1,
+            rows,
+            cols,
+            strides: [0, strides[0], strides[1]],
+            offset: 0,
+        }
+    }
+
+    #[test]
+    fn small_thin_products_run_whole_as_dot_products() {
+        // An MLP's last layer: the forward product (x [256, 512] times the [10, 512] weight
+        // transposed) and the weight gradient (g^T [10, 256] times x [256, 512]), whose k
+        // runs down both operands' columns.
+        let forward = gemm_route(
+            &view(256, 512, [512, 1]),
+            &view(512, 10, [1, 512]),
+            &view(256, 10, [10, 1]),
+            0.0,
+        );
+        assert!(forward.dot && forward.slices == 1);
+        let weight = gemm_route(
+            &view(10, 256, [1, 10]),
+            &view(256, 512, [512, 1]),
+            &view(10, 512, [512, 1]),
+            0.0,
+        );
+        assert!(weight.dot && weight.slices == 1);
+        // Too long a k, or too wide an output: split, in tiles.
+        let long = gemm_route(
+            &view(10, 4096, [1, 10]),
+            &view(4096, 512, [512, 1]),
+            &view(10, 512, [512, 1]),
+            0.0,
+        );
+        assert!(!long.dot && long.slices > 1);
+        let wide = gemm_route(
+            &view(256, 512, [512, 1]),
+            &view(512, 512, [1, 512]),
+            &view(256, 512, [512, 1]),
+            0.0,
+        );
+        assert!(!wide.dot && wide.slices == 4);
     }
 }

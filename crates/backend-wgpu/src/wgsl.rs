@@ -288,6 +288,37 @@ pub fn row_sums_slot() -> (&'static str, String) {
     )
 }
 
+/// The `dot_epilogue` slot of gemm_dot_body.wgsl, for a product the dot kernel runs whole:
+/// the bias from binding `bias` at layout block 3 (the bias broadcast to the output's `[rows,
+/// cols]`), then `activation` (one without parameters: gemm's scalars 0 and 1 hold m and n),
+/// and the row sums of a column of ones stored to binding `row_sums` at the next block.
+pub fn dot_epilogue_slot(
+    bias: Option<usize>,
+    activation: Option<hal::UnaryOp>,
+    row_sums: Option<usize>,
+) -> (&'static str, String) {
+    let mut text = format!(
+        "const ROW_SUMS_APART: bool = {};\nfn epilogue(x: f32, row: u32, col: u32) -> f32 {{\n    var v = x;\n",
+        row_sums.is_some()
+    );
+    if let Some(b) = bias {
+        text += &format!(
+            "    v = v + ld{b}(block_offset(3u) + i32(row) * block_stride(3u, 0u) + i32(col) * block_stride(3u, 1u));\n"
+        );
+    }
+    text += &format!("    return {};\n}}\n", activation.map_or("v", unary_expr));
+    text += &match row_sums {
+        Some(r) => {
+            let k = 3 + usize::from(bias.is_some());
+            format!(
+                "fn row_sum(row: u32, v: f32) {{ st{r}(block_offset({k}u) + i32(row) * block_stride({k}u, 0u), v); }}\n"
+            )
+        }
+        None => "fn row_sum(row: u32, v: f32) {}\n".to_string(),
+    };
+    ("dot_epilogue", text)
+}
+
 /// The WGSL expression of a binary op on `a` and `b`.
 pub fn binary_expr(op: hal::BinaryOp) -> &'static str {
     use hal::BinaryOp::*;
@@ -746,6 +777,21 @@ pub fn default_modules() -> Vec<Variant> {
             file,
             label: "gate and ones column".to_string(),
             module: compose(file, Some(&product), &backward, Entry::Strided, all),
+            features: all,
+        });
+    }
+    // A small product run whole by the dot kernels: gate, bias (binding 5), activation and
+    // row sums (binding 6) in one launch.
+    let mut whole = product.clone();
+    whole.push((DType::F32, Access::Read));
+    whole.push((DType::F32, Access::Write));
+    let finish = dot_epilogue_slot(Some(5), Some(hal::UnaryOp::Tanh), Some(6));
+    for file in ["gemm_dot.wgsl", "gemm_dot_subgroups.wgsl"] {
+        let slots = [backward[0].clone(), backward[1].clone(), finish.clone()];
+        out.push(Variant {
+            file,
+            label: "whole, with an epilogue and row sums".to_string(),
+            module: compose(file, Some(&whole), &slots, Entry::Strided, all),
             features: all,
         });
     }

@@ -61,7 +61,7 @@ pub struct Capabilities {
     pub compensated_precision: bool,
     /// [`Backend::matmul_epilogue`](crate::Backend::matmul_epilogue) applies
     /// [`Epilogue::a_gate`](crate::Epilogue::a_gate) as its kernel reads `a` (and, for
-    /// products it splits over k, makes [`Epilogue::a_row_sums`](crate::Epilogue::a_row_sums)
+    /// products of some shapes, makes [`Epilogue::a_row_sums`](crate::Epilogue::a_row_sums)
     /// in the same pass), so a caller with one gated operand for two products does better
     /// passing the gate to each than making the gated operand once (which the default, and a
     /// backend without this, does per call).
