@@ -695,9 +695,13 @@ fn batch_commands() -> usize {
 /// After a wait for the device, the first batch goes to the queue once it holds this many
 /// commands, and each next batch may hold twice as many as the last, up to
 /// [`batch_commands`]: an idle GPU then starts on the first commands while the host encodes
-/// the rest, instead of waiting for a whole batch (a recorded MLP training step is 21
-/// dispatches, which the host encodes in about 0.13 ms on an H200 machine).
-const FIRST_BATCH: usize = 2;
+/// the rest, instead of waiting for a whole batch (a recorded MLP training step is 19
+/// dispatches, which the host encodes in about 0.13 ms). Measured on an H200 (`bench --suite
+/// train` with `HAL_WGPU_FIRST_BATCH`, three runs each): 8 took the recorded MLP step to
+/// 0.183-0.184 ms, against 0.186-0.188 for 2 and 0.187-0.201 for 32 (no ramp); 2 made single
+/// short calls waited for slower (`bench --suite vlc`'s "each alone and waited for": 0.10 ->
+/// 0.16-0.19 ms for the assignment), which 8 leaves alone.
+const FIRST_BATCH: usize = 8;
 
 /// [`FIRST_BATCH`], or `HAL_WGPU_FIRST_BATCH` (a tuning knob, at least 1).
 fn first_batch() -> usize {
