@@ -710,12 +710,12 @@ fn first_batch() -> usize {
 }
 
 /// The command encoder that dispatches and copies are appended to, submitted when it holds
-/// its limit of commands (see [`FIRST_BATCH`]) and before anything that must see their effects or must not be
-/// overtaken by them: a wait, a read, a queue write (`write_buffer` lands before the next
-/// submission's commands, so the batch goes first), a dispatch reading the shared parameter
-/// buffer. Work therefore still runs in the order it was asked for. Consecutive dispatches
-/// share one compute pass (WebGPU orders and synchronises the dispatches of a pass); a copy or
-/// clear closes it.
+/// its limit of commands (see [`FIRST_BATCH`]) and before anything that must see their
+/// effects or must not be overtaken by them: a wait, a read, a queue write (`write_buffer`
+/// lands before the next submission's commands, so the batch goes first), a dispatch reading
+/// the shared parameter buffer. Work therefore still runs in the order it was asked for.
+/// Consecutive dispatches share one compute pass (WebGPU orders and synchronises the
+/// dispatches of a pass); a copy or clear closes it.
 #[derive(Default)]
 struct Batch {
     /// Declared first, so dropped before the encoder it records into.
@@ -729,24 +729,23 @@ struct Batch {
 }
 
 impl Batch {
+    /// The size at which this batch is submitted.
+    fn due_at(&self) -> usize {
+        match self.limit {
+            0 => first_batch(),
+            n => n,
+        }
+        .min(batch_commands())
+    }
+
     /// Whether the batch is due for submission.
     fn full(&self) -> bool {
-        let limit = if self.limit == 0 {
-            first_batch()
-        } else {
-            self.limit
-        };
-        self.commands >= limit.min(batch_commands())
+        self.commands >= self.due_at()
     }
 
     /// After a submission: the next batch may be twice as large.
     fn grow(&mut self) {
-        let limit = if self.limit == 0 {
-            first_batch()
-        } else {
-            self.limit
-        };
-        self.limit = (2 * limit).min(batch_commands());
+        self.limit = (2 * self.due_at()).min(batch_commands());
     }
 
     /// The open encoder (a new one if there is none). Its compute pass, if open, must have
@@ -1490,7 +1489,8 @@ impl WgpuBackend {
         if extras.ones_column {
             slots.push(wgsl::ones_column_slot());
         }
-        // The epilogue's buffers follow (bindings 4 on), its layouts blocks 3 and 4.
+        // The epilogue's buffers follow (after the gate's, if any), their layouts in blocks 3
+        // and 4.
         let mut finish_blocks = Vec::new();
         if finishes {
             let mut next_binding = |buffer: &'a WgpuBuffer, access: Access| {
