@@ -402,6 +402,12 @@ fn min_slice_k() -> usize {
     knob(&K, "HAL_WGPU_MIN_SLICE_K", MIN_SLICE_K)
 }
 
+/// A path on unless the environment variable `var` is `0` (a knob for comparisons); read
+/// once, into `cell`.
+fn switch(cell: &'static std::sync::OnceLock<bool>, var: &str) -> bool {
+    *cell.get_or_init(|| std::env::var(var).as_deref() != Ok("0"))
+}
+
 /// A tuning knob: the environment variable `var` as a number (at least 1), else `default`;
 /// read once, into `cell`.
 fn knob(cell: &'static std::sync::OnceLock<usize>, var: &str, default: usize) -> usize {
@@ -451,8 +457,8 @@ fn gemm_route(
 /// `HAL_WGPU_WHOLE_DOT=0` (a knob for comparisons).
 fn whole_dot(am: &validate::MatrixView, om: &validate::MatrixView) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("HAL_WGPU_WHOLE_DOT").as_deref() != Ok("0"));
-    on && om.rows.min(om.cols) <= SPLIT_DOT_THIN
+    switch(&ON, "HAL_WGPU_WHOLE_DOT")
+        && om.rows.min(om.cols) <= SPLIT_DOT_THIN
         && om.batch * om.rows * om.cols <= WHOLE_DOT_OUTPUTS
         && (DOT_FROM_K..=WHOLE_DOT_K).contains(&am.cols)
 }
@@ -479,22 +485,22 @@ struct GemmRoute {
     dot: bool,
 }
 
-/// Whether `op` reads parameters ([`unary_params`]).
-fn takes_params(op: UnaryOp) -> bool {
-    matches!(
-        op,
-        UnaryOp::LeakyRelu { .. } | UnaryOp::Affine { .. } | UnaryOp::Clamp { .. }
-    )
+/// `op`'s parameters, which [`wgsl::unary_expr`] reads from scalars 0 and 1 (LeakyRelu's
+/// slope, Affine's scale and shift, Clamp's bounds); `None` for an op without any.
+fn unary_scalars(op: UnaryOp) -> Option<[f32; 2]> {
+    match op {
+        UnaryOp::LeakyRelu { slope } => Some([slope, 0.0]),
+        UnaryOp::Affine { scale, shift } => Some([scale, shift]),
+        UnaryOp::Clamp { lo, hi } => Some([lo, hi]),
+        _ => None,
+    }
 }
 
-/// `p` with `op`'s parameters in scalars 0 and 1, where [`wgsl::unary_expr`] reads them
-/// (LeakyRelu's slope, Affine's scale and shift, Clamp's bounds).
+/// `p` with `op`'s parameters ([`unary_scalars`]) in scalars 0 and 1.
 fn unary_params(p: Params, op: UnaryOp) -> Params {
-    match op {
-        UnaryOp::LeakyRelu { slope } => p.f(0, slope),
-        UnaryOp::Affine { scale, shift } => p.f(0, scale).f(1, shift),
-        UnaryOp::Clamp { lo, hi } => p.f(0, lo).f(1, hi),
-        _ => p,
+    match unary_scalars(op) {
+        Some([first, second]) => p.f(0, first).f(1, second),
+        None => p,
     }
 }
 
@@ -502,7 +508,7 @@ fn unary_params(p: Params, op: UnaryOp) -> Params {
 /// for comparing against the separate calls).
 fn fused_epilogues() -> bool {
     static FUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FUSED.get_or_init(|| std::env::var("HAL_WGPU_EPILOGUE").as_deref() != Ok("0"))
+    switch(&FUSED, "HAL_WGPU_EPILOGUE")
 }
 
 /// What a product does besides the product (a [`hal::Epilogue`] as the kernels take it): `a`
@@ -3915,7 +3921,9 @@ impl Backend for WgpuBackend {
             (false, true) => {
                 beta == 0.0
                     && om.batch == 1
-                    && epilogue.activation.is_none_or(|op| !takes_params(op))
+                    && epilogue
+                        .activation
+                        .is_none_or(|op| unary_scalars(op).is_none())
             }
             (false, false) => fused.gate.is_some() && !fused.finishes(),
         };
@@ -4434,14 +4442,17 @@ mod tests {
         assert_eq!(k_slices(4096, SMALL_PRODUCT_TILES), 1);
     }
 
-    fn view(rows: usize, cols: usize, strides: [isize; 2]) -> validate::MatrixView {
-        validate::MatrixView {
+    /// [`gemm_route`] of a product with beta 0, each matrix as (rows, columns, row stride,
+    /// column stride).
+    fn route(matrices: [(usize, usize, isize, isize); 3]) -> GemmRoute {
+        let [a, b, o] = matrices.map(|(rows, cols, row, col)| validate::MatrixView {
             batch: 1,
             rows,
             cols,
-            strides: [0, strides[0], strides[1]],
+            strides: [0, row, col],
             offset: 0,
-        }
+        });
+        gemm_route(&a, &b, &o, 0.0)
     }
 
     #[test]
@@ -4449,34 +4460,14 @@ mod tests {
         // An MLP's last layer: the forward product (x [256, 512] times the [10, 512] weight
         // transposed) and the weight gradient (g^T [10, 256] times x [256, 512]), whose k
         // runs down both operands' columns.
-        let forward = gemm_route(
-            &view(256, 512, [512, 1]),
-            &view(512, 10, [1, 512]),
-            &view(256, 10, [10, 1]),
-            0.0,
-        );
+        let forward = route([(256, 512, 512, 1), (512, 10, 1, 512), (256, 10, 10, 1)]);
         assert!(forward.dot && forward.slices == 1);
-        let weight = gemm_route(
-            &view(10, 256, [1, 10]),
-            &view(256, 512, [512, 1]),
-            &view(10, 512, [512, 1]),
-            0.0,
-        );
+        let weight = route([(10, 256, 1, 10), (256, 512, 512, 1), (10, 512, 512, 1)]);
         assert!(weight.dot && weight.slices == 1);
         // Too long a k, or too wide an output: split, in tiles.
-        let long = gemm_route(
-            &view(10, 4096, [1, 10]),
-            &view(4096, 512, [512, 1]),
-            &view(10, 512, [512, 1]),
-            0.0,
-        );
+        let long = route([(10, 4096, 1, 10), (4096, 512, 512, 1), (10, 512, 512, 1)]);
         assert!(!long.dot && long.slices > 1);
-        let wide = gemm_route(
-            &view(256, 512, [512, 1]),
-            &view(512, 512, [1, 512]),
-            &view(256, 512, [512, 1]),
-            0.0,
-        );
+        let wide = route([(256, 512, 512, 1), (512, 512, 1, 512), (256, 512, 512, 1)]);
         assert!(!wide.dot && wide.slices == 4);
     }
 }

@@ -9,8 +9,8 @@
 //! - [`Backend`]: a small closed set of primitives (elementwise over strided, broadcast views;
 //!   reductions; batched matmul (with an optional bias and activation epilogue, and for the
 //!   backward pass a gate on `a` and `a`'s row sums, which a backend may fuse);
-//!   gather/scatter-add; im2col/col2im; nearest-centroid search and segment sums; k-means++ seeding; fused optimiser steps; counter-based random numbers; CSR
-//!   mat-vec), each specified once in its rustdoc: semantics, NaN and tie rules, accumulation,
+//!   gather/scatter-add; im2col/col2im; nearest-centroid search and segment sums; k-means++
+//!   seeding; fused optimiser steps; counter-based random numbers; CSR mat-vec), each specified once in its rustdoc: semantics, NaN and tie rules, accumulation,
 //!   and the tolerance a backend may differ from the CPU reference by.
 //! - [`seeding`]: `kmeans_pp`'s default, built from the other primitives and IR kernels (the
 //!   one primitive with a default; GPU backends fuse it).

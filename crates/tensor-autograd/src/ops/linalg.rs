@@ -156,8 +156,8 @@ impl<B: Backend> Tensor<B> {
     /// [`hal::Backend::matmul_epilogue`], which may fuse the bias and the activation into the
     /// product's kernel (the wgpu backend does for products it splits over k, in the sum
     /// pass, and for small thin ones it runs whole: a training step's forward pass then
-    /// launches one or two kernels a layer instead of four); the
-    /// pre-activation values are never stored. Otherwise the same as the separate operations.
+    /// launches one or two kernels a layer instead of four); the pre-activation values are
+    /// never stored. Otherwise the same as the separate operations.
     pub fn linear_activation(
         &self,
         weight: &Tensor<B>,
@@ -372,8 +372,8 @@ impl<B: Backend> Tensor<B> {
 /// gradient `g' @ w` and the weight gradient `g'^T @ x`, whose product also sums the rows of
 /// `g'^T`, the bias gradient ([`hal::Epilogue::a_row_sums`]). `g' = g * activation'(y)` is
 /// never stored, so a backend that fuses both (wgpu, for products it splits over k or runs
-/// whole as dot products) spends
-/// no launch on the activation's derivative or the bias gradient. `x` and `w` are matrices
+/// whole as dot products) spends no launch on the activation's derivative or the bias
+/// gradient. `x` and `w` are matrices
 /// (`linear_activation` checked); `bias_needs` is `None` without a bias.
 fn fused_linear_gradients<B: Backend>(
     x: &Tensor<B>,
