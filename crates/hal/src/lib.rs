@@ -24,6 +24,8 @@
 //! - [`validate`]: every primitive's argument checks, called by every backend first.
 //! - [`fault`]: the device fault record GPU backends report data-dependent errors through.
 //! - [`profile`]: per-kernel time totals of the GPU backends' tuning profilers.
+//! - [`durable`]: files written whole or not at all (temporary, `fsync`, rename), which every
+//!   crate that writes a file uses.
 //!
 //! ```
 //! use hal::{Layout, DType};
@@ -41,6 +43,7 @@
 mod backend;
 mod device;
 mod dtype;
+pub mod durable;
 mod error;
 pub mod fault;
 pub mod ir;

@@ -219,35 +219,37 @@ impl Icosphere {
     }
 
     /// Writes the mesh with `positions` (flattened) as a Wavefront OBJ file.
+    /// The file is written atomically ([`hal::durable::write_atomic`]).
     pub fn write_obj(&self, path: &std::path::Path, positions: &[f64]) -> std::io::Result<()> {
-        let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
-        writeln!(w, "# icosphere level {} (residual-compile)", self.level)?;
-        for v in positions.chunks_exact(3) {
-            writeln!(w, "v {} {} {}", v[0], v[1], v[2])?;
-        }
-        for f in &self.faces {
-            writeln!(w, "f {} {} {}", f[0] + 1, f[1] + 1, f[2] + 1)?;
-        }
-        w.flush()
+        hal::durable::write_atomic(path, |w| {
+            writeln!(w, "# icosphere level {} (residual-compile)", self.level)?;
+            for v in positions.chunks_exact(3) {
+                writeln!(w, "v {} {} {}", v[0], v[1], v[2])?;
+            }
+            for f in &self.faces {
+                writeln!(w, "f {} {} {}", f[0] + 1, f[1] + 1, f[2] + 1)?;
+            }
+            Ok(())
+        })
     }
 
     /// Writes what a peer needs to build the same problem: a little-endian binary file with
     /// `u32` vertex count, `u32` edge count, the start (`f64` x 3 per vertex), the edges
-    /// (`u32` a, b, c, d each), and the rest length (`f64`).
+    /// (`u32` a, b, c, d each), and the rest length (`f64`). Written atomically.
     pub fn write_start(&self, path: &std::path::Path, start: &[f64]) -> std::io::Result<()> {
-        let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
-        w.write_all(&(self.vertices.len() as u32).to_le_bytes())?;
-        w.write_all(&(self.edges.len() as u32).to_le_bytes())?;
-        for x in start {
-            w.write_all(&x.to_le_bytes())?;
-        }
-        for e in &self.edges {
-            for v in [e.a, e.b, e.c, e.d] {
-                w.write_all(&v.to_le_bytes())?;
+        hal::durable::write_atomic(path, |w| {
+            w.write_all(&(self.vertices.len() as u32).to_le_bytes())?;
+            w.write_all(&(self.edges.len() as u32).to_le_bytes())?;
+            for x in start {
+                w.write_all(&x.to_le_bytes())?;
             }
-        }
-        w.write_all(&self.mean_edge_length().to_le_bytes())?;
-        w.flush()
+            for e in &self.edges {
+                for v in [e.a, e.b, e.c, e.d] {
+                    w.write_all(&v.to_le_bytes())?;
+                }
+            }
+            w.write_all(&self.mean_edge_length().to_le_bytes())
+        })
     }
 }
 

@@ -638,8 +638,14 @@ pub fn save_safetensors<B: Backend>(tensors: &[(String, Tensor<B>)], path: &Path
             Ok((name.clone(), view))
         })
         .collect::<Result<Vec<_>>>()?;
-    safetensors::serialize_to_file(views, None, path)
-        .map_err(|e| checkpoint_error(path, e.to_string()))
+    // Serialised in memory, then written atomically: an interrupted save leaves the old
+    // checkpoint whole.
+    let bytes =
+        safetensors::serialize(views, None).map_err(|e| checkpoint_error(path, e.to_string()))?;
+    hal::durable::write_bytes_atomic(path, &bytes).map_err(|source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// Overwrites `tensors` (in place) from a safetensors file, converting between float dtypes.

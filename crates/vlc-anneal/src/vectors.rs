@@ -78,7 +78,7 @@ impl Matrix {
                 ));
             }
         };
-        std::fs::write(path, bytes).map_err(|e| io_error(path, e))
+        hal::durable::write_bytes_atomic(path, &bytes).map_err(|e| io_error(path, e))
     }
 }
 
