@@ -25,7 +25,8 @@ pub(crate) struct Walk<const K: usize> {
 impl<const K: usize> Walk<K> {
     /// `layouts` all have shape `shape` (broadcast first).
     pub fn new(shape: &[usize], layouts: [&Layout; K]) -> Self {
-        let numel = shape.iter().product();
+        // Saturating (hal::numel): a zero dimension makes 0 however large the others are.
+        let numel = hal::numel(shape);
         let mut dims: Vec<(usize, [isize; K])> = Vec::new();
         for (d, &size) in shape.iter().enumerate() {
             if size == 1 {
@@ -33,7 +34,7 @@ impl<const K: usize> Walk<K> {
             }
             let s: [isize; K] = std::array::from_fn(|k| layouts[k].strides[d]);
             if let Some((prev_size, prev)) = dims.last_mut() {
-                if (0..K).all(|k| prev[k] == s[k] * size as isize) {
+                if (0..K).all(|k| s[k].checked_mul(size as isize) == Some(prev[k])) {
                     *prev_size *= size;
                     *prev = s;
                     continue;

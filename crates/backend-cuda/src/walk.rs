@@ -57,7 +57,7 @@ impl Walk {
         let mut w = Walk {
             rank: dims.len() as i32,
             pad: 0,
-            n: shape.iter().product::<usize>() as i64,
+            n: hal::numel(shape) as i64,
             shape: [1; MAX_RANK],
             strides: [[0; MAX_RANK]; MAX_OPERANDS],
             offsets: [0; MAX_OPERANDS],

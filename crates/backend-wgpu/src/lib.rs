@@ -942,6 +942,10 @@ impl DeviceBuffer for WgpuBuffer {
     fn same_memory(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
+    /// Kernels index elements in 32 bits (`u32` positions, `i32` offsets and strides).
+    fn index_limit(&self) -> usize {
+        i32::MAX as usize
+    }
 }
 
 /// Locks `m`, going on with the data of a thread that panicked while holding it.
@@ -1837,7 +1841,7 @@ impl WgpuBackend {
     ) -> Result<()> {
         // Rank 2, or rank 3 with a leading group axis (see nearest_ordered.wgsl).
         let r = x.layout.rank();
-        let groups = x.layout.shape[..r - 2].iter().product::<usize>();
+        let groups = hal::numel(&x.layout.shape[..r - 2]);
         let (n, d, m) = (
             x.layout.shape[r - 2],
             x.layout.shape[r - 1],
@@ -3777,7 +3781,7 @@ impl Backend for WgpuBackend {
 
     fn reduce(&self, op: ReduceOp, x: V<'_>, axes: &[usize], out: V<'_>) -> Result<()> {
         validate::reduce(op, x, axes, out)?;
-        let count: usize = axes.iter().map(|&a| x.layout.shape[a]).product();
+        let count = hal::numel(&axes.iter().map(|&a| x.layout.shape[a]).collect::<Vec<_>>());
         let scale = if op == ReduceOp::Mean {
             1.0 / count as f32
         } else {

@@ -35,6 +35,13 @@ pub trait DeviceBuffer: Clone + Send + Sync + std::fmt::Debug + 'static {
     }
     /// True when both handles refer to the same memory.
     fn same_memory(&self, other: &Self) -> bool;
+    /// The largest element count, dimension, offset and stride magnitude a view of this
+    /// buffer may have: what its backend's kernels can index (`isize::MAX`, the default, for
+    /// 64-bit indexing; `i32::MAX` for kernels that index in 32 bits). [`crate::validate`]
+    /// refuses a larger view with [`crate::Error::Unsupported`] before anything runs.
+    fn index_limit(&self) -> usize {
+        isize::MAX as usize
+    }
 }
 
 /// An operand: a buffer seen through a layout.

@@ -42,6 +42,16 @@ pub enum Error {
     #[error("{op}: view out of bounds: {detail}")]
     OutOfBounds { op: &'static str, detail: String },
 
+    /// The operation cannot run on this backend as asked (a size beyond what its kernels
+    /// index, say); the detail says why. Nothing was run.
+    #[error("{op}: unsupported: {detail}")]
+    Unsupported { op: &'static str, detail: String },
+
+    /// A size, stride, offset or address computation does not fit its integer type (checked,
+    /// never wrapped): the shape or view describes more memory than any buffer can hold.
+    #[error("{op}: arithmetic overflow: {detail}")]
+    Overflow { op: &'static str, detail: String },
+
     /// An index operand holds a value outside the dimension it indexes.
     #[error("{op}: index {index} is out of range for a dimension of size {bound}")]
     IndexOutOfRange {

@@ -39,9 +39,33 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     strides
 }
 
-/// The number of elements of `shape` (1 for a scalar, 0 when any dimension is 0).
+/// The number of elements of `shape` (1 for a scalar, 0 when any dimension is 0). Never wraps:
+/// a shape whose count does not fit in `isize` (the most elements any buffer can hold) gives
+/// `usize::MAX`, which no allocation and no [`Layout::check_fits`] accepts. Use
+/// [`checked_numel`] to tell that case apart.
 pub fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
+    checked_numel(shape).unwrap_or(usize::MAX)
+}
+
+/// The number of elements of `shape`, or `None` when it exceeds `isize::MAX` (no buffer can
+/// hold that many elements, and element offsets are `isize`). A shape with a zero dimension
+/// has 0 elements however large its other dimensions are.
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= isize::MAX as usize)
+}
+
+/// [`checked_numel`] as a typed error naming `op` and the shape.
+pub fn try_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    checked_numel(shape).ok_or_else(|| Error::Overflow {
+        op,
+        detail: format!("shape {shape:?} has more than isize::MAX elements"),
+    })
 }
 
 /// The shape two operands broadcast to, by NumPy's rules (align on the right; a dimension of 1
@@ -125,31 +149,69 @@ impl Layout {
             if d != 1 && s != expected {
                 return false;
             }
-            expected *= d as isize;
+            expected = expected.saturating_mul(d.min(isize::MAX as usize) as isize);
         }
         true
     }
 
-    /// The lowest and highest element index the view touches, or `None` for an empty view.
-    pub fn address_range(&self) -> Option<(isize, isize)> {
-        if self.numel() == 0 {
-            return None;
+    /// The lowest and highest element index the view touches, or `None` for an empty view,
+    /// computed in checked arithmetic: `Err` names the overflow when the element count, an
+    /// offset or a span does not fit in `isize` (such a view fits no buffer), or a stride is
+    /// `isize::MIN` (whose magnitude is no `isize`).
+    pub fn checked_address_range(&self, op: &'static str) -> Result<Option<(isize, isize)>> {
+        let overflow = |what: &str| Error::Overflow {
+            op,
+            detail: format!("{what} of view {self:?} overflows isize"),
+        };
+        if self.shape.len() != self.strides.len() {
+            return Err(Error::InvalidArgument {
+                op,
+                detail: format!(
+                    "shape {:?} and strides {:?} have different ranks",
+                    self.shape, self.strides
+                ),
+            });
         }
-        let (mut lo, mut hi) = (self.offset as isize, self.offset as isize);
-        for (&d, &s) in self.shape.iter().zip(&self.strides) {
-            let span = (d as isize - 1) * s;
-            if span < 0 {
-                lo += span;
-            } else {
-                hi += span;
-            }
+        if self.strides.contains(&isize::MIN) {
+            // Its magnitude is no isize: a walk or a flip could not negate it.
+            return Err(overflow("a stride of isize::MIN"));
         }
-        Some((lo, hi))
+        // An empty view is held to the same arithmetic, counting a zero dimension as 1: a
+        // backend may walk its other dimensions (the outputs of a reduction over the empty
+        // one), and those addresses must be computable too, though none is read.
+        let nonzero: Vec<usize> = self.shape.iter().map(|&d| d.max(1)).collect();
+        try_numel(op, &nonzero)?;
+        let offset = isize::try_from(self.offset).map_err(|_| overflow("the offset"))?;
+        let (mut lo, mut hi) = (offset, offset);
+        for (&d, &s) in nonzero.iter().zip(&self.strides) {
+            // 1 <= d <= numel <= isize::MAX.
+            let span = ((d - 1) as isize)
+                .checked_mul(s)
+                .ok_or_else(|| overflow("a dimension's span"))?;
+            let bound = if span < 0 { &mut lo } else { &mut hi };
+            *bound = bound
+                .checked_add(span)
+                .ok_or_else(|| overflow("the address range"))?;
+        }
+        if self.shape.contains(&0) {
+            return Ok(None);
+        }
+        Ok(Some((lo, hi)))
     }
 
-    /// Checks that every element of the view lies inside a buffer of `len` elements.
+    /// The lowest and highest element index the view touches, or `None` for an empty view or
+    /// one whose addresses overflow ([`Layout::checked_address_range`] tells them apart).
+    pub fn address_range(&self) -> Option<(isize, isize)> {
+        self.checked_address_range("address_range").ok().flatten()
+    }
+
+    /// Checks that every element of the view lies inside a buffer of `len` elements: the
+    /// element count, the offset and every address fit in `isize` (checked, never wrapped),
+    /// and the lowest and highest address lie in `0..len`. Every element address
+    /// `offset + sum(i_k * strides[k])` of such a view, and every partial sum of it, lies in
+    /// that range too, so a backend walking the view computes no address this did not bound.
     pub fn check_fits(&self, op: &'static str, len: usize) -> Result<()> {
-        match self.address_range() {
+        match self.checked_address_range(op)? {
             None => Ok(()),
             Some((lo, hi)) if lo >= 0 && (hi as usize) < len => Ok(()),
             Some((lo, hi)) => Err(Error::OutOfBounds {
@@ -159,6 +221,41 @@ impl Layout {
                 ),
             }),
         }
+    }
+
+    /// Checks that no two elements of the view share an address, as an output's view must:
+    /// the threads of one operation write disjoint elements, and a written element is written
+    /// once. Sufficient test (what PyTorch's overlap check proves, and more): ordered by
+    /// stride magnitude, each dimension's stride exceeds the span of all the smaller ones.
+    /// A layout that is dense but not provably so this way is refused too; copy it first.
+    pub fn check_no_self_overlap(&self, op: &'static str) -> Result<()> {
+        if self.checked_address_range(op)?.is_none() {
+            return Ok(());
+        }
+        let mut dims: Vec<(usize, usize)> = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .filter(|&(&d, _)| d > 1)
+            .map(|(&d, &s)| (s.unsigned_abs(), d))
+            .collect();
+        dims.sort_unstable();
+        // The span of the dimensions so far: the largest address difference they reach. It
+        // cannot overflow: checked_address_range bounded the whole span by isize::MAX.
+        let mut span = 0usize;
+        for (stride, d) in dims {
+            if stride <= span {
+                return Err(Error::InvalidArgument {
+                    op,
+                    detail: format!(
+                        "the output view {self:?} reaches one element through several indices \
+                         (a broadcast or overlapping view); write to a dense view and copy"
+                    ),
+                });
+            }
+            span += stride * (d - 1);
+        }
+        Ok(())
     }
 
     /// The dimension order that walks this view through memory: by descending stride
@@ -261,7 +358,7 @@ impl Layout {
         }
         let mut out = self.clone();
         if len > 0 {
-            out.offset = (self.offset as isize + start as isize * self.strides[axis]) as usize;
+            out.offset = self.moved_offset("narrow", start, self.strides[axis])?;
         }
         out.shape[axis] = len;
         Ok(out)
@@ -274,11 +371,14 @@ impl Layout {
         }
         let mut out = self.clone();
         if self.shape[axis] > 0 {
-            out.offset = (self.offset as isize
-                + (self.shape[axis] as isize - 1) * self.strides[axis])
-                as usize;
+            out.offset = self.moved_offset("flip", self.shape[axis] - 1, self.strides[axis])?;
         }
-        out.strides[axis] = -self.strides[axis];
+        out.strides[axis] = self.strides[axis]
+            .checked_neg()
+            .ok_or_else(|| Error::Overflow {
+                op: "flip",
+                detail: format!("stride {} cannot be negated", self.strides[axis]),
+            })?;
         Ok(out)
     }
 
@@ -295,7 +395,13 @@ impl Layout {
         }
         let mut out = self.clone();
         out.shape[axis] = self.shape[axis].div_ceil(step);
-        out.strides[axis] *= step as isize;
+        out.strides[axis] = isize::try_from(step)
+            .ok()
+            .and_then(|step| self.strides[axis].checked_mul(step))
+            .ok_or_else(|| Error::Overflow {
+                op: "step",
+                detail: format!("stride {} times step {step}", self.strides[axis]),
+            })?;
         Ok(out)
     }
 
@@ -347,9 +453,25 @@ impl Layout {
         debug_assert_eq!(idx.len(), self.rank());
         let mut at = self.offset as isize;
         for (&i, &s) in idx.iter().zip(&self.strides) {
-            at += i as isize * s;
+            at = at.wrapping_add((i as isize).wrapping_mul(s));
         }
         at as usize
+    }
+
+    /// `offset + index * stride` as a new offset, checked: it must not overflow or fall below 0.
+    fn moved_offset(&self, op: &'static str, index: usize, stride: isize) -> Result<usize> {
+        isize::try_from(index)
+            .ok()
+            .and_then(|i| i.checked_mul(stride))
+            .and_then(|delta| isize::try_from(self.offset).ok()?.checked_add(delta))
+            .and_then(|at| usize::try_from(at).ok())
+            .ok_or_else(|| Error::Overflow {
+                op,
+                detail: format!(
+                    "offset {} moved by {index} x stride {stride} leaves 0..isize::MAX",
+                    self.offset
+                ),
+            })
     }
 
     fn axis_error(&self, op: &'static str, axis: usize) -> Error {

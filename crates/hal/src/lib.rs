@@ -61,7 +61,9 @@ pub use backend::{
 pub use device::{Capabilities, DeviceInfo, DeviceKind};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use layout::{Layout, broadcast_shapes, contiguous_strides, in_memory_order, numel};
+pub use layout::{
+    Layout, broadcast_shapes, checked_numel, contiguous_strides, in_memory_order, numel, try_numel,
+};
 pub use ops::{
     AdamParams, ArgReduceOp, BinaryOp, Conv2dGeometry, Distribution, ReduceOp, SgdParams,
     TernaryOp, UnaryOp, erf_f32,

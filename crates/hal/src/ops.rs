@@ -325,15 +325,19 @@ pub struct Conv2dGeometry {
 }
 
 impl Conv2dGeometry {
-    /// Output height and width, or `None` when the kernel does not fit the padded input or a
-    /// stride or dilation is 0.
+    /// Output height and width, or `None` when the kernel does not fit the padded input, a
+    /// stride or dilation is 0, or the geometry's arithmetic overflows (checked, never wrapped).
     pub fn output_size(&self) -> Option<(usize, usize)> {
         let dim = |input: usize, k: usize, s: usize, p: usize, d: usize| -> Option<usize> {
             if s == 0 || d == 0 || k == 0 {
                 return None;
             }
-            let span = d * (k - 1) + 1;
-            let padded = input + 2 * p;
+            let span = d.checked_mul(k - 1)?.checked_add(1)?;
+            let padded = input.checked_add(p.checked_mul(2)?)?;
+            // Padded coordinates are walked as isize by the backends.
+            if padded > isize::MAX as usize {
+                return None;
+            }
             (padded >= span).then(|| (padded - span) / s + 1)
         };
         Some((
@@ -354,14 +358,19 @@ impl Conv2dGeometry {
         ))
     }
 
-    /// Shape of the column matrix: `[batch, channels * kh * kw, oh * ow]`.
+    /// Shape of the column matrix: `[batch, channels * kh * kw, oh * ow]`, or `None` as
+    /// [`Conv2dGeometry::output_size`] or when a product overflows, or when either shape holds
+    /// more elements than a buffer can ([`crate::checked_numel`]).
     pub fn cols_shape(&self) -> Option<[usize; 3]> {
         let (oh, ow) = self.output_size()?;
-        Some([
-            self.batch,
-            self.channels * self.kernel.0 * self.kernel.1,
-            oh * ow,
-        ])
+        let rows = self
+            .channels
+            .checked_mul(self.kernel.0)?
+            .checked_mul(self.kernel.1)?;
+        let shape = [self.batch, rows, oh.checked_mul(ow)?];
+        crate::checked_numel(&shape)?;
+        crate::checked_numel(&self.image_shape())?;
+        Some(shape)
     }
 
     /// Shape of the image: `[batch, channels, height, width]`.

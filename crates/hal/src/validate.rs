@@ -9,9 +9,71 @@ use crate::{
     Result, SgdParams, View,
 };
 
-/// The view lies inside its buffer.
+/// The view lies inside its buffer ([`Layout::check_fits`]: checked arithmetic throughout)
+/// and within what its backend can index ([`DeviceBuffer::index_limit`]).
 pub fn fits<B: DeviceBuffer>(op: &'static str, v: View<'_, B>) -> Result<()> {
-    v.layout.check_fits(op, v.buffer.len())
+    v.layout.check_fits(op, v.buffer.len())?;
+    let limit = v.buffer.index_limit();
+    if limit < isize::MAX as usize {
+        let l = v.layout;
+        let too_large = l.numel() > limit
+            || l.offset > limit
+            || l.shape.iter().any(|&d| d > limit)
+            || l.strides.iter().any(|&s| s.unsigned_abs() > limit);
+        if too_large {
+            return Err(Error::Unsupported {
+                op,
+                detail: format!(
+                    "the view {l:?} has more elements, or a larger offset or stride, than this \
+                     backend's kernels index ({limit})"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// An output view: it lies inside its buffer and reaches each of its elements once
+/// ([`Layout::check_no_self_overlap`]), so the threads of one operation write disjoint memory.
+pub fn output<B: DeviceBuffer>(op: &'static str, v: View<'_, B>) -> Result<()> {
+    fits(op, v)?;
+    v.layout.check_no_self_overlap(op)
+}
+
+/// An input that an output must not overlap: a different buffer, or addresses outside the
+/// output's range. With `in_place`, a view identical to the output's is allowed too (an
+/// elementwise primitive reads each element before it writes it).
+pub fn disjoint<B: DeviceBuffer>(
+    op: &'static str,
+    input: View<'_, B>,
+    out: View<'_, B>,
+    in_place: bool,
+) -> Result<()> {
+    if !input.buffer.same_memory(out.buffer) || (in_place && input.layout == out.layout) {
+        return Ok(());
+    }
+    let ranges = (
+        input.layout.checked_address_range(op)?,
+        out.layout.checked_address_range(op)?,
+    );
+    match ranges {
+        (Some((ilo, ihi)), Some((olo, ohi))) if ilo <= ohi && olo <= ihi => {
+            Err(Error::InvalidArgument {
+                op,
+                detail: format!(
+                    "the output view {:?} overlaps an input view {:?} of the same buffer{}",
+                    out.layout,
+                    input.layout,
+                    if in_place {
+                        " (only an identical view may be updated in place)"
+                    } else {
+                        ""
+                    }
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 pub fn same_shape(op: &'static str, expected: &[usize], got: &[usize], what: &str) -> Result<()> {
@@ -83,12 +145,13 @@ pub fn broadcast<B: DeviceBuffer>(
 }
 
 pub fn fill<B: DeviceBuffer>(out: View<'_, B>) -> Result<()> {
-    fits("fill", out)
+    output("fill", out)
 }
 
 pub fn copy<B: DeviceBuffer>(src: View<'_, B>, out: View<'_, B>) -> Result<()> {
     fits("copy", src)?;
-    fits("copy", out)?;
+    output("copy", out)?;
+    disjoint("copy", src, out, true)?;
     same_shape(
         "copy",
         &out.layout.shape,
@@ -99,7 +162,8 @@ pub fn copy<B: DeviceBuffer>(src: View<'_, B>, out: View<'_, B>) -> Result<()> {
 
 /// Returns `x`'s layout broadcast to the output's shape.
 pub fn unary<B: DeviceBuffer>(x: View<'_, B>, out: View<'_, B>) -> Result<Layout> {
-    fits("unary", out)?;
+    output("unary", out)?;
+    disjoint("unary", x, out, true)?;
     float("unary", x.dtype())?;
     float("unary", out.dtype())?;
     broadcast("unary", x, &out.layout.shape)
@@ -111,7 +175,9 @@ pub fn binary<B: DeviceBuffer>(
     b: View<'_, B>,
     out: View<'_, B>,
 ) -> Result<(Layout, Layout)> {
-    fits("binary", out)?;
+    output("binary", out)?;
+    disjoint("binary", a, out, true)?;
+    disjoint("binary", b, out, true)?;
     Ok((
         broadcast("binary", a, &out.layout.shape)?,
         broadcast("binary", b, &out.layout.shape)?,
@@ -125,7 +191,10 @@ pub fn ternary<B: DeviceBuffer>(
     c: View<'_, B>,
     out: View<'_, B>,
 ) -> Result<[Layout; 3]> {
-    fits("ternary", out)?;
+    output("ternary", out)?;
+    for input in [a, b, c] {
+        disjoint("ternary", input, out, true)?;
+    }
     let s = &out.layout.shape;
     Ok([
         broadcast("ternary", a, s)?,
@@ -141,7 +210,8 @@ pub fn reduce<B: DeviceBuffer>(
     out: View<'_, B>,
 ) -> Result<()> {
     fits("reduce", x)?;
-    fits("reduce", out)?;
+    output("reduce", out)?;
+    disjoint("reduce", x, out, false)?;
     float("reduce", out.dtype())?;
     let mut expected = x.layout.shape.clone();
     for (i, &a) in axes.iter().enumerate() {
@@ -162,7 +232,7 @@ pub fn reduce<B: DeviceBuffer>(
         &out.layout.shape,
         "the output keeps reduced axes as size 1",
     )?;
-    let reduced: usize = axes.iter().map(|&a| x.layout.shape[a]).product();
+    let reduced = crate::numel(&axes.iter().map(|&a| x.layout.shape[a]).collect::<Vec<_>>());
     if reduced == 0 && out.layout.numel() > 0 && matches!(op, ReduceOp::Max | ReduceOp::Min) {
         return Err(Error::Empty {
             op: "reduce",
@@ -177,7 +247,8 @@ pub fn reduce<B: DeviceBuffer>(
 
 pub fn arg_reduce<B: DeviceBuffer>(x: View<'_, B>, axis: usize, out: View<'_, B>) -> Result<()> {
     fits("arg_reduce", x)?;
-    fits("arg_reduce", out)?;
+    output("arg_reduce", out)?;
+    disjoint("arg_reduce", x, out, false)?;
     dtype_is("arg_reduce", DType::U32, out.dtype())?;
     if axis >= x.layout.rank() {
         return Err(Error::InvalidArgument {
@@ -285,6 +356,7 @@ pub fn matmul_epilogue<B: DeviceBuffer>(
             )));
         }
         fits(OP, gate.output)?;
+        disjoint(OP, gate.output, out, false)?;
         float(OP, gate.output.dtype())?;
         if gate.output.buffer.same_memory(out.buffer) {
             return Err(invalid(
@@ -299,7 +371,7 @@ pub fn matmul_epilogue<B: DeviceBuffer>(
         )?;
     }
     if let Some(sums) = epilogue.a_row_sums {
-        fits(OP, sums)?;
+        output(OP, sums)?;
         float(OP, sums.dtype())?;
         let rank = a.layout.rank();
         same_shape(
@@ -329,6 +401,7 @@ pub fn matmul<B: DeviceBuffer>(
     b: View<'_, B>,
     out: View<'_, B>,
 ) -> Result<[MatrixView; 3]> {
+    output("matmul", out)?;
     for (v, what) in [(a, "a"), (b, "b"), (out, "out")] {
         fits("matmul", v)?;
         float("matmul", v.dtype())?;
@@ -381,14 +454,23 @@ pub fn spmv_csr<B: DeviceBuffer>(a: &Csr<'_, B>, x: &B, y: &B) -> Result<()> {
     for buf in [a.values, x, y] {
         dtype_is(OP, DType::F32, buf.dtype())?;
     }
-    if a.row_offsets.len() != a.rows + 1
+    if [a.row_offsets, a.col_indices, a.values, x]
+        .iter()
+        .any(|b| b.same_memory(y))
+    {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            detail: "y must not share memory with the matrix or x".into(),
+        });
+    }
+    if a.rows.checked_add(1) != Some(a.row_offsets.len())
         || x.len() != a.cols
         || y.len() != a.rows
         || a.col_indices.len() != a.values.len()
     {
         return Err(Error::ShapeMismatch {
             op: OP,
-            expected: vec![a.rows + 1, a.cols, a.rows],
+            expected: vec![a.rows.saturating_add(1), a.cols, a.rows],
             got: vec![a.row_offsets.len(), x.len(), y.len()],
             detail: "row_offsets needs rows + 1 entries, x cols, y rows; col_indices and values one length".into(),
         });
@@ -455,7 +537,9 @@ pub fn gather<B: DeviceBuffer>(
     out: View<'_, B>,
 ) -> Result<()> {
     gather_shapes("gather", x, axis, index)?;
-    fits("gather", out)?;
+    output("gather", out)?;
+    disjoint("gather", x, out, false)?;
+    disjoint("gather", index, out, false)?;
     same_shape(
         "gather",
         &index.layout.shape,
@@ -471,7 +555,10 @@ pub fn scatter_add<B: DeviceBuffer>(
     out: View<'_, B>,
 ) -> Result<()> {
     gather_shapes("scatter_add", out, axis, index)?;
+    output("scatter_add", out)?;
     fits("scatter_add", src)?;
+    disjoint("scatter_add", src, out, false)?;
+    disjoint("scatter_add", index, out, false)?;
     float("scatter_add", out.dtype())?;
     same_shape(
         "scatter_add",
@@ -484,13 +571,14 @@ pub fn scatter_add<B: DeviceBuffer>(
 fn conv_cols(op: &'static str, g: &Conv2dGeometry) -> Result<Vec<usize>> {
     g.cols_shape()
         .map(|s| s.to_vec())
-        .ok_or_else(|| Error::InvalidArgument { op, detail: format!("{g:?} has a zero stride, dilation or kernel, or a kernel larger than the padded input") })
+        .ok_or_else(|| Error::InvalidArgument { op, detail: format!("{g:?} has a zero stride, dilation or kernel, a kernel larger than the padded input, or sizes that overflow") })
 }
 
 pub fn im2col<B: DeviceBuffer>(x: View<'_, B>, g: &Conv2dGeometry, out: View<'_, B>) -> Result<()> {
     let cols = conv_cols("im2col", g)?;
     fits("im2col", x)?;
-    fits("im2col", out)?;
+    output("im2col", out)?;
+    disjoint("im2col", x, out, false)?;
     same_shape(
         "im2col",
         &g.image_shape(),
@@ -512,7 +600,8 @@ pub fn col2im<B: DeviceBuffer>(
 ) -> Result<()> {
     let shape = conv_cols("col2im", g)?;
     fits("col2im", cols)?;
-    fits("col2im", out)?;
+    output("col2im", out)?;
+    disjoint("col2im", cols, out, false)?;
     same_shape(
         "col2im",
         &shape,
@@ -534,9 +623,16 @@ pub fn nearest_centroid<B: DeviceBuffer>(
     out_distance: View<'_, B>,
 ) -> Result<()> {
     const OP: &str = "nearest_centroid";
-    for v in [x, c, out_index, out_distance] {
+    for v in [x, c] {
         fits(OP, v)?;
     }
+    for out in [out_index, out_distance] {
+        output(OP, out)?;
+        for input in [x, c] {
+            disjoint(OP, input, out, false)?;
+        }
+    }
+    disjoint(OP, out_index, out_distance, false)?;
     // Rank 2, or rank 3 for a batch of independent searches.
     let r = x.layout.rank();
     if !(2..=3).contains(&r) {
@@ -588,9 +684,16 @@ pub fn segment_sum<B: DeviceBuffer>(
     counts: View<'_, B>,
 ) -> Result<()> {
     const OP: &str = "segment_sum";
-    for v in [x, segment, sums, counts].into_iter().chain(weights) {
+    for v in [x, segment].into_iter().chain(weights) {
         fits(OP, v)?;
+        for out in [sums, counts] {
+            disjoint(OP, v, out, false)?;
+        }
     }
+    for out in [sums, counts] {
+        output(OP, out)?;
+    }
+    disjoint(OP, sums, counts, false)?;
     rank(OP, x, 2, "x")?;
     rank(OP, sums, 2, "sums")?;
     dtype_is(OP, DType::U32, segment.dtype())?;
@@ -629,6 +732,12 @@ pub fn kmeans_pp<B: DeviceBuffer>(x: View<'_, B>, anchors: View<'_, B>) -> Resul
     }
     rank(OP, x, 2, "x")?;
     rank(OP, anchors, 2, "anchors")?;
+    if x.buffer.same_memory(anchors.buffer) {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            detail: "the anchors must not share memory with x".into(),
+        });
+    }
     let (n, d, m) = (
         x.layout.shape[0],
         x.layout.shape[1],
@@ -692,7 +801,7 @@ pub fn adam_step<B: DeviceBuffer>(
 }
 
 pub fn random<B: DeviceBuffer>(out: View<'_, B>) -> Result<()> {
-    fits("random", out)?;
+    output("random", out)?;
     float("random", out.dtype())
 }
 

@@ -85,7 +85,7 @@ impl<B: Backend> Tensor<B> {
 
     /// A new contiguous tensor of `shape` and `dtype`, zero-filled.
     pub fn zeros(backend: &B, shape: &[usize], dtype: DType) -> Result<Self> {
-        let buffer = backend.alloc(dtype, hal::numel(shape))?;
+        let buffer = backend.alloc(dtype, hal::try_numel("Tensor::zeros", shape)?)?;
         Ok(Self::from_parts(backend, buffer, Layout::contiguous(shape)))
     }
 
@@ -99,7 +99,7 @@ impl<B: Backend> Tensor<B> {
     /// [`Tensor::for_write`] laid out as `layout`, a dense layout (it covers its buffer whole,
     /// in some order of its dimensions: see `Tensor::dense_layout`).
     pub(crate) fn for_write_as(backend: &B, layout: Layout, dtype: DType) -> Result<Self> {
-        let buffer = backend.alloc_for_write(dtype, layout.numel())?;
+        let buffer = backend.alloc_for_write(dtype, hal::try_numel("Tensor", &layout.shape)?)?;
         Ok(Self::from_parts(backend, buffer, layout))
     }
 
