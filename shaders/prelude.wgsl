@@ -60,6 +60,92 @@ fn off(k: u32, lin: u32) -> i32 { return offset_in(pw(17u + k), lin); }
 
 fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
 fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
+// Special values are tested on the bits: a WGSL compiler may assume arithmetic meets none.
+fn is_inf(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) == 0x7f800000u; }
+fn inf() -> f32 { return bitcast<f32>(0x7f800000u); }
+fn sign_bit(v: f32) -> bool { return (bitcast<u32>(v) & 0x80000000u) != 0u; }
+
+// C's powf (what the CPU reference and CUDA compute): WGSL's `pow` is defined for a positive
+// base only. pow(x, +-0) = 1 and pow(1, y) = 1 even for NaN; pow(-1, +-inf) = 1; a negative
+// base takes an integer exponent (odd: the sign stays) or gives NaN; zero and infinite bases
+// and infinite exponents by C's table.
+fn pow_ref(a: f32, b: f32) -> f32 {
+    if (b == 0.0 || a == 1.0) { return 1.0; }
+    if (b == 1.0) { return a; }
+    if (is_nan(a) || is_nan(b)) { return nan(); }
+    let m = abs(a);
+    if (is_inf(b)) {
+        if (m == 1.0) { return 1.0; }
+        return select(0.0, inf(), (m > 1.0) == (b > 0.0));
+    }
+    var r: f32;
+    if (m == 0.0) {
+        r = select(0.0, inf(), b < 0.0);
+    } else if (is_inf(m)) {
+        r = select(inf(), 0.0, b < 0.0);
+    } else {
+        r = pow_magnitude(m, b);
+    }
+    if (!sign_bit(a)) { return r; }
+    let integer = floor(b) == b;
+    if (!integer) { return select(nan(), r, m == 0.0 || is_inf(m)); }
+    let odd = abs(b) < 16777216.0 && fract(b * 0.5) != 0.0;
+    return select(r, -r, odd);
+}
+
+// m^b for a finite m > 0 and a finite b != 0, as exp2(b log2 m) with the exponent carried
+// apart: m = f 2^e (f in [sqrt(1/2), sqrt(2))), b log2 m = b log2 f + b e, split into an
+// integer n and a fraction t in [0, 1), and the result is 2^t scaled by 2^n. Subnormal m and
+// results near the overflow threshold come out right, where exp2(b * log2(m)) loses them.
+fn pow_magnitude(m: f32, b: f32) -> f32 {
+    // A subnormal m is scaled into the normal range first (frexp may not normalise it).
+    let tiny = m < 1.17549435e-38;
+    let parts = frexp(select(m, m * 16777216.0, tiny));
+    let low = parts.fract < 0.70710678;
+    let f = select(parts.fract, parts.fract * 2.0, low);
+    let e = f32(parts.exp - select(0, 1, low) - select(0, 24, tiny));
+    // |log2 m| >= 1/2 here, so beyond |b| = 1024 the result is far out of range.
+    if (e != 0.0 && abs(b) > 1024.0) { return select(0.0, inf(), (e > 0.0) == (b > 0.0)); }
+    let n0 = floor(b * e);
+    let t0 = fma(b, e, -n0) + b * log2(f);
+    let k = floor(t0);
+    let n = n0 + k;
+    if (n > 127.0) { return inf(); }
+    if (n < -151.0) { return 0.0; }
+    return ldexp(exp2(t0 - k), i32(n));
+}
+
+// Logarithms that are right for subnormal arguments (scaled into the normal range first).
+fn log_ref(v: f32) -> f32 {
+    let tiny = v > 0.0 && v < 1.17549435e-38;
+    return select(log(v), log(v * 16777216.0) - 16.6355323334, tiny);
+}
+fn log2_ref(v: f32) -> f32 {
+    let tiny = v > 0.0 && v < 1.17549435e-38;
+    return select(log2(v), log2(v * 16777216.0) - 24.0, tiny);
+}
+
+// C's atan2f: WGSL's `atan2` is undefined at (0, 0) and at infinities.
+fn atan2_ref(y: f32, x: f32) -> f32 {
+    if (is_nan(y) || is_nan(x)) { return nan(); }
+    let pi = 3.14159265358979;
+    let sy = select(1.0, -1.0, sign_bit(y));
+    let xneg = sign_bit(x);
+    if (y == 0.0) { return select(y, sy * pi, xneg); }
+    if (x == 0.0) { return sy * (0.5 * pi); }
+    if (is_inf(y)) {
+        if (is_inf(x)) { return sy * select(0.25 * pi, 0.75 * pi, xneg); }
+        return sy * (0.5 * pi);
+    }
+    if (is_inf(x)) { return select(sy * 0.0, sy * pi, xneg); }
+    return atan2(y, x);
+}
+
+// tanh, through a clamp (large arguments overflow some drivers' exp-based tanh) that keeps
+// NaN (WGSL's clamp may turn it into a bound).
+fn tanh_ref(v: f32) -> f32 {
+    return select(tanh(clamp(v, -15.0, 15.0)), v, is_nan(v));
+}
 
 // A running reduction of the reduce kernels: a Kahan-compensated sum, the max and min, and
 // whether a NaN was seen.
@@ -160,12 +246,34 @@ fn philox(ctr: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
 // C's fmod. WGSL's `%` is a - b * trunc(a / b) with an approximate division: when a / b is
 // (nearly) an integer the truncated quotient can be one off, leaving a remainder of b, or one
 // of the wrong sign. Two fix-ups bring it back into (-|b|, |b|) with the sign of a.
+// Special values as C's: fmod(x, +-inf) = x for finite x; an infinite a, a zero or NaN b
+// give NaN.
 fn fmod(a: f32, b: f32) -> f32 {
+    if (is_nan(a) || is_nan(b) || is_inf(a) || b == 0.0) { return nan(); }
+    if (is_inf(b)) { return a; }
+    if (abs(a) >= abs(b) * 8388608.0) { return fmod_long(a, b); }
     var r = a - b * trunc(a / b);
     let m = abs(b);
     if (abs(r) >= m) { r = r - select(m, -m, r < 0.0); }
     if (r != 0.0 && ((r < 0.0) != (a < 0.0))) { r = r + select(m, -m, a < 0.0); }
     return r;
+}
+// fmod for a quotient of 2^23 or more (or one that overflows), exactly: |b| doubled up to
+// below |a|, then subtracted where it fits while halving back (each step exact).
+fn fmod_long(a: f32, b: f32) -> f32 {
+    let m = abs(b);
+    var r = abs(a);
+    var d = m;
+    loop {
+        if (d > r * 0.5) { break; }
+        d = d * 2.0;
+    }
+    loop {
+        if (r >= d) { r = r - d; }
+        if (d <= m) { break; }
+        d = d * 0.5;
+    }
+    return select(r, -r, sign_bit(a));
 }
 fn erf_approx(x: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.3275911 * abs(x));

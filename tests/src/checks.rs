@@ -130,12 +130,14 @@ impl<B: Backend> Suite<'_, B> {
 const INDEX_ELEMENTS: usize = 1 << 20;
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 38] = [
+pub(crate) const EXPECTED_ROWS: [&str; 40] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
     "unary",
+    "unary (special values)",
     "binary",
+    "binary (special values)",
     "binary (comparison)",
     "ternary",
     "reduce sum",
@@ -187,7 +189,9 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     fill(s);
     copy(s);
     unary(s);
+    crate::special::unary_special(s);
     binary(s);
+    crate::special::binary_special(s);
     ternary(s);
     reduce(s);
     arg_reduce(s);

@@ -18,6 +18,7 @@ pub mod checks;
 pub mod device_checks;
 pub mod host;
 pub mod overflow;
+pub mod special;
 
 use backend_cpu::CpuBackend;
 use hal::Backend;

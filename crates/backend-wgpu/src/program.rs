@@ -177,12 +177,12 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
                     (IrUnary::Recip, _) => format!("1.0 / {a}"),
                     (IrUnary::Exp, _) => format!("exp({a})"),
                     (IrUnary::Exp2, _) => format!("exp2({a})"),
-                    (IrUnary::Log, _) => format!("log({a})"),
-                    (IrUnary::Log2, _) => format!("log2({a})"),
+                    (IrUnary::Log, _) => format!("log_ref({a})"),
+                    (IrUnary::Log2, _) => format!("log2_ref({a})"),
                     (IrUnary::Sin, _) => format!("sin({a})"),
                     (IrUnary::Cos, _) => format!("cos({a})"),
                     (IrUnary::Tan, _) => format!("tan({a})"),
-                    (IrUnary::Tanh, _) => format!("tanh(clamp({a}, -15.0, 15.0))"),
+                    (IrUnary::Tanh, _) => format!("tanh_ref({a})"),
                     (IrUnary::Floor, _) => format!("floor({a})"),
                     (IrUnary::Ceil, _) => format!("ceil({a})"),
                 }
@@ -201,8 +201,8 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
                     IrBinary::Rem => format!("fmod({x}, {y})"),
                     IrBinary::Min => format!("min({x}, {y})"),
                     IrBinary::Max => format!("max({x}, {y})"),
-                    IrBinary::Pow => format!("pow({x}, {y})"),
-                    IrBinary::Atan2 => format!("atan2({x}, {y})"),
+                    IrBinary::Pow => format!("pow_ref({x}, {y})"),
+                    IrBinary::Atan2 => format!("atan2_ref({x}, {y})"),
                     IrBinary::And => format!("{x} & {y}"),
                     IrBinary::Or => format!("{x} | {y}"),
                     IrBinary::Xor if at == ScalarType::Bool => format!("{x} != {y}"),
@@ -210,6 +210,15 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
                     IrBinary::Shl => format!("{x} << (u32({y}) & 31u)"),
                     IrBinary::Shr => format!("{x} >> (u32({y}) & 31u)"),
                 }
+            }
+            // WGSL's float `!=` is ordered (false with a NaN); C's, and the reference's, is
+            // not: written as the negation of `==`.
+            Inst::Cmp {
+                op: hal::ir::IrCmp::Ne,
+                a,
+                b,
+            } if types[a.0 as usize] == Some(ScalarType::F32) => {
+                format!("!({} == {})", v(a), v(b))
             }
             Inst::Cmp { op, a, b } => format!("{} {} {}", v(a), op.operator(), v(b)),
             Inst::Fma { a, b, c } => format!("fma({}, {}, {})", v(a), v(b), v(c)),
@@ -221,7 +230,9 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
                     (p, q) if p == q => a,
                     (F32, I32) => format!("f2i({a})"),
                     (F32, U32) => format!("f2u({a})"),
-                    (F32, Bool) | (I32, Bool) | (U32, Bool) => format!("{a} != {}", zero(from)),
+                    // A NaN is true, as in C (see Cmp above).
+                    (F32, Bool) => format!("!({a} == 0.0)"),
+                    (I32, Bool) | (U32, Bool) => format!("{a} != {}", zero(from)),
                     (I32, F32) | (U32, F32) => format!("f32({a})"),
                     (Bool, F32) => format!("select(0.0, 1.0, {a})"),
                     (Bool, I32) => format!("select(0, 1, {a})"),
