@@ -220,16 +220,20 @@ fn topological_order<B: Backend>(root: &Tensor<B>) -> Vec<Tensor<B>> {
 }
 
 /// Adds `g` to a leaf's stored gradient, kept dense so optimisers can step on it directly.
+/// The read, the sum and the store happen under the leaf's gradient lock: backward passes
+/// on several threads into one leaf each add their whole gradient (none is lost to another's
+/// store), in some order.
 fn accumulate_leaf<B: Backend>(leaf: &Tensor<B>, g: Tensor<B>) -> Result<()> {
     let g = if g.dtype() == leaf.dtype() {
         g
     } else {
         g.to_dtype(leaf.dtype())?
     };
-    let total = match leaf.grad() {
+    let mut slot = leaf.inner.grad.lock().unwrap_or_else(|p| p.into_inner());
+    let total = match slot.as_ref() {
         Some(prev) => prev.add(&g)?,
         None => g,
     };
-    leaf.set_grad(Some(total.dense()?.detach()));
+    *slot = Some(total.dense()?.detach());
     Ok(())
 }

@@ -4,6 +4,8 @@
 //! An optimiser does not hold the parameters: `step(&params)` takes them (in a fixed order,
 //! as [`crate::nn::ModuleExt::parameters`] returns them), and its state is per position. So a
 //! model moved to another device keeps its optimiser: move the state with `to_device`.
+//! A parameter listed more than once (a weight tied between two modules, say) is one
+//! parameter: it is updated once a step, and positions count first appearances only.
 
 use crate::error::{Result, invalid};
 use crate::tensor::Tensor;
@@ -50,6 +52,24 @@ pub trait Optimizer<B: Backend> {
     }
 }
 
+/// `params` with every repeat of an earlier tensor left out (the same tensor, or the same
+/// memory seen through the same layout): a tied weight is stepped once. Borrows when nothing
+/// repeats, as in the usual case.
+fn unique_params<B: Backend>(params: &[Tensor<B>]) -> std::borrow::Cow<'_, [Tensor<B>]> {
+    let same = |a: &Tensor<B>, b: &Tensor<B>| {
+        a.id() == b.id() || (a.buffer().same_memory(b.buffer()) && a.layout() == b.layout())
+    };
+    let repeats = |i: usize| params[..i].iter().any(|p| same(p, &params[i]));
+    if !(0..params.len()).any(repeats) {
+        return std::borrow::Cow::Borrowed(params);
+    }
+    let unique = (0..params.len())
+        .filter(|&i| !repeats(i))
+        .map(|i| params[i].clone())
+        .collect();
+    std::borrow::Cow::Owned(unique)
+}
+
 /// The gradient of `p`, checked to be a dense f32 buffer matching it, or `None` if it has
 /// none (a parameter that took no part in the loss).
 fn dense_grad<B: Backend>(p: &Tensor<B>, op: &'static str) -> Result<Option<Tensor<B>>> {
@@ -94,6 +114,7 @@ impl<B: Backend> State<B> {
         kinds: usize,
         mut update: impl FnMut(&Tensor<B>, &Tensor<B>, &[B::Buffer], u64) -> Result<()>,
     ) -> Result<()> {
+        let params = unique_params(params);
         self.steps += 1;
         for (i, param) in params.iter().enumerate() {
             let Some(g) = dense_grad(param, op)? else {
@@ -137,6 +158,7 @@ impl<B: Backend> State<B> {
     /// Creates the `kinds` state buffers of every parameter that lacks them, as its first
     /// step would.
     fn ensure(&mut self, op: &'static str, params: &[Tensor<B>], kinds: usize) -> Result<()> {
+        let params = unique_params(params);
         for (i, param) in params.iter().enumerate() {
             dense_grad(param, op)?;
             self.state_of(op, i, param, kinds)?;
@@ -355,6 +377,7 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
     }
 
     fn prepare_recorded(&mut self, params: &[Tensor<B>]) -> Result<()> {
+        let params = &unique_params(params)[..];
         let Some(first) = params.first() else {
             return Err(invalid("prepare_recorded", "no parameters to update"));
         };
@@ -416,6 +439,7 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
             Recorded::Eager => return self.step(params),
             Recorded::OnDevice(r) => r,
         };
+        let params = &unique_params(params)[..];
         let Some(first) = params.first() else {
             return Ok(());
         };
@@ -731,7 +755,7 @@ pub fn clip_grad_norm<B: Backend>(
     max_norm: f32,
 ) -> Result<Option<Tensor<B>>> {
     crate::no_grad(|| {
-        let grads: Vec<(Tensor<B>, Tensor<B>)> = params
+        let grads: Vec<(Tensor<B>, Tensor<B>)> = unique_params(params)
             .iter()
             .filter_map(|p| p.grad().map(|g| (p.clone(), g)))
             .collect();

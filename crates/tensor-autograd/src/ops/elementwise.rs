@@ -460,12 +460,15 @@ fn binary_backward<B: Backend>(
             let (a, b) = stretched()?;
             (
                 kernel("pow_grad_base", &[&a, &b, g], &|pb, v| {
-                    // b * a^(b-1) * g
-                    let one = pb.const_f32(1.0);
+                    // b * a^(b-1) * g, and 0 where b = 0 (PyTorch's convention: a^0 is 1
+                    // for every a, so the base has no effect, even at a = 0).
+                    let (one, zero) = (pb.const_f32(1.0), pb.const_f32(0.0));
                     let bm1 = pb.sub(v[1], one);
                     let p = pb.binary(IrBinary::Pow, v[0], bm1);
                     let t = pb.mul(v[1], p);
-                    pb.mul(t, v[2])
+                    let t = pb.mul(t, v[2]);
+                    let constant = pb.cmp(IrCmp::Eq, v[1], zero);
+                    pb.select(constant, zero, t)
                 })?,
                 kernel("pow_grad_exponent", &[&a, y, g], &|pb, v| {
                     // a^b ln(a) g where a > 0; 0 elsewhere (PyTorch's convention for a = 0)
@@ -498,12 +501,16 @@ fn binary_backward<B: Backend>(
         }
         BinaryOp::Atan2 => {
             let (a, b) = stretched()?;
-            // g / (a^2 + b^2) times b for `a`, times -a for `b`.
+            // g / (a^2 + b^2) times b for `a`, times -a for `b`; 0 at a = b = 0, where atan2
+            // has no derivative (PyTorch's value there).
             let scaled = |pb: &mut ProgramBuilder, v: &[Value], by: Value| {
                 let a2 = pb.mul(v[0], v[0]);
                 let d = pb.fma(v[1], v[1], a2);
                 let t = pb.mul(v[2], by);
-                pb.div(t, d)
+                let q = pb.div(t, d);
+                let zero = pb.const_f32(0.0);
+                let origin = pb.cmp(IrCmp::Eq, d, zero);
+                pb.select(origin, zero, q)
             };
             (
                 kernel("atan2_grad_a", &[&a, &b, g], &|pb, v| scaled(pb, v, v[1]))?,

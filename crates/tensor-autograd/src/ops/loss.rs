@@ -72,7 +72,9 @@ impl<B: Backend> Tensor<B> {
     }
 
     /// Binary cross-entropy of logits against targets in `[0, 1]` of the same shape, in the
-    /// stable form `max(x, 0) - x y + log(1 + exp(-|x|))`.
+    /// stable form `max(x, 0) - x y + log(1 + exp(-|x|))`, averaged. Its gradient is the
+    /// exact one, `(sigmoid(x) - y) / n` for the logits and `-x / n` for the targets, also at
+    /// `x = 0` (where the stable form's pieces have no derivative).
     pub fn bce_with_logits(&self, target: &Tensor<B>) -> Result<Self> {
         if self.shape() != target.shape() {
             return Err(shape_error(
@@ -87,11 +89,23 @@ impl<B: Backend> Tensor<B> {
         } else {
             self.dtype()
         })?;
-        let softplus = self.abs()?.neg()?.exp()?.add_scalar(1.0)?.log()?;
-        self.relu()?
-            .sub(&self.mul(&target)?)?
-            .add(&softplus)?
-            .mean_all()
+        let (x, y) = (self.detach(), target.detach());
+        let loss = crate::no_grad(|| {
+            let softplus = x.abs()?.neg()?.exp()?.add_scalar(1.0)?.log()?;
+            x.relu()?.sub(&x.mul(&y)?)?.add(&softplus)?.mean_all()
+        })?;
+        let count = self.numel().max(1) as f32;
+        Ok(Tensor::from_op(
+            loss,
+            "bce_with_logits",
+            &[self, &target],
+            move |g| {
+                let scale = g.mul_scalar(1.0 / count)?;
+                let logits = x.sigmoid()?.sub(&y)?.mul(&scale)?;
+                let targets = x.neg()?.mul(&scale)?;
+                Ok(vec![Some(logits), Some(targets)])
+            },
+        ))
     }
 }
 

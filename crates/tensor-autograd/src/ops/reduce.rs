@@ -134,9 +134,30 @@ impl<B: Backend> Tensor<B> {
         self.extremum(ArgReduceOp::ArgMin, axis, keepdim)
     }
 
-    /// The largest element (shape `[]`).
+    /// The largest element (shape `[]`). Its gradient is split evenly among the elements
+    /// that equal the maximum (as PyTorch's `max()` without a dimension does), so tied maxima
+    /// each get `g / ties`; [`Tensor::max`] along an axis sends it to the first instead.
     pub fn max_all(&self) -> Result<Self> {
-        self.flatten(0)?.max(0, false)
+        self.extremum_all(ArgReduceOp::ArgMax)
+    }
+
+    /// The smallest element (shape `[]`); ties share the gradient as in [`Tensor::max_all`].
+    pub fn min_all(&self) -> Result<Self> {
+        self.extremum_all(ArgReduceOp::ArgMin)
+    }
+
+    fn extremum_all(&self, op: ArgReduceOp) -> Result<Self> {
+        let x = self.detach();
+        let value = crate::no_grad(|| x.flatten(0)?.extremum(op, 0, false))?;
+        let kept = value.clone();
+        Ok(Tensor::from_op(value, "extremum_all", &[self], move |g| {
+            // A mask of the ties (NaN: the mask is empty where no element equals a NaN
+            // extremum, and the gradient is NaN, as the value is).
+            let ties = x.eq(&kept)?;
+            let count = ties.sum_all()?;
+            let share = g.div(&count)?;
+            Ok(vec![Some(ties.mul(&share)?)])
+        }))
     }
 
     /// The variance over `axes`, with `correction` subtracted from the count (1: unbiased).
@@ -159,9 +180,17 @@ impl<B: Backend> Tensor<B> {
     }
 
     /// `log(sum(exp(x)))` along `axis`, computed stably (the maximum is subtracted first).
+    /// A slice whose elements are all `-inf` gives `-inf` (the log of an empty sum; its
+    /// gradient there is NaN, as PyTorch's); a slice holding `+inf` gives `+inf`.
     pub fn logsumexp(&self, axis: isize, keepdim: bool) -> Result<Self> {
-        // The shift is a constant for the gradient (it cancels), so it is detached.
+        // The shift is a constant for the gradient (it cancels), so it is detached. An
+        // infinite maximum shifts by 0 instead: `-inf - -inf` would be NaN.
         let m = self.max(axis, true)?.detach();
+        let m = crate::no_grad(|| -> Result<Self> {
+            let inf = Tensor::full(self.backend(), &[], f64::INFINITY, m.dtype())?;
+            let zero = Tensor::zeros(self.backend(), &[], m.dtype())?;
+            m.abs()?.lt(&inf)?.where_cond(&m, &zero)
+        })?;
         let s = self.sub(&m)?.exp()?.sum(&[axis], true)?.log()?.add(&m)?;
         if keepdim {
             Ok(s)
