@@ -109,7 +109,8 @@ pub struct Evaluation<B: Backend> {
     pub jacobian: B::Buffer,
     /// `[blocks]`: each block's cost `rho / 2`.
     pub cost: B::Buffer,
-    /// `[1]`: the total cost (f32 sum).
+    /// `[2]`: the total cost (f32 sum), then the sum of the Jacobian's entries, which is
+    /// finite only when every entry is (read with the cost: one read tells both).
     pub total: B::Buffer,
 }
 
@@ -308,7 +309,7 @@ impl<B: Backend> CompiledProblem<B> {
             residuals: b.alloc(DType::F32, self.rows.max(1))?,
             jacobian: b.alloc(DType::F32, self.nnz.max(1))?,
             cost: b.alloc(DType::F32, self.blocks.max(1))?,
-            total: b.alloc(DType::F32, 1)?,
+            total: b.alloc(DType::F32, 2)?,
         })
     }
 
@@ -337,6 +338,14 @@ impl<B: Backend> CompiledProblem<B> {
             View::new(&out.cost, &all),
             &[0],
             View::new(&out.total, &one),
+        )?;
+        let entries = Layout::contiguous(&[self.nnz]);
+        let second = Layout::strided(&[1], &[1], 1)?;
+        self.backend.reduce(
+            ReduceOp::Sum,
+            View::new(&out.jacobian, &entries),
+            &[0],
+            View::new(&out.total, &second),
         )?;
         Ok(())
     }

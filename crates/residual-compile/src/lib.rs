@@ -75,6 +75,36 @@ pub enum Error {
     },
     #[error("solver: {0}")]
     Solver(String),
+    /// A [`SolveOptions`] value that cannot be used (a negative or NaN tolerance, a trust
+    /// radius that is not positive, ...).
+    #[error("invalid solve options: {0}")]
+    InvalidOptions(String),
+    /// The solve stopped on an error after it started; `summary` reports it so far (the
+    /// iterations, the last accepted cost, [`Termination::Failure`]) and the problem holds the
+    /// parameters of the last accepted step.
+    #[error("{source} (solve stopped after {} iterations, {} accepted; last accepted cost {:e})", summary.iterations, summary.accepted_steps, summary.final_cost)]
+    Failed {
+        source: Box<Error>,
+        summary: Box<Summary>,
+    },
+}
+
+impl Error {
+    /// The summary of a solve that stopped on this error, where it had started.
+    pub fn summary(&self) -> Option<&Summary> {
+        match self {
+            Error::Failed { summary, .. } => Some(summary),
+            _ => None,
+        }
+    }
+
+    /// The error itself, without the solve's summary around it.
+    pub fn cause(&self) -> &Error {
+        match self {
+            Error::Failed { source, .. } => source.cause(),
+            other => other,
+        }
+    }
 }
 
 /// `auto` backend choice: problems with at least this many scalar residuals go to a GPU

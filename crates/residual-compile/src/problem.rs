@@ -416,6 +416,19 @@ impl Problem {
     }
 
     /// Which block and residual a Jacobian row belongs to, given rows laid out group by group.
+    /// The block whose cost is entry `entry` of an evaluation's per-block costs (blocks in
+    /// group order, as the rows).
+    pub(crate) fn locate_cost(&self, entry: usize) -> Option<usize> {
+        let mut first = 0;
+        for g in &self.groups {
+            if entry < first + g.len() {
+                return Some(g.block_ids[entry - first] as usize);
+            }
+            first += g.len();
+        }
+        None
+    }
+
     pub(crate) fn locate_row(&self, row: usize) -> Option<(usize, usize)> {
         let mut first = 0;
         for g in &self.groups {

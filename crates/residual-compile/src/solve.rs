@@ -50,6 +50,8 @@ pub enum Termination {
     /// The trust region shrank below `1e-32` (or Gauss-Newton found no decrease).
     NoProgress,
     MaxIterations,
+    /// An error stopped the solve ([`Error::Failed`] carries it with this summary).
+    Failure,
 }
 
 #[derive(Clone, Debug)]
@@ -69,6 +71,49 @@ pub struct SolveOptions {
     pub cg_check_every: usize,
     /// Prints one line per iteration.
     pub verbose: bool,
+}
+
+impl SolveOptions {
+    /// Checks every option: tolerances finite and not negative, the trust radius finite and
+    /// positive, the conjugate-gradient settings usable. A bad option is an
+    /// [`Error::InvalidOptions`] naming it, never a silent "converged".
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |what: &str, value: f64, rule: &str| {
+            Err(Error::InvalidOptions(format!("{what} is {value}; {rule}")))
+        };
+        for (what, value) in [
+            ("function_tolerance", self.function_tolerance),
+            ("gradient_tolerance", self.gradient_tolerance),
+            ("parameter_tolerance", self.parameter_tolerance),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return bad(what, value, "it must be finite and at least 0");
+            }
+        }
+        let radius = self.initial_trust_radius;
+        if !(radius.is_finite() && radius > 0.0) {
+            return bad(
+                "initial_trust_radius",
+                radius,
+                "it must be finite and greater than 0",
+            );
+        }
+        let uses_cg = self.linear_solver != LinearSolver::SparseCholesky;
+        if uses_cg && !(self.cg_tolerance.is_finite() && self.cg_tolerance > 0.0) {
+            return bad(
+                "cg_tolerance",
+                self.cg_tolerance,
+                "it must be finite and greater than 0",
+            );
+        }
+        if uses_cg && (self.max_cg_iterations == 0 || self.cg_check_every == 0) {
+            return Err(Error::InvalidOptions(format!(
+                "max_cg_iterations ({}) and cg_check_every ({}) must be at least 1",
+                self.max_cg_iterations, self.cg_check_every
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Default for SolveOptions {
@@ -232,8 +277,9 @@ trait Engine {
     fn state(&self) -> &Iterates<Self::B, Self::Point>;
     fn state_mut(&mut self) -> &mut Iterates<Self::B, Self::Point>;
     fn compiled(&self) -> &CompiledProblem<Self::B>;
-    /// Evaluates at `x_candidate` into the candidate buffers; the cost there.
-    fn evaluate_candidate(&mut self) -> Result<f64, Error>;
+    /// Evaluates at `x_candidate` into the candidate buffers; the cost there, and whether
+    /// every Jacobian entry there is finite.
+    fn evaluate_candidate(&mut self) -> Result<(f64, bool), Error>;
     /// Forms what the linear solves need at the current point; returns `max |J^T f|`.
     fn linearize(&mut self) -> Result<f64, Error>;
     /// Solves for the step and sets `x_candidate = x + delta`.
@@ -246,13 +292,18 @@ trait Engine {
         self.state().cost
     }
 
-    /// Evaluates at `x + delta`; the cost there (NaN when any residual is not finite).
+    /// Evaluates at `x + delta`; the cost there, NaN when any residual or Jacobian entry is
+    /// not finite (such a point is never accepted: the next linear solve would read it).
     fn try_step(&mut self) -> Result<f64, Error> {
         let t = Instant::now();
-        let cost = self.evaluate_candidate()?;
+        let (cost, jacobian_finite) = self.evaluate_candidate()?;
         let s = self.state_mut();
         s.times.evaluate += t.elapsed().as_secs_f64();
-        s.candidate_cost = if cost.is_finite() { cost } else { f64::NAN };
+        s.candidate_cost = if cost.is_finite() && jacobian_finite {
+            cost
+        } else {
+            f64::NAN
+        };
         Ok(s.candidate_cost)
     }
 
@@ -280,12 +331,20 @@ trait Engine {
 }
 
 /// Solves `problem` on `backend`, writing the solution into the problem's parameters.
+///
+/// Errors: bad options ([`Error::InvalidOptions`]) and problems that cannot be compiled are
+/// returned before anything runs. An error once the solve has started (a residual, Jacobian
+/// entry or cost that is not finite at the starting point, a device error, a failed
+/// factorisation) is an [`Error::Failed`] carrying the [`Summary`] so far (iterations, the
+/// last accepted cost, [`Termination::Failure`]); the problem's parameters are then those of
+/// the last accepted step (the start if none was).
 pub fn solve<B: Backend>(
     backend: &B,
     problem: &mut Problem,
     options: &SolveOptions,
     cache: &KernelCache<B>,
 ) -> Result<Summary, Error> {
+    options.validate()?;
     let started = Instant::now();
     let compiled = CompiledProblem::new(backend, problem, cache)?;
     let compile_seconds = compiled.report.compile_seconds
@@ -317,25 +376,62 @@ pub fn solve<B: Backend>(
         compile: report,
         times: PhaseTimes::default(),
     };
-    let solution = match linear_solver {
-        LinearSolver::SparseCholesky => {
-            let mut engine = CholeskyEngine::new(compiled, problem)?;
-            engine.it.times.compile = compile_seconds;
-            trust_region(&mut engine, options, &mut summary)?;
-            summary.times = engine.it.times.clone();
-            engine.parameters()?
+    summary.times.compile = compile_seconds;
+    let (outcome, solution) = match linear_solver {
+        LinearSolver::SparseCholesky => drive(
+            CholeskyEngine::new(compiled, problem),
+            options,
+            &mut summary,
+        ),
+        _ => drive(
+            DeviceEngine::new(compiled, problem, options),
+            options,
+            &mut summary,
+        ),
+    };
+    if let Some(solution) = solution {
+        problem.parameters_mut().copy_from_slice(&solution);
+    }
+    summary.times.total = started.elapsed().as_secs_f64();
+    match outcome {
+        Ok(()) => Ok(summary),
+        Err(source) => {
+            summary.termination = Termination::Failure;
+            if summary.accepted_steps == 0 && !summary.final_cost.is_finite() {
+                summary.final_cost = summary.initial_cost;
+            }
+            Err(Error::Failed {
+                source: Box::new(source),
+                summary: Box::new(summary),
+            })
         }
-        _ => {
-            let mut engine = DeviceEngine::new(compiled, problem, options)?;
-            engine.it.times.compile = compile_seconds;
-            trust_region(&mut engine, options, &mut summary)?;
-            summary.times = engine.it.times.clone();
-            engine.parameters()?
+    }
+}
+
+/// Runs the trust-region loop on a new engine; returns how it ended and the parameters of
+/// the last accepted point (`None` when the engine could not start or they cannot be read).
+fn drive<E: Engine>(
+    engine: Result<E, Error>,
+    options: &SolveOptions,
+    summary: &mut Summary,
+) -> (Result<(), Error>, Option<Vec<f64>>) {
+    let mut engine = match engine {
+        Ok(engine) => engine,
+        Err(e) => {
+            summary.initial_cost = f64::NAN;
+            summary.final_cost = f64::NAN;
+            return (Err(e), None);
         }
     };
-    problem.parameters_mut().copy_from_slice(&solution);
-    summary.times.total = started.elapsed().as_secs_f64();
-    Ok(summary)
+    engine.state_mut().times.compile = summary.times.compile;
+    let run = trust_region(&mut engine, options, summary);
+    summary.times = engine.state().times.clone();
+    // On an error the loop stopped early: the current point is the last accepted one.
+    summary.final_cost = engine.cost();
+    match engine.parameters() {
+        Ok(p) => (run, Some(p)),
+        Err(e) => (run.and(Err(e)), None),
+    }
 }
 
 fn trust_region(
@@ -453,7 +549,9 @@ fn non_finite<B: Backend>(
         } else {
             continue;
         };
-        let (block, residual) = problem.locate_row(row).unwrap_or((usize::MAX, 0));
+        let Some((block, residual)) = problem.locate_row(row) else {
+            break;
+        };
         return Error::NonFinite {
             name: problem.block_name(block).unwrap_or("?").to_string(),
             block,
@@ -461,12 +559,29 @@ fn non_finite<B: Backend>(
             what,
         };
     }
-    Error::NonFinite {
-        name: "cost".into(),
-        block: usize::MAX,
-        residual: 0,
-        what: "cost",
+    // Finite residuals and Jacobian: a block's cost (its robust loss) or their sum is not.
+    let costs = match b.read::<f32>(&eval.cost) {
+        Ok(c) => c,
+        Err(e) => return e.into(),
+    };
+    if let Some(block) = costs
+        .iter()
+        .take(compiled.blocks)
+        .position(|c| !c.is_finite())
+        .and_then(|entry| problem.locate_cost(entry))
+    {
+        return Error::NonFinite {
+            name: problem.block_name(block).unwrap_or("?").to_string(),
+            block,
+            residual: 0,
+            what: "cost",
+        };
     }
+    Error::Solver(
+        "the total cost overflows f32 at the starting point (every block's cost is finite; \
+         their sum is not): scale the residuals down"
+            .into(),
+    )
 }
 
 fn norm(v: &[f64]) -> f64 {
@@ -639,7 +754,7 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
     }
 
     /// The cost summed in f64 on the host from the per-block costs.
-    fn evaluate_candidate(&mut self) -> Result<f64, Error> {
+    fn evaluate_candidate(&mut self) -> Result<(f64, bool), Error> {
         let b = &self.compiled.backend;
         let xs: Vec<f32> = self.it.x_candidate.iter().map(|&v| v as f32).collect();
         if !xs.is_empty() {
@@ -648,7 +763,11 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
         self.compiled
             .evaluate(&self.params_buf, &self.it.candidate)?;
         let costs = b.read::<f32>(&self.it.candidate.cost)?;
-        Ok(costs.iter().map(|&c| c as f64).sum())
+        let jacobian_sum = b.read::<f32>(&self.it.candidate.total)?[1];
+        Ok((
+            costs.iter().map(|&c| c as f64).sum(),
+            jacobian_sum.is_finite(),
+        ))
     }
 
     fn linearize(&mut self) -> Result<f64, Error> {
@@ -1127,13 +1246,14 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     }
 
     /// The cost summed on the device; one scalar read.
-    fn evaluate_candidate(&mut self) -> Result<f64, Error> {
+    fn evaluate_candidate(&mut self) -> Result<(f64, bool), Error> {
         self.compiled
             .evaluate(&self.it.x_candidate, &self.it.candidate)?;
-        Ok(self
+        let total = self
             .compiled
             .backend
-            .read::<f32>(&self.it.candidate.total)?[0] as f64)
+            .read::<f32>(&self.it.candidate.total)?;
+        Ok((total[0] as f64, total[1].is_finite()))
     }
 
     fn linearize(&mut self) -> Result<f64, Error> {

@@ -225,15 +225,19 @@ fn bad_input_gets_clear_errors() {
             ..SolveOptions::default()
         };
         let before = nan.parameters().to_vec();
-        match solve(&cpu, &mut nan, &options, &cache) {
-            Err(Error::NonFinite {
+        let err = solve(&cpu, &mut nan, &options, &cache).unwrap_err();
+        let summary = err.summary().expect("a failed solve reports its summary");
+        assert_eq!(summary.termination, Termination::Failure);
+        assert_eq!(summary.iterations, 0);
+        match err.cause() {
+            Error::NonFinite {
                 name,
                 block,
                 residual,
                 what,
-            }) => {
+            } => {
                 assert_eq!(
-                    (name.as_str(), block, residual, what),
+                    (name.as_str(), *block, *residual, *what),
                     ("root", 2, 0, "residual")
                 );
             }
