@@ -24,6 +24,12 @@
 //!
 //! Reading checks the magic, version, checksum, every size and bound, and every assignment:
 //! a truncated or corrupted file is an [`Error::Format`](crate::Error::Format), never a panic.
+//! The checksum guards against damage, not against an adversary, so every count read from the
+//! header is bounded by what the file holds before anything is allocated or looped over:
+//! `n` is at most [`MAX_VECTORS`] and at most 8 per byte of the file (a vector takes at least
+//! one bit of assignment, except in a one-anchor index without residual codes, which stores
+//! nothing per vector and so may not claim more vectors than that); `m`, `d` and the codebooks
+//! are bounded by their sections' lengths. Reading does work linear in the file's size.
 
 use crate::error::{Result, format_error, io_error};
 use crate::pq::ProductQuantizer;
@@ -35,6 +41,8 @@ use std::sync::OnceLock;
 pub const MAGIC: &[u8; 8] = b"VLCINDEX";
 pub const END_MAGIC: &[u8; 4] = b"VLC!";
 pub const VERSION: u32 = 1;
+/// The most vectors an index holds (assignments and search ids are `u32`).
+pub const MAX_VECTORS: usize = 1 << 32;
 const HEADER_END: usize = 80;
 const ENTRY: usize = 24;
 
@@ -271,6 +279,8 @@ pub struct Index {
     assignments: std::ops::Range<usize>,
     codes: std::ops::Range<usize>,
     lists: OnceLock<Vec<Vec<u32>>>,
+    /// [`Index::reach`], computed on first use.
+    reach: OnceLock<f64>,
 }
 
 impl std::fmt::Debug for Index {
@@ -284,8 +294,11 @@ impl Index {
     pub fn open(path: impl AsRef<Path>) -> Result<Index> {
         let path = path.as_ref();
         let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
-        // SAFETY: the map is read-only; a file changed by another process while mapped is
-        // outside what this reader can guard against (as for any mmap reader).
+        // SAFETY: the map is read-only and lives as long as `Storage::Mapped`. Every writer of
+        // this project replaces index files by rename (hal::durable), which leaves the mapped
+        // file untouched, so a reader keeps its contents while the name is rewritten. A file
+        // truncated in place by some other program while mapped is outside what any mmap
+        // reader can guard against (the kernel would raise SIGBUS).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io_error(path, e))?;
         Self::parse(Storage::Mapped(map), &path.display().to_string())
     }
@@ -295,10 +308,12 @@ impl Index {
         Self::parse(Storage::Owned(bytes), name)
     }
 
-    /// Writes the index's bytes to `path`.
+    /// Writes the index's bytes to `path`, atomically ([`hal::durable::write_atomic`]): the
+    /// old file stays whole until the new one is complete, so saving over the file this index
+    /// was mapped from, or over one another process is reading, is safe.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        std::fs::write(path, &*self.storage).map_err(|e| io_error(path, e))
+        hal::durable::write_bytes_atomic(path, &self.storage).map_err(|e| io_error(path, e))
     }
 
     /// Size of the file in bytes.
@@ -354,6 +369,12 @@ impl Index {
             return Err(bad(format!(
                 "impossible sizes: n = {}, d = {}, m = {}",
                 h.n, h.d, h.m
+            )));
+        }
+        if u64_at(16) > MAX_VECTORS as u64 || h.n > end.saturating_mul(8) {
+            return Err(bad(format!(
+                "{} vectors claimed: more than the format's {MAX_VECTORS} or than a file of {end} bytes can account for (8 per byte)",
+                u64_at(16)
             )));
         }
         if h.assignment_bits != assignment_bits(h.m) {
@@ -436,8 +457,11 @@ impl Index {
         }
         let assignments = range(ASSIGNMENTS)?;
         let packed = &bytes[assignments.clone()];
-        if let Some(i) =
-            (0..h.n).find(|&i| unpack_bit(packed, h.assignment_bits, i) as usize >= h.m)
+        // With 0 bits (one anchor) every assignment is 0: nothing to check. Otherwise the
+        // section holds n * bits bits, so this loop is linear in the file's size.
+        if h.assignment_bits > 0
+            && let Some(i) =
+                (0..h.n).find(|&i| unpack_bit(packed, h.assignment_bits, i) as usize >= h.m)
         {
             return Err(bad(format!(
                 "vector {i} is assigned to anchor {}, beyond the {} anchors",
@@ -469,6 +493,7 @@ impl Index {
             assignments,
             codes,
             lists: OnceLock::new(),
+            reach: OnceLock::new(),
             storage,
         })
     }
@@ -499,18 +524,32 @@ impl Index {
         self.pq.add_decoded(self.code(i), out);
     }
 
-    /// Every vector reconstructed.
-    pub fn decompress(&self) -> Matrix {
+    /// Every vector reconstructed. Fails, before allocating, when `n x d` f32 values do not
+    /// fit in memory (a small file may describe many vectors: that is what compression is).
+    pub fn decompress(&self) -> crate::Result<Matrix> {
         let (n, d) = (self.header.n, self.header.d);
-        let mut data = vec![0f32; n * d];
+        let too_large = || {
+            crate::error::input(format!(
+                "decompressing {n} x {d} vectors needs {} bytes of f32, more than this machine can allocate",
+                n as u128 * d as u128 * 4
+            ))
+        };
+        let len = n
+            .checked_mul(d)
+            .filter(|l| l.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
+            .filter(|l| available_memory().is_none_or(|a| (*l as u64).saturating_mul(4) <= a))
+            .ok_or_else(too_large)?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(len).map_err(|_| too_large())?;
+        data.resize(len, 0f32);
         for (i, row) in data.chunks_exact_mut(d).enumerate() {
             self.reconstruct(i, row);
         }
-        Matrix {
+        Ok(Matrix {
             rows: n,
             cols: d,
             data,
-        }
+        })
     }
 
     /// Members of each anchor, in ascending order (built on first use).
@@ -546,7 +585,15 @@ impl Index {
                 queries.cols
             )));
         }
-        let nprobe = nprobe.clamp(1, m);
+        if nprobe == 0 {
+            return Err(crate::error::input(
+                "nprobe must be at least 1 (the number of anchors whose members are scored)",
+            ));
+        }
+        check_queries(queries, self.reach())?;
+        let nprobe = nprobe.min(m);
+        // More results than vectors cannot be returned.
+        let k = k.min(self.header.n);
         let lists = self.lists();
         let search_one = |q: &[f32]| -> Vec<(u32, f32)> {
             let mut near: Vec<(f32, u32)> =
@@ -575,6 +622,32 @@ impl Index {
         Ok(parallel_map(queries, &search_one))
     }
 
+    /// An upper bound on the norm of every reconstruction: the largest anchor norm plus the
+    /// norm of the largest codeword of every subspace together (computed once).
+    fn reach(&self) -> f64 {
+        *self.reach.get_or_init(|| {
+            let norm = |v: &[f32]| v.iter().map(|&x| x as f64 * x as f64).sum::<f64>();
+            let d = self.header.d;
+            let anchors = self
+                .anchors
+                .chunks_exact(d)
+                .map(norm)
+                .fold(0.0, f64::max)
+                .sqrt();
+            let pq = &self.pq;
+            let residual: f64 = (0..pq.bytes())
+                .map(|j| {
+                    let w = pq.bounds[j + 1] - pq.bounds[j];
+                    pq.codebooks[pq.codebook_offset(j)..][..pq.codewords * w]
+                        .chunks_exact(w)
+                        .map(norm)
+                        .fold(0.0, f64::max)
+                })
+                .sum();
+            anchors + residual.sqrt()
+        })
+    }
+
     /// Fills `table[j * codewords + c] = |rq_j - codeword_jc|^2` and returns the squared
     /// norm of `rq`'s dimensions no subspace covers (all of it without residual codes).
     fn fill_table(&self, rq: &[f32], table: &mut [f32]) -> f32 {
@@ -592,6 +665,38 @@ impl Index {
         }
         0.0
     }
+}
+
+/// Bytes of memory available now (Linux's `MemAvailable`), or `None` where unknown.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// Checks that every query is finite and that no squared distance between it and a vector
+/// whose norm is at most `reach` can overflow f32 (so the ranking is exact, not a tie of
+/// infinities): `(|q| + reach)^2`, with a margin for rounding, stays below `f32::MAX`.
+pub(crate) fn check_queries(queries: &Matrix, reach: f64) -> crate::Result<()> {
+    const LIMIT: f64 = f32::MAX as f64 / 4.0;
+    for i in 0..queries.rows {
+        let q = queries.row(i);
+        if let Some(j) = q.iter().position(|v| !v.is_finite()) {
+            return Err(crate::error::input(format!(
+                "query {i} holds a non-finite value ({}) at dimension {j}",
+                q[j]
+            )));
+        }
+        let norm = q.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
+        if (norm + reach).powi(2) > LIMIT {
+            return Err(crate::error::input(format!(
+                "query {i} (norm {norm:.3e}) is too large: its squared distances to the indexed \
+                 vectors (norms up to {reach:.3e}) overflow f32; scale the vectors down"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn sq(a: &[f32], b: &[f32]) -> f32 {
@@ -627,7 +732,8 @@ impl TopK {
     fn new(k: usize) -> Self {
         Self {
             k,
-            heap: std::collections::BinaryHeap::with_capacity(k + 1),
+            // Grows as results come: `k` may exceed what the probed lists hold.
+            heap: std::collections::BinaryHeap::with_capacity(k.min(1024) + 1),
         }
     }
     fn push(&mut self, dist: f32, id: u32) {
@@ -675,6 +781,7 @@ pub(crate) fn parallel_map<T: Send>(queries: &Matrix, f: &(dyn Fn(&[f32]) -> T +
 /// The exact `k` nearest rows of `data` for each query (squared Euclidean distance, ties to
 /// the lower index): the ground truth for recall.
 pub fn exact_knn(data: &Matrix, queries: &Matrix, k: usize) -> Vec<Vec<u32>> {
+    let k = k.min(data.rows);
     parallel_map(queries, &|q: &[f32]| {
         let mut best = TopK::new(k);
         for i in 0..data.rows {

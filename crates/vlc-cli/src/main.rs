@@ -131,6 +131,7 @@ fn run(command: Command) -> Res<()> {
             tolerance,
             quiet,
         } => {
+            writable_output(&output, &[&input])?;
             let data = Matrix::load(&input).map_err(err)?;
             let mut cfg = Config::new(anchors);
             cfg.pq_bytes = bytes;
@@ -157,7 +158,7 @@ fn run(command: Command) -> Res<()> {
                 "wrote {}: {} bytes, ratio {:.1}x against f32, energy {:.6}, reconstruction MSE {:.6}",
                 output.display(),
                 index.file_size(),
-                (h.n * h.d * 4) as f64 / index.file_size() as f64,
+                f32_bytes(h) / index.file_size() as f64,
                 h.energy,
                 h.mse
             );
@@ -185,7 +186,7 @@ fn run(command: Command) -> Res<()> {
             println!(
                 "file              {} bytes, ratio {:.2}x against f32",
                 index.file_size(),
-                (h.n * h.d * 4) as f64 / index.file_size() as f64
+                f32_bytes(h) / index.file_size() as f64
             );
             Ok(())
         }
@@ -197,6 +198,12 @@ fn run(command: Command) -> Res<()> {
         } => {
             let index = Index::open(&index).map_err(err)?;
             let queries = Matrix::load(&queries).map_err(err)?;
+            if k > index.header.n {
+                eprintln!(
+                    "vlc: -k {k} exceeds the {} indexed vectors; returning at most {}",
+                    index.header.n, index.header.n
+                );
+            }
             let hits = index.search(&queries, k, nprobe).map_err(err)?;
             for (q, row) in hits.iter().enumerate() {
                 let line: Vec<String> = row.iter().map(|(i, d)| format!("{i}:{d:.5}")).collect();
@@ -216,9 +223,17 @@ fn run(command: Command) -> Res<()> {
             println!("{}", report.text);
             Ok(())
         }
-        Command::Decompress { index, output } => {
-            let index = Index::open(&index).map_err(err)?;
-            index.decompress().save(&output).map_err(err)?;
+        Command::Decompress {
+            index: path,
+            output,
+        } => {
+            writable_output(&output, &[&path])?;
+            let index = Index::open(&path).map_err(err)?;
+            index
+                .decompress()
+                .map_err(err)?
+                .save(&output)
+                .map_err(err)?;
             println!("wrote {} vectors to {}", index.header.n, output.display());
             Ok(())
         }
@@ -248,6 +263,39 @@ fn run(command: Command) -> Res<()> {
             Ok(())
         }
     }
+}
+
+/// The size of an index's vectors as f32, in bytes (f64: a header may describe more bytes
+/// than `usize` counts).
+fn f32_bytes(h: &vlc_anneal::index::Header) -> f64 {
+    h.n as f64 * h.d as f64 * 4.0
+}
+
+/// Refuses, before any work, an output that would replace one of the command's inputs or
+/// whose folder does not exist. (The write itself is atomic: an interrupted one leaves any
+/// old file at `output` whole.)
+fn writable_output(output: &std::path::Path, inputs: &[&std::path::Path]) -> Res<()> {
+    if let Some(input) = inputs.iter().find(|i| hal::durable::same_file(i, output)) {
+        return Err(format!(
+            "the output {} is the input {}; write to another file",
+            output.display(),
+            input.display()
+        ));
+    }
+    let folder = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    if !folder.is_dir() {
+        return Err(format!(
+            "the output's folder {} does not exist",
+            folder.display()
+        ));
+    }
+    if output.is_dir() {
+        return Err(format!("the output {} is a folder", output.display()));
+    }
+    Ok(())
 }
 
 fn compress_with<B: Backend>(b: &B, data: &Matrix, cfg: &Config, quiet: bool) -> Res<Index> {
@@ -325,9 +373,9 @@ fn evaluate(index: &Index, data: &Matrix, queries: usize, nprobe: usize) -> Res<
         h.energy,
         mse,
         recall,
-        (h.n * h.d * 4) as f64 / index.file_size() as f64,
+        f32_bytes(h) / index.file_size() as f64,
         index.file_size(),
-        h.n * h.d * 4,
+        f32_bytes(h),
         search_s * 1e3 / q as f64,
         exact_s * 1e3 / q as f64,
     );

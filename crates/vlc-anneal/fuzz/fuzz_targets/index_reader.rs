@@ -7,8 +7,8 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     if let Ok(index) = vlc_anneal::Index::from_bytes(data.to_vec(), "fuzz") {
         let h = &index.header;
-        if h.n * h.d <= 1 << 16 {
-            let _ = index.decompress();
+        if h.n.saturating_mul(h.d) <= 1 << 16 {
+            let _ = index.decompress().map(|m| m.rows);
             let q = vlc_anneal::Matrix::new(1, h.d, vec![0.0; h.d]).unwrap();
             let _ = index.search(&q, 3, 2);
         }

@@ -1,0 +1,189 @@
+//! The `vlc` command as a careless user or an adversary meets it: it refuses to write over
+//! its own input or into a folder that does not exist (before any work), clamps an absurd
+//! `-k`, refuses `--nprobe 0`, and answers a crafted index at once.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn vlc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vlc"))
+        .args(args)
+        .output()
+        .expect("vlc runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vlc-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// 200 x 8 vectors as .npy, and an index of them (8 anchors, 4 bytes).
+fn fixture(dir: &Path) -> (String, String) {
+    let data = vlc_anneal::synthetic::gaussian_mixture(200, 8, 5, 0.1, 4);
+    let npy = dir.join("in.npy");
+    data.save(&npy).unwrap();
+    let index = dir.join("i.vlc");
+    let (npy, index) = (npy.display().to_string(), index.display().to_string());
+    let o = vlc(&[
+        "compress",
+        &npy,
+        "-o",
+        &index,
+        "--anchors",
+        "8",
+        "--bytes",
+        "4",
+        "--backend",
+        "cpu",
+        "--iterations",
+        "3",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    (npy, index)
+}
+
+#[test]
+fn commands_refuse_to_write_over_their_own_input() {
+    let dir = scratch("self");
+    let (npy, index) = fixture(&dir);
+    let (npy_before, index_before) = (std::fs::read(&npy).unwrap(), std::fs::read(&index).unwrap());
+    let o = vlc(&["compress", &npy, "-o", &npy, "--backend", "cpu", "--quiet"]);
+    assert!(
+        !o.status.success() && text(&o).contains("is the input"),
+        "{}",
+        text(&o)
+    );
+    // Through another spelling of the same path.
+    let other = format!("{}/./in.npy", dir.display());
+    let o = vlc(&[
+        "compress",
+        &npy,
+        "-o",
+        &other,
+        "--backend",
+        "cpu",
+        "--quiet",
+    ]);
+    assert!(
+        !o.status.success() && text(&o).contains("is the input"),
+        "{}",
+        text(&o)
+    );
+    let o = vlc(&["decompress", &index, "-o", &index]);
+    assert!(
+        !o.status.success() && text(&o).contains("is the input"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::read(&npy).unwrap(), npy_before);
+    assert_eq!(std::fs::read(&index).unwrap(), index_before);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_missing_output_folder_is_reported_before_any_work() {
+    let dir = scratch("folder");
+    let (npy, _) = fixture(&dir);
+    let out = dir.join("no/such/folder/o.vlc").display().to_string();
+    let o = vlc(&["compress", &npy, "-o", &out, "--backend", "cpu", "--quiet"]);
+    assert!(
+        !o.status.success() && text(&o).contains("does not exist"),
+        "{}",
+        text(&o)
+    );
+    assert!(!text(&o).contains("wrote"), "{}", text(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn absurd_search_arguments_get_answers_not_aborts() {
+    let dir = scratch("search");
+    let (npy, index) = fixture(&dir);
+    for k in ["1000000000000", "4611686018427387904"] {
+        let o = vlc(&["search", &index, &npy, "-k", k]);
+        assert!(o.status.success(), "-k {k}: {}", text(&o));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let first = stdout.lines().next().unwrap();
+        assert_eq!(first.split_whitespace().count(), 1 + 200, "-k {k}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("exceeds"));
+    }
+    let o = vlc(&["search", &index, &npy, "--nprobe", "0"]);
+    assert!(
+        !o.status.success() && text(&o).contains("nprobe"),
+        "{}",
+        text(&o)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_crafted_count_is_refused_at_once() {
+    let dir = scratch("crafted");
+    let npy = dir.join("in.npy");
+    vlc_anneal::synthetic::gaussian_mixture(50, 4, 2, 0.1, 1)
+        .save(&npy)
+        .unwrap();
+    let index = dir.join("one.vlc");
+    let (npy, index) = (npy.display().to_string(), index.display().to_string());
+    let o = vlc(&[
+        "compress",
+        &npy,
+        "-o",
+        &index,
+        "--anchors",
+        "1",
+        "--bytes",
+        "0",
+        "--backend",
+        "cpu",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut bytes = std::fs::read(&index).unwrap();
+    bytes[16..24].copy_from_slice(&(1u64 << 62).to_le_bytes());
+    let end = bytes.len();
+    let crc = crc32fast_hash(&bytes[..end - 8]);
+    bytes[end - 8..end - 4].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&index, &bytes).unwrap();
+    let out = dir.join("out.npy").display().to_string();
+    let started = Instant::now();
+    for args in [vec!["info", &index], vec!["decompress", &index, "-o", &out]] {
+        let o = vlc(&args);
+        assert!(
+            !o.status.success() && text(&o).contains("vectors claimed"),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+    assert!(!Path::new(&out).exists());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// CRC-32 (IEEE), bit by bit: the test seals its crafted file without a dependency.
+fn crc32fast_hash(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
