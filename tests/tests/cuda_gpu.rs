@@ -56,3 +56,12 @@ fn a_steady_state_loop_takes_no_new_device_memory() {
     assert_eq!(before.driver_allocs, after.driver_allocs);
     assert_eq!(before.reserved_bytes, after.reserved_bytes);
 }
+
+/// The hostile views of `tests/overflow.rs` on CUDA: no crash, no write outside the views.
+#[test]
+#[ignore = "needs an NVIDIA GPU; run with --ignored on a GPU host"]
+fn hostile_views_touch_nothing_outside() {
+    let seed = hal_parity::fresh_seed("OVERFLOW_SEED");
+    let failures = hal_parity::overflow::hostile_views(&gpu(), 200, seed).unwrap();
+    assert!(failures.is_empty(), "seed {seed}:\n{}", failures.join("\n"));
+}

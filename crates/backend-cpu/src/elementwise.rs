@@ -13,6 +13,9 @@ pub(crate) fn fill(out: Dst, layout: &Layout, value: f64) {
     // The element bits once (integers straight from f64, so large ones are not rounded).
     let bits = out.dtype.fill_bits(value);
     let (base, wide) = (out.ptr as usize, out.dtype.size_in_bytes() == 4);
+    // SAFETY: validate::fill proved `layout` inside the buffer (checked arithmetic), so every
+    // offset the walk yields is in bounds; the view reaches each element once
+    // (check_no_self_overlap), so the threads' runs are disjoint.
     walk.par_runs(|_, [o], [so], len| unsafe {
         if wide {
             let d = base as *mut u32;
@@ -31,6 +34,8 @@ pub(crate) fn fill(out: Dst, layout: &Layout, value: f64) {
 pub(crate) fn copy(src: Src, sl: &Layout, out: Dst, ol: &Layout) {
     let walk = Walk::new(&ol.shape, [ol, sl]);
     let same = src.dtype == out.dtype;
+    // SAFETY: validate::copy proved both views inside their buffers and the output free of
+    // self-overlap and of overlap with the source (unless identical): in-bounds, disjoint runs.
     walk.par_runs(|_, [o, s], [so, ss], len| unsafe {
         let n = len as isize;
         if same {
@@ -76,6 +81,8 @@ pub(crate) fn copy(src: Src, sl: &Layout, out: Dst, ol: &Layout) {
 fn map1(x: Src, xl: &Layout, out: Dst, ol: &Layout, f: impl Fn(f32) -> f32 + Sync) {
     let walk = Walk::new(&ol.shape, [ol, xl]);
     let all_f32 = x.dtype == DType::F32 && out.dtype == DType::F32;
+    // SAFETY: validate::unary proved the output inside its buffer and free of overlap, and the
+    // input's broadcast layout inside its own; each run's offsets stay in those ranges.
     walk.par_runs(|_, [o, a], [so, sa], len| unsafe {
         if all_f32 && so == 1 && sa == 1 {
             let (d, s) = (
@@ -123,6 +130,8 @@ fn map2(
 ) {
     let walk = Walk::new(&ol.shape, [ol, al, bl]);
     let all_f32 = a.dtype == DType::F32 && b.dtype == DType::F32 && out.dtype == DType::F32;
+    // SAFETY: validate::binary proved every view inside its buffer (the inputs broadcast to the
+    // output's shape), the output free of overlap: in-bounds offsets, disjoint writes.
     walk.par_runs(|_, [o, x, y], [so, sx, sy], len| unsafe {
         if all_f32 && so == 1 && sx == 1 && (sy == 1 || sy == 0) {
             let d = (out.ptr as *mut f32).offset(o);
@@ -176,6 +185,7 @@ pub(crate) fn ternary(
     ol: &Layout,
 ) {
     let walk = Walk::new(&ol.shape, [ol, al, bl, cl]);
+    // SAFETY: validate::ternary, as for binary: every offset in bounds, disjoint writes.
     walk.par_runs(|_, [o, x, y, z], [so, sx, sy, sz], len| unsafe {
         for j in 0..len as isize {
             let v = op.apply(a.load(x + j * sx), b.load(y + j * sy), c.load(z + j * sz));

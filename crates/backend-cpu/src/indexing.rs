@@ -29,6 +29,9 @@ pub(crate) fn gather(
     let xm = masked(xl, &il.shape, axis);
     let step = xl.strides[axis];
     let walk = Walk::new(&il.shape, [ol, il, &xm]);
+    // SAFETY: validate::gather proved the views inside their buffers; check_indices proved
+    // every index below the data's `axis` size, so `b + idx * step` stays inside `xl`'s range;
+    // the output reaches each element once.
     walk.par_runs(|_, [o, i, b], [so, si, sb], len| unsafe {
         for j in 0..len as isize {
             let idx = index.load_index(i + j * si) as isize;
@@ -54,6 +57,8 @@ pub(crate) fn scatter_add(
     let (ss, si, so) = (sl.strides[axis], il.strides[axis], ol.strides[axis]);
     let om = masked(ol, &outer, axis);
     let walk = Walk::new(&outer, [sl, il, &om]);
+    // SAFETY: validate::scatter_add proved the views inside their buffers and check_indices
+    // every index below the output's `axis` size; each thread owns whole lines of the output.
     walk.par_runs(|_, [s0, i0, o0], [ds, di, dout], len| unsafe {
         for j in 0..len as isize {
             let (s, i, o) = (s0 + j * ds, i0 + j * di, o0 + j * dout);

@@ -128,6 +128,8 @@ fn f32_slice(buf: &CpuBuffer) -> &[f32] {
 }
 
 fn u32_slice(buf: &CpuBuffer) -> &[u32] {
+    // SAFETY: dtype checked by callers (validate::spmv_csr); the memory lives as long as the
+    // handle, and no call writes it while the execution lock is held.
     unsafe { std::slice::from_raw_parts(buf.typed::<u32>(), buf.len()) }
 }
 
@@ -230,6 +232,7 @@ impl Backend for CpuBackend {
     fn write_bytes(&self, dst: &CpuBuffer, bytes: &[u8]) -> Result<()> {
         validate::write(dst, bytes)?;
         let _g = exec();
+        // SAFETY: validate::write proved `bytes` exactly as long as the buffer.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.0.as_ptr(), bytes.len()) };
         Ok(())
     }

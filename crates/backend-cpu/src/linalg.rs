@@ -90,7 +90,9 @@ fn gemm_f32(
         return;
     }
     struct P(*mut f32);
-    // SAFETY: batches write disjoint output matrices; inputs are only read.
+    // SAFETY: batches write disjoint output matrices (validate::matmul: the output is inside
+    // its buffer, free of self-overlap, and shares memory with no operand); inputs are only
+    // read.
     unsafe impl Sync for P {}
     unsafe impl Send for P {}
     let (pa, pb, po) = (P(a), P(b), P(out));
@@ -172,6 +174,8 @@ pub(crate) fn spmv(
     beta: f32,
 ) {
     struct P(*mut f32);
+    // SAFETY: each row `r` writes only y[r] (validate::spmv_csr: y has `rows` elements and
+    // shares memory with no operand), so threads write disjoint elements.
     unsafe impl Sync for P {}
     unsafe impl Send for P {}
     let py = P(y);

@@ -8,6 +8,8 @@ use rayon::prelude::*;
 /// A raw `f32` slice shared by threads that touch disjoint ranges of it.
 #[derive(Clone, Copy)]
 pub(crate) struct Shared(pub *mut f32);
+// SAFETY: the optimiser steps give each thread a disjoint range of indices below the
+// buffers' common length (validate::sgd_step / adam_step check the lengths).
 unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
@@ -15,6 +17,7 @@ impl Shared {
     /// Element `i`'s address. (A method, so closures capture the whole `Send` wrapper.)
     #[inline(always)]
     pub unsafe fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: callers pass `i` below the buffer's length (see the impls above).
         unsafe { self.0.add(i) }
     }
 }

@@ -78,6 +78,7 @@ struct Mem {
     len: usize,
     dtype: DType,
 }
+// SAFETY: every access goes through atomics (see `load`), bounds-checked by the caller.
 unsafe impl Send for Mem {}
 unsafe impl Sync for Mem {}
 
@@ -105,6 +106,7 @@ impl Mem {
     }
     #[inline(always)]
     fn store(&self, i: usize, bits: u32) {
+        // SAFETY: the caller checked `i < len`; atomics make concurrent access defined.
         unsafe {
             match self.dtype {
                 DType::F32 | DType::I32 | DType::U32 => {
@@ -119,6 +121,8 @@ impl Mem {
     }
     #[inline(always)]
     fn atomic_add(&self, i: usize, bits: u32) {
+        // SAFETY: the caller checked `i < len`; Program::validate admits atomic adds on F32,
+        // I32 and U32 buffers only, so an AtomicU32 at element `i` is in bounds.
         unsafe {
             let a = &*(self.ptr as *const AtomicU32).add(i);
             match self.dtype {

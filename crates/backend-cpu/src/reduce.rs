@@ -123,7 +123,7 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
         out_walk.par_runs(|_, [o, k], [so, sk], len| {
             for j in 0..len as isize {
                 let acc = accumulate(x, &red_walk, k + j * sk, 0, count);
-                // SAFETY: output view checked; disjoint positions per thread.
+                // SAFETY: output view checked (validate::reduce); disjoint positions per thread.
                 unsafe { out.store(o + j * so, acc.finish(op, count)) };
             }
         });
@@ -138,6 +138,7 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
                     })
                     .collect();
                 let acc = partials.into_iter().fold(Acc::EMPTY, Acc::merge);
+                // SAFETY: output view checked (validate::reduce); this thread alone stores.
                 unsafe { out.store(o + j * so, acc.finish(op, count)) };
             }
         });
@@ -177,6 +178,8 @@ pub(crate) fn arg_reduce(op: ArgReduceOp, x: Src, xl: &Layout, axis: usize, out:
                     }
                 }
             }
+            // SAFETY: validate::arg_reduce proved the output view inside its buffer and free of
+            // self-overlap; each thread stores its own runs.
             unsafe { *out.as_u32().offset(o + j * so) = best as u32 };
         }
     });

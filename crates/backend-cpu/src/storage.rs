@@ -213,6 +213,7 @@ impl Src {
     /// Element `i` as `f32`. `i` lies inside the buffer (views are checked up front).
     #[inline(always)]
     pub unsafe fn load(self, i: isize) -> f32 {
+        // SAFETY: the caller guarantees `i` in bounds (views are checked by hal::validate).
         unsafe {
             match self.dtype {
                 DType::F32 => *(self.ptr as *const f32).offset(i),
@@ -227,6 +228,7 @@ impl Src {
     /// Element `i` of an integer buffer as `i64` (for indices).
     #[inline(always)]
     pub unsafe fn load_index(self, i: isize) -> i64 {
+        // SAFETY: as for `load`.
         unsafe {
             match self.dtype {
                 DType::I32 => *(self.ptr as *const i32).offset(i) as i64,
@@ -240,6 +242,8 @@ impl Src {
 impl Dst {
     #[inline(always)]
     pub unsafe fn store(self, i: isize, v: f32) {
+        // SAFETY: the caller guarantees `i` in bounds and no other thread at `i` (output views
+        // are checked for self-overlap by hal::validate).
         unsafe {
             match self.dtype {
                 DType::F32 => *(self.ptr as *mut f32).offset(i) = v,

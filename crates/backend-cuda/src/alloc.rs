@@ -167,6 +167,7 @@ impl Pool {
                     Ok(p) => p,
                     Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
                         self.trim(&mut st);
+                        // SAFETY: as above, after the pool gave its idle blocks back.
                         unsafe { result::malloc_sync(class) }.map_err(|_| Error::OutOfMemory {
                             requested_bytes: bytes as u128,
                         })?

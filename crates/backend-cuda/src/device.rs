@@ -161,6 +161,7 @@ impl Device {
                     .into(),
             ));
         }
+        // SAFETY: only probes whether the library loads (no call into it).
         if !unsafe { blas_sys::is_culib_present() } {
             return Err(unavailable(
                 "cuBLAS (libcublas.so.13) was not found: install the CUDA 13 runtime libraries"

@@ -726,6 +726,19 @@ impl CudaBackend {
         let (tb, ldb) =
             Self::blas_form(bm.rows, bm.cols, bm.strides[1], bm.strides[2]).expect("checked");
         let (_, ldc) = out_form.expect("checked");
+        // cuBLAS takes sizes and leading dimensions as 32-bit ints: a larger one would be
+        // truncated into a product over other memory.
+        let dims = [om.rows, om.cols, am.cols, om.batch].map(|v| v as i64);
+        let sizes = [dims[0], dims[1], dims[2], dims[3], lda, ldb, ldc];
+        if sizes.iter().any(|&v| !(0..=i32::MAX as i64).contains(&v)) {
+            return Err(Error::Unsupported {
+                op: "matmul",
+                detail: format!(
+                    "cuBLAS indexes sizes and leading dimensions in 32 bits; got {sizes:?} \
+                     (rows, cols, k, batch, lda, ldb, ldc)"
+                ),
+            });
+        }
         let dt = |d: DType| match d {
             DType::F16 => blas_sys::cudaDataType::CUDA_R_16F,
             DType::BF16 => blas_sys::cudaDataType::CUDA_R_16BF,
@@ -747,7 +760,6 @@ impl CudaBackend {
         let oes = out.dtype().size_in_bytes() as u64;
         // Row-major out = a @ b is column-major out^T = b^T @ a^T: cuBLAS's "A" is b.
         let handle = self.dev.cublas.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: pointers are live blocks; every extent was validated against its buffer.
         // Profiles name each product's shape (the formatting only when profiling).
         let name = match self.dev.profiler {
             Some(_) => format!(
@@ -756,6 +768,8 @@ impl CudaBackend {
             ),
             None => String::new(),
         };
+        // SAFETY: the pointers are live blocks; validate::matmul proved every operand's extent
+        // inside its buffer with checked arithmetic, and the sizes fit cuBLAS's ints (above).
         self.dev.timed(&name, || unsafe {
             blas::gemm_strided_batched_ex(
                 *handle,
@@ -1762,6 +1776,7 @@ impl Backend for CudaBackend {
         let exec = match exec {
             Ok(x) => x,
             Err(e) => {
+                // SAFETY: the graph captured above, not instantiated, destroyed once.
                 unsafe {
                     let _ = drv::graph::destroy(graph);
                 }

@@ -437,6 +437,7 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
                 String::from_utf8_lossy(&bytes).into_owned()
             })
             .unwrap_or_default();
+        // SAFETY: a live program, destroyed once; nothing uses it after.
         unsafe {
             let _ = rtc::destroy_program(prog);
         }
@@ -454,6 +455,7 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
                     .map(|_| buf)
             })
     };
+    // SAFETY: a live program, destroyed once; the CUBIN was copied out above.
     unsafe {
         let _ = rtc::destroy_program(prog);
     }
@@ -462,6 +464,7 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
     // for the backend's lifetime).
     let module = unsafe { drv::module::load_data(cubin.as_ptr() as *const c_void) }
         .map_err(|e| driver_error("loading an NVRTC module", e))?;
+    // SAFETY: the module loaded above holds the entry point `program` (the lowering names it).
     let function =
         unsafe { drv::module::get_function(module, CString::new("program").expect("name")) }
             .map_err(|e| driver_error("cuModuleGetFunction", e))?;

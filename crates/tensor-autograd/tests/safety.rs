@@ -165,3 +165,9 @@ fn tied_maxima_share_the_gradient_evenly() {
     y.min_all().unwrap().backward().unwrap();
     assert_eq!(y.grad().unwrap().to_vec().unwrap(), vec![0.5, 0.0, 0.5]);
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU; run with --ignored on a GPU host"]
+fn backward_on_several_threads_loses_no_gradient_on_cuda() {
+    threaded_backward(&backend_cuda::CudaBackend::new().expect("the CUDA backend is required"));
+}
