@@ -2,12 +2,17 @@
 //!
 //! Conventions shared by all primitives:
 //! - Operands are [`View`]s: a buffer and a [`Layout`]. A view must lie inside its buffer
-//!   ([`Error::OutOfBounds`] otherwise). Views of zero elements are valid and do nothing,
-//!   except where a primitive says an empty input is an error.
+//!   ([`Error::OutOfBounds`] otherwise), with every size, offset and address computed in
+//!   checked arithmetic ([`Error::Overflow`] where one does not fit `isize`; a backend whose
+//!   kernels index in 32 bits refuses larger views with [`Error::Unsupported`]). So no safe
+//!   call reads or writes outside the views it is given. Views of zero elements are valid and
+//!   do nothing, except where a primitive says an empty input is an error.
 //! - Float storage (`f32`, `f16`, `bf16`) is loaded as `f32`, computed in `f32` (reductions
 //!   may accumulate wider), and rounded to the output dtype once, on store.
-//! - An output must not overlap an input, except that an elementwise primitive may write to an
-//!   input whose view is identical to the output's (in-place update).
+//! - An output view reaches each of its elements once (no broadcast or overlapping output),
+//!   and must not overlap an input, except that an elementwise primitive (and `copy`) may
+//!   write to an input whose view is identical to the output's (in-place update). Both are
+//!   checked: [`Error::InvalidArgument`] otherwise.
 //! - Work is enqueued, not waited on: a primitive may return before the device finished.
 //!   [`Backend::read`] and [`Backend::synchronize`] wait.
 //! - Errors that depend on data already on a device (an index out of range in a gather,

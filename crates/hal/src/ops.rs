@@ -4,26 +4,41 @@
 //! [`UnaryOp::apply`] and [`BinaryOp::apply`] so every backend has one definition to match.
 
 /// An elementwise function of one operand. Computed in `f32`.
+///
+/// Special values, on every backend, are those of [`UnaryOp::apply`] (C's `<math.h>` for the
+/// functions it has): NaN in gives NaN out for every op but `Sign`, `Relu`, `Clamp` (which keep
+/// it) and none else. At `±0` every op gives C's value; the sign of a zero result is C's on
+/// the CPU (`Neg`, `Sin`, `Tanh`, `Sqrt`, `Round` keep it) and may differ on a GPU, where
+/// zeros compare equal. Infinities: `Exp(-inf) = 0`, `Exp(inf) = inf`,
+/// `Log(0) = -inf`, `Log(inf) = inf`, `Log(x < 0) = NaN`, `Sqrt(x < 0) = NaN`,
+/// `Rsqrt(0) = inf`, `Recip(±0) = ±inf`, `Recip(±inf) = ±0`, `Tanh(±inf) = ±1`,
+/// `Sigmoid(-inf) = 0`, `Sigmoid(inf) = 1`, `Sin(±inf) = Cos(±inf) = NaN`, results beyond
+/// `f32::MAX` are `inf`. Subnormal operands are values like any other on the CPU; a GPU
+/// backend may flush a subnormal operand or result to a zero of the same sign (the parity
+/// suite accepts either, and no other difference).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryOp {
     Neg,
     Abs,
     Exp,
     Exp2,
-    /// Natural logarithm; `log(0) = -inf`, `log(x<0) = NaN`.
+    /// Natural logarithm; `log(±0) = -inf`, `log(x<0) = NaN`, `log(inf) = inf`.
     Log,
+    /// As `Log`, base 2.
     Log2,
+    /// `sqrt(-0) = -0`, `sqrt(x<0) = NaN`.
     Sqrt,
-    /// `1 / sqrt(x)`.
+    /// `1 / sqrt(x)`: `inf` at `+0`, `-inf` at `-0`, `0` at `inf`.
     Rsqrt,
     /// `1 / x`.
     Recip,
     Sin,
     Cos,
+    /// `±1` at `±inf`; NaN stays NaN.
     Tanh,
     /// `1 / (1 + exp(-x))`.
     Sigmoid,
-    /// `max(x, 0)`; NaN stays NaN.
+    /// `x < 0 ? 0 : x`: NaN stays NaN, `-0` stays `-0`.
     Relu,
     /// `x` for `x >= 0`, `slope * x` otherwise.
     LeakyRelu {
@@ -162,6 +177,11 @@ impl UnaryOp {
 
 /// An elementwise function of two operands. Computed in `f32`. Comparisons produce 1 or 0 in
 /// the output's dtype.
+///
+/// Special values are those of [`BinaryOp::apply`] (IEEE arithmetic and C's `powf`, `fmodf`
+/// and `atan2f`) on every backend; each op lists the cases that surprise. Comparisons with a
+/// NaN are false, except `Ne`, which is true. As for [`UnaryOp`], a GPU backend may flush
+/// subnormal operands and results to zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
     Add,
@@ -169,15 +189,23 @@ pub enum BinaryOp {
     Mul,
     Div,
     /// Floored remainder, the sign of `b` (Python's `%`, PyTorch's `remainder`):
-    /// `a - b * floor(a / b)`.
+    /// `a - b * floor(a / b)`, computed as C's `fmod(a, b)` plus `b` where the signs differ,
+    /// so exact. `rem(a, 0)`, `rem(±inf, b)` and NaNs give NaN; `rem(a, ±inf)` for finite `a`
+    /// is `a` when `a` has `b`'s sign (or is 0), else `±inf` (Python and PyTorch alike).
     Rem,
-    /// `a^b` (`powf`).
+    /// `a^b` (C's `powf`): `pow(a, ±0) = 1` and `pow(1, b) = 1` even for NaN; a negative base
+    /// takes an integer exponent (the sign kept for odd ones: `(-2)^3 = -8`, `(-2)^2 = 4`) and
+    /// gives NaN for any other; `pow(±0, b < 0) = inf` (`-inf` for `-0` and odd `b`),
+    /// `pow(±0, b > 0) = +0` (`-0` for odd `b`); `pow(-1, ±inf) = 1`; `pow(a, inf)` is `inf`
+    /// for `|a| > 1` and `0` for `|a| < 1` (the reverse for `-inf`); `pow(NaN, b != 0) = NaN`.
     Pow,
     /// Elementwise maximum; NaN in either operand gives NaN.
     Max,
     /// Elementwise minimum; NaN in either operand gives NaN.
     Min,
-    /// `atan2(a, b)`.
+    /// `atan2(a, b)`, the angle of the point `(b, a)` (C's `atan2f`): `atan2(±0, +0) = ±0`,
+    /// `atan2(±0, -0) = ±pi`, `atan2(±0, b < 0) = ±pi`, `atan2(a != 0, ±0) = ±pi/2`,
+    /// `atan2(±inf, ±inf)` is `±pi/4` or `±3pi/4`; NaN in either gives NaN.
     Atan2,
     Eq,
     Ne,
