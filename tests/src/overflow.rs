@@ -242,6 +242,7 @@ fn primitives<B: Backend>(b: &B, l: &Layout) -> hal::Result<Vec<String>> {
     let f = DType::F32;
     let (x, y, out) = (h.buffer(f)?, h.buffer(f)?, h.buffer(f)?);
     let idx = h.buffer(DType::U32)?;
+    let idx_f = h.buffer(f)?;
     let one = Layout::contiguous(&[1]);
     let benign = Layout::contiguous(&[2, 2]);
     let mut failures = Vec::new();
@@ -386,6 +387,29 @@ fn primitives<B: Backend>(b: &B, l: &Layout) -> hal::Result<Vec<String>> {
                 )
             }));
         }
+    }
+    check(judge(&h, "matmul_epilogue (bias)", l, &[&out], || {
+        let ab = Layout::contiguous(&[2, 2]);
+        let epilogue = hal::Epilogue {
+            bias: Some(View::new(&y, l)),
+            activation: Some(UnaryOp::Relu),
+            a_gate: None,
+            a_row_sums: None,
+        };
+        b.matmul_epilogue(
+            View::new(&x, &ab),
+            View::new(&idx_f, &ab),
+            View::new(&out, &ab),
+            1.0,
+            0.0,
+            epilogue,
+        )
+    }));
+    if l.rank() == 2 {
+        check(judge(&h, "kmeans_pp (x)", l, &[&out], || {
+            let anchors = Layout::contiguous(&[1, l.shape[1]]);
+            b.kmeans_pp(View::new(&x, l), View::new(&out, &anchors), 3)
+        }));
     }
     check(judge(&h, "random", l, &[&out], || {
         b.random(

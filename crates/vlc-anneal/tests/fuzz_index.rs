@@ -182,7 +182,28 @@ struct Stats {
     worst_ratio: f64,
 }
 
+/// Milliseconds since the test started at which the current case began (0: none running).
+static CASE_STARTED_MS: AtomicUsize = AtomicUsize::new(0);
+
+/// Aborts the process, naming the seed, when one case runs past 10 s: a hang is a failure
+/// with a message, not a CI run that never ends.
+fn watchdog(seed: u64, origin: Instant) {
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_millis(500));
+            let started = CASE_STARTED_MS.load(Relaxed);
+            let now = origin.elapsed().as_millis() as usize;
+            if started > 0 && now.saturating_sub(started) > 10_000 {
+                eprintln!("fuzz_index: a case of seed {seed} ran past 10 s (a hang)");
+                std::process::abort();
+            }
+        }
+    });
+}
+
 fn run(seconds: f64, seed: u64) -> Stats {
+    let origin = Instant::now();
+    watchdog(seed, origin);
     let seeds = seeds();
     let mut rng = Rng(seed | 1);
     let mut stats = Stats {
@@ -197,6 +218,7 @@ fn run(seconds: f64, seed: u64) -> Stats {
         let bytes = mutate(&mut rng, &seeds[pick]);
         let len = bytes.len();
         let started = Instant::now();
+        CASE_STARTED_MS.store(origin.elapsed().as_millis() as usize + 1, Relaxed);
         let (parsed, peak) = peak_during(|| Index::from_bytes(bytes.clone(), "fuzz"));
         assert!(
             peak <= parse_budget(len),
@@ -223,6 +245,7 @@ fn run(seconds: f64, seed: u64) -> Stats {
         );
         stats.worst = stats.worst.max(took);
         stats.cases += 1;
+        CASE_STARTED_MS.store(0, Relaxed);
     }
     stats
 }
