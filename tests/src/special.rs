@@ -102,46 +102,62 @@ fn loose(op: UnaryOp, x: f32) -> bool {
     matches!(op, UnaryOp::Sin | UnaryOp::Cos) && x.is_finite() && x.abs() > 1e4
 }
 
-pub(crate) fn unary_special<B: Backend>(s: &mut Suite<'_, B>) {
-    const ROW: &str = "unary (special values)";
-    for op in UnaryOp::all() {
-        let x = SPECIAL.to_vec();
-        let cpu = run_unary(s.cpu, op, &x);
-        let target = (!s.target_is_reference).then(|| run_unary(s.target, op, &x));
-        let (rel, abs) = unary_tolerance(op);
-        for (who, got) in [("cpu", Some(cpu)), ("target", target)] {
-            let Some(got) = got else { continue };
-            let got = match got {
-                Ok(v) => v,
-                Err(e) => {
-                    s.fail(ROW, format!("{op:?} on {who}: {e}"));
-                    continue;
-                }
-            };
-            let gpu = who == "target";
-            let bad: Vec<String> = x
-                .iter()
-                .zip(&got)
-                .filter(|&(&v, &g)| {
-                    if loose(op, v) {
-                        return !(g.is_finite() && g.abs() <= 1.0);
-                    }
-                    let ok = matches(g, op.apply(v), rel, abs, gpu);
-                    let ok_flushed = gpu && matches(g, op.apply(flushed(v)), rel, abs, gpu);
-                    !(ok || ok_flushed)
-                })
-                .map(|(&v, &g)| format!("{op:?}({v:e}) = {g:e} on {who}, not {:e}", op.apply(v)))
-                .collect();
-            match bad.is_empty() {
-                true => s.pass(ROW),
-                false => s.fail(ROW, bad.join("; ")),
+/// Judges the CPU's results and, unless the target is the reference, the target's: one case
+/// of `row` each, failing with the (first eight) descriptions `bad(i, got, on_gpu, who)`
+/// gives of wrong elements.
+fn judge_each<B: Backend>(
+    s: &mut Suite<'_, B>,
+    row: &'static str,
+    what: String,
+    results: [Option<Result<Vec<f32>>>; 2],
+    bad: impl Fn(usize, f32, bool, &str) -> Option<String>,
+) {
+    for (who, got) in ["cpu", "target"].into_iter().zip(results) {
+        let Some(got) = got else { continue };
+        let got = match got {
+            Ok(v) => v,
+            Err(e) => {
+                s.fail(row, format!("{what} on {who}: {e}"));
+                continue;
             }
+        };
+        let wrong: Vec<String> = got
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &g)| bad(i, g, who == "target", who))
+            .take(8)
+            .collect();
+        match wrong.is_empty() {
+            true => s.pass(row),
+            false => s.fail(row, wrong.join("; ")),
         }
     }
 }
 
+pub(crate) fn unary_special<B: Backend>(s: &mut Suite<'_, B>) {
+    let x = SPECIAL.to_vec();
+    for op in UnaryOp::all() {
+        let results = [
+            Some(run_unary(s.cpu, op, &x)),
+            (!s.target_is_reference).then(|| run_unary(s.target, op, &x)),
+        ];
+        let (rel, abs) = unary_tolerance(op);
+        let bad = |i: usize, g: f32, gpu: bool, who: &str| {
+            let v = x[i];
+            let ok = match loose(op, v) {
+                true => g.is_finite() && g.abs() <= 1.0,
+                false => {
+                    matches(g, op.apply(v), rel, abs, gpu)
+                        || (gpu && matches(g, op.apply(flushed(v)), rel, abs, gpu))
+                }
+            };
+            (!ok).then(|| format!("{op:?}({v:e}) = {g:e} on {who}, not {:e}", op.apply(v)))
+        };
+        judge_each(s, "unary (special values)", format!("{op:?}"), results, bad);
+    }
+}
+
 pub(crate) fn binary_special<B: Backend>(s: &mut Suite<'_, B>) {
-    const ROW: &str = "binary (special values)";
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for &u in &SPECIAL {
         for &v in &SPECIAL {
@@ -150,43 +166,29 @@ pub(crate) fn binary_special<B: Backend>(s: &mut Suite<'_, B>) {
         }
     }
     for op in BinaryOp::ALL {
-        let cpu = run_binary(s.cpu, op, &a, &b);
-        let target = (!s.target_is_reference).then(|| run_binary(s.target, op, &a, &b));
+        let results = [
+            Some(run_binary(s.cpu, op, &a, &b)),
+            (!s.target_is_reference).then(|| run_binary(s.target, op, &a, &b)),
+        ];
         let (rel, abs) = binary_tolerance(op);
-        for (who, got) in [("cpu", Some(cpu)), ("target", target)] {
-            let Some(got) = got else { continue };
-            let got = match got {
-                Ok(v) => v,
-                Err(e) => {
-                    s.fail(ROW, format!("{op:?} on {who}: {e}"));
-                    continue;
-                }
-            };
-            let gpu = who == "target";
-            let bad: Vec<String> = (0..a.len())
-                .filter(|&i| {
-                    let (u, v, g) = (a[i], b[i], got[i]);
-                    let ok = matches(g, op.apply(u, v), rel, abs, gpu);
-                    let ok_flushed =
-                        gpu && matches(g, op.apply(flushed(u), flushed(v)), rel, abs, gpu);
-                    !(ok || ok_flushed)
-                })
-                .take(8)
-                .map(|i| {
-                    format!(
-                        "{op:?}({:e}, {:e}) = {:e} on {who}, not {:e}",
-                        a[i],
-                        b[i],
-                        got[i],
-                        op.apply(a[i], b[i])
-                    )
-                })
-                .collect();
-            match bad.is_empty() {
-                true => s.pass(ROW),
-                false => s.fail(ROW, bad.join("; ")),
-            }
-        }
+        let bad = |i: usize, g: f32, gpu: bool, who: &str| {
+            let (u, v) = (a[i], b[i]);
+            let ok = matches(g, op.apply(u, v), rel, abs, gpu)
+                || (gpu && matches(g, op.apply(flushed(u), flushed(v)), rel, abs, gpu));
+            (!ok).then(|| {
+                format!(
+                    "{op:?}({u:e}, {v:e}) = {g:e} on {who}, not {:e}",
+                    op.apply(u, v)
+                )
+            })
+        };
+        judge_each(
+            s,
+            "binary (special values)",
+            format!("{op:?}"),
+            results,
+            bad,
+        );
     }
 }
 

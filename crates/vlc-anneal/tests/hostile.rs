@@ -23,17 +23,23 @@ fn reseal(bytes: &mut [u8]) {
     bytes[end - 8..end - 4].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// `n x d` synthetic vectors (seed `seed`) and their index of `m` anchors and `bytes`
+/// residual bytes, compressed on the CPU in a few iterations.
+fn built(n: usize, d: usize, m: usize, bytes: usize, seed: u64) -> (Matrix, Index) {
+    let data = vlc_anneal::synthetic::gaussian_mixture(n, d, 6, 0.1, seed);
+    let mut cfg = Config::new(m);
+    cfg.pq_bytes = bytes;
+    cfg.iterations = 3;
+    let out = compress(&backend_cpu::CpuBackend::new(), &data, &cfg, &mut |_| {}).unwrap();
+    (data, out.index)
+}
+
 /// The file: 50 x 4 vectors, one anchor, no residual bytes (nothing per vector).
 fn one_anchor_index() -> Vec<u8> {
-    let cpu = backend_cpu::CpuBackend::new();
-    let data = vlc_anneal::synthetic::gaussian_mixture(50, 4, 3, 0.1, 5);
-    let mut cfg = Config::new(1);
-    cfg.pq_bytes = 0;
-    cfg.iterations = 3;
-    let out = compress(&cpu, &data, &cfg, &mut |_| {}).unwrap();
+    let (_, index) = built(50, 4, 1, 0, 5);
     let dir = scratch("one-anchor");
     let path = dir.join("i.vlc");
-    out.index.save(&path).unwrap();
+    index.save(&path).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     bytes
@@ -99,13 +105,7 @@ fn decompressing_more_than_memory_is_an_error_not_an_abort() {
 }
 
 fn small() -> (Matrix, Index) {
-    let cpu = backend_cpu::CpuBackend::new();
-    let data = vlc_anneal::synthetic::gaussian_mixture(300, 8, 6, 0.1, 9);
-    let mut cfg = Config::new(6);
-    cfg.pq_bytes = 4;
-    cfg.iterations = 4;
-    let out = compress(&cpu, &data, &cfg, &mut |_| {}).unwrap();
-    (data, out.index)
+    built(300, 8, 6, 4, 9)
 }
 
 #[test]
@@ -164,11 +164,7 @@ fn a_mapped_reader_keeps_working_while_the_file_is_replaced() {
     let reader = Index::open(&path).unwrap();
     let before = reader.decompress().unwrap();
     // Another index (other data) written over the same name, many times.
-    let cpu = backend_cpu::CpuBackend::new();
-    let other = vlc_anneal::synthetic::gaussian_mixture(900, 8, 6, 0.1, 10);
-    let mut cfg = Config::new(5);
-    cfg.iterations = 2;
-    let replacement = compress(&cpu, &other, &cfg, &mut |_| {}).unwrap().index;
+    let (_, replacement) = built(900, 8, 5, 0, 10);
     for _ in 0..5 {
         replacement.save(&path).unwrap();
         assert_eq!(reader.decompress().unwrap(), before);

@@ -28,6 +28,20 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// `vlc compress NPY -o INDEX` on the CPU with `anchors` and `bytes`, quietly.
+fn compress(npy: &str, index: &str, anchors: &str, bytes: &str) -> Output {
+    let args = [
+        "--anchors",
+        anchors,
+        "--bytes",
+        bytes,
+        "--backend",
+        "cpu",
+        "--quiet",
+    ];
+    vlc(&[&["compress", npy, "-o", index][..], &args].concat())
+}
+
 /// 200 x 8 vectors as .npy, and an index of them (8 anchors, 4 bytes).
 fn fixture(dir: &Path) -> (String, String) {
     let data = vlc_anneal::synthetic::gaussian_mixture(200, 8, 5, 0.1, 4);
@@ -35,21 +49,7 @@ fn fixture(dir: &Path) -> (String, String) {
     data.save(&npy).unwrap();
     let index = dir.join("i.vlc");
     let (npy, index) = (npy.display().to_string(), index.display().to_string());
-    let o = vlc(&[
-        "compress",
-        &npy,
-        "-o",
-        &index,
-        "--anchors",
-        "8",
-        "--bytes",
-        "4",
-        "--backend",
-        "cpu",
-        "--iterations",
-        "3",
-        "--quiet",
-    ]);
+    let o = compress(&npy, &index, "8", "4");
     assert!(o.status.success(), "{}", text(&o));
     (npy, index)
 }
@@ -137,19 +137,7 @@ fn a_crafted_count_is_refused_at_once() {
         .unwrap();
     let index = dir.join("one.vlc");
     let (npy, index) = (npy.display().to_string(), index.display().to_string());
-    let o = vlc(&[
-        "compress",
-        &npy,
-        "-o",
-        &index,
-        "--anchors",
-        "1",
-        "--bytes",
-        "0",
-        "--backend",
-        "cpu",
-        "--quiet",
-    ]);
+    let o = compress(&npy, &index, "1", "0");
     assert!(o.status.success(), "{}", text(&o));
     let mut bytes = std::fs::read(&index).unwrap();
     bytes[16..24].copy_from_slice(&(1u64 << 62).to_le_bytes());
