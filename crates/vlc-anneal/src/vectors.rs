@@ -154,15 +154,15 @@ pub fn parse_npy(bytes: &[u8], name: &str) -> Result<Matrix> {
             )));
         }
     };
-    let count = rows
+    let expected = rows
         .checked_mul(cols)
-        .ok_or_else(|| bad("shape overflows".into()))?;
+        .and_then(|count| count.checked_mul(width))
+        .ok_or_else(|| bad(format!("shape ({rows}, {cols}) overflows")))?;
     let body = &bytes[end..];
-    if body.len() != count * width {
+    if body.len() != expected {
         return Err(bad(format!(
-            "{} bytes of data for shape ({rows}, {cols}) of {descr}: expected {} (truncated or padded file)",
+            "{} bytes of data for shape ({rows}, {cols}) of {descr}: expected {expected} (truncated or padded file)",
             body.len(),
-            count * width
         )));
     }
     let data: Vec<f32> = if width == 4 {

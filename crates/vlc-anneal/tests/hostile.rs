@@ -274,3 +274,24 @@ fn a_write_killed_at_any_point_leaves_a_whole_file() {
     // Temporaries of killed writers may remain (named .i.vlc.tmp-*); the target never is one.
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A .npy header whose shape's byte count overflows is an error naming the shape.
+#[test]
+fn an_npy_shape_that_overflows_is_refused() {
+    for shape in [
+        "(4611686018427387904, 4)",
+        "(18446744073709551615, 2)",
+        "(0, 0)",
+    ] {
+        let header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}\n");
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(&[0u8; 16]);
+        let err = vlc_anneal::vectors::parse_npy(&bytes, "t").unwrap_err();
+        assert!(
+            err.to_string().contains("bytes") || err.to_string().contains("overflow"),
+            "{err}"
+        );
+    }
+}
