@@ -351,7 +351,7 @@ impl Layout {
                 op: "narrow",
                 detail: format!(
                     "range {start}..{} exceeds dimension {axis} of size {}",
-                    start + len,
+                    start.saturating_add(len),
                     self.shape[axis]
                 ),
             });
@@ -517,6 +517,33 @@ mod tests {
         assert!(Layout::contiguous(&[3, 2]).broadcast_to(&[3, 3]).is_err());
         assert!(t.reshape(&[24]).is_err());
         assert_eq!(l.step(2, 3).unwrap().shape, vec![2, 3, 2]);
+    }
+
+    #[test]
+    fn movement_arithmetic_never_wraps() {
+        let l = Layout::contiguous(&[4, 8]);
+        assert!(l.narrow(1, usize::MAX, 2).is_err());
+        assert!(l.narrow(1, 3, usize::MAX).is_err());
+        let huge = Layout::strided(&[4], &[isize::MAX / 2], 0).unwrap();
+        assert!(matches!(huge.flip(0), Err(Error::Overflow { .. })));
+        assert!(matches!(huge.step(0, 4), Err(Error::Overflow { .. })));
+        let wrapped = Layout::contiguous(&[(1 << 62) + 1, 4]);
+        assert!(matches!(
+            wrapped.check_fits("t", 4),
+            Err(Error::Overflow { .. })
+        ));
+        assert_eq!(numel(&[(1 << 62) + 1, 4]), usize::MAX, "saturates");
+        assert_eq!(checked_numel(&[1 << 32, 1 << 32]), None);
+        assert_eq!(checked_numel(&[usize::MAX, 0]), Some(0));
+        let min = Layout::strided(&[1], &[isize::MIN], 0).unwrap();
+        assert!(min.check_fits("t", 4).is_err());
+        let overlapping = Layout::strided(&[3, 2], &[1, 1], 0).unwrap();
+        assert!(overlapping.check_no_self_overlap("t").is_err());
+        assert!(Layout::contiguous(&[3, 2]).check_no_self_overlap("t").is_ok());
+        let transposed = Layout::contiguous(&[3, 2]).transpose(0, 1).unwrap();
+        assert!(transposed.check_no_self_overlap("t").is_ok());
+        let broadcast = Layout::contiguous(&[3]).broadcast_to(&[2, 3]).unwrap();
+        assert!(broadcast.check_no_self_overlap("t").is_err());
     }
 
     #[test]
