@@ -141,6 +141,13 @@ fn atan2_ref(y: f32, x: f32) -> f32 {
     return atan2(y, x);
 }
 
+// max(v, 0) that keeps NaN and -0, decided on the bits: a compiler may otherwise turn the
+// select into a max() that drops the NaN (NVIDIA's did).
+fn relu_ref(v: f32) -> f32 {
+    let m = bitcast<u32>(v) & 0x7fffffffu;
+    return select(v, 0.0, sign_bit(v) && m != 0u && m <= 0x7f800000u);
+}
+
 // tanh, through a clamp (large arguments overflow some drivers' exp-based tanh) that keeps
 // NaN (WGSL's clamp may turn it into a bound).
 fn tanh_ref(v: f32) -> f32 {

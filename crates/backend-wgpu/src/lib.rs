@@ -3709,7 +3709,7 @@ impl Backend for WgpuBackend {
             let p = p
                 .scalar(0, (al.offset / 4) as u32)
                 .scalar(2, (out.layout.offset / 4) as u32);
-            let expr = wgsl::binary_expr(op);
+            let expr = wgsl::binary_vec4_expr(op);
             let spec = Spec::new(file).slot(
                 "op",
                 format!("fn op(a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {{ return {expr}; }}"),

@@ -234,7 +234,7 @@ pub fn unary_expr(op: hal::UnaryOp) -> &'static str {
         Cos => "cos(v)",
         Tanh => "tanh_ref(v)",
         Sigmoid => "1.0 / (1.0 + exp(-v))",
-        Relu => "select(v, 0.0, v < 0.0)",
+        Relu => "relu_ref(v)",
         LeakyRelu { .. } => "select(v, sf(0u) * v, v < 0.0)",
         Gelu => "0.5 * v * (1.0 + erf_approx(v * 0.70710678118654752))",
         Silu => "v / (1.0 + exp(-v))",
@@ -326,7 +326,9 @@ pub fn binary_expr(op: hal::BinaryOp) -> &'static str {
         Add => "a + b",
         Sub => "a - b",
         Mul => "a * b",
-        Div => "a / b",
+        // A divisor beyond 2^126 is scaled first: some drivers divide as a * (1 / b), whose
+        // reciprocal would flush to zero (inf / MAX gave NaN, MAX / MAX gave 0).
+        Div => "select(a / b, (a * 0.25) / (b * 0.25), abs(b) > 8.507059e37)",
         Rem => "rem_floored(a, b)",
         Pow => "pow_ref(a, b)",
         Max => "select(max(a, b), nan(), is_nan(a) || is_nan(b))",
@@ -339,6 +341,16 @@ pub fn binary_expr(op: hal::BinaryOp) -> &'static str {
         Le => "select(0.0, 1.0, a <= b)",
         Gt => "select(0.0, 1.0, a > b)",
         Ge => "select(0.0, 1.0, a >= b)",
+    }
+}
+
+/// [`binary_expr`] on `vec4<f32>` operands, for the arithmetic ops the vec4 kernels run.
+pub fn binary_vec4_expr(op: hal::BinaryOp) -> &'static str {
+    match op {
+        hal::BinaryOp::Div => {
+            "select(a / b, (a * 0.25) / (b * 0.25), abs(b) > vec4<f32>(8.507059e37))"
+        }
+        other => binary_expr(other),
     }
 }
 

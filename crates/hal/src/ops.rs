@@ -14,8 +14,9 @@
 /// `Rsqrt(0) = inf`, `Recip(±0) = ±inf`, `Recip(±inf) = ±0`, `Tanh(±inf) = ±1`,
 /// `Sigmoid(-inf) = 0`, `Sigmoid(inf) = 1`, `Sin(±inf) = Cos(±inf) = NaN`, results beyond
 /// `f32::MAX` are `inf`. Subnormal operands are values like any other on the CPU; a GPU
-/// backend may flush a subnormal operand or result to a zero of the same sign (the parity
-/// suite accepts either, and no other difference).
+/// backend may flush subnormals to zero at any step (a comparison too), so its finite
+/// results may differ from these by up to `f32::MIN_POSITIVE` where a subnormal is involved
+/// (the parity suite allows that, and nothing else: NaN and infinities must match).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryOp {
     Neg,
@@ -181,7 +182,7 @@ impl UnaryOp {
 /// Special values are those of [`BinaryOp::apply`] (IEEE arithmetic and C's `powf`, `fmodf`
 /// and `atan2f`) on every backend; each op lists the cases that surprise. Comparisons with a
 /// NaN are false, except `Ne`, which is true. As for [`UnaryOp`], a GPU backend may flush
-/// subnormal operands and results to zero.
+/// subnormals to zero (finite results then within `f32::MIN_POSITIVE`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
     Add,
