@@ -1,7 +1,7 @@
 //! The checks, one function per primitive family. Each draws cases, runs the primitive on the
 //! CPU reference and (unless the target is the reference) on the target through one generic
 //! `run_*` function, computes the float64 answer on the host, and hands all three to
-//! [`Suite::judge`] with the tolerance the `hal` docs state.
+//! `Suite::judge` with the tolerance the `hal` docs state.
 
 use crate::Suite;
 use crate::host::{
