@@ -6,7 +6,7 @@
 //!
 //! - Kernels are CUDA C in the repository's `cuda/` folder, compiled by `cargo xtask ptx` to PTX
 //!   committed in `crates/backend-cuda/ptx/` (ISA 9.0, `compute_80`), each file stamped with the
-//!   hash of its sources; building needs no CUDA toolkit ([`device::MODULES`]). On Hopper the
+//!   hash of its sources; building needs no CUDA toolkit (`device::MODULES`). On Hopper the
 //!   elementwise kernels come from a compute_90 build and launch with programmatic dependent
 //!   launch: each may start while its predecessor runs and waits for it on the device.
 //! - `matmul` goes to cuBLAS (`cublasGemmStridedBatchedEx`): f32, f16 and bf16 inputs with f32
@@ -307,7 +307,7 @@ impl CudaBackend {
         self.dev.poison_for_write.store(on, Ordering::Relaxed);
     }
 
-    /// Under `HAL_CUDA_PROFILE` (see [`profile`]): waits for the device, returns the GPU time
+    /// Under `HAL_CUDA_PROFILE` (see the `profile` module): waits for the device, returns the GPU time
     /// per kernel since the last call divided by `runs`, and starts the totals afresh.
     /// `None` when not profiling.
     pub fn take_profile(&self, runs: usize) -> Result<Option<String>> {

@@ -2295,7 +2295,7 @@ impl WgpuBackend {
         }
     }
 
-    /// Under `HAL_WGPU_PROFILE` (see [`profile`]): waits for the device, returns the GPU time
+    /// Under `HAL_WGPU_PROFILE` (see the `profile` module): waits for the device, returns the GPU time
     /// per kernel since the last call divided by `runs`, and starts the totals afresh.
     /// `None` when not profiling.
     pub fn take_profile(&self, runs: usize) -> Result<Option<String>> {

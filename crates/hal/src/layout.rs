@@ -539,7 +539,11 @@ mod tests {
         assert!(min.check_fits("t", 4).is_err());
         let overlapping = Layout::strided(&[3, 2], &[1, 1], 0).unwrap();
         assert!(overlapping.check_no_self_overlap("t").is_err());
-        assert!(Layout::contiguous(&[3, 2]).check_no_self_overlap("t").is_ok());
+        assert!(
+            Layout::contiguous(&[3, 2])
+                .check_no_self_overlap("t")
+                .is_ok()
+        );
         let transposed = Layout::contiguous(&[3, 2]).transpose(0, 1).unwrap();
         assert!(transposed.check_no_self_overlap("t").is_ok());
         let broadcast = Layout::contiguous(&[3]).broadcast_to(&[2, 3]).unwrap();

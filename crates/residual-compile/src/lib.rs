@@ -15,7 +15,7 @@
 //!    scalar program ([`lower`]) that writes residuals, CSR Jacobian values and costs. So
 //!    100,000 residuals of 3 shapes compile 3 kernels, on the CPU, in WGSL or through NVRTC;
 //!    [`KernelCache`] keeps them across problems.
-//! 4. **Solve.** [`solve`] runs Levenberg-Marquardt (Ceres's trust-region update) or
+//! 4. **Solve.** [`solve()`] runs Levenberg-Marquardt (Ceres's trust-region update) or
 //!    Gauss-Newton, with the normal equations solved by sparse Cholesky on the host (`faer`)
 //!    or by Jacobi-preconditioned conjugate gradients on the device, matrix-free, and reports
 //!    a Ceres-like [`Summary`].

@@ -4,7 +4,7 @@
 //! - **anchors** (`m` cluster centres, stored as f16), found by k-means++ seeding and an
 //!   annealing loop with Huber-weighted (outlier-robust) updates, momentum, a cooling
 //!   temperature, and maintenance (merging close anchors, splitting overloaded ones along
-//!   their principal direction, re-seeding empty ones) — see [`anneal`];
+//!   their principal direction, re-seeding empty ones) — see [`anneal()`];
 //! - **assignments**: each vector's anchor, bit-packed in `ceil(log2 m)` bits;
 //! - **residual codes**: the vector minus its anchor, product-quantised into a configurable
 //!   number of bytes ([`pq`]);

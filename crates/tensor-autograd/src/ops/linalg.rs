@@ -152,7 +152,7 @@ impl<B: Backend> Tensor<B> {
 
     /// `activation(x @ weight^T + bias)`: a Linear layer and the activation after it. For a
     /// matrix input, where the activation's derivative is a function of its output (ReLU,
-    /// sigmoid, tanh, ...: see [`gradient_from_output`]), it is one call of the backend's
+    /// sigmoid, tanh, ...: see `gradient_from_output`), it is one call of the backend's
     /// [`hal::Backend::matmul_epilogue`], which may fuse the bias and the activation into the
     /// product's kernel (the wgpu backend does for products it splits over k, in the sum
     /// pass, and for small thin ones it runs whole: a training step's forward pass then
