@@ -171,3 +171,69 @@ fn tied_maxima_share_the_gradient_evenly() {
 fn backward_on_several_threads_loses_no_gradient_on_cuda() {
     threaded_backward(&backend_cuda::CudaBackend::new().expect("the CUDA backend is required"));
 }
+
+/// Two checkpoints of 16.8 MB each (4.2M f32), different in every element.
+fn checkpoint(version: u32) -> Vec<(String, Tensor<CpuBackend>)> {
+    let values: Vec<f32> = (0..4_200_000u32).map(|i| (i ^ version) as f32).collect();
+    let t = Tensor::from_slice(&CpuBackend::new(), &values, &[4_200_000]).unwrap();
+    vec![("weight".to_string(), t)]
+}
+
+/// Run by the test below in a child process: saves the two checkpoints in turn to the path
+/// in `TA_KILL_TARGET`, for ever.
+#[test]
+#[ignore = "a helper: a_checkpoint_killed_mid_save_is_whole runs it in a child"]
+fn checkpoint_writer() {
+    let Ok(target) = std::env::var("TA_KILL_TARGET") else {
+        return;
+    };
+    let versions = [checkpoint(1), checkpoint(2)];
+    std::fs::write(format!("{target}.ready"), b"").unwrap();
+    for i in 0.. {
+        tensor_autograd::nn::save_safetensors(&versions[i % 2], std::path::Path::new(&target))
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_checkpoint_killed_mid_save_is_whole() {
+    let dir = std::env::temp_dir().join(format!("ta-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = dir.join("model.safetensors");
+    let expected: Vec<Vec<f32>> = [1, 2]
+        .map(|v| checkpoint(v)[0].1.to_vec().unwrap())
+        .to_vec();
+    tensor_autograd::nn::save_safetensors(&checkpoint(1), &target).unwrap();
+    let into = checkpoint(0);
+    let mut state = std::process::id() as u64 | 1;
+    for round in 0..8 {
+        let ready = dir.join("model.safetensors.ready");
+        let _ = std::fs::remove_file(&ready);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "checkpoint_writer",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env("TA_KILL_TARGET", &target)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        while !ready.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        std::thread::sleep(std::time::Duration::from_millis(state % 500));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        tensor_autograd::nn::load_safetensors(&into, &target)
+            .unwrap_or_else(|e| panic!("round {round}: the checkpoint is damaged: {e}"));
+        let got = into[0].1.to_vec().unwrap();
+        assert!(expected.contains(&got), "round {round}: neither version");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
