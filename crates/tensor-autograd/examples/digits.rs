@@ -11,8 +11,11 @@ use hal::Backend;
 use std::process::ExitCode;
 use std::sync::Arc;
 use tensor_autograd::data::Dataset;
-use tensor_autograd::models::{digits_cnn, digits_mlp, load_digits};
+use tensor_autograd::models::{digits_cnn, digits_mlp, load_digits, parse_digits};
 use tensor_autograd::nn::{Init, ModuleExt};
+
+/// The UCI digits as `data/convert_digits.py` writes them, built into the binary.
+const DIGITS: &[u8] = include_bytes!("../data/digits.bin");
 
 #[derive(Parser, Debug)]
 #[command(about = "Train an MLP and a CNN on the UCI digits on a chosen backend")]
@@ -30,7 +33,7 @@ struct Args {
     batch: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// The digits file (default: the copy in the repository)
+    /// A digits file to read instead of the embedded set (the same file, built in)
     #[arg(long)]
     data: Option<std::path::PathBuf>,
     /// Save the trained models' parameters to DIR/mlp.safetensors and DIR/cnn.safetensors
@@ -68,11 +71,12 @@ fn main() -> ExitCode {
 }
 
 fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
-    let path = args
-        .data
-        .clone()
-        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/data/digits.bin").into());
-    let data = load_digits(&path).map_err(|e| e.to_string())?;
+    // The set is embedded (117 KB), so the binary runs from anywhere; --data reads another.
+    let data = match &args.data {
+        Some(path) => load_digits(path),
+        None => parse_digits(DIGITS, "the embedded digits set"),
+    }
+    .map_err(|e| e.to_string())?;
     let (train, test) = data.split(0.8, args.seed);
     let (train, test) = (Arc::new(train), Arc::new(test));
     let mut failures = Vec::new();

@@ -432,8 +432,14 @@ pub fn load_digits(path: &Path) -> Result<Dataset> {
         path: path.display().to_string(),
         source,
     })?;
+    parse_digits(&bytes, &path.display().to_string())
+}
+
+/// [`load_digits`] of a file's bytes held in memory (the `digits` example embeds the set);
+/// `name` names it in errors.
+pub fn parse_digits(bytes: &[u8], name: &str) -> Result<Dataset> {
     let bad = |detail: String| crate::Error::Checkpoint {
-        path: path.display().to_string(),
+        path: name.to_string(),
         detail,
     };
     if bytes.len() < 12 || &bytes[..8] != b"DIGITS01" {
