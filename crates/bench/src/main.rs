@@ -27,131 +27,15 @@
 
 use backend_cpu::CpuBackend;
 use hal::{Backend, BackendExt, BinaryOp, DType, Distribution, Layout, View};
-use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
+mod cli;
 mod nlls;
 mod train;
 mod vlc;
 
-const SUITES: [&str; 9] = [
-    "train",
-    "gemm",
-    "elementwise",
-    "nearest",
-    "skinny",
-    "launch",
-    "memory",
-    "nlls",
-    "vlc",
-];
-
-struct Args {
-    backend: String,
-    suites: Vec<String>,
-    reps: usize,
-    gemm_size: usize,
-    elements: usize,
-    points: usize,
-    centroids: usize,
-    dim: usize,
-    /// Optional wgpu features turned off.
-    wgpu_options: backend_wgpu::WgpuOptions,
-    /// Tilings of wgpu's cooperative-matrix product to compare (`--coop-tiles`).
-    coop_tiles: Vec<String>,
-    nlls: nlls::NllsArgs,
-    train: train::TrainArgs,
-    vlc: vlc::VlcArgs,
-}
-
-fn parse() -> Result<Args, String> {
-    let mut a = Args {
-        backend: "cpu".into(),
-        suites: vec!["gemm".into(), "elementwise".into()],
-        reps: 9,
-        gemm_size: 2048,
-        elements: 64 << 20,
-        points: 1_000_000,
-        centroids: 4096,
-        dim: 128,
-        wgpu_options: backend_wgpu::WgpuOptions::default(),
-        coop_tiles: Vec::new(),
-        nlls: nlls::NllsArgs {
-            levels: vec![4, 5],
-            edges: None,
-            compile_level: 7,
-            break_even: true,
-            reps: 9,
-        },
-        train: train::TrainArgs {
-            reps: 9,
-            memory_steps: 10_000,
-        },
-        vlc: vlc::VlcArgs {
-            reps: 9,
-            data_dir: PathBuf::from("data/vlc"),
-            speed_only: false,
-        },
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        let num = |v: String| {
-            v.parse::<usize>()
-                .map_err(|_| format!("{v} is not a number"))
-        };
-        match flag.as_str() {
-            "--backend" => a.backend = value()?,
-            "--suite" => a.suites = value()?.split(',').map(str::to_string).collect(),
-            "--reps" => a.reps = num(value()?)?.max(1),
-            "--gemm-size" => a.gemm_size = num(value()?)?,
-            "--elements" => a.elements = num(value()?)?,
-            "--points" => a.points = num(value()?)?,
-            "--centroids" => a.centroids = num(value()?)?.max(1),
-            "--dim" => a.dim = num(value()?)?.max(1),
-            "--levels" => {
-                a.nlls.levels = value()?
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(|s| s.parse::<u32>().map_err(|_| format!("{s} is not a level")))
-                    .collect::<Result<_, _>>()?
-            }
-            "--edges" => a.nlls.edges = Some(num(value()?)?),
-            "--vlc-data" => a.vlc.data_dir = PathBuf::from(value()?),
-            "--vlc-speed-only" => a.vlc.speed_only = true,
-            "--memory-steps" => a.train.memory_steps = num(value()?)?.max(100),
-            "--compile-level" => a.nlls.compile_level = num(value()?)? as u32,
-            "--no-break-even" => a.nlls.break_even = false,
-            "--coop-tiles" => {
-                a.coop_tiles = value()?.split(',').map(str::to_string).collect();
-            }
-            "--wgpu-fallbacks" => a.wgpu_options = backend_wgpu::WgpuOptions::fallbacks(),
-            "--wgpu-without" => {
-                for f in value()?.split(',') {
-                    match f {
-                        "immediates" => a.wgpu_options.immediates = false,
-                        "f16" => a.wgpu_options.native_f16 = false,
-                        "subgroups" => a.wgpu_options.subgroups = false,
-                        "coop" => a.wgpu_options.cooperative_matrix = false,
-                        other => return Err(format!("unknown wgpu feature {other} (immediates, f16, subgroups, coop)")),
-                    }
-                }
-            }
-            "-h" | "--help" => return Err("usage: bench [--backend cpu|wgpu|cuda] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train,vlc] [--reps N] [--gemm-size N] [--elements N] [--points N] [--centroids N] [--dim N] [--levels 4,5] [--edges N] [--compile-level L] [--no-break-even] [--memory-steps N] [--vlc-data DIR] [--vlc-speed-only] [--wgpu-fallbacks] [--wgpu-without immediates,f16,subgroups,coop] [--coop-tiles SRxSCxTMxTN,...]".into()),
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    for s in &a.suites {
-        if !SUITES.contains(&s.as_str()) {
-            return Err(format!(
-                "unknown suite {s} (this build has: {})",
-                SUITES.join(", ")
-            ));
-        }
-    }
-    Ok(a)
-}
+pub(crate) use cli::Args;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -225,7 +109,7 @@ fn time_it(reps: usize, mut prepare: impl FnMut(usize), mut run: impl FnMut()) -
 }
 
 fn main() -> ExitCode {
-    let args = match parse() {
+    let args = match cli::parse() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("bench: {e}");
