@@ -1974,8 +1974,11 @@ fn kmeans_pp<B: Backend>(s: &mut Suite<'_, B>) {
         [999, 50, 40],
         [513, 300, 9],
         [1500, 768, 30],
+        // Fewer slices of points than coordinates: the sliced step's copy of each anchor's
+        // row needs threads of its own.
+        [11, 57, 9],
     ];
-    while cases.len() < s.cfg.cases.min(4) + 6 {
+    while cases.len() < s.cfg.cases.min(4) + 7 {
         let r = s.rng();
         let n = 1 + r.below(3000);
         cases.push([n, 1 + r.below(160), 1 + r.below(n.min(80))]);

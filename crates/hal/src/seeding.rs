@@ -269,7 +269,7 @@ impl<B: Backend> Steps<B> {
                         &self.anchors,
                         partial,
                     ],
-                    n * d.div_ceil(SLICE),
+                    sliced_threads(n, d),
                 )?;
                 // The race reads the count the distance kernel wrote.
                 b.launch(
@@ -357,9 +357,9 @@ fn race_program(n: usize, block: usize, slices: usize) -> Result<Program> {
     p.build()
 }
 
-/// The three-call k-means++ step's distance kernel, over `slices x n` threads (`slices =
-/// ceil(d / SLICE)`), with `w = winner[0]` and `s = step[0]` (the anchors placed before `w`):
-/// thread `t = q n + i` writes `part[t]`, point `i`'s squared distance to row `w` over
+/// The three-call k-means++ step's distance kernel, over [`sliced_threads`] threads (`slices
+/// x n`, `slices = ceil(d / SLICE)`, or `d` where that is more), with `w = winner[0]` and `s = step[0]` (the anchors placed before `w`):
+/// thread `t = q n + i < slices n` writes `part[t]`, point `i`'s squared distance to row `w` over
 /// coordinates `q SLICE ..` (up to `SLICE` of them, in order, with fused multiply-adds; `xt`
 /// is `x` coordinate after coordinate); it also copies coordinate `min(t, d - 1)` of row `w`
 /// into anchor `s` (the threads past `d` write what thread `d - 1` writes) and writes
@@ -404,10 +404,21 @@ fn sliced_distance_program(n: usize, d: usize) -> Result<Program> {
         let diff = p.select(inside, diff, zero_f);
         acc = p.fma(diff, diff, acc);
     }
-    p.store(part, t, acc);
+    // Threads past the partial distances (where d exceeds them) only copy coordinates.
+    let partials = p.const_u32((n * d.div_ceil(SLICE)) as u32);
+    let computes = p.cmp(IrCmp::Lt, t, partials);
+    p.store_if(computes, part, t, acc);
     let k = p.binary(IrBinary::Min, t, last);
     copy_winner(&mut p, [x, anchors, next], k, from, s, d);
     p.build()
+}
+
+/// The launch size of [`sliced_distance_program`]: a thread per slice of each point, and at
+/// least one per coordinate, since the same threads copy the last winner's row (with few
+/// points and many coordinates, `n` slices of 16 are fewer than `d`: the row's tail was
+/// never copied, and every anchor but the last lost its tail).
+fn sliced_threads(n: usize, d: usize) -> usize {
+    (n * d.div_ceil(SLICE)).max(d)
 }
 
 /// Stores coordinate `k` of the winner's row (starting at `from` in `x`) into anchor `s`, and
