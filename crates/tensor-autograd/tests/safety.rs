@@ -221,7 +221,11 @@ fn a_checkpoint_killed_mid_save_is_whole() {
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
+        // (A writer that died before it was ready fails the test rather than hanging it.)
         while !ready.exists() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the writer exited before it was ready: {status}");
+            }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         state ^= state << 13;

@@ -253,7 +253,11 @@ fn a_write_killed_at_any_point_leaves_a_whole_file() {
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
+        // (A writer that died before it was ready fails the test rather than hanging it.)
         while !ready.exists() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the writer exited before it was ready: {status}");
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
         state ^= state << 13;
