@@ -100,6 +100,12 @@ impl Args {
         self.slots.push(slot);
         self
     }
+    /// A buffer operand as the kernels take it: its device address, then its dtype's code
+    /// (`dtype_code`, mirrored by `cuda/common.cuh`).
+    pub fn operand(self, buffer: &crate::CudaBuffer) -> Self {
+        self.arg(buffer.ptr())
+            .arg(crate::dtype_code(hal::DeviceBuffer::dtype(buffer)))
+    }
     fn pointers(&mut self) -> Vec<*mut c_void> {
         self.slots
             .iter_mut()

@@ -220,7 +220,7 @@ impl CudaBuffer {
 }
 
 /// The kernels' dtype codes (`DT_*` in `cuda/common.cuh`).
-fn dtype_code(d: DType) -> i32 {
+pub(crate) fn dtype_code(d: DType) -> i32 {
     match d {
         DType::F32 => 0,
         DType::F16 => 1,
@@ -399,14 +399,8 @@ impl CudaBackend {
         src: V<'_>,
         out: V<'_>,
     ) -> Result<()> {
-        self.dev.launch(
-            name,
-            total,
-            args.arg(src.buffer.ptr())
-                .arg(dtype_code(src.dtype()))
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype())),
-        )
+        self.dev
+            .launch(name, total, args.operand(src.buffer).operand(out.buffer))
     }
 
     fn refuse_in_capture(&self, op: &'static str) -> Result<()> {
@@ -437,12 +431,7 @@ impl CudaBackend {
         self.dev.launch(
             "copy_kernel",
             w.n as usize,
-            Args::new()
-                .arg(w)
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype()))
-                .arg(src.buffer.ptr())
-                .arg(dtype_code(src.dtype())),
+            Args::new().arg(w).operand(out.buffer).operand(src.buffer),
         )
     }
 
@@ -477,12 +466,9 @@ impl CudaBackend {
             w.n as usize,
             Args::new()
                 .arg(w)
-                .arg(walked.buffer.ptr())
-                .arg(dtype_code(walked.dtype()))
-                .arg(index.buffer.ptr())
-                .arg(dtype_code(index.dtype()))
-                .arg(target.buffer.ptr())
-                .arg(dtype_code(target.dtype()))
+                .operand(walked.buffer)
+                .operand(index.buffer)
+                .operand(target.buffer)
                 .arg(target.layout.strides[axis] as i64)
                 .arg(verdict.ptr()),
         )
@@ -498,8 +484,7 @@ impl CudaBackend {
             w.n as usize,
             Args::new()
                 .arg(w)
-                .arg(index.buffer.ptr())
-                .arg(dtype_code(index.dtype()))
+                .operand(index.buffer)
                 .arg(bound as i64)
                 .arg(fault_code(op, index_fault(index.dtype())))
                 .arg(self.dev.fault.ptr)
@@ -548,8 +533,7 @@ impl CudaBackend {
                     .arg(red)
                     .arg(partial.ptr())
                     .arg(chunks)
-                    .arg(x.buffer.ptr())
-                    .arg(dtype_code(x.dtype()))
+                    .operand(x.buffer)
                     .arg(code),
             )?;
             let mut strides = hal::contiguous_strides(&out.layout.shape);
@@ -576,10 +560,8 @@ impl CudaBackend {
                 Args::new()
                     .arg(kept2)
                     .arg(red2)
-                    .arg(out.buffer.ptr())
-                    .arg(dtype_code(out.dtype()))
-                    .arg(partial.ptr())
-                    .arg(dtype_code(DType::F32))
+                    .operand(out.buffer)
+                    .operand(&partial)
                     .arg(pass2),
             );
         }
@@ -614,10 +596,8 @@ impl CudaBackend {
             Args::new()
                 .arg(kept)
                 .arg(red)
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype()))
-                .arg(x.buffer.ptr())
-                .arg(dtype_code(x.dtype()))
+                .operand(out.buffer)
+                .operand(x.buffer)
                 .arg(code),
         )
     }
@@ -672,14 +652,11 @@ impl CudaBackend {
                 .arg(om.rows as i64)
                 .arg(om.cols as i64)
                 .arg(am.cols as i64)
-                .arg(a.buffer.ptr())
-                .arg(dtype_code(a.dtype()))
+                .operand(a.buffer)
                 .arg(SmallMat::of(&am))
-                .arg(b.buffer.ptr())
-                .arg(dtype_code(b.dtype()))
+                .operand(b.buffer)
                 .arg(SmallMat::of(&bm))
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype()))
+                .operand(out.buffer)
                 .arg(SmallMat::of(&om))
                 .arg(alpha)
                 .arg(beta);
@@ -962,10 +939,8 @@ impl Backend for CudaBackend {
             n,
             Args::new()
                 .arg(w)
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype()))
-                .arg(x.buffer.ptr())
-                .arg(dtype_code(x.dtype()))
+                .operand(out.buffer)
+                .operand(x.buffer)
                 .arg(code)
                 .arg(p0)
                 .arg(p1),
@@ -999,12 +974,9 @@ impl Backend for CudaBackend {
             n,
             Args::new()
                 .arg(w)
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype()))
-                .arg(a.buffer.ptr())
-                .arg(dtype_code(a.dtype()))
-                .arg(b.buffer.ptr())
-                .arg(dtype_code(b.dtype()))
+                .operand(out.buffer)
+                .operand(a.buffer)
+                .operand(b.buffer)
                 .arg(code),
         )
     }
@@ -1023,14 +995,10 @@ impl Backend for CudaBackend {
             w.n as usize,
             Args::new()
                 .arg(w)
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype()))
-                .arg(a.buffer.ptr())
-                .arg(dtype_code(a.dtype()))
-                .arg(b.buffer.ptr())
-                .arg(dtype_code(b.dtype()))
-                .arg(c.buffer.ptr())
-                .arg(dtype_code(c.dtype()))
+                .operand(out.buffer)
+                .operand(a.buffer)
+                .operand(b.buffer)
+                .operand(c.buffer)
                 .arg(code),
         )
     }
@@ -1054,8 +1022,7 @@ impl Backend for CudaBackend {
             .arg(len as i64)
             .arg(x.layout.strides[axis] as i64)
             .arg(out.buffer.ptr())
-            .arg(x.buffer.ptr())
-            .arg(dtype_code(x.dtype()))
+            .operand(x.buffer)
             .arg(matches!(op, ArgReduceOp::ArgMax) as i32);
         // A thread per output along short axes; a warp per output while there are enough
         // outputs to fill the device; a block each for a few long ones; one output along a
@@ -1430,8 +1397,7 @@ impl Backend for CudaBackend {
         // The rows and their weights lead every segment kernel's parameters; the outputs and
         // the index check's verdict close them.
         let with_rows = |a: Args| {
-            a.arg(x.buffer.ptr())
-                .arg(dtype_code(x.dtype()))
+            a.operand(x.buffer)
                 .arg(x.layout.offset as i64)
                 .arg(x.layout.strides[0] as i64)
                 .arg(x.layout.strides[1] as i64)
@@ -1442,13 +1408,11 @@ impl Backend for CudaBackend {
                 .arg(has_w)
         };
         let with_outputs = |a: Args| {
-            a.arg(sums.buffer.ptr())
-                .arg(dtype_code(sums.dtype()))
+            a.operand(sums.buffer)
                 .arg(sums.layout.offset as i64)
                 .arg(sums.layout.strides[0] as i64)
                 .arg(sums.layout.strides[1] as i64)
-                .arg(counts.buffer.ptr())
-                .arg(dtype_code(counts.dtype()))
+                .operand(counts.buffer)
                 .arg(counts.layout.offset as i64)
                 .arg(counts.layout.strides[0] as i64)
                 .arg(verdict_ptr)
@@ -1660,8 +1624,7 @@ impl Backend for CudaBackend {
             w.n as usize,
             Args::new()
                 .arg(w)
-                .arg(out.buffer.ptr())
-                .arg(dtype_code(out.dtype()))
+                .operand(out.buffer)
                 .arg(seed as u32)
                 .arg((seed >> 32) as u32)
                 .arg(offset)
