@@ -169,7 +169,7 @@ fn nearest_slice_params(
         .scalar(14, group_stride(c.layout)))
 }
 
-/// Launch parameters: sixteen scalar slots and up to eight layout blocks (see `wgsl.rs`).
+/// Launch parameters: sixteen scalar slots and up to eight layout blocks (see `wgsl/`).
 #[derive(Clone, Default)]
 struct Params {
     scalars: [u32; 16],

@@ -196,7 +196,7 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
                     IrBinary::Sub => format!("{x} - {y}"),
                     IrBinary::Mul => format!("{x} * {y}"),
                     IrBinary::Div if int => format!("select({x} / {y}, {zero}, {y} == {zero})"),
-                    // As BinaryOp::Div in wgsl.rs: a huge divisor is scaled first.
+                    // As BinaryOp::Div in wgsl/ops.rs: a huge divisor is scaled first.
                     IrBinary::Div => format!(
                         "select({x} / {y}, ({x} * 0.25) / ({y} * 0.25), abs({y}) > 8.507059e37)"
                     ),
