@@ -17,6 +17,7 @@
 pub mod checks;
 pub mod device_checks;
 pub mod host;
+pub mod kill;
 pub mod overflow;
 pub mod special;
 

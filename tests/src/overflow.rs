@@ -287,22 +287,11 @@ fn primitives<B: Backend>(b: &B, l: &Layout) -> hal::Result<Vec<String>> {
         let mut kept = l.shape.clone();
         kept[axis] = 1;
         let kept = Layout::contiguous(&kept);
-        check(judge(&h, "reduce sum", l, &[&out], || {
-            b.reduce(
-                ReduceOp::Sum,
-                View::new(&x, l),
-                &[axis],
-                View::new(&out, &kept),
-            )
-        }));
-        check(judge(&h, "reduce max", l, &[&out], || {
-            b.reduce(
-                ReduceOp::Max,
-                View::new(&x, l),
-                &[axis],
-                View::new(&out, &kept),
-            )
-        }));
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            check(judge(&h, &format!("reduce {op:?}"), l, &[&out], || {
+                b.reduce(op, View::new(&x, l), &[axis], View::new(&out, &kept))
+            }));
+        }
         check(judge(&h, "arg_reduce", l, &[&idx], || {
             b.arg_reduce(
                 ArgReduceOp::ArgMax,

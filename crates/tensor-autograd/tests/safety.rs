@@ -184,15 +184,9 @@ fn checkpoint(version: u32) -> Vec<(String, Tensor<CpuBackend>)> {
 #[test]
 #[ignore = "a helper: a_checkpoint_killed_mid_save_is_whole runs it in a child"]
 fn checkpoint_writer() {
-    let Ok(target) = std::env::var("TA_KILL_TARGET") else {
-        return;
-    };
-    let versions = [checkpoint(1), checkpoint(2)];
-    std::fs::write(format!("{target}.ready"), b"").unwrap();
-    for i in 0.. {
-        tensor_autograd::nn::save_safetensors(&versions[i % 2], std::path::Path::new(&target))
-            .unwrap();
-    }
+    hal_parity::kill::write_until_killed("TA_KILL_TARGET", &[checkpoint(1), checkpoint(2)], {
+        |tensors, path| tensor_autograd::nn::save_safetensors(tensors, path).unwrap()
+    });
 }
 
 #[test]
@@ -206,38 +200,18 @@ fn a_checkpoint_killed_mid_save_is_whole() {
         .to_vec();
     tensor_autograd::nn::save_safetensors(&checkpoint(1), &target).unwrap();
     let into = checkpoint(0);
-    let mut state = std::process::id() as u64 | 1;
-    for round in 0..8 {
-        let ready = dir.join("model.safetensors.ready");
-        let _ = std::fs::remove_file(&ready);
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "checkpoint_writer",
-                "--ignored",
-                "--test-threads=1",
-            ])
-            .env("TA_KILL_TARGET", &target)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        // (A writer that died before it was ready fails the test rather than hanging it.)
-        while !ready.exists() {
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("the writer exited before it was ready: {status}");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        std::thread::sleep(std::time::Duration::from_millis(state % 500));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-        tensor_autograd::nn::load_safetensors(&into, &target)
-            .unwrap_or_else(|e| panic!("round {round}: the checkpoint is damaged: {e}"));
-        let got = into[0].1.to_vec().unwrap();
-        assert!(expected.contains(&got), "round {round}: neither version");
-    }
+    hal_parity::kill::kill_rounds(
+        "checkpoint_writer",
+        "TA_KILL_TARGET",
+        &target,
+        8,
+        500,
+        |round| {
+            tensor_autograd::nn::load_safetensors(&into, &target)
+                .unwrap_or_else(|e| panic!("round {round}: the checkpoint is damaged: {e}"));
+            let got = into[0].1.to_vec().unwrap();
+            assert!(expected.contains(&got), "round {round}: neither version");
+        },
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

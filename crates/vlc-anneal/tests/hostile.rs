@@ -3,7 +3,7 @@
 //! correct answer, never a hang, an abort or a lost file.
 
 use half::f16;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use vlc_anneal::index::{Header, IndexParts, assignment_bits};
 use vlc_anneal::pq::ProductQuantizer;
@@ -219,17 +219,13 @@ fn large_index(version: u8) -> Vec<u8> {
 #[test]
 #[ignore = "a helper: a_write_killed_at_any_point_leaves_a_whole_file runs it in a child"]
 fn kill_target_writer() {
-    let Ok(target) = std::env::var("VLC_KILL_TARGET") else {
-        return;
-    };
     let versions = [
         Index::from_bytes(large_index(1), "v1").unwrap(),
         Index::from_bytes(large_index(2), "v2").unwrap(),
     ];
-    std::fs::write(format!("{target}.ready"), b"").unwrap();
-    for i in 0.. {
-        versions[i % 2].save(Path::new(&target)).unwrap();
-    }
+    hal_parity::kill::write_until_killed("VLC_KILL_TARGET", &versions, |index, path| {
+        index.save(path).unwrap()
+    });
 }
 
 #[test]
@@ -238,43 +234,23 @@ fn a_write_killed_at_any_point_leaves_a_whole_file() {
     let target = dir.join("i.vlc");
     let versions = [large_index(1), large_index(2)];
     std::fs::write(&target, &versions[0]).unwrap();
-    let mut state = std::process::id() as u64 | 1;
-    for round in 0..12 {
-        let ready = PathBuf::from(format!("{}.ready", target.display()));
-        let _ = std::fs::remove_file(&ready);
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "kill_target_writer",
-                "--ignored",
-                "--test-threads=1",
-            ])
-            .env("VLC_KILL_TARGET", &target)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        // (A writer that died before it was ready fails the test rather than hanging it.)
-        while !ready.exists() {
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("the writer exited before it was ready: {status}");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        // Somewhere inside the first few writes (each takes tens of milliseconds).
-        std::thread::sleep(Duration::from_millis(state % 400));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-        let now = std::fs::read(&target).unwrap();
-        assert!(
-            now == versions[0] || now == versions[1],
-            "round {round}: the file is neither version ({} bytes)",
-            now.len()
-        );
-        Index::open(&target).unwrap();
-    }
+    // Somewhere inside the first few writes (each takes tens of milliseconds).
+    hal_parity::kill::kill_rounds(
+        "kill_target_writer",
+        "VLC_KILL_TARGET",
+        &target,
+        12,
+        400,
+        |round| {
+            let now = std::fs::read(&target).unwrap();
+            assert!(
+                now == versions[0] || now == versions[1],
+                "round {round}: the file is neither version ({} bytes)",
+                now.len()
+            );
+            Index::open(&target).unwrap();
+        },
+    );
     // Temporaries of killed writers may remain (named .i.vlc.tmp-*); the target never is one.
     std::fs::remove_dir_all(&dir).unwrap();
 }
