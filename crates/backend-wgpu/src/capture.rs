@@ -15,7 +15,9 @@
 //! graph, so none goes back to the pool (and to another allocation) while a replay could still
 //! write it.
 
-use crate::{Kernel, WgpuBuffer};
+use crate::WgpuBackend;
+use crate::{WgpuBuffer, pipeline::Kernel};
+use hal::{Error, Result};
 use std::sync::Arc;
 
 /// Whether recordings are captured: yes unless `HAL_WGPU_CAPTURE=0` (a knob for comparing
@@ -97,4 +99,61 @@ impl std::fmt::Debug for WgpuGraph {
             self.keep.len()
         )
     }
+}
+
+pub(crate) fn record(
+    gpu: &WgpuBackend,
+    steps: std::sync::Arc<hal::RecordedSteps<WgpuBackend>>,
+) -> Result<WgpuGraph> {
+    if !enabled() {
+        return Ok(WgpuGraph {
+            steps: Some(hal::Replay::new(steps)),
+            commands: Vec::new(),
+            keep: Vec::new(),
+            writes_faults: false,
+            device: Arc::as_ptr(&gpu.0) as usize,
+        });
+    }
+    // Probed now: the first kernel that needs it would otherwise read inside the capture.
+    gpu.fma_is_fused()?;
+    {
+        let mut batch = gpu.lock_batch();
+        if batch.capture.is_some() {
+            return Err(Error::InvalidArgument {
+                op: "record",
+                detail: "a recording inside a recording".into(),
+            });
+        }
+        batch.capture = Some(Capture::default());
+    }
+    let result = steps(gpu);
+    let captured = gpu.lock_batch().capture.take().unwrap_or_default();
+    result?;
+    Ok(WgpuGraph {
+        steps: None,
+        commands: captured.commands,
+        keep: captured.keep,
+        writes_faults: captured.writes_faults,
+        device: Arc::as_ptr(&gpu.0) as usize,
+    })
+}
+
+pub(crate) fn replay(gpu: &WgpuBackend, graph: &WgpuGraph) -> Result<()> {
+    if graph.device != Arc::as_ptr(&gpu.0) as usize {
+        return Err(Error::InvalidArgument {
+            op: "replay",
+            detail: "the graph was recorded on another wgpu device".into(),
+        });
+    }
+    if let Some(steps) = &graph.steps {
+        return steps.run(gpu);
+    }
+    if let Some(c) = gpu.lock_batch().capture.as_mut() {
+        c.keep(&graph.keep);
+    }
+    gpu.encode_commands(&graph.commands)?;
+    if graph.writes_faults {
+        gpu.faults_may_be_written();
+    }
+    Ok(())
 }

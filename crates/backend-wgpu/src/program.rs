@@ -7,9 +7,13 @@
 //! itself yields 0 or is dropped, and the backend reports it as
 //! [`hal::Error::IndexOutOfRange`] at the next synchronize or read (one read for all launches).
 
+use crate::WgpuBackend;
+use crate::buffer::WgpuBuffer;
+use crate::pipeline::Params;
 use crate::wgsl::{self, Access};
 use hal::ir::{Access as IrAccess, Constant, Inst, IrBinary, IrUnary, Program, ScalarType};
 use hal::{DType, Error, Result};
+use hal::{DeviceBuffer, validate};
 use std::fmt::Write;
 use std::sync::Arc;
 
@@ -17,7 +21,7 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct WgpuKernel {
     pub(crate) program: Arc<Program>,
-    pub(crate) pipeline: Arc<crate::Kernel>,
+    pub(crate) pipeline: Arc<crate::pipeline::Kernel>,
     pub(crate) source: Arc<String>,
 }
 
@@ -252,4 +256,46 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
     // Enable directives come before everything else.
     src.insert_str(0, wgsl::enable_directives(&src));
     Ok(src)
+}
+
+pub(crate) fn compile(gpu: &WgpuBackend, program: &Program) -> Result<WgpuKernel> {
+    gpu.0.kernels.get_or_compile(program, |program| {
+        let features = gpu.module_features();
+        let words = features.immediate_words;
+        let source = lower(program, features)?;
+        // The kernel cache is this pipeline's cache: no string key to collide on.
+        let module = wgsl::Module::generated("<ir program>", source.clone());
+        let pipeline = gpu.build_pipeline(&program.name, &module, false, words, None)?;
+        Ok(WgpuKernel {
+            program: Arc::new(program.clone()),
+            pipeline,
+            source: Arc::new(source),
+        })
+    })
+}
+
+pub(crate) fn launch(
+    gpu: &WgpuBackend,
+    kernel: &WgpuKernel,
+    args: &[&WgpuBuffer],
+    n: usize,
+) -> Result<()> {
+    let prog = &kernel.program;
+    validate::launch(prog, args, n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let mut p = Params::default();
+    for (i, a) in args.iter().enumerate().take(15) {
+        p = p.scalar(i, a.len() as u32);
+    }
+    let mut bufs: Vec<(&WgpuBuffer, bool)> = args
+        .iter()
+        .zip(&prog.buffers)
+        .map(|(a, d)| (*a, d.access != hal::ir::Access::Read))
+        .collect();
+    bufs.push((&gpu.0.faults, true));
+    gpu.dispatch(&kernel.pipeline, &p, &bufs, n)?;
+    gpu.faults_may_be_written();
+    Ok(())
 }
