@@ -172,7 +172,7 @@ impl Pool {
                             requested_bytes: bytes as u128,
                         })?
                     }
-                    Err(e) => return Err(crate::driver_error("cuMemAlloc", e)),
+                    Err(e) => return Err(crate::device::driver_error("cuMemAlloc", e)),
                 };
                 st.reserved += class;
                 st.driver_allocs += 1;

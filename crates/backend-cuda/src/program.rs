@@ -17,14 +17,19 @@
 //!
 //! Kernel signature: `(i64 n, u32* fault, T0* b0, i64 len0, T1* b1, i64 len1, ...)`.
 
-use crate::device::{Device, Func, driver_error};
+use crate::CudaBackend;
+use crate::buffer::CudaBuffer;
+use crate::device::Args;
+use crate::device::{self, Device, Func, driver_error};
 use cudarc::driver::result as drv;
 use cudarc::nvrtc::{result as rtc, sys as rtc_sys};
 use hal::ir::{Constant, Inst, IrBinary, IrUnary, Program, ScalarType};
 use hal::{DType, Error, Result};
+use hal::{DeviceBuffer, validate};
 use std::ffi::{CString, c_void};
 use std::fmt::Write;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// `cuda/common.cuh`, the prelude of every generated kernel (it includes no toolkit header, so
 /// NVRTC needs none).
@@ -483,6 +488,44 @@ fn profile_name(program: &str) -> &'static str {
     } else {
         "ir"
     }
+}
+
+pub(crate) fn compile_cached(gpu: &CudaBackend, program: &Program) -> Result<CudaKernel> {
+    gpu.kernels.get_or_compile(program, |p| {
+        gpu.dev.bind()?;
+        compile(&gpu.dev, p)
+    })
+}
+
+pub(crate) fn launch(
+    gpu: &CudaBackend,
+    kernel: &CudaKernel,
+    args: &[&CudaBuffer],
+    n: usize,
+) -> Result<()> {
+    validate::launch(&kernel.program, args, n)?;
+    gpu.dev.bind()?;
+    if n == 0 {
+        return Ok(());
+    }
+    let mut a = Args::new().arg(n as i64).arg(gpu.dev.fault.ptr);
+    for b in args {
+        a = a.arg(b.ptr()).arg(b.len() as i64);
+    }
+    gpu.dev.fault_pending.store(true, Ordering::Release);
+    // A thread per element (the kernel's grid-stride loop runs once): for these kernels
+    // that measured faster than a capped grid looping (0.60 against 0.71 ms for 30M
+    // edge-length residuals on an H200); the loop covers grids beyond the hardware limit.
+    gpu.dev.launch_raw(
+        kernel.function,
+        (
+            n.div_ceil(device::BLOCK as usize).min(i32::MAX as usize) as u32,
+            1,
+            1,
+        ),
+        device::BLOCK,
+        a,
+    )
 }
 
 #[cfg(test)]
