@@ -27,13 +27,8 @@
 // smell; bundling them into structs would only rename the problem.
 #![allow(clippy::too_many_arguments)]
 
-mod cluster;
-mod elementwise;
-mod indexing;
-mod linalg;
-mod optim;
+mod ops;
 mod program;
-mod reduce;
 mod storage;
 mod walk;
 
@@ -46,6 +41,7 @@ use hal::{
     DeviceBuffer, DeviceInfo, DeviceKind, Distribution, Error, Layout, Precision, ReduceOp, Result,
     SgdParams, TernaryOp, UnaryOp, View, validate,
 };
+use ops::{cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 static EXEC: Mutex<()> = Mutex::new(());
@@ -327,7 +323,7 @@ impl Backend for CpuBackend {
     fn matmul(&self, a: V<'_>, b: V<'_>, out: V<'_>, alpha: f32, beta: f32) -> Result<()> {
         let [am, bm, om] = validate::matmul(a, b, out)?;
         let _g = exec();
-        linalg::matmul(a.buffer, am, b.buffer, bm, out.buffer, om, alpha, beta);
+        matmul::matmul(a.buffer, am, b.buffer, bm, out.buffer, om, alpha, beta);
         Ok(())
     }
 
@@ -343,7 +339,7 @@ impl Backend for CpuBackend {
         let _g = exec();
         let (offsets, cols) = (u32_slice(a.row_offsets), u32_slice(a.col_indices));
         validate::csr_structure(offsets, cols, a.cols, a.values.len())?;
-        linalg::spmv(
+        matmul::spmv(
             a.rows,
             offsets,
             cols,
@@ -360,7 +356,7 @@ impl Backend for CpuBackend {
         validate::gather(x, axis, index, out)?;
         let _g = exec();
         check_indices("gather", index, x.layout.shape[axis])?;
-        indexing::gather(
+        index::gather(
             x.buffer.src(),
             x.layout,
             axis,
@@ -376,7 +372,7 @@ impl Backend for CpuBackend {
         validate::scatter_add(src, axis, index, out)?;
         let _g = exec();
         check_indices("scatter_add", index, out.layout.shape[axis])?;
-        indexing::scatter_add(
+        index::scatter_add(
             src.buffer.src(),
             src.layout,
             axis,
@@ -391,14 +387,14 @@ impl Backend for CpuBackend {
     fn im2col(&self, x: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
         validate::im2col(x, g, out)?;
         let _g = exec();
-        indexing::im2col(x.buffer.src(), x.layout, g, out.buffer.dst(), out.layout);
+        conv::im2col(x.buffer.src(), x.layout, g, out.buffer.dst(), out.layout);
         Ok(())
     }
 
     fn col2im(&self, cols: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
         validate::col2im(cols, g, out)?;
         let _g = exec();
-        indexing::col2im(
+        conv::col2im(
             cols.buffer.src(),
             cols.layout,
             g,
@@ -450,9 +446,9 @@ impl Backend for CpuBackend {
         let seg: Vec<u32> = contiguous(segment);
         let w: Option<Vec<f32>> = weights.map(contiguous);
         let sum = if self.precision == Precision::Reproducible {
-            cluster::segment_sum_ordered
+            segment::segment_sum_ordered
         } else {
-            cluster::segment_sum
+            segment::segment_sum
         };
         sum(
             x.buffer.src(),
@@ -504,7 +500,7 @@ impl Backend for CpuBackend {
     fn random(&self, out: V<'_>, dist: Distribution, seed: u64, offset: u64) -> Result<()> {
         validate::random(out)?;
         let _g = exec();
-        optim::random(out.buffer.dst(), out.layout, dist, seed, offset);
+        random::random(out.buffer.dst(), out.layout, dist, seed, offset);
         Ok(())
     }
 

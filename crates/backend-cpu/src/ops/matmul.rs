@@ -1,7 +1,7 @@
 //! Batched matrix multiplication (through `faer`'s SIMD kernels, AVX-512 where the CPU has it)
 //! and CSR mat-vec.
 
-use crate::elementwise;
+use crate::ops::elementwise;
 use crate::storage::{CpuBuffer, Dst, Src};
 use hal::validate::MatrixView;
 use hal::{DType, Layout};

@@ -1,6 +1,6 @@
-//! Nearest-centroid search and segment sums: the two primitives of k-means.
+//! Nearest-centroid search: k-means' assignment step.
 
-use crate::elementwise;
+use crate::ops::elementwise;
 use crate::storage::{Dst, Src};
 use hal::{DType, Layout};
 use rayon::prelude::*;
@@ -9,7 +9,7 @@ use rayon::prelude::*;
 const CBLOCK: usize = 32;
 
 /// The view as a contiguous f32 slice: borrowed when it already is one, copied otherwise.
-fn f32_rows(src: Src, l: &Layout) -> std::borrow::Cow<'static, [f32]> {
+pub(crate) fn f32_rows(src: Src, l: &Layout) -> std::borrow::Cow<'static, [f32]> {
     if src.dtype == DType::F32 && l.is_contiguous() {
         // SAFETY: the view was checked to lie inside its buffer, which outlives the call (the
         // execution lock is held), and f32 buffers are 4-byte aligned.
@@ -446,121 +446,6 @@ fn store_results(idx: &[u32], dist: &[f32], out_i: Dst, il: &Layout, out_d: Dst,
         out_d,
         dl,
     );
-}
-
-/// Segment sums: the rows as contiguous f32 (borrowed when they already are), threads owning
-/// disjoint column blocks and adding rows in index order in f64: deterministic, whatever the
-/// thread count.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn segment_sum(
-    x: Src,
-    xl: &Layout,
-    seg: &[u32],
-    weights: Option<&[f32]>,
-    sums: Dst,
-    sl: &Layout,
-    counts: Dst,
-    cl: &Layout,
-) {
-    let xs = f32_rows(x, xl);
-    segment_sum_rows(
-        &xs,
-        xl.shape[1],
-        &seg[..xl.shape[0]],
-        weights,
-        sums,
-        sl,
-        counts,
-        cl,
-    );
-}
-
-/// `segment_sum` of contiguous f32 rows.
-#[allow(clippy::too_many_arguments)]
-fn segment_sum_rows(
-    xs: &[f32],
-    d: usize,
-    seg: &[u32],
-    weights: Option<&[f32]>,
-    sums: Dst,
-    sl: &Layout,
-    counts: Dst,
-    cl: &Layout,
-) {
-    let m = sl.shape[0];
-    let block = d.div_ceil(2 * rayon::current_num_threads()).max(8);
-    (0..d.div_ceil(block)).into_par_iter().for_each(|b| {
-        let (k0, k1) = (b * block, ((b + 1) * block).min(d));
-        let bw = k1 - k0;
-        let mut acc = vec![0f64; m * bw];
-        for (i, &s) in seg.iter().enumerate() {
-            let row = &xs[i * d + k0..i * d + k1];
-            let a = &mut acc[s as usize * bw..(s as usize + 1) * bw];
-            match weights {
-                Some(w) => {
-                    let wi = w[i] as f64;
-                    for (slot, &v) in a.iter_mut().zip(row) {
-                        *slot += wi * v as f64;
-                    }
-                }
-                None => {
-                    for (slot, &v) in a.iter_mut().zip(row) {
-                        *slot += v as f64;
-                    }
-                }
-            }
-        }
-        for s in 0..m {
-            for kk in 0..bw {
-                // SAFETY: threads own disjoint columns; the view was checked by the caller.
-                unsafe { sums.store(sl.index_of(&[s, k0 + kk]) as isize, acc[s * bw + kk] as f32) };
-            }
-        }
-    });
-    let mut cnt = vec![0f64; m];
-    for (i, &s) in seg.iter().enumerate() {
-        cnt[s as usize] += weights.map_or(1.0, |w| w[i] as f64);
-    }
-    for (s, &c) in cnt.iter().enumerate() {
-        // SAFETY: the view was checked by the caller.
-        unsafe { counts.store(cl.index_of(&[s]) as isize, c as f32) };
-    }
-}
-
-/// [`hal::Precision::Reproducible`]'s segment sum: each segment's rows added in ascending row
-/// order in f32 with fused multiply-adds, the order every backend follows.
-pub(crate) fn segment_sum_ordered(
-    x: Src,
-    xl: &Layout,
-    seg: &[u32],
-    weights: Option<&[f32]>,
-    sums: Dst,
-    sl: &Layout,
-    counts: Dst,
-    cl: &Layout,
-) {
-    let (n, d, m) = (xl.shape[0], xl.shape[1], sl.shape[0]);
-    let w = |i: usize| weights.map_or(1.0, |w| w[i]);
-    let mut acc = vec![0f32; m * d];
-    let mut cnt = vec![0f32; m];
-    for (i, &s) in seg.iter().enumerate().take(n) {
-        let (s, wi) = (s as usize, w(i));
-        let base = xl.offset as isize + i as isize * xl.strides[0];
-        for (k, slot) in acc[s * d..(s + 1) * d].iter_mut().enumerate() {
-            // SAFETY: the view was checked by the caller.
-            let v = unsafe { x.load(base + k as isize * xl.strides[1]) };
-            *slot = wi.mul_add(v, *slot);
-        }
-        cnt[s] += wi;
-    }
-    for s in 0..m {
-        for k in 0..d {
-            // SAFETY: the view was checked by the caller.
-            unsafe { sums.store(sl.index_of(&[s, k]) as isize, acc[s * d + k]) };
-        }
-        // SAFETY: as above.
-        unsafe { counts.store(cl.index_of(&[s]) as isize, cnt[s]) };
-    }
 }
 
 #[cfg(test)]

@@ -1,8 +1,7 @@
-//! Fused optimiser steps and the counter-based random fill.
+//! Fused optimiser steps: SGD and Adam.
 
-use crate::storage::Dst;
-use crate::walk::{CHUNK, Walk};
-use hal::{AdamParams, Distribution, Layout, SgdParams, random::random_value};
+use crate::walk::CHUNK;
+use hal::{AdamParams, SgdParams};
 use rayon::prelude::*;
 
 /// A raw `f32` slice shared by threads that touch disjoint ranges of it.
@@ -154,15 +153,4 @@ unsafe fn adam_slices_avx2(
     bc2: f32,
 ) {
     adam_slices(ps, gs, ms, vs, h, bc1, bc2)
-}
-
-pub(crate) fn random(out: Dst, l: &Layout, dist: Distribution, seed: u64, offset: u64) {
-    let walk = Walk::new(&l.shape, [l]);
-    walk.par_runs(|lin, [o], [s], len| {
-        for j in 0..len {
-            let v = random_value(dist, seed, offset.wrapping_add((lin + j) as u64));
-            // SAFETY: view checked by the caller; positions are disjoint.
-            unsafe { out.store(o + j as isize * s, v) };
-        }
-    });
 }
