@@ -245,7 +245,11 @@ fn check_module(
             if file.starts_with('<') {
                 format!("{file}:{line}")
             } else {
-                format!("shaders/{file}:{line}")
+                let path = backend_wgpu::wgsl::FILES
+                    .iter()
+                    .find(|f| f.name == file)
+                    .map_or(file.to_string(), |f| f.path());
+                format!("shaders/{path}:{line}")
             }
         })
         .unwrap_or_else(|| "(no location)".into())
@@ -345,7 +349,7 @@ fn validate_wgsl() -> ExitCode {
                 f.name.to_string(),
                 Err(format!(
                     "shaders/{}: neither a kernel nor included by one",
-                    f.name
+                    f.path()
                 )),
             );
         }

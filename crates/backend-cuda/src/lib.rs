@@ -38,13 +38,10 @@ pub use capture::CudaGraph;
 pub use program::{CudaKernel, lower as cuda_source};
 
 use crate::device::Device;
-use crate::ops::cluster::NearestPlan;
-use crate::ops::elementwise::unary_code;
 use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
-    DeviceInfo, Distribution, Error, Precision, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp,
-    View,
+    DeviceInfo, Distribution, Precision, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View,
 };
 use ops::{cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
 use std::sync::Arc;
@@ -253,6 +250,9 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::cluster::NearestPlan;
+    use crate::ops::elementwise::unary_code;
+    use hal::Error;
 
     /// Without a driver (CI, this crate's build machines) opening the backend is an
     /// `Unavailable` error that says why, never a panic; with one, it opens.

@@ -1,5 +1,5 @@
 //! Matrix products on cooperative matrices (tensor cores through `wgpu_cooperative_matrix`):
-//! the tilings of `shaders/gemm_coop.wgsl` and the code its slots are filled with.
+//! the tilings of `shaders/matmul/gemm_coop.wgsl` and the code its slots are filled with.
 //!
 //! The shader's fixed part stages tiles through workgroup memory; what depends on the tiling
 //! (the fragment variables, the multiply-adds of one 16-deep step, the stores) is generated

@@ -39,8 +39,8 @@ pub enum Access {
     Atomic,
 }
 
-/// The prelude every kernel ends with (`shaders/prelude.wgsl`).
-pub const PRELUDE: &str = include_str!("../../../../shaders/prelude.wgsl");
+/// The prelude every kernel ends with (`shaders/common/prelude.wgsl`).
+pub const PRELUDE: &str = include_str!("../../../../shaders/common/prelude.wgsl");
 
 /// The `params` slot for launch parameters passed as `words` immediates (a multiple of 4)
 /// instead of binding 0: no buffer is written per launch.
@@ -227,8 +227,18 @@ pub fn touch(n: usize) -> String {
 /// One file of `shaders/`, as embedded in the binary.
 #[derive(Clone, Copy, Debug)]
 pub struct ShaderFile {
+    /// The file name, which kernels and `// @include` lines refer to it by.
     pub name: &'static str,
+    /// Its folder in `shaders/`: the primitive family (as `hal` names it), or `common`.
+    pub family: &'static str,
     pub text: &'static str,
+}
+
+impl ShaderFile {
+    /// Its path under `shaders/`.
+    pub fn path(&self) -> String {
+        format!("{}/{}", self.family, self.name)
+    }
 }
 
 impl ShaderFile {
@@ -244,68 +254,89 @@ impl ShaderFile {
 }
 
 macro_rules! shader_files {
-    ($($name:literal),* $(,)?) => {
-        /// Every file of `shaders/`.
-        pub const FILES: &[ShaderFile] = &[$(ShaderFile {
+    ($($family:literal: [$($name:literal),* $(,)?]),* $(,)?) => {
+        /// Every file of `shaders/`, by family folder.
+        pub const FILES: &[ShaderFile] = &[$($(ShaderFile {
             name: $name,
-            text: include_str!(concat!("../../../../shaders/", $name)),
-        }),*];
+            family: $family,
+            text: include_str!(concat!("../../../../shaders/", $family, "/", $name)),
+        }),*),*];
     };
 }
 
 shader_files!(
-    "prelude.wgsl",
-    "tile.wgsl",
-    "fill.wgsl",
-    "copy.wgsl",
-    "unary.wgsl",
-    "binary.wgsl",
-    "binary_vec4.wgsl",
-    "binary_rows_vec4.wgsl",
-    "ternary.wgsl",
-    "reduce.wgsl",
-    "reduce_lanes.wgsl",
-    "arg_line.wgsl",
-    "kmeans_pp_keys.wgsl",
-    "kmeans_pp_pick.wgsl",
-    "arg_reduce.wgsl",
-    "gemm.wgsl",
-    "coop_tiles.wgsl",
-    "gemm_coop.wgsl",
-    "gemm_pack.wgsl",
-    "gemm_epilogue.wgsl",
-    "gemm_sum.wgsl",
-    "nearest_coop.wgsl",
-    "nearest_recheck_subgroups.wgsl",
-    "gemm_dot_body.wgsl",
-    "gemm_dot.wgsl",
-    "gemm_dot_subgroups.wgsl",
-    "nearest_centroid.wgsl",
-    "row_norms.wgsl",
-    "segment_sum.wgsl",
-    "keep.wgsl",
-    "fma_exact.wgsl",
-    "segment_term.wgsl",
-    "workgroup_scan.wgsl",
-    "segment_sum_ordered.wgsl",
-    "segment_scan.wgsl",
-    "segment_count.wgsl",
-    "segment_offsets.wgsl",
-    "segment_starts.wgsl",
-    "segment_place.wgsl",
-    "segment_gather.wgsl",
-    "nearest_ordered.wgsl",
-    "nearest_short.wgsl",
-    "spmv.wgsl",
-    "check_csr.wgsl",
-    "check_index.wgsl",
-    "gather.wgsl",
-    "scatter_add.wgsl",
-    "im2col.wgsl",
-    "col2im.wgsl",
-    "sgd.wgsl",
-    "adam.wgsl",
-    "random.wgsl",
+    "common": [
+        "prelude.wgsl",
+        "keep.wgsl",
+        "fma_exact.wgsl",
+        "workgroup_scan.wgsl",
+    ],
+    "elementwise": [
+        "fill.wgsl",
+        "copy.wgsl",
+        "unary.wgsl",
+        "binary.wgsl",
+        "binary_vec4.wgsl",
+        "binary_rows_vec4.wgsl",
+        "ternary.wgsl",
+    ],
+    "reduce": [
+        "reduce.wgsl",
+        "reduce_lanes.wgsl",
+        "arg_line.wgsl",
+        "arg_reduce.wgsl",
+    ],
+    "matmul": [
+        "tile.wgsl",
+        "gemm.wgsl",
+        "coop_tiles.wgsl",
+        "gemm_coop.wgsl",
+        "gemm_pack.wgsl",
+        "gemm_epilogue.wgsl",
+        "gemm_sum.wgsl",
+        "gemm_dot_body.wgsl",
+        "gemm_dot.wgsl",
+        "gemm_dot_subgroups.wgsl",
+        "spmv.wgsl",
+        "check_csr.wgsl",
+    ],
+    "cluster": [
+        "nearest_centroid.wgsl",
+        "nearest_coop.wgsl",
+        "nearest_recheck_subgroups.wgsl",
+        "nearest_ordered.wgsl",
+        "nearest_short.wgsl",
+        "row_norms.wgsl",
+        "kmeans_pp_keys.wgsl",
+        "kmeans_pp_pick.wgsl",
+    ],
+    "segment": [
+        "segment_sum.wgsl",
+        "segment_term.wgsl",
+        "segment_sum_ordered.wgsl",
+        "segment_scan.wgsl",
+        "segment_count.wgsl",
+        "segment_offsets.wgsl",
+        "segment_starts.wgsl",
+        "segment_place.wgsl",
+        "segment_gather.wgsl",
+    ],
+    "index": [
+        "check_index.wgsl",
+        "gather.wgsl",
+        "scatter_add.wgsl",
+    ],
+    "conv": [
+        "im2col.wgsl",
+        "col2im.wgsl",
+    ],
+    "optim": [
+        "sgd.wgsl",
+        "adam.wgsl",
+    ],
+    "random": [
+        "random.wgsl",
+    ],
 );
 
 /// The embedded file `name`. Names are compile-time constants of this crate, checked by the

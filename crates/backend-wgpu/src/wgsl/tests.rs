@@ -2,17 +2,28 @@ use super::*;
 
 #[test]
 fn every_shader_file_is_embedded_and_included_files_exist() {
-    let on_disk: Vec<String> =
-        std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shaders"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| n.ends_with(".wgsl"))
-            .collect();
-    for n in &on_disk {
-        assert!(FILES.iter().any(|f| f.name == n), "{n} is not embedded");
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shaders");
+    let mut on_disk = Vec::new();
+    for family in std::fs::read_dir(root).unwrap() {
+        let family = family.unwrap();
+        if !family.file_type().unwrap().is_dir() {
+            continue;
+        }
+        let folder = family.file_name().into_string().unwrap();
+        for e in std::fs::read_dir(family.path()).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            if name.ends_with(".wgsl") {
+                on_disk.push(format!("{folder}/{name}"));
+            }
+        }
+    }
+    for p in &on_disk {
+        assert!(FILES.iter().any(|f| &f.path() == p), "{p} is not embedded");
     }
     assert_eq!(on_disk.len(), FILES.len());
+    // Kernels name files by their file name alone: no two may share one.
     for f in FILES {
+        assert_eq!(FILES.iter().filter(|g| g.name == f.name).count(), 1);
         for inc in includes(f.text) {
             file(inc);
         }
