@@ -52,6 +52,7 @@ mod ops;
 pub mod profile;
 pub mod random;
 pub mod seeding;
+pub mod tuning;
 pub mod validate;
 
 pub use backend::{

@@ -3,6 +3,7 @@
 use crate::buffer::CudaBuffer;
 use crate::device::Args;
 use crate::{CudaBackend, V, device};
+use hal::tuning::FEW_CENTROIDS;
 use hal::{Backend, DType, Error, Layout, Precision, Result, View, validate};
 
 /// The longest d for which the held nearest-centroid kernels (`nearest_f16_held`,
@@ -11,11 +12,6 @@ pub(crate) const NEAREST_HOLD_D: usize = 128;
 
 /// Threads per block of `kmeans_pp_race` (reduce.cu's `KPP_BLOCK`).
 pub(crate) const KPP_BLOCK: u32 = 256;
-
-/// Below this many centroids `nearest_centroid` takes one light pass instead of a GEMM-style
-/// kernel: a warp per point (`nearest_few`), or under `Precision::Reproducible` the
-/// reference-order kernel with narrow centroid tiles.
-pub(crate) const FEW_CENTROIDS: usize = 16;
 
 /// Which nearest-centroid kernel runs, and what it needs.
 pub(crate) struct NearestPlan {

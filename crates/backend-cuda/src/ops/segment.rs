@@ -3,17 +3,9 @@
 use crate::device::Args;
 use crate::{CudaBackend, V, dtype_code};
 use hal::fault::{fault_code, index_fault};
+use hal::tuning::{SCAN_SEGMENTS_TIMES_ROWS, WHOLE_SEGMENT_ROWS};
 use hal::{DType, Layout, Precision, Result, View, validate};
 use std::sync::atomic::Ordering;
-
-/// The sorted `segment_sum` sums each segment in one part (`segment_ordered`) while segments
-/// average at most this many rows.
-pub(crate) const WHOLE_SEGMENT_ROWS: usize = 64;
-
-/// `segment_sum` scans every id once per segment (`segment_scan`) while segments times rows
-/// stay within this: at 2^24 ids read from L2 that is a few microseconds, against the five
-/// launches of the counting sort.
-pub(crate) const SCAN_SEGMENTS_TIMES_ROWS: u64 = 1 << 24;
 
 /// Rows per chunk of the segment sums' counting sort: one pass of `segment_place`'s 1,024
 /// threads, whose warps take turns within a chunk (so long chunks serialise; chunks of 2,048

@@ -7,11 +7,8 @@ use crate::ops::matmul::route::{TileShape, tile_shape};
 use crate::pipeline::{Params, Spec};
 use crate::wgsl::{Access, Entry};
 use crate::{V, WgpuBackend, coop, wgsl};
+use hal::tuning::FEW_CENTROIDS;
 use hal::{Backend, DType, Layout, Precision, Result, View, validate};
-
-/// Below this many centroids `nearest_centroid` takes nearest_ordered.wgsl under every
-/// precision.
-pub(crate) const FEW_CENTROIDS: usize = 16;
 
 /// The parameters the nearest-centroid kernels take for the slice of centroids `first..end`
 /// (see nearest_centroid.wgsl, nearest_ordered.wgsl and nearest_short.wgsl), `fused` saying

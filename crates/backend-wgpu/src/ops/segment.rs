@@ -7,19 +7,12 @@ use crate::ops::reduce::SUM_CHUNK;
 use crate::pipeline::{Params, Spec};
 use crate::wgsl::Access;
 use crate::{V, WgpuBackend, wgsl};
+use hal::tuning::{SCAN_SEGMENTS_TIMES_ROWS, WHOLE_SEGMENT_ROWS};
 use hal::{Backend, DType, DeviceBuffer, Layout, Precision, ReduceOp, Result, View, validate};
 
 /// From this many segments on, `segment_sum` sorts rows by segment first (O(n d) work)
 /// instead of having every (chunk, segment, column) thread scan its chunk (O(n m d)).
 pub(crate) const SORTED_SEGMENTS: usize = 128;
-
-/// Segments of at most this many rows on average are summed whole by the sorted segment sum
-/// (no parts, so no reduction over parts).
-pub(crate) const WHOLE_SEGMENT_ROWS: usize = 64;
-
-/// `segment_sum` lets each segment's workgroup scan every id (segment_scan.wgsl) while
-/// segments times rows stay within this.
-pub(crate) const SCAN_SEGMENTS_TIMES_ROWS: u64 = 1 << 24;
 
 /// What the segment-sum kernels bind as weights: the weights and their layout, or, without
 /// weights, `x` itself under a broadcast layout, which the kernels are told (a scalar slot)
