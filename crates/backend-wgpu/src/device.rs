@@ -142,6 +142,28 @@ pub(crate) fn capabilities(gpu: &WgpuBackend) -> Capabilities {
     }
 }
 
+/// Keeps Mesa's Vulkan device-select layer quiet on a machine without a display session.
+///
+/// The layer (`VK_LAYER_MESA_device_select`, loaded implicitly with Mesa's drivers, lavapipe
+/// among them) asks the Wayland compositor which GPU drives the display while devices are
+/// enumerated; with no `XDG_RUNTIME_DIR` libwayland prints `error: XDG_RUNTIME_DIR is invalid
+/// or not set in the environment.` twice, though nothing is wrong. Where neither
+/// `XDG_RUNTIME_DIR` nor `WAYLAND_DISPLAY` is set there is no compositor to ask, so this sets
+/// `NODEVICE_SELECT=1`, the layer's own off switch (the adapter is still chosen by
+/// `PowerPreference::HighPerformance`). Elsewhere it does nothing.
+///
+/// # Safety
+/// It changes the process environment, so it must run before any other thread exists (the
+/// first line of `main`): another thread reading the environment from C code meanwhile (the
+/// Vulkan loader does) would race with it.
+pub unsafe fn quiet_headless_start() {
+    let unset = |v: &str| std::env::var_os(v).is_none_or(|x| x.is_empty());
+    if cfg!(target_os = "linux") && unset("XDG_RUNTIME_DIR") && unset("WAYLAND_DISPLAY") {
+        // SAFETY: the caller guarantees no other thread runs yet.
+        unsafe { std::env::set_var("NODEVICE_SELECT", "1") };
+    }
+}
+
 impl WgpuBackend {
     /// Opens the highest-performance adapter. No adapter (no Vulkan driver, say) is
     /// [`Error::Unavailable`] with the reason.

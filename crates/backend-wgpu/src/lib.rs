@@ -56,7 +56,7 @@ pub mod wgsl;
 
 pub use buffer::WgpuBuffer;
 pub use capture::WgpuGraph;
-pub use device::WgpuOptions;
+pub use device::{WgpuOptions, quiet_headless_start};
 pub use ops::matmul::route::{TileShape, tile_shape};
 
 use crate::device::Inner;

@@ -19,6 +19,7 @@ use hal::Backend;
 pub use backend_cpu;
 pub use backend_cuda;
 pub use backend_wgpu;
+pub use backend_wgpu::quiet_headless_start;
 
 /// The best backend present: CUDA if a driver and GPU are there, else wgpu on a hardware GPU
 /// (not a software rasteriser such as lavapipe), else the CPU.

@@ -109,6 +109,8 @@ fn time_it(reps: usize, mut prepare: impl FnMut(usize), mut run: impl FnMut()) -
 }
 
 fn main() -> ExitCode {
+    // SAFETY: the first line of main: no other thread exists yet.
+    unsafe { backend_wgpu::quiet_headless_start() };
     let args = match cli::parse() {
         Ok(a) => a,
         Err(e) => {

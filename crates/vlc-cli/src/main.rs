@@ -101,6 +101,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: the first line of main: no other thread exists yet.
+    unsafe { backends::quiet_headless_start() };
     let cli = Cli::parse();
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,6 +12,8 @@ use hal_parity::{Report, Suite, SuiteConfig, format_table};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // SAFETY: the first line of main: no other thread exists yet.
+    unsafe { backend_wgpu::quiet_headless_start() };
     let mut backends = vec!["cpu".to_string(), "wgpu".into(), "cuda".into()];
     let mut require: Vec<String> = Vec::new();
     let mut cases = 12usize;
