@@ -4,7 +4,7 @@ use crate::buffer::CudaBuffer;
 use crate::device::Args;
 use crate::{CudaBackend, V, device};
 use hal::tuning::FEW_CENTROIDS;
-use hal::{Backend, DType, Error, Layout, Precision, Result, View, validate};
+use hal::{Backend, DType, Layout, Precision, Result, View, validate};
 
 /// The longest d for which the held nearest-centroid kernels (`nearest_f16_held`,
 /// `nearest_f16x3_held`) keep a block's points in shared memory (cluster.cu's `HOLD_D`).
@@ -116,14 +116,6 @@ pub(crate) fn nearest_centroid(
             .arg(l.strides[0] as i64)
             .arg(l.strides[1] as i64)
     };
-    let matrix_onto = |a: Args, b: &CudaBuffer, l: &Layout, count: usize| {
-        a.arg(b.ptr() + l.offset as u64 * 4)
-            .arg(count as i64)
-            .arg(d as i64)
-            .arg(l.strides[0] as i64)
-            .arg(l.strides[1] as i64)
-    };
-    let matrix = |b: &CudaBuffer, l: &Layout, count: usize| matrix_onto(Args::new(), b, l, count);
     let both = || rows(rows(Args::new(), &xb, &xl, n), &cb, &cl, m).arg(d as i64);
     let outputs = |a: Args| {
         a.arg(out_index.buffer.ptr())
@@ -159,56 +151,24 @@ pub(crate) fn nearest_centroid(
         d.next_multiple_of(32),
     );
     let plan = NearestPlan::choose(tensor_cores, gpu.precision, d, dp, gpu.dev.shared_optin);
-    // The scales the f16 kernels take (two words, cleared by row_norms).
-    let scales = if plan.kernel.starts_with("nearest_f16") {
-        Some(gpu.new_buffer(DType::U32, 2)?)
-    } else {
-        None
+    let x_rows = Operand {
+        buffer: &xb,
+        layout: &xl,
+        rows: n,
+        padded: np,
     };
-    // The norms padded to whole tiles of 128 with NaN, which the held kernels copy with
-    // each tile and which no score can win with.
-    let norms = gpu.new_buffer(DType::F32, mp)?;
-    gpu.dev.launch(
-        "row_norms",
-        mp * 32,
-        matrix(&cb, &cl, m)
-            .arg(norms.ptr())
-            .arg(mp as i64)
-            .arg(scales.as_ref().map_or(0, |s| s.ptr()))
-            .arg(if scales.is_some() { 2i32 } else { 0 }),
-    )?;
-    if let Some(scales) = &scales {
-        // Both operands' scales in one launch, each its own share of blocks as
-        // `Device::launch` would give it alone.
-        let (bx, bc) = (gpu.dev.blocks_for(n * d), gpu.dev.blocks_for(m * d));
-        let args = matrix(&xb, &xl, n).arg(scales.ptr());
-        let args = matrix_onto(args, &cb, &cl, m).arg(scales.ptr() + 4);
-        gpu.dev.launch_raw(
-            gpu.dev.function("absmax_rows_pair")?,
-            (bx + bc, 1, 1),
-            device::BLOCK,
-            args.arg(bx as i64),
-        )?;
-    }
-    // The held and streamed kernels read their operands packed to f16 (rows padded to
-    // whole tiles of 128 and to a multiple of 32 halves; the split form's remainders in a
-    // second plane): the centroids for both, the points for the streamed ones.
-    let pack = |b: &CudaBuffer, l: &Layout, rows: usize, rows_p: usize, scale: u64| {
-        let packed = gpu.new_buffer(DType::U32, plan.planes * rows_p * dp / 2)?;
-        let args = matrix(b, l, rows)
-            .arg(scale)
-            .arg(rows_p as i64)
-            .arg(dp as i64)
-            .arg(packed.ptr())
-            .arg((plan.planes - 1) as i64);
-        gpu.dev.launch("pack_f16_scaled", rows_p * dp / 2, args)?;
-        Ok::<_, Error>(packed)
+    let c_rows = Operand {
+        buffer: &cb,
+        layout: &cl,
+        rows: m,
+        padded: mp,
     };
+    let (norms, scales) = norms_and_scales(gpu, &plan, x_rows, c_rows, d)?;
     let (packed_c, packed_x) = match &scales {
         Some(scales) if plan.planes > 0 => (
-            Some(pack(&cb, &cl, m, mp, scales.ptr() + 4)?),
+            Some(pack_f16(gpu, &plan, c_rows, d, dp, scales.ptr() + 4)?),
             match plan.streamed {
-                true => Some(pack(&xb, &xl, n, np, scales.ptr())?),
+                true => Some(pack_f16(gpu, &plan, x_rows, d, dp, scales.ptr())?),
                 false => None,
             },
         ),
@@ -231,6 +191,93 @@ pub(crate) fn nearest_centroid(
             .arg(dp as i64)
             .arg(ptr(&packed_x)),
     )
+}
+
+/// A matrix operand of the tensor-core search (f32): its rows, and their count padded to
+/// whole tiles of 128.
+#[derive(Clone, Copy)]
+struct Operand<'a> {
+    buffer: &'a CudaBuffer,
+    layout: &'a Layout,
+    rows: usize,
+    padded: usize,
+}
+
+/// A matrix's parameters as the kernels take them after `a`: start, rows, d, row and column
+/// strides.
+fn matrix_onto(a: Args, m: Operand<'_>, d: usize) -> Args {
+    let l = m.layout;
+    a.arg(m.buffer.ptr() + l.offset as u64 * 4)
+        .arg(m.rows as i64)
+        .arg(d as i64)
+        .arg(l.strides[0] as i64)
+        .arg(l.strides[1] as i64)
+}
+
+/// The centroids' squared norms, padded to whole tiles of 128 with NaN (which the held
+/// kernels copy with each tile and which no score can win with), and, for the f16 kernels,
+/// the two operands' power-of-two scales (two words, cleared by `row_norms`).
+fn norms_and_scales(
+    gpu: &CudaBackend,
+    plan: &NearestPlan,
+    x: Operand<'_>,
+    c: Operand<'_>,
+    d: usize,
+) -> Result<(CudaBuffer, Option<CudaBuffer>)> {
+    let scales = if plan.kernel.starts_with("nearest_f16") {
+        Some(gpu.new_buffer(DType::U32, 2)?)
+    } else {
+        None
+    };
+    let norms = gpu.new_buffer(DType::F32, c.padded)?;
+    gpu.dev.launch(
+        "row_norms",
+        c.padded * 32,
+        matrix_onto(Args::new(), c, d)
+            .arg(norms.ptr())
+            .arg(c.padded as i64)
+            .arg(scales.as_ref().map_or(0, |s| s.ptr()))
+            .arg(if scales.is_some() { 2i32 } else { 0 }),
+    )?;
+    if let Some(scales) = &scales {
+        // Both operands' scales in one launch, each its own share of blocks as
+        // `Device::launch` would give it alone.
+        let (bx, bc) = (
+            gpu.dev.blocks_for(x.rows * d),
+            gpu.dev.blocks_for(c.rows * d),
+        );
+        let args = matrix_onto(Args::new(), x, d).arg(scales.ptr());
+        let args = matrix_onto(args, c, d).arg(scales.ptr() + 4);
+        gpu.dev.launch_raw(
+            gpu.dev.function("absmax_rows_pair")?,
+            (bx + bc, 1, 1),
+            device::BLOCK,
+            args.arg(bx as i64),
+        )?;
+    }
+    Ok((norms, scales))
+}
+
+/// An operand packed to f16 for the held and streamed kernels (rows padded to whole tiles
+/// of 128 and to `dp`, a multiple of 32 halves; the split form's remainders in a second
+/// plane), scaled by the word at `scale`.
+fn pack_f16(
+    gpu: &CudaBackend,
+    plan: &NearestPlan,
+    m: Operand<'_>,
+    d: usize,
+    dp: usize,
+    scale: u64,
+) -> Result<CudaBuffer> {
+    let packed = gpu.new_buffer(DType::U32, plan.planes * m.padded * dp / 2)?;
+    let args = matrix_onto(Args::new(), m, d)
+        .arg(scale)
+        .arg(m.padded as i64)
+        .arg(dp as i64)
+        .arg(packed.ptr())
+        .arg((plan.planes - 1) as i64);
+    gpu.dev.launch("pack_f16_scaled", m.padded * dp / 2, args)?;
+    Ok(packed)
 }
 
 pub(crate) fn kmeans_pp(gpu: &CudaBackend, x: V<'_>, anchors: V<'_>, seed: u64) -> Result<()> {

@@ -120,6 +120,73 @@ impl CudaBackend {
         }
     }
 
+    /// A product of at most `SMALL_GEMM_WORK` multiply-adds and k up to `SMALL_GEMM_MAX_K`:
+    /// a thread or a warp per output, where cuBLAS's set-up would cost more than the work.
+    fn small_gemm(
+        &self,
+        [a, b, out]: [V<'_>; 3],
+        [am, bm, om]: [&MatrixView; 3],
+        alpha: f32,
+        beta: f32,
+    ) -> Result<()> {
+        let outputs = om.batch * om.rows * om.cols;
+        let (name, threads) = if am.cols >= SMALL_GEMM_WARP_FROM_K {
+            ("small_gemm_warp", outputs * 32)
+        } else {
+            ("small_gemm_thread", outputs)
+        };
+        let args = Args::new()
+            .arg(om.batch as i64)
+            .arg(om.rows as i64)
+            .arg(om.cols as i64)
+            .arg(am.cols as i64)
+            .operand(a.buffer)
+            .arg(SmallMat::of(am))
+            .operand(b.buffer)
+            .arg(SmallMat::of(bm))
+            .operand(out.buffer)
+            .arg(SmallMat::of(om))
+            .arg(alpha)
+            .arg(beta);
+        self.dev.launch(name, threads, args)
+    }
+
+    /// An operand as cuBLAS can read it: itself where its strides have a [`Self::blas_form`]
+    /// (and its batch stride is not negative), else a contiguous copy.
+    fn blas_operand(&self, v: V<'_>, m: MatrixView) -> Result<(CudaBuffer, MatrixView)> {
+        let ok = Self::blas_form(m.rows, m.cols, m.strides[1], m.strides[2]).is_some()
+            && m.strides[0] >= 0;
+        if ok {
+            return Ok((v.buffer.clone(), m));
+        }
+        let l = m.layout();
+        let c = self.contiguous(View::new(v.buffer, &l), v.dtype())?;
+        Ok((
+            c,
+            MatrixView::of(&Layout::contiguous(&[m.batch, m.rows, m.cols])),
+        ))
+    }
+
+    /// `gemm` into a contiguous temporary of `tmp_dt` (holding `out`'s values first where
+    /// beta is not 0), then copied into `out`: for an output cuBLAS cannot write in place.
+    fn gemm_via_temporary(
+        &self,
+        [a, b, out]: [V<'_>; 3],
+        om: &MatrixView,
+        tmp_dt: DType,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<()> {
+        let tl = Layout::contiguous(&[om.batch, om.rows, om.cols]);
+        let tmp = self.new_buffer(tmp_dt, tl.numel())?;
+        let ol = om.layout();
+        if beta != 0.0 {
+            self.copy_view(View::new(out.buffer, &ol), View::new(&tmp, &tl))?;
+        }
+        self.gemm(a, b, View::new(&tmp, &tl), alpha, beta)?;
+        self.copy_view(View::new(&tmp, &tl), View::new(out.buffer, &ol))
+    }
+
     pub(crate) fn gemm(&self, a: V<'_>, b: V<'_>, out: V<'_>, alpha: f32, beta: f32) -> Result<()> {
         let [am, bm, om] = validate::matmul(a, b, out)?;
         if om.batch * om.rows * om.cols == 0 {
@@ -142,26 +209,7 @@ impl CudaBackend {
         }
         if om.batch * om.rows * om.cols * am.cols <= SMALL_GEMM_WORK && am.cols <= SMALL_GEMM_MAX_K
         {
-            let outputs = om.batch * om.rows * om.cols;
-            let (name, threads) = if am.cols >= SMALL_GEMM_WARP_FROM_K {
-                ("small_gemm_warp", outputs * 32)
-            } else {
-                ("small_gemm_thread", outputs)
-            };
-            let args = Args::new()
-                .arg(om.batch as i64)
-                .arg(om.rows as i64)
-                .arg(om.cols as i64)
-                .arg(am.cols as i64)
-                .operand(a.buffer)
-                .arg(SmallMat::of(&am))
-                .operand(b.buffer)
-                .arg(SmallMat::of(&bm))
-                .operand(out.buffer)
-                .arg(SmallMat::of(&om))
-                .arg(alpha)
-                .arg(beta);
-            return self.dev.launch(name, threads, args);
+            return self.small_gemm([a, b, out], [&am, &bm, &om], alpha, beta);
         }
         let in_dt = a.dtype();
         let out_ok = match in_dt {
@@ -174,31 +222,10 @@ impl CudaBackend {
         if !out_ok || out_form.is_none() {
             // Into a contiguous f32 (or input-dtype) temporary, then copied into place.
             let tmp_dt = if out_ok { out.dtype() } else { DType::F32 };
-            let shape = [om.batch, om.rows, om.cols];
-            let tl = Layout::contiguous(&shape);
-            let tmp = self.new_buffer(tmp_dt, tl.numel())?;
-            let ol = om.layout();
-            if beta != 0.0 {
-                self.copy_view(View::new(out.buffer, &ol), View::new(&tmp, &tl))?;
-            }
-            self.gemm(a, b, View::new(&tmp, &tl), alpha, beta)?;
-            return self.copy_view(View::new(&tmp, &tl), View::new(out.buffer, &ol));
+            return self.gemm_via_temporary([a, b, out], &om, tmp_dt, alpha, beta);
         }
-        let operand = |v: V<'_>, m: MatrixView| -> Result<(CudaBuffer, MatrixView)> {
-            let ok = Self::blas_form(m.rows, m.cols, m.strides[1], m.strides[2]).is_some()
-                && m.strides[0] >= 0;
-            if ok {
-                return Ok((v.buffer.clone(), m));
-            }
-            let l = m.layout();
-            let c = self.contiguous(View::new(v.buffer, &l), v.dtype())?;
-            Ok((
-                c,
-                MatrixView::of(&Layout::contiguous(&[m.batch, m.rows, m.cols])),
-            ))
-        };
-        let (abuf, am) = operand(a, am)?;
-        let (bbuf, bm) = operand(b, bm)?;
+        let (abuf, am) = self.blas_operand(a, am)?;
+        let (bbuf, bm) = self.blas_operand(b, bm)?;
         let (ta, lda) =
             Self::blas_form(am.rows, am.cols, am.strides[1], am.strides[2]).expect("checked");
         let (tb, ldb) =

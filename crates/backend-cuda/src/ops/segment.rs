@@ -1,5 +1,6 @@
 //! Segment sums.
 
+use crate::CudaBuffer;
 use crate::device::Args;
 use crate::{CudaBackend, V, dtype_code};
 use hal::fault::{fault_code, index_fault};
@@ -35,25 +36,91 @@ pub(crate) fn segment_sum(
     // within 48 KiB).
     let widest = if runs == 1 { 2048 } else { 4096 };
     let scan = (m as u64) * (n as u64) <= SCAN_SEGMENTS_TIMES_ROWS && d < widest;
-    let verdict = match scan {
-        true => None,
-        false => Some(gpu.check_indices("segment_sum", segment, m)?),
+    let seg_rows = SegmentRows {
+        x,
+        weights,
+        sums,
+        counts,
     };
-    let verdict_ptr = verdict.as_ref().map_or(0, |v| v.ptr());
+    if scan {
+        let seg = gpu.contiguous(segment, DType::U32)?;
+        gpu.dev.fault_pending.store(true, Ordering::Release);
+        return gpu.dev.launch_shared(
+            gpu.dev.function("segment_scan")?,
+            (m as u32, 1, 1),
+            1024,
+            (d + 1) * 4 * (1 + runs as usize),
+            seg_rows
+                .outputs(
+                    seg_rows
+                        .rows(Args::new())
+                        .arg(seg.ptr())
+                        .arg(n as i64)
+                        .arg(d as i64),
+                    0,
+                )
+                .arg(runs)
+                .arg(gpu.dev.fault.ptr)
+                .arg(fault_code("segment_sum", index_fault(segment.dtype()))),
+        );
+    }
+    let verdict = gpu.check_indices("segment_sum", segment, m)?;
     let seg = gpu.contiguous(segment, DType::U32)?;
-    let (wptr, wdt, woff, ws, has_w) = match weights {
-        Some(w) => (
-            w.buffer.ptr(),
-            dtype_code(w.dtype()),
-            w.layout.offset as i64,
-            w.layout.strides[0] as i64,
-            1i32,
-        ),
-        None => (x.buffer.ptr(), 0, 0, 0, 0),
+    let (starts, order) = counting_sort(gpu, &seg, n, m, verdict.ptr())?;
+    // The rows, their weights and their order: the leading parameters of both kernels.
+    let rows_args = || {
+        seg_rows
+            .rows(Args::new())
+            .arg(starts.ptr())
+            .arg(order.ptr())
+            .arg(d as i64)
     };
-    // The rows and their weights lead every segment kernel's parameters; the outputs and
-    // the index check's verdict close them.
-    let with_rows = |a: Args| {
+    // Segments of a few rows on average (the residual codes' 4,096 of about 40) are summed
+    // whole, in order, by one block each: split into parts, most blocks would sum two or
+    // three rows and the parts' two reductions would cost more than the sums.
+    if gpu.precision != Precision::Reproducible && d < 32 && n <= m * WHOLE_SEGMENT_ROWS {
+        // Narrow rows: a warp per segment, lanes over its rows.
+        return gpu.dev.launch_raw(
+            gpu.dev.function("segment_warp")?,
+            (m.div_ceil(8) as u32, 1, 1),
+            256,
+            seg_rows.outputs(rows_args().arg(m as i64), verdict.ptr()),
+        );
+    }
+    if gpu.precision == Precision::Reproducible || n <= m * WHOLE_SEGMENT_ROWS {
+        return gpu.dev.launch_raw(
+            gpu.dev.function("segment_ordered")?,
+            (m as u32, 1, 1),
+            128,
+            seg_rows.outputs(rows_args(), verdict.ptr()).arg(runs),
+        );
+    }
+    sum_in_parts(gpu, &seg_rows, rows_args(), &verdict)
+}
+
+/// What every segment kernel reads and writes: the rows and their weights lead its
+/// parameters ([`SegmentRows::rows`]); the outputs and the index check's verdict close them
+/// ([`SegmentRows::outputs`]).
+struct SegmentRows<'a> {
+    x: V<'a>,
+    weights: Option<V<'a>>,
+    sums: V<'a>,
+    counts: V<'a>,
+}
+
+impl SegmentRows<'_> {
+    fn rows(&self, a: Args) -> Args {
+        let x = self.x;
+        let (wptr, wdt, woff, ws, has_w) = match self.weights {
+            Some(w) => (
+                w.buffer.ptr(),
+                dtype_code(w.dtype()),
+                w.layout.offset as i64,
+                w.layout.strides[0] as i64,
+                1i32,
+            ),
+            None => (x.buffer.ptr(), 0, 0, 0, 0),
+        };
         a.operand(x.buffer)
             .arg(x.layout.offset as i64)
             .arg(x.layout.strides[0] as i64)
@@ -63,8 +130,11 @@ pub(crate) fn segment_sum(
             .arg(woff)
             .arg(ws)
             .arg(has_w)
-    };
-    let with_outputs = |a: Args| {
+    }
+
+    /// `verdict`: the index check's verdict word (0: none, the scan checks the ids itself).
+    fn outputs(&self, a: Args, verdict: u64) -> Args {
+        let (sums, counts) = (self.sums, self.counts);
         a.operand(sums.buffer)
             .arg(sums.layout.offset as i64)
             .arg(sums.layout.strides[0] as i64)
@@ -72,31 +142,20 @@ pub(crate) fn segment_sum(
             .operand(counts.buffer)
             .arg(counts.layout.offset as i64)
             .arg(counts.layout.strides[0] as i64)
-            .arg(verdict_ptr)
-    };
-    if scan {
-        gpu.dev.fault_pending.store(true, Ordering::Release);
-        return gpu.dev.launch_shared(
-            gpu.dev.function("segment_scan")?,
-            (m as u32, 1, 1),
-            1024,
-            (d + 1) * 4 * (1 + runs as usize),
-            with_outputs(
-                with_rows(Args::new())
-                    .arg(seg.ptr())
-                    .arg(n as i64)
-                    .arg(d as i64),
-            )
-            .arg(runs)
-            .arg(gpu.dev.fault.ptr)
-            .arg(fault_code("segment_sum", index_fault(segment.dtype()))),
-        );
+            .arg(verdict)
     }
-    let verdict = verdict.expect("checked on every path but the scan");
-    // A stable counting sort of the rows by segment (chunks of rows count, then place,
-    // in order), then each segment's rows summed in order in `PARTS` sub-ranges, then the
-    // sub-ranges summed in order: the same result on every run.
-    const PARTS: usize = 16;
+}
+
+/// A stable counting sort of `n` rows by their segment ids `seg` (chunks of rows count, then
+/// place, in order): each segment's first position in the order (`m + 1` words) and the
+/// order itself. Every launch stands down if the index check behind `verdict` failed.
+fn counting_sort(
+    gpu: &CudaBackend,
+    seg: &CudaBuffer,
+    n: usize,
+    m: usize,
+    verdict: u64,
+) -> Result<(CudaBuffer, CudaBuffer)> {
     // Chunks of PLACE_CHUNK rows, as many as keep the per-chunk counts (chunks x m words)
     // within 16M words.
     let chunks = n.div_ceil(PLACE_CHUNK).clamp(1, ((1 << 24) / m).max(1));
@@ -111,7 +170,7 @@ pub(crate) fn segment_sum(
             .arg(m as i64)
             .arg(chunk_len as i64)
             .arg(counts_u.ptr())
-            .arg(verdict_ptr),
+            .arg(verdict),
     )?;
     let totals = gpu.new_buffer(DType::U32, m)?;
     // A warp per segment.
@@ -149,42 +208,30 @@ pub(crate) fn segment_sum(
                 .arg(starts.ptr())
                 .arg(counts_u.ptr())
                 .arg(order.ptr())
-                .arg(verdict_ptr),
+                .arg(verdict),
         )?;
     }
-    // The rows, their weights and their order: the leading parameters of both kernels.
-    let rows_args = || {
-        with_rows(Args::new())
-            .arg(starts.ptr())
-            .arg(order.ptr())
-            .arg(d as i64)
-    };
-    // Segments of a few rows on average (the residual codes' 4,096 of about 40) are summed
-    // whole, in order, by one block each: split into parts, most blocks would sum two or
-    // three rows and the parts' two reductions would cost more than the sums.
-    if gpu.precision != Precision::Reproducible && d < 32 && n <= m * WHOLE_SEGMENT_ROWS {
-        // Narrow rows: a warp per segment, lanes over its rows.
-        return gpu.dev.launch_raw(
-            gpu.dev.function("segment_warp")?,
-            (m.div_ceil(8) as u32, 1, 1),
-            256,
-            with_outputs(rows_args().arg(m as i64)),
-        );
-    }
-    if gpu.precision == Precision::Reproducible || n <= m * WHOLE_SEGMENT_ROWS {
-        return gpu.dev.launch_raw(
-            gpu.dev.function("segment_ordered")?,
-            (m as u32, 1, 1),
-            128,
-            with_outputs(rows_args()).arg(runs),
-        );
-    }
+    Ok((starts, order))
+}
+
+/// Long segments: each segment's sorted rows summed in order in `PARTS` sub-ranges, then
+/// the sub-ranges summed in order: the same result on every run. `rows_args`: the rows,
+/// their weights and their order (the leading parameters of `segment_partial`).
+fn sum_in_parts(
+    gpu: &CudaBackend,
+    seg_rows: &SegmentRows<'_>,
+    rows_args: Args,
+    verdict: &CudaBuffer,
+) -> Result<()> {
+    const PARTS: usize = 16;
+    let (sums, counts) = (seg_rows.sums, seg_rows.counts);
+    let (d, m) = (seg_rows.x.layout.shape[1], sums.layout.shape[0]);
     let partial = gpu.new_buffer(DType::F32, m * PARTS * (d + 1))?;
     gpu.dev.launch_raw(
         gpu.dev.function("segment_partial")?,
         (m as u32, PARTS as u32, 1),
         128,
-        rows_args()
+        rows_args
             .arg(PARTS as i64)
             .arg(partial.ptr())
             .arg(verdict.ptr()),
@@ -196,12 +243,12 @@ pub(crate) fn segment_sum(
     let sums_out = sums.layout.unsqueeze(2)?;
     let counts_out = counts.layout.unsqueeze(1)?.unsqueeze(2)?;
     gpu.reduce_guarded(
-        &verdict,
+        verdict,
         View::new(&partial, &sums_src),
         View::new(sums.buffer, &sums_out),
     )?;
     gpu.reduce_guarded(
-        &verdict,
+        verdict,
         View::new(&partial, &counts_src),
         View::new(counts.buffer, &counts_out),
     )
