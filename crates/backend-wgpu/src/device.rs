@@ -142,6 +142,28 @@ pub(crate) fn capabilities(gpu: &WgpuBackend) -> Capabilities {
     }
 }
 
+/// Whether the adapter offers what the cooperative-matrix kernels need: 16 x 16 x 16 tiles
+/// of f16 with f32 accumulation, `shader-f16` (also inside f32 code), and subgroups of
+/// exactly 32 lanes (the fast nearest-centroid search's re-check sums over subgroups).
+fn offers_coop(adapter: &wgpu::Adapter) -> bool {
+    let info = adapter.get_info();
+    adapter.features().contains(
+        wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP,
+    ) && adapter
+        .get_downlevel_capabilities()
+        .flags
+        .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && adapter.cooperative_matrix_properties().iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        })
+}
+
 /// Keeps Mesa's Vulkan device-select layer quiet on a machine without a display session.
 ///
 /// The layer (`VK_LAYER_MESA_device_select`, loaded implicitly with Mesa's drivers, lavapipe
@@ -195,25 +217,7 @@ impl WgpuBackend {
         wanted.set(wgpu::Features::IMMEDIATES, options.immediates);
         wanted.set(wgpu::Features::TIMESTAMP_QUERY, profile::requested());
         let info = adapter.get_info();
-        // The fast nearest-centroid search's re-check sums over subgroups.
-        let coop = options.cooperative_matrix
-            && options.subgroups
-            && adapter.features().contains(
-                wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
-                    | wgpu::Features::SHADER_F16
-                    | wgpu::Features::SUBGROUP,
-            )
-            && adapter
-                .get_downlevel_capabilities()
-                .flags
-                .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32)
-            && info.subgroup_min_size == 32
-            && info.subgroup_max_size == 32
-            && adapter.cooperative_matrix_properties().iter().any(|p| {
-                (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
-                    && p.ab_type == wgpu::CooperativeScalarType::F16
-                    && p.cr_type == wgpu::CooperativeScalarType::F32
-            });
+        let coop = options.cooperative_matrix && options.subgroups && offers_coop(&adapter);
         if coop {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
         }
@@ -257,33 +261,26 @@ impl WgpuBackend {
             mapped_at_creation: false,
         });
         let pool: Arc<Mutex<Pool>> = Arc::default();
-        let faults = {
-            let f = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("fault record"),
-                size: 16,
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_SRC
-                    | wgpu::BufferUsages::COPY_DST,
+        let fixed = |label, words: usize, usage| {
+            let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: words as u64 * 4,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | usage,
                 mapped_at_creation: false,
             });
             WgpuBuffer(Arc::new(BufferInner {
-                buffer: f,
+                buffer,
                 dtype: DType::U32,
-                len: 4,
+                len: words,
                 pool: pool.clone(),
             }))
         };
-        let verdicts = WgpuBuffer(Arc::new(BufferInner {
-            buffer: device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("index check verdicts"),
-                size: VERDICT_WORDS as u64 * 4,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
-            dtype: DType::U32,
-            len: VERDICT_WORDS as usize,
-            pool: pool.clone(),
-        }));
+        let faults = fixed("fault record", 4, wgpu::BufferUsages::COPY_SRC);
+        let verdicts = fixed(
+            "index check verdicts",
+            VERDICT_WORDS as usize,
+            wgpu::BufferUsages::empty(),
+        );
         let profiler = features
             .contains(wgpu::Features::TIMESTAMP_QUERY)
             .then(|| Mutex::new(profile::Profiler::new(&device, &queue)));
