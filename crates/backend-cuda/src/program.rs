@@ -23,6 +23,7 @@ use crate::device::Args;
 use crate::device::{self, Device, Func, driver_error};
 use cudarc::driver::result as drv;
 use cudarc::nvrtc::{result as rtc, sys as rtc_sys};
+use hal::ir::render::{Dialect, render_body};
 use hal::ir::{Constant, Inst, IrBinary, IrUnary, Program, ScalarType};
 use hal::{DType, Error, Result};
 use hal::{DeviceBuffer, validate};
@@ -56,12 +57,152 @@ impl std::fmt::Debug for CudaKernel {
     }
 }
 
+/// CUDA C's spelling of the IR (see [`hal::ir::render`]).
+struct CudaC;
+
 fn ty(t: ScalarType) -> &'static str {
     match t {
         ScalarType::F32 => "float",
         ScalarType::I32 => "int",
         ScalarType::U32 => "u32",
         ScalarType::Bool => "bool",
+    }
+}
+
+impl Dialect for CudaC {
+    fn ty(&self, t: ScalarType) -> &'static str {
+        ty(t)
+    }
+
+    fn constant(&self, c: Constant) -> String {
+        match c {
+            Constant::F32(bits) => format!("__uint_as_float({bits}u)"),
+            Constant::I32(x) => format!("(int){}u", x as u32),
+            Constant::U32(x) => format!("{x}u"),
+            Constant::Bool(x) => x.to_string(),
+        }
+    }
+
+    fn unary(&self, op: IrUnary, t: ScalarType, a: &str) -> String {
+        match (op, t) {
+            (IrUnary::Neg, ScalarType::U32) => format!("0u - {a}"),
+            (IrUnary::Neg, ScalarType::I32) => format!("(int)(0u - (u32){a})"),
+            (IrUnary::Neg, _) => format!("-{a}"),
+            (IrUnary::Abs, ScalarType::U32) => a.to_string(),
+            (IrUnary::Abs, ScalarType::I32) => format!("({a} < 0 ? (int)(0u - (u32){a}) : {a})"),
+            (IrUnary::Abs, _) => format!("fabsf({a})"),
+            (IrUnary::Not, ScalarType::Bool) => format!("!{a}"),
+            (IrUnary::Not, _) => format!("~{a}"),
+            (IrUnary::Sqrt, _) => format!("sqrtf({a})"),
+            (IrUnary::Rsqrt, _) => format!("1.0f / sqrtf({a})"),
+            (IrUnary::Recip, _) => format!("1.0f / {a}"),
+            (IrUnary::Exp, _) => format!("expf({a})"),
+            (IrUnary::Exp2, _) => format!("exp2f({a})"),
+            (IrUnary::Log, _) => format!("logf({a})"),
+            (IrUnary::Log2, _) => format!("log2f({a})"),
+            (IrUnary::Sin, _) => format!("sinf({a})"),
+            (IrUnary::Cos, _) => format!("cosf({a})"),
+            (IrUnary::Tan, _) => format!("tanf({a})"),
+            (IrUnary::Tanh, _) => format!("tanhf({a})"),
+            (IrUnary::Floor, _) => format!("floorf({a})"),
+            (IrUnary::Ceil, _) => format!("ceilf({a})"),
+        }
+    }
+
+    fn binary(&self, op: IrBinary, t: ScalarType, x: &str, y: &str) -> String {
+        use ScalarType::*;
+        match (op, t) {
+            (IrBinary::Add, I32) => format!("(int)((u32){x} + (u32){y})"),
+            (IrBinary::Sub, I32) => format!("(int)((u32){x} - (u32){y})"),
+            (IrBinary::Mul, I32) => format!("(int)((u32){x} * (u32){y})"),
+            (IrBinary::Add, _) => format!("{x} + {y}"),
+            (IrBinary::Sub, _) => format!("{x} - {y}"),
+            (IrBinary::Mul, _) => format!("{x} * {y}"),
+            (IrBinary::Div, I32) => {
+                format!("({y} == 0 ? 0 : ({y} == -1 ? (int)(0u - (u32){x}) : {x} / {y}))")
+            }
+            (IrBinary::Div, U32) => format!("({y} == 0u ? 0u : {x} / {y})"),
+            (IrBinary::Div, _) => format!("{x} / {y}"),
+            (IrBinary::Rem, I32) => format!("(({y} == 0 || {y} == -1) ? 0 : {x} % {y})"),
+            (IrBinary::Rem, U32) => format!("({y} == 0u ? 0u : {x} % {y})"),
+            (IrBinary::Rem, _) => format!("fmodf({x}, {y})"),
+            (IrBinary::Min, F32) => format!("fminf({x}, {y})"),
+            (IrBinary::Max, F32) => format!("fmaxf({x}, {y})"),
+            (IrBinary::Min, _) => format!("({x} < {y} ? {x} : {y})"),
+            (IrBinary::Max, _) => format!("({x} > {y} ? {x} : {y})"),
+            (IrBinary::Pow, _) => format!("powf({x}, {y})"),
+            (IrBinary::Atan2, _) => format!("atan2f({x}, {y})"),
+            (IrBinary::And, Bool) => format!("{x} && {y}"),
+            (IrBinary::Or, Bool) => format!("{x} || {y}"),
+            (IrBinary::Xor, Bool) => format!("{x} != {y}"),
+            (IrBinary::And, _) => format!("{x} & {y}"),
+            (IrBinary::Or, _) => format!("{x} | {y}"),
+            (IrBinary::Xor, _) => format!("{x} ^ {y}"),
+            (IrBinary::Shl, I32) => format!("(int)((u32){x} << ((u32){y} & 31u))"),
+            (IrBinary::Shl, _) => format!("{x} << ((u32){y} & 31u)"),
+            (IrBinary::Shr, _) => format!("{x} >> ((u32){y} & 31u)"),
+        }
+    }
+
+    fn fma(&self, a: &str, b: &str, c: &str) -> String {
+        format!("fmaf({a}, {b}, {c})")
+    }
+
+    fn select(&self, cond: &str, a: &str, b: &str) -> String {
+        format!("{cond} ? {a} : {b}")
+    }
+
+    fn cast(&self, from: ScalarType, to: ScalarType, a: &str) -> String {
+        use ScalarType::*;
+        match (from, to) {
+            (F32, I32) => format!("f2i({a})"),
+            (F32, U32) => format!("f2u({a})"),
+            (F32, Bool) | (I32, Bool) | (U32, Bool) => format!("{a} != 0"),
+            (I32, F32) | (U32, F32) => format!("(float){a}"),
+            (Bool, F32) => format!("({a} ? 1.0f : 0.0f)"),
+            (Bool, I32) => format!("({a} ? 1 : 0)"),
+            (Bool, U32) => format!("({a} ? 1u : 0u)"),
+            (I32, U32) => format!("(u32){a}"),
+            (U32, I32) => format!("(int){a}"),
+            _ => unreachable!("every pair of different types is covered"),
+        }
+    }
+
+    fn define(&self, name: &str, t: ScalarType, expr: &str) -> String {
+        format!("{} {name} = {expr};", ty(t))
+    }
+
+    fn load(&self, name: &str, t: ScalarType, buffer: u32, dtype: DType, index: &str) -> String {
+        let (b, i, tt) = (buffer, index, ty(t));
+        let load = match dtype {
+            DType::F16 => format!("f16_to_f32(b{b}[{i}])"),
+            DType::BF16 => format!("bf16_to_f32(b{b}[{i}])"),
+            _ => format!("b{b}[{i}]"),
+        };
+        format!(
+            "{tt} {name} = ({tt})0; if ((i64){i} < len{b}) {name} = {load}; else {};",
+            note_fault(i, b)
+        )
+    }
+
+    fn store(&self, buffer: u32, dtype: DType, index: &str, value: &str, atomic: bool) -> String {
+        let (b, i, x) = (buffer, index, value);
+        let op = match (atomic, dtype) {
+            (true, DType::F16 | DType::BF16) => {
+                format!(
+                    "atomic_add_f(b{b}, {}, {i}, {x});",
+                    crate::dtype_code(dtype)
+                )
+            }
+            (true, _) => format!("atomicAdd(&b{b}[{i}], {x});"),
+            (false, DType::F16) => format!("b{b}[{i}] = (u16)f32_to_f16({x});"),
+            (false, DType::BF16) => format!("b{b}[{i}] = (u16)f32_to_bf16({x});"),
+            (false, _) => format!("b{b}[{i}] = {x};"),
+        };
+        format!(
+            "if ((i64){i} < len{b}) {{ {op} }} else {};",
+            note_fault(i, b)
+        )
     }
 }
 
@@ -237,160 +378,7 @@ pub fn lower(program: &Program) -> Result<String> {
     src += "  GRID_STRIDE(t_, n) {\n  u32 t = (u32)t_;\n";
     // The thread's first failed bounds check: (index, bound), reported after the element.
     src += "  bool bad_ = false; i64 bad_at_ = 0, bad_len_ = 0;\n";
-    let v = |x: hal::ir::Value| format!("v{}", x.0);
-    for (n, inst) in program.insts.iter().enumerate() {
-        let t = types[n];
-        let line = match *inst {
-            Inst::Index => "t".to_string(),
-            Inst::Const(c) => match c {
-                Constant::F32(bits) => format!("__uint_as_float({bits}u)"),
-                Constant::I32(x) => format!("(int){}u", x as u32),
-                Constant::U32(x) => format!("{x}u"),
-                Constant::Bool(x) => x.to_string(),
-            },
-            Inst::Load { buffer, index } => {
-                let b = buffer.0;
-                let i = v(index);
-                let load = match program.buffers[b as usize].dtype {
-                    DType::F16 => format!("f16_to_f32(b{b}[{i}])"),
-                    DType::BF16 => format!("bf16_to_f32(b{b}[{i}])"),
-                    _ => format!("b{b}[{i}]"),
-                };
-                let tt = ty(t.expect("loads define a value"));
-                let _ = writeln!(
-                    src,
-                    "  {tt} v{n} = ({tt})0; if ((i64){i} < len{b}) v{n} = {load}; else {};",
-                    note_fault(&i, b)
-                );
-                continue;
-            }
-            Inst::Store { .. } if run_of[n].is_some() => continue,
-            Inst::Store {
-                buffer,
-                index,
-                value,
-                ..
-            }
-            | Inst::AtomicAdd {
-                buffer,
-                index,
-                value,
-            } => {
-                let b = buffer.0;
-                let dt = program.buffers[b as usize].dtype;
-                let (i, x) = (v(index), v(value));
-                let op = if matches!(inst, Inst::AtomicAdd { .. }) {
-                    match dt {
-                        DType::F16 | DType::BF16 => {
-                            format!("atomic_add_f(b{b}, {}, {i}, {x});", crate::dtype_code(dt))
-                        }
-                        _ => format!("atomicAdd(&b{b}[{i}], {x});"),
-                    }
-                } else {
-                    match dt {
-                        DType::F16 => format!("b{b}[{i}] = (u16)f32_to_f16({x});"),
-                        DType::BF16 => format!("b{b}[{i}] = (u16)f32_to_bf16({x});"),
-                        _ => format!("b{b}[{i}] = {x};"),
-                    }
-                };
-                let guarded = format!(
-                    "if ((i64){i} < len{b}) {{ {op} }} else {};",
-                    note_fault(&i, b)
-                );
-                let _ = match *inst {
-                    Inst::Store { when: Some(w), .. } => {
-                        writeln!(src, "  if ({}) {{ {guarded} }}", v(w))
-                    }
-                    _ => writeln!(src, "  {guarded}"),
-                };
-                continue;
-            }
-            Inst::Unary { op, x } => {
-                let (a, xt) = (v(x), types[x.0 as usize].expect("typed"));
-                match (op, xt) {
-                    (IrUnary::Neg, ScalarType::U32) => format!("0u - {a}"),
-                    (IrUnary::Neg, ScalarType::I32) => format!("(int)(0u - (u32){a})"),
-                    (IrUnary::Neg, _) => format!("-{a}"),
-                    (IrUnary::Abs, ScalarType::U32) => a,
-                    (IrUnary::Abs, ScalarType::I32) => {
-                        format!("({a} < 0 ? (int)(0u - (u32){a}) : {a})")
-                    }
-                    (IrUnary::Abs, _) => format!("fabsf({a})"),
-                    (IrUnary::Not, ScalarType::Bool) => format!("!{a}"),
-                    (IrUnary::Not, _) => format!("~{a}"),
-                    (IrUnary::Sqrt, _) => format!("sqrtf({a})"),
-                    (IrUnary::Rsqrt, _) => format!("1.0f / sqrtf({a})"),
-                    (IrUnary::Recip, _) => format!("1.0f / {a}"),
-                    (IrUnary::Exp, _) => format!("expf({a})"),
-                    (IrUnary::Exp2, _) => format!("exp2f({a})"),
-                    (IrUnary::Log, _) => format!("logf({a})"),
-                    (IrUnary::Log2, _) => format!("log2f({a})"),
-                    (IrUnary::Sin, _) => format!("sinf({a})"),
-                    (IrUnary::Cos, _) => format!("cosf({a})"),
-                    (IrUnary::Tan, _) => format!("tanf({a})"),
-                    (IrUnary::Tanh, _) => format!("tanhf({a})"),
-                    (IrUnary::Floor, _) => format!("floorf({a})"),
-                    (IrUnary::Ceil, _) => format!("ceilf({a})"),
-                }
-            }
-            Inst::Binary { op, a, b } => {
-                let (x, y, at) = (v(a), v(b), types[a.0 as usize].expect("typed"));
-                use ScalarType::*;
-                match (op, at) {
-                    (IrBinary::Add, I32) => format!("(int)((u32){x} + (u32){y})"),
-                    (IrBinary::Sub, I32) => format!("(int)((u32){x} - (u32){y})"),
-                    (IrBinary::Mul, I32) => format!("(int)((u32){x} * (u32){y})"),
-                    (IrBinary::Add, _) => format!("{x} + {y}"),
-                    (IrBinary::Sub, _) => format!("{x} - {y}"),
-                    (IrBinary::Mul, _) => format!("{x} * {y}"),
-                    (IrBinary::Div, I32) => {
-                        format!("({y} == 0 ? 0 : ({y} == -1 ? (int)(0u - (u32){x}) : {x} / {y}))")
-                    }
-                    (IrBinary::Div, U32) => format!("({y} == 0u ? 0u : {x} / {y})"),
-                    (IrBinary::Div, _) => format!("{x} / {y}"),
-                    (IrBinary::Rem, I32) => format!("(({y} == 0 || {y} == -1) ? 0 : {x} % {y})"),
-                    (IrBinary::Rem, U32) => format!("({y} == 0u ? 0u : {x} % {y})"),
-                    (IrBinary::Rem, _) => format!("fmodf({x}, {y})"),
-                    (IrBinary::Min, F32) => format!("fminf({x}, {y})"),
-                    (IrBinary::Max, F32) => format!("fmaxf({x}, {y})"),
-                    (IrBinary::Min, _) => format!("({x} < {y} ? {x} : {y})"),
-                    (IrBinary::Max, _) => format!("({x} > {y} ? {x} : {y})"),
-                    (IrBinary::Pow, _) => format!("powf({x}, {y})"),
-                    (IrBinary::Atan2, _) => format!("atan2f({x}, {y})"),
-                    (IrBinary::And, Bool) => format!("{x} && {y}"),
-                    (IrBinary::Or, Bool) => format!("{x} || {y}"),
-                    (IrBinary::Xor, Bool) => format!("{x} != {y}"),
-                    (IrBinary::And, _) => format!("{x} & {y}"),
-                    (IrBinary::Or, _) => format!("{x} | {y}"),
-                    (IrBinary::Xor, _) => format!("{x} ^ {y}"),
-                    (IrBinary::Shl, I32) => format!("(int)((u32){x} << ((u32){y} & 31u))"),
-                    (IrBinary::Shl, _) => format!("{x} << ((u32){y} & 31u)"),
-                    (IrBinary::Shr, _) => format!("{x} >> ((u32){y} & 31u)"),
-                }
-            }
-            Inst::Cmp { op, a, b } => format!("{} {} {}", v(a), op.operator(), v(b)),
-            Inst::Fma { a, b, c } => format!("fmaf({}, {}, {})", v(a), v(b), v(c)),
-            Inst::Select { cond, a, b } => format!("{} ? {} : {}", v(cond), v(a), v(b)),
-            Inst::Cast { to, x } => {
-                use ScalarType::*;
-                let (a, from) = (v(x), types[x.0 as usize].expect("typed"));
-                match (from, to) {
-                    (p, q) if p == q => a,
-                    (F32, I32) => format!("f2i({a})"),
-                    (F32, U32) => format!("f2u({a})"),
-                    (F32, Bool) | (I32, Bool) | (U32, Bool) => format!("{a} != 0"),
-                    (I32, F32) | (U32, F32) => format!("(float){a}"),
-                    (Bool, F32) => format!("({a} ? 1.0f : 0.0f)"),
-                    (Bool, I32) => format!("({a} ? 1 : 0)"),
-                    (Bool, U32) => format!("({a} ? 1u : 0u)"),
-                    (I32, U32) => format!("(u32){a}"),
-                    (U32, I32) => format!("(int){a}"),
-                    _ => unreachable!("every pair is covered"),
-                }
-            }
-        };
-        let _ = writeln!(src, "  {} v{n} = {line};", ty(t.expect("value")));
-    }
+    src += &render_body(program, &types, &CudaC, "  ", |n| run_of[n].is_some());
     for run in &runs {
         emit_store_run(&mut src, run, longest);
     }

@@ -11,7 +11,8 @@ use crate::WgpuBackend;
 use crate::buffer::WgpuBuffer;
 use crate::pipeline::Params;
 use crate::wgsl::{self, Access};
-use hal::ir::{Access as IrAccess, Constant, Inst, IrBinary, IrUnary, Program, ScalarType};
+use hal::ir::render::{Dialect, render_body};
+use hal::ir::{Access as IrAccess, Constant, Inst, IrBinary, IrCmp, IrUnary, Program, ScalarType};
 use hal::{DType, Error, Result};
 use hal::{DeviceBuffer, validate};
 use std::fmt::Write;
@@ -38,14 +39,8 @@ impl std::fmt::Debug for WgpuKernel {
     }
 }
 
-fn ty(t: ScalarType) -> &'static str {
-    match t {
-        ScalarType::F32 => "f32",
-        ScalarType::I32 => "i32",
-        ScalarType::U32 => "u32",
-        ScalarType::Bool => "bool",
-    }
-}
+/// WGSL's spelling of the IR (see [`hal::ir::render`]).
+struct Wgsl;
 
 fn zero(t: ScalarType) -> &'static str {
     match t {
@@ -53,6 +48,146 @@ fn zero(t: ScalarType) -> &'static str {
         ScalarType::I32 => "0",
         ScalarType::U32 => "0u",
         ScalarType::Bool => "false",
+    }
+}
+
+impl Dialect for Wgsl {
+    fn ty(&self, t: ScalarType) -> &'static str {
+        match t {
+            ScalarType::F32 => "f32",
+            ScalarType::I32 => "i32",
+            ScalarType::U32 => "u32",
+            ScalarType::Bool => "bool",
+        }
+    }
+
+    fn constant(&self, c: Constant) -> String {
+        match c {
+            Constant::F32(bits) => format!("bitcast<f32>({bits}u)"),
+            Constant::I32(x) => format!("bitcast<i32>({}u)", x as u32),
+            Constant::U32(x) => format!("{x}u"),
+            Constant::Bool(x) => x.to_string(),
+        }
+    }
+
+    fn unary(&self, op: IrUnary, t: ScalarType, a: &str) -> String {
+        match (op, t) {
+            (IrUnary::Neg, ScalarType::U32) => format!("0u - {a}"),
+            (IrUnary::Neg, _) => format!("-{a}"),
+            (IrUnary::Abs, ScalarType::U32) => a.to_string(),
+            (IrUnary::Abs, _) => format!("abs({a})"),
+            (IrUnary::Not, ScalarType::Bool) => format!("!{a}"),
+            (IrUnary::Not, _) => format!("~{a}"),
+            (IrUnary::Sqrt, _) => format!("sqrt({a})"),
+            (IrUnary::Rsqrt, _) => format!("1.0 / sqrt({a})"),
+            (IrUnary::Recip, _) => format!("1.0 / {a}"),
+            (IrUnary::Exp, _) => format!("exp({a})"),
+            (IrUnary::Exp2, _) => format!("exp2({a})"),
+            (IrUnary::Log, _) => format!("log_ref({a})"),
+            (IrUnary::Log2, _) => format!("log2_ref({a})"),
+            (IrUnary::Sin, _) => format!("sin({a})"),
+            (IrUnary::Cos, _) => format!("cos({a})"),
+            (IrUnary::Tan, _) => format!("tan({a})"),
+            (IrUnary::Tanh, _) => format!("tanh_ref({a})"),
+            (IrUnary::Floor, _) => format!("floor({a})"),
+            (IrUnary::Ceil, _) => format!("ceil({a})"),
+        }
+    }
+
+    fn binary(&self, op: IrBinary, t: ScalarType, x: &str, y: &str) -> String {
+        let int = matches!(t, ScalarType::I32 | ScalarType::U32);
+        let zero = zero(t);
+        match op {
+            IrBinary::Add => format!("{x} + {y}"),
+            IrBinary::Sub => format!("{x} - {y}"),
+            IrBinary::Mul => format!("{x} * {y}"),
+            IrBinary::Div if int => format!("select({x} / {y}, {zero}, {y} == {zero})"),
+            // As BinaryOp::Div in wgsl/ops.rs: a huge divisor is scaled first.
+            IrBinary::Div => {
+                format!("select({x} / {y}, ({x} * 0.25) / ({y} * 0.25), abs({y}) > 8.507059e37)")
+            }
+            IrBinary::Rem if int => format!("select({x} % {y}, {zero}, {y} == {zero})"),
+            IrBinary::Rem => format!("fmod({x}, {y})"),
+            IrBinary::Min => format!("min({x}, {y})"),
+            IrBinary::Max => format!("max({x}, {y})"),
+            IrBinary::Pow => format!("pow_ref({x}, {y})"),
+            IrBinary::Atan2 => format!("atan2_ref({x}, {y})"),
+            IrBinary::And => format!("{x} & {y}"),
+            IrBinary::Or => format!("{x} | {y}"),
+            IrBinary::Xor if t == ScalarType::Bool => format!("{x} != {y}"),
+            IrBinary::Xor => format!("{x} ^ {y}"),
+            IrBinary::Shl => format!("{x} << (u32({y}) & 31u)"),
+            IrBinary::Shr => format!("{x} >> (u32({y}) & 31u)"),
+        }
+    }
+
+    /// WGSL's float `!=` is ordered (false with a NaN); C's, and the reference's, is not:
+    /// written as the negation of `==`.
+    fn cmp(&self, op: IrCmp, t: ScalarType, x: &str, y: &str) -> String {
+        match (op, t) {
+            (IrCmp::Ne, ScalarType::F32) => format!("!({x} == {y})"),
+            _ => format!("{x} {} {y}", op.operator()),
+        }
+    }
+
+    fn fma(&self, a: &str, b: &str, c: &str) -> String {
+        format!("fma({a}, {b}, {c})")
+    }
+
+    fn select(&self, cond: &str, a: &str, b: &str) -> String {
+        format!("select({b}, {a}, {cond})")
+    }
+
+    fn cast(&self, from: ScalarType, to: ScalarType, a: &str) -> String {
+        use ScalarType::*;
+        match (from, to) {
+            (F32, I32) => format!("f2i({a})"),
+            (F32, U32) => format!("f2u({a})"),
+            // A NaN is true, as in C (see `cmp`).
+            (F32, Bool) => format!("!({a} == 0.0)"),
+            (I32, Bool) | (U32, Bool) => format!("{a} != {}", zero(from)),
+            (I32, F32) | (U32, F32) => format!("f32({a})"),
+            (Bool, F32) => format!("select(0.0, 1.0, {a})"),
+            (Bool, I32) => format!("select(0, 1, {a})"),
+            (Bool, U32) => format!("select(0u, 1u, {a})"),
+            (I32, U32) => format!("bitcast<u32>({a})"),
+            (U32, I32) => format!("bitcast<i32>({a})"),
+            _ => unreachable!("every pair of different types is covered"),
+        }
+    }
+
+    fn define(&self, name: &str, t: ScalarType, expr: &str) -> String {
+        format!("let {name}: {} = {expr};", self.ty(t))
+    }
+
+    /// Binding `buffer + 1`, bounded by launch scalar `buffer` (its length).
+    fn load(&self, name: &str, t: ScalarType, buffer: u32, dtype: DType, index: &str) -> String {
+        let b = buffer + 1;
+        let load = match dtype {
+            DType::F32 | DType::F16 | DType::BF16 => format!("ld{b}(i32({index}))"),
+            DType::I32 => format!("bitcast<i32>(bits{b}(i32({index})))"),
+            DType::U32 => format!("bits{b}(i32({index}))"),
+        };
+        format!(
+            "var {name}: {} = {};\nif ({index} < s({buffer}u)) {{ {name} = {load}; }} else {{ fault({buffer}u, {index}); }}",
+            self.ty(t),
+            zero(t)
+        )
+    }
+
+    fn store(&self, buffer: u32, dtype: DType, index: &str, value: &str, atomic: bool) -> String {
+        let (b, i, x) = (buffer + 1, index, value);
+        let op = match (atomic, dtype) {
+            (true, DType::F32) => format!(
+                "loop {{ let old = atomicLoad(&B{b}[{i}]); let r = atomicCompareExchangeWeak(&B{b}[{i}], old, bitcast<u32>(bitcast<f32>(old) + {x})); if (r.exchanged) {{ break; }} }}"
+            ),
+            (true, DType::I32) => format!("atomicAdd(&B{b}[{i}], bitcast<u32>({x}));"),
+            (true, _) => format!("atomicAdd(&B{b}[{i}], {x});"),
+            (false, DType::F32 | DType::F16 | DType::BF16) => format!("st{b}(i32({i}), {x});"),
+            (false, DType::I32) => format!("stbits{b}(i32({i}), bitcast<u32>({x}));"),
+            (false, DType::U32) => format!("stbits{b}(i32({i}), {x});"),
+        };
+        format!("if ({i} < s({buffer}u)) {{ {op} }} else {{ fault({buffer}u, {i}); }}")
     }
 }
 
@@ -95,163 +230,7 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
     // The first fault claims the record; op code 0 says an IR program's (see lib.rs).
     src += "fn fault(b: u32, i: u32) { if (atomicExchange(&F[0], 1u) == 0u) { atomicStore(&F[1], i); atomicStore(&F[2], s(b)); atomicStore(&F[3], 0u); } }\n";
     let mut body = wgsl::touch(k) + "    _ = arrayLength(&F);\n";
-    let v = |x: hal::ir::Value| format!("v{}", x.0);
-    for (n, inst) in program.insts.iter().enumerate() {
-        let t = types[n];
-        let line = match *inst {
-            Inst::Index => "t".to_string(),
-            Inst::Const(c) => match c {
-                Constant::F32(bits) => format!("bitcast<f32>({bits}u)"),
-                Constant::I32(x) => format!("bitcast<i32>({}u)", x as u32),
-                Constant::U32(x) => format!("{x}u"),
-                Constant::Bool(x) => x.to_string(),
-            },
-            Inst::Load { buffer, index } => {
-                let b = buffer.0 + 1;
-                let dt = program.buffers[buffer.0 as usize].dtype;
-                let load = match dt {
-                    DType::F32 | DType::F16 | DType::BF16 => format!("ld{b}(i32({}))", v(index)),
-                    DType::I32 => format!("bitcast<i32>(bits{b}(i32({})))", v(index)),
-                    DType::U32 => format!("bits{b}(i32({}))", v(index)),
-                };
-                let tt = t.expect("loads define a value");
-                let _ = writeln!(body, "    var v{n}: {} = {};", ty(tt), zero(tt));
-                let _ = writeln!(
-                    body,
-                    "    if ({} < s({}u)) {{ v{n} = {load}; }} else {{ fault({}u, {}); }}",
-                    v(index),
-                    buffer.0,
-                    buffer.0,
-                    v(index)
-                );
-                continue;
-            }
-            Inst::Store {
-                buffer,
-                index,
-                value,
-                ..
-            }
-            | Inst::AtomicAdd {
-                buffer,
-                index,
-                value,
-            } => {
-                let b = buffer.0 + 1;
-                let dt = program.buffers[buffer.0 as usize].dtype;
-                let (i, x) = (v(index), v(value));
-                let op = if matches!(inst, Inst::AtomicAdd { .. }) {
-                    match dt {
-                        DType::F32 => format!(
-                            "loop {{ let old = atomicLoad(&B{b}[{i}]); let r = atomicCompareExchangeWeak(&B{b}[{i}], old, bitcast<u32>(bitcast<f32>(old) + {x})); if (r.exchanged) {{ break; }} }}"
-                        ),
-                        DType::I32 => format!("atomicAdd(&B{b}[{i}], bitcast<u32>({x}));"),
-                        _ => format!("atomicAdd(&B{b}[{i}], {x});"),
-                    }
-                } else {
-                    match dt {
-                        DType::F32 | DType::F16 | DType::BF16 => format!("st{b}(i32({i}), {x});"),
-                        DType::I32 => format!("stbits{b}(i32({i}), bitcast<u32>({x}));"),
-                        DType::U32 => format!("stbits{b}(i32({i}), {x});"),
-                    }
-                };
-                let guarded = format!(
-                    "if ({i} < s({}u)) {{ {op} }} else {{ fault({}u, {i}); }}",
-                    buffer.0, buffer.0
-                );
-                let _ = match *inst {
-                    Inst::Store { when: Some(w), .. } => {
-                        writeln!(body, "    if ({}) {{ {guarded} }}", v(w))
-                    }
-                    _ => writeln!(body, "    {guarded}"),
-                };
-                continue;
-            }
-            Inst::Unary { op, x } => {
-                let (a, xt) = (v(x), types[x.0 as usize].expect("typed"));
-                match (op, xt) {
-                    (IrUnary::Neg, ScalarType::U32) => format!("0u - {a}"),
-                    (IrUnary::Neg, _) => format!("-{a}"),
-                    (IrUnary::Abs, ScalarType::U32) => a,
-                    (IrUnary::Abs, _) => format!("abs({a})"),
-                    (IrUnary::Not, ScalarType::Bool) => format!("!{a}"),
-                    (IrUnary::Not, _) => format!("~{a}"),
-                    (IrUnary::Sqrt, _) => format!("sqrt({a})"),
-                    (IrUnary::Rsqrt, _) => format!("1.0 / sqrt({a})"),
-                    (IrUnary::Recip, _) => format!("1.0 / {a}"),
-                    (IrUnary::Exp, _) => format!("exp({a})"),
-                    (IrUnary::Exp2, _) => format!("exp2({a})"),
-                    (IrUnary::Log, _) => format!("log_ref({a})"),
-                    (IrUnary::Log2, _) => format!("log2_ref({a})"),
-                    (IrUnary::Sin, _) => format!("sin({a})"),
-                    (IrUnary::Cos, _) => format!("cos({a})"),
-                    (IrUnary::Tan, _) => format!("tan({a})"),
-                    (IrUnary::Tanh, _) => format!("tanh_ref({a})"),
-                    (IrUnary::Floor, _) => format!("floor({a})"),
-                    (IrUnary::Ceil, _) => format!("ceil({a})"),
-                }
-            }
-            Inst::Binary { op, a, b } => {
-                let (x, y, at) = (v(a), v(b), types[a.0 as usize].expect("typed"));
-                let int = matches!(at, ScalarType::I32 | ScalarType::U32);
-                let zero = zero(at);
-                match op {
-                    IrBinary::Add => format!("{x} + {y}"),
-                    IrBinary::Sub => format!("{x} - {y}"),
-                    IrBinary::Mul => format!("{x} * {y}"),
-                    IrBinary::Div if int => format!("select({x} / {y}, {zero}, {y} == {zero})"),
-                    // As BinaryOp::Div in wgsl/ops.rs: a huge divisor is scaled first.
-                    IrBinary::Div => format!(
-                        "select({x} / {y}, ({x} * 0.25) / ({y} * 0.25), abs({y}) > 8.507059e37)"
-                    ),
-                    IrBinary::Rem if int => format!("select({x} % {y}, {zero}, {y} == {zero})"),
-                    IrBinary::Rem => format!("fmod({x}, {y})"),
-                    IrBinary::Min => format!("min({x}, {y})"),
-                    IrBinary::Max => format!("max({x}, {y})"),
-                    IrBinary::Pow => format!("pow_ref({x}, {y})"),
-                    IrBinary::Atan2 => format!("atan2_ref({x}, {y})"),
-                    IrBinary::And => format!("{x} & {y}"),
-                    IrBinary::Or => format!("{x} | {y}"),
-                    IrBinary::Xor if at == ScalarType::Bool => format!("{x} != {y}"),
-                    IrBinary::Xor => format!("{x} ^ {y}"),
-                    IrBinary::Shl => format!("{x} << (u32({y}) & 31u)"),
-                    IrBinary::Shr => format!("{x} >> (u32({y}) & 31u)"),
-                }
-            }
-            // WGSL's float `!=` is ordered (false with a NaN); C's, and the reference's, is
-            // not: written as the negation of `==`.
-            Inst::Cmp {
-                op: hal::ir::IrCmp::Ne,
-                a,
-                b,
-            } if types[a.0 as usize] == Some(ScalarType::F32) => {
-                format!("!({} == {})", v(a), v(b))
-            }
-            Inst::Cmp { op, a, b } => format!("{} {} {}", v(a), op.operator(), v(b)),
-            Inst::Fma { a, b, c } => format!("fma({}, {}, {})", v(a), v(b), v(c)),
-            Inst::Select { cond, a, b } => format!("select({}, {}, {})", v(b), v(a), v(cond)),
-            Inst::Cast { to, x } => {
-                use ScalarType::*;
-                let (a, from) = (v(x), types[x.0 as usize].expect("typed"));
-                match (from, to) {
-                    (p, q) if p == q => a,
-                    (F32, I32) => format!("f2i({a})"),
-                    (F32, U32) => format!("f2u({a})"),
-                    // A NaN is true, as in C (see Cmp above).
-                    (F32, Bool) => format!("!({a} == 0.0)"),
-                    (I32, Bool) | (U32, Bool) => format!("{a} != {}", zero(from)),
-                    (I32, F32) | (U32, F32) => format!("f32({a})"),
-                    (Bool, F32) => format!("select(0.0, 1.0, {a})"),
-                    (Bool, I32) => format!("select(0, 1, {a})"),
-                    (Bool, U32) => format!("select(0u, 1u, {a})"),
-                    (I32, U32) => format!("bitcast<u32>({a})"),
-                    (U32, I32) => format!("bitcast<i32>({a})"),
-                    _ => unreachable!("every pair is covered"),
-                }
-            }
-        };
-        let _ = writeln!(body, "    let v{n}: {} = {line};", ty(t.expect("value")));
-    }
+    body += &render_body(program, &types, &Wgsl, "    ", |_| false);
     src += &wgsl::entry(&body);
     // Enable directives come before everything else.
     src.insert_str(0, wgsl::enable_directives(&src));

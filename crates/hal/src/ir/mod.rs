@@ -34,6 +34,8 @@ use crate::{DType, Error, Result};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
+pub mod render;
+
 /// The type of an SSA value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ScalarType {
