@@ -34,6 +34,7 @@ use crate::{DType, Error, Result};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
+pub mod expr;
 pub mod render;
 
 /// The type of an SSA value.
