@@ -43,7 +43,8 @@
 
 use crate::error::{Result, input};
 use crate::vectors::Matrix;
-use hal::ir::{Access, IrCmp, IrUnary, ProgramBuilder};
+use hal::ir::expr::{Expr, Scope};
+use hal::ir::{Access, IrCmp, ProgramBuilder};
 use hal::{Backend, BackendExt, DType, Layout, Precision, View};
 use std::time::Instant;
 
@@ -250,24 +251,18 @@ pub fn kmeans_pp<B: Backend>(
 /// `delta2 = params[0] * total[0]` (the squared Huber multiple over `n`, times the sum of
 /// squared distances: the multiple squared times the energy).
 fn huber_program() -> Result<hal::ir::Program> {
-    let mut p = ProgramBuilder::new("vlc_huber_weights");
-    let r2 = p.buffer(DType::F32, Access::Read);
-    let params = p.buffer(DType::F32, Access::Read);
-    let total = p.buffer(DType::F32, Access::Read);
-    let w = p.buffer(DType::F32, Access::Write);
-    let i = p.index();
-    let zero_i = p.const_u32(0);
-    let scale = p.load(params, zero_i);
-    let sum = p.load(total, zero_i);
-    let delta2 = p.mul(scale, sum);
-    let r = p.load(r2, i);
-    let ratio = p.div(delta2, r);
-    let shrink = p.unary(IrUnary::Sqrt, ratio);
-    let one = p.const_f32(1.0);
-    let inside = p.cmp(IrCmp::Le, r, delta2);
-    let v = p.select(inside, one, shrink);
-    p.store(w, i, v);
-    Ok(p.build()?)
+    let s = Scope::new("vlc_huber_weights");
+    let r2 = s.buffer(DType::F32, Access::Read);
+    let params = s.buffer(DType::F32, Access::Read);
+    let total = s.buffer(DType::F32, Access::Read);
+    let w = s.buffer(DType::F32, Access::Write);
+    let i = s.index();
+    let first = s.u32(0);
+    let delta2 = s.load(params, first) * s.load(total, first);
+    let r = s.load(r2, i);
+    let shrink = (delta2 / r).sqrt();
+    s.store(w, i, r.le(delta2).select(s.f32(1.0), shrink));
+    Ok(s.build()?)
 }
 
 /// Anchor update over `m * d` elements (`d` baked in): with `cnt = counts[i / d]`,
@@ -275,27 +270,20 @@ fn huber_program() -> Result<hal::ir::Program> {
 /// `anchor += v`; `params = [huber^2 / n, T, momentum, 0]`. Separate multiplies and adds (no fused
 /// multiply-add), so every backend rounds the same way.
 fn update_program(d: usize) -> Result<hal::ir::Program> {
-    let mut p = ProgramBuilder::new("vlc_anchor_update");
-    let sums = p.buffer(DType::F32, Access::Read);
-    let counts = p.buffer(DType::F32, Access::Read);
-    let params = p.buffer(DType::F32, Access::Read);
-    let anchors = p.buffer(DType::F32, Access::ReadWrite);
-    let vel = p.buffer(DType::F32, Access::ReadWrite);
-    let i = p.index();
-    let (mean, a) = mean_of_members(&mut p, [sums, counts, anchors], i, d);
-    let v = p.load(vel, i);
-    let one_i = p.const_u32(1);
-    let two_i = p.const_u32(2);
-    let t = p.load(params, one_i);
-    let mom = p.load(params, two_i);
-    let step = p.sub(mean, a);
-    let pull = p.mul(t, step);
-    let keep = p.mul(mom, v);
-    let v2 = p.add(keep, pull);
-    let a2 = p.add(a, v2);
-    p.store(vel, i, v2);
-    p.store(anchors, i, a2);
-    Ok(p.build()?)
+    let s = Scope::new("vlc_anchor_update");
+    let sums = s.buffer(DType::F32, Access::Read);
+    let counts = s.buffer(DType::F32, Access::Read);
+    let params = s.buffer(DType::F32, Access::Read);
+    let anchors = s.buffer(DType::F32, Access::ReadWrite);
+    let vel = s.buffer(DType::F32, Access::ReadWrite);
+    let i = s.index();
+    let (mean, a) = mean_of_members(&s, [sums, counts, anchors], i, d);
+    let v = s.load(vel, i);
+    let (t, momentum) = (s.load(params, s.u32(1)), s.load(params, s.u32(2)));
+    let v2 = momentum * v + t * (mean - a);
+    s.store(vel, i, v2);
+    s.store(anchors, i, a + v2);
+    Ok(s.build()?)
 }
 
 /// Whether a maintenance round can have anything to do, decided on the device so that a
@@ -370,21 +358,16 @@ const DEVICE_CHECK_ANCHORS: usize = 4096;
 /// IR for element `i` of an `m x width` centre matrix: `(mean, old)` where `old` is the
 /// centre's current value and `mean` is `sums[i] / counts[i / width]`, or `old` for a centre
 /// with no weight. Buffers: `[sums, counts, centres]`.
-pub(crate) fn mean_of_members(
-    p: &mut ProgramBuilder,
+pub(crate) fn mean_of_members<'s>(
+    s: &'s Scope,
     [sums, counts, centres]: [hal::ir::BufferId; 3],
-    i: hal::ir::Value,
+    i: Expr<'s>,
     width: usize,
-) -> (hal::ir::Value, hal::ir::Value) {
-    let w = p.const_u32(width as u32);
-    let s = p.div(i, w);
-    let cnt = p.load(counts, s);
-    let sum = p.load(sums, i);
-    let old = p.load(centres, i);
-    let zero = p.const_f32(0.0);
-    let has = p.cmp(IrCmp::Gt, cnt, zero);
-    let mean = p.div(sum, cnt);
-    (p.select(has, mean, old), old)
+) -> (Expr<'s>, Expr<'s>) {
+    let cnt = s.load(counts, i / s.u32(width as u32));
+    let old = s.load(centres, i);
+    let mean = s.load(sums, i) / cnt;
+    (cnt.gt(s.f32(0.0)).select(mean, old), old)
 }
 
 /// Runs the whole annealing loop on `backend` and returns anchors and assignments.

@@ -3,7 +3,8 @@
 //! up to 256 codewords learned by k-means on the device.
 
 use crate::error::Result;
-use hal::ir::{Access, ProgramBuilder};
+use hal::ir::Access;
+use hal::ir::expr::Scope;
 use hal::{Backend, BackendExt, BinaryOp, DType, DeviceBuffer, Layout, View};
 
 /// Codebooks of a product quantiser.
@@ -55,14 +56,14 @@ pub fn subspace_bounds(d: usize, bytes: usize) -> Vec<usize> {
 
 /// `cb = counts > 0 ? sums / counts : cb` over `k * w` elements (`w` baked in).
 fn codeword_update(w: usize) -> Result<hal::ir::Program> {
-    let mut p = ProgramBuilder::new("vlc_codeword_update");
-    let sums = p.buffer(DType::F32, Access::Read);
-    let counts = p.buffer(DType::F32, Access::Read);
-    let cb = p.buffer(DType::F32, Access::ReadWrite);
-    let i = p.index();
-    let (v, _) = crate::anneal::mean_of_members(&mut p, [sums, counts, cb], i, w);
-    p.store(cb, i, v);
-    Ok(p.build()?)
+    let s = Scope::new("vlc_codeword_update");
+    let sums = s.buffer(DType::F32, Access::Read);
+    let counts = s.buffer(DType::F32, Access::Read);
+    let cb = s.buffer(DType::F32, Access::ReadWrite);
+    let i = s.index();
+    let (v, _) = crate::anneal::mean_of_members(&s, [sums, counts, cb], i, w);
+    s.store(cb, i, v);
+    Ok(s.build()?)
 }
 
 /// The residuals `x - anchors[assign]` of `n x d` vectors, on the device.
@@ -303,16 +304,11 @@ fn first_codewords(n: usize, seed: u64) -> Vec<u32> {
 
 /// `seg[t] = codes[t] + k * (t mod bytes)`: row `t`'s segment (subspace, code).
 fn segment_labels(bytes: usize, k: usize) -> Result<hal::ir::Program> {
-    let mut p = ProgramBuilder::new("vlc_pq_segments");
-    let codes = p.buffer(DType::U32, Access::Read);
-    let seg = p.buffer(DType::U32, Access::Write);
-    let t = p.index();
-    let code = p.load(codes, t);
-    let bytes = p.const_u32(bytes as u32);
-    let k = p.const_u32(k as u32);
-    let sub = p.binary(hal::ir::IrBinary::Rem, t, bytes);
-    let base = p.mul(sub, k);
-    let v = p.add(code, base);
-    p.store(seg, t, v);
-    Ok(p.build()?)
+    let s = Scope::new("vlc_pq_segments");
+    let codes = s.buffer(DType::U32, Access::Read);
+    let seg = s.buffer(DType::U32, Access::Write);
+    let t = s.index();
+    let label = s.load(codes, t) + t % s.u32(bytes as u32) * s.u32(k as u32);
+    s.store(seg, t, label);
+    Ok(s.build()?)
 }
