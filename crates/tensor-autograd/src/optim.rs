@@ -9,7 +9,8 @@
 
 use crate::error::{Result, invalid};
 use crate::tensor::Tensor;
-use hal::ir::{Access, BufferId, IrCmp, IrUnary, ProgramBuilder, Value};
+use hal::ir::expr::{Expr, Scope};
+use hal::ir::{Access, BufferId};
 use hal::{AdamParams, Backend, BackendExt, DType, DeviceBuffer, SgdParams};
 
 /// What every optimiser offers.
@@ -552,29 +553,26 @@ impl<B: Backend> RecordedAdam<B> {
 /// One thread: `values[1] *= beta1`, `values[2] *= beta2` (the powers for the step about to
 /// be taken).
 fn adam_advance_program(h: &AdamParams) -> Result<hal::ir::Program> {
-    let mut p = ProgramBuilder::new("adam_advance");
-    let values = p.buffer(DType::F32, Access::ReadWrite);
+    let s = Scope::new("adam_advance");
+    let values = s.buffer(DType::F32, Access::ReadWrite);
     for (at, beta) in [(1, h.beta1), (2, h.beta2)] {
-        let at = p.const_u32(at);
-        let power = p.load(values, at);
-        let beta = p.const_f32(beta);
-        let next = p.mul(power, beta);
-        p.store(values, at, next);
+        let at = s.u32(at);
+        s.store(values, at, s.load(values, at) * beta);
     }
-    Ok(p.build()?)
+    Ok(s.build()?)
 }
 
 /// Element `i` of a parameter: the fused `adam_step` of the backends, with the learning rate
 /// and the bias corrections `1 - beta^t` from `values` (buffers `[param, grad, m, v,
 /// values]`).
 fn adam_update_program(h: &AdamParams) -> Result<hal::ir::Program> {
-    let mut p = ProgramBuilder::new("adam_update_recorded");
-    let buffers = adam_buffers(&mut p);
-    let values = p.buffer(DType::F32, Access::Read);
-    let i = p.index();
-    let per_step = adam_values(&mut p, values);
-    emit_adam_update(&mut p, h, buffers, per_step, i, None);
-    Ok(p.build()?)
+    let s = Scope::new("adam_update_recorded");
+    let buffers = adam_buffers(&s);
+    let values = s.buffer(DType::F32, Access::Read);
+    let i = s.index();
+    let per_step = bias_corrections(load_values(&s, values));
+    emit_adam_update(&s, h, buffers, per_step, i, None);
+    Ok(s.build()?)
 }
 
 /// The update of up to [`ADAM_GROUP`] parameters of `lens` elements in one launch over the
@@ -582,131 +580,96 @@ fn adam_update_program(h: &AdamParams) -> Result<hal::ir::Program> {
 /// a few microseconds of device time however little it does, and a training step updates
 /// every parameter.
 fn adam_group_program(h: &AdamParams, lens: &[usize], role: GroupRole) -> Result<hal::ir::Program> {
-    let mut p = ProgramBuilder::new("adam_update_recorded_group");
-    let buffers: Vec<[BufferId; 4]> = lens.iter().map(|_| adam_buffers(&mut p)).collect();
-    let i = p.index();
+    let s = Scope::new("adam_update_recorded_group");
+    let buffers: Vec<[BufferId; 4]> = lens.iter().map(|_| adam_buffers(&s)).collect();
+    let i = s.index();
     let per_step = match role {
         GroupRole::Alone | GroupRole::Middle => {
-            let values = p.buffer(DType::F32, Access::Read);
-            adam_values(&mut p, values)
+            let values = s.buffer(DType::F32, Access::Read);
+            bias_corrections(load_values(&s, values))
         }
         GroupRole::First | GroupRole::Last => {
-            let values = p.buffer(DType::F32, Access::ReadWrite);
-            let advanced = p.buffer(DType::F32, Access::ReadWrite);
+            let values = s.buffer(DType::F32, Access::ReadWrite);
+            let advanced = s.buffer(DType::F32, Access::ReadWrite);
             let (read, write) = match role {
                 GroupRole::First => (values, advanced),
                 _ => (advanced, values),
             };
-            let [lr, mut power1, mut power2] = load_values(&mut p, read);
+            let [lr, mut power1, mut power2] = load_values(&s, read);
             if role == GroupRole::First {
-                let (b1, b2) = (p.const_f32(h.beta1), p.const_f32(h.beta2));
-                power1 = p.mul(power1, b1);
-                power2 = p.mul(power2, b2);
+                (power1, power2) = (power1 * h.beta1, power2 * h.beta2);
             }
-            let zero = p.const_u32(0);
-            let first_thread = p.cmp(IrCmp::Eq, i, zero);
+            let first_thread = i.eq(s.u32(0));
             for (k, v) in [lr, power1, power2].into_iter().enumerate() {
-                let k = p.const_u32(k as u32);
-                p.store_if(first_thread, write, k, v);
+                s.store_if(first_thread, write, s.u32(k as u32), v);
             }
-            bias_corrections(&mut p, [lr, power1, power2])
+            bias_corrections([lr, power1, power2])
         }
     };
     let longest = lens.iter().copied().max().unwrap_or(0);
     for (&len, &b) in lens.iter().zip(&buffers) {
         if len == longest {
-            emit_adam_update(&mut p, h, b, per_step, i, None);
+            emit_adam_update(&s, h, b, per_step, i, None);
             continue;
         }
         // Past a shorter parameter's end: element 0 read, nothing stored.
-        let (at, inside) = crate::ops::index_within(&mut p, i, len);
-        emit_adam_update(&mut p, h, b, per_step, at, Some(inside));
+        let (at, inside) = s.with_builder(|p| crate::ops::index_within(p, i.value(), len));
+        emit_adam_update(&s, h, b, per_step, s.expr(at), Some(s.expr(inside)));
     }
-    Ok(p.build()?)
+    Ok(s.build()?)
 }
 
 /// Parameters per grouped update launch: 4 buffers each, `values` and `advanced` stay within
 /// the 14 buffers an IR program may bind on wgpu.
 const ADAM_GROUP: usize = 3;
 
-fn adam_buffers(p: &mut ProgramBuilder) -> [BufferId; 4] {
+fn adam_buffers(s: &Scope) -> [BufferId; 4] {
     [
-        p.buffer(DType::F32, Access::ReadWrite),
-        p.buffer(DType::F32, Access::Read),
-        p.buffer(DType::F32, Access::ReadWrite),
-        p.buffer(DType::F32, Access::ReadWrite),
+        s.buffer(DType::F32, Access::ReadWrite),
+        s.buffer(DType::F32, Access::Read),
+        s.buffer(DType::F32, Access::ReadWrite),
+        s.buffer(DType::F32, Access::ReadWrite),
     ]
 }
 
-/// `[lr, 1 - beta1^t, 1 - beta2^t]` from `values`.
-fn adam_values(p: &mut ProgramBuilder, values: BufferId) -> [Value; 3] {
-    let loaded = load_values(p, values);
-    bias_corrections(p, loaded)
-}
-
 /// `[lr, beta1^t, beta2^t]` as stored in `values` (or `advanced`).
-fn load_values(p: &mut ProgramBuilder, values: BufferId) -> [Value; 3] {
-    [0u32, 1, 2].map(|k| {
-        let k = p.const_u32(k);
-        p.load(values, k)
-    })
+fn load_values(s: &Scope, values: BufferId) -> [Expr<'_>; 3] {
+    [0u32, 1, 2].map(|k| s.load(values, s.u32(k)))
 }
 
 /// `[lr, 1 - beta1^t, 1 - beta2^t]` from `[lr, beta1^t, beta2^t]`.
-fn bias_corrections(p: &mut ProgramBuilder, [lr, power1, power2]: [Value; 3]) -> [Value; 3] {
-    let one = p.const_f32(1.0);
-    let bc1 = p.sub(one, power1);
-    let bc2 = p.sub(one, power2);
-    [lr, bc1, bc2]
+fn bias_corrections([lr, power1, power2]: [Expr<'_>; 3]) -> [Expr<'_>; 3] {
+    [lr, 1.0 - power1, 1.0 - power2]
 }
 
-/// Element `at` of one parameter's update, stored only where `when` holds (if given).
-fn emit_adam_update(
-    p: &mut ProgramBuilder,
+/// Element `at` of one parameter's update, stored only where `when` holds (if given):
+/// `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`,
+/// `param -= lr (m / bc1) / (sqrt(v / bc2) + eps)`, with the weight decay folded into `g`
+/// (Adam) or applied to `param` first (AdamW), each operation rounded as `adam_step`'s.
+fn emit_adam_update<'s>(
+    s: &'s Scope,
     h: &AdamParams,
     [param, grad, m, v]: [BufferId; 4],
-    [lr, bc1, bc2]: [Value; 3],
-    at: Value,
-    when: Option<Value>,
+    [lr, bc1, bc2]: [Expr<'s>; 3],
+    at: Expr<'s>,
+    when: Option<Expr<'s>>,
 ) {
-    let store = |p: &mut ProgramBuilder, buffer, value| match when {
-        Some(w) => p.store_if(w, buffer, at, value),
-        None => p.store(buffer, at, value),
+    let store = |buffer, value| match when {
+        Some(w) => s.store_if(w, buffer, at, value),
+        None => s.store(buffer, at, value),
     };
-    let one = p.const_f32(1.0);
-    let mut pi = p.load(param, at);
-    let mut gi = p.load(grad, at);
-    let wd = p.const_f32(h.weight_decay);
+    let (mut pi, mut gi) = (s.load(param, at), s.load(grad, at));
     if h.decoupled_weight_decay {
-        let decay = p.mul(lr, wd);
-        let keep = p.sub(one, decay);
-        pi = p.mul(pi, keep);
+        pi = pi * (1.0 - lr * h.weight_decay);
     } else {
-        let decay = p.mul(wd, pi);
-        gi = p.add(gi, decay);
+        gi = gi + h.weight_decay * pi;
     }
-    let (b1, b2) = (p.const_f32(h.beta1), p.const_f32(h.beta2));
-    let (c1, c2) = (p.const_f32(1.0 - h.beta1), p.const_f32(1.0 - h.beta2));
-    let mo = p.load(m, at);
-    let mo = p.mul(b1, mo);
-    let mg = p.mul(c1, gi);
-    let mi = p.add(mo, mg);
-    let vo = p.load(v, at);
-    let vo = p.mul(b2, vo);
-    let vg = p.mul(c2, gi);
-    let vg = p.mul(vg, gi);
-    let vi = p.add(vo, vg);
-    store(p, m, mi);
-    store(p, v, vi);
-    let mhat = p.div(mi, bc1);
-    let vhat = p.div(vi, bc2);
-    let root = p.unary(IrUnary::Sqrt, vhat);
-    let eps = p.const_f32(h.eps);
-    let den = p.add(root, eps);
-    let stepv = p.mul(lr, mhat);
-    let stepv = p.div(stepv, den);
-    let pn = p.sub(pi, stepv);
-    store(p, param, pn);
+    let mi = h.beta1 * s.load(m, at) + (1.0 - h.beta1) * gi;
+    let vi = h.beta2 * s.load(v, at) + (1.0 - h.beta2) * gi * gi;
+    store(m, mi);
+    store(v, vi);
+    let den = (vi / bc2).sqrt() + h.eps;
+    store(param, pi - lr * (mi / bc1) / den);
 }
 
 /// A learning rate as a function of the step (0-based).
