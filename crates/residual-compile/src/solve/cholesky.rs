@@ -1,0 +1,340 @@
+//! The CPU engine: `J^T J` assembled on the host in `f64`, factorised by the supernodal sparse
+//! Cholesky (`crate::supernodal`) over faer's symbolic analysis, solved by faer.
+
+use super::{Engine, Iterates, Step, norm};
+use crate::Error;
+use crate::compile::CompiledProblem;
+use crate::problem::Problem;
+use faer::dyn_stack::{MemBuffer, MemStack};
+use faer::sparse::linalg::cholesky::{
+    LltRef, SymbolicCholesky, SymmetricOrdering, factorize_symbolic_cholesky,
+};
+use faer::sparse::{SparseColMatRef, SymbolicSparseColMat};
+use faer::{Conj, Par, Side};
+use hal::{Backend, BackendExt, DType};
+use std::time::Instant;
+
+pub(super) struct CholeskyEngine<B: Backend> {
+    compiled: CompiledProblem<B>,
+    params_buf: B::Buffer,
+    it: Iterates<B, Vec<f64>>,
+    /// The damped normal matrix's values, rewritten each solve.
+    damped: Vec<f64>,
+    /// Problem parameter -> index among free parameters (`u32::MAX` when fixed).
+    free_index: Vec<u32>,
+    /// `J^T J` over the free parameters: lower triangle, CSC.
+    normal: SymbolicSparseColMat<u32>,
+    symbolic: SymbolicCholesky<u32>,
+    /// The numeric factorisation on all cores, when faer's analysis is supernodal.
+    parallel: Option<crate::supernodal::ParallelCholesky>,
+    /// The factor's values and the factorisation's scratch, kept between iterations.
+    factor: Vec<f64>,
+    scratch: MemBuffer,
+    /// Per instance of each group, the slot in `normal`'s values of each pair `(a, b)`,
+    /// `b <= a`, of its parameter slots (`u32::MAX` when either is fixed).
+    pair_slots: Vec<Vec<u32>>,
+    normal_values: Vec<f64>,
+    gradient: Vec<f64>,
+    diagonal: Vec<f64>,
+    delta: Vec<f64>,
+    problem_groups: Vec<(usize, usize, usize)>,
+}
+
+impl<B: Backend> CholeskyEngine<B> {
+    pub(super) fn new(compiled: CompiledProblem<B>, problem: &Problem) -> Result<Self, Error> {
+        let x = problem.parameters().to_vec();
+        let fixed = problem.fixed_mask();
+        let mut free_index = vec![u32::MAX; x.len()];
+        let mut free = 0u32;
+        for (i, f) in fixed.iter().enumerate() {
+            if !f {
+                free_index[i] = free;
+                free += 1;
+            }
+        }
+        let n = free as usize;
+        // The pattern of J^T J: for each instance, every pair of its free parameters.
+        let mut columns: Vec<Vec<u32>> = vec![Vec::new(); n];
+        let mut problem_groups = Vec::new();
+        for g in problem.groups() {
+            let p = g.params_per_instance();
+            problem_groups.push((g.len(), g.residuals_per_instance(), p));
+            for inst in g.param_index.chunks_exact(p) {
+                for &a in inst {
+                    for &b in inst {
+                        let (fa, fb) = (free_index[a as usize], free_index[b as usize]);
+                        if fa != u32::MAX && fb != u32::MAX && fa >= fb {
+                            columns[fb as usize].push(fa);
+                        }
+                    }
+                }
+            }
+        }
+        let mut col_ptr = vec![0u32; n + 1];
+        let mut row_idx = Vec::new();
+        for (c, rows) in columns.iter_mut().enumerate() {
+            rows.push(c as u32); // the diagonal, even for a parameter no residual touches
+            rows.sort_unstable();
+            rows.dedup();
+            row_idx.extend_from_slice(rows);
+            col_ptr[c + 1] = row_idx.len() as u32;
+        }
+        let slot = |row: u32, col: u32| -> u32 {
+            let (s, e) = (
+                col_ptr[col as usize] as usize,
+                col_ptr[col as usize + 1] as usize,
+            );
+            s as u32
+                + row_idx[s..e]
+                    .binary_search(&row)
+                    .expect("pattern has the pair") as u32
+        };
+        let mut pair_slots = Vec::new();
+        for g in problem.groups() {
+            let p = g.params_per_instance();
+            let mut slots = Vec::with_capacity(g.len() * p * (p + 1) / 2);
+            for inst in g.param_index.chunks_exact(p) {
+                for a in 0..p {
+                    for b in 0..=a {
+                        let (fa, fb) = (free_index[inst[a] as usize], free_index[inst[b] as usize]);
+                        slots.push(if fa == u32::MAX || fb == u32::MAX {
+                            u32::MAX
+                        } else {
+                            slot(fa.max(fb), fa.min(fb))
+                        });
+                    }
+                }
+            }
+            pair_slots.push(slots);
+        }
+        drop(columns);
+        let nnz_normal = row_idx.len();
+        let normal = SymbolicSparseColMat::new_checked(n, n, col_ptr, None, row_idx);
+        let symbolic = factorize_symbolic_cholesky(
+            normal.as_ref(),
+            Side::Lower,
+            SymmetricOrdering::Amd,
+            Default::default(),
+        )
+        .map_err(|e| Error::Solver(format!("sparse Cholesky analysis failed: {e:?}")))?;
+        // The numeric factorisation spreads subtrees over the cores (`supernodal`); faer's own
+        // splits only inside supernodes, which are too small here for that to pay. faer
+        // factors only when it chose its simplicial method (small problems).
+        let parallel = crate::supernodal::ParallelCholesky::new(normal.as_ref(), &symbolic);
+        let scratch = MemBuffer::try_new(
+            symbolic
+                .factorize_numeric_llt_scratch::<f64>(Par::Seq, Default::default())
+                .or(symbolic.solve_in_place_scratch::<f64>(1, Par::Seq)),
+        )
+        .map_err(|_| Error::Solver("out of memory for the sparse Cholesky scratch".into()))?;
+        let factor = vec![0.0; symbolic.len_val()];
+        let backend = compiled.backend.clone();
+        let params_buf = backend.alloc(DType::F32, x.len().max(1))?;
+        let mut engine = Self {
+            params_buf,
+            it: Iterates::new(&compiled, x.clone(), x)?,
+            damped: vec![0.0; nnz_normal],
+            free_index,
+            normal,
+            symbolic,
+            parallel,
+            factor,
+            scratch,
+            pair_slots,
+            normal_values: vec![0.0; nnz_normal],
+            gradient: vec![0.0; n],
+            diagonal: vec![0.0; n],
+            delta: vec![0.0; n],
+            problem_groups,
+            compiled,
+        };
+        engine.start(problem)?;
+        Ok(engine)
+    }
+}
+
+impl<B: Backend> Engine for CholeskyEngine<B> {
+    type B = B;
+    type Point = Vec<f64>;
+
+    fn state(&self) -> &Iterates<B, Vec<f64>> {
+        &self.it
+    }
+
+    fn state_mut(&mut self) -> &mut Iterates<B, Vec<f64>> {
+        &mut self.it
+    }
+
+    fn compiled(&self) -> &CompiledProblem<B> {
+        &self.compiled
+    }
+
+    /// The cost summed in f64 on the host from the per-block costs.
+    fn evaluate_candidate(&mut self) -> Result<(f64, bool), Error> {
+        let b = &self.compiled.backend;
+        let xs: Vec<f32> = self.it.x_candidate.iter().map(|&v| v as f32).collect();
+        if !xs.is_empty() {
+            b.write(&self.params_buf, &xs)?;
+        }
+        self.compiled
+            .evaluate(&self.params_buf, &self.it.candidate)?;
+        let costs = b.read::<f32>(&self.it.candidate.cost)?;
+        let jacobian_sum = b.read::<f32>(&self.it.candidate.total)?[1];
+        Ok((
+            costs.iter().map(|&c| c as f64).sum(),
+            jacobian_sum.is_finite(),
+        ))
+    }
+
+    fn linearize(&mut self) -> Result<f64, Error> {
+        let t = Instant::now();
+        let b = &self.compiled.backend;
+        let residuals = b.read::<f32>(&self.it.current.residuals)?;
+        let jacobian = b.read::<f32>(&self.it.current.jacobian)?;
+        self.normal_values.iter_mut().for_each(|v| *v = 0.0);
+        self.gradient.iter_mut().for_each(|v| *v = 0.0);
+        let cols = &self.compiled.host_col_indices;
+        let (mut row, mut entry) = (0usize, 0usize);
+        let mut jrow = [0f64; 64];
+        for (gi, &(n, r, p)) in self.problem_groups.iter().enumerate() {
+            let slots = &self.pair_slots[gi];
+            let pairs = p * (p + 1) / 2;
+            for inst in 0..n {
+                let inst_slots = &slots[inst * pairs..(inst + 1) * pairs];
+                for _ in 0..r {
+                    let f = residuals[row] as f64;
+                    let js = &jacobian[entry..entry + p];
+                    for k in 0..p {
+                        let jk = js[k] as f64;
+                        if p <= 64 {
+                            jrow[k] = jk;
+                        }
+                        let fi = self.free_index[cols[entry + k] as usize];
+                        if fi != u32::MAX {
+                            self.gradient[fi as usize] += jk * f;
+                        }
+                    }
+                    let mut s = 0;
+                    for a in 0..p {
+                        let ja = if p <= 64 { jrow[a] } else { js[a] as f64 };
+                        for bb in 0..=a {
+                            let slot = inst_slots[s];
+                            s += 1;
+                            if slot != u32::MAX {
+                                let jb = if p <= 64 { jrow[bb] } else { js[bb] as f64 };
+                                // A pair (a, b) with a != b whose parameters share a free
+                                // index cannot occur: parameters appear once per block.
+                                self.normal_values[slot as usize] += ja * jb;
+                            }
+                        }
+                    }
+                    row += 1;
+                    entry += p;
+                }
+            }
+        }
+        // The diagonal of J^T J, clamped as Ceres does.
+        // Each column's first stored row is the diagonal (rows are sorted, and every column
+        // holds its diagonal).
+        let col_ptr = self.normal.col_ptr();
+        for (d, &start) in self.diagonal.iter_mut().zip(col_ptr) {
+            *d = self.normal_values[start as usize].clamp(1e-6, 1e32);
+        }
+        self.it.times.linearize += t.elapsed().as_secs_f64();
+        Ok(self.gradient.iter().fold(0.0, |m, g| m.max(g.abs())))
+    }
+
+    fn solve(&mut self, lambda: f64) -> Result<Step, Error> {
+        let t = Instant::now();
+        self.damped.copy_from_slice(&self.normal_values);
+        let col_ptr = self.normal.col_ptr();
+        for (&start, &d) in col_ptr.iter().zip(&self.diagonal) {
+            self.damped[start as usize] += lambda * d;
+        }
+        let not_positive = |what: String| {
+            Error::Solver(format!(
+                "sparse Cholesky failed ({what}): J^T J + lambda D is not positive definite (lambda = {lambda:e}); a parameter no residual constrains? fix it with Problem::set_fixed"
+            ))
+        };
+        let llt = match &mut self.parallel {
+            Some(parallel) => {
+                parallel
+                    .factorize(&self.damped, &mut self.factor)
+                    .map_err(|column| not_positive(format!("pivot of free parameter {column}")))?;
+                LltRef::new(&self.symbolic, &self.factor)
+            }
+            None => self
+                .symbolic
+                .factorize_numeric_llt::<f64>(
+                    &mut self.factor,
+                    SparseColMatRef::new(self.normal.as_ref(), &self.damped),
+                    Side::Lower,
+                    Default::default(),
+                    Par::Seq,
+                    MemStack::new(&mut self.scratch),
+                    Default::default(),
+                )
+                .map_err(|e| not_positive(format!("{e:?}")))?,
+        };
+        self.delta
+            .iter_mut()
+            .zip(&self.gradient)
+            .for_each(|(d, g)| *d = -g);
+        let n = self.delta.len();
+        llt.solve_in_place_with_conj(
+            Conj::No,
+            faer::MatMut::from_column_major_slice_mut(&mut self.delta, n, 1),
+            Par::Seq,
+            MemStack::new(&mut self.scratch),
+        );
+        // L(0) - L(delta) = -g.delta - |J delta|^2 / 2, and |J delta|^2 = delta^T (J^T J) delta.
+        let jtj_quad = symmetric_quadratic(&self.normal, &self.normal_values, &self.delta);
+        let g_dot: f64 = self
+            .gradient
+            .iter()
+            .zip(&self.delta)
+            .map(|(g, d)| g * d)
+            .sum();
+        self.it.x_candidate.copy_from_slice(&self.it.x);
+        for (i, &fi) in self.free_index.iter().enumerate() {
+            if fi != u32::MAX {
+                self.it.x_candidate[i] += self.delta[fi as usize];
+            }
+        }
+        self.it.times.linear_solve += t.elapsed().as_secs_f64();
+        Ok(Step {
+            model_reduction: -g_dot - 0.5 * jtj_quad,
+            step_norm: norm(&self.delta),
+            x_norm: norm(&self.it.x),
+            cg_iterations: 0,
+        })
+    }
+
+    fn scale_step(&mut self, factor: f64) -> Result<(), Error> {
+        self.delta.iter_mut().for_each(|d| *d *= factor);
+        for (i, &fi) in self.free_index.iter().enumerate() {
+            if fi != u32::MAX {
+                self.it.x_candidate[i] = self.it.x[i] + self.delta[fi as usize];
+            }
+        }
+        Ok(())
+    }
+
+    fn parameters(&self) -> Result<Vec<f64>, Error> {
+        Ok(self.it.x.clone())
+    }
+}
+
+/// `v^T A v` for symmetric `A` stored as its lower triangle.
+fn symmetric_quadratic(a: &SymbolicSparseColMat<u32>, values: &[f64], v: &[f64]) -> f64 {
+    let (col_ptr, row_idx) = (a.col_ptr(), a.row_idx());
+    let mut total = 0.0;
+    for c in 0..v.len() {
+        for k in col_ptr[c] as usize..col_ptr[c + 1] as usize {
+            let r = row_idx[k] as usize;
+            let term = values[k] * v[r] * v[c];
+            total += if r == c { term } else { 2.0 * term };
+        }
+    }
+    total
+}
