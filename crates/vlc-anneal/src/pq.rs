@@ -61,7 +61,7 @@ fn codeword_update(w: usize) -> Result<hal::ir::Program> {
     let counts = s.buffer(DType::F32, Access::Read);
     let cb = s.buffer(DType::F32, Access::ReadWrite);
     let i = s.index();
-    let (v, _) = crate::anneal::mean_of_members(&s, [sums, counts, cb], i, w);
+    let (v, _) = crate::anneal::programs::mean_of_members(&s, [sums, counts, cb], i, w);
     s.store(cb, i, v);
     Ok(s.build()?)
 }

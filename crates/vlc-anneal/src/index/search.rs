@@ -1,0 +1,250 @@
+//! Search over an index: IVF lists probed with asymmetric distance tables, exact k-NN and
+//! recall for evaluation.
+
+use super::Index;
+use crate::vectors::Matrix;
+
+/// Checks that every query is finite and that no squared distance between it and a vector
+/// whose norm is at most `reach` can overflow f32 (so the ranking is exact, not a tie of
+/// infinities): `(|q| + reach)^2`, with a margin for rounding, stays below `f32::MAX`.
+pub(crate) fn check_queries(queries: &Matrix, reach: f64) -> crate::Result<()> {
+    const LIMIT: f64 = f32::MAX as f64 / 4.0;
+    for i in 0..queries.rows {
+        let q = queries.row(i);
+        if let Some(j) = q.iter().position(|v| !v.is_finite()) {
+            return Err(crate::error::input(format!(
+                "query {i} holds a non-finite value ({}) at dimension {j}",
+                q[j]
+            )));
+        }
+        let norm = q.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
+        if (norm + reach).powi(2) > LIMIT {
+            return Err(crate::error::input(format!(
+                "query {i} (norm {norm:.3e}) is too large: its squared distances to the indexed \
+                 vectors (norms up to {reach:.3e}) overflow f32; scale the vectors down"
+            )));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn sq(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(&x, &y)| (x - y) * (x - y)).sum()
+}
+
+/// The `k` smallest `(distance, id)` pairs seen (ties to the lower id).
+pub(crate) struct TopK {
+    pub(crate) k: usize,
+    pub(crate) heap: std::collections::BinaryHeap<(OrdF32, u32)>,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct OrdF32(pub(crate) f32);
+
+impl PartialEq for OrdF32 {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for OrdF32 {}
+
+impl PartialOrd for OrdF32 {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OrdF32 {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+impl TopK {
+    pub(crate) fn new(k: usize) -> Self {
+        Self {
+            k,
+            // Grows as results come: `k` may exceed what the probed lists hold.
+            heap: std::collections::BinaryHeap::with_capacity(k.min(1024) + 1),
+        }
+    }
+    pub(crate) fn push(&mut self, dist: f32, id: u32) {
+        if self.k == 0 {
+            return;
+        }
+        if self.heap.len() < self.k {
+            self.heap.push((OrdF32(dist), id));
+        } else if let Some(&top) = self.heap.peek()
+            && (OrdF32(dist), id) < top
+        {
+            self.heap.pop();
+            self.heap.push((OrdF32(dist), id));
+        }
+    }
+    pub(crate) fn into_sorted(self) -> Vec<(u32, f32)> {
+        self.heap
+            .into_sorted_vec()
+            .into_iter()
+            .map(|(d, i)| (i, d.0))
+            .collect()
+    }
+}
+
+/// `f` of every row of `queries`, spread over the machine's threads.
+pub(crate) fn parallel_map<T: Send>(queries: &Matrix, f: &(dyn Fn(&[f32]) -> T + Sync)) -> Vec<T> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = queries.rows.div_ceil(threads).max(1);
+    let mut out: Vec<T> = Vec::with_capacity(queries.rows);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..queries.rows)
+            .step_by(per)
+            .map(|start| {
+                let end = (start + per).min(queries.rows);
+                s.spawn(move || (start..end).map(|i| f(queries.row(i))).collect::<Vec<T>>())
+            })
+            .collect();
+        for h in handles {
+            out.extend(h.join().expect("search threads do not panic"));
+        }
+    });
+    out
+}
+
+/// The exact `k` nearest rows of `data` for each query (squared Euclidean distance, ties to
+/// the lower index): the ground truth for recall.
+pub fn exact_knn(data: &Matrix, queries: &Matrix, k: usize) -> Vec<Vec<u32>> {
+    let k = k.min(data.rows);
+    parallel_map(queries, &|q: &[f32]| {
+        let mut best = TopK::new(k);
+        for i in 0..data.rows {
+            best.push(sq(q, data.row(i)), i as u32);
+        }
+        best.into_sorted().into_iter().map(|(i, _)| i).collect()
+    })
+}
+
+/// Mean fraction of each query's true `k` nearest found among its returned `k`.
+pub fn recall_at(truth: &[Vec<u32>], found: &[Vec<(u32, f32)>], k: usize) -> f64 {
+    if truth.is_empty() {
+        return 0.0;
+    }
+    let mut total = 0.0;
+    for (t, f) in truth.iter().zip(found) {
+        let t: std::collections::HashSet<u32> = t.iter().take(k).copied().collect();
+        let hits = f.iter().take(k).filter(|(i, _)| t.contains(i)).count();
+        total += hits as f64 / t.len().max(1) as f64;
+    }
+    total / truth.len() as f64
+}
+
+impl Index {
+    /// Members of each anchor, in ascending order (built on first use).
+    pub fn lists(&self) -> &[Vec<u32>] {
+        self.lists.get_or_init(|| {
+            let mut lists = vec![Vec::new(); self.header.m];
+            for i in 0..self.header.n {
+                lists[self.assignment(i) as usize].push(i as u32);
+            }
+            lists
+        })
+    }
+
+    /// The `k` nearest vectors of each query by asymmetric distance: the query is compared
+    /// with the `nprobe` nearest anchors, and those anchors' members are scored on their
+    /// residual codes (a per-subspace table of squared distances for each probed anchor).
+    /// Results are `(vector, squared distance)`, nearest first. Queries run in parallel.
+    pub fn search(
+        &self,
+        queries: &Matrix,
+        k: usize,
+        nprobe: usize,
+    ) -> crate::Result<Vec<Vec<(u32, f32)>>> {
+        let (d, m) = (self.header.d, self.header.m);
+        if queries.cols != d {
+            return Err(crate::error::input(format!(
+                "queries have dimension {}, the index {d}",
+                queries.cols
+            )));
+        }
+        if nprobe == 0 {
+            return Err(crate::error::input(
+                "nprobe must be at least 1 (the number of anchors whose members are scored)",
+            ));
+        }
+        check_queries(queries, self.reach())?;
+        let nprobe = nprobe.min(m);
+        // More results than vectors cannot be returned.
+        let k = k.min(self.header.n);
+        let lists = self.lists();
+        let search_one = |q: &[f32]| -> Vec<(u32, f32)> {
+            let mut near: Vec<(f32, u32)> =
+                (0..m).map(|a| (sq(q, self.anchor(a)), a as u32)).collect();
+            near.select_nth_unstable_by(nprobe - 1, |x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+            near.truncate(nprobe);
+            let mut best = TopK::new(k);
+            let mut table = vec![0f32; self.pq.codewords.max(1) * self.pq.bytes()];
+            let mut rq = vec![0f32; d];
+            for &(_, a) in &near {
+                let c = self.anchor(a as usize);
+                for (r, (&qv, &cv)) in rq.iter_mut().zip(q.iter().zip(c)) {
+                    *r = qv - cv;
+                }
+                let base = self.fill_table(&rq, &mut table);
+                for &i in &lists[a as usize] {
+                    let mut dist = base;
+                    for (j, &code) in self.code(i as usize).iter().enumerate() {
+                        dist += table[j * self.pq.codewords + code as usize];
+                    }
+                    best.push(dist, i);
+                }
+            }
+            best.into_sorted()
+        };
+        Ok(parallel_map(queries, &search_one))
+    }
+
+    /// An upper bound on the norm of every reconstruction: the largest anchor norm plus the
+    /// norm of the largest codeword of every subspace together (computed once).
+    pub(crate) fn reach(&self) -> f64 {
+        *self.reach.get_or_init(|| {
+            let norm = |v: &[f32]| v.iter().map(|&x| x as f64 * x as f64).sum::<f64>();
+            let d = self.header.d;
+            let anchors = self
+                .anchors
+                .chunks_exact(d)
+                .map(norm)
+                .fold(0.0, f64::max)
+                .sqrt();
+            let pq = &self.pq;
+            let residual: f64 = (0..pq.bytes())
+                .map(|j| {
+                    let w = pq.bounds[j + 1] - pq.bounds[j];
+                    pq.codebooks[pq.codebook_offset(j)..][..pq.codewords * w]
+                        .chunks_exact(w)
+                        .map(norm)
+                        .fold(0.0, f64::max)
+                })
+                .sum();
+            anchors + residual.sqrt()
+        })
+    }
+
+    /// Fills `table[j * codewords + c] = |rq_j - codeword_jc|^2` and returns the squared
+    /// norm of `rq`'s dimensions no subspace covers (all of it without residual codes).
+    pub(crate) fn fill_table(&self, rq: &[f32], table: &mut [f32]) -> f32 {
+        let pq = &self.pq;
+        if pq.bytes() == 0 {
+            return rq.iter().map(|v| v * v).sum();
+        }
+        for j in 0..pq.bytes() {
+            let (lo, hi) = (pq.bounds[j], pq.bounds[j + 1]);
+            let w = hi - lo;
+            let book = &pq.codebooks[pq.codebook_offset(j)..][..pq.codewords * w];
+            for (c, word) in book.chunks_exact(w).enumerate() {
+                table[j * pq.codewords + c] = sq(&rq[lo..hi], word);
+            }
+        }
+        0.0
+    }
+}
