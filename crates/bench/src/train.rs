@@ -120,7 +120,7 @@ pub fn train<B: Backend>(
         }
         if which == "mlp" {
             let describe = |when: usize| {
-                let report = crate::memory_report(b, memory);
+                let report = crate::launch::memory_report(b, memory);
                 println!("train memory after {when} steps: {report}");
             };
             let t = Instant::now();
