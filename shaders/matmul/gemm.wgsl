@@ -1,13 +1,11 @@
 // Batched matrix product: out = alpha A B + beta out (beta 0 ignores out), one BM x BN block
-// of one batch per workgroup (grid: column blocks, row blocks, batch). See tile.wgsl.
-// Blocks 0, 1, 2: each batch's offset of A, B and out. Scalars: 0 m, 1 n, 2 first k, 3 end k
-// (the backend slices long k), 4 alpha, 5 beta, 6 the number of outputs (used by
-// gemm_dot_body.wgsl, which shares these parameters), 7-8 A's row and column strides, 10-11
-// B's, 13-14 out's. As the f32 fallback of a cooperative-matrix product, the `guard` slot
-// reads that product's range-check verdict (word 9, serial 12) and the block writes nothing
-// unless the check failed.
+// of one batch per workgroup (grid: column blocks, row blocks, batch). See tile.wgsl; the
+// parameters are gemm_params.wgsl's, shared with gemm_dot_body.wgsl. As the f32 fallback of
+// a cooperative-matrix product, the `guard` slot reads that product's range-check verdict
+// (verdict_word, verdict_serial) and the block writes nothing unless the check failed.
 
 // @include tile.wgsl
+// @include gemm_params.wgsl
 
 // @slot bindings
 @group(0) @binding(1) var<storage, read> B1: array<u32>;
@@ -26,13 +24,14 @@ fn skipped() -> bool { return false; }
 var<workgroup> skip_block: u32;
 
 fn store_row(obase: i32, r: u32, col: u32, v: vec4<f32>) {
-    if (r >= s(0u)) { return; }
+    let p = gemm_params();
+    if (r >= p.rows) { return; }
     for (var j = 0u; j < 4u; j = j + 1u) {
         let c = col + j;
-        if (c < s(1u)) {
-            let o = obase + i32(r) * si(13u) + i32(c) * si(14u);
-            var x = sf(4u) * v[j];
-            if (sf(5u) != 0.0) { x = x + sf(5u) * ld3(o); }
+        if (c < p.cols) {
+            let o = obase + i32(r) * p.out_row_stride + i32(c) * p.out_col_stride;
+            var x = p.alpha * v[j];
+            if (p.beta != 0.0) { x = x + p.beta * ld3(o); }
             st3(o, x);
         }
     }
@@ -44,11 +43,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     // Through workgroup memory, so that the early return is uniform (barriers follow).
     if (li == 0u) { skip_block = select(0u, 1u, skipped()); }
     if (workgroupUniformLoad(&skip_block) != 0u) { return; }
-    let o = Operands(s(0u), s(1u), s(3u), off(0u, wg.z), si(7u), si(8u), off(1u, wg.z), si(10u), si(11u));
+    let p = gemm_params();
+    let o = Operands(p.rows, p.cols, p.k_end, off(0u, wg.z), p.a_row_stride, p.a_col_stride,
+        off(1u, wg.z), p.b_row_stride, p.b_col_stride);
     let row0 = wg.y * BM;
     let col0 = wg.x * BN;
     clear_tile();
-    accumulate_block(o, li, row0, col0, s(2u));
+    accumulate_block(o, li, row0, col0, p.k_start);
     let obase = off(2u, wg.z);
     let r = row0 + 4u * (li / 16u);
     let c = col0 + 4u * (li % 16u);

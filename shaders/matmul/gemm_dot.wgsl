@@ -9,6 +9,7 @@
 // Same parameters as gemm.wgsl; scalar 6: the number of outputs (batch x m x n).
 
 // @include gemm_dot_body.wgsl
+// @include gemm_params.wgsl
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

@@ -1,5 +1,5 @@
 // What gemm_dot.wgsl and gemm_dot_subgroups.wgsl share: the operands and one thread's part of
-// an output's dot product. Parameters as gemm.wgsl, scalar 6 the number of outputs.
+// an output's dot product. Parameters: gemm_params.wgsl (the kernel files include it).
 
 // @slot bindings
 @group(0) @binding(1) var<storage, read> B1: array<u32>;
@@ -34,46 +34,49 @@ var<workgroup> RED: array<f32, 256>;
 
 // Output `o` (batch, row, column) of the batched product, row-major over (batch, m, n).
 fn output_at(o: u32) -> vec3<u32> {
-    let mn = s(0u) * s(1u);
-    return vec3<u32>(o / mn, (o % mn) / s(1u), o % s(1u));
+    let p = gemm_params();
+    let mn = p.rows * p.cols;
+    return vec3<u32>(o / mn, (o % mn) / p.cols, o % p.cols);
 }
 
 // Thread `lane`'s share of output `o`: k = first k + lane, + 32, ... below the end k. Outputs
 // past the last give 0 (their threads still take part in the combining).
 fn dot_partial(o: u32, lane: u32) -> f32 {
     _ = arrayLength(&B1); _ = arrayLength(&B2); _ = arrayLength(&B3);
-    if (o >= s(6u)) { return 0.0; }
-    let at = output_at(o);
-    let a = off(0u, at.x) + i32(at.y) * si(7u);
-    let b = off(1u, at.x) + i32(at.z) * si(11u);
     // Parameters in registers: read from a buffer, the compiler could not hoist them (the
     // output binding might alias it).
-    let end = s(3u);
-    let sa = si(8u);
-    let sb = si(10u);
+    let p = gemm_params();
+    if (o >= p.outputs) { return 0.0; }
+    let at = output_at(o);
+    let a = off(0u, at.x) + i32(at.y) * p.a_row_stride;
+    let b = off(1u, at.x) + i32(at.z) * p.b_col_stride;
+    let end = p.k_end;
+    let sa = p.a_col_stride;
+    let sb = p.b_row_stride;
     var acc = 0.0;
-    if (ONES_COLUMN && at.z + 1u == s(1u)) {
+    if (ONES_COLUMN && at.z + 1u == p.cols) {
         // The column of ones: the sum of A's row.
-        for (var k = s(2u) + lane; k < end; k = k + 32u) {
+        for (var k = p.k_start + lane; k < end; k = k + 32u) {
             acc = acc + lda(a + i32(k) * sa);
         }
         return acc;
     }
-    for (var k = s(2u) + lane; k < end; k = k + 32u) {
+    for (var k = p.k_start + lane; k < end; k = k + 32u) {
         acc = fma(lda(a + i32(k) * sa), ld2(b + i32(k) * sb), acc);
     }
     return acc;
 }
 
 fn write_out(o: u32, sum: f32) {
-    if (o >= s(6u)) { return; }
+    let p = gemm_params();
+    if (o >= p.outputs) { return; }
     let at = output_at(o);
-    if (ROW_SUMS_APART && at.z + 1u == s(1u)) {
-        row_sum(at.y, sf(4u) * sum);
+    if (ROW_SUMS_APART && at.z + 1u == p.cols) {
+        row_sum(at.y, p.alpha * sum);
         return;
     }
-    let i = off(2u, at.x) + i32(at.y) * si(13u) + i32(at.z) * si(14u);
-    var x = sf(4u) * sum;
-    if (sf(5u) != 0.0) { x = x + sf(5u) * ld3(i); }
+    let i = off(2u, at.x) + i32(at.y) * p.out_row_stride + i32(at.z) * p.out_col_stride;
+    var x = p.alpha * sum;
+    if (p.beta != 0.0) { x = x + p.beta * ld3(i); }
     st3(i, epilogue(x, at.y, at.z));
 }

@@ -5,6 +5,7 @@
 // reduce their share by shuffles and meet in workgroup memory.
 
 // @include gemm_dot_body.wgsl
+// @include gemm_params.wgsl
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32) {

@@ -22,6 +22,7 @@
 //! host they are bundled (`../shared/tools/gpu-bundle.sh -p hal-parity -p bench`) and run
 //! directly; xtask only saves typing here.
 
+mod params;
 mod ptx;
 
 use std::process::{Command, ExitCode};
@@ -353,6 +354,12 @@ fn validate_wgsl() -> ExitCode {
                 )),
             );
         }
+    }
+    for layout in wgsl::LAUNCH_PARAMS {
+        report(
+            format!("launch parameters {}", layout.name),
+            params::check(layout),
+        );
     }
     let all = wgsl::Features {
         immediate_words: 64,

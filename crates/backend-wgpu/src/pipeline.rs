@@ -7,6 +7,47 @@ use crate::{V, WgpuBackend, backend_error, capture, lock, profile, wgsl};
 use hal::{DType, DeviceBuffer, Error, Layout, Result};
 use std::sync::Arc;
 
+/// A kernel family's scalar launch parameters by name: field `i` is scalar slot `i` of
+/// [`Params`]. Declared with [`launch_params!`], which also records each field's WGSL type; the
+/// family's shader file holds a struct of the same name and fields and a constructor that
+/// reads field `i` from slot `i`, and `cargo xtask wgsl` checks the three agree.
+pub(crate) trait LaunchParams: bytemuck::Pod {
+    /// The layout the shader's struct must have.
+    const LAYOUT: ParamsLayout;
+}
+
+/// The name and fields (name, WGSL type) of a [`LaunchParams`] struct.
+#[derive(Clone, Copy, Debug)]
+pub struct ParamsLayout {
+    pub name: &'static str,
+    pub fields: &'static [(&'static str, &'static str)],
+}
+
+/// Declares a [`LaunchParams`] struct: `#[repr(C)]`, 32-bit fields (`u32`, `i32`, `f32`), at
+/// most sixteen.
+macro_rules! launch_params {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($(#[$fmeta:meta])* $field:ident: $ty:ident,)* }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+        $vis struct $name {
+            $($(#[$fmeta])* pub $field: $ty,)*
+        }
+        impl $crate::pipeline::LaunchParams for $name {
+            const LAYOUT: $crate::pipeline::ParamsLayout = $crate::pipeline::ParamsLayout {
+                name: stringify!($name),
+                fields: &[$((stringify!($field), stringify!($ty)),)*],
+            };
+        }
+        const _: () = assert!(std::mem::size_of::<$name>() <= 16 * 4, "sixteen scalar slots");
+    };
+}
+pub(crate) use launch_params;
+
+/// Every [`LaunchParams`] struct, for `cargo xtask wgsl`.
+pub const LAUNCH_PARAMS: &[ParamsLayout] =
+    &[<crate::ops::matmul::params::GemmParams as LaunchParams>::LAYOUT];
+
 /// Launch parameters: sixteen scalar slots and up to eight layout blocks (see `wgsl/`).
 #[derive(Clone, Default)]
 pub(crate) struct Params {
@@ -24,6 +65,13 @@ impl Params {
     }
     pub(crate) fn scalar(mut self, i: usize, v: u32) -> Self {
         self.scalars[i] = v;
+        self
+    }
+    /// The scalar slots from a [`LaunchParams`] struct, field `i` in slot `i` (the others
+    /// unchanged).
+    pub(crate) fn typed<T: LaunchParams>(mut self, params: &T) -> Self {
+        let words: &[u32] = bytemuck::cast_slice(bytemuck::bytes_of(params));
+        self.scalars[..words.len()].copy_from_slice(words);
         self
     }
     pub(crate) fn f(self, i: usize, v: f32) -> Self {

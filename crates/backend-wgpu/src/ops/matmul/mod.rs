@@ -1,12 +1,14 @@
 //! Matrix products: routing, split-k, fused epilogues; sparse products.
 
 pub(crate) mod coop;
+pub(crate) mod params;
 pub(crate) mod route;
 
 use crate::buffer::WgpuBuffer;
 use crate::fault::{Guard, guard_slot};
 use crate::ops::CHUNK;
 use crate::ops::elementwise::{unary_params, unary_scalars};
+use crate::ops::matmul::params::GemmParams;
 use crate::ops::matmul::route::{
     GemmRoute, SPLIT_DOT_THIN, TileShape, fused_epilogues, gemm_label, gemm_route, unit_k_strides,
 };
@@ -197,6 +199,68 @@ pub(crate) fn spmv_csr(
     )
 }
 
+/// What a product's kernel binds and is specialised with for its [`ProductExtras`]: the
+/// bindings (operands, then the gate's output, then the epilogue's buffers), the slots both
+/// kernel files take, the buffers in binding order (with whether each is written) and the
+/// epilogue's layouts (blocks 3 and 4).
+struct ProductInputs<'a> {
+    bindings: Vec<(DType, Access)>,
+    slots: Vec<(&'static str, String)>,
+    buffers: Vec<(&'a WgpuBuffer, bool)>,
+    finish_blocks: Vec<Layout>,
+}
+
+impl<'a> ProductInputs<'a> {
+    fn of([a, b, out]: [V<'a>; 3], extras: &ProductExtras<'a>) -> Self {
+        let Fused {
+            gate,
+            row_sums,
+            bias,
+            activation,
+        } = extras.fused;
+        let mut inputs = ProductInputs {
+            bindings: wgsl::io(&[a.dtype(), b.dtype()], out.dtype()),
+            slots: Vec::new(),
+            buffers: vec![(a.buffer, false), (b.buffer, false), (out.buffer, true)],
+            finish_blocks: Vec::new(),
+        };
+        if let Some(g) = gate {
+            inputs.bindings.push((g.output.dtype(), Access::Read));
+            inputs.buffers.push((g.output, false));
+            inputs.slots.push(wgsl::gate_load_slot(g.activation));
+        }
+        if extras.ones_column {
+            inputs.slots.push(wgsl::ones_column_slot());
+        }
+        if extras.fused.finishes() {
+            let bias_at = bias.map(|(buffer, l)| {
+                inputs.finish_blocks.push(l.clone());
+                inputs.bind(buffer, Access::Read)
+            });
+            let sums_at = row_sums.map(|(buffer, l)| {
+                // `[rows]` or `[1, rows]` (one matrix): its last axis.
+                let r = l.rank();
+                inputs.finish_blocks.push(Layout {
+                    shape: vec![l.shape[r - 1]],
+                    strides: vec![l.strides[r - 1]],
+                    offset: l.offset,
+                });
+                inputs.bind(buffer, Access::Write)
+            });
+            let slot = wgsl::dot_epilogue_slot(bias_at, activation, sums_at);
+            inputs.slots.push(slot);
+        }
+        inputs
+    }
+
+    /// Binds `buffer` next; its binding number.
+    fn bind(&mut self, buffer: &'a WgpuBuffer, access: Access) -> usize {
+        self.bindings.push((buffer.dtype(), access));
+        self.buffers.push((buffer, access == Access::Write));
+        self.bindings.len()
+    }
+}
+
 impl WgpuBackend {
     /// The matrix product on the shader cores (f32 arithmetic): the dot-product kernel when
     /// `dot`, else the shared-memory kernel with `tile` ([`gemm_tile`]), doing the `extras`
@@ -212,12 +276,7 @@ impl WgpuBackend {
         extras: ProductExtras<'a>,
     ) -> Result<()> {
         let fallback_of = extras.fallback_of;
-        let Fused {
-            gate,
-            row_sums,
-            bias,
-            activation,
-        } = extras.fused;
+        let gate = extras.fused.gate;
         debug_assert!(
             fallback_of.is_none() || gate.is_none(),
             "a cooperative-matrix fallback reads no gate (both use scalars past 8)"
@@ -232,43 +291,12 @@ impl WgpuBackend {
             strides: vec![mv.batch_stride()],
             offset: mv.offset,
         };
-        let mut bindings = wgsl::io(&[a.dtype(), b.dtype()], out.dtype());
-        // The extras' slots, which both kernels' files take.
-        let mut slots = Vec::new();
-        let mut buffers = vec![(a.buffer, false), (b.buffer, false), (out.buffer, true)];
-        if let Some(g) = gate {
-            bindings.push((g.output.dtype(), Access::Read));
-            buffers.push((g.output, false));
-            slots.push(wgsl::gate_load_slot(g.activation));
-        }
-        if extras.ones_column {
-            slots.push(wgsl::ones_column_slot());
-        }
-        // The epilogue's buffers follow (after the gate's, if any), their layouts in blocks 3
-        // and 4.
-        let mut finish_blocks = Vec::new();
-        if finishes {
-            let mut next_binding = |buffer: &'a WgpuBuffer, access: Access| {
-                bindings.push((buffer.dtype(), access));
-                buffers.push((buffer, access == Access::Write));
-                bindings.len()
-            };
-            let bias_at = bias.map(|(buffer, l)| {
-                finish_blocks.push(l.clone());
-                next_binding(buffer, Access::Read)
-            });
-            let sums_at = row_sums.map(|(buffer, l)| {
-                // `[rows]` or `[1, rows]` (one matrix): its last axis.
-                let r = l.rank();
-                finish_blocks.push(Layout {
-                    shape: vec![l.shape[r - 1]],
-                    strides: vec![l.strides[r - 1]],
-                    offset: l.offset,
-                });
-                next_binding(buffer, Access::Write)
-            });
-            slots.push(wgsl::dot_epilogue_slot(bias_at, activation, sums_at));
-        }
+        let ProductInputs {
+            bindings,
+            slots,
+            buffers,
+            finish_blocks,
+        } = ProductInputs::of([a, b, out], &extras);
         let with_slots = |mut spec: Spec| {
             for (name, text) in &slots {
                 spec = spec.slot(name, text.clone());
@@ -309,34 +337,22 @@ impl WgpuBackend {
                 ],
             )
         };
-        let i32s = |v: isize| v as i32 as u32;
         // k = 0 still runs once, to apply beta.
         let k = am.cols;
         let mut k0 = 0;
         loop {
             let k1 = (k0 + k_slice).min(k);
-            let p = Params::default()
+            let mut params = GemmParams::slice([am, bm, om], [k0, k1], alpha, beta);
+            match (fallback_of, gate) {
+                (Some(g), _) => (params.verdict_word, params.verdict_serial) = (g.word, g.serial),
+                (None, Some(g)) => params.gate_shift = g.shift,
+                (None, None) => {}
+            }
+            let mut p = Params::default()
                 .block(&batch(am))
                 .block(&batch(bm))
                 .block(&batch(om))
-                .scalar(0, om.rows as u32)
-                .scalar(1, om.cols as u32)
-                .scalar(2, k0 as u32)
-                .scalar(3, k1 as u32)
-                .f(4, alpha)
-                .f(5, if k0 == 0 { beta } else { 1.0 })
-                .scalar(6, (om.batch * om.rows * om.cols) as u32)
-                .scalar(7, i32s(am.strides[1]))
-                .scalar(8, i32s(am.strides[2]))
-                .scalar(10, i32s(bm.strides[1]))
-                .scalar(11, i32s(bm.strides[2]))
-                .scalar(13, i32s(om.strides[1]))
-                .scalar(14, i32s(om.strides[2]));
-            let mut p = match (fallback_of, gate) {
-                (Some(g), _) => p.scalar(9, g.word).scalar(12, g.serial),
-                (None, Some(g)) => p.scalar(15, g.shift as u32),
-                (None, None) => p,
-            };
+                .typed(&params);
             for l in &finish_blocks {
                 p = p.block(l);
             }
