@@ -121,6 +121,79 @@ pub(crate) fn arg_reduce(
     )
 }
 
+/// How `reduce.wgsl`'s threads share the work, so that neighbouring threads read
+/// neighbouring words: each output's elements contiguous (a channel's bias gradient over a
+/// channel-major convolution output) -> a chunk is every `chunks`-th element
+/// ([`REDUCE_INTERLEAVED`]); neighbouring outputs closer in memory than neighbouring elements
+/// (a bias gradient over a batch's rows) -> neighbouring threads take neighbouring outputs
+/// ([`REDUCE_OUTPUTS_FASTEST`]); otherwise each thread a run of elements
+/// ([`REDUCE_CHUNKED`]). `red`: the reduced dimensions; `keep`: each output's start.
+fn reduce_mode(red: &Layout, keep: &Layout) -> u32 {
+    let smallest = |l: &Layout| {
+        l.shape
+            .iter()
+            .zip(&l.strides)
+            .filter(|&(&n, &st)| n > 1 && st != 0)
+            .map(|(_, st)| st.unsigned_abs())
+            .min()
+    };
+    match (smallest(red), smallest(keep)) {
+        _ if red.rank() == 1 && red.strides[0] == 1 => REDUCE_INTERLEAVED,
+        (Some(r), Some(k)) if k < r => REDUCE_OUTPUTS_FASTEST,
+        _ => REDUCE_CHUNKED,
+    }
+}
+
+/// The partials of a chunked reduction into `out` as a view of `out`'s shape plus a last
+/// dimension of `chunks`: partial `c` of output `o` is at `o * chunks + c`, or at
+/// `c * n_out + o` where outputs went fastest.
+fn partials_layout(out: &Layout, chunks: usize, mode: u32) -> Result<Layout> {
+    let mut shape = out.shape.clone();
+    shape.push(chunks);
+    let mut strides = hal::contiguous_strides(&out.shape);
+    match mode {
+        REDUCE_OUTPUTS_FASTEST => strides.push(out.numel() as isize),
+        _ => {
+            strides.iter_mut().for_each(|st| *st *= chunks as isize);
+            strides.push(1);
+        }
+    }
+    Layout::strided(&shape, &strides, 0)
+}
+
+/// The `rule` slot of the arg-reduction kernels: which value is better, and whether a NaN
+/// wins (argmax/argmin) or loses (nearest centroid).
+fn arg_rule(op: ArgReduceOp, nan_wins: bool) -> String {
+    let better = if op == ArgReduceOp::ArgMax {
+        "v > best"
+    } else {
+        "v < best"
+    };
+    format!(
+        "fn better(v: f32, best: f32) -> bool {{ return {better}; }}\nconst NAN_WINS: bool = {nan_wins};"
+    )
+}
+
+/// Where the second pass of a chunked arg-reduction finds each output's partials (`keep`)
+/// and the partials along it (`line`): output `o`'s are `o * chunks ..`, one per chunk, in
+/// order.
+fn arg_partials(out: &Layout, chunks: usize) -> (Layout, Layout) {
+    let keep = Layout {
+        shape: out.shape.clone(),
+        strides: hal::contiguous_strides(&out.shape)
+            .iter()
+            .map(|s| s * chunks as isize)
+            .collect(),
+        offset: 0,
+    };
+    let line = Layout {
+        shape: vec![chunks],
+        strides: vec![1],
+        offset: 0,
+    };
+    (keep, line)
+}
+
 impl WgpuBackend {
     /// Reduces `x` over `axes` into `out` (times `scale`), at most [`CHUNK`] elements per
     /// thread: longer reductions write per-chunk partials and reduce those in another pass.
@@ -150,25 +223,7 @@ impl WgpuBackend {
         let per = (count * n_out).div_ceil(REDUCE_THREADS).clamp(32, longest);
         let chunks = count.div_ceil(per).max(1);
         let keep = kept(x.layout, &out.layout.shape, axes);
-        // Which thread takes what, so that neighbouring threads read neighbouring words: each
-        // output's elements contiguous (a channel's bias gradient over a channel-major
-        // convolution output) -> a chunk is every `chunks`-th element (REDUCE_INTERLEAVED);
-        // neighbouring outputs closer in memory than neighbouring elements (a bias gradient
-        // over a batch's rows) -> neighbouring threads take neighbouring outputs
-        // (REDUCE_OUTPUTS_FASTEST); otherwise each thread a run of `per` elements.
-        let smallest = |l: &Layout| {
-            l.shape
-                .iter()
-                .zip(&l.strides)
-                .filter(|&(&n, &st)| n > 1 && st != 0)
-                .map(|(_, st)| st.unsigned_abs())
-                .min()
-        };
-        let mode = match (smallest(&red), smallest(&keep)) {
-            _ if red.rank() == 1 && red.strides[0] == 1 => REDUCE_INTERLEAVED,
-            (Some(r), Some(k)) if k < r => REDUCE_OUTPUTS_FASTEST,
-            _ => REDUCE_CHUNKED,
-        };
+        let mode = reduce_mode(&red, &keep);
         let finish = match op {
             ReduceOp::Max => "select(mx, nan(), seen_nan)",
             ReduceOp::Min => "select(mn, nan(), seen_nan)",
@@ -219,10 +274,9 @@ impl WgpuBackend {
         if count.div_ceil(256 / lanes) <= LANE_ELEMENTS && groups.div_ceil(max_groups) <= max_groups
         {
             let p = whole_lines.scalar(4, lanes as u32);
-            let lanes_spec = spec(wgsl::io(&[a], out.dtype()));
             let lanes_spec = Spec {
                 file: "reduce_lanes.wgsl",
-                ..lanes_spec
+                ..spec(wgsl::io(&[a], out.dtype()))
             };
             let buffers = [(x.buffer, false), (out.buffer, true)];
             let (lanes_spec, p, buffers) = match guard {
@@ -255,28 +309,33 @@ impl WgpuBackend {
             &[(x.buffer, false), (&partial, true)],
             n_out * chunks,
         )?;
-        // Partial `c` of output `o` is at `o * chunks + c`, or at `c * n_out + o` where
-        // outputs went fastest.
-        let mut shape = out.layout.shape.clone();
-        shape.push(chunks);
-        let mut strides = hal::contiguous_strides(&out.layout.shape);
-        match mode {
-            REDUCE_OUTPUTS_FASTEST => strides.push(n_out as isize),
-            _ => {
-                strides.iter_mut().for_each(|st| *st *= chunks as isize);
-                strides.push(1);
-            }
-        }
-        let partial_layout = Layout::strided(&shape, &strides, 0)?;
+        let partial_layout = partials_layout(out.layout, chunks, mode)?;
         let out_layout = out.layout.unsqueeze(out.layout.rank())?;
         self.reduce_chunked(
             op,
             View::new(&partial, &partial_layout),
-            &[shape.len() - 1],
+            &[partial_layout.rank() - 1],
             View::new(out.buffer, &out_layout),
             scale,
             guard,
         )
+    }
+
+    /// Where a one-pass arg-reduction writes the extreme values: `out_value`, or a word it is
+    /// told (scalar 5 is 0) not to write, under a broadcast layout.
+    fn value_binding(
+        &self,
+        out_value: Option<(&WgpuBuffer, &Layout)>,
+        out_layout: &Layout,
+    ) -> Result<(WgpuBuffer, Layout, u32)> {
+        Ok(match out_value {
+            Some((b, l)) => (b.clone(), l.clone(), 1),
+            None => (
+                self.scratch(DType::F32, 1)?,
+                Layout::contiguous(&[1]).broadcast_to(&out_layout.shape)?,
+                0,
+            ),
+        })
     }
 
     /// The index of the extreme value along a line, at most [`CHUNK`] values per thread.
@@ -309,26 +368,10 @@ impl WgpuBackend {
             CHUNK
         };
         let chunks = count.div_ceil(chunk).max(1);
-        let better = if op == ArgReduceOp::ArgMax {
-            "v > best"
-        } else {
-            "v < best"
-        };
-        let rule = format!(
-            "fn better(v: f32, best: f32) -> bool {{ return {better}; }}\nconst NAN_WINS: bool = {nan_wins};"
-        );
+        let rule = arg_rule(op, nan_wins);
         let a = x.dtype();
-        // Where a one-pass kernel writes the extreme values: `out_value`, or a word it is told
-        // (scalar 5) not to write.
-        let vdummy = self.scratch(DType::F32, 1)?;
-        let (vb, vl, has) = match out_value {
-            Some((b, l)) => (b, l.clone(), 1),
-            None => (
-                &vdummy,
-                Layout::contiguous(&[1]).broadcast_to(&out_layout.shape)?,
-                0,
-            ),
-        };
+        let (vb, vl, has) = self.value_binding(out_value, out_layout)?;
+        let vb = &vb;
         let max_groups = self.0.limits.max_compute_workgroups_per_dimension as usize;
         if index.is_none()
             && few_outputs
@@ -408,20 +451,7 @@ impl WgpuBackend {
             &[(x, false), (&pi, true), (idx, false), (&pv, true)],
             n_out * chunks,
         )?;
-        // Output `o`'s partials are `o * chunks ..`, one per chunk, in order.
-        let keep2 = Layout {
-            shape: out_layout.shape.clone(),
-            strides: hal::contiguous_strides(&out_layout.shape)
-                .iter()
-                .map(|s| s * chunks as isize)
-                .collect(),
-            offset: 0,
-        };
-        let line2 = Layout {
-            shape: vec![chunks],
-            strides: vec![1],
-            offset: 0,
-        };
+        let (keep2, line2) = arg_partials(out_layout, chunks);
         self.arg_chunked(
             op,
             nan_wins,

@@ -38,6 +38,18 @@ pub(crate) struct CoopOperand {
     pub(crate) low: usize,
 }
 
+/// Whether the cooperative kernel can store an f32 product straight into `om`: whole tiles
+/// (`[mp, np]`, the padded shape, is its own), rows contiguous and 16-byte aligned, batches
+/// back to back.
+fn stores_whole_tiles(om: &validate::MatrixView, [mp, np]: [usize; 2]) -> bool {
+    let (m, n) = (om.rows, om.cols);
+    (m, n) == (mp, np)
+        && om.strides[1] == n as isize
+        && om.strides[2] == 1
+        && om.offset % 4 == 0
+        && (om.batch == 1 || om.strides[0] == (m * n) as isize)
+}
+
 impl WgpuBackend {
     /// Whether `halves` f16 elements fit one storage binding and the cooperative kernels' u32
     /// element offsets (which also address f32 products of half as many elements).
@@ -88,11 +100,7 @@ impl WgpuBackend {
         let direct = out.dtype() == DType::F32
             && alpha == 1.0
             && beta == 0.0
-            && (m, n) == (mp, np)
-            && om.strides[1] == n as isize
-            && om.strides[2] == 1
-            && om.offset % 4 == 0
-            && (om.batch == 1 || om.strides[0] == (m * n) as isize);
+            && stores_whole_tiles(om, [mp, np]);
         let parts = if split { 2 } else { 1 };
         // The padded product as f32 takes as many bytes as twice its elements in halves.
         if !self.coop_fits(parts * am.batch * mp * kp)
@@ -147,21 +155,7 @@ impl WgpuBackend {
             ],
         )?;
         if !direct {
-            let p = Params::default()
-                .block(&om.layout())
-                .scalar(0, m as u32)
-                .scalar(1, n as u32)
-                .scalar(2, np as u32)
-                .scalar(3, (mp * np) as u32)
-                .f(4, alpha)
-                .f(5, beta);
-            self.run_guarded(
-                Spec::new("gemm_epilogue.wgsl").bindings(wgsl::io(&[DType::F32], out.dtype())),
-                p,
-                &[(&product, false), (out.buffer, true)],
-                om.batch * m * n,
-                guard,
-            )?;
+            self.coop_epilogue(&product, out, om, [mp, np], [alpha, beta], guard)?;
         }
         if let Some(g) = guard {
             let tile = gemm_tile(om.rows, om.cols, om.batch);
@@ -179,6 +173,36 @@ impl WgpuBackend {
             )?;
         }
         Ok(true)
+    }
+
+    /// `out = alpha product + beta out` from the padded f32 product of a cooperative-matrix
+    /// product that could not store into `out` directly (gemm_epilogue.wgsl), standing down
+    /// where `guard`'s range check failed.
+    fn coop_epilogue(
+        &self,
+        product: &WgpuBuffer,
+        out: V<'_>,
+        om: &validate::MatrixView,
+        [mp, np]: [usize; 2],
+        [alpha, beta]: [f32; 2],
+        guard: Option<Guard>,
+    ) -> Result<()> {
+        let (m, n) = (om.rows, om.cols);
+        let p = Params::default()
+            .block(&om.layout())
+            .scalar(0, m as u32)
+            .scalar(1, n as u32)
+            .scalar(2, np as u32)
+            .scalar(3, (mp * np) as u32)
+            .f(4, alpha)
+            .f(5, beta);
+        self.run_guarded(
+            Spec::new("gemm_epilogue.wgsl").bindings(wgsl::io(&[DType::F32], out.dtype())),
+            p,
+            &[(product, false), (out.buffer, true)],
+            om.batch * m * n,
+            guard,
+        )
     }
 
     /// One operand of [`Self::matmul_coop`] as the kernel reads it: `v` itself where it is
