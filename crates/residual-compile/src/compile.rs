@@ -4,7 +4,7 @@
 use crate::Error;
 use crate::graph::Derivatives;
 use crate::lower::{SlotRuns, lower};
-use crate::problem::{Loss, Problem};
+use crate::problem::{Loss, Problem, ResidualGroup};
 use hal::{Backend, BackendExt, DType, Layout, ReduceOp, View};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -164,27 +164,7 @@ impl<B: Backend> CompiledProblem<B> {
         let misses: Vec<usize> = (0..groups.len())
             .filter(|&g| kernels[g].is_none())
             .collect();
-        let compiled: Vec<Compiled<B::Kernel>> = std::thread::scope(|s| {
-            let handles: Vec<_> = misses
-                .iter()
-                .map(|&gi| {
-                    let (g, slot_runs) = (&groups[gi], &runs[gi]);
-                    s.spawn(move || {
-                        let derivatives: Derivatives = g.graph.derivatives();
-                        let name = format!("residual_{}", sanitize(&g.name));
-                        let lowered = lower(&derivatives, g.loss, slot_runs, &name);
-                        let result = lowered.and_then(|program| {
-                            Ok((backend.compile(&program)?, program.insts.len()))
-                        });
-                        (gi, result)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("a compile thread panicked"))
-                .collect()
-        });
+        let compiled = compile_groups(backend, groups, &runs, &misses);
         for (gi, result) in compiled {
             let (kernel, insts) = result?;
             cache.insert(
@@ -221,16 +201,7 @@ impl<B: Backend> CompiledProblem<B> {
                     u32::MAX
                 )));
             }
-            row_offsets.reserve(n * r);
-            col_indices.reserve(n * r * p);
-            for i in 0..n {
-                let cols_of = &g.param_index[i * p..(i + 1) * p];
-                for _ in 0..r {
-                    col_indices.extend_from_slice(cols_of);
-                    let last = *row_offsets.last().unwrap();
-                    row_offsets.push(last + p as u32);
-                }
-            }
+            push_rows(g, &mut row_offsets, &mut col_indices);
             let upload_started = Instant::now();
             let constants = if g.constants.is_empty() {
                 backend.upload(&[0f32])?
@@ -261,26 +232,7 @@ impl<B: Backend> CompiledProblem<B> {
             cost_first += n;
         }
 
-        // The transpose: entries sorted by column (stable, so rows ascend within a column).
-        let mut t_row_offsets = vec![0u32; cols + 1];
-        for &c in &col_indices {
-            t_row_offsets[c as usize + 1] += 1;
-        }
-        for c in 0..cols {
-            t_row_offsets[c + 1] += t_row_offsets[c];
-        }
-        let mut next = t_row_offsets.clone();
-        let mut perm = vec![0u32; nnz];
-        let mut t_cols = vec![0u32; nnz];
-        for row in 0..rows {
-            for k in row_offsets[row]..row_offsets[row + 1] {
-                let c = col_indices[k as usize] as usize;
-                let at = next[c] as usize;
-                next[c] += 1;
-                perm[at] = k;
-                t_cols[at] = row as u32;
-            }
-        }
+        let (t_row_offsets, t_cols, perm) = transpose(&row_offsets, &col_indices, cols);
         let mut compiled = Self {
             backend: backend.clone(),
             kernels: group_kernels,
@@ -349,6 +301,82 @@ impl<B: Backend> CompiledProblem<B> {
         )?;
         Ok(())
     }
+}
+
+/// Appends the Jacobian rows of group `g` to a CSR structure: each instance's `r` rows, each
+/// holding its `p` parameters' columns.
+fn push_rows(g: &ResidualGroup, row_offsets: &mut Vec<u32>, col_indices: &mut Vec<u32>) {
+    let (p, r, n) = (g.params_per_instance(), g.residuals_per_instance(), g.len());
+    row_offsets.reserve(n * r);
+    col_indices.reserve(n * r * p);
+    for i in 0..n {
+        let cols_of = &g.param_index[i * p..(i + 1) * p];
+        for _ in 0..r {
+            col_indices.extend_from_slice(cols_of);
+            let last = *row_offsets.last().expect("starts with 0");
+            row_offsets.push(last + p as u32);
+        }
+    }
+}
+
+/// Derives, lowers and compiles the groups `misses` of `groups`, one thread each.
+fn compile_groups<B: Backend>(
+    backend: &B,
+    groups: &[ResidualGroup],
+    runs: &[SlotRuns],
+    misses: &[usize],
+) -> Vec<Compiled<B::Kernel>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = misses
+            .iter()
+            .map(|&gi| {
+                let (g, slot_runs) = (&groups[gi], &runs[gi]);
+                s.spawn(move || {
+                    let derivatives: Derivatives = g.graph.derivatives();
+                    let name = format!("residual_{}", sanitize(&g.name));
+                    let lowered = lower(&derivatives, g.loss, slot_runs, &name);
+                    let result = lowered
+                        .and_then(|program| Ok((backend.compile(&program)?, program.insts.len())));
+                    (gi, result)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a compile thread panicked"))
+            .collect()
+    })
+}
+
+/// The CSR structure of the transpose of the one given (`cols` columns): its row offsets,
+/// its column indices, and for each of its entries the entry of the original it is. Entries
+/// are sorted by column, stably, so rows ascend within a column.
+fn transpose(
+    row_offsets: &[u32],
+    col_indices: &[u32],
+    cols: usize,
+) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let (rows, nnz) = (row_offsets.len() - 1, col_indices.len());
+    let mut t_row_offsets = vec![0u32; cols + 1];
+    for &c in col_indices {
+        t_row_offsets[c as usize + 1] += 1;
+    }
+    for c in 0..cols {
+        t_row_offsets[c + 1] += t_row_offsets[c];
+    }
+    let mut next = t_row_offsets.clone();
+    let mut perm = vec![0u32; nnz];
+    let mut t_cols = vec![0u32; nnz];
+    for row in 0..rows {
+        for k in row_offsets[row]..row_offsets[row + 1] {
+            let c = col_indices[k as usize] as usize;
+            let at = next[c] as usize;
+            next[c] += 1;
+            perm[at] = k;
+            t_cols[at] = row as u32;
+        }
+    }
+    (t_row_offsets, t_cols, perm)
 }
 
 fn sanitize(name: &str) -> String {

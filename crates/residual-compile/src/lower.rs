@@ -28,7 +28,7 @@ use crate::graph::Derivatives;
 use crate::problem::Loss;
 use crate::trace::{Binary, Node, Unary};
 use hal::DType;
-use hal::ir::{Access, IrBinary, IrCmp, IrUnary, Program, ProgramBuilder, Value};
+use hal::ir::{Access, BufferId, IrBinary, IrCmp, IrUnary, Program, ProgramBuilder, Value};
 
 /// How a shape's parameter slots find their parameters: slot `k` reads parameter
 /// `first[run[k]] + offset[k]`, where `first` is the instance's `runs()` stored indices.
@@ -122,32 +122,19 @@ pub fn lower(
     };
     let (row0, entry0, cost0) = (offset(&mut b, 0), offset(&mut b, 1), offset(&mut b, 2));
 
-    // Which nodes the outputs need, so dead forward nodes cost nothing.
-    let mut needed = vec![false; graph.nodes.len()];
-    let mut stack: Vec<u32> = graph
-        .outputs
-        .iter()
-        .chain(&derivatives.jacobian)
-        .copied()
-        .collect();
-    while let Some(id) = stack.pop() {
-        if std::mem::replace(&mut needed[id as usize], true) {
-            continue;
-        }
-        match graph.nodes[id as usize] {
-            Node::Unary(_, x) => stack.push(x),
-            Node::Binary(_, a, bb) => stack.extend([a, bb]),
-            Node::Select { a, b: bb, t, f, .. } => stack.extend([a, bb, t, f]),
-            _ => {}
-        }
-    }
+    let needed = needed_nodes(derivatives);
 
     let nc = b.const_u32(c);
     let nruns = b.const_u32(runs.runs() as u32);
     let param_base = b.mul(i, nruns);
     let const_base = b.mul(i, nc);
-    // Each run's first parameter, loaded once.
-    let mut firsts: Vec<Option<Value>> = vec![None; runs.runs()];
+    let mut reads = ParamReads {
+        runs,
+        firsts: vec![None; runs.runs()],
+        base: param_base,
+        param_index,
+        params,
+    };
     let mut value: Vec<Option<Value>> = vec![None; graph.nodes.len()];
     for (id, &node) in graph.nodes.iter().enumerate() {
         if !needed[id] {
@@ -155,26 +142,7 @@ pub fn lower(
         }
         let v = |k: u32| value[k as usize].expect("operands precede their users");
         let out = match node {
-            Node::Param(k) => {
-                let (run, offset) = (runs.run[k as usize], runs.offset[k as usize]);
-                let first = match firsts[run as usize] {
-                    Some(f) => f,
-                    None => {
-                        let rr = b.const_u32(run);
-                        let at = b.add(param_base, rr);
-                        let f = b.load(param_index, at);
-                        firsts[run as usize] = Some(f);
-                        f
-                    }
-                };
-                let which = if offset == 0 {
-                    first
-                } else {
-                    let o = b.const_u32(offset);
-                    b.add(first, o)
-                };
-                b.load(params, which)
-            }
+            Node::Param(k) => reads.param(&mut b, k),
             Node::Const(k) => {
                 let kk = b.const_u32(k);
                 let at = b.add(const_base, kk);
@@ -182,19 +150,7 @@ pub fn lower(
             }
             Node::Lit(bits) => b.const_f32(f64::from_bits(bits) as f32),
             Node::Unary(op, x) => lower_unary(&mut b, op, v(x)),
-            Node::Binary(op, x, y) => {
-                let ir = match op {
-                    Binary::Add => IrBinary::Add,
-                    Binary::Sub => IrBinary::Sub,
-                    Binary::Mul => IrBinary::Mul,
-                    Binary::Div => IrBinary::Div,
-                    Binary::Pow => IrBinary::Pow,
-                    Binary::Atan2 => IrBinary::Atan2,
-                    Binary::Min => IrBinary::Min,
-                    Binary::Max => IrBinary::Max,
-                };
-                b.binary(ir, v(x), v(y))
-            }
+            Node::Binary(op, x, y) => lower_binary(&mut b, op, v(x), v(y)),
             Node::Select {
                 cmp,
                 a,
@@ -202,15 +158,7 @@ pub fn lower(
                 t,
                 f,
             } => {
-                let ir = match cmp {
-                    crate::trace::Cmp::Lt => IrCmp::Lt,
-                    crate::trace::Cmp::Le => IrCmp::Le,
-                    crate::trace::Cmp::Gt => IrCmp::Gt,
-                    crate::trace::Cmp::Ge => IrCmp::Ge,
-                    crate::trace::Cmp::Eq => IrCmp::Eq,
-                    crate::trace::Cmp::Ne => IrCmp::Ne,
-                };
-                let cond = b.cmp(ir, v(a), v(bb));
+                let cond = b.cmp(ir_cmp(cmp), v(a), v(bb));
                 b.select(cond, v(t), v(f))
             }
         };
@@ -225,35 +173,7 @@ pub fn lower(
     for &f in &outputs {
         s = b.fma(f, f, s);
     }
-    let half = b.const_f32(0.5);
-    let (cost_value, scale) = match loss {
-        Loss::Trivial => (b.mul(half, s), None),
-        Loss::Huber(delta) => {
-            let d = b.const_f32(delta as f32);
-            let d2 = b.const_f32((delta * delta) as f32);
-            let inside = b.cmp(IrCmp::Le, s, d2);
-            let norm = b.unary(IrUnary::Sqrt, s);
-            let two_d = b.const_f32(2.0 * delta as f32);
-            let lin = b.mul(two_d, norm);
-            let outside = b.sub(lin, d2);
-            let rho = b.select(inside, s, outside);
-            let ratio = b.div(d, norm);
-            let root = b.unary(IrUnary::Sqrt, ratio);
-            let one = b.const_f32(1.0);
-            let scale = b.select(inside, one, root);
-            (b.mul(half, rho), Some(scale))
-        }
-        Loss::Cauchy(delta) => {
-            let inv_d2 = b.const_f32((1.0 / (delta * delta)) as f32);
-            let d2 = b.const_f32((delta * delta) as f32);
-            let one = b.const_f32(1.0);
-            let q = b.fma(s, inv_d2, one);
-            let lg = b.unary(IrUnary::Log, q);
-            let rho = b.mul(d2, lg);
-            let inv = b.unary(IrUnary::Rsqrt, q);
-            (b.mul(half, rho), Some(inv))
-        }
-    };
+    let (cost_value, scale) = robust_loss(&mut b, loss, s);
     let scaled = |b: &mut ProgramBuilder, x: Value| match scale {
         Some(k) => b.mul(x, k),
         None => x,
@@ -284,6 +204,125 @@ pub fn lower(
     let at = b.add(cost0, i);
     b.store(cost, at, cost_value);
     b.build()
+}
+
+/// Which nodes the outputs and the Jacobian need, so dead forward nodes cost nothing.
+fn needed_nodes(derivatives: &Derivatives) -> Vec<bool> {
+    let graph = &derivatives.graph;
+    let mut needed = vec![false; graph.nodes.len()];
+    let mut stack: Vec<u32> = graph
+        .outputs
+        .iter()
+        .chain(&derivatives.jacobian)
+        .copied()
+        .collect();
+    while let Some(id) = stack.pop() {
+        if std::mem::replace(&mut needed[id as usize], true) {
+            continue;
+        }
+        match graph.nodes[id as usize] {
+            Node::Unary(_, x) => stack.push(x),
+            Node::Binary(_, a, bb) => stack.extend([a, bb]),
+            Node::Select { a, b: bb, t, f, .. } => stack.extend([a, bb, t, f]),
+            _ => {}
+        }
+    }
+    needed
+}
+
+/// The block's cost `rho(s) / 2` for the squared norm `s` of its residuals, and the factor
+/// `sqrt(rho'(s))` its residuals and Jacobian rows are scaled by (none for the trivial loss).
+fn robust_loss(b: &mut ProgramBuilder, loss: Loss, s: Value) -> (Value, Option<Value>) {
+    let half = b.const_f32(0.5);
+    match loss {
+        Loss::Trivial => (b.mul(half, s), None),
+        Loss::Huber(delta) => {
+            let d = b.const_f32(delta as f32);
+            let d2 = b.const_f32((delta * delta) as f32);
+            let inside = b.cmp(IrCmp::Le, s, d2);
+            let norm = b.unary(IrUnary::Sqrt, s);
+            let two_d = b.const_f32(2.0 * delta as f32);
+            let lin = b.mul(two_d, norm);
+            let outside = b.sub(lin, d2);
+            let rho = b.select(inside, s, outside);
+            let ratio = b.div(d, norm);
+            let root = b.unary(IrUnary::Sqrt, ratio);
+            let one = b.const_f32(1.0);
+            let scale = b.select(inside, one, root);
+            (b.mul(half, rho), Some(scale))
+        }
+        Loss::Cauchy(delta) => {
+            let inv_d2 = b.const_f32((1.0 / (delta * delta)) as f32);
+            let d2 = b.const_f32((delta * delta) as f32);
+            let one = b.const_f32(1.0);
+            let q = b.fma(s, inv_d2, one);
+            let lg = b.unary(IrUnary::Log, q);
+            let rho = b.mul(d2, lg);
+            let inv = b.unary(IrUnary::Rsqrt, q);
+            (b.mul(half, rho), Some(inv))
+        }
+    }
+}
+
+/// Loads of parameter slots through [`SlotRuns`]: each run's first parameter index loaded
+/// once, the others at a constant offset from it.
+struct ParamReads<'a> {
+    runs: &'a SlotRuns,
+    /// Each run's first parameter index, once loaded.
+    firsts: Vec<Option<Value>>,
+    /// The instance's first stored index (`instance * runs`).
+    base: Value,
+    param_index: BufferId,
+    params: BufferId,
+}
+
+impl ParamReads<'_> {
+    /// The value of parameter slot `k`.
+    fn param(&mut self, b: &mut ProgramBuilder, k: u32) -> Value {
+        let (run, offset) = (self.runs.run[k as usize], self.runs.offset[k as usize]);
+        let first = match self.firsts[run as usize] {
+            Some(f) => f,
+            None => {
+                let rr = b.const_u32(run);
+                let at = b.add(self.base, rr);
+                let f = b.load(self.param_index, at);
+                self.firsts[run as usize] = Some(f);
+                f
+            }
+        };
+        let which = if offset == 0 {
+            first
+        } else {
+            let o = b.const_u32(offset);
+            b.add(first, o)
+        };
+        b.load(self.params, which)
+    }
+}
+
+fn lower_binary(b: &mut ProgramBuilder, op: Binary, x: Value, y: Value) -> Value {
+    let ir = match op {
+        Binary::Add => IrBinary::Add,
+        Binary::Sub => IrBinary::Sub,
+        Binary::Mul => IrBinary::Mul,
+        Binary::Div => IrBinary::Div,
+        Binary::Pow => IrBinary::Pow,
+        Binary::Atan2 => IrBinary::Atan2,
+        Binary::Min => IrBinary::Min,
+        Binary::Max => IrBinary::Max,
+    };
+    b.binary(ir, x, y)
+}
+
+fn ir_cmp(cmp: crate::trace::Cmp) -> IrCmp {
+    match cmp {
+        crate::trace::Cmp::Lt => IrCmp::Lt,
+        crate::trace::Cmp::Le => IrCmp::Le,
+        crate::trace::Cmp::Gt => IrCmp::Gt,
+        crate::trace::Cmp::Ge => IrCmp::Ge,
+        crate::trace::Cmp::Eq => IrCmp::Eq,
+        crate::trace::Cmp::Ne => IrCmp::Ne,
+    }
 }
 
 fn lower_unary(b: &mut ProgramBuilder, op: Unary, x: Value) -> Value {

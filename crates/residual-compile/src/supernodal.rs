@@ -138,40 +138,8 @@ impl ParallelCholesky {
             ),
             None => ((0..n as u32).collect(), (0..n).collect()),
         };
-        let col_ptr = lower.col_ptr();
-        let rows = lower.row_idx();
-        let mut counts = vec![0usize; n + 1];
-        for c in 0..n {
-            for &r in &rows[col_ptr[c] as usize..col_ptr[c + 1] as usize] {
-                let (a, b) = (inverse[r as usize], inverse[c]);
-                counts[a.min(b) + 1] += 1;
-            }
-        }
-        for c in 0..n {
-            counts[c + 1] += counts[c];
-        }
-        let permuted_col_ptr = counts.clone();
-        let nnz = rows.len();
-        let mut entries: Vec<(u32, u32)> = vec![(0, 0); nnz]; // (permuted row, input index)
-        let mut next = counts;
-        for c in 0..n {
-            for k in col_ptr[c] as usize..col_ptr[c + 1] as usize {
-                let (a, b) = (inverse[rows[k] as usize], inverse[c]);
-                let col = a.min(b);
-                entries[next[col]] = (a.max(b) as u32, k as u32);
-                next[col] += 1;
-            }
-        }
-        let mut input_position = vec![0u32; nnz];
-        let mut permuted_rows = vec![0u32; nnz];
-        for c in 0..n {
-            let column = &mut entries[permuted_col_ptr[c]..permuted_col_ptr[c + 1]];
-            column.sort_unstable();
-            for (offset, &(row, input)) in column.iter().enumerate() {
-                permuted_rows[permuted_col_ptr[c] + offset] = row;
-                input_position[input as usize] = (permuted_col_ptr[c] + offset) as u32;
-            }
-        }
+        let nnz = lower.row_idx().len();
+        let (permuted_col_ptr, permuted_rows, input_position) = permute_lower(lower, &inverse);
 
         let ns = sn.n_supernodes();
         let begin: Vec<usize> = sn.supernode_begin().iter().map(|&v| v as usize).collect();
@@ -189,79 +157,10 @@ impl ParallelCholesky {
         }
         let pattern_of = |s: usize| &pattern[pattern_ptr[s]..pattern_ptr[s + 1]];
 
-        // Which descendants update each supernode: every supernode its pattern's rows fall
-        // in (consecutive rows of one supernode counted once). Ascending by construction.
-        let mut lists: Vec<Vec<u32>> = vec![Vec::new(); ns];
-        let mut parent = vec![u32::MAX; ns];
-        for (d, parent_of_d) in parent.iter_mut().enumerate() {
-            let mut last = u32::MAX;
-            for &r in pattern_of(d) {
-                let s = supernode_of[r as usize];
-                if s != last {
-                    lists[s as usize].push(d as u32);
-                    last = s;
-                }
-            }
-            if let Some(&r) = pattern_of(d).first() {
-                *parent_of_d = supernode_of[r as usize];
-            }
-        }
-        let mut updater_ptr = vec![0usize; ns + 1];
-        let mut updaters = Vec::new();
-        for (s, list) in lists.iter().enumerate() {
-            updaters.extend_from_slice(list);
-            updater_ptr[s + 1] = updaters.len();
-        }
-
-        // Flops of each supernode's own columns (their updates of ancestors included), and
-        // of each subtree. Parents come after their children in faer's numbering.
-        let mut subtree = vec![0f64; ns];
-        for s in 0..ns {
-            let w = end[s] - begin[s];
-            let below = pattern_of(s).len();
-            subtree[s] += (0..w)
-                .map(|k| ((w - k + below) as f64).powi(2))
-                .sum::<f64>();
-            if parent[s] != u32::MAX {
-                debug_assert!(parent[s] as usize > s);
-                let own = subtree[s];
-                subtree[parent[s] as usize] += own;
-            }
-        }
-        // A supernode whose subtree is small joins the task of its subtree's top; a large one
-        // is a task alone. Tops are visited root first, so a task's members are collected by
-        // walking down from it.
-        let is_large = |s: usize| subtree[s] >= TASK_FLOPS;
-        let mut task_of = vec![u32::MAX; ns];
-        let mut task_top = Vec::new();
-        for s in (0..ns).rev() {
-            let p = parent[s];
-            if is_large(s) || p == u32::MAX || is_large(p as usize) {
-                task_of[s] = task_top.len() as u32;
-                task_top.push(s);
-            } else {
-                task_of[s] = task_of[p as usize];
-            }
-        }
-        let tasks = task_top.len();
-        let mut members: Vec<Vec<u32>> = vec![Vec::new(); tasks];
-        for s in 0..ns {
-            members[task_of[s] as usize].push(s as u32);
-        }
-        let mut task_ptr = vec![0usize; tasks + 1];
-        let mut task_members = Vec::with_capacity(ns);
-        let mut task_parent = vec![u32::MAX; tasks];
-        let mut task_children = vec![0u32; tasks];
-        for (t, list) in members.iter().enumerate() {
-            task_members.extend_from_slice(list);
-            task_ptr[t + 1] = task_members.len();
-            let p = parent[task_top[t]];
-            if p != u32::MAX {
-                let pt = task_of[p as usize];
-                task_parent[t] = pt;
-                task_children[pt as usize] += 1;
-            }
-        }
+        let (updater_ptr, updaters, parent) = updaters(ns, pattern_of, &supernode_of);
+        let widths: Vec<usize> = (0..ns).map(|s| end[s] - begin[s]).collect();
+        let [task_ptr, task_members, task_parent, task_children] =
+            group_tasks(&widths, pattern_of, &parent);
         let max_width = (0..ns).map(|s| end[s] - begin[s]).max().unwrap_or(0);
         Some(Self {
             forward,
@@ -276,7 +175,7 @@ impl ParallelCholesky {
             value_ptr,
             updater_ptr,
             updaters,
-            task_ptr,
+            task_ptr: task_ptr.into_iter().map(|v| v as usize).collect(),
             task_members,
             task_parent,
             task_children,
@@ -404,55 +303,8 @@ impl ParallelCholesky {
                     scratch.local_rows.push((width + at) as u32);
                 }
             }
-            // own[rows, mid] -= L_d[rows, :] L_d[mid, :]^T, lower triangle only: by blocks of
-            // columns, each from its diagonal down.
             let top = d_width + first;
-            let mut c0 = 0;
-            while c0 < mid {
-                let c1 = (c0 + UPDATE_BLOCK).min(mid);
-                let (h, w) = (rows - c0, c1 - c0);
-                scratch.product.clear();
-                scratch.product.resize(h * w, 0.0);
-                let multiply_adds = h * w * d_width;
-                if multiply_adds >= UPDATE_MATMUL_MIN {
-                    // Rows top + c0.. of L_d; the right operand is their first w rows.
-                    let lhs = MatRef::from_column_major_slice_with_stride(
-                        &ld[top + c0..],
-                        h,
-                        d_width,
-                        d_rows,
-                    );
-                    let rhs = lhs.subrows(0, w);
-                    faer::linalg::matmul::matmul(
-                        MatMut::from_column_major_slice_mut(&mut scratch.product, h, w),
-                        Accum::Replace,
-                        lhs,
-                        rhs.transpose(),
-                        1.0,
-                        dense_par(multiply_adds),
-                    );
-                } else {
-                    for jj in 0..w {
-                        let column = &mut scratch.product[jj * h..(jj + 1) * h];
-                        for k in 0..d_width {
-                            let source = &ld[k * d_rows + top + c0..][..h];
-                            let scale = source[jj];
-                            for (p, &l) in column[jj..].iter_mut().zip(&source[jj..]) {
-                                *p += l * scale;
-                            }
-                        }
-                    }
-                }
-                let local_rows = &scratch.local_rows[c0..];
-                for jj in 0..w {
-                    let column = &mut own[local_rows[jj] as usize * nrows..];
-                    let product = &scratch.product[jj * h..(jj + 1) * h];
-                    for i in jj..h {
-                        column[local_rows[i] as usize] -= product[i];
-                    }
-                }
-                c0 = c1;
-            }
+            subtract_update(own, nrows, ld, [d_width, d_rows, top], [rows, mid], scratch);
         }
 
         let block = MatMut::from_column_major_slice_mut(own, nrows, width);
@@ -480,6 +332,199 @@ impl ParallelCholesky {
         );
         Ok(())
     }
+}
+
+/// `own[rows, mid] -= L_d[rows, :] L_d[mid, :]^T`, lower triangle only, by blocks of columns,
+/// each from its diagonal down: a descendant's update of a supernode. `own` is the
+/// supernode's block (`nrows` rows, column major); `ld` the descendant's (`d_width` columns of
+/// `d_rows` rows), whose rows from `top` fall in `own` at `scratch.local_rows` (the first
+/// `mid` of them inside the supernode's columns).
+fn subtract_update(
+    own: &mut [f64],
+    nrows: usize,
+    ld: &[f64],
+    [d_width, d_rows, top]: [usize; 3],
+    [rows, mid]: [usize; 2],
+    scratch: &mut Scratch,
+) {
+    let mut c0 = 0;
+    while c0 < mid {
+        let c1 = (c0 + UPDATE_BLOCK).min(mid);
+        let (h, w) = (rows - c0, c1 - c0);
+        scratch.product.clear();
+        scratch.product.resize(h * w, 0.0);
+        let multiply_adds = h * w * d_width;
+        if multiply_adds >= UPDATE_MATMUL_MIN {
+            // Rows top + c0.. of L_d; the right operand is their first w rows.
+            let lhs =
+                MatRef::from_column_major_slice_with_stride(&ld[top + c0..], h, d_width, d_rows);
+            let rhs = lhs.subrows(0, w);
+            faer::linalg::matmul::matmul(
+                MatMut::from_column_major_slice_mut(&mut scratch.product, h, w),
+                Accum::Replace,
+                lhs,
+                rhs.transpose(),
+                1.0,
+                dense_par(multiply_adds),
+            );
+        } else {
+            for jj in 0..w {
+                let column = &mut scratch.product[jj * h..(jj + 1) * h];
+                for k in 0..d_width {
+                    let source = &ld[k * d_rows + top + c0..][..h];
+                    let scale = source[jj];
+                    for (p, &l) in column[jj..].iter_mut().zip(&source[jj..]) {
+                        *p += l * scale;
+                    }
+                }
+            }
+        }
+        let local_rows = &scratch.local_rows[c0..];
+        for jj in 0..w {
+            let column = &mut own[local_rows[jj] as usize * nrows..];
+            let product = &scratch.product[jj * h..(jj + 1) * h];
+            for i in jj..h {
+                column[local_rows[i] as usize] -= product[i];
+            }
+        }
+        c0 = c1;
+    }
+}
+
+/// The lower triangle `lower` of `A` as the lower triangle of `P A P^T` (`inverse[old]` the
+/// new index): its column pointers, its rows (sorted in each column), and for each input
+/// entry its position there.
+fn permute_lower(
+    lower: SymbolicSparseColMatRef<'_, u32>,
+    inverse: &[usize],
+) -> (Vec<usize>, Vec<u32>, Vec<u32>) {
+    let n = lower.nrows();
+    let col_ptr = lower.col_ptr();
+    let rows = lower.row_idx();
+    let mut counts = vec![0usize; n + 1];
+    for c in 0..n {
+        for &r in &rows[col_ptr[c] as usize..col_ptr[c + 1] as usize] {
+            let (a, b) = (inverse[r as usize], inverse[c]);
+            counts[a.min(b) + 1] += 1;
+        }
+    }
+    for c in 0..n {
+        counts[c + 1] += counts[c];
+    }
+    let permuted_col_ptr = counts.clone();
+    let nnz = rows.len();
+    let mut entries: Vec<(u32, u32)> = vec![(0, 0); nnz]; // (permuted row, input index)
+    let mut next = counts;
+    for c in 0..n {
+        for k in col_ptr[c] as usize..col_ptr[c + 1] as usize {
+            let (a, b) = (inverse[rows[k] as usize], inverse[c]);
+            let col = a.min(b);
+            entries[next[col]] = (a.max(b) as u32, k as u32);
+            next[col] += 1;
+        }
+    }
+    let mut input_position = vec![0u32; nnz];
+    let mut permuted_rows = vec![0u32; nnz];
+    for c in 0..n {
+        let column = &mut entries[permuted_col_ptr[c]..permuted_col_ptr[c + 1]];
+        column.sort_unstable();
+        for (offset, &(row, input)) in column.iter().enumerate() {
+            permuted_rows[permuted_col_ptr[c] + offset] = row;
+            input_position[input as usize] = (permuted_col_ptr[c] + offset) as u32;
+        }
+    }
+    (permuted_col_ptr, permuted_rows, input_position)
+}
+
+/// Which descendants update each of the `ns` supernodes (`pattern_of(s)`: the rows below
+/// its columns): every supernode its pattern's rows fall in, consecutive rows of one
+/// supernode counted once, ascending by construction. Returns the lists as pointers and
+/// entries, and each supernode's parent (`u32::MAX` for a root).
+fn updaters<'p>(
+    ns: usize,
+    pattern_of: impl Fn(usize) -> &'p [u32],
+    supernode_of: &[u32],
+) -> (Vec<usize>, Vec<u32>, Vec<u32>) {
+    let mut lists: Vec<Vec<u32>> = vec![Vec::new(); ns];
+    let mut parent = vec![u32::MAX; ns];
+    for (d, parent_of_d) in parent.iter_mut().enumerate() {
+        let mut last = u32::MAX;
+        for &r in pattern_of(d) {
+            let s = supernode_of[r as usize];
+            if s != last {
+                lists[s as usize].push(d as u32);
+                last = s;
+            }
+        }
+        if let Some(&r) = pattern_of(d).first() {
+            *parent_of_d = supernode_of[r as usize];
+        }
+    }
+    let mut updater_ptr = vec![0usize; ns + 1];
+    let mut updaters = Vec::new();
+    for (s, list) in lists.iter().enumerate() {
+        updaters.extend_from_slice(list);
+        updater_ptr[s + 1] = updaters.len();
+    }
+    (updater_ptr, updaters, parent)
+}
+
+/// The tasks of the parallel factorisation: a supernode whose subtree is small (in flops of
+/// its own columns and their updates of ancestors) joins the task of its subtree's top; a
+/// large one is a task alone. Returns each task's members (pointers and entries, in
+/// supernode order), its parent task (`u32::MAX` for a root) and its count of children.
+fn group_tasks<'p>(
+    widths: &[usize],
+    pattern_of: impl Fn(usize) -> &'p [u32],
+    parent: &[u32],
+) -> [Vec<u32>; 4] {
+    let ns = widths.len();
+    // Parents come after their children in faer's numbering.
+    let mut subtree = vec![0f64; ns];
+    for s in 0..ns {
+        let (w, below) = (widths[s], pattern_of(s).len());
+        subtree[s] += (0..w)
+            .map(|k| ((w - k + below) as f64).powi(2))
+            .sum::<f64>();
+        if parent[s] != u32::MAX {
+            debug_assert!(parent[s] as usize > s);
+            let own = subtree[s];
+            subtree[parent[s] as usize] += own;
+        }
+    }
+    // Tops are visited root first, so a task's members are collected by walking down.
+    let is_large = |s: usize| subtree[s] >= TASK_FLOPS;
+    let mut task_of = vec![u32::MAX; ns];
+    let mut task_top = Vec::new();
+    for s in (0..ns).rev() {
+        let p = parent[s];
+        if is_large(s) || p == u32::MAX || is_large(p as usize) {
+            task_of[s] = task_top.len() as u32;
+            task_top.push(s);
+        } else {
+            task_of[s] = task_of[p as usize];
+        }
+    }
+    let tasks = task_top.len();
+    let mut members: Vec<Vec<u32>> = vec![Vec::new(); tasks];
+    for s in 0..ns {
+        members[task_of[s] as usize].push(s as u32);
+    }
+    let mut task_ptr = vec![0u32; tasks + 1];
+    let mut task_members = Vec::with_capacity(ns);
+    let mut task_parent = vec![u32::MAX; tasks];
+    let mut task_children = vec![0u32; tasks];
+    for (t, list) in members.iter().enumerate() {
+        task_members.extend_from_slice(list);
+        task_ptr[t + 1] = task_members.len() as u32;
+        let p = parent[task_top[t]];
+        if p != u32::MAX {
+            let pt = task_of[p as usize];
+            task_parent[t] = pt;
+            task_children[pt as usize] += 1;
+        }
+    }
+    [task_ptr, task_members, task_parent, task_children]
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@ use super::{Engine, Iterates, SolveOptions, Step};
 use crate::Error;
 use crate::compile::CompiledProblem;
 use crate::problem::Problem;
-use hal::ir::{Access, Program, ProgramBuilder};
+use hal::ir::expr::{Expr, Scope};
+use hal::ir::{Access, BufferId, Program};
 use hal::{Backend, BackendExt, BinaryOp, Csr, DType, Layout, ReduceOp, UnaryOp, View};
 use std::time::Instant;
 
@@ -32,151 +33,121 @@ struct CgKernels<B: Backend> {
 }
 
 fn cg_programs() -> hal::Result<[Program; 6]> {
-    use hal::ir::IrCmp;
-    let f32r = |b: &mut ProgramBuilder| b.buffer(DType::F32, Access::Read);
-    let f32w = |b: &mut ProgramBuilder| b.buffer(DType::F32, Access::Write);
-    let f32rw = |b: &mut ProgramBuilder| b.buffer(DType::F32, Access::ReadWrite);
-    let scalar = |b: &mut ProgramBuilder, buf, k: u32| {
-        let at = b.const_u32(k);
-        b.load(buf, at)
-    };
-    // scal[num] / scal[den] where the denominator is positive, 0 otherwise.
-    let safe_ratio = |b: &mut ProgramBuilder, buf, num: u32, den: u32| {
-        let (n, d) = (scalar(b, buf, num), scalar(b, buf, den));
-        let zero = b.const_f32(0.0);
-        let positive = b.cmp(IrCmp::Gt, d, zero);
-        let ratio = b.div(n, d);
-        b.select(positive, ratio, zero)
-    };
-
-    // start: r = -g m; M = diag + lambda dd (1 when fixed); z = r / M; p = z; delta = 0;
-    // parts = r z; damp = lambda dd m; minv = m / M.
-    let mut b = ProgramBuilder::new("lm_cg_start");
-    let (g, diag, mask, scal) = (f32r(&mut b), f32r(&mut b), f32r(&mut b), f32r(&mut b));
-    let (r, z, p, delta, parts, damp, minv) = (
-        f32w(&mut b),
-        f32w(&mut b),
-        f32w(&mut b),
-        f32w(&mut b),
-        f32w(&mut b),
-        f32w(&mut b),
-        f32w(&mut b),
-    );
-    let i = b.index();
-    let lambda = scalar(&mut b, scal, slot::LAMBDA);
-    let (gi, di, mi) = (b.load(g, i), b.load(diag, i), b.load(mask, i));
-    let lo = b.const_f32(1e-6);
-    let hi = b.const_f32(1e32);
-    let dd = b.binary(hal::ir::IrBinary::Max, di, lo);
-    let dd = b.binary(hal::ir::IrBinary::Min, dd, hi);
-    let m_full = b.fma(lambda, dd, di);
-    let zero = b.const_f32(0.0);
-    let is_free = b.cmp(IrCmp::Gt, mi, zero);
-    let one = b.const_f32(1.0);
-    let m_diag = b.select(is_free, m_full, one);
-    let ng = b.unary(hal::ir::IrUnary::Neg, gi);
-    let ri = b.mul(ng, mi);
-    let inv = b.div(mi, m_diag);
-    let zi = b.mul(ri, inv);
-    b.store(r, i, ri);
-    b.store(z, i, zi);
-    b.store(p, i, zi);
-    b.store(delta, i, zero);
-    let rz = b.mul(ri, zi);
-    b.store(parts, i, rz);
-    let ld = b.mul(lambda, dd);
-    let dmp = b.mul(ld, mi);
-    b.store(damp, i, dmp);
-    b.store(minv, i, inv);
-    let start = b.build()?;
-
-    // q = m (q + damp p); parts = p q.
-    let mut b = ProgramBuilder::new("lm_cg_q");
-    let (q, p, damp, mask, parts) = (
-        f32rw(&mut b),
-        f32r(&mut b),
-        f32r(&mut b),
-        f32r(&mut b),
-        f32w(&mut b),
-    );
-    let i = b.index();
-    let (qi, pi, di, mi) = (b.load(q, i), b.load(p, i), b.load(damp, i), b.load(mask, i));
-    let s = b.fma(di, pi, qi);
-    let s = b.mul(s, mi);
-    b.store(q, i, s);
-    let pq = b.mul(pi, s);
-    b.store(parts, i, pq);
-    let q_program = b.build()?;
-
-    // alpha = pq > 0 ? rz / pq : 0 (one thread).
-    let mut b = ProgramBuilder::new("lm_cg_alpha");
-    let scal = f32rw(&mut b);
-    let alpha = safe_ratio(&mut b, scal, slot::RZ, slot::PQ);
-    let at = b.const_u32(slot::ALPHA);
-    b.store(scal, at, alpha);
-    let alpha_program = b.build()?;
-
-    // delta += alpha p; r -= alpha q; z = r minv; parts = r z.
-    let mut b = ProgramBuilder::new("lm_cg_update");
-    let (delta, r, z, p, q, minv, scal, parts) = (
-        f32rw(&mut b),
-        f32rw(&mut b),
-        f32w(&mut b),
-        f32r(&mut b),
-        f32r(&mut b),
-        f32r(&mut b),
-        f32r(&mut b),
-        f32w(&mut b),
-    );
-    let i = b.index();
-    let alpha = scalar(&mut b, scal, slot::ALPHA);
-    let (di, ri, pi, qi, mi) = (
-        b.load(delta, i),
-        b.load(r, i),
-        b.load(p, i),
-        b.load(q, i),
-        b.load(minv, i),
-    );
-    let dn = b.fma(alpha, pi, di);
-    b.store(delta, i, dn);
-    let na = b.unary(hal::ir::IrUnary::Neg, alpha);
-    let rn = b.fma(na, qi, ri);
-    b.store(r, i, rn);
-    let zn = b.mul(rn, mi);
-    b.store(z, i, zn);
-    let rz = b.mul(rn, zn);
-    b.store(parts, i, rz);
-    let update = b.build()?;
-
-    // beta = rz_new / rz; rz = rz_new (one thread).
-    let mut b = ProgramBuilder::new("lm_cg_beta");
-    let scal = f32rw(&mut b);
-    let beta = safe_ratio(&mut b, scal, slot::RZ_NEW, slot::RZ);
-    let at = b.const_u32(slot::ALPHA); // alpha is dead until the next q: beta reuses it
-    b.store(scal, at, beta);
-    let rz_new = scalar(&mut b, scal, slot::RZ_NEW);
-    let at = b.const_u32(slot::RZ);
-    b.store(scal, at, rz_new);
-    let beta_program = b.build()?;
-
-    // p = z + beta p.
-    let mut b = ProgramBuilder::new("lm_cg_direction");
-    let (p, z, scal) = (f32rw(&mut b), f32r(&mut b), f32r(&mut b));
-    let i = b.index();
-    let beta = scalar(&mut b, scal, slot::ALPHA);
-    let (pi, zi) = (b.load(p, i), b.load(z, i));
-    let pn = b.fma(beta, pi, zi);
-    b.store(p, i, pn);
-    let direction = b.build()?;
-
     Ok([
-        start,
-        q_program,
-        alpha_program,
-        update,
-        beta_program,
-        direction,
+        cg_start()?,
+        cg_q()?,
+        cg_alpha()?,
+        cg_update()?,
+        cg_beta()?,
+        cg_direction()?,
     ])
+}
+
+fn read(s: &Scope) -> BufferId {
+    s.buffer(DType::F32, Access::Read)
+}
+fn write(s: &Scope) -> BufferId {
+    s.buffer(DType::F32, Access::Write)
+}
+fn read_write(s: &Scope) -> BufferId {
+    s.buffer(DType::F32, Access::ReadWrite)
+}
+
+/// `scal[num] / scal[den]` where the denominator is positive, 0 otherwise.
+fn safe_ratio(s: &Scope, scal: BufferId, num: u32, den: u32) -> Expr<'_> {
+    let (n, d) = (s.load(scal, s.u32(num)), s.load(scal, s.u32(den)));
+    let zero = s.f32(0.0);
+    d.gt(zero).select(n / d, zero)
+}
+
+/// r = -g m; M = diag + lambda dd (1 when fixed); z = r / M; p = z; delta = 0; parts = r z;
+/// damp = lambda dd m; minv = m / M.
+fn cg_start() -> hal::Result<Program> {
+    let s = Scope::new("lm_cg_start");
+    let (g, diag, mask, scal) = (read(&s), read(&s), read(&s), read(&s));
+    let [r, z, p, delta, parts, damp, minv] = [(); 7].map(|_| write(&s));
+    let i = s.index();
+    let lambda = s.load(scal, s.u32(slot::LAMBDA));
+    let (gi, di, mi) = (s.load(g, i), s.load(diag, i), s.load(mask, i));
+    let dd = di.max(s.f32(1e-6)).min(s.f32(1e32));
+    let zero = s.f32(0.0);
+    let m_diag = mi.gt(zero).select(lambda.fma(dd, di), s.f32(1.0));
+    let ri = -gi * mi;
+    let inv = mi / m_diag;
+    let zi = ri * inv;
+    s.store(r, i, ri);
+    s.store(z, i, zi);
+    s.store(p, i, zi);
+    s.store(delta, i, zero);
+    s.store(parts, i, ri * zi);
+    s.store(damp, i, lambda * dd * mi);
+    s.store(minv, i, inv);
+    s.build()
+}
+
+/// q = m (q + damp p); parts = p q.
+fn cg_q() -> hal::Result<Program> {
+    let s = Scope::new("lm_cg_q");
+    let (q, p, damp, mask, parts) = (read_write(&s), read(&s), read(&s), read(&s), write(&s));
+    let i = s.index();
+    let pi = s.load(p, i);
+    let qn = s.load(damp, i).fma(pi, s.load(q, i)) * s.load(mask, i);
+    s.store(q, i, qn);
+    s.store(parts, i, pi * qn);
+    s.build()
+}
+
+/// alpha = pq > 0 ? rz / pq : 0 (one thread).
+fn cg_alpha() -> hal::Result<Program> {
+    let s = Scope::new("lm_cg_alpha");
+    let scal = read_write(&s);
+    s.store(
+        scal,
+        s.u32(slot::ALPHA),
+        safe_ratio(&s, scal, slot::RZ, slot::PQ),
+    );
+    s.build()
+}
+
+/// delta += alpha p; r -= alpha q; z = r minv; parts = r z.
+fn cg_update() -> hal::Result<Program> {
+    let s = Scope::new("lm_cg_update");
+    let (delta, r, z) = (read_write(&s), read_write(&s), write(&s));
+    let (p, q, minv, scal, parts) = (read(&s), read(&s), read(&s), read(&s), write(&s));
+    let i = s.index();
+    let alpha = s.load(scal, s.u32(slot::ALPHA));
+    s.store(delta, i, alpha.fma(s.load(p, i), s.load(delta, i)));
+    let rn = (-alpha).fma(s.load(q, i), s.load(r, i));
+    s.store(r, i, rn);
+    let zn = rn * s.load(minv, i);
+    s.store(z, i, zn);
+    s.store(parts, i, rn * zn);
+    s.build()
+}
+
+/// beta = rz_new / rz; rz = rz_new (one thread). Alpha is dead until the next q: beta takes
+/// its slot.
+fn cg_beta() -> hal::Result<Program> {
+    let s = Scope::new("lm_cg_beta");
+    let scal = read_write(&s);
+    s.store(
+        scal,
+        s.u32(slot::ALPHA),
+        safe_ratio(&s, scal, slot::RZ_NEW, slot::RZ),
+    );
+    let rz_new = s.load(scal, s.u32(slot::RZ_NEW));
+    s.store(scal, s.u32(slot::RZ), rz_new);
+    s.build()
+}
+
+/// p = z + beta p.
+fn cg_direction() -> hal::Result<Program> {
+    let s = Scope::new("lm_cg_direction");
+    let (p, z, scal) = (read_write(&s), read(&s), read(&s));
+    let i = s.index();
+    let beta = s.load(scal, s.u32(slot::ALPHA));
+    s.store(p, i, beta.fma(s.load(p, i), s.load(z, i)));
+    s.build()
 }
 
 pub(super) struct DeviceEngine<B: Backend> {
