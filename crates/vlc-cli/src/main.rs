@@ -12,7 +12,7 @@
 //! Vectors are read from `.npy` (f32 or f16) or `.fvecs`. `--backend auto` takes CUDA if
 //! present, else wgpu on a hardware GPU, else the CPU.
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use hal::Backend;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
@@ -34,32 +34,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Compresses vectors (.npy or .fvecs) into an index file.
-    Compress {
-        input: PathBuf,
-        #[arg(short, long)]
-        output: PathBuf,
-        /// Number of anchors (clusters).
-        #[arg(long, default_value_t = 256)]
-        anchors: usize,
-        /// Bytes of residual code per vector.
-        #[arg(long, default_value_t = 8)]
-        bytes: usize,
-        #[arg(long, default_value = "auto")]
-        backend: String,
-        #[arg(long, default_value_t = 25)]
-        iterations: usize,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Identical results on every backend (slower).
-        #[arg(long)]
-        exact: bool,
-        /// Stop when the energy changes by less than this fraction (0: run every iteration).
-        #[arg(long, default_value_t = 0.0)]
-        tolerance: f64,
-        /// Print no progress.
-        #[arg(long)]
-        quiet: bool,
-    },
+    Compress(CompressArgs),
     /// Prints an index's header.
     Info { index: PathBuf },
     /// Prints the k nearest indexed vectors of each query.
@@ -100,6 +75,35 @@ enum Command {
     },
 }
 
+/// `vlc compress`'s arguments.
+#[derive(Args)]
+struct CompressArgs {
+    input: PathBuf,
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Number of anchors (clusters).
+    #[arg(long, default_value_t = 256)]
+    anchors: usize,
+    /// Bytes of residual code per vector.
+    #[arg(long, default_value_t = 8)]
+    bytes: usize,
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    #[arg(long, default_value_t = 25)]
+    iterations: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Identical results on every backend (slower).
+    #[arg(long)]
+    exact: bool,
+    /// Stop when the energy changes by less than this fraction (0: run every iteration).
+    #[arg(long, default_value_t = 0.0)]
+    tolerance: f64,
+    /// Print no progress.
+    #[arg(long)]
+    quiet: bool,
+}
+
 fn main() -> ExitCode {
     // SAFETY: the first line of main: no other thread exists yet.
     unsafe { backends::quiet_headless_start() };
@@ -121,77 +125,8 @@ fn err(e: vlc_anneal::Error) -> String {
 
 fn run(command: Command) -> Res<()> {
     match command {
-        Command::Compress {
-            input,
-            output,
-            anchors,
-            bytes,
-            backend,
-            iterations,
-            seed,
-            exact,
-            tolerance,
-            quiet,
-        } => {
-            writable_output(&output, &[&input])?;
-            let data = Matrix::load(&input).map_err(err)?;
-            let mut cfg = Config::new(anchors);
-            cfg.pq_bytes = bytes;
-            cfg.iterations = iterations;
-            cfg.seed = seed;
-            cfg.tolerance = tolerance;
-            cfg.mode = if exact { Mode::Exact } else { Mode::Fast };
-            // The progress bar shows each iteration as it finishes.
-            cfg.report_each_iteration = !quiet;
-            let name = backends::resolve(&backend);
-            if !quiet {
-                eprintln!(
-                    "vlc: {} vectors of dimension {} from {}, {anchors} anchors, {bytes} bytes per vector, backend {name}{}",
-                    data.rows,
-                    data.cols,
-                    input.display(),
-                    if exact { " (exact mode)" } else { "" }
-                );
-            }
-            let index = backends::on_backend!(name, compress_with(&data, &cfg, quiet))?;
-            index.save(&output).map_err(err)?;
-            let h = &index.header;
-            println!(
-                "wrote {}: {} bytes, ratio {:.1}x against f32, energy {:.6}, reconstruction MSE {:.6}",
-                output.display(),
-                index.file_size(),
-                f32_bytes(h) / index.file_size() as f64,
-                h.energy,
-                h.mse
-            );
-            Ok(())
-        }
-        Command::Info { index } => {
-            let index = Index::open(&index).map_err(err)?;
-            let h = &index.header;
-            println!("vectors           {} x {}", h.n, h.d);
-            println!(
-                "anchors           {} (f16), {} bits per assignment",
-                h.m, h.assignment_bits
-            );
-            println!(
-                "residual code     {} bytes per vector, {} codewords per subspace",
-                h.pq_bytes, h.codewords
-            );
-            println!(
-                "mode              {}",
-                if h.exact { "exact" } else { "fast" }
-            );
-            println!("seed, iterations  {}, {}", h.seed, h.iterations);
-            println!("energy            {:.6}", h.energy);
-            println!("reconstruction    MSE {:.6}", h.mse);
-            println!(
-                "file              {} bytes, ratio {:.2}x against f32",
-                index.file_size(),
-                f32_bytes(h) / index.file_size() as f64
-            );
-            Ok(())
-        }
+        Command::Compress(args) => compress_command(args),
+        Command::Info { index } => info(&index),
         Command::Search {
             index,
             queries,
@@ -239,32 +174,111 @@ fn run(command: Command) -> Res<()> {
             println!("wrote {} vectors to {}", index.header.n, output.display());
             Ok(())
         }
-        Command::Demo { backend, n, quiet } => {
-            let name = backends::resolve(&backend);
-            let data = vlc_anneal::synthetic::gaussian_mixture(n, 64, 200, 0.15, 11);
-            let mut cfg = Config::new(256);
-            cfg.pq_bytes = 16;
-            cfg.iterations = 20;
-            println!(
-                "vlc demo: {n} x 64 synthetic vectors (200 Gaussian clusters), 256 anchors, 16 bytes per vector, backend {name}"
-            );
-            let start = Instant::now();
-            let index = backends::on_backend!(name, compress_with(&data, &cfg, quiet))?;
-            let seconds = start.elapsed().as_secs_f64();
-            println!("compressed in {seconds:.2} s");
-            let report = evaluate(&index, &data, 500, 16)?;
-            println!("{}", report.text);
-            // The demo checks itself: residual codes must beat the anchors alone, and search
-            // must find most true neighbours.
-            if report.mse >= index.header.energy || report.recall < 0.5 {
-                return Err(format!(
-                    "demo figures out of range: MSE {} against energy {}, recall@10 {}",
-                    report.mse, index.header.energy, report.recall
-                ));
-            }
-            Ok(())
-        }
+        Command::Demo { backend, n, quiet } => demo(&backend, n, quiet),
     }
+}
+
+/// `vlc compress`: loads the vectors, compresses them on the chosen backend, writes the index.
+fn compress_command(args: CompressArgs) -> Res<()> {
+    let CompressArgs {
+        input,
+        output,
+        anchors,
+        bytes,
+        backend,
+        iterations,
+        seed,
+        exact,
+        tolerance,
+        quiet,
+    } = args;
+    writable_output(&output, &[&input])?;
+    let data = Matrix::load(&input).map_err(err)?;
+    let mut cfg = Config::new(anchors);
+    cfg.pq_bytes = bytes;
+    cfg.iterations = iterations;
+    cfg.seed = seed;
+    cfg.tolerance = tolerance;
+    cfg.mode = if exact { Mode::Exact } else { Mode::Fast };
+    // The progress bar shows each iteration as it finishes.
+    cfg.report_each_iteration = !quiet;
+    let name = backends::resolve(&backend);
+    if !quiet {
+        eprintln!(
+            "vlc: {} vectors of dimension {} from {}, {anchors} anchors, {bytes} bytes per vector, backend {name}{}",
+            data.rows,
+            data.cols,
+            input.display(),
+            if exact { " (exact mode)" } else { "" }
+        );
+    }
+    let index = backends::on_backend!(name, compress_with(&data, &cfg, quiet))?;
+    index.save(&output).map_err(err)?;
+    let h = &index.header;
+    println!(
+        "wrote {}: {} bytes, ratio {:.1}x against f32, energy {:.6}, reconstruction MSE {:.6}",
+        output.display(),
+        index.file_size(),
+        f32_bytes(h) / index.file_size() as f64,
+        h.energy,
+        h.mse
+    );
+    Ok(())
+}
+
+/// `vlc info`: the index's header.
+fn info(index: &std::path::Path) -> Res<()> {
+    let index = Index::open(index).map_err(err)?;
+    let h = &index.header;
+    println!("vectors           {} x {}", h.n, h.d);
+    println!(
+        "anchors           {} (f16), {} bits per assignment",
+        h.m, h.assignment_bits
+    );
+    println!(
+        "residual code     {} bytes per vector, {} codewords per subspace",
+        h.pq_bytes, h.codewords
+    );
+    println!(
+        "mode              {}",
+        if h.exact { "exact" } else { "fast" }
+    );
+    println!("seed, iterations  {}, {}", h.seed, h.iterations);
+    println!("energy            {:.6}", h.energy);
+    println!("reconstruction    MSE {:.6}", h.mse);
+    println!(
+        "file              {} bytes, ratio {:.2}x against f32",
+        index.file_size(),
+        f32_bytes(h) / index.file_size() as f64
+    );
+    Ok(())
+}
+
+/// `vlc demo`: a short run on synthetic data that checks its own figures.
+fn demo(backend: &str, n: usize, quiet: bool) -> Res<()> {
+    let name = backends::resolve(backend);
+    let data = vlc_anneal::synthetic::gaussian_mixture(n, 64, 200, 0.15, 11);
+    let mut cfg = Config::new(256);
+    cfg.pq_bytes = 16;
+    cfg.iterations = 20;
+    println!(
+        "vlc demo: {n} x 64 synthetic vectors (200 Gaussian clusters), 256 anchors, 16 bytes per vector, backend {name}"
+    );
+    let start = Instant::now();
+    let index = backends::on_backend!(name, compress_with(&data, &cfg, quiet))?;
+    let seconds = start.elapsed().as_secs_f64();
+    println!("compressed in {seconds:.2} s");
+    let report = evaluate(&index, &data, 500, 16)?;
+    println!("{}", report.text);
+    // The demo checks itself: residual codes must beat the anchors alone, and search
+    // must find most true neighbours.
+    if report.mse >= index.header.energy || report.recall < 0.5 {
+        return Err(format!(
+            "demo figures out of range: MSE {} against energy {}, recall@10 {}",
+            report.mse, index.header.energy, report.recall
+        ));
+    }
+    Ok(())
 }
 
 /// The size of an index's vectors as f32, in bytes (f64: a header may describe more bytes

@@ -280,28 +280,7 @@ pub(crate) fn anneal_on_device<B: Backend>(
     cfg.check(n, d)?;
     let start = Instant::now();
     let x = b.upload(&data.data)?;
-    // Seeding draws from a seeded sample of at most max(16 m, 8192) points: k-means++ is m
-    // passes over its points, and a sample that size already places the seeds well.
-    let sample = (16 * m).max(8192);
-    let anchors = if n > sample {
-        // The sample's rows gathered on the device from the vectors already there.
-        let rows: Vec<u32> = sample_rows(n, sample, cfg.seed)
-            .into_iter()
-            .map(|r| r as u32)
-            .collect();
-        let rows = b.upload(&rows)?;
-        let xs = b.alloc(DType::F32, sample * d)?;
-        crate::gather_rows(
-            b,
-            View::new(&x, &Layout::contiguous(&[n, d])),
-            &rows,
-            0,
-            View::new(&xs, &Layout::contiguous(&[sample, d])),
-        )?;
-        kmeans_pp(b, &xs, sample, d, m, cfg.seed)?
-    } else {
-        kmeans_pp(b, &x, n, d, m, cfg.seed)?
-    };
+    let anchors = seed_anchors(b, &x, [n, d, m], cfg.seed)?;
     b.synchronize()?;
     let seeding_seconds = start.elapsed().as_secs_f64();
     let mut state = State::new(b, x, anchors, n, d, m, cfg)?;
@@ -371,20 +350,8 @@ pub(crate) fn anneal_on_device<B: Backend>(
             // The update and the next iteration's assignment, as one replay.
             current = Some(state.update_and_assign()?);
         } else {
-            state.update()?;
-            // Maintenance needs the assignment to the updated anchors.
-            let after = state.assign(true)?;
-            let checked = state.check_maintenance()?;
-            let (energies, work) = state.energies_and_verdict()?;
-            let (merged, split, reseeded) = match checked && !work {
-                // Nothing to merge, nothing empty: the round would change nothing.
-                true => (0, 0, 0),
-                false => state.maintain(data, cfg, energies[after])?,
-            };
-            report.merged = merged;
-            report.split = split;
-            report.reseeded = reseeded;
-            if merged + split + reseeded == 0 {
+            let (after, changed) = maintenance_round(&mut state, data, cfg, &mut report)?;
+            if !changed {
                 current = Some(after);
             }
         }
@@ -407,6 +374,61 @@ pub(crate) fn anneal_on_device<B: Backend>(
         seeding_seconds,
     };
     Ok((clustering, state))
+}
+
+/// The k-means++ seeds of `m` anchors for the `n x d` vectors `x` (on the device): drawn from
+/// a seeded sample of at most max(16 m, 8192) points, since k-means++ is m passes over its
+/// points and a sample that size already places the seeds well.
+fn seed_anchors<B: Backend>(
+    b: &B,
+    x: &B::Buffer,
+    [n, d, m]: [usize; 3],
+    seed: u64,
+) -> Result<B::Buffer> {
+    let sample = (16 * m).max(8192);
+    if n <= sample {
+        return kmeans_pp(b, x, n, d, m, seed);
+    }
+    // The sample's rows gathered on the device from the vectors already there.
+    let rows: Vec<u32> = sample_rows(n, sample, seed)
+        .into_iter()
+        .map(|r| r as u32)
+        .collect();
+    let rows = b.upload(&rows)?;
+    let xs = b.alloc(DType::F32, sample * d)?;
+    crate::gather_rows(
+        b,
+        View::new(x, &Layout::contiguous(&[n, d])),
+        &rows,
+        0,
+        View::new(&xs, &Layout::contiguous(&[sample, d])),
+    )?;
+    kmeans_pp(b, &xs, sample, d, m, seed)
+}
+
+/// An update followed by a maintenance round (merge, split, re-seed), its counts in
+/// `report`: the history row of the assignment to the updated anchors, and whether the round
+/// changed the anchors (if not, that assignment is still current).
+fn maintenance_round<B: Backend>(
+    state: &mut State<B>,
+    data: &Matrix,
+    cfg: &Config,
+    report: &mut IterationReport,
+) -> Result<(usize, bool)> {
+    state.update()?;
+    // Maintenance needs the assignment to the updated anchors.
+    let after = state.assign(true)?;
+    let checked = state.check_maintenance()?;
+    let (energies, work) = state.energies_and_verdict()?;
+    let (merged, split, reseeded) = match checked && !work {
+        // Nothing to merge, nothing empty: the round would change nothing.
+        true => (0, 0, 0),
+        false => state.maintain(data, cfg, energies[after])?,
+    };
+    report.merged = merged;
+    report.split = split;
+    report.reseeded = reseeded;
+    Ok((after, merged + split + reseeded > 0))
 }
 
 /// The energy of the latest report, whether delivered or still waiting for its row.

@@ -337,105 +337,10 @@ impl Index {
     fn parse(storage: Storage, name: &str) -> Result<Index> {
         let bytes: &[u8] = &storage;
         let bad = |d: String| format_error(name, d);
-        if bytes.len() < 8 || &bytes[..8] != MAGIC {
-            return Err(bad("not a vlc index (no VLCINDEX magic)".into()));
-        }
-        if bytes.len() < HEADER_END + 8 {
-            return Err(bad(format!("truncated: {} bytes", bytes.len())));
-        }
-        let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
-        let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
-        let f64_at = |o: usize| f64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
-        let version = u32_at(8);
-        if version != VERSION {
-            return Err(bad(format!(
-                "format version {version}; this reader knows version {VERSION}"
-            )));
-        }
-        let end = bytes.len();
-        if &bytes[end - 4..] != END_MAGIC {
-            return Err(bad("truncated: the end marker is missing".into()));
-        }
-        let stored = u32_at(end - 8);
-        let crc = crc32fast::hash(&bytes[..end - 8]);
-        if stored != crc {
-            return Err(bad(format!(
-                "checksum mismatch (stored {stored:08x}, computed {crc:08x}): the file is corrupted"
-            )));
-        }
-        let sections = u32_at(12) as usize;
-        let header = Header {
-            n: u64_at(16) as usize,
-            d: u32_at(24) as usize,
-            m: u32_at(28) as usize,
-            pq_bytes: u32_at(32) as usize,
-            codewords: u32_at(36) as usize,
-            assignment_bits: u32_at(40),
-            exact: u32_at(44) == 1,
-            seed: u64_at(48),
-            iterations: u32_at(56),
-            energy: f64_at(64),
-            mse: f64_at(72),
-        };
+        check_envelope(bytes, name)?;
+        let (header, sections) = read_header(bytes, name)?;
         let h = &header;
-        if h.d == 0 || h.m == 0 || h.n == 0 || h.m > h.n {
-            return Err(bad(format!(
-                "impossible sizes: n = {}, d = {}, m = {}",
-                h.n, h.d, h.m
-            )));
-        }
-        if u64_at(16) > MAX_VECTORS as u64 || h.n > end.saturating_mul(8) {
-            return Err(bad(format!(
-                "{} vectors claimed: more than the format's {MAX_VECTORS} or than a file of {end} bytes can account for (8 per byte)",
-                u64_at(16)
-            )));
-        }
-        if h.assignment_bits != assignment_bits(h.m) {
-            return Err(bad(format!(
-                "{} bits per assignment for {} anchors (expected {})",
-                h.assignment_bits,
-                h.m,
-                assignment_bits(h.m)
-            )));
-        }
-        if h.pq_bytes > h.d || h.codewords > 256 || (h.pq_bytes > 0) != (h.codewords > 0) {
-            return Err(bad(format!(
-                "impossible residual code: {} bytes, {} codewords for dimension {}",
-                h.pq_bytes, h.codewords, h.d
-            )));
-        }
-        if sections > 64 || HEADER_END + ENTRY * sections > end - 8 {
-            return Err(bad(format!("{sections} sections do not fit the file")));
-        }
-        let expected = |kind: u32| -> Option<usize> {
-            Some(match kind {
-                ANCHORS => h.m.checked_mul(h.d)?.checked_mul(2)?,
-                ASSIGNMENTS => h.n.checked_mul(h.assignment_bits as usize)?.div_ceil(8),
-                SUBSPACES => (h.pq_bytes + 1) * 4,
-                CODEBOOKS => h.codewords.checked_mul(h.d)?.checked_mul(4)?,
-                CODES => h.n.checked_mul(h.pq_bytes)?,
-                _ => return None,
-            })
-        };
-        let mut ranges: [Option<std::ops::Range<usize>>; 6] = Default::default();
-        for s in 0..sections {
-            let at = HEADER_END + ENTRY * s;
-            let kind = u32_at(at);
-            let (offset, len) = (u64_at(at + 8) as usize, u64_at(at + 16) as usize);
-            let want = expected(kind).ok_or_else(|| bad(format!("unknown section kind {kind}")))?;
-            if len != want {
-                return Err(bad(format!(
-                    "section {kind} holds {len} bytes; the header implies {want}"
-                )));
-            }
-            let stop = offset
-                .checked_add(len)
-                .filter(|&e| e <= end - 8 && offset >= HEADER_END + ENTRY * sections)
-                .ok_or_else(|| bad(format!("section {kind} lies outside the file")))?;
-            if ranges[kind as usize].replace(offset..stop).is_some() {
-                return Err(bad(format!("section {kind} appears twice")));
-            }
-        }
+        let ranges = section_ranges(bytes, h, sections, name)?;
         let range = |kind: u32| {
             ranges[kind as usize]
                 .clone()
@@ -569,6 +474,142 @@ impl Index {
     pub fn reconstruction_mse(&self, data: &Matrix) -> f64 {
         mean_squared_error(data, self.header.n, |i, row| self.reconstruct(i, row))
     }
+}
+/// Little-endian integers and floats at byte offsets of a file already checked long enough.
+fn u32_at(bytes: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(bytes[o..o + 4].try_into().expect("four bytes"))
+}
+fn u64_at(bytes: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(bytes[o..o + 8].try_into().expect("eight bytes"))
+}
+fn f64_at(bytes: &[u8], o: usize) -> f64 {
+    f64::from_le_bytes(bytes[o..o + 8].try_into().expect("eight bytes"))
+}
+
+/// The magic, the version, the end marker and the checksum of index file `name`.
+fn check_envelope(bytes: &[u8], name: &str) -> Result<()> {
+    let bad = |d: String| format_error(name, d);
+    if bytes.len() < 8 || &bytes[..8] != MAGIC {
+        return Err(bad("not a vlc index (no VLCINDEX magic)".into()));
+    }
+    if bytes.len() < HEADER_END + 8 {
+        return Err(bad(format!("truncated: {} bytes", bytes.len())));
+    }
+    let version = u32_at(bytes, 8);
+    if version != VERSION {
+        return Err(bad(format!(
+            "format version {version}; this reader knows version {VERSION}"
+        )));
+    }
+    let end = bytes.len();
+    if &bytes[end - 4..] != END_MAGIC {
+        return Err(bad("truncated: the end marker is missing".into()));
+    }
+    let stored = u32_at(bytes, end - 8);
+    let crc = crc32fast::hash(&bytes[..end - 8]);
+    if stored != crc {
+        return Err(bad(format!(
+            "checksum mismatch (stored {stored:08x}, computed {crc:08x}): the file is corrupted"
+        )));
+    }
+    Ok(())
+}
+
+/// The header of a file whose envelope checked out, and its count of sections; sizes the
+/// file cannot hold, or that contradict each other, are refused.
+fn read_header(bytes: &[u8], name: &str) -> Result<(Header, usize)> {
+    let bad = |d: String| format_error(name, d);
+    let end = bytes.len();
+    let sections = u32_at(bytes, 12) as usize;
+    let header = Header {
+        n: u64_at(bytes, 16) as usize,
+        d: u32_at(bytes, 24) as usize,
+        m: u32_at(bytes, 28) as usize,
+        pq_bytes: u32_at(bytes, 32) as usize,
+        codewords: u32_at(bytes, 36) as usize,
+        assignment_bits: u32_at(bytes, 40),
+        exact: u32_at(bytes, 44) == 1,
+        seed: u64_at(bytes, 48),
+        iterations: u32_at(bytes, 56),
+        energy: f64_at(bytes, 64),
+        mse: f64_at(bytes, 72),
+    };
+    let h = &header;
+    if h.d == 0 || h.m == 0 || h.n == 0 || h.m > h.n {
+        return Err(bad(format!(
+            "impossible sizes: n = {}, d = {}, m = {}",
+            h.n, h.d, h.m
+        )));
+    }
+    if u64_at(bytes, 16) > MAX_VECTORS as u64 || h.n > end.saturating_mul(8) {
+        return Err(bad(format!(
+            "{} vectors claimed: more than the format's {MAX_VECTORS} or than a file of {end} bytes can account for (8 per byte)",
+            u64_at(bytes, 16)
+        )));
+    }
+    if h.assignment_bits != assignment_bits(h.m) {
+        return Err(bad(format!(
+            "{} bits per assignment for {} anchors (expected {})",
+            h.assignment_bits,
+            h.m,
+            assignment_bits(h.m)
+        )));
+    }
+    if h.pq_bytes > h.d || h.codewords > 256 || (h.pq_bytes > 0) != (h.codewords > 0) {
+        return Err(bad(format!(
+            "impossible residual code: {} bytes, {} codewords for dimension {}",
+            h.pq_bytes, h.codewords, h.d
+        )));
+    }
+    if sections > 64 || HEADER_END + ENTRY * sections > end - 8 {
+        return Err(bad(format!("{sections} sections do not fit the file")));
+    }
+    Ok((header, sections))
+}
+
+/// Each section kind's byte range, from the section table: every section of a known kind,
+/// once, of the length the header implies, inside the file past the table.
+fn section_ranges(
+    bytes: &[u8],
+    h: &Header,
+    sections: usize,
+    name: &str,
+) -> Result<[Option<std::ops::Range<usize>>; 6]> {
+    let bad = |d: String| format_error(name, d);
+    let end = bytes.len();
+    let expected = |kind: u32| -> Option<usize> {
+        Some(match kind {
+            ANCHORS => h.m.checked_mul(h.d)?.checked_mul(2)?,
+            ASSIGNMENTS => h.n.checked_mul(h.assignment_bits as usize)?.div_ceil(8),
+            SUBSPACES => (h.pq_bytes + 1) * 4,
+            CODEBOOKS => h.codewords.checked_mul(h.d)?.checked_mul(4)?,
+            CODES => h.n.checked_mul(h.pq_bytes)?,
+            _ => return None,
+        })
+    };
+    let mut ranges: [Option<std::ops::Range<usize>>; 6] = Default::default();
+    for s in 0..sections {
+        let at = HEADER_END + ENTRY * s;
+        let kind = u32_at(bytes, at);
+        let (offset, len) = (
+            u64_at(bytes, at + 8) as usize,
+            u64_at(bytes, at + 16) as usize,
+        );
+        let want = expected(kind).ok_or_else(|| bad(format!("unknown section kind {kind}")))?;
+        if len != want {
+            return Err(bad(format!(
+                "section {kind} holds {len} bytes; the header implies {want}"
+            )));
+        }
+        let stop = offset
+            .checked_add(len)
+            .filter(|&e| e <= end - 8 && offset >= HEADER_END + ENTRY * sections)
+            .ok_or_else(|| bad(format!("section {kind} lies outside the file")))?;
+        if ranges[kind as usize].replace(offset..stop).is_some() {
+            return Err(bad(format!("section {kind} appears twice")));
+        }
+    }
+    Ok(ranges)
 }
 
 /// Bytes of memory available now (Linux's `MemAvailable`), or `None` where unknown.
