@@ -70,42 +70,8 @@ pub fn kmeans_pp_in_blocks<B: Backend>(
         && b.precision() != Precision::Reproducible
         && d > 0
         && n * d.next_multiple_of(SLICE) < u32::MAX as usize;
-    let slices = if sliced { d.div_ceil(SLICE) } else { 1 };
-    let steps = std::sync::Arc::new(Steps::<B> {
-        x: x.clone(),
-        anchors: anchors.clone(),
-        // (Buffers written whole before they are read skip the zero fill.)
-        u: b.alloc_for_write(DType::F32, block * n)?,
-        // D^2 to the anchors so far (the first anchor's race is on the draws alone).
-        d2: b.alloc_for_write(DType::F32, n)?,
-        key: b.alloc_for_write(DType::F32, n)?,
-        winner: b.alloc(DType::U32, 1)?,
-        newest: b.alloc(DType::F32, d)?,
-        counters: [b.alloc(DType::U32, 1)?, b.alloc(DType::U32, 1)?],
-        race: b.compile(&race_program(n, block, slices)?)?,
-        commit: b.compile(&commit_program(d)?)?,
-        distances: match sliced {
-            true => {
-                let by_coordinate = b.alloc_for_write(DType::F32, n * d)?;
-                let by_row = Layout::contiguous(&[n, d]).transpose(0, 1)?;
-                b.copy(
-                    View::new(x, &by_row),
-                    View::new(&by_coordinate, &Layout::contiguous(&[d, n])),
-                )?;
-                Distances::Sliced {
-                    kernel: b.compile(&sliced_distance_program(n, d)?)?,
-                    by_coordinate,
-                    partial: b.alloc_for_write(DType::F32, slices * n)?,
-                }
-            }
-            false => Distances::Search {
-                near: b.alloc(DType::F32, n)?,
-                near_i: b.alloc(DType::U32, n)?,
-            },
-        },
-        n,
-        d,
-    });
+    let slices = sliced.then(|| d.div_ceil(SLICE));
+    let steps = std::sync::Arc::new(Steps::new(b, x, anchors, [n, d], block, slices)?);
     b.fill(
         View::new(&steps.d2, &Layout::contiguous(&[n])),
         f64::INFINITY,
@@ -229,6 +195,54 @@ enum Distances<B: Backend> {
 const SLICE: usize = 16;
 
 impl<B: Backend> Steps<B> {
+    /// The buffers and kernels of the steps for `n x d` points `x` into `anchors`, `block`
+    /// steps' draws at a time; distances in `slices` slices of coordinates (`Some`: the
+    /// sliced form, a transposed copy of `x` made here) or by `nearest_centroid` (`None`).
+    fn new(
+        b: &B,
+        x: &B::Buffer,
+        anchors: &B::Buffer,
+        [n, d]: [usize; 2],
+        block: usize,
+        slices: Option<usize>,
+    ) -> Result<Self> {
+        Ok(Steps {
+            x: x.clone(),
+            anchors: anchors.clone(),
+            // (Buffers written whole before they are read skip the zero fill.)
+            u: b.alloc_for_write(DType::F32, block * n)?,
+            // D^2 to the anchors so far (the first anchor's race is on the draws alone).
+            d2: b.alloc_for_write(DType::F32, n)?,
+            key: b.alloc_for_write(DType::F32, n)?,
+            winner: b.alloc(DType::U32, 1)?,
+            newest: b.alloc(DType::F32, d)?,
+            counters: [b.alloc(DType::U32, 1)?, b.alloc(DType::U32, 1)?],
+            race: b.compile(&race_program(n, block, slices.unwrap_or(1))?)?,
+            commit: b.compile(&commit_program(d)?)?,
+            distances: match slices {
+                Some(slices) => {
+                    let by_coordinate = b.alloc_for_write(DType::F32, n * d)?;
+                    let by_row = Layout::contiguous(&[n, d]).transpose(0, 1)?;
+                    b.copy(
+                        View::new(x, &by_row),
+                        View::new(&by_coordinate, &Layout::contiguous(&[d, n])),
+                    )?;
+                    Distances::Sliced {
+                        kernel: b.compile(&sliced_distance_program(n, d)?)?,
+                        by_coordinate,
+                        partial: b.alloc_for_write(DType::F32, slices * n)?,
+                    }
+                }
+                None => Distances::Search {
+                    near: b.alloc(DType::F32, n)?,
+                    near_i: b.alloc(DType::U32, n)?,
+                },
+            },
+            n,
+            d,
+        })
+    }
+
     /// Copies the winner's row into the anchors at the count in counter `parity` and writes
     /// the count plus one into the other counter.
     fn commit(&self, b: &B, parity: usize) -> Result<()> {

@@ -298,135 +298,146 @@ impl Program {
                     ));
                 }
             }
-            let ty = |v: Value| types[v.0 as usize].unwrap();
-            let buffer = |id: BufferId| {
-                self.buffers
-                    .get(id.0 as usize)
-                    .copied()
-                    .ok_or_else(|| err(at, format!("buffer {} is not declared", id.0)))
-            };
-            use ScalarType::*;
-            let t = match *inst {
-                Inst::Index => Some(U32),
-                Inst::Const(c) => Some(c.ty()),
-                Inst::Load { buffer: id, index } => {
-                    let p = buffer(id)?;
-                    if p.access == Access::Write {
-                        return Err(err(at, "load from a write-only buffer".into()));
-                    }
-                    if ty(index) != U32 {
-                        return Err(err(at, "index must be u32".into()));
-                    }
-                    Some(ScalarType::of_dtype(p.dtype))
-                }
-                Inst::Unary { op, x } => {
-                    let t = ty(x);
-                    let ok = match op {
-                        IrUnary::Neg | IrUnary::Abs => t != Bool,
-                        IrUnary::Not => t != F32,
-                        _ => t == F32,
-                    };
-                    if !ok {
-                        return Err(err(at, format!("{op:?} does not take {t:?}")));
-                    }
-                    Some(t)
-                }
-                Inst::Binary { op, a, b } => {
-                    let (ta, tb) = (ty(a), ty(b));
-                    if ta != tb {
-                        return Err(err(at, format!("operand types differ: {ta:?} and {tb:?}")));
-                    }
-                    let ok = match op {
-                        IrBinary::Add
-                        | IrBinary::Sub
-                        | IrBinary::Mul
-                        | IrBinary::Div
-                        | IrBinary::Rem
-                        | IrBinary::Min
-                        | IrBinary::Max => ta != Bool,
-                        IrBinary::Pow | IrBinary::Atan2 => ta == F32,
-                        IrBinary::And | IrBinary::Or | IrBinary::Xor => ta != F32,
-                        IrBinary::Shl | IrBinary::Shr => ta == I32 || ta == U32,
-                    };
-                    if !ok {
-                        return Err(err(at, format!("{op:?} does not take {ta:?}")));
-                    }
-                    Some(ta)
-                }
-                Inst::Cmp { a, b, .. } => {
-                    if ty(a) != ty(b) || ty(a) == Bool {
-                        return Err(err(
-                            at,
-                            format!("cannot compare {:?} with {:?}", ty(a), ty(b)),
-                        ));
-                    }
-                    Some(Bool)
-                }
-                Inst::Fma { a, b, c } => {
-                    if [a, b, c].iter().any(|&v| ty(v) != F32) {
-                        return Err(err(at, "fma takes f32 operands".into()));
-                    }
-                    Some(F32)
-                }
-                Inst::Select { cond, a, b } => {
-                    if ty(cond) != Bool || ty(a) != ty(b) {
-                        return Err(err(
-                            at,
-                            "select needs a bool condition and operands of one type".into(),
-                        ));
-                    }
-                    Some(ty(a))
-                }
-                Inst::Cast { to, .. } => Some(to),
-                Inst::Store {
-                    buffer: id,
-                    index,
-                    value,
-                    ..
-                }
-                | Inst::AtomicAdd {
-                    buffer: id,
-                    index,
-                    value,
-                } => {
-                    let p = buffer(id)?;
-                    let atomic = matches!(inst, Inst::AtomicAdd { .. });
-                    if p.access == Access::Read || (atomic && p.access != Access::ReadWrite) {
-                        return Err(err(
-                            at,
-                            format!("buffer {} is declared {:?}", id.0, p.access),
-                        ));
-                    }
-                    if atomic && !matches!(p.dtype, DType::F32 | DType::I32 | DType::U32) {
-                        return Err(err(
-                            at,
-                            format!("atomic add into {} is not supported", p.dtype),
-                        ));
-                    }
-                    if let Inst::Store { when: Some(w), .. } = *inst
-                        && ty(w) != Bool
-                    {
-                        return Err(err(at, "a store's condition must be a bool".into()));
-                    }
-                    if ty(index) != U32 {
-                        return Err(err(at, "index must be u32".into()));
-                    }
-                    if ty(value) != ScalarType::of_dtype(p.dtype) {
-                        return Err(err(
-                            at,
-                            format!(
-                                "a {:?} value cannot be stored into a {} buffer",
-                                ty(value),
-                                p.dtype
-                            ),
-                        ));
-                    }
-                    None
-                }
-            };
+            let t = self.type_of(inst, &types).map_err(|d| err(at, d))?;
             types.push(t);
         }
         Ok(types)
+    }
+
+    /// The type of `inst`'s value (`None` for a store), its operands being of `types`; or
+    /// what is wrong with it.
+    fn type_of(
+        &self,
+        inst: &Inst,
+        types: &[Option<ScalarType>],
+    ) -> std::result::Result<Option<ScalarType>, String> {
+        use ScalarType::*;
+        let ty = |v: Value| types[v.0 as usize].expect("operands checked first");
+        Ok(match *inst {
+            Inst::Index => Some(U32),
+            Inst::Const(c) => Some(c.ty()),
+            Inst::Load { buffer: id, index } => {
+                let p = self.buffer_param(id)?;
+                if p.access == Access::Write {
+                    return Err("load from a write-only buffer".into());
+                }
+                if ty(index) != U32 {
+                    return Err("index must be u32".into());
+                }
+                Some(ScalarType::of_dtype(p.dtype))
+            }
+            Inst::Unary { op, x } => {
+                let t = ty(x);
+                let ok = match op {
+                    IrUnary::Neg | IrUnary::Abs => t != Bool,
+                    IrUnary::Not => t != F32,
+                    _ => t == F32,
+                };
+                if !ok {
+                    return Err(format!("{op:?} does not take {t:?}"));
+                }
+                Some(t)
+            }
+            Inst::Binary { op, a, b } => {
+                let (ta, tb) = (ty(a), ty(b));
+                if ta != tb {
+                    return Err(format!("operand types differ: {ta:?} and {tb:?}"));
+                }
+                let ok = match op {
+                    IrBinary::Add
+                    | IrBinary::Sub
+                    | IrBinary::Mul
+                    | IrBinary::Div
+                    | IrBinary::Rem
+                    | IrBinary::Min
+                    | IrBinary::Max => ta != Bool,
+                    IrBinary::Pow | IrBinary::Atan2 => ta == F32,
+                    IrBinary::And | IrBinary::Or | IrBinary::Xor => ta != F32,
+                    IrBinary::Shl | IrBinary::Shr => ta == I32 || ta == U32,
+                };
+                if !ok {
+                    return Err(format!("{op:?} does not take {ta:?}"));
+                }
+                Some(ta)
+            }
+            Inst::Cmp { a, b, .. } => {
+                if ty(a) != ty(b) || ty(a) == Bool {
+                    return Err(format!("cannot compare {:?} with {:?}", ty(a), ty(b)));
+                }
+                Some(Bool)
+            }
+            Inst::Fma { a, b, c } => {
+                if [a, b, c].iter().any(|&v| ty(v) != F32) {
+                    return Err("fma takes f32 operands".into());
+                }
+                Some(F32)
+            }
+            Inst::Select { cond, a, b } => {
+                if ty(cond) != Bool || ty(a) != ty(b) {
+                    return Err("select needs a bool condition and operands of one type".into());
+                }
+                Some(ty(a))
+            }
+            Inst::Cast { to, .. } => Some(to),
+            Inst::Store { .. } | Inst::AtomicAdd { .. } => {
+                self.check_store(inst, ty)?;
+                None
+            }
+        })
+    }
+
+    fn buffer_param(&self, id: BufferId) -> std::result::Result<BufferParam, String> {
+        self.buffers
+            .get(id.0 as usize)
+            .copied()
+            .ok_or_else(|| format!("buffer {} is not declared", id.0))
+    }
+
+    /// What is wrong with store or atomic add `inst`, if anything (`ty`: its operands'
+    /// types).
+    fn check_store(
+        &self,
+        inst: &Inst,
+        ty: impl Fn(Value) -> ScalarType,
+    ) -> std::result::Result<(), String> {
+        let (Inst::Store {
+            buffer: id,
+            index,
+            value,
+            ..
+        }
+        | Inst::AtomicAdd {
+            buffer: id,
+            index,
+            value,
+        }) = *inst
+        else {
+            unreachable!("called on stores only")
+        };
+        let p = self.buffer_param(id)?;
+        let atomic = matches!(inst, Inst::AtomicAdd { .. });
+        if p.access == Access::Read || (atomic && p.access != Access::ReadWrite) {
+            return Err(format!("buffer {} is declared {:?}", id.0, p.access));
+        }
+        if atomic && !matches!(p.dtype, DType::F32 | DType::I32 | DType::U32) {
+            return Err(format!("atomic add into {} is not supported", p.dtype));
+        }
+        if let Inst::Store { when: Some(w), .. } = *inst
+            && ty(w) != ScalarType::Bool
+        {
+            return Err("a store's condition must be a bool".into());
+        }
+        if ty(index) != ScalarType::U32 {
+            return Err("index must be u32".into());
+        }
+        if ty(value) != ScalarType::of_dtype(p.dtype) {
+            return Err(format!(
+                "a {:?} value cannot be stored into a {} buffer",
+                ty(value),
+                p.dtype
+            ));
+        }
+        Ok(())
     }
 
     /// A hash of the program's structure (buffers and instructions, not its name), stable
