@@ -11,27 +11,32 @@ use hal::{Backend, DType};
 use tensor_autograd::nn::{BatchNorm2d, Init, LayerNorm, Module};
 use tensor_autograd::{Conv2dOptions, Tensor};
 
-/// Every case's output and input gradients, by name.
-fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
-    let mut rng = Rng::new(seed);
-    let index: Vec<u32> = (0..9).map(|_| rng.below(6) as u32).collect();
-    let classes: Vec<u32> = (0..9).map(|_| rng.below(5) as u32).collect();
-    let mut results = Vec::new();
-    let mut run = |name: &str, shapes: &[(&[usize], Storage)], f: &Forward<'_, B>| {
+/// Runs cases on one device: each draws its leaves and the output's weights from `rng`.
+struct Cases<'d, B: Backend> {
+    dev: &'d B,
+    rng: Rng,
+    results: Vec<(String, Vec<f32>)>,
+}
+
+impl<B: Backend> Cases<'_, B> {
+    /// Case `name`: leaves of `shapes` (fresh values in [-1, 1), stored as given), `f` of
+    /// them, and the gradients of a random weighting of its output's sum.
+    fn run(&mut self, name: &str, shapes: &[(&[usize], Storage)], f: &Forward<'_, B>) {
         let leaves: Vec<Tensor<B>> = shapes
             .iter()
             .map(|(s, st)| {
                 let n: usize = s.iter().product();
-                leaf(dev, &rng.vec(n, -1.0, 1.0), s, *st)
+                leaf(self.dev, &self.rng.vec(n, -1.0, 1.0), s, *st)
             })
             .collect();
         let y = f(&leaves).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let w: Vec<f32> = rng
+        let w: Vec<f32> = self
+            .rng
             .vec(y.numel(), -1.0, 1.0)
             .iter()
             .map(|&v| v as f32)
             .collect();
-        let wt = Tensor::from_slice(dev, &w, y.shape()).unwrap();
+        let wt = Tensor::from_slice(self.dev, &w, y.shape()).unwrap();
         y.to_dtype(DType::F32)
             .unwrap()
             .mul(&wt)
@@ -40,15 +45,58 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
             .unwrap()
             .backward()
             .unwrap();
-        results.push((format!("{name}: output"), y.to_vec().unwrap()));
+        self.results
+            .push((format!("{name}: output"), y.to_vec().unwrap()));
         for (k, l) in leaves.iter().enumerate() {
             if let Some(g) = l.grad() {
-                results.push((format!("{name}: gradient {k}"), g.to_vec().unwrap()));
+                self.results
+                    .push((format!("{name}: gradient {k}"), g.to_vec().unwrap()));
             }
         }
+    }
+}
+
+use Storage::{Contiguous as C, Transposed as Tr};
+
+/// Every case's output and input gradients, by name.
+fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
+    let mut rng = Rng::new(seed);
+    let index: Vec<u32> = (0..9).map(|_| rng.below(6) as u32).collect();
+    let classes: Vec<u32> = (0..9).map(|_| rng.below(5) as u32).collect();
+    let mut cases = Cases {
+        dev,
+        rng,
+        results: Vec::new(),
     };
-    use Storage::{Contiguous as C, Transposed as Tr};
-    use hal::UnaryOp::{Relu, Sigmoid, Tanh};
+    elementwise_cases(&mut cases);
+    product_cases(&mut cases);
+    let it = Tensor::from_elements(dev, &index, &[9]).unwrap();
+    let ct = Tensor::from_elements(dev, &classes, &[9]).unwrap();
+    cases.run(
+        "index_select + cross_entropy",
+        &[(&[6, 5], Tr)],
+        &move |v| v[0].index_select(0, &it)?.cross_entropy(&ct),
+    );
+    cases.run("losses", &[(&[7, 4], Tr), (&[7, 4], C)], &|v| {
+        let p = v[1].sigmoid()?.detach();
+        v[0].mse_loss(&v[1])?.add(&v[0].bce_with_logits(&p)?)
+    });
+    cases.run("dropout", &[(&[33, 7], Tr)], &|v| v[0].dropout(0.25, 11, 5));
+    let mut init = Init::new(dev, 5);
+    let ln = LayerNorm::new(&mut init, 7).unwrap();
+    let bn = BatchNorm2d::new(&mut init, 3).unwrap();
+    cases.run("layer norm", &[(&[5, 7], Tr)], &|v| ln.forward(&v[0]));
+    cases.run("batch norm", &[(&[4, 3, 3, 5], Tr)], &|v| bn.forward(&v[0]));
+    cases.run("f16 storage", &[(&[9, 5], Tr)], &|v| {
+        v[0].to_dtype(DType::F16)?
+            .exp()?
+            .mul(&v[0].to_dtype(DType::F16)?)
+    });
+    cases.results
+}
+
+/// Unary ops, binary ops with broadcasting, where, reductions and movement.
+fn elementwise_cases<B: Backend>(cases: &mut Cases<'_, B>) {
     let u = |op: hal::UnaryOp| move |v: &[Tensor<B>]| v[0].unary(op);
     for op in hal::UnaryOp::all() {
         if !matches!(
@@ -59,10 +107,10 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
                 | hal::UnaryOp::Rsqrt
                 | hal::UnaryOp::Recip
         ) {
-            run(&format!("{op:?}"), &[(&[7, 13], Tr)], &u(op));
+            cases.run(&format!("{op:?}"), &[(&[7, 13], Tr)], &u(op));
         }
     }
-    run("log/sqrt/rsqrt/recip", &[(&[5, 9], Tr)], &|v| {
+    cases.run("log/sqrt/rsqrt/recip", &[(&[5, 9], Tr)], &|v| {
         let p = v[0].abs()?.add_scalar(0.5)?;
         p.log()?
             .add(&p.sqrt()?)?
@@ -70,7 +118,7 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
             .add(&p.recip()?)?
             .add(&p.log2()?)
     });
-    run(
+    cases.run(
         "binary broadcast",
         &[(&[3, 7, 5], Tr), (&[7, 1], C)],
         &|v| {
@@ -85,10 +133,10 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
                 .add(&v[0].rem(&b)?)
         },
     );
-    run("where", &[(&[6, 5], Tr), (&[5], C)], &|v| {
+    cases.run("where", &[(&[6, 5], Tr), (&[5], C)], &|v| {
         v[0].gt(&v[1].detach())?.where_cond(&v[0].exp()?, &v[1])
     });
-    run("reductions", &[(&[4, 6, 5], Tr)], &|v| {
+    cases.run("reductions", &[(&[4, 6, 5], Tr)], &|v| {
         let x = &v[0];
         let a = x
             .sum(&[0, 2], false)?
@@ -100,7 +148,7 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
         a.add(&b)?
             .add(&x.softmax(1)?.mul(&x.log_softmax(2)?)?.sum(&[0, 2], false)?)
     });
-    run("movement", &[(&[4, 3, 5], Tr), (&[2, 3, 5], C)], &|v| {
+    cases.run("movement", &[(&[4, 3, 5], Tr), (&[2, 3, 5], C)], &|v| {
         let c = Tensor::cat(&[&v[0], &v[1]], 0)?
             .flip(1)?
             .step(2, 2)?
@@ -111,29 +159,35 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
             .add(&p.square()?.sum_all()?)?
             .add(&Tensor::stack(&[&v[1], &v[1]], 1)?.sum_all()?)
     });
-    run("matmul", &[(&[3, 17, 9], Tr), (&[9, 11], Tr)], &|v| {
+}
+
+/// Products: matmul, Linear layers with their activations, batched products, convolution
+/// and pooling.
+fn product_cases<B: Backend>(cases: &mut Cases<'_, B>) {
+    use hal::UnaryOp::{Relu, Sigmoid, Tanh};
+    cases.run("matmul", &[(&[3, 17, 9], Tr), (&[9, 11], Tr)], &|v| {
         v[0].matmul(&v[1])
     });
     // Linear layers with their activations: a batch of 256 whose weight gradient wgpu splits
     // over k (the gate and the bias gradient fused into it), and an odd one it does not.
     for op in [None, Some(Relu), Some(Sigmoid), Some(Tanh)] {
-        run(
+        cases.run(
             &format!("linear {op:?}"),
             &[(&[256, 96], Tr), (&[70, 96], C), (&[70], C)],
             &move |v| v[0].linear_activation(&v[1], Some(&v[2]), op),
         );
     }
-    run(
+    cases.run(
         "linear, odd batch",
         &[(&[33, 20], C), (&[13, 20], Tr)],
         &|v| v[0].linear_activation(&v[1], None, Some(Relu)),
     );
-    run(
+    cases.run(
         "bmm broadcast",
         &[(&[1, 5, 7], Tr), (&[3, 7, 6], C)],
         &|v| v[0].matmul(&v[1]),
     );
-    run(
+    cases.run(
         "conv2d",
         &[(&[2, 4, 9, 7], Tr), (&[6, 2, 3, 2], C), (&[6], C)],
         &|v| {
@@ -150,36 +204,13 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
             )
         },
     );
-    run("pools", &[(&[2, 3, 9, 7], Tr)], &|v| {
+    cases.run("pools", &[(&[2, 3, 9, 7], Tr)], &|v| {
         // Overlapping and padded windows (im2col), then tiling ones (the direct kernels).
         v[0].max_pool2d((3, 2), (2, 2), (1, 0))?
             .sum_all()?
             .add(&v[0].avg_pool2d((2, 2), (2, 2), (1, 1))?.sum_all()?)?
             .add(&v[0].max_pool2d((2, 2), (2, 2), (0, 0))?.exp()?.sum_all()?)
     });
-    let it = Tensor::from_elements(dev, &index, &[9]).unwrap();
-    let ct = Tensor::from_elements(dev, &classes, &[9]).unwrap();
-    run(
-        "index_select + cross_entropy",
-        &[(&[6, 5], Tr)],
-        &move |v| v[0].index_select(0, &it)?.cross_entropy(&ct),
-    );
-    run("losses", &[(&[7, 4], Tr), (&[7, 4], C)], &|v| {
-        let p = v[1].sigmoid()?.detach();
-        v[0].mse_loss(&v[1])?.add(&v[0].bce_with_logits(&p)?)
-    });
-    run("dropout", &[(&[33, 7], Tr)], &|v| v[0].dropout(0.25, 11, 5));
-    let mut init = Init::new(dev, 5);
-    let ln = LayerNorm::new(&mut init, 7).unwrap();
-    let bn = BatchNorm2d::new(&mut init, 3).unwrap();
-    run("layer norm", &[(&[5, 7], Tr)], &|v| ln.forward(&v[0]));
-    run("batch norm", &[(&[4, 3, 3, 5], Tr)], &|v| bn.forward(&v[0]));
-    run("f16 storage", &[(&[9, 5], Tr)], &|v| {
-        v[0].to_dtype(DType::F16)?
-            .exp()?
-            .mul(&v[0].to_dtype(DType::F16)?)
-    });
-    results
 }
 
 fn compare(name: &str, reference: &[(String, Vec<f32>)], got: &[(String, Vec<f32>)]) {

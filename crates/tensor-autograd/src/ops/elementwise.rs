@@ -361,35 +361,8 @@ pub(crate) fn unary_backward<B: Backend>(
             let sg = b.mul(s, g);
             b.select(pos, g, sg)
         }),
-        UnaryOp::Gelu => with_x("gelu_grad", &|b, x, g| {
-            // d/dx [x Phi(x)] = Phi(x) + x phi(x), Phi by the same erf formula as the forward.
-            let k = b.const_f32(std::f32::consts::FRAC_1_SQRT_2);
-            let z = b.mul(x, k);
-            let e = ir_erf(b, z);
-            let one = b.const_f32(1.0);
-            let half = b.const_f32(0.5);
-            let t = b.add(one, e);
-            let cdf = b.mul(half, t);
-            let x2 = b.mul(x, x);
-            let mh = b.const_f32(-0.5);
-            let a = b.mul(x2, mh);
-            let ex = b.unary(IrUnary::Exp, a);
-            let inv = b.const_f32(0.398_942_3); // 1 / sqrt(2 pi)
-            let pdf = b.mul(ex, inv);
-            let d = b.fma(x, pdf, cdf);
-            b.mul(d, g)
-        }),
-        UnaryOp::Silu => with_x("silu_grad", &|b, x, g| {
-            let one = b.const_f32(1.0);
-            let nx = b.unary(IrUnary::Neg, x);
-            let e = b.unary(IrUnary::Exp, nx);
-            let den = b.add(one, e);
-            let s = b.unary(IrUnary::Recip, den);
-            let c = b.sub(one, s);
-            let t = b.fma(x, c, one);
-            let d = b.mul(s, t);
-            b.mul(d, g)
-        }),
+        UnaryOp::Gelu => with_x("gelu_grad", &gelu_grad),
+        UnaryOp::Silu => with_x("silu_grad", &silu_grad),
         UnaryOp::Square => with_x("square_grad", &|b, x, g| {
             let two = b.const_f32(2.0);
             let t = b.mul(x, two);
@@ -403,6 +376,38 @@ pub(crate) fn unary_backward<B: Backend>(
             b.select(inside, g, zero)
         }),
     }
+}
+
+/// `d/dx [x Phi(x)] g = (Phi(x) + x phi(x)) g`, Phi by the same erf formula as the forward.
+fn gelu_grad(b: &mut ProgramBuilder, x: Value, g: Value) -> Value {
+    let k = b.const_f32(std::f32::consts::FRAC_1_SQRT_2);
+    let z = b.mul(x, k);
+    let e = ir_erf(b, z);
+    let one = b.const_f32(1.0);
+    let half = b.const_f32(0.5);
+    let t = b.add(one, e);
+    let cdf = b.mul(half, t);
+    let x2 = b.mul(x, x);
+    let mh = b.const_f32(-0.5);
+    let a = b.mul(x2, mh);
+    let ex = b.unary(IrUnary::Exp, a);
+    let inv = b.const_f32(0.398_942_3); // 1 / sqrt(2 pi)
+    let pdf = b.mul(ex, inv);
+    let d = b.fma(x, pdf, cdf);
+    b.mul(d, g)
+}
+
+/// `d/dx [x s(x)] g = s(x) (1 + x (1 - s(x))) g`, `s` the sigmoid.
+fn silu_grad(b: &mut ProgramBuilder, x: Value, g: Value) -> Value {
+    let one = b.const_f32(1.0);
+    let nx = b.unary(IrUnary::Neg, x);
+    let e = b.unary(IrUnary::Exp, nx);
+    let den = b.add(one, e);
+    let s = b.unary(IrUnary::Recip, den);
+    let c = b.sub(one, s);
+    let t = b.fma(x, c, one);
+    let d = b.mul(s, t);
+    b.mul(d, g)
 }
 
 /// The error function in IR, by the same Abramowitz-Stegun formula as `hal::erf_f32`.
