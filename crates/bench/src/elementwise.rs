@@ -12,40 +12,7 @@ pub(crate) fn elementwise<B: Backend>(
 ) -> hal::Result<()> {
     let n = args.elements;
     let bytes = (n * 4) as f64;
-    // The bound: a plain memcpy of the same size on the host (read + write counted).
-    let src: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
-    let mut dst = vec![0f32; n];
-    let t_copy = time_it(args.reps, |_| {}, || dst.copy_from_slice(&src));
-    // The stricter bound: the same copy split across every hardware thread.
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-    let t_par = time_it(
-        args.reps,
-        |_| {},
-        || {
-            let chunk = n.div_ceil(threads);
-            std::thread::scope(|sc| {
-                for (d, s) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-                    sc.spawn(move || d.copy_from_slice(s));
-                }
-            });
-        },
-    );
-    std::hint::black_box(&dst);
-    drop((src, dst));
-    let copy_bw = 2.0 * bytes / t_copy;
-    let par_bw = 2.0 * bytes / t_par;
-    println!(
-        "memcpy {} MiB (plain, one call): {:.2} ms, {:.2} GB/s read+write",
-        (n * 4) >> 20,
-        t_copy * 1e3,
-        copy_bw / 1e9
-    );
-    println!(
-        "memcpy {} MiB ({threads} threads): {:.2} ms, {:.2} GB/s read+write",
-        (n * 4) >> 20,
-        t_par * 1e3,
-        par_bw / 1e9
-    );
+    let (copy_bw, par_bw, threads) = memcpy_bounds(n, args.reps);
 
     let ops = AddOperands::new(b, DType::F32, n, 5)?;
     let (x, y, out, l) = (&ops.x, &ops.y, &ops.out, &ops.l);
@@ -105,11 +72,54 @@ pub(crate) fn elementwise<B: Backend>(
             2.0 * bytes / t_dev / 1e9
         );
     }
-    // Latency: one tiny dispatch, submitted and waited for; then its two halves.
+    round_trip(b, args.reps)
+}
+
+/// The host's copy bandwidth for `n` f32 (read + write counted), as bounds for the add: a
+/// plain memcpy, and the same copy split across every hardware thread (the stricter bound).
+/// Returns both and the thread count, after printing them.
+fn memcpy_bounds(n: usize, reps: usize) -> (f64, f64, usize) {
+    let bytes = (n * 4) as f64;
+    let src: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
+    let mut dst = vec![0f32; n];
+    let t_copy = time_it(reps, |_| {}, || dst.copy_from_slice(&src));
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let t_par = time_it(
+        reps,
+        |_| {},
+        || {
+            let chunk = n.div_ceil(threads);
+            std::thread::scope(|sc| {
+                for (d, s) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+                    sc.spawn(move || d.copy_from_slice(s));
+                }
+            });
+        },
+    );
+    std::hint::black_box(&dst);
+    let copy_bw = 2.0 * bytes / t_copy;
+    let par_bw = 2.0 * bytes / t_par;
+    println!(
+        "memcpy {} MiB (plain, one call): {:.2} ms, {:.2} GB/s read+write",
+        (n * 4) >> 20,
+        t_copy * 1e3,
+        copy_bw / 1e9
+    );
+    println!(
+        "memcpy {} MiB ({threads} threads): {:.2} ms, {:.2} GB/s read+write",
+        (n * 4) >> 20,
+        t_par * 1e3,
+        par_bw / 1e9
+    );
+    (copy_bw, par_bw, threads)
+}
+
+/// Latency: one tiny dispatch, submitted and waited for; then its two halves.
+fn round_trip<B: Backend>(b: &B, reps: usize) -> hal::Result<()> {
     let one = b.alloc(DType::F32, 1)?;
     let l1 = Layout::contiguous(&[1]);
     let samples = |mut f: Box<dyn FnMut() -> f64 + '_>| {
-        let mut v: Vec<f64> = (0..args.reps.max(101) + 5).map(|_| f()).skip(5).collect();
+        let mut v: Vec<f64> = (0..reps.max(101) + 5).map(|_| f()).skip(5).collect();
         v.sort_by(f64::total_cmp);
         (v[v.len() / 2], v[0], v[v.len() * 9 / 10])
     };

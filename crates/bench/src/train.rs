@@ -119,23 +119,7 @@ pub fn train<B: Backend>(
             ),
         }
         if which == "mlp" {
-            let describe = |when: usize| {
-                let report = crate::launch::memory_report(b, memory);
-                println!("train memory after {when} steps: {report}");
-            };
-            let t = Instant::now();
-            for s in 1..=args.memory_steps {
-                let loss = step(&mut opt).map_err(e)?;
-                if s == 100 || s == args.memory_steps {
-                    no_grad(|| loss.item()).map_err(e)?;
-                    describe(s);
-                }
-            }
-            println!(
-                "train memory loop: {} steps in {:.2} s",
-                args.memory_steps,
-                t.elapsed().as_secs_f64()
-            );
+            memory_over_steps(b, args.memory_steps, memory, &mut || step(&mut opt))?;
         }
         // The same step recorded once and replayed (on CUDA, one graph launch a step).
         let (x0, y0) = &data[0];
@@ -166,6 +150,30 @@ pub fn train<B: Backend>(
             recorded.optimizer().steps()
         );
     }
+    Ok(())
+}
+
+/// Device memory after 100 steps and after `steps` steps of `step` (a leak shows as growth).
+fn memory_over_steps<B: Backend>(
+    b: &B,
+    steps: usize,
+    memory: Option<&dyn Fn() -> String>,
+    step: &mut dyn FnMut() -> tensor_autograd::Result<Tensor<B>>,
+) -> Result<(), String> {
+    let e = |e: tensor_autograd::Error| e.to_string();
+    let t = Instant::now();
+    for s in 1..=steps {
+        let loss = step().map_err(e)?;
+        if s == 100 || s == steps {
+            no_grad(|| loss.item()).map_err(e)?;
+            let report = crate::launch::memory_report(b, memory);
+            println!("train memory after {s} steps: {report}");
+        }
+    }
+    println!(
+        "train memory loop: {steps} steps in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
