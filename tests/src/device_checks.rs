@@ -7,7 +7,14 @@ use hal::{Backend, BackendExt, Layout, View};
 /// the call returns, the next `synchronize` reports the error naming the op, the index and the
 /// bound, the failed op wrote nothing, and the next op runs normally.
 pub fn bad_indices_are_reported_at_synchronize<B: Backend>(gpu: &B) {
-    use hal::{Csr, Error};
+    bad_gather_indices(gpu);
+    bad_scatter_and_segment_indices(gpu);
+    bad_csr_structure(gpu);
+}
+
+/// gather with indices past the end and below 0; a good gather after them.
+fn bad_gather_indices<B: Backend>(gpu: &B) {
+    use hal::Error;
     let x = gpu.upload(&[1.0f32, 2.0, 3.0]).unwrap();
     let out = gpu.upload(&[-7.0f32; 4]).unwrap();
     let (lx, li) = (Layout::contiguous(&[3]), Layout::contiguous(&[4]));
@@ -69,7 +76,12 @@ pub fn bad_indices_are_reported_at_synchronize<B: Backend>(gpu: &B) {
     )
     .unwrap();
     assert_eq!(gpu.read::<f32>(&out).unwrap(), vec![3.0, 2.0, 1.0, 3.0]);
+}
 
+/// scatter_add and segment_sum (few and many segments) with an id past the last.
+fn bad_scatter_and_segment_indices<B: Backend>(gpu: &B) {
+    use hal::Error;
+    let li = Layout::contiguous(&[4]);
     // scatter_add into 3 slots with an index of 5.
     let src = gpu.upload(&[1.0f32; 4]).unwrap();
     let bad = gpu.upload(&[0u32, 5, 1, 2]).unwrap();
@@ -128,7 +140,11 @@ pub fn bad_indices_are_reported_at_synchronize<B: Backend>(gpu: &B) {
         assert_eq!(gpu.read::<f32>(&sums).unwrap(), vec![-7.0; m]);
         assert_eq!(gpu.read::<f32>(&counts).unwrap(), vec![-7.0; m]);
     }
+}
 
+/// spmv_csr with a column past the end, then decreasing row offsets; a good one after them.
+fn bad_csr_structure<B: Backend>(gpu: &B) {
+    use hal::{Csr, Error};
     // spmv: a column past the end, then decreasing row offsets.
     let values = gpu.upload(&[1.0f32; 4]).unwrap();
     let xv = gpu.upload(&[1.0f32; 3]).unwrap();

@@ -240,85 +240,140 @@ fn primitives<B: Backend>(b: &B, l: &Layout) -> hal::Result<Vec<String>> {
     }
     let mut h = Harness::new(b);
     let f = DType::F32;
-    let (x, y, out) = (h.buffer(f)?, h.buffer(f)?, h.buffer(f)?);
-    let idx = h.buffer(DType::U32)?;
-    let idx_f = h.buffer(f)?;
-    let one = Layout::contiguous(&[1]);
-    let benign = Layout::contiguous(&[2, 2]);
+    let ops = Operands {
+        x: h.buffer(f)?,
+        y: h.buffer(f)?,
+        out: h.buffer(f)?,
+        idx: h.buffer(DType::U32)?,
+        idx_f: h.buffer(f)?,
+    };
+    let mut failures = elementwise_calls(b, &h, l, &ops);
+    failures.extend(axis_calls(b, &h, l, &ops));
+    failures.extend(product_calls(b, &h, l, &ops));
+    failures.extend(other_calls(b, &h, l, &ops));
+    Ok(failures)
+}
+
+/// The buffers every call of [`primitives`] draws its operands from.
+struct Operands<B: Backend> {
+    x: B::Buffer,
+    y: B::Buffer,
+    out: B::Buffer,
+    idx: B::Buffer,
+    idx_f: B::Buffer,
+}
+
+/// The elementwise calls with `l` in each operand position.
+fn elementwise_calls<B: Backend>(
+    b: &B,
+    h: &Harness<'_, B>,
+    l: &Layout,
+    o: &Operands<B>,
+) -> Vec<String> {
+    let Operands { x, y, out, .. } = o;
+    let (one, benign) = (Layout::contiguous(&[1]), Layout::contiguous(&[2, 2]));
     let mut failures = Vec::new();
     let mut check = |o: Outcome| failures.extend(o);
 
-    check(judge(&h, "fill", l, &[&out], || {
-        b.fill(View::new(&out, l), 1.0)
+    check(judge(h, "fill", l, &[out], || {
+        b.fill(View::new(out, l), 1.0)
     }));
-    check(judge(&h, "copy (source)", l, &[&out], || {
-        b.copy(View::new(&x, l), View::new(&out, &benign))
+    check(judge(h, "copy (source)", l, &[out], || {
+        b.copy(View::new(x, l), View::new(out, &benign))
     }));
-    check(judge(&h, "copy (output)", l, &[&out], || {
+    check(judge(h, "copy (output)", l, &[out], || {
         b.copy(
-            View::new(&x, &Layout::contiguous(&l.shape)),
-            View::new(&out, l),
+            View::new(x, &Layout::contiguous(&l.shape)),
+            View::new(out, l),
         )
     }));
-    check(judge(&h, "unary (input)", l, &[&out], || {
-        b.unary(UnaryOp::Exp, View::new(&x, l), View::new(&out, &benign))
+    check(judge(h, "unary (input)", l, &[out], || {
+        b.unary(UnaryOp::Exp, View::new(x, l), View::new(out, &benign))
     }));
-    check(judge(&h, "unary (output)", l, &[&out], || {
-        b.unary(UnaryOp::Exp, View::new(&x, &one), View::new(&out, l))
+    check(judge(h, "unary (output)", l, &[out], || {
+        b.unary(UnaryOp::Exp, View::new(x, &one), View::new(out, l))
     }));
-    check(judge(&h, "binary", l, &[&out], || {
+    check(judge(h, "binary", l, &[out], || {
         b.binary(
             BinaryOp::Add,
-            View::new(&x, &one),
-            View::new(&y, l),
-            View::new(&out, l),
+            View::new(x, &one),
+            View::new(y, l),
+            View::new(out, l),
         )
     }));
-    check(judge(&h, "ternary", l, &[&out], || {
+    check(judge(h, "ternary", l, &[out], || {
         b.ternary(
             TernaryOp::Fma,
-            View::new(&x, l),
-            View::new(&y, &one),
-            View::new(&x, &one),
-            View::new(&out, l),
+            View::new(x, l),
+            View::new(y, &one),
+            View::new(x, &one),
+            View::new(out, l),
         )
     }));
+    failures
+}
+
+/// The calls along each axis of `l`: reductions, arg-reductions, gather and scatter.
+fn axis_calls<B: Backend>(b: &B, h: &Harness<'_, B>, l: &Layout, o: &Operands<B>) -> Vec<String> {
+    let Operands { x, out, idx, .. } = o;
+    let mut failures = Vec::new();
+    let mut check = |o: Outcome| failures.extend(o);
     for axis in 0..l.rank() {
         let mut kept = l.shape.clone();
         kept[axis] = 1;
         let kept = Layout::contiguous(&kept);
         for op in [ReduceOp::Sum, ReduceOp::Max] {
-            check(judge(&h, &format!("reduce {op:?}"), l, &[&out], || {
-                b.reduce(op, View::new(&x, l), &[axis], View::new(&out, &kept))
+            check(judge(h, &format!("reduce {op:?}"), l, &[out], || {
+                b.reduce(op, View::new(x, l), &[axis], View::new(out, &kept))
             }));
         }
-        check(judge(&h, "arg_reduce", l, &[&idx], || {
+        check(judge(h, "arg_reduce", l, &[idx], || {
             b.arg_reduce(
                 ArgReduceOp::ArgMax,
-                View::new(&x, l),
+                View::new(x, l),
                 axis,
-                View::new(&idx, &kept),
+                View::new(idx, &kept),
             )
         }));
-        check(judge(&h, "gather (data)", l, &[&out], || {
+        check(judge(h, "gather (data)", l, &[out], || {
             let index = Layout::contiguous(&vec![1; l.rank()]);
             b.gather(
-                View::new(&x, l),
+                View::new(x, l),
                 axis,
-                View::new(&idx, &index),
-                View::new(&out, &index),
+                View::new(idx, &index),
+                View::new(out, &index),
             )
         }));
-        check(judge(&h, "scatter_add (output)", l, &[&out], || {
+        check(judge(h, "scatter_add (output)", l, &[out], || {
             let index = Layout::contiguous(&vec![1; l.rank()]);
             b.scatter_add(
-                View::new(&x, &index),
+                View::new(x, &index),
                 axis,
-                View::new(&idx, &index),
-                View::new(&out, l),
+                View::new(idx, &index),
+                View::new(out, l),
             )
         }));
     }
+    failures
+}
+
+/// Products with `l` as an operand or output (of rank 2 or 3), the search and the segment sum over it, and a bias.
+fn product_calls<B: Backend>(
+    b: &B,
+    h: &Harness<'_, B>,
+    l: &Layout,
+    o: &Operands<B>,
+) -> Vec<String> {
+    let Operands {
+        x,
+        y,
+        out,
+        idx,
+        idx_f,
+    } = o;
+    let one = Layout::contiguous(&[1]);
+    let mut failures = Vec::new();
+    let mut check = |o: Outcome| failures.extend(o);
     if (2..=3).contains(&l.rank()) {
         let r = l.rank();
         let (m, k) = (l.shape[r - 2], l.shape[r - 1]);
@@ -328,24 +383,24 @@ fn primitives<B: Backend>(b: &B, l: &Layout) -> hal::Result<Vec<String>> {
         let mut oshape = l.shape.clone();
         oshape[r - 1] = 1;
         let _ = m;
-        check(judge(&h, "matmul (a)", l, &[&out], || {
+        check(judge(h, "matmul (a)", l, &[out], || {
             b.matmul(
-                View::new(&x, l),
-                View::new(&y, &Layout::contiguous(&bshape)),
-                View::new(&out, &Layout::contiguous(&oshape)),
+                View::new(x, l),
+                View::new(y, &Layout::contiguous(&bshape)),
+                View::new(out, &Layout::contiguous(&oshape)),
                 1.0,
                 0.0,
             )
         }));
-        check(judge(&h, "matmul (out)", l, &[&out], || {
+        check(judge(h, "matmul (out)", l, &[out], || {
             let mut ashape = l.shape.clone();
             ashape[r - 1] = 1;
             let mut bs = l.shape.clone();
             bs[r - 2] = 1;
             b.matmul(
-                View::new(&x, &Layout::contiguous(&ashape)),
-                View::new(&y, &Layout::contiguous(&bs)),
-                View::new(&out, l),
+                View::new(x, &Layout::contiguous(&ashape)),
+                View::new(y, &Layout::contiguous(&bs)),
+                View::new(out, l),
                 1.0,
                 0.0,
             )
@@ -353,56 +408,64 @@ fn primitives<B: Backend>(b: &B, l: &Layout) -> hal::Result<Vec<String>> {
         if r == 2 {
             let rows = Layout::contiguous(&[l.shape[0]]);
             check(judge(
-                &h,
+                h,
                 "nearest_centroid (points)",
                 l,
-                &[&idx, &out],
+                &[idx, out],
                 || {
                     b.nearest_centroid(
-                        View::new(&x, l),
-                        View::new(&y, &Layout::contiguous(&[1, l.shape[1]])),
-                        View::new(&idx, &rows),
-                        View::new(&out, &rows),
+                        View::new(x, l),
+                        View::new(y, &Layout::contiguous(&[1, l.shape[1]])),
+                        View::new(idx, &rows),
+                        View::new(out, &rows),
                     )
                 },
             ));
-            check(judge(&h, "segment_sum (x)", l, &[&y, &out], || {
+            check(judge(h, "segment_sum (x)", l, &[y, out], || {
                 b.segment_sum(
-                    View::new(&x, l),
-                    View::new(&idx, &rows),
+                    View::new(x, l),
+                    View::new(idx, &rows),
                     None,
-                    View::new(&y, &Layout::contiguous(&[1, l.shape[1]])),
-                    View::new(&out, &one),
+                    View::new(y, &Layout::contiguous(&[1, l.shape[1]])),
+                    View::new(out, &one),
                 )
             }));
         }
     }
-    check(judge(&h, "matmul_epilogue (bias)", l, &[&out], || {
+    check(judge(h, "matmul_epilogue (bias)", l, &[out], || {
         let ab = Layout::contiguous(&[2, 2]);
         let epilogue = hal::Epilogue {
-            bias: Some(View::new(&y, l)),
+            bias: Some(View::new(y, l)),
             activation: Some(UnaryOp::Relu),
             a_gate: None,
             a_row_sums: None,
         };
         b.matmul_epilogue(
-            View::new(&x, &ab),
-            View::new(&idx_f, &ab),
-            View::new(&out, &ab),
+            View::new(x, &ab),
+            View::new(idx_f, &ab),
+            View::new(out, &ab),
             1.0,
             0.0,
             epilogue,
         )
     }));
+    failures
+}
+
+/// k-means++, random, the image copies and the sparse product.
+fn other_calls<B: Backend>(b: &B, h: &Harness<'_, B>, l: &Layout, o: &Operands<B>) -> Vec<String> {
+    let Operands { x, y, out, idx, .. } = o;
+    let mut failures = Vec::new();
+    let mut check = |o: Outcome| failures.extend(o);
     if l.rank() == 2 {
-        check(judge(&h, "kmeans_pp (x)", l, &[&out], || {
+        check(judge(h, "kmeans_pp (x)", l, &[out], || {
             let anchors = Layout::contiguous(&[1, l.shape[1]]);
-            b.kmeans_pp(View::new(&x, l), View::new(&out, &anchors), 3)
+            b.kmeans_pp(View::new(x, l), View::new(out, &anchors), 3)
         }));
     }
-    check(judge(&h, "random", l, &[&out], || {
+    check(judge(h, "random", l, &[out], || {
         b.random(
-            View::new(&out, l),
+            View::new(out, l),
             Distribution::Uniform {
                 low: 0.0,
                 high: 1.0,
@@ -424,24 +487,24 @@ fn primitives<B: Backend>(b: &B, l: &Layout) -> hal::Result<Vec<String>> {
     let image = Layout::contiguous(&geometry.image_shape());
     if let Some(cols) = geometry.cols_shape() {
         let cols = Layout::contiguous(&cols);
-        check(judge(&h, "im2col", &image, &[&out], || {
-            b.im2col(View::new(&x, &image), &geometry, View::new(&out, &cols))
+        check(judge(h, "im2col", &image, &[out], || {
+            b.im2col(View::new(x, &image), &geometry, View::new(out, &cols))
         }));
-        check(judge(&h, "col2im", &cols, &[&out], || {
-            b.col2im(View::new(&x, &cols), &geometry, View::new(&out, &image))
+        check(judge(h, "col2im", &cols, &[out], || {
+            b.col2im(View::new(x, &cols), &geometry, View::new(out, &image))
         }));
     }
-    check(judge(&h, "spmv_csr", l, &[&out], || {
+    check(judge(h, "spmv_csr", l, &[out], || {
         let a = Csr {
             rows: l.shape[0],
             cols: LEN,
-            row_offsets: &idx,
-            col_indices: &idx,
-            values: &y,
+            row_offsets: idx,
+            col_indices: idx,
+            values: y,
         };
-        b.spmv_csr(a, &x, &out, 1.0, 0.0)
+        b.spmv_csr(a, x, out, 1.0, 0.0)
     }));
-    Ok(failures)
+    failures
 }
 
 /// A launch of `n` indices of a kernel that stores its index into a `LEN`-element buffer:
