@@ -66,7 +66,7 @@ pub const STEP_K: usize = 32;
 
 /// Steps of [`STEP_K`] after which the split mode moves its main accumulators into outer
 /// ones (plain f32 additions): the matrix units' f32 accumulation loses more than round to
-/// nearest (about 1e-5 relative over k = 8192 on an H200), so long sums are kept short.
+/// nearest (measurably, over k = 8192), so long sums are kept short.
 const FLUSH_STEPS: u32 = 8;
 
 /// The fragment loads and multiply-adds of one 16-deep step: `c{i}{j} += a{i} b{j}` (and

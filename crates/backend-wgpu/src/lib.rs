@@ -22,10 +22,9 @@
 //!
 //! Kernels live in `shaders/` at the repository root, one WGSL file per primitive family
 //! (see [`wgsl`] for how they are specialised and composed). Matrix products and the fused
-//! nearest-centroid search share a shared-memory tile, 128 x 128 or smaller by shape (about 28 TFLOP/s f32 GEMM on
-//! an H200; 1M x 128 points against 4096 centroids in 57 ms); products with few outputs and a
-//! long k take a dot-product kernel instead; contiguous f32 arithmetic uses vec4 loads
-//! (3.9 TB/s); docs/PERF.md has the figures. Buffers are pooled; nothing reads back to the host
+//! nearest-centroid search share a shared-memory tile, 128 x 128 or smaller by shape;
+//! products with few outputs and a long k take a dot-product kernel instead; contiguous f32
+//! arithmetic uses vec4 loads. docs/PERF.md has the figures. Buffers are pooled; nothing reads back to the host
 //! unless asked: index operands are checked on the device and a bad one is reported by the
 //! next synchronize. `record` captures (`src/capture.rs`): a replay encodes the recorded
 //! dispatches again without the calls' host work.
@@ -37,9 +36,7 @@
 //! outputs a whole word of two elements at a time either way), subgroups (the dot-product GEMM
 //! combines partial sums with subgroup shuffles instead of a workgroup-memory tree) and
 //! cooperative matrices (tensor cores, see [`coop`]: f16 and bf16 products, f32 products under
-//! [`Precision::Fast`] and [`Precision::Compensated`], and the fast nearest-centroid search;
-//! on an H200, 163 TFLOP/s for f16 inputs at 8192^3, 67 TFLOP/s for f32 split into three f16
-//! products at 3.5e-7 relative error, the search above in 11.7 ms).
+//! [`Precision::Fast`] and [`Precision::Compensated`], and the fast nearest-centroid search).
 
 mod buffer;
 mod capture;

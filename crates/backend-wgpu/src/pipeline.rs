@@ -16,7 +16,8 @@ pub(crate) trait LaunchParams: bytemuck::Pod {
     const LAYOUT: ParamsLayout;
 }
 
-/// The name and fields (name, WGSL type) of a [`LaunchParams`] struct.
+/// The name and fields (name, WGSL type) of a typed launch-parameter struct (see
+/// `launch_params!` in `pipeline.rs`).
 #[derive(Clone, Copy, Debug)]
 pub struct ParamsLayout {
     pub name: &'static str,
@@ -44,7 +45,7 @@ macro_rules! launch_params {
 }
 pub(crate) use launch_params;
 
-/// Every [`LaunchParams`] struct, for `cargo xtask wgsl`.
+/// Every typed launch-parameter struct, for `cargo xtask wgsl`.
 pub const LAUNCH_PARAMS: &[ParamsLayout] =
     &[<crate::ops::matmul::params::GemmParams as LaunchParams>::LAYOUT];
 

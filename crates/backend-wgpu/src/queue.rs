@@ -24,11 +24,9 @@ pub(crate) fn batch_commands() -> usize {
 /// commands, and each next batch may hold twice as many as the last, up to
 /// [`batch_commands`]: an idle GPU then starts on the first commands while the host encodes
 /// the rest, instead of waiting for a whole batch (a recorded MLP training step is 19
-/// dispatches, which the host encodes in about 0.13 ms). Measured on an H200 (`bench --suite
-/// train` with `HAL_WGPU_FIRST_BATCH`, three runs each): 8 took the recorded MLP step to
-/// 0.183-0.184 ms, against 0.186-0.188 for 2 and 0.187-0.201 for 32 (no ramp); 2 made single
-/// short calls waited for slower (`bench --suite vlc`'s "each alone and waited for": 0.10 ->
-/// 0.16-0.19 ms for the assignment), which 8 leaves alone.
+/// dispatches). Chosen against 2 and 32 (no ramp) with `HAL_WGPU_FIRST_BATCH`: 8 gave the
+/// fastest recorded MLP step, and 2 slowed single short calls that are waited for
+/// (docs/PERF.md, tuning evidence).
 pub(crate) const FIRST_BATCH: usize = 8;
 
 /// [`FIRST_BATCH`], or `HAL_WGPU_FIRST_BATCH` (a tuning knob, at least 1).

@@ -78,8 +78,8 @@ fn print_profile(runs: usize) {
 
 /// Warm-ups: `run(i)` (which returns the seconds it timed) for i = 0, 1, ... until at least
 /// two runs and [`WARM_UP_SECONDS`] of them; returns how many ran. A GPU left idle (while a
-/// peer ran on the CPU, say) drops its clocks and raises them only after sustained load: on an
-/// H200 through Vulkan, runs after an idle spell took 3-4x longer for the first 0.1-0.2 s.
+/// peer ran on the CPU, say) drops its clocks and raises them only after sustained load (runs
+/// after an idle spell took several times longer for the first tenth of a second or two).
 /// The warm-ups' kernels are left out of a profile.
 fn warm_up<E>(mut run: impl FnMut(usize) -> Result<f64, E>) -> Result<usize, E> {
     let (mut warm, mut warm_runs) = (0.0, 0);

@@ -109,8 +109,8 @@ pub fn kmeans_pp_in_blocks<B: Backend>(
         // wherever the steps left fit inside the current block of draws; other steps are
         // direct calls. The recording starts from the counter that step 1 reads, and as it
         // takes an even number of steps every replay starts there too (steps in between come
-        // in pairs). One recording, where one per counter and size cost 0.3 ms on an H200,
-        // with the device idle meanwhile.
+        // in pairs). One recording: one per counter and size cost more in recording time,
+        // with the device idle meanwhile, than the replays saved.
         let first = (1 - lag) % 2;
         let many = match m > STEPS_AT_ONCE && block >= STEPS_AT_ONCE {
             true => {

@@ -109,7 +109,7 @@ impl Error {
 
 /// `auto` backend choice: problems with at least this many scalar residuals go to a GPU
 /// backend when one is present, smaller ones to the CPU (where launch and transfer latency
-/// dominate). Measured by `bench --suite nlls` on an H200 host (docs/PERF.md): the icosphere
-/// at level 3 (8,322 residuals) solved faster on its CPU (0.18 s against 0.31 s), at level 4
-/// (33,282) on the GPU (0.24 s against 5.8 s); the threshold sits between the two.
+/// dominate). Measured by `bench --suite nlls` on a GPU host (docs/PERF.md, tuning
+/// evidence): the icosphere at level 3 (8,322 residuals) solved faster on its CPU, at level 4
+/// (33,282) on the GPU; the threshold sits between the two.
 pub const AUTO_GPU_MIN_RESIDUALS: usize = 20_000;

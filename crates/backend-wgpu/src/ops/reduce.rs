@@ -217,9 +217,9 @@ impl WgpuBackend {
         } else {
             CHUNK
         };
-        // Chunks short enough to give the GPU REDUCE_THREADS threads where the work allows
-        // (a bias gradient, 512 sums of 256, was 512 threads each walking 256 values in
-        // sequence: 78 us on an H200), at least 32 values long.
+        // Chunks short enough to give the GPU REDUCE_THREADS threads where the work allows (a
+        // bias gradient, 512 sums of 256, was otherwise 512 threads each walking 256 values in
+        // sequence; docs/PERF.md, tuning evidence), at least 32 values long.
         let per = (count * n_out).div_ceil(REDUCE_THREADS).clamp(32, longest);
         let chunks = count.div_ceil(per).max(1);
         let keep = kept(x.layout, &out.layout.shape, axes);

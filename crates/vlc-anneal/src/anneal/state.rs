@@ -28,7 +28,7 @@ pub(crate) struct State<B: Backend> {
 /// schedule row and the energy slot come from counters on the device, which the calls
 /// advance. So an update followed by an assignment can be recorded once and replayed every
 /// iteration (on CUDA one graph launch where it was about fifteen launches, whose host cost
-/// left the device idle for a third of the annealing on an H200).
+/// left the device idle for much of the annealing).
 pub(crate) struct Pass<B: Backend> {
     pub(crate) n: usize,
     pub(crate) d: usize,

@@ -11,9 +11,9 @@ use hal::{DType, Precision, Result, validate};
 
 /// f32 products take the cooperative-matrix kernels only where each packed operand element
 /// is used at least this often on average (`m n / (m + n)`, half the harmonic mean of the
-/// output's sides; 4096 for an 8192^3 product): see `matmul_coop`. A convolution's
-/// 288 x 50176 input gradient (286) took 0.21 ms on them against 0.07 ms on the f32 kernels
-/// (H200), most of it the packing and the epilogue.
+/// output's sides; 4096 for an 8192^3 product): see `matmul_coop`. Below it the packing and
+/// the epilogue cost more than the product saves (a convolution's 288 x 50176 input
+/// gradient, reuse 286, ran three times slower on them; docs/PERF.md, tuning evidence).
 pub(crate) const COOP_F32_MIN_REUSE: usize = 512;
 
 /// What a cooperative-matrix product checks of its operands while packing them (scalar 6
@@ -90,8 +90,7 @@ impl WgpuBackend {
         if a.dtype() == DType::F32 && m * n < COOP_F32_MIN_REUSE * (m + n) {
             // f32 operands are packed to halves first, a pass over both: with a thin output
             // (a convolution's 64 x 50176, say) the packing and the epilogue alone cost more
-            // than the f32 kernels' whole product (0.72 against 0.89 ms per step of a small
-            // CNN on an H200).
+            // than the f32 kernels' whole product.
             return Ok(false);
         }
         let mp = m.next_multiple_of(tiles.rows());

@@ -387,8 +387,8 @@ impl WgpuBackend {
     ) -> Result<()> {
         let GemmRoute { tile, slices, dot } = gemm_route(am, bm, om, beta);
         // Long products over few tiles go to the split tile kernel even under
-        // Precision::Fast: the cooperative-matrix kernel does not split k, and on an H200 it
-        // took 1.4 ms per product on a small CNN's weight gradients (k up to 200704).
+        // Precision::Fast: the cooperative-matrix kernel does not split k, and a small CNN's
+        // weight gradients (k up to 200704) ran several times slower on it.
         if slices > 1 {
             return self.matmul_split_k([a, b, out], [am, bm, om], alpha, (slices, tile), fused);
         }
@@ -471,8 +471,7 @@ impl WgpuBackend {
             extras,
         )?;
         // The sum pass: one thread an output element (gemm_sum.wgsl), with or without an
-        // epilogue. (`reduce` over the slices' axis, the first form, took 10.2 us against
-        // 8.4 for a 256 x 512 output of 8 slices on an H200, under the profiler.)
+        // epilogue (faster than `reduce` over the slices' axis, the first form).
         self.split_sum(&partial, slices, out.buffer, om, fused)
     }
 

@@ -55,14 +55,13 @@ pub(crate) fn tile_override() -> Option<TileShape> {
 /// The GEMM tile of a product with an `rows x cols` output (times `batch`), unless
 /// `HAL_WGPU_TILE` says otherwise:
 /// - 64 x 64 where 128 x 128 would give fewer than [`SMALL_PRODUCT_TILES`] workgroups (a
-///   training step's 256 x 512 products: 8 workgroups on a GPU of 132 multiprocessors; with
-///   64 x 64 tiles an MLP step went from 0.86 to 0.60 ms on an H200). That includes long
-///   products over few tiles, which are split over k ([`k_slices`]): a convolution's weight
-///   gradient, 64 x 288 over k = 50176, took 139 us in 64 x 64 tiles, 152 in 64 x 128 and 178
-///   in 128 x 64 (H200).
-/// - otherwise 128 x 128, or a half tile (64 x 128 or 128 x 64) where that pads less: a
-///   convolution's 64 x 50176 forward product (123 us against 149 in 128 x 128 tiles, half of
-///   which padding) and its 288 x 50176 input gradient (138 against 149 us).
+///   training step's 256 x 512 products: 8 workgroups on a GPU of 132 multiprocessors). That
+///   includes long products over few tiles, which are split over k ([`k_slices`]), such as a
+///   convolution's weight gradient.
+/// - otherwise 128 x 128, or a half tile (64 x 128 or 128 x 64) where that pads less (a
+///   convolution's 64 x 50176 forward product: half of a 128 x 128 tile would be padding).
+///
+/// docs/PERF.md's tuning evidence has the timings behind each choice.
 pub(crate) fn gemm_tile(rows: usize, cols: usize, batch: usize) -> TileShape {
     if let Some(t) = tile_override() {
         return t;
@@ -99,11 +98,10 @@ pub(crate) fn k_slices(k: usize, tiles: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// See [`k_slices`]. Measured on an H200 (recorded training steps, `bench --suite train`,
-/// with `HAL_WGPU_MIN_SLICE_K` and `HAL_WGPU_SPLIT_GROUPS`): 128 against 64 took the MLP step
-/// from 0.209 to 0.185 ms (its 256 x 512 products over k = 512 and 784 in 4 slices, not 8;
-/// its 512-row weight gradients over k = 256 in 2, not 4) and the CNN step from 0.93 to 0.91;
-/// 256 took the MLP to 0.24 ms. Aiming for 128 or 192 workgroups instead of 256 slowed the CNN.
+/// See [`k_slices`]. Chosen against 64 and 256 (and against aiming for 128 or 192
+/// workgroups) on recorded training steps, with `HAL_WGPU_MIN_SLICE_K` and
+/// `HAL_WGPU_SPLIT_GROUPS` (docs/PERF.md, tuning evidence): an MLP's 256 x 512 products over
+/// k = 512 and 784 then take 4 slices, not 8, its 512-row weight gradients 2, not 4.
 pub(crate) const MIN_SLICE_K: usize = 128;
 
 /// The workgroups a split product aims for: [`SMALL_PRODUCT_TILES`], or `HAL_WGPU_SPLIT_GROUPS`
