@@ -1096,3 +1096,96 @@ extern "C" __global__ void nearest_few(const float* x, i64 n, i64 xr, i64 xc, co
 NEAREST_ORDERED(nearest_ordered, 32, 128, 256, 64)
 NEAREST_ORDERED(nearest_ordered_8, 8, 64, 256, 64)
 NEAREST_ORDERED(nearest_ordered_1, 1, 64, 256, 64)
+
+// hal::Backend::kmeans_pp in one cooperative launch (every block resident at once, so blocks
+// can wait for each other). For each anchor j: the points' squared distances to anchor j - 1
+// (a group of `lanes` lanes per point, each lane summing every lanes-th coordinate in order
+// with fused multiply-adds, the group then combined by shuffles: a fixed order, so the result
+// is deterministic), folded into D^2, and each point's race key drawn from hal::random's
+// stream at offset j n + i. A key is packed above its point's index into one 64-bit word
+// whose unsigned minimum is the race's winner (keys are never negative, so their bits order
+// as the floats do; equal keys go to the lower index); each block's minimum goes into
+// `slot[j]` by an atomic minimum, then the block counts itself in at `arrived[j]` and waits
+// until every block has, and reads the winner. The winners' rows are copied into the anchors
+// at the end. As separate calls a step took three launches (about 9.5 us on an H200).
+//
+// `slot` and `arrived` (m words each) start as all ones (one memset): a slot is then larger
+// than any packed key, and a count wraps to blocks - 1 once every block has added one.
+#define KPP_BLOCK 256
+
+__device__ __forceinline__ u64 warp_min_u64(u64 v) {
+    for (int s = 16; s > 0; s >>= 1) {
+        const u64 o = __shfl_xor_sync(0xffffffffu, v, s);
+        v = o < v ? o : v;
+    }
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(KPP_BLOCK)
+    kmeans_pp_race(const float* x, i64 n, i64 d, i64 m, float* anchors, float* d2, u64* slot, u32* arrived,
+                   u32 seed_lo, u32 seed_hi, int lanes) {
+    __shared__ u64 wbest[KPP_BLOCK / 32];
+    __shared__ i64 winner;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int sub = lane % lanes;
+    const i64 thread = (i64)blockIdx.x * KPP_BLOCK + threadIdx.x;
+    const i64 groups = (i64)gridDim.x * KPP_BLOCK / lanes;
+    // Point p = group + r groups in round r; the warp's first group decides, for all its lanes
+    // alike, whether the round runs (the shuffles need every lane).
+    const i64 group = thread / lanes, warp_group = (thread - lane) / lanes;
+    i64 w = -1;
+    for (i64 j = 0; j < m; ++j) {
+        u64 best = ~0ull;
+        for (i64 r = 0; warp_group + r * groups < n; ++r) {
+            const i64 p = group + r * groups;
+            const bool live = p < n;
+            // D^2 so far, loaded before the distance so that its latency overlaps.
+            const float old = live && sub == 0 && j > 1 ? d2[p] : 0.0f;
+            float acc = 0.0f;
+            if (live && j > 0) {
+                const float* xp = x + p * d;
+                const float* c = x + w * d;
+#pragma unroll 4
+                for (i64 k = sub; k < d; k += lanes) {
+                    const float t = xp[k] - c[k];
+                    acc = fmaf(t, t, acc);
+                }
+            }
+            for (int s = lanes / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+            if (live && sub == 0) {
+                const u64 at = (u64)j * (u64)n + (u64)p;
+                u32 ctr[4] = {(u32)at, (u32)(at >> 32), 0u, 0u};
+                philox(ctr, seed_lo, seed_hi);
+                const float u = (float)(ctr[0] >> 8) * (1.0f / 16777216.0f);
+                float key = u;
+                if (j > 0) {
+                    const float nd = j == 1 ? acc : fminf(old, acc);
+                    d2[p] = nd;
+                    key = nd <= 0.0f ? __int_as_float(0x7f800000) : -logf(fmaxf(u, 1.17549435e-38f)) / nd;
+                }
+                const u64 packed = ((u64)__float_as_uint(key) << 32) | (u64)(u32)p;
+                best = packed < best ? packed : best;
+            }
+        }
+        best = warp_min_u64(best);
+        if (lane == 0) wbest[warp] = best;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int k = 1; k < KPP_BLOCK / 32; ++k) best = wbest[k] < best ? wbest[k] : best;
+            atomicMin((unsigned long long*)(slot + j), (unsigned long long)best);
+            __threadfence();
+            atomicAdd(arrived + j, 1u);
+            volatile u32* count = arrived + j;
+            while (*count != gridDim.x - 1) {}
+            __threadfence();
+            winner = (i64)(u32)(*(volatile u64*)(slot + j));
+        }
+        __syncthreads();
+        w = winner;
+    }
+    // The anchors' rows, copied once every winner is known (each block a share of them).
+    for (i64 t = thread; t < m * d; t += (i64)gridDim.x * KPP_BLOCK) {
+        const i64 j = t / d;
+        anchors[t] = x[(i64)(u32)__ldcg(slot + j) * d + (t - j * d)];
+    }
+}

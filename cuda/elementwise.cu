@@ -160,26 +160,3 @@ extern "C" __global__ void binary_f32_vec4(i64 n, float* out, const float* a, co
         out[i] = binary_apply(op, a[i], b[i]);
     }
 }
-
-// hal::random: element i of the output's row-major order gets random_value(dist, seed, offset + i).
-extern "C" __global__ void random_kernel(Walk w, void* out, int odt, u32 seed_lo, u32 seed_hi, u64 offset, int normal,
-                                         float p0, float p1) {
-    GRID_DEPENDENCY();
-    GRID_STRIDE(i, w.n) {
-        i64 o[1];
-        walk_offsets<1>(w, i, o);
-        u64 idx = offset + (u64)i;
-        u32 c[4] = {(u32)idx, (u32)(idx >> 32), 0u, 0u};
-        philox(c, seed_lo, seed_hi);
-        float v;
-        if (normal) {
-            float u1 = (float)((c[0] >> 8) + 1u) * (1.0f / 16777216.0f);
-            float u2 = (float)(c[1] >> 8) * (1.0f / 16777216.0f);
-            float z = sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958648f * u2);
-            v = fmaf(p1, z, p0);
-        } else {
-            v = fmaf(p1 - p0, (float)(c[0] >> 8) * (1.0f / 16777216.0f), p0);
-        }
-        store_f(out, odt, o[0], v);
-    }
-}

@@ -1,8 +1,8 @@
-// Indexing and sparse kernels: device-side index checks, gather, scatter-add, im2col/col2im,
-// CSR checks and mat-vec. A check writes the device fault record and a per-launch verdict word;
-// the kernel it guards reads the verdict and writes nothing after a failed check (hal's rule:
-// a failed operation writes nothing).
+// Indexing kernels: device-side index checks, gather, scatter-add. A check writes the device
+// fault record and a per-launch verdict word; the kernel it guards reads the verdict and writes
+// nothing after a failed check (hal's rule: a failed operation writes nothing).
 #include "common.cuh"
+#include "move_element.cuh"
 
 // Every element of an index view must lie in 0..bound.
 extern "C" __global__ void check_index(Walk w, const void* index, int idt, i64 bound, u32 op, u32* fault, u32* verdict) {
@@ -14,15 +14,6 @@ extern "C" __global__ void check_index(Walk w, const void* index, int idt, i64 b
             report_fault(fault, v, bound, op);
             atomicOr(verdict, 1u);
         }
-    }
-}
-
-__device__ __forceinline__ void move_element(void* out, int odt, i64 oi, const void* x, int xdt, i64 xi) {
-    if (odt == xdt) {
-        if (odt == DT_F16 || odt == DT_BF16) ((u16*)out)[oi] = ((const u16*)x)[xi];
-        else ((u32*)out)[oi] = ((const u32*)x)[xi];
-    } else {
-        store_f(out, odt, oi, load_f(x, xdt, xi));
     }
 }
 
@@ -47,156 +38,5 @@ extern "C" __global__ void scatter_add_kernel(Walk w, const void* src, int sdt, 
         walk_offsets<3>(w, i, o);
         i64 k = load_index(index, idt, o[1]);
         atomic_add_f(out, odt, o[2] + k * out_axis_stride, load_f(src, sdt, o[0]));
-    }
-}
-
-struct Geo {
-    i64 n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
-    i64 xs[4];
-    i64 xoff;
-    i64 cs[3];
-    i64 coff;
-};
-
-// im2col and col2im exist twice: with i64 index arithmetic, and for launches whose every
-// position fits in 31 bits with u32 quotients by precomputed multipliers (`FastDiv`): the
-// hardware has no integer divider, and the LeNet bench's convolution and pooling spent
-// 80-160 us a call on 64-bit divisions on an H200.
-extern "C" __global__ void im2col_kernel(Geo g, const void* x, int xdt, void* out, int odt) {
-    i64 total = g.n * g.c * g.kh * g.kw * g.oh * g.ow;
-    GRID_STRIDE(t, total) {
-        i64 p = t % (g.oh * g.ow);
-        i64 row = (t / (g.oh * g.ow)) % (g.c * g.kh * g.kw);
-        i64 b = t / (g.oh * g.ow * g.c * g.kh * g.kw);
-        i64 j = row % g.kw, i = (row / g.kw) % g.kh, ch = row / (g.kw * g.kh);
-        i64 oy = p / g.ow, ox = p % g.ow;
-        i64 y = oy * g.sh - g.ph + i * g.dh, xx = ox * g.sw - g.pw + j * g.dw;
-        i64 oi = g.coff + b * g.cs[0] + row * g.cs[1] + p * g.cs[2];
-        if (y >= 0 && y < g.h && xx >= 0 && xx < g.w) {
-            move_element(out, odt, oi, x, xdt, g.xoff + b * g.xs[0] + ch * g.xs[1] + y * g.xs[2] + xx * g.xs[3]);
-        } else {
-            store_f(out, odt, oi, 0.0f);
-        }
-    }
-}
-
-// The divisors of im2col_kernel32: oh*ow, c, ow.
-struct Im2colDivs {
-    FastDiv ohw, c, ow;
-};
-// A thread per (image, channel, output position), writing that position's kh*kw column entries
-// (a quotient per entry cost the LeNet bench's second convolution ~70 us on an H200).
-extern "C" __global__ void im2col_kernel32(Geo g, Im2colDivs v, const void* x, int xdt, void* out, int odt) {
-    const u32 total = (u32)(g.n * g.c * g.oh * g.ow);
-    const int kh = (int)g.kh, kw = (int)g.kw, h = (int)g.h, w = (int)g.w;
-    for (u32 t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
-        const u32 q = fast_div(v.ohw, t), p = t - q * v.ohw.d;
-        const u32 b = fast_div(v.c, q), ch = q - b * v.c.d;
-        const u32 oy = fast_div(v.ow, p), ox = p - oy * v.ow.d;
-        const i64 xbase = g.xoff + (i64)b * g.xs[0] + (i64)ch * g.xs[1];
-        i64 oi = g.coff + (i64)b * g.cs[0] + (i64)ch * (kh * kw) * g.cs[1] + (i64)p * g.cs[2];
-        const int y0 = (int)oy * (int)g.sh - (int)g.ph, x0 = (int)ox * (int)g.sw - (int)g.pw;
-        for (int i = 0; i < kh; ++i) {
-            const int y = y0 + i * (int)g.dh;
-            const bool row_inside = y >= 0 && y < h;
-            for (int j = 0; j < kw; ++j, oi += g.cs[1]) {
-                const int xx = x0 + j * (int)g.dw;
-                if (row_inside && xx >= 0 && xx < w) {
-                    move_element(out, odt, oi, x, xdt, xbase + (i64)y * g.xs[2] + (i64)xx * g.xs[3]);
-                } else {
-                    store_f(out, odt, oi, 0.0f);
-                }
-            }
-        }
-    }
-}
-
-// One thread per image pixel, summing the column entries that read it (no atomics).
-// Here `xs`/`xoff` describe the output image and `cs`/`coff` the columns.
-extern "C" __global__ void col2im_kernel(Geo g, const void* cols, int cdt, void* out, int odt) {
-    i64 total = g.n * g.c * g.h * g.w;
-    GRID_STRIDE(t, total) {
-        i64 xx = t % g.w, y = (t / g.w) % g.h, ch = (t / (g.w * g.h)) % g.c, b = t / (g.w * g.h * g.c);
-        float sum = 0.0f;
-        for (i64 i = 0; i < g.kh; ++i) {
-            i64 ty = y + g.ph - i * g.dh;
-            if (ty < 0 || ty % g.sh != 0) continue;
-            i64 oy = ty / g.sh;
-            if (oy >= g.oh) continue;
-            for (i64 j = 0; j < g.kw; ++j) {
-                i64 tx = xx + g.pw - j * g.dw;
-                if (tx < 0 || tx % g.sw != 0) continue;
-                i64 ox = tx / g.sw;
-                if (ox >= g.ow) continue;
-                i64 row = (ch * g.kh + i) * g.kw + j;
-                sum += load_f(cols, cdt, g.coff + b * g.cs[0] + row * g.cs[1] + (oy * g.ow + ox) * g.cs[2]);
-            }
-        }
-        store_f(out, odt, g.xoff + b * g.xs[0] + ch * g.xs[1] + y * g.xs[2] + xx * g.xs[3], sum);
-    }
-}
-
-// The divisors of col2im_kernel32: w, h, c, the strides sh and sw.
-struct Col2imDivs {
-    FastDiv w, h, c, sh, sw;
-};
-extern "C" __global__ void col2im_kernel32(Geo g, Col2imDivs v, const void* cols, int cdt, void* out, int odt) {
-    const u32 total = (u32)(g.n * g.c * g.h * g.w);
-    const int kh = (int)g.kh, kw = (int)g.kw, ph = (int)g.ph, pw = (int)g.pw, dh = (int)g.dh, dw = (int)g.dw;
-    const u32 oh = (u32)g.oh, ow = (u32)g.ow;
-    const bool unit = g.sh == 1 && g.sw == 1;
-    for (u32 t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
-        const u32 q = fast_div(v.w, t), xx = t - q * v.w.d;
-        const u32 q2 = fast_div(v.h, q), y = q - q2 * v.h.d;
-        const u32 b = fast_div(v.c, q2), ch = q2 - b * v.c.d;
-        float sum = 0.0f;
-        const i64 cbase = g.coff + (i64)b * g.cs[0] + (i64)ch * (kh * kw) * g.cs[1];
-        for (int i = 0; i < kh; ++i) {
-            const int ty = (int)y + ph - i * dh;
-            if (ty < 0) continue;
-            // Stride 1 (the common case) needs no quotient per window entry.
-            const u32 oy = unit ? (u32)ty : fast_div(v.sh, (u32)ty);
-            if (oy * v.sh.d != (u32)ty || oy >= oh) continue;
-            for (int j = 0; j < kw; ++j) {
-                const int tx = (int)xx + pw - j * dw;
-                if (tx < 0) continue;
-                const u32 ox = unit ? (u32)tx : fast_div(v.sw, (u32)tx);
-                if (ox * v.sw.d != (u32)tx || ox >= ow) continue;
-                sum += load_f(cols, cdt, cbase + (i64)(i * kw + j) * g.cs[1] + ((i64)oy * ow + ox) * g.cs[2]);
-            }
-        }
-        store_f(out, odt, g.xoff + (i64)b * g.xs[0] + (i64)ch * g.xs[1] + (i64)y * g.xs[2] + (i64)xx * g.xs[3], sum);
-    }
-}
-
-// CSR structure: offsets start at 0, never decrease, end at nnz; columns below ncols.
-extern "C" __global__ void check_csr(const u32* offsets, i64 rows, const u32* cols, i64 nnz, i64 ncols, u32 op_offsets,
-                                     u32 op_cols, u32* fault, u32* verdict) {
-    GRID_STRIDE(i, rows + 1) {
-        u32 o = offsets[i];
-        bool bad = (i == 0 && o != 0u) || (i > 0 && o < offsets[i - 1]) || (i64)o > nnz || (i == rows && (i64)o != nnz);
-        if (bad) {
-            report_fault(fault, o, nnz, op_offsets);
-            atomicOr(verdict, 1u);
-        }
-    }
-    GRID_STRIDE(k, nnz) {
-        if ((i64)cols[k] >= ncols) {
-            report_fault(fault, cols[k], ncols, op_cols);
-            atomicOr(verdict, 1u);
-        }
-    }
-}
-
-// y = alpha A x + beta y, one warp per row (beta == 0 ignores y's old value).
-extern "C" __global__ void spmv_kernel(i64 rows, const u32* offsets, const u32* cols, const float* vals, const float* x,
-                                       float* y, float alpha, float beta, const u32* verdict) {
-    if (*verdict) return;
-    i64 warps = ((i64)gridDim.x * blockDim.x) / 32;
-    for (i64 r = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
-        float acc = 0.0f;
-        for (u32 k = offsets[r] + (threadIdx.x & 31); k < offsets[r + 1]; k += 32) acc = fmaf(vals[k], x[cols[k]], acc);
-        acc = warp_sum(acc);
-        if ((threadIdx.x & 31) == 0) y[r] = beta == 0.0f ? alpha * acc : fmaf(beta, y[r], alpha * acc);
     }
 }

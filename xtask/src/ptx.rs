@@ -13,7 +13,7 @@ const ARCH: &str = "compute_80";
 /// Sources also built for compute capability 9.0 (`NAME.sm90.ptx`), where their kernels use
 /// Hopper's programmatic dependent launch (`GRID_DEPENDENCY` in `cuda/common.cuh`); the
 /// backend loads that PTX on Hopper and newer.
-const DUAL_TARGET: [&str; 1] = ["elementwise"];
+const DUAL_TARGET: [&str; 2] = ["elementwise", "random"];
 /// The newest PTX ISA a CUDA 13.0 driver loads.
 const MAX_ISA: (u32, u32) = (9, 0);
 const STAMP: &str = "// source-hash: ";

@@ -12,19 +12,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The committed PTX of each file in `cuda/` (`cargo xtask ptx` writes them).
-pub(crate) const MODULES: [(&str, &str); 5] = [
+pub(crate) const MODULES: [(&str, &str); 9] = [
     ("elementwise", include_str!("../ptx/elementwise.ptx")),
-    ("index", include_str!("../ptx/index.ptx")),
     ("reduce", include_str!("../ptx/reduce.ptx")),
+    ("matmul", include_str!("../ptx/matmul.ptx")),
+    ("index", include_str!("../ptx/index.ptx")),
+    ("conv", include_str!("../ptx/conv.ptx")),
     ("cluster", include_str!("../ptx/cluster.ptx")),
+    ("segment", include_str!("../ptx/segment.ptx")),
     ("optim", include_str!("../ptx/optim.ptx")),
+    ("random", include_str!("../ptx/random.ptx")),
 ];
 
 /// The compute-capability-9.0 builds of files in `MODULES` (xtask's `DUAL_TARGET`), loaded in
 /// their place on Hopper and newer: their kernels open with `GRID_DEPENDENCY`
 /// (`cuda/common.cuh`) and are launched with programmatic dependent launch.
-const HOPPER_MODULES: [(&str, &str); 1] =
-    [("elementwise", include_str!("../ptx/elementwise.sm90.ptx"))];
+const HOPPER_MODULES: [(&str, &str); 2] = [
+    ("elementwise", include_str!("../ptx/elementwise.sm90.ptx")),
+    ("random", include_str!("../ptx/random.sm90.ptx")),
+];
 
 /// Threads per block of the one-dimensional kernels.
 pub(crate) const BLOCK: u32 = 256;
