@@ -3,7 +3,9 @@
 // position's kh*kw entries: the quotients are found once per position rather than once per
 // entry (a thread per entry spent 78 us a call on a small CNN's second convolution on an H200).
 // Blocks: 0 out, 1 x (both indexed by coordinates and strides).
-// Scalars: 0 N, 1 C, 2 H, 3 W, 4 kh, 5 kw, 6-7 stride, 8-9 padding, 10-11 dilation, 12 oh, 13 ow.
+// Scalars: conv_params.wgsl.
+
+// @include conv_params.wgsl
 
 // @slot bindings
 @group(0) @binding(1) var<storage, read> B1: array<u32>;
@@ -13,19 +15,20 @@ fn st2(i: i32, v: f32) { B2[i] = bitcast<u32>(v); }
 // @end
 
 fn kernel(t: u32) {
-    let C = s(1u); let H = s(2u); let W = s(3u);
-    let kh = s(4u); let kw = s(5u); let oh = s(12u); let ow = s(13u);
+    let p = conv_params();
+    let C = p.channels; let H = p.height; let W = p.width;
+    let kh = p.kernel_h; let kw = p.kernel_w; let oh = p.out_h; let ow = p.out_w;
     let pos = t % (oh * ow);
     let nc = t / (oh * ow);
     let c = nc % C;
     let n = nc / C;
-    let y0 = i32((pos / ow) * s(6u)) - i32(s(8u));
-    let x0 = i32((pos % ow) * s(7u)) - i32(s(9u));
+    let y0 = i32((pos / ow) * p.stride_h) - i32(p.pad_h);
+    let x0 = i32((pos % ow) * p.stride_w) - i32(p.pad_w);
     var row = c * kh * kw;
     for (var i = 0u; i < kh; i = i + 1u) {
-        let iy = y0 + i32(i * s(10u));
+        let iy = y0 + i32(i * p.dilation_h);
         for (var j = 0u; j < kw; j = j + 1u) {
-            let ix = x0 + i32(j * s(11u));
+            let ix = x0 + i32(j * p.dilation_w);
             var v = 0.0;
             if (iy >= 0 && ix >= 0 && u32(iy) < H && u32(ix) < W) {
                 // By coordinates and strides: `off` would divide once more per dimension.

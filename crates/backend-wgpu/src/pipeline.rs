@@ -46,8 +46,10 @@ macro_rules! launch_params {
 pub(crate) use launch_params;
 
 /// Every typed launch-parameter struct, for `cargo xtask wgsl`.
-pub const LAUNCH_PARAMS: &[ParamsLayout] =
-    &[<crate::ops::matmul::params::GemmParams as LaunchParams>::LAYOUT];
+pub const LAUNCH_PARAMS: &[ParamsLayout] = &[
+    <crate::ops::matmul::params::GemmParams as LaunchParams>::LAYOUT,
+    <crate::ops::conv::ConvParams as LaunchParams>::LAYOUT,
+];
 
 /// Launch parameters: sixteen scalar slots and up to eight layout blocks (see `wgsl/`).
 #[derive(Clone, Default)]

@@ -1,6 +1,6 @@
 //! im2col and col2im.
 
-use crate::pipeline::{Params, Spec};
+use crate::pipeline::{Params, Spec, launch_params};
 use crate::{V, WgpuBackend, wgsl};
 use hal::{Conv2dGeometry, Result, validate};
 
@@ -32,26 +32,44 @@ pub(crate) fn col2im(gpu: &WgpuBackend, cols: V<'_>, g: &Conv2dGeometry, out: V<
     )
 }
 
-pub(crate) fn conv_params(g: &Conv2dGeometry, oh: usize, ow: usize) -> Params {
-    let v = [
-        g.batch,
-        g.channels,
-        g.height,
-        g.width,
-        g.kernel.0,
-        g.kernel.1,
-        g.stride.0,
-        g.stride.1,
-        g.padding.0,
-        g.padding.1,
-        g.dilation.0,
-        g.dilation.1,
-        oh,
-        ow,
-    ];
-    let mut p = Params::default();
-    for (i, x) in v.into_iter().enumerate() {
-        p = p.scalar(i, x as u32);
+launch_params! {
+    /// What im2col.wgsl and col2im.wgsl read (`shaders/conv/conv_params.wgsl`): the geometry
+    /// and the output size.
+    pub(crate) struct ConvParams {
+        batch: u32,
+        channels: u32,
+        height: u32,
+        width: u32,
+        kernel_h: u32,
+        kernel_w: u32,
+        stride_h: u32,
+        stride_w: u32,
+        pad_h: u32,
+        pad_w: u32,
+        dilation_h: u32,
+        dilation_w: u32,
+        out_h: u32,
+        out_w: u32,
     }
-    p
+}
+
+/// The launch parameters of geometry `g` with an `oh x ow` output.
+pub(crate) fn conv_params(g: &Conv2dGeometry, oh: usize, ow: usize) -> Params {
+    let u = |v: usize| v as u32;
+    Params::default().typed(&ConvParams {
+        batch: u(g.batch),
+        channels: u(g.channels),
+        height: u(g.height),
+        width: u(g.width),
+        kernel_h: u(g.kernel.0),
+        kernel_w: u(g.kernel.1),
+        stride_h: u(g.stride.0),
+        stride_w: u(g.stride.1),
+        pad_h: u(g.padding.0),
+        pad_w: u(g.padding.1),
+        dilation_h: u(g.dilation.0),
+        dilation_w: u(g.dilation.1),
+        out_h: u(oh),
+        out_w: u(ow),
+    })
 }

@@ -333,6 +333,7 @@ shader_files!(
         "scatter_add.wgsl",
     ],
     "conv": [
+        "conv_params.wgsl",
         "im2col.wgsl",
         "col2im.wgsl",
     ],
