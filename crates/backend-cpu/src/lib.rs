@@ -27,6 +27,7 @@
 // smell; bundling them into structs would only rename the problem.
 #![allow(clippy::too_many_arguments)]
 
+mod device;
 mod ops;
 mod program;
 mod storage;
@@ -38,8 +39,8 @@ pub use storage::CpuBuffer;
 use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
-    DeviceBuffer, DeviceInfo, DeviceKind, Distribution, Error, Layout, Precision, ReduceOp, Result,
-    SgdParams, TernaryOp, UnaryOp, View, validate,
+    DeviceBuffer, DeviceInfo, Distribution, Error, Layout, Precision, ReduceOp, Result, SgdParams,
+    TernaryOp, UnaryOp, View, validate,
 };
 use ops::{cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -81,20 +82,6 @@ impl CpuBackend {
     pub fn cached_kernels(&self) -> usize {
         self.kernels.len()
     }
-}
-
-/// `(total, available)` system memory in bytes, from `/proc/meminfo` where it exists.
-fn memory() -> (u64, u64) {
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let field = |name: &str| {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    };
-    let total = field("MemTotal:").unwrap_or(16 << 30);
-    (total, field("MemAvailable:").unwrap_or(total))
 }
 
 /// Checks that every index in `index` lies in `0..bound`; the first one that does not is the
@@ -153,38 +140,11 @@ impl Backend for CpuBackend {
     type Graph = hal::Replay<Self>;
 
     fn info(&self) -> DeviceInfo {
-        let (total, available) = memory();
-        let name = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|t| {
-                t.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split(':').nth(1))
-                    .map(|s| s.trim().to_string())
-            })
-            .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-        DeviceInfo {
-            backend: "cpu",
-            name: format!("{name} ({} threads)", rayon::current_num_threads()),
-            kind: DeviceKind::Cpu,
-            memory_total: total,
-            memory_available: available,
-        }
+        device::info()
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            dtypes: DType::ALL.to_vec(),
-            max_buffer_bytes: memory().0,
-            parallelism: rayon::current_num_threads(),
-            native_float_atomics: false,
-            subgroups: false,
-            matrix_units: false,
-            graph_capture: false,
-            fast_precision: false,
-            compensated_precision: false,
-            fused_gradient_products: false,
-        }
+        device::capabilities()
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -192,29 +152,7 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<CpuBuffer> {
-        let requested = len as u128 * dtype.size_in_bytes() as u128;
-        let (total, available) = memory();
-        if requested > total as u128 {
-            return Err(Error::AllocationTooLarge {
-                requested_bytes: requested,
-                limit_bytes: total,
-                what: format!(
-                    "{len} elements of {dtype}; the CPU backend's limit is the system memory"
-                ),
-            });
-        }
-        // Linux would hand out such an allocation lazily and kill the process when it is
-        // touched; refusing it here keeps the error an error.
-        if requested > available as u128 {
-            return Err(Error::OutOfMemory {
-                requested_bytes: requested,
-            });
-        }
-        storage::Storage::zeroed(dtype, len)
-            .map(|s| CpuBuffer(Arc::new(s)))
-            .ok_or(Error::OutOfMemory {
-                requested_bytes: requested,
-            })
+        device::alloc(dtype, len)
     }
 
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<CpuBuffer> {
@@ -337,19 +275,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         validate::spmv_csr(&a, x, y)?;
         let _g = exec();
-        let (offsets, cols) = (u32_slice(a.row_offsets), u32_slice(a.col_indices));
-        validate::csr_structure(offsets, cols, a.cols, a.values.len())?;
-        matmul::spmv(
-            a.rows,
-            offsets,
-            cols,
-            f32_slice(a.values),
-            f32_slice(x),
-            y.typed::<f32>(),
-            alpha,
-            beta,
-        );
-        Ok(())
+        matmul::spmv_csr(a, x, y, alpha, beta)
     }
 
     fn gather(&self, x: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
@@ -418,17 +344,8 @@ impl Backend for CpuBackend {
             });
         }
         let _g = exec();
-        cluster::nearest_centroid(
-            x.buffer.src(),
-            x.layout,
-            c.buffer.src(),
-            c.layout,
-            out_index.buffer.dst(),
-            out_index.layout,
-            out_distance.buffer.dst(),
-            out_distance.layout,
-            self.precision == Precision::Reproducible,
-        );
+        let reproducible = self.precision == Precision::Reproducible;
+        cluster::nearest_centroid_views([x, c, out_index, out_distance], reproducible);
         Ok(())
     }
 
@@ -443,23 +360,8 @@ impl Backend for CpuBackend {
         validate::segment_sum(x, segment, weights, sums, counts)?;
         let _g = exec();
         check_indices("segment_sum", segment, sums.layout.shape[0])?;
-        let seg: Vec<u32> = contiguous(segment);
-        let w: Option<Vec<f32>> = weights.map(contiguous);
-        let sum = if self.precision == Precision::Reproducible {
-            segment::segment_sum_ordered
-        } else {
-            segment::segment_sum
-        };
-        sum(
-            x.buffer.src(),
-            x.layout,
-            &seg,
-            w.as_deref(),
-            sums.buffer.dst(),
-            sums.layout,
-            counts.buffer.dst(),
-            counts.layout,
-        );
+        let reproducible = self.precision == Precision::Reproducible;
+        segment::segment_sum_views(x, segment, weights, [sums, counts], reproducible);
         Ok(())
     }
 

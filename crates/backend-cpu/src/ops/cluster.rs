@@ -1,8 +1,8 @@
 //! Nearest-centroid search: k-means' assignment step.
 
 use crate::ops::elementwise;
-use crate::storage::{Dst, Src};
-use hal::{DType, Layout};
+use crate::storage::{CpuBuffer, Dst, Src};
+use hal::{DType, Layout, View};
 use rayon::prelude::*;
 
 /// Centroids per register block: the accumulators of one block stay in vector registers.
@@ -445,6 +445,24 @@ fn store_results(idx: &[u32], dist: &[f32], out_i: Dst, il: &Layout, out_d: Dst,
         &contiguous,
         out_d,
         dl,
+    );
+}
+
+/// [`nearest_centroid`] on validated rank-2 views `[x, centroids, out_index, out_distance]`.
+pub(crate) fn nearest_centroid_views(
+    [x, c, out_index, out_distance]: [View<'_, CpuBuffer>; 4],
+    reproducible: bool,
+) {
+    nearest_centroid(
+        x.buffer.src(),
+        x.layout,
+        c.buffer.src(),
+        c.layout,
+        out_index.buffer.dst(),
+        out_index.layout,
+        out_distance.buffer.dst(),
+        out_distance.layout,
+        reproducible,
     );
 }
 

@@ -4,7 +4,7 @@
 use crate::ops::elementwise;
 use crate::storage::{CpuBuffer, Dst, Src};
 use hal::validate::MatrixView;
-use hal::{DType, Layout};
+use hal::{Csr, DType, DeviceBuffer, Layout, Result, validate};
 use rayon::prelude::*;
 
 /// `out = alpha * a @ b + beta * out`; shapes were checked by the caller.
@@ -196,4 +196,31 @@ pub(crate) fn spmv(
             };
         }
     });
+}
+
+/// `y = alpha A x + beta y` for a validated CSR matrix `a`, once its structure is checked
+/// (offsets start at 0, never decrease, end at the values' count; columns in range).
+pub(crate) fn spmv_csr(
+    a: Csr<'_, CpuBuffer>,
+    x: &CpuBuffer,
+    y: &CpuBuffer,
+    alpha: f32,
+    beta: f32,
+) -> Result<()> {
+    let (offsets, cols) = (
+        crate::u32_slice(a.row_offsets),
+        crate::u32_slice(a.col_indices),
+    );
+    validate::csr_structure(offsets, cols, a.cols, a.values.len())?;
+    spmv(
+        a.rows,
+        offsets,
+        cols,
+        crate::f32_slice(a.values),
+        crate::f32_slice(x),
+        y.typed::<f32>(),
+        alpha,
+        beta,
+    );
+    Ok(())
 }

@@ -1,8 +1,8 @@
 //! Segment sums: k-means' centroid update.
 
 use crate::ops::cluster::f32_rows;
-use crate::storage::{Dst, Src};
-use hal::Layout;
+use crate::storage::{CpuBuffer, Dst, Src};
+use hal::{Layout, View};
 use rayon::prelude::*;
 
 /// Segment sums: the rows as contiguous f32 (borrowed when they already are), threads owning
@@ -118,4 +118,32 @@ pub(crate) fn segment_sum_ordered(
         // SAFETY: as above.
         unsafe { counts.store(cl.index_of(&[s]) as isize, cnt[s]) };
     }
+}
+
+/// The segment sums of validated views, `segment`'s ids already checked: in index order in
+/// f64, or under `reproducible` in the one f32 order every backend shares.
+pub(crate) fn segment_sum_views(
+    x: View<'_, CpuBuffer>,
+    segment: View<'_, CpuBuffer>,
+    weights: Option<View<'_, CpuBuffer>>,
+    [sums, counts]: [View<'_, CpuBuffer>; 2],
+    reproducible: bool,
+) {
+    let seg: Vec<u32> = crate::contiguous(segment);
+    let w: Option<Vec<f32>> = weights.map(crate::contiguous);
+    let sum = if reproducible {
+        segment_sum_ordered
+    } else {
+        segment_sum
+    };
+    sum(
+        x.buffer.src(),
+        x.layout,
+        &seg,
+        w.as_deref(),
+        sums.buffer.dst(),
+        sums.layout,
+        counts.buffer.dst(),
+        counts.layout,
+    );
 }

@@ -1,0 +1,83 @@
+//! The machine the backend runs on: its name, memory and what it can do, and allocation
+//! within its memory.
+
+use crate::CpuBuffer;
+use crate::storage;
+use hal::{Capabilities, DType, DeviceInfo, DeviceKind, Error, Result};
+use std::sync::Arc;
+
+/// `(total, available)` system memory in bytes, from `/proc/meminfo` where it exists.
+pub(crate) fn memory() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    };
+    let total = field("MemTotal:").unwrap_or(16 << 30);
+    (total, field("MemAvailable:").unwrap_or(total))
+}
+
+pub(crate) fn info() -> DeviceInfo {
+    let (total, available) = memory();
+    let name = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    DeviceInfo {
+        backend: "cpu",
+        name: format!("{name} ({} threads)", rayon::current_num_threads()),
+        kind: DeviceKind::Cpu,
+        memory_total: total,
+        memory_available: available,
+    }
+}
+
+pub(crate) fn capabilities() -> Capabilities {
+    Capabilities {
+        dtypes: DType::ALL.to_vec(),
+        max_buffer_bytes: memory().0,
+        parallelism: rayon::current_num_threads(),
+        native_float_atomics: false,
+        subgroups: false,
+        matrix_units: false,
+        graph_capture: false,
+        fast_precision: false,
+        compensated_precision: false,
+        fused_gradient_products: false,
+    }
+}
+
+/// A zeroed buffer of `len` elements, refused beyond the system memory or what is available.
+pub(crate) fn alloc(dtype: DType, len: usize) -> Result<CpuBuffer> {
+    let requested = len as u128 * dtype.size_in_bytes() as u128;
+    let (total, available) = memory();
+    if requested > total as u128 {
+        return Err(Error::AllocationTooLarge {
+            requested_bytes: requested,
+            limit_bytes: total,
+            what: format!(
+                "{len} elements of {dtype}; the CPU backend's limit is the system memory"
+            ),
+        });
+    }
+    // Linux would hand out such an allocation lazily and kill the process when it is
+    // touched; refusing it here keeps the error an error.
+    if requested > available as u128 {
+        return Err(Error::OutOfMemory {
+            requested_bytes: requested,
+        });
+    }
+    storage::Storage::zeroed(dtype, len)
+        .map(|s| CpuBuffer(Arc::new(s)))
+        .ok_or(Error::OutOfMemory {
+            requested_bytes: requested,
+        })
+}
