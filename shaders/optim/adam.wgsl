@@ -1,6 +1,23 @@
 // One Adam / AdamW step per element. Bindings: 1 param, 2 grad, 3 first moment, 4 second
-// moment. Scalars: 0 lr, 1 beta1, 2 beta2, 3 eps, 4 weight decay, 5 decoupled (AdamW),
-// 6 and 7 the bias corrections 1 - beta^t.
+// moment. Scalars: AdamStepParams, mirrored by the struct of that name in
+// crates/backend-wgpu/src/ops/optim.rs (`cargo xtask wgsl` checks the two).
+
+struct AdamStepParams {
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    // AdamW: the decay applies to the parameter, not the gradient.
+    decoupled: u32,
+    // The bias corrections 1 - beta^t.
+    correction1: f32,
+    correction2: f32,
+}
+
+fn adam_params() -> AdamStepParams {
+    return AdamStepParams(sf(0u), sf(1u), sf(2u), sf(3u), sf(4u), s(5u), sf(6u), sf(7u));
+}
 
 @group(0) @binding(1) var<storage, read_write> B1: array<f32>;
 @group(0) @binding(2) var<storage, read> B2: array<f32>;
@@ -8,12 +25,13 @@
 @group(0) @binding(4) var<storage, read_write> B4: array<f32>;
 
 fn kernel(t: u32) {
+    let h = adam_params();
     var p = B1[t];
     var g = B2[t];
-    if (s(5u) == 1u) { p = p * (1.0 - sf(0u) * sf(4u)); } else { g = g + sf(4u) * p; }
-    let m = sf(1u) * B3[t] + (1.0 - sf(1u)) * g;
-    let v = sf(2u) * B4[t] + (1.0 - sf(2u)) * g * g;
+    if (h.decoupled == 1u) { p = p * (1.0 - h.lr * h.weight_decay); } else { g = g + h.weight_decay * p; }
+    let m = h.beta1 * B3[t] + (1.0 - h.beta1) * g;
+    let v = h.beta2 * B4[t] + (1.0 - h.beta2) * g * g;
     B3[t] = m;
     B4[t] = v;
-    B1[t] = p - sf(0u) * (m / sf(6u)) / (sqrt(v / sf(7u)) + sf(3u));
+    B1[t] = p - h.lr * (m / h.correction1) / (sqrt(v / h.correction2) + h.eps);
 }

@@ -49,6 +49,9 @@ pub(crate) use launch_params;
 pub const LAUNCH_PARAMS: &[ParamsLayout] = &[
     <crate::ops::matmul::params::GemmParams as LaunchParams>::LAYOUT,
     <crate::ops::conv::ConvParams as LaunchParams>::LAYOUT,
+    <crate::ops::optim::SgdStepParams as LaunchParams>::LAYOUT,
+    <crate::ops::optim::AdamStepParams as LaunchParams>::LAYOUT,
+    <crate::ops::random::RandomParams as LaunchParams>::LAYOUT,
 ];
 
 /// Launch parameters: sixteen scalar slots and up to eight layout blocks (see `wgsl/`).

@@ -2,8 +2,38 @@
 
 use crate::WgpuBackend;
 use crate::buffer::WgpuBuffer;
-use crate::pipeline::{Params, Spec};
+use crate::pipeline::{Params, Spec, launch_params};
 use hal::{AdamParams, DType, DeviceBuffer, Result, SgdParams, validate};
+
+launch_params! {
+    /// What sgd.wgsl reads.
+    pub(crate) struct SgdStepParams {
+        lr: f32,
+        momentum: f32,
+        dampening: f32,
+        weight_decay: f32,
+        nesterov: u32,
+        /// The first step: the momentum buffer starts as the gradient.
+        first: u32,
+        use_momentum: u32,
+    }
+}
+
+launch_params! {
+    /// What adam.wgsl reads.
+    pub(crate) struct AdamStepParams {
+        lr: f32,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        weight_decay: f32,
+        /// AdamW: the decay applies to the parameter, not the gradient.
+        decoupled: u32,
+        /// The bias corrections `1 - beta^t`.
+        correction1: f32,
+        correction2: f32,
+    }
+}
 
 pub(crate) fn sgd_step(
     gpu: &WgpuBackend,
@@ -14,14 +44,15 @@ pub(crate) fn sgd_step(
 ) -> Result<()> {
     validate::sgd_step(param, grad, momentum_buffer, h)?;
     let use_momentum = h.momentum != 0.0;
-    let p = Params::default()
-        .f(0, h.lr)
-        .f(1, h.momentum)
-        .f(2, h.dampening)
-        .f(3, h.weight_decay)
-        .scalar(4, h.nesterov as u32)
-        .scalar(5, (h.step <= 1) as u32)
-        .scalar(6, use_momentum as u32);
+    let p = Params::default().typed(&SgdStepParams {
+        lr: h.lr,
+        momentum: h.momentum,
+        dampening: h.dampening,
+        weight_decay: h.weight_decay,
+        nesterov: h.nesterov as u32,
+        first: (h.step <= 1) as u32,
+        use_momentum: use_momentum as u32,
+    });
     let dummy;
     let mb = match momentum_buffer {
         Some(b) if use_momentum => b,
@@ -48,15 +79,16 @@ pub(crate) fn adam_step(
 ) -> Result<()> {
     validate::adam_step(param, grad, m, v, h)?;
     let t = h.step.max(1) as i32;
-    let p = Params::default()
-        .f(0, h.lr)
-        .f(1, h.beta1)
-        .f(2, h.beta2)
-        .f(3, h.eps)
-        .f(4, h.weight_decay)
-        .scalar(5, h.decoupled_weight_decay as u32)
-        .f(6, 1.0 - h.beta1.powi(t))
-        .f(7, 1.0 - h.beta2.powi(t));
+    let p = Params::default().typed(&AdamStepParams {
+        lr: h.lr,
+        beta1: h.beta1,
+        beta2: h.beta2,
+        eps: h.eps,
+        weight_decay: h.weight_decay,
+        decoupled: h.decoupled_weight_decay as u32,
+        correction1: 1.0 - h.beta1.powi(t),
+        correction2: 1.0 - h.beta2.powi(t),
+    });
     gpu.run(
         Spec::new("adam.wgsl"),
         p,

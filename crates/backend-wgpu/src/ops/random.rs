@@ -1,9 +1,23 @@
 //! Random fills.
 
-use crate::pipeline::{Params, Spec};
+use crate::pipeline::{Params, Spec, launch_params};
 use crate::wgsl::Access;
 use crate::{V, WgpuBackend};
 use hal::{Distribution, Result, validate};
+
+launch_params! {
+    /// What random.wgsl reads.
+    pub(crate) struct RandomParams {
+        seed_lo: u32,
+        seed_hi: u32,
+        offset_lo: u32,
+        offset_hi: u32,
+        /// Uniform: low and high; normal: mean and standard deviation.
+        a: f32,
+        b: f32,
+        normal: u32,
+    }
+}
 
 pub(crate) fn random(
     gpu: &WgpuBackend,
@@ -17,15 +31,15 @@ pub(crate) fn random(
         Distribution::Uniform { low, high } => (0, low, high),
         Distribution::Normal { mean, std } => (1, mean, std),
     };
-    let p = Params::default()
-        .block(out.layout)
-        .scalar(0, seed as u32)
-        .scalar(1, (seed >> 32) as u32)
-        .scalar(2, offset as u32)
-        .scalar(3, (offset >> 32) as u32)
-        .f(4, a)
-        .f(5, b)
-        .scalar(6, normal);
+    let p = Params::default().block(out.layout).typed(&RandomParams {
+        seed_lo: seed as u32,
+        seed_hi: (seed >> 32) as u32,
+        offset_lo: offset as u32,
+        offset_hi: (offset >> 32) as u32,
+        a,
+        b,
+        normal,
+    });
     let dt = out.dtype();
     gpu.run(
         Spec::new("random.wgsl").bindings(vec![(dt, Access::Write)]),
