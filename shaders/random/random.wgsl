@@ -1,6 +1,8 @@
 // Counter-based random numbers, bit for bit the stream of hal::random: element t of a call
 // with (seed, offset) is Philox 4x32-10 of counter offset + t under key seed; uniform takes the
-// top 24 bits of word 0, normal is Box-Muller on words 0 and 1.
+// top 24 bits of word 0, normal is Box-Muller on words 0 and 1. The last step is a fused
+// multiply-add, as in hal's `random_value` (`mul_add`): written as one, so a compiler's choice
+// whether to contract it does not change the values (lavapipe's `fma` rounds twice).
 // Blocks: 0 the output. Scalars: RandomParams, mirrored by the struct of that name in
 // crates/backend-wgpu/src/ops/random.rs (`cargo xtask wgsl` checks the two).
 
@@ -31,11 +33,11 @@ fn kernel(t: u32) {
     let w = philox(vec4<u32>(lo, hi, 0u, 0u), vec2<u32>(r.seed_lo, r.seed_hi));
     var v = 0.0;
     if (r.normal == 0u) {
-        v = r.a + (r.b - r.a) * (f32(w.x >> 8u) * (1.0 / 16777216.0));
+        v = fma(r.b - r.a, f32(w.x >> 8u) * (1.0 / 16777216.0), r.a);
     } else {
         let u1 = f32((w.x >> 8u) + 1u) * (1.0 / 16777216.0);
         let u2 = f32(w.y >> 8u) * (1.0 / 16777216.0);
-        v = r.a + r.b * (sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+        v = fma(r.b, sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2), r.a);
     }
     st1(off(0u, t), v);
 }
