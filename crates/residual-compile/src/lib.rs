@@ -51,7 +51,9 @@ pub mod trace;
 pub use compile::{CompileReport, CompiledProblem, Evaluation, GroupReport, KernelCache};
 pub use graph::{Derivatives, Graph};
 pub use problem::{Loss, Problem, ResidualGroup};
-pub use solve::{LinearSolver, Method, PhaseTimes, SolveOptions, Summary, Termination, solve};
+pub use solve::{
+    IterationSummary, LinearSolver, Method, PhaseTimes, SolveOptions, Summary, Termination, solve,
+};
 pub use trace::{Cond, Var, Vec2, Vec3};
 
 /// What can go wrong building or solving a problem.

@@ -155,6 +155,33 @@ pub struct PhaseTimes {
     pub total: f64,
 }
 
+/// One iteration of the trust-region loop, as Ceres's `IterationSummary` reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IterationSummary {
+    /// 0-based.
+    pub iteration: usize,
+    /// The cost at the start of the iteration.
+    pub cost: f64,
+    /// The cost at the proposed point (NaN where a residual or Jacobian entry there is not
+    /// finite).
+    pub candidate_cost: f64,
+    /// `cost - candidate_cost`: the actual reduction.
+    pub cost_change: f64,
+    /// `max |J^T f|` at the start of the iteration.
+    pub gradient_max_norm: f64,
+    /// `|delta|` of the proposed step (after Gauss-Newton's halvings).
+    pub step_norm: f64,
+    /// The actual over the linear model's predicted reduction.
+    pub relative_decrease: f64,
+    /// The trust radius the step was solved with (Levenberg-Marquardt's `1 / lambda`).
+    pub trust_region_radius: f64,
+    /// Conjugate-gradient iterations of the step's linear solve (0 for Cholesky).
+    pub linear_solver_iterations: usize,
+    pub step_is_successful: bool,
+    /// Seconds since the solve began, at the end of the iteration.
+    pub cumulative_time: f64,
+}
+
 /// A Ceres-like report of a solve.
 #[derive(Clone, Debug)]
 pub struct Summary {
@@ -173,6 +200,47 @@ pub struct Summary {
     pub termination: Termination,
     pub compile: crate::CompileReport,
     pub times: PhaseTimes,
+    /// Every iteration's figures, in order (the iterations a solve ends in without a step,
+    /// on the gradient or parameter tolerance, are not in it).
+    pub history: Vec<IterationSummary>,
+}
+
+impl Summary {
+    /// The heading of [`Summary::iteration_report`]'s table.
+    pub const ITERATION_HEADER: &'static str = "iter           cost  cost_change |gradient|     |step|   tr_ratio tr_radius ls_iter iter_time total_time";
+
+    /// The per-iteration table, a line per iteration, in the form of Ceres's report (a `*`
+    /// before the iteration's time marks a rejected step).
+    pub fn iteration_report(&self) -> String {
+        let mut out = format!("{}\n", Self::ITERATION_HEADER);
+        let mut previous = 0.0;
+        for it in &self.history {
+            out.push_str(&it.line(it.cumulative_time - previous));
+            out.push('\n');
+            previous = it.cumulative_time;
+        }
+        out
+    }
+}
+
+impl IterationSummary {
+    /// The iteration as a line of [`Summary::iteration_report`], `seconds` its own time.
+    fn line(&self, seconds: f64) -> String {
+        format!(
+            "{:>4} {:>14.6e} {:>12.2e} {:>10.2e} {:>10.2e} {:>10.2e} {:>9.2e} {:>6} {}{:>9.2e} {:>10.2e}",
+            self.iteration,
+            self.cost,
+            self.cost_change,
+            self.gradient_max_norm,
+            self.step_norm,
+            self.relative_decrease,
+            self.trust_region_radius,
+            self.linear_solver_iterations,
+            if self.step_is_successful { ' ' } else { '*' },
+            seconds,
+            self.cumulative_time
+        )
+    }
 }
 
 impl fmt::Display for Summary {
@@ -380,6 +448,7 @@ pub fn solve<B: Backend>(
         termination: Termination::MaxIterations,
         compile: report,
         times: PhaseTimes::default(),
+        history: Vec::new(),
     };
     summary.times.compile = compile_seconds;
     let (outcome, solution) = match linear_solver {
@@ -444,7 +513,11 @@ fn trust_region(
     options: &SolveOptions,
     summary: &mut Summary,
 ) -> Result<(), Error> {
+    let started = Instant::now();
     summary.initial_cost = engine.cost();
+    if options.verbose {
+        println!("{}", Summary::ITERATION_HEADER);
+    }
     let mut radius = options.initial_trust_radius;
     let mut nu = 2.0;
     let mut max_gradient = engine.linearize()?;
@@ -472,11 +545,13 @@ fn trust_region(
         let cost = engine.cost();
         let mut new_cost = engine.try_step()?;
         let mut model_reduction = step.model_reduction;
+        let mut step_norm = step.step_norm;
         if options.method == Method::GaussNewton {
             let mut halvings = 0;
             while new_cost.partial_cmp(&cost) != Some(std::cmp::Ordering::Less) && halvings < 10 {
                 engine.scale_step(0.5)?;
                 model_reduction *= 0.5;
+                step_norm *= 0.5;
                 new_cost = engine.try_step()?;
                 halvings += 1;
             }
@@ -490,19 +565,24 @@ fn trust_region(
             Method::LevenbergMarquardt => ratio > 1e-3,
             Method::GaussNewton => new_cost < cost,
         };
+        let record = IterationSummary {
+            iteration,
+            cost,
+            candidate_cost: new_cost,
+            cost_change: cost - new_cost,
+            gradient_max_norm: max_gradient,
+            step_norm,
+            relative_decrease: ratio,
+            trust_region_radius: radius,
+            linear_solver_iterations: step.cg_iterations,
+            step_is_successful: accepted,
+            cumulative_time: started.elapsed().as_secs_f64(),
+        };
         if options.verbose {
-            println!(
-                "  iter {:>4}  cost {:.9e}  candidate {:.9e}  ratio {:>9.3e}  radius {:.3e}  |step| {:.3e}  cg {}  {}",
-                iteration,
-                cost,
-                new_cost,
-                ratio,
-                radius,
-                step.step_norm,
-                step.cg_iterations,
-                if accepted { "accepted" } else { "rejected" }
-            );
+            let previous = summary.history.last().map_or(0.0, |r| r.cumulative_time);
+            println!("{}", record.line(record.cumulative_time - previous));
         }
+        summary.history.push(record);
         if accepted {
             engine.accept();
             summary.accepted_steps += 1;
