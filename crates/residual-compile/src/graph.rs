@@ -100,6 +100,7 @@ pub fn unary_f64(op: Unary, x: f64) -> f64 {
         Unary::Sin => x.sin(),
         Unary::Cos => x.cos(),
         Unary::Tan => x.tan(),
+        Unary::Atan => x.atan(),
         Unary::Tanh => x.tanh(),
         Unary::Abs => x.abs(),
         Unary::Sigmoid => 1.0 / (1.0 + (-x).exp()),
@@ -391,6 +392,13 @@ impl Pool {
                 let s = self.unary(Unary::Sin, x);
                 let gs = self.binary(Mul, g, s);
                 self.unary(Unary::Neg, gs)
+            }
+            Unary::Atan => {
+                // g / (1 + x^2)
+                let x2 = self.binary(Mul, x, x);
+                let one = self.lit(1.0);
+                let d = self.binary(Add, one, x2);
+                self.binary(Div, g, d)
             }
             Unary::Tan | Unary::Tanh => {
                 let y2 = self.binary(Mul, y, y);

@@ -336,6 +336,11 @@ fn lower_unary(b: &mut ProgramBuilder, op: Unary, x: Value) -> Value {
         Unary::Sin => direct(b, IrUnary::Sin),
         Unary::Cos => direct(b, IrUnary::Cos),
         Unary::Tan => direct(b, IrUnary::Tan),
+        // atan(x) = atan2(x, 1): every backend has atan2, with the reference's special values.
+        Unary::Atan => {
+            let one = b.const_f32(1.0);
+            b.binary(IrBinary::Atan2, x, one)
+        }
         Unary::Tanh => direct(b, IrUnary::Tanh),
         Unary::Abs => direct(b, IrUnary::Abs),
         Unary::Sigmoid => {

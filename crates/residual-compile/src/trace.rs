@@ -20,6 +20,8 @@ pub enum Unary {
     Sin,
     Cos,
     Tan,
+    /// The arctangent, in `(-pi/2, pi/2)`.
+    Atan,
     Tanh,
     Abs,
     Sigmoid,
@@ -185,6 +187,10 @@ impl<'t> Var<'t> {
     }
     pub fn tan(self) -> Self {
         self.unary(Unary::Tan)
+    }
+    /// The arctangent (`atan2(self, 1)`).
+    pub fn atan(self) -> Self {
+        self.unary(Unary::Atan)
     }
     pub fn tanh(self) -> Self {
         self.unary(Unary::Tanh)

@@ -39,7 +39,8 @@ fn everything(p: &mut Problem, rng: &mut SplitMix64, n: usize) {
                     v[0].powi(3) / v[1] + v[2].powf(1.5) - v[3].pow(c[0]),
                     (v[0] - v[1]).exp() * v[2].ln() + v[3].sin() * v[0].cos() + (v[1] * 0.5).tan(),
                     (v[0] - 1.0).atan2(v[1] - 1.0) + (v[2] - 1.0).abs() + v[3].min(v[0])
-                        - v[1].max(v[2]),
+                        - v[1].max(v[2])
+                        + (v[3] - v[0]).atan(),
                     (v[0] - v[3]).tanh()
                         + (v[1] * 3.0 - 3.0).sigmoid()
                         + (v[2] - 1.0).relu()

@@ -43,6 +43,9 @@ fn cases() -> Vec<(&'static str, Residual)> {
         ("min max", |p, _| {
             vec![p[0].min(p[1]) * p[2], p[0].max(p[2]) - p[1]]
         }),
+        ("atan", |p, _| {
+            vec![(p[0] * 2.0 - p[1]).atan(), p[2].atan() * p[0]]
+        }),
         ("tanh sigmoid", |p, _| {
             vec![(p[0] - p[1]).tanh(), (p[2] * 3.0 - 3.0).sigmoid()]
         }),
