@@ -103,6 +103,9 @@ impl ResidualGroup {
 pub struct Problem {
     params: Vec<f64>,
     fixed: Vec<bool>,
+    /// Per parameter, the bounds a solve keeps it within (`-inf` and `inf` by default).
+    lower: Vec<f64>,
+    upper: Vec<f64>,
     groups: Vec<ResidualGroup>,
     lookup: HashMap<(u64, (u8, u64)), Vec<usize>>,
     names: Vec<String>,
@@ -125,7 +128,74 @@ impl Problem {
         let first = self.params.len();
         self.params.extend_from_slice(values);
         self.fixed.resize(self.params.len(), false);
+        self.lower.resize(self.params.len(), f64::NEG_INFINITY);
+        self.upper.resize(self.params.len(), f64::INFINITY);
         first
+    }
+
+    /// Keeps parameter `index` at or above `bound` during solves (Ceres's
+    /// `SetParameterLowerBound`): every step is projected onto the bounds. `-inf` removes
+    /// the bound; NaN is refused.
+    pub fn set_lower_bound(&mut self, index: usize, bound: f64) -> Result<(), Error> {
+        self.set_bound(index, bound, true)
+    }
+
+    /// Keeps parameter `index` at or below `bound` during solves (Ceres's
+    /// `SetParameterUpperBound`). `inf` removes the bound; NaN is refused.
+    pub fn set_upper_bound(&mut self, index: usize, bound: f64) -> Result<(), Error> {
+        self.set_bound(index, bound, false)
+    }
+
+    fn set_bound(&mut self, index: usize, bound: f64, lower: bool) -> Result<(), Error> {
+        let (what, n) = (if lower { "lower" } else { "upper" }, self.params.len());
+        if bound.is_nan() {
+            return Err(Error::InvalidProblem(format!(
+                "set_{what}_bound: the bound of parameter {index} is NaN"
+            )));
+        }
+        let slot = if lower {
+            self.lower.get_mut(index)
+        } else {
+            self.upper.get_mut(index)
+        };
+        *slot.ok_or_else(|| {
+            Error::InvalidProblem(format!(
+                "set_{what}_bound: parameter {index} does not exist (the problem has {n})"
+            ))
+        })? = bound;
+        Ok(())
+    }
+
+    /// Parameter `index`'s bounds, `(lower, upper)`.
+    pub fn bounds(&self, index: usize) -> (f64, f64) {
+        (
+            self.lower.get(index).copied().unwrap_or(f64::NEG_INFINITY),
+            self.upper.get(index).copied().unwrap_or(f64::INFINITY),
+        )
+    }
+
+    /// Whether any parameter has a finite bound.
+    pub(crate) fn has_bounds(&self) -> bool {
+        self.lower.iter().chain(&self.upper).any(|b| b.is_finite())
+    }
+
+    /// Checks that every parameter's bounds are ordered and hold its current value (a solve
+    /// starts from a feasible point, as Ceres requires).
+    pub(crate) fn check_bounds(&self) -> Result<(), Error> {
+        for (i, &x) in self.params.iter().enumerate() {
+            let (lo, hi) = self.bounds(i);
+            if lo > hi {
+                return Err(Error::InvalidProblem(format!(
+                    "parameter {i}: lower bound {lo} above upper bound {hi}"
+                )));
+            }
+            if !(lo..=hi).contains(&x) {
+                return Err(Error::InvalidProblem(format!(
+                    "parameter {i} starts at {x}, outside its bounds [{lo}, {hi}]"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Holds parameter `index` at its current value during solves.

@@ -171,6 +171,9 @@ pub(super) struct DeviceEngine<B: Backend> {
     minv: B::Buffer,
     parts: B::Buffer,
     scalars: B::Buffer,
+    /// Per parameter, its bounds in f32 rounded inwards, where any parameter has a finite
+    /// one: steps are projected onto them.
+    bounds: Option<(B::Buffer, B::Buffer)>,
 }
 
 impl<B: Backend> DeviceEngine<B> {
@@ -229,12 +232,40 @@ impl<B: Backend> DeviceEngine<B> {
             minv: vec_n()?,
             parts: b.alloc(DType::F32, n.max(rows))?,
             scalars: b.alloc(DType::F32, slot::LEN)?,
+            bounds: match problem.has_bounds() {
+                true => {
+                    let (lo, hi): (Vec<f32>, Vec<f32>) = (0..problem.parameters().len())
+                        .map(|i| {
+                            let (lo, hi) = problem.bounds(i);
+                            (f32_at_least(lo), f32_at_most(hi))
+                        })
+                        .unzip();
+                    Some((b.upload(&lo)?, b.upload(&hi)?))
+                }
+                false => None,
+            },
             options: options.clone(),
             kernels,
             compiled,
         };
         engine.start(problem)?;
         Ok(engine)
+    }
+
+    /// `x_candidate = x + delta`, projected onto the bounds where there are any, and `delta`
+    /// made the projected step.
+    fn place_candidate(&self) -> Result<(), Error> {
+        let be = &self.compiled.backend;
+        let l = Layout::contiguous(&[self.compiled.cols]);
+        let v = |b| View::new(b, &l);
+        let candidate = &self.it.x_candidate;
+        be.binary(BinaryOp::Add, v(&self.it.x), v(&self.delta), v(candidate))?;
+        if let Some((lo, hi)) = &self.bounds {
+            be.binary(BinaryOp::Max, v(candidate), v(lo), v(candidate))?;
+            be.binary(BinaryOp::Min, v(candidate), v(hi), v(candidate))?;
+            be.binary(BinaryOp::Sub, v(candidate), v(&self.it.x), v(&self.delta))?;
+        }
+        Ok(())
     }
 
     fn csr<'a>(&'a self, values: &'a B::Buffer) -> Csr<'a, B::Buffer> {
@@ -437,7 +468,9 @@ impl<B: Backend> Engine for DeviceEngine<B> {
                 }
             }
         }
-        // The model reduction -g.delta - |J delta|^2 / 2, and the norms, from one read.
+        self.place_candidate()?;
+        // The model reduction -g.delta - |J delta|^2 / 2, and the norms, from one read (of
+        // the step as projected onto the bounds, where there are any).
         be.spmv_csr(
             self.csr(&self.it.current.jacobian),
             &self.delta,
@@ -449,13 +482,6 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         self.dot_into(&self.gradient, &self.delta, n, slot::GD)?;
         self.dot_into(&self.delta, &self.delta, n, slot::PQ)?;
         self.dot_into(&self.it.x, &self.it.x, n, slot::ALPHA)?;
-        let l = Layout::contiguous(&[n]);
-        be.binary(
-            BinaryOp::Add,
-            View::new(&self.it.x, &l),
-            View::new(&self.delta, &l),
-            View::new(&self.it.x_candidate, &l),
-        )?;
         let s = be.read::<f32>(&self.scalars)?;
         self.it.times.linear_solve += t.elapsed().as_secs_f64();
         let (jd2, gd) = (s[slot::JD2 as usize] as f64, s[slot::GD as usize] as f64);
@@ -494,4 +520,26 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             .map(|&v| v as f64)
             .collect())
     }
+}
+
+/// The least f32 at or above `v` (a lower bound rounded inwards; infinities stay).
+fn f32_at_least(v: f64) -> f32 {
+    let f = v as f32;
+    if (f as f64) < v { next_f32(f, 1) } else { f }
+}
+
+/// The greatest f32 at or below `v` (an upper bound rounded inwards; infinities stay).
+fn f32_at_most(v: f64) -> f32 {
+    let f = v as f32;
+    if (f as f64) > v { next_f32(f, -1) } else { f }
+}
+
+/// The neighbouring finite f32 of finite `f` towards `+inf` (`dir` 1) or `-inf` (-1).
+fn next_f32(f: f32, dir: i32) -> f32 {
+    if f == 0.0 {
+        return f32::from_bits(1) * dir as f32;
+    }
+    let up = (f > 0.0) == (dir > 0);
+    let bits = f.to_bits();
+    f32::from_bits(if up { bits + 1 } else { bits - 1 })
 }

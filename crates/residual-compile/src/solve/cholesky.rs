@@ -38,6 +38,8 @@ pub(super) struct CholeskyEngine<B: Backend> {
     diagonal: Vec<f64>,
     delta: Vec<f64>,
     problem_groups: Vec<(usize, usize, usize)>,
+    /// Per parameter, its bounds, where any parameter has a finite one: steps are projected.
+    bounds: Option<Vec<(f64, f64)>>,
 }
 
 impl<B: Backend> CholeskyEngine<B> {
@@ -146,10 +148,37 @@ impl<B: Backend> CholeskyEngine<B> {
             diagonal: vec![0.0; n],
             delta: vec![0.0; n],
             problem_groups,
+            bounds: problem.has_bounds().then(|| {
+                (0..problem.parameters().len())
+                    .map(|i| problem.bounds(i))
+                    .collect()
+            }),
             compiled,
         };
         engine.start(problem)?;
         Ok(engine)
+    }
+}
+
+impl<B: Backend> CholeskyEngine<B> {
+    /// `x_candidate = x + delta` over the free parameters, projected onto the bounds where
+    /// there are any, and `delta` made the projected step (what the model and the step norm
+    /// then measure).
+    fn place_candidate(&mut self) {
+        self.it.x_candidate.copy_from_slice(&self.it.x);
+        for (i, &fi) in self.free_index.iter().enumerate() {
+            if fi == u32::MAX {
+                continue;
+            }
+            let d = &mut self.delta[fi as usize];
+            let mut v = self.it.x[i] + *d;
+            if let Some(bounds) = &self.bounds {
+                let (lo, hi) = bounds[i];
+                v = v.clamp(lo, hi);
+                *d = v - self.it.x[i];
+            }
+            self.it.x_candidate[i] = v;
+        }
     }
 }
 
@@ -287,7 +316,9 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
             Par::Seq,
             MemStack::new(&mut self.scratch),
         );
-        // L(0) - L(delta) = -g.delta - |J delta|^2 / 2, and |J delta|^2 = delta^T (J^T J) delta.
+        self.place_candidate();
+        // L(0) - L(delta) = -g.delta - |J delta|^2 / 2, and |J delta|^2 = delta^T (J^T J) delta
+        // (of the step as projected onto the bounds, where there are any).
         let jtj_quad = symmetric_quadratic(&self.normal, &self.normal_values, &self.delta);
         let g_dot: f64 = self
             .gradient
@@ -295,12 +326,6 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
             .zip(&self.delta)
             .map(|(g, d)| g * d)
             .sum();
-        self.it.x_candidate.copy_from_slice(&self.it.x);
-        for (i, &fi) in self.free_index.iter().enumerate() {
-            if fi != u32::MAX {
-                self.it.x_candidate[i] += self.delta[fi as usize];
-            }
-        }
         self.it.times.linear_solve += t.elapsed().as_secs_f64();
         Ok(Step {
             model_reduction: -g_dot - 0.5 * jtj_quad,
@@ -312,11 +337,7 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
 
     fn scale_step(&mut self, factor: f64) -> Result<(), Error> {
         self.delta.iter_mut().for_each(|d| *d *= factor);
-        for (i, &fi) in self.free_index.iter().enumerate() {
-            if fi != u32::MAX {
-                self.it.x_candidate[i] = self.it.x[i] + self.delta[fi as usize];
-            }
-        }
+        self.place_candidate();
         Ok(())
     }
 

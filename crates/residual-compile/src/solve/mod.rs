@@ -418,6 +418,16 @@ pub fn solve<B: Backend>(
     cache: &KernelCache<B>,
 ) -> Result<Summary, Error> {
     options.validate()?;
+    problem.check_bounds()?;
+    if options.method == Method::GaussNewton && problem.has_bounds() {
+        // As in Ceres, where bounds need the trust-region minimizer: a projected Gauss-Newton
+        // step need not descend, and halving it cannot fix that.
+        return Err(Error::InvalidOptions(
+            "parameter bounds need Method::LevenbergMarquardt (Gauss-Newton's halving cannot \
+             keep a projected step descending)"
+                .into(),
+        ));
+    }
     let started = Instant::now();
     let compiled = CompiledProblem::new(backend, problem, cache)?;
     let compile_seconds = compiled.report.compile_seconds
