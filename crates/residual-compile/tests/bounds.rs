@@ -4,7 +4,7 @@
 
 use backend_cpu::CpuBackend;
 use residual_compile::{
-    Error, KernelCache, LinearSolver, Loss, Method, Problem, SolveOptions, solve,
+    Error, KernelCache, LinearSolver, Loss, Method, Problem, SolveOptions, Termination, solve,
 };
 
 /// Rosenbrock's two residuals, `10 (y - x^2)` and `1 - x`, from (-1.2, 1).
@@ -86,8 +86,15 @@ fn a_lower_bound_beyond_the_minimum_moves_it() {
             linear_solver: solver,
             ..SolveOptions::default()
         };
-        solve(&cpu, &mut q, &options, &KernelCache::new()).unwrap();
+        let s = solve(&cpu, &mut q, &options, &KernelCache::new()).unwrap();
         assert_eq!(q.parameters()[0], 4.0, "{method:?}/{solver:?}");
+        // On the bound the gradient (1) points out of the feasible set: the projected
+        // gradient, Ceres's test, is 0 there.
+        assert_eq!(
+            s.termination,
+            Termination::GradientTolerance,
+            "{method:?}/{solver:?}: {s}"
+        );
     }
     assert_eq!(p.bounds(0), (4.0, f64::INFINITY));
 }

@@ -372,7 +372,8 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             1.0,
             0.0,
         )?;
-        // max |g| over the free parameters.
+        // max |g| over the free parameters; with bounds, Ceres's projected form
+        // max |x - P(x - g)| (`P` the projection onto the bounds: 0 at a minimum on a bound).
         let l = Layout::contiguous(&[n]);
         be.binary(
             BinaryOp::Mul,
@@ -380,6 +381,14 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             View::new(&self.mask, &l),
             View::new(&self.parts, &l),
         )?;
+        if let Some((lo, hi)) = &self.bounds {
+            let v = |b| View::new(b, &l);
+            let (x, q, parts) = (&self.it.x, &self.q, &self.parts);
+            be.binary(BinaryOp::Sub, v(x), v(parts), v(q))?;
+            be.binary(BinaryOp::Max, v(q), v(lo), v(q))?;
+            be.binary(BinaryOp::Min, v(q), v(hi), v(q))?;
+            be.binary(BinaryOp::Sub, v(x), v(q), v(parts))?;
+        }
         be.unary(
             UnaryOp::Abs,
             View::new(&self.parts, &l),

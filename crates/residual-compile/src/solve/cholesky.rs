@@ -161,6 +161,23 @@ impl<B: Backend> CholeskyEngine<B> {
 }
 
 impl<B: Backend> CholeskyEngine<B> {
+    /// `max |g|` over the free parameters; with bounds, Ceres's projected form
+    /// `max |x - P(x - g)|` (`P` the projection onto the bounds), which is 0 at a minimum on a
+    /// bound where `g` is not.
+    fn projected_gradient_max(&self) -> f64 {
+        let Some(bounds) = &self.bounds else {
+            return self.gradient.iter().fold(0.0, |m, g| m.max(g.abs()));
+        };
+        let mut max = 0.0f64;
+        for (i, &fi) in self.free_index.iter().enumerate() {
+            if fi != u32::MAX {
+                let (x, (lo, hi)) = (self.it.x[i], bounds[i]);
+                max = max.max((x - (x - self.gradient[fi as usize]).clamp(lo, hi)).abs());
+            }
+        }
+        max
+    }
+
     /// `x_candidate = x + delta` over the free parameters, projected onto the bounds where
     /// there are any, and `delta` made the projected step (what the model and the step norm
     /// then measure).
@@ -270,7 +287,7 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
             *d = self.normal_values[start as usize].clamp(1e-6, 1e32);
         }
         self.it.times.linearize += t.elapsed().as_secs_f64();
-        Ok(self.gradient.iter().fold(0.0, |m, g| m.max(g.abs())))
+        Ok(self.projected_gradient_max())
     }
 
     fn solve(&mut self, lambda: f64) -> Result<Step, Error> {
