@@ -2,25 +2,13 @@
 //! projected onto them, a solve ends on the bound where the unconstrained minimum lies beyond,
 //! and bad bounds or an infeasible start are refused before anything runs.
 
+mod common;
+
 use backend_cpu::CpuBackend;
+use common::rosenbrock;
 use residual_compile::{
     Error, KernelCache, LinearSolver, Loss, Method, Problem, SolveOptions, Termination, solve,
 };
-
-/// Rosenbrock's two residuals, `10 (y - x^2)` and `1 - x`, from (-1.2, 1).
-fn rosenbrock() -> Problem {
-    let mut p = Problem::new();
-    p.add_parameters(&[-1.2, 1.0]);
-    p.add_residual(
-        "rosenbrock",
-        &[0, 1],
-        &[10.0, 1.0],
-        Loss::Trivial,
-        |v, c| vec![c[0] * (v[1] - v[0] * v[0]), c[1] - v[0]],
-    )
-    .unwrap();
-    p
-}
 
 fn engines() -> [(Method, LinearSolver); 2] {
     [

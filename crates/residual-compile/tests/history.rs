@@ -1,24 +1,11 @@
 //! The per-iteration history a solve reports (Ceres's `IterationSummary`): one record per
 //! iteration that proposed a step, consistent with the summary's totals and with itself.
 
-use backend_cpu::CpuBackend;
-use residual_compile::{KernelCache, LinearSolver, Loss, Method, Problem, SolveOptions, solve};
+mod common;
 
-/// Rosenbrock as two residuals, `10 (y - x^2)` and `1 - x`, from the standard start
-/// (-1.2, 1): a curved valley, so some trust-region steps are rejected on the way.
-fn rosenbrock() -> Problem {
-    let mut p = Problem::new();
-    p.add_parameters(&[-1.2, 1.0]);
-    p.add_residual(
-        "rosenbrock",
-        &[0, 1],
-        &[10.0, 1.0],
-        Loss::Trivial,
-        |v, c| vec![c[0] * (v[1] - v[0] * v[0]), c[1] - v[0]],
-    )
-    .unwrap();
-    p
-}
+use backend_cpu::CpuBackend;
+use common::rosenbrock;
+use residual_compile::{KernelCache, LinearSolver, Method, SolveOptions, solve};
 
 #[test]
 fn the_history_records_every_step_and_agrees_with_the_summary() {
