@@ -144,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(256) nearest_exact(const float* x, 
 // operand is split into a TF32 high part and a TF32 remainder, and hi*hi + hi*lo + lo*hi
 // accumulated, which ranks as accurately as f32 arithmetic. Exact mode where a device cannot
 // lend the split f16 kernels below their shared memory (they run the same three passes at
-// twice the rate: 10.5 against 33.1 ms at 1M x 128 against 4096 on an H200).
+// about three times the rate; docs/PERF.md, tuning evidence).
 // Needs contiguous rows (unit column stride, row stride and d multiples of 4, 16-byte aligned);
 // the host falls back to nearest_exact otherwise. The entry points take nearest_exact's
 // parameters, the column strides (1 here) included, so the host passes one list to either.
@@ -837,7 +837,7 @@ extern "C" __global__ void pack_f16_scaled(const float* v, i64 rows, i64 cols, i
 // kept (a NaN best is replaced by any number): the CPU reference's order of operations, so the
 // result is bit-identical to it. Centroids pass through shared memory in tiles of RT rows;
 // each thread keeps RT sums, so a search among a few centroids takes the narrow tiles (with
-// 32, one centroid cost 32 times its arithmetic: 44 us for 8,192 x 128 on an H200), and
+// 32, one centroid cost 32 times its arithmetic), and
 // coordinates in slices of RD. A batch of searches (rank-3 views) takes one grid row per
 // group: blockIdx.y moves every operand by its group stride (xg, cg, ig, dg).
 template <int RT, int BT, int NT, int RD>
@@ -984,8 +984,9 @@ NEAREST_SHORT(nearest_short_16, 16)
 // nearest_short_impl outside hal::Precision::Reproducible: the distance expanded as
 // |c|^2 - 2 x.c (+ |x|^2 once, at the end), which hal allows, so each centroid costs one
 // multiply-add per coordinate instead of a subtraction and a multiply-add (a product
-// quantiser's search, 16 groups of 10,000 points against 256 centroids of 8, took 50 us in
-// the reference order on an H200). Each tile's |c|^2 are staged with it. Same launch shape.
+// quantiser's search, 16 groups of 10,000 points against 256 centroids of 8, was bound by
+// that arithmetic in the reference order). Each tile's |c|^2 are staged with it. Same launch
+// shape.
 template <int D>
 __device__ __forceinline__ void nearest_short_expanded_impl(const float* x, i64 n, i64 xr, i64 xc, const float* c,
                                                             i64 m, i64 cr, i64 cc, i64 d, u32* out_index, i64 ioff,
@@ -1107,7 +1108,7 @@ NEAREST_ORDERED(nearest_ordered_1, 1, 64, 256, 64)
 // as the floats do; equal keys go to the lower index); each block's minimum goes into
 // `slot[j]` by an atomic minimum, then the block counts itself in at `arrived[j]` and waits
 // until every block has, and reads the winner. The winners' rows are copied into the anchors
-// at the end. As separate calls a step took three launches (about 9.5 us on an H200).
+// at the end. As separate calls a step took three launches.
 //
 // `slot` and `arrived` (m words each) start as all ones (one memset): a slot is then larger
 // than any packed key, and a count wraps to blocks - 1 once every block has added one.

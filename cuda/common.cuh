@@ -129,7 +129,7 @@ __device__ __forceinline__ void walk_offsets(const Walk& w, i64 i, i64* o) {
     if (w.n <= 0x7fffffff) {
         // Every index of the walk fits in 32 bits: 32-bit quotients, as a 64-bit division
         // costs several times more (a broadcast add over the 6.4M elements of a LeNet
-        // convolution's output spent most of its 67 us on them on an H200).
+        // convolution's output spent most of its time on them).
         u32 r = (u32)i;
         for (int d = w.rank - 1; d >= 0; --d) {
             const u32 s = (u32)w.shape[d], q = r / s, c = r - q * s;

@@ -12,8 +12,8 @@ struct Geo {
 
 // im2col and col2im exist twice: with i64 index arithmetic, and for launches whose every
 // position fits in 31 bits with u32 quotients by precomputed multipliers (`FastDiv`): the
-// hardware has no integer divider, and the LeNet bench's convolution and pooling spent
-// 80-160 us a call on 64-bit divisions on an H200.
+// hardware has no integer divider, and the LeNet bench's convolution and pooling spent most
+// of each call on 64-bit divisions.
 extern "C" __global__ void im2col_kernel(Geo g, const void* x, int xdt, void* out, int odt) {
     i64 total = g.n * g.c * g.kh * g.kw * g.oh * g.ow;
     GRID_STRIDE(t, total) {
@@ -37,7 +37,7 @@ struct Im2colDivs {
     FastDiv ohw, c, ow;
 };
 // A thread per (image, channel, output position), writing that position's kh*kw column entries
-// (a quotient per entry cost the LeNet bench's second convolution ~70 us on an H200).
+// (a quotient per entry dominated the LeNet bench's second convolution).
 extern "C" __global__ void im2col_kernel32(Geo g, Im2colDivs v, const void* x, int xdt, void* out, int odt) {
     const u32 total = (u32)(g.n * g.c * g.oh * g.ow);
     const int kh = (int)g.kh, kw = (int)g.kw, h = (int)g.h, w = (int)g.w;

@@ -4,9 +4,9 @@
 #include "common.cuh"
 
 // A small matrix product, out[b,i,j] = alpha * sum_k a[b,i,k] * bm[b,k,j] (+ beta * out[b,i,j]
-// where beta is not 0), for products too small to fill the device through cuBLAS: there, a
-// 10 x 128 weight gradient over k = 256 took 57 us on an H200 where the work is a few
-// microseconds. Every operand is strided (batch, row, column strides; a batch stride of 0
+// where beta is not 0), for products too small to fill the device through cuBLAS, whose
+// set-up costs many times the work of, say, a 10 x 128 weight gradient over k = 256 (docs/
+// PERF.md, tuning evidence). Every operand is strided (batch, row, column strides; a batch stride of 0
 // broadcasts). Sums run in a fixed order: deterministic.
 struct SmallMat {
     i64 off, sb, sr, sc;

@@ -17,8 +17,7 @@ __device__ __forceinline__ float reduce_identity(int op) {
 
 // Combines into `acc`, in order, the reduced elements j = first, first + step, ... below `end`
 // of the output whose x offset is `base` (`red` walks them). Four loads are in flight at a
-// time (one at a time, a block's reduction of 50,176 elements waited on each: 107 us on an
-// H200).
+// time (one at a time, a block's reduction of 50,176 elements waited on each).
 __device__ __forceinline__ float reduce_walked(const Walk& red, const void* x, int xdt, i64 base, i64 first, i64 end,
                                                i64 step, int op, float acc) {
     i64 j = first;
@@ -205,8 +204,8 @@ extern "C" __global__ void arg_reduce_kernel(Walk kept, i64 len, i64 stride, u32
 }
 
 // One thread per output, for short axes (a pooling window's argmax): a warp per output would
-// leave all but a few lanes idle (434 us for the 1.6M windows of 4 of a LeNet pooling layer on
-// an H200). Scanning in order keeps the rules: ties go to the lower index, the first NaN wins.
+// leave all but a few lanes idle (the 1.6M windows of 4 of a LeNet pooling layer). Scanning in
+// order keeps the rules: ties go to the lower index, the first NaN wins.
 extern "C" __global__ void arg_reduce_short(Walk kept, i64 len, i64 stride, u32* out, const void* x, int xdt, int is_max) {
     GRID_STRIDE(g, kept.n) {
         i64 o[2];
@@ -222,11 +221,10 @@ extern "C" __global__ void arg_reduce_short(Walk kept, i64 len, i64 stride, u32*
 }
 
 // (arg_reduce_kernel, arg_reduce_short, arg_reduce_block and arg_reduce_split share their loops by copy, not through device
-// helpers: factored into helpers, nvcc compiled this file's unchanged segment kernels
-// differently and the sorted weighted segment sum of 100,000 x 768 went from 0.54 to 0.83 ms
-// on an H200.)
+// helpers: factored into helpers, nvcc compiled the segment kernels, then in this file,
+// differently, and the sorted weighted segment sum of 100,000 x 768 ran half again as long.)
 // One block per output, for few outputs along a long axis (a warp each would walk it with one
-// load in flight: 116 us for one row of 8,192 on an H200). Each thread keeps the best of its
+// load in flight). Each thread keeps the best of its
 // strided share, four loads in flight; the block then combines them (the result does not
 // depend on the order: ties go to the lower index, the first NaN wins).
 #define ARG_BLOCK 1024
@@ -275,8 +273,8 @@ extern "C" __global__ void __launch_bounds__(ARG_BLOCK)
 // One output along a long axis, split over the grid: block b keeps the best of its contiguous
 // share (threads striding, four loads in flight) and writes it to part_v/part_i[b]; the block
 // that finishes last (counted on `ticket`) combines the gridDim.x partials and writes the
-// output, then resets the ticket. One launch, where a single block walked 10,000 keys in
-// 9 us on an H200 (k-means++ asks for one such argmin per anchor). The result does not depend
+// output, then resets the ticket. One launch, where a single block walked every key in turn
+// (k-means++ asks for one such argmin per anchor). The result does not depend
 // on the order (see arg_better).
 #define ARG_SPLIT 256
 extern "C" __global__ void __launch_bounds__(ARG_SPLIT)

@@ -19,8 +19,9 @@ extern "C" __global__ void segment_histogram(const u32* seg, i64 n, i64 m, i64 c
 }
 
 // For each segment: its chunks' exclusive prefix (in place) and its total. A warp per
-// segment scans 32 chunks at a time (a thread per segment walking every chunk in turn took
-// 76 us for 4,096 segments over 489 chunks on an H200). Grid: ceil(m / 8) blocks of 256.
+// segment scans 32 chunks at a time (a thread per segment walking every chunk in turn left
+// the device waiting on 4,096 segments' serial walks over 489 chunks). Grid: ceil(m / 8)
+// blocks of 256.
 extern "C" __global__ void segment_chunk_prefix(u32* counts, i64 m, i64 chunks, u32* totals) {
     const i64 s = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (s >= m) return;
@@ -205,7 +206,7 @@ extern "C" __global__ void segment_ordered(const void* x, int xdt, i64 xoff, i64
 // per segment, lane l adding the segment's rows l, l + 32, ... in order with Kahan
 // compensation, column after column, then the lanes' totals combined by a fixed shuffle tree:
 // the same result on every run. (segment_ordered's block per segment walks the rows one after
-// another with most of its threads idle: 39 us there, against a few here.) Grid: ceil(m / 8)
+// another with most of its threads idle, several times slower there.) Grid: ceil(m / 8)
 // blocks of 256 threads.
 extern "C" __global__ void segment_warp(const void* x, int xdt, i64 xoff, i64 xs0, i64 xs1, const void* wts, int wdt,
                                         i64 woff, i64 ws, int has_w, const u32* starts, const u32* order, i64 d,
@@ -318,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 2)
             // The listed rows pass through shared memory a tile at a time, loaded by every
             // thread at once; then each column's thread adds them up in row order from there.
             // (Walking global memory directly, a column's thread waited on one load after
-            // another: 34 us for one segment of 256 rows on an H200.) Rows too wide for a
+            // another.) Rows too wide for a
             // tile are read directly.
             const int tile_rows = d <= SCAN_TILE ? (int)min((i64)SCAN_TILE_ROWS, SCAN_TILE / d) : 0;
             int q = 0;
