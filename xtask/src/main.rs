@@ -335,7 +335,8 @@ fn validate_wgsl() -> ExitCode {
             }
         }
     };
-    for v in wgsl::default_modules() {
+    let modules = wgsl::default_modules();
+    for v in &modules {
         let what = format!("{} ({})", v.file, v.label);
         let r = check_module(&what, &v.module, v.features);
         report(what, r);
@@ -358,7 +359,7 @@ fn validate_wgsl() -> ExitCode {
     for layout in wgsl::LAUNCH_PARAMS {
         report(
             format!("launch parameters {}", layout.name),
-            params::check(layout),
+            params::check_in(layout, &modules),
         );
     }
     let all = wgsl::Features {

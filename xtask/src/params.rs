@@ -3,12 +3,18 @@
 //! fields, through naga) and against the shader's constructor, which must read field `i`
 //! from scalar slot `i` with the accessor of its type (`s`, `si`, `sf`).
 
-use backend_wgpu::wgsl::{self, ParamsLayout};
+use backend_wgpu::wgsl::{ParamsLayout, Variant};
 
 /// Checks `layout` against the first default module that declares its struct.
+#[cfg(test)]
 pub fn check(layout: &ParamsLayout) -> Result<(), String> {
+    check_in(layout, &backend_wgpu::wgsl::default_modules())
+}
+
+/// Checks `layout` against `modules` (`wgsl::default_modules()`, composed once by the
+/// caller): the first that declares its struct.
+pub fn check_in(layout: &ParamsLayout, modules: &[Variant]) -> Result<(), String> {
     let name = layout.name;
-    let modules = wgsl::default_modules();
     let source = modules
         .iter()
         .map(|v| &v.module.source)
@@ -91,6 +97,7 @@ pub fn check(layout: &ParamsLayout) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use backend_wgpu::wgsl;
 
     /// The shipped structs agree; a Rust struct that drifted from its shader (a field
     /// renamed, retyped, dropped, or one the shader does not declare) is caught.

@@ -324,8 +324,11 @@ impl WgpuBackend {
             let (name, text) = tile.slot();
             let mut spec = with_slots(Spec::new("gemm.wgsl").bindings(bindings).slot(name, text));
             if fallback_of.is_some() {
-                // gemm.wgsl's free scalars hold the verdict word and serial.
-                spec = spec.slot("guard", guard_slot(4, [9, 12], true));
+                // GemmParams' verdict fields hold the verdict word and serial.
+                let slot = |offset: usize| (offset / 4) as u32;
+                let word = slot(std::mem::offset_of!(GemmParams, verdict_word));
+                let serial = slot(std::mem::offset_of!(GemmParams, verdict_serial));
+                spec = spec.slot("guard", guard_slot(4, [word, serial], true));
             }
             (
                 self.kernel(&spec)?,
