@@ -712,7 +712,7 @@ pub trait BackendExt: Backend {
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
-    /// Reads any float or integer buffer as `f32`.
+    /// Reads any float or integer buffer as `f32` (`f64` rounded to nearest).
     fn read_f32(&self, src: &Self::Buffer) -> Result<Vec<f32>> {
         let bytes = self.read_bytes(src)?;
         fn conv<T: Element>(b: &[u8]) -> Vec<f32> {
@@ -727,6 +727,27 @@ pub trait BackendExt: Backend {
             DType::BF16 => conv::<half::bf16>(&bytes),
             DType::I32 => conv::<i32>(&bytes),
             DType::U32 => conv::<u32>(&bytes),
+            DType::F64 => conv::<f64>(&bytes),
+        })
+    }
+
+    /// Reads any float or integer buffer as `f64` (exactly: every element of every dtype is
+    /// an `f64`).
+    fn read_f64(&self, src: &Self::Buffer) -> Result<Vec<f64>> {
+        let bytes = self.read_bytes(src)?;
+        fn conv<T: Element>(b: &[u8]) -> Vec<f64> {
+            bytemuck::pod_collect_to_vec::<u8, T>(b)
+                .into_iter()
+                .map(T::to_f64)
+                .collect()
+        }
+        Ok(match src.dtype() {
+            DType::F32 => conv::<f32>(&bytes),
+            DType::F16 => conv::<half::f16>(&bytes),
+            DType::BF16 => conv::<half::bf16>(&bytes),
+            DType::I32 => conv::<i32>(&bytes),
+            DType::U32 => conv::<u32>(&bytes),
+            DType::F64 => conv::<f64>(&bytes),
         })
     }
 

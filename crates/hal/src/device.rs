@@ -66,4 +66,56 @@ pub struct Capabilities {
     /// passing the gate to each than making the gated operand once (which the default, and a
     /// backend without this, does per call).
     pub fused_gradient_products: bool,
+    /// What the device runs in double precision.
+    pub f64: F64Support,
+}
+
+/// What a device runs in `f64`. Whatever is not offered is refused with
+/// [`crate::Error::UnsupportedDType`] naming the operation and the reason, never run in a
+/// narrower type.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct F64Support {
+    /// `f64` buffers: alloc, upload, read, write, fill and copy.
+    pub storage: bool,
+    /// Programs with `F64` values: arithmetic, `sqrt`, `fma`, `min`/`max`, `floor`/`ceil`,
+    /// comparisons, selects, casts, loads and stores.
+    pub programs: bool,
+    /// The transcendental functions (`exp`, `exp2`, `log`, `log2`, `sin`, `cos`, `tan`,
+    /// `tanh`, `pow`, `atan2`) in `F64` programs.
+    pub program_math: bool,
+    /// `AtomicAdd` into `f64` buffers.
+    pub atomics: bool,
+    /// The primitives (by their [`crate::Backend`] method names) that take `f64` operands.
+    pub primitives: Vec<&'static str>,
+    /// Why what is missing is missing (empty when everything is offered).
+    pub note: String,
+}
+
+impl F64Support {
+    /// Every primitive that has an `f64` form.
+    pub const ALL_PRIMITIVES: [&'static str; 18] = [
+        "fill",
+        "copy",
+        "unary",
+        "binary",
+        "ternary",
+        "reduce",
+        "arg_reduce",
+        "matmul",
+        "spmv_csr",
+        "gather",
+        "scatter_add",
+        "im2col",
+        "col2im",
+        "segment_sum",
+        "sgd_step",
+        "adam_step",
+        "random",
+        "launch",
+    ];
+
+    /// Whether primitive `op` takes `f64` operands here.
+    pub fn primitive(&self, op: &str) -> bool {
+        self.primitives.contains(&op)
+    }
 }

@@ -59,7 +59,7 @@ pub use backend::{
     Backend, BackendExt, Csr, DeviceBuffer, Epilogue, Gate, Precision, RecordedSteps, Replay, View,
     matmul_epilogue_steps, nearest_per_group,
 };
-pub use device::{Capabilities, DeviceInfo, DeviceKind};
+pub use device::{Capabilities, DeviceInfo, DeviceKind, F64Support};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use layout::{
@@ -67,7 +67,7 @@ pub use layout::{
 };
 pub use ops::{
     AdamParams, ArgReduceOp, BinaryOp, Conv2dGeometry, Distribution, ReduceOp, SgdParams,
-    TernaryOp, UnaryOp, erf_f32,
+    TernaryOp, UnaryOp, erf_f32, erf_f64,
 };
 
 /// Re-exported so users of buffers of 16-bit floats need not name the `half` crate.

@@ -67,6 +67,32 @@ pub fn random_value(dist: Distribution, seed: u64, index: u64) -> f32 {
     }
 }
 
+/// A uniform value in `[0, 1)` with 53 random bits from two words: `(hi << 21 | lo >> 11) *
+/// 2^-53`.
+#[inline]
+pub fn unit_uniform_f64(hi: u32, lo: u32) -> f64 {
+    (((hi as u64) << 21) | (lo >> 11) as u64) as f64 * (1.0 / 9_007_199_254_740_992.0)
+}
+
+/// [`random_value`] for `f64` buffers, with 53-bit uniforms: `u = unit_uniform_f64(w0, w1)`
+/// (uniform: `low + (high - low) * u`, one rounding); normal: `u1 = u + 2^-53` in `(0, 1]`,
+/// `u2 = unit_uniform_f64(w2, w3)`, `z = sqrt(-2 ln u1) cos(2 pi u2)`, `mean + std * z`. The
+/// distribution's parameters are widened from `f32`.
+#[inline]
+pub fn random_value_f64(dist: Distribution, seed: u64, index: u64) -> f64 {
+    let w = philox_words(seed, index);
+    let u = unit_uniform_f64(w[0], w[1]);
+    match dist {
+        Distribution::Uniform { low, high } => (high as f64 - low as f64).mul_add(u, low as f64),
+        Distribution::Normal { mean, std } => {
+            let u1 = u + 1.0 / 9_007_199_254_740_992.0;
+            let u2 = unit_uniform_f64(w[2], w[3]);
+            let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+            (std as f64).mul_add(z, mean as f64)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,9 @@
 //! ```
 //!
 //! Types are checked when the program is built ([`Program::validate`]), as with
-//! [`ProgramBuilder`]; a float literal on either side of an operator is an `F32` constant.
+//! [`ProgramBuilder`]; a float literal on either side of an operator is a constant of the
+//! other operand's float type: `F32`, or `F64` holding the literal as written (`0.1` is
+//! `0.1f64`, not the `f32` nearest to it widened).
 
 use super::{
     Access, BufferId, Inst, IrBinary, IrCmp, IrUnary, Program, ProgramBuilder, ScalarType, Value,
@@ -74,6 +76,23 @@ impl Scope {
         let value = self.builder.borrow_mut().const_f32(v);
         self.expr(value)
     }
+    pub fn f64(&self, v: f64) -> Expr<'_> {
+        let value = self.builder.borrow_mut().const_f64(v);
+        self.expr(value)
+    }
+    /// `v` as a constant of float type `ty` (`F32`: rounded to nearest; `F64`: exactly).
+    pub fn float(&self, ty: ScalarType, v: f64) -> Expr<'_> {
+        let value = self.builder.borrow_mut().const_float(ty, v);
+        self.expr(value)
+    }
+    /// The literal `v` as a constant of `like`'s type (`F64`: the decimal `v` is written as).
+    fn literal(&self, like: Value, v: f32) -> Expr<'_> {
+        let ty = self.builder.borrow().type_of(like);
+        match ty {
+            Some(ScalarType::F64) => self.f64(v.to_string().parse().unwrap_or(v as f64)),
+            _ => self.f32(v),
+        }
+    }
     pub fn u32(&self, v: u32) -> Expr<'_> {
         let value = self.builder.borrow_mut().const_u32(v);
         self.expr(value)
@@ -121,6 +140,10 @@ impl<'s> Expr<'s> {
     /// The underlying IR value.
     pub fn value(self) -> Value {
         self.value
+    }
+    /// The value's type (`None` where the program is already ill-typed).
+    pub fn ty(self) -> Option<ScalarType> {
+        self.scope.builder.borrow().type_of(self.value)
     }
     fn unary(self, op: IrUnary) -> Self {
         self.scope.push(Inst::Unary { op, x: self.value })
@@ -224,14 +247,14 @@ macro_rules! binary_operators {
         impl<'s> ops::$trait<f32> for Expr<'s> {
             type Output = Expr<'s>;
             fn $method(self, other: f32) -> Expr<'s> {
-                let other = self.scope.f32(other);
+                let other = self.scope.literal(self.value, other);
                 self.binary(IrBinary::$op, other)
             }
         }
         impl<'s> ops::$trait<Expr<'s>> for f32 {
             type Output = Expr<'s>;
             fn $method(self, other: Expr<'s>) -> Expr<'s> {
-                other.scope.f32(self).binary(IrBinary::$op, other)
+                other.scope.literal(other.value, self).binary(IrBinary::$op, other)
             }
         }
     )*};
@@ -302,6 +325,26 @@ mod tests {
         let y = p.unary(IrUnary::Sqrt, m);
         p.store(out, i, y);
         assert_eq!(formula, p.build().unwrap());
+    }
+
+    /// Literals take the float type of the value they meet: an `f64` formula stays `f64`,
+    /// holding each literal as written.
+    #[test]
+    fn literals_follow_the_operand_type() {
+        let s = Scope::new("f64");
+        let (x, out) = (
+            s.buffer(DType::F64, Access::Read),
+            s.buffer(DType::F64, Access::Write),
+        );
+        let i = s.index();
+        let y = 0.1 * s.load(x, i) + 1.0;
+        assert_eq!(y.ty(), Some(ScalarType::F64));
+        s.store(out, i, y);
+        let p = s.build().unwrap();
+        assert!(
+            p.insts
+                .contains(&Inst::Const(super::super::Constant::F64(0.1f64.to_bits())))
+        );
     }
 
     /// A type error in a formula is reported when the program is built.

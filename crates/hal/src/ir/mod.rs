@@ -44,16 +44,27 @@ pub enum ScalarType {
     I32,
     U32,
     Bool,
+    /// Double precision: loaded from and stored to `f64` buffers only, and converted to and
+    /// from the other types by [`Inst::Cast`]. A backend whose device has no `f64` refuses a
+    /// program that uses it ([`Error::UnsupportedDType`]).
+    F64,
 }
 
 impl ScalarType {
-    /// The value type a load from a buffer of `dtype` yields (float storage loads as `F32`).
+    /// The value type a load from a buffer of `dtype` yields (16-bit float storage loads as
+    /// `F32`).
     pub fn of_dtype(dtype: DType) -> ScalarType {
         match dtype {
             DType::F32 | DType::F16 | DType::BF16 => ScalarType::F32,
+            DType::F64 => ScalarType::F64,
             DType::I32 => ScalarType::I32,
             DType::U32 => ScalarType::U32,
         }
+    }
+
+    /// `F32` or `F64`.
+    pub fn is_float(self) -> bool {
+        matches!(self, ScalarType::F32 | ScalarType::F64)
     }
 }
 
@@ -87,12 +98,14 @@ pub enum Constant {
     I32(i32),
     U32(u32),
     Bool(bool),
+    F64(u64),
 }
 
 impl Constant {
     pub fn ty(self) -> ScalarType {
         match self {
             Constant::F32(_) => ScalarType::F32,
+            Constant::F64(_) => ScalarType::F64,
             Constant::I32(_) => ScalarType::I32,
             Constant::U32(_) => ScalarType::U32,
             Constant::Bool(_) => ScalarType::Bool,
@@ -100,7 +113,8 @@ impl Constant {
     }
 }
 
-/// One-operand IR functions. Float-only unless noted.
+/// One-operand IR functions. Float-only (`F32` or `F64`, the result of the operand's type)
+/// unless noted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum IrUnary {
     /// Any numeric type (wrapping for integers).
@@ -202,7 +216,7 @@ pub enum Inst {
         a: Value,
         b: Value,
     },
-    /// `a * b + c` with one rounding (`F32`).
+    /// `a * b + c` with one rounding (`F32` or `F64`, all three of one type).
     Fma {
         a: Value,
         b: Value,
@@ -229,7 +243,8 @@ pub enum Inst {
         value: Value,
         when: Option<Value>,
     },
-    /// Atomically adds `value` to element `index` of an `F32`, `I32` or `U32` buffer. Defines no value.
+    /// Atomically adds `value` to element `index` of an `F32`, `F64`, `I32` or `U32` buffer
+    /// (`F64` where the device has 64-bit float atomics). Defines no value.
     AtomicAdd {
         buffer: BufferId,
         index: Value,
@@ -330,8 +345,8 @@ impl Program {
                 let t = ty(x);
                 let ok = match op {
                     IrUnary::Neg | IrUnary::Abs => t != Bool,
-                    IrUnary::Not => t != F32,
-                    _ => t == F32,
+                    IrUnary::Not => !t.is_float(),
+                    _ => t.is_float(),
                 };
                 if !ok {
                     return Err(format!("{op:?} does not take {t:?}"));
@@ -351,8 +366,8 @@ impl Program {
                     | IrBinary::Rem
                     | IrBinary::Min
                     | IrBinary::Max => ta != Bool,
-                    IrBinary::Pow | IrBinary::Atan2 => ta == F32,
-                    IrBinary::And | IrBinary::Or | IrBinary::Xor => ta != F32,
+                    IrBinary::Pow | IrBinary::Atan2 => ta.is_float(),
+                    IrBinary::And | IrBinary::Or | IrBinary::Xor => !ta.is_float(),
                     IrBinary::Shl | IrBinary::Shr => ta == I32 || ta == U32,
                 };
                 if !ok {
@@ -367,10 +382,11 @@ impl Program {
                 Some(Bool)
             }
             Inst::Fma { a, b, c } => {
-                if [a, b, c].iter().any(|&v| ty(v) != F32) {
-                    return Err("fma takes f32 operands".into());
+                let t = ty(a);
+                if !t.is_float() || ty(b) != t || ty(c) != t {
+                    return Err("fma takes three f32 or three f64 operands".into());
                 }
-                Some(F32)
+                Some(t)
             }
             Inst::Select { cond, a, b } => {
                 if ty(cond) != Bool || ty(a) != ty(b) {
@@ -419,7 +435,7 @@ impl Program {
         if p.access == Access::Read || (atomic && p.access != Access::ReadWrite) {
             return Err(format!("buffer {} is declared {:?}", id.0, p.access));
         }
-        if atomic && !matches!(p.dtype, DType::F32 | DType::I32 | DType::U32) {
+        if atomic && !matches!(p.dtype, DType::F32 | DType::F64 | DType::I32 | DType::U32) {
             return Err(format!("atomic add into {} is not supported", p.dtype));
         }
         if let Inst::Store { when: Some(w), .. } = *inst
@@ -532,6 +548,8 @@ impl<K: Clone> KernelCache<K> {
 #[derive(Debug)]
 pub struct ProgramBuilder {
     program: Program,
+    /// Each instruction's type so far (`None` for stores and ill-typed instructions).
+    types: Vec<Option<ScalarType>>,
 }
 
 impl ProgramBuilder {
@@ -542,7 +560,14 @@ impl ProgramBuilder {
                 buffers: Vec::new(),
                 insts: Vec::new(),
             },
+            types: Vec::new(),
         }
+    }
+
+    /// The type of `v` as far as the instructions so far determine it (`None` where they are
+    /// ill-typed: [`ProgramBuilder::build`] says how).
+    pub fn type_of(&self, v: Value) -> Option<ScalarType> {
+        self.types.get(v.0 as usize).copied().flatten()
     }
 
     /// Declares the next buffer parameter.
@@ -553,6 +578,13 @@ impl ProgramBuilder {
 
     /// Appends any instruction; returns the value it defines (meaningless for stores).
     pub fn push(&mut self, inst: Inst) -> Value {
+        let defined = inst.operands().all(|v| self.type_of(v).is_some());
+        let t = if defined {
+            self.program.type_of(&inst, &self.types).ok().flatten()
+        } else {
+            None
+        };
+        self.types.push(t);
         self.program.insts.push(inst);
         Value(self.program.insts.len() as u32 - 1)
     }
@@ -562,6 +594,16 @@ impl ProgramBuilder {
     }
     pub fn const_f32(&mut self, v: f32) -> Value {
         self.push(Inst::Const(Constant::F32(v.to_bits())))
+    }
+    pub fn const_f64(&mut self, v: f64) -> Value {
+        self.push(Inst::Const(Constant::F64(v.to_bits())))
+    }
+    /// `v` as a constant of float type `ty` (`F32`: rounded to nearest; `F64`: exactly).
+    pub fn const_float(&mut self, ty: ScalarType, v: f64) -> Value {
+        match ty {
+            ScalarType::F64 => self.const_f64(v),
+            _ => self.const_f32(v as f32),
+        }
     }
     pub fn const_u32(&mut self, v: u32) -> Value {
         self.push(Inst::Const(Constant::U32(v)))

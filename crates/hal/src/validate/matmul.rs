@@ -1,6 +1,6 @@
 //! Matrix products' operands ([`MatrixView`]) and checks, and the CSR mat-vec's.
 
-use super::{broadcast, disjoint, dtype_is, fits, float, output, same_shape};
+use super::{broadcast, disjoint, dtype_is, f64_offered, fits, float, output, same_shape};
 use crate::{Csr, DType, DeviceBuffer, Epilogue, Error, Layout, Result, View};
 
 /// A matmul operand as `(batch, rows, cols)` and strides `[batch, row, col]`; a rank-2 view is
@@ -63,6 +63,13 @@ pub fn matmul_epilogue<B: DeviceBuffer>(
 ) -> Result<([MatrixView; 3], Option<Layout>)> {
     const OP: &str = "matmul_epilogue";
     let matrices = matmul(a, b, out)?;
+    let mut dtypes = vec![a.dtype(), b.dtype(), out.dtype()];
+    dtypes.extend(epilogue.bias.map(|v| v.dtype()));
+    dtypes.extend(epilogue.a_row_sums.map(|v| v.dtype()));
+    dtypes.extend(epilogue.a_gate.as_ref().map(|g| g.output.dtype()));
+    f64_offered(OP, &dtypes, false, || {
+        "the fused epilogue has no f64 form (matmul and the elementwise primitives do)".into()
+    })?;
     let invalid = |detail: String| Error::InvalidArgument { op: OP, detail };
     let bias = match epilogue.bias {
         Some(bias) => {
@@ -181,8 +188,13 @@ pub fn spmv_csr<B: DeviceBuffer>(a: &Csr<'_, B>, x: &B, y: &B) -> Result<()> {
     const OP: &str = "spmv_csr";
     dtype_is(OP, DType::U32, a.row_offsets.dtype())?;
     dtype_is(OP, DType::U32, a.col_indices.dtype())?;
-    for buf in [a.values, x, y] {
-        dtype_is(OP, DType::F32, buf.dtype())?;
+    // f32 throughout, or f64 throughout.
+    let float = a.values.dtype();
+    if !matches!(float, DType::F32 | DType::F64) {
+        dtype_is(OP, DType::F32, float)?;
+    }
+    for buf in [x, y] {
+        dtype_is(OP, float, buf.dtype())?;
     }
     if [a.row_offsets, a.col_indices, a.values, x]
         .iter()

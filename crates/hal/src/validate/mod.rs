@@ -14,7 +14,7 @@ mod operand;
 
 pub use matmul::{MatrixView, csr_structure, matmul, matmul_epilogue, spmv_csr};
 pub use operand::{
-    broadcast, disjoint, dtype_is, fits, float, index_dtype, output, rank, same_shape,
+    broadcast, disjoint, dtype_is, f64_offered, fits, float, index_dtype, output, rank, same_shape,
 };
 
 use crate::ir::Program;
@@ -272,6 +272,12 @@ pub fn nearest_centroid<B: DeviceBuffer>(
     for v in [x, c] {
         fits(OP, v)?;
     }
+    f64_offered(
+        OP,
+        &[x.dtype(), c.dtype(), out_distance.dtype()],
+        false,
+        || "the search has no f64 form (it computes f32 distances)".into(),
+    )?;
     for out in [out_index, out_distance] {
         output(OP, out)?;
         for input in [x, c] {
@@ -404,9 +410,14 @@ pub fn kmeans_pp<B: DeviceBuffer>(x: View<'_, B>, anchors: View<'_, B>) -> Resul
     Ok([n, d, m])
 }
 
+/// Optimizer buffers: one length, all `f32` or all `f64`.
 fn optimizer<B: DeviceBuffer>(op: &'static str, bufs: &[&B]) -> Result<()> {
+    let float = match bufs[0].dtype() {
+        DType::F64 => DType::F64,
+        _ => DType::F32,
+    };
     for b in bufs {
-        dtype_is(op, DType::F32, b.dtype())?;
+        dtype_is(op, float, b.dtype())?;
         if b.len() != bufs[0].len() {
             return Err(Error::ShapeMismatch {
                 op,

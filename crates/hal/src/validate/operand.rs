@@ -92,6 +92,24 @@ pub fn float(op: &'static str, dtype: DType) -> Result<()> {
     Ok(())
 }
 
+/// Refuses `op` where any of `dtypes` is `f64` and the backend does not run `op` in `f64`;
+/// `reason` says why (it ends the error's detail).
+pub fn f64_offered(
+    op: &'static str,
+    dtypes: &[DType],
+    offered: bool,
+    reason: impl FnOnce() -> String,
+) -> Result<()> {
+    if !offered && dtypes.contains(&DType::F64) {
+        return Err(Error::UnsupportedDType {
+            op,
+            dtype: DType::F64,
+            detail: format!(" here: {}", reason()),
+        });
+    }
+    Ok(())
+}
+
 pub fn dtype_is(op: &'static str, expected: DType, got: DType) -> Result<()> {
     if expected != got {
         return Err(Error::DTypeMismatch { op, expected, got });
