@@ -40,6 +40,9 @@ pub(crate) fn info() -> DeviceInfo {
     }
 }
 
+/// The primitives that run in `f64` here: every one that has an `f64` form.
+pub(crate) const F64_PRIMITIVES: &[&str] = &hal::F64Support::ALL_PRIMITIVES;
+
 pub(crate) fn capabilities() -> Capabilities {
     Capabilities {
         dtypes: DType::ALL.to_vec(),
@@ -52,6 +55,14 @@ pub(crate) fn capabilities() -> Capabilities {
         fast_precision: false,
         compensated_precision: false,
         fused_gradient_products: false,
+        f64: hal::F64Support {
+            storage: true,
+            programs: true,
+            program_math: true,
+            atomics: true,
+            primitives: F64_PRIMITIVES.to_vec(),
+            note: String::new(),
+        },
     }
 }
 

@@ -105,6 +105,13 @@ fn check_indices(op: &'static str, index: View<'_, CpuBuffer>, bound: usize) -> 
     }
 }
 
+/// Refuses `op` on `f64` operands where the CPU backend has no `f64` form of it.
+fn f64_offered(op: &'static str, dtypes: &[DType]) -> Result<()> {
+    validate::f64_offered(op, dtypes, device::F64_PRIMITIVES.contains(&op), || {
+        format!("the CPU backend has no f64 form of `{op}`")
+    })
+}
+
 fn f32_slice(buf: &CpuBuffer) -> &[f32] {
     // SAFETY: dtype checked by callers; the memory lives as long as the buffer handle.
     unsafe { std::slice::from_raw_parts(buf.typed::<f32>(), buf.len()) }
@@ -193,6 +200,7 @@ impl Backend for CpuBackend {
 
     fn unary(&self, op: UnaryOp, x: V<'_>, out: V<'_>) -> Result<()> {
         let xl = validate::unary(x, out)?;
+        f64_offered("unary", &[x.dtype(), out.dtype()])?;
         let _g = exec();
         elementwise::unary(op, x.buffer.src(), &xl, out.buffer.dst(), out.layout);
         Ok(())
@@ -200,6 +208,7 @@ impl Backend for CpuBackend {
 
     fn binary(&self, op: BinaryOp, a: V<'_>, b: V<'_>, out: V<'_>) -> Result<()> {
         let (al, bl) = validate::binary(a, b, out)?;
+        f64_offered("binary", &[a.dtype(), b.dtype(), out.dtype()])?;
         let _g = exec();
         elementwise::binary(
             op,
@@ -215,6 +224,7 @@ impl Backend for CpuBackend {
 
     fn ternary(&self, op: TernaryOp, a: V<'_>, b: V<'_>, c: V<'_>, out: V<'_>) -> Result<()> {
         let [al, bl, cl] = validate::ternary(a, b, c, out)?;
+        f64_offered("ternary", &[a.dtype(), b.dtype(), c.dtype(), out.dtype()])?;
         let _g = exec();
         elementwise::ternary(
             op,
@@ -260,6 +270,7 @@ impl Backend for CpuBackend {
 
     fn matmul(&self, a: V<'_>, b: V<'_>, out: V<'_>, alpha: f32, beta: f32) -> Result<()> {
         let [am, bm, om] = validate::matmul(a, b, out)?;
+        f64_offered("matmul", &[a.dtype(), b.dtype(), out.dtype()])?;
         let _g = exec();
         matmul::matmul(a.buffer, am, b.buffer, bm, out.buffer, om, alpha, beta);
         Ok(())
@@ -274,12 +285,14 @@ impl Backend for CpuBackend {
         beta: f32,
     ) -> Result<()> {
         validate::spmv_csr(&a, x, y)?;
+        f64_offered("spmv_csr", &[a.values.dtype(), x.dtype(), y.dtype()])?;
         let _g = exec();
         matmul::spmv_csr(a, x, y, alpha, beta)
     }
 
     fn gather(&self, x: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
         validate::gather(x, axis, index, out)?;
+        f64_offered("gather", &[x.dtype(), out.dtype()])?;
         let _g = exec();
         check_indices("gather", index, x.layout.shape[axis])?;
         index::gather(
@@ -296,6 +309,7 @@ impl Backend for CpuBackend {
 
     fn scatter_add(&self, src: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
         validate::scatter_add(src, axis, index, out)?;
+        f64_offered("scatter_add", &[src.dtype(), out.dtype()])?;
         let _g = exec();
         check_indices("scatter_add", index, out.layout.shape[axis])?;
         index::scatter_add(
@@ -312,6 +326,7 @@ impl Backend for CpuBackend {
 
     fn im2col(&self, x: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
         validate::im2col(x, g, out)?;
+        f64_offered("im2col", &[x.dtype(), out.dtype()])?;
         let _g = exec();
         conv::im2col(x.buffer.src(), x.layout, g, out.buffer.dst(), out.layout);
         Ok(())
@@ -319,6 +334,7 @@ impl Backend for CpuBackend {
 
     fn col2im(&self, cols: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
         validate::col2im(cols, g, out)?;
+        f64_offered("col2im", &[cols.dtype(), out.dtype()])?;
         let _g = exec();
         conv::col2im(
             cols.buffer.src(),
@@ -338,6 +354,10 @@ impl Backend for CpuBackend {
         out_distance: V<'_>,
     ) -> Result<()> {
         validate::nearest_centroid(x, c, out_index, out_distance)?;
+        f64_offered(
+            "nearest_centroid",
+            &[x.dtype(), c.dtype(), out_distance.dtype()],
+        )?;
         if x.layout.rank() == 3 {
             return hal::nearest_per_group([x, c, out_index, out_distance], |[x, c, i, d]| {
                 self.nearest_centroid(x, c, i, d)
@@ -358,6 +378,7 @@ impl Backend for CpuBackend {
         counts: V<'_>,
     ) -> Result<()> {
         validate::segment_sum(x, segment, weights, sums, counts)?;
+        f64_offered("segment_sum", &[x.dtype(), sums.dtype(), counts.dtype()])?;
         let _g = exec();
         check_indices("segment_sum", segment, sums.layout.shape[0])?;
         let reproducible = self.precision == Precision::Reproducible;
@@ -373,7 +394,22 @@ impl Backend for CpuBackend {
         p: &SgdParams,
     ) -> Result<()> {
         validate::sgd_step(param, grad, momentum_buffer, p)?;
+        f64_offered("sgd_step", &[param.dtype()])?;
         let _g = exec();
+        if param.dtype() == DType::F64 {
+            let buf = momentum_buffer.filter(|_| p.momentum != 0.0);
+            // SAFETY: validate::sgd_step: f64 buffers of one length.
+            unsafe {
+                optim::sgd_f64(
+                    param.len(),
+                    param.typed::<f64>(),
+                    grad.typed::<f64>(),
+                    buf.map(|b| b.typed::<f64>()),
+                    p,
+                )
+            };
+            return Ok(());
+        }
         let sh = |b: &CpuBuffer| optim::Shared(b.typed::<f32>());
         let buf = if p.momentum != 0.0 {
             momentum_buffer.map(sh)
@@ -393,7 +429,14 @@ impl Backend for CpuBackend {
         p: &AdamParams,
     ) -> Result<()> {
         validate::adam_step(param, grad, m, v, p)?;
+        f64_offered("adam_step", &[param.dtype()])?;
         let _g = exec();
+        if param.dtype() == DType::F64 {
+            let ptrs = [param, grad, m, v].map(|b| b.typed::<f64>());
+            // SAFETY: validate::adam_step: f64 buffers of one length.
+            unsafe { optim::adam_f64(param.len(), ptrs, p) };
+            return Ok(());
+        }
         let sh = |b: &CpuBuffer| optim::Shared(b.typed::<f32>());
         optim::adam(param.len(), sh(param), sh(grad), sh(m), sh(v), p);
         Ok(())
@@ -401,6 +444,7 @@ impl Backend for CpuBackend {
 
     fn random(&self, out: V<'_>, dist: Distribution, seed: u64, offset: u64) -> Result<()> {
         validate::random(out)?;
+        f64_offered("random", &[out.dtype()])?;
         let _g = exec();
         random::random(out.buffer.dst(), out.layout, dist, seed, offset);
         Ok(())

@@ -6,6 +6,9 @@
 //! the compiler vectorises, and blocks run in parallel. Memory is accessed with relaxed
 //! atomics: plain loads and stores on x86 and ARM, but defined behaviour when two indices
 //! touch one element (which the IR allows).
+//!
+//! Values live in two register files: 32-bit lanes for `F32`, `I32`, `U32` and `Bool`, 64-bit
+//! lanes for `F64`, each with its own slots, so programs without `F64` run as they always did.
 
 use crate::storage::CpuBuffer;
 use hal::ir::{Constant, Inst, IrBinary, IrCmp, IrUnary, Program, ScalarType};
@@ -16,14 +19,21 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 const LANES: usize = 64;
 type Reg = [u32; LANES];
+type Wide = [u64; LANES];
 
-/// A compiled program: the program, each value's type and register slot.
+/// A compiled program: the program, each value's type and register slot (in the 64-bit file
+/// for `F64` values, the 32-bit file for the rest).
 #[derive(Debug)]
 pub struct CompiledProgram {
     pub program: Program,
     types: Vec<Option<ScalarType>>,
     slots: Vec<usize>,
     n_slots: usize,
+    n_wide: usize,
+}
+
+fn is_wide(t: Option<ScalarType>) -> bool {
+    t == Some(ScalarType::F64)
 }
 
 /// The CPU backend's kernel handle.
@@ -34,18 +44,19 @@ impl CpuKernel {
     pub fn program(&self) -> &Program {
         &self.0.program
     }
-    /// Registers the kernel needs per block of lanes (after slot reuse).
+    /// Registers the kernel needs per block of lanes (after slot reuse), both files together.
     pub fn registers(&self) -> usize {
-        self.0.n_slots
+        self.0.n_slots + self.0.n_wide
     }
 }
 
 pub(crate) fn compile(program: &Program) -> Result<CompiledProgram> {
     let types = program.validate()?;
     let last = program.last_uses();
-    let mut free: Vec<usize> = Vec::new();
+    // Free slots and slot counts, per register file (0: 32-bit, 1: 64-bit).
+    let mut free: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
     let mut slots = vec![usize::MAX; program.insts.len()];
-    let mut n_slots = 0;
+    let mut count = [0usize; 2];
     // Values whose last use is instruction `at` are freed after `at` defines its own value.
     let mut dying: Vec<Vec<usize>> = vec![Vec::new(); program.insts.len()];
     for (v, &l) in last.iter().enumerate() {
@@ -55,20 +66,22 @@ pub(crate) fn compile(program: &Program) -> Result<CompiledProgram> {
     }
     for at in 0..program.insts.len() {
         if types[at].is_some() {
-            slots[at] = free.pop().unwrap_or_else(|| {
-                n_slots += 1;
-                n_slots - 1
+            let file = is_wide(types[at]) as usize;
+            slots[at] = free[file].pop().unwrap_or_else(|| {
+                count[file] += 1;
+                count[file] - 1
             });
         }
         for &v in &dying[at] {
-            free.push(slots[v]);
+            free[is_wide(types[v]) as usize].push(slots[v]);
         }
     }
     Ok(CompiledProgram {
         program: program.clone(),
         types,
         slots,
-        n_slots,
+        n_slots: count[0],
+        n_wide: count[1],
     })
 }
 
@@ -101,6 +114,31 @@ impl Mem {
                         .to_f32()
                         .to_bits()
                 }
+                DType::F64 => unreachable!("f64 loads go through load64"),
+            }
+        }
+    }
+    /// Element `i` of an `f64` buffer, as bits.
+    #[inline(always)]
+    fn load64(&self, i: usize) -> u64 {
+        // SAFETY: the caller checked `i < len` and the dtype (f64: 8-byte elements).
+        unsafe { (*(self.ptr as *const AtomicU64).add(i)).load(Relaxed) }
+    }
+    #[inline(always)]
+    fn store64(&self, i: usize, bits: u64) {
+        // SAFETY: as for `load64`.
+        unsafe { (*(self.ptr as *const AtomicU64).add(i)).store(bits, Relaxed) }
+    }
+    #[inline(always)]
+    fn atomic_add64(&self, i: usize, bits: u64) {
+        // SAFETY: as for `load64`.
+        let a = unsafe { &*(self.ptr as *const AtomicU64).add(i) };
+        let mut cur = a.load(Relaxed);
+        loop {
+            let new = (f64::from_bits(cur) + f64::from_bits(bits)).to_bits();
+            match a.compare_exchange_weak(cur, new, Relaxed, Relaxed) {
+                Ok(_) => break,
+                Err(seen) => cur = seen,
             }
         }
     }
@@ -116,6 +154,7 @@ impl Mem {
                     .store(f16::from_f32(f32::from_bits(bits)).to_bits(), Relaxed),
                 DType::BF16 => (*(self.ptr as *const AtomicU16).add(i))
                     .store(bf16::from_f32(f32::from_bits(bits)).to_bits(), Relaxed),
+                DType::F64 => unreachable!("f64 stores go through store64"),
             }
         }
     }
@@ -159,14 +198,20 @@ pub(crate) fn launch(k: &CompiledProgram, args: &[&CpuBuffer], n: usize) -> Resu
     const BLOCKS_PER_TASK: usize = 16;
     let tasks = n.div_ceil(LANES * BLOCKS_PER_TASK);
     (0..tasks).into_par_iter().for_each_init(
-        || vec![[0u32; LANES]; k.n_slots.max(1)],
-        |regs, t| {
+        || {
+            (
+                vec![[0u32; LANES]; k.n_slots.max(1)],
+                vec![[0u64; LANES]; k.n_wide],
+            )
+        },
+        |(regs, wide), t| {
             let start = t * LANES * BLOCKS_PER_TASK;
             let end = (start + LANES * BLOCKS_PER_TASK).min(n);
             let mut s = start;
             while s < end {
                 let lanes = LANES.min(end - s);
-                run_block(k, &mems, regs, s as u32, lanes, &fault);
+                let files = Files { regs, wide };
+                run_block(k, &mems, files, s as u32, lanes, &fault);
                 s += lanes;
             }
         },
@@ -193,14 +238,21 @@ fn b(x: f32) -> u32 {
     x.to_bits()
 }
 
+/// The two register files of one worker.
+struct Files<'a> {
+    regs: &'a mut [Reg],
+    wide: &'a mut [Wide],
+}
+
 fn run_block(
     k: &CompiledProgram,
     mems: &[Mem],
-    regs: &mut [Reg],
+    files: Files<'_>,
     base: u32,
     lanes: usize,
     fault: &AtomicU64,
 ) {
+    let Files { regs, wide } = files;
     let record_fault = |buf: u32, idx: u32| {
         let _ = fault.compare_exchange(0, ((buf as u64 + 1) << 32) | idx as u64, Relaxed, Relaxed);
     };
@@ -209,32 +261,42 @@ fn run_block(
         let dst = k.slots[at];
         // Copies of operand registers: a value's slot may be reused by this very instruction.
         let op = |v: hal::ir::Value| k.slots[v.0 as usize];
+        let wide_operand = |v: hal::ir::Value| is_wide(k.types[v.0 as usize]);
         match *inst {
             Inst::Index => {
                 for (l, r) in regs[dst].iter_mut().enumerate() {
                     *r = base.wrapping_add(l as u32);
                 }
             }
+            Inst::Const(Constant::F64(bits)) => wide[dst] = [bits; LANES],
             Inst::Const(c) => {
                 let bits = match c {
                     Constant::F32(x) | Constant::U32(x) => x,
                     Constant::I32(x) => x as u32,
                     Constant::Bool(x) => x as u32,
+                    Constant::F64(_) => unreachable!("matched above"),
                 };
                 regs[dst] = [bits; LANES];
             }
             Inst::Load { buffer, index } => {
                 let (m, ix) = (mems[buffer.0 as usize], regs[op(index)]);
-                let mut out = [0u32; LANES];
+                let w = m.dtype == DType::F64;
+                let (mut out, mut out64) = ([0u32; LANES], [0u64; LANES]);
                 for l in 0..lanes {
                     let i = ix[l] as usize;
-                    if i < m.len {
-                        out[l] = m.load(i);
-                    } else {
+                    if i >= m.len {
                         record_fault(buffer.0, ix[l]);
+                    } else if w {
+                        out64[l] = m.load64(i);
+                    } else {
+                        out[l] = m.load(i);
                     }
                 }
-                regs[dst] = out;
+                if w {
+                    wide[dst] = out64;
+                } else {
+                    regs[dst] = out;
+                }
             }
             Inst::Store {
                 buffer,
@@ -247,7 +309,13 @@ fn run_block(
                 index,
                 value,
             } => {
-                let (m, ix, val) = (mems[buffer.0 as usize], regs[op(index)], regs[op(value)]);
+                let (m, ix) = (mems[buffer.0 as usize], regs[op(index)]);
+                let w = m.dtype == DType::F64;
+                let (val, val64) = if w {
+                    ([0; LANES], wide[op(value)])
+                } else {
+                    (regs[op(value)], [0; LANES])
+                };
                 let atomic = matches!(inst, Inst::AtomicAdd { .. });
                 let when = match *inst {
                     Inst::Store { when: Some(w), .. } => Some(regs[op(w)]),
@@ -260,6 +328,10 @@ fn run_block(
                     let i = ix[l] as usize;
                     if i >= m.len {
                         record_fault(buffer.0, ix[l]);
+                    } else if w && atomic {
+                        m.atomic_add64(i, val64[l]);
+                    } else if w {
+                        m.store64(i, val64[l]);
                     } else if atomic {
                         m.atomic_add(i, val[l]);
                     } else {
@@ -267,23 +339,47 @@ fn run_block(
                     }
                 }
             }
+            Inst::Unary { op: u, x } if wide_operand(x) => {
+                let xs = wide[op(x)];
+                wide[dst] = std::array::from_fn(|l| unary64(u, f64::from_bits(xs[l])).to_bits());
+            }
             Inst::Unary { op: u, x } => {
                 let xs = regs[op(x)];
                 let t = ty.expect("typed");
                 regs[dst] = unary(u, t, &xs);
             }
+            Inst::Binary { op: o, a, b: bv } if wide_operand(a) => {
+                let (xa, xb) = (wide[op(a)], wide[op(bv)]);
+                wide[dst] = std::array::from_fn(|l| {
+                    binary64(o, f64::from_bits(xa[l]), f64::from_bits(xb[l])).to_bits()
+                });
+            }
             Inst::Binary { op: o, a, b: bv } => {
                 let (xa, xb) = (regs[op(a)], regs[op(bv)]);
                 regs[dst] = binary(o, ty.expect("typed"), &xa, &xb);
+            }
+            Inst::Cmp { op: c, a, b: bv } if wide_operand(a) => {
+                let (xa, xb) = (wide[op(a)], wide[op(bv)]);
+                regs[dst] =
+                    std::array::from_fn(|l| pick(c, f64::from_bits(xa[l]), f64::from_bits(xb[l])));
             }
             Inst::Cmp { op: c, a, b: bv } => {
                 let (xa, xb) = (regs[op(a)], regs[op(bv)]);
                 let t = k.types[a.0 as usize].expect("typed");
                 regs[dst] = compare(c, t, &xa, &xb);
             }
+            Inst::Fma { a, b: bv, c } if is_wide(ty) => {
+                let (xa, xb, xc) = (wide[op(a)], wide[op(bv)], wide[op(c)]);
+                let g = f64::from_bits;
+                wide[dst] = std::array::from_fn(|l| g(xa[l]).mul_add(g(xb[l]), g(xc[l])).to_bits());
+            }
             Inst::Fma { a, b: bv, c } => {
                 let (xa, xb, xc) = (regs[op(a)], regs[op(bv)], regs[op(c)]);
                 regs[dst] = std::array::from_fn(|l| b(f(xa[l]).mul_add(f(xb[l]), f(xc[l]))));
+            }
+            Inst::Select { cond, a, b: bv } if is_wide(ty) => {
+                let (xc, xa, xb) = (regs[op(cond)], wide[op(a)], wide[op(bv)]);
+                wide[dst] = std::array::from_fn(|l| if xc[l] != 0 { xa[l] } else { xb[l] });
             }
             Inst::Select { cond, a, b: bv } => {
                 let (xc, xa, xb) = (regs[op(cond)], regs[op(a)], regs[op(bv)]);
@@ -291,10 +387,82 @@ fn run_block(
             }
             Inst::Cast { to, x } => {
                 let from = k.types[x.0 as usize].expect("typed");
-                let xs = regs[op(x)];
-                regs[dst] = std::array::from_fn(|l| cast(from, to, xs[l]));
+                match (from == ScalarType::F64, to == ScalarType::F64) {
+                    (true, true) => wide[dst] = wide[op(x)],
+                    (true, false) => {
+                        let xs = wide[op(x)];
+                        regs[dst] = std::array::from_fn(|l| cast_from64(to, xs[l]));
+                    }
+                    (false, true) => {
+                        let xs = regs[op(x)];
+                        wide[dst] = std::array::from_fn(|l| cast_to64(from, xs[l]));
+                    }
+                    (false, false) => {
+                        let xs = regs[op(x)];
+                        regs[dst] = std::array::from_fn(|l| cast(from, to, xs[l]));
+                    }
+                }
             }
         }
+    }
+}
+
+/// An `f64` (as bits) converted to a 32-bit type: truncation toward zero, saturating, NaN 0.
+fn cast_from64(to: ScalarType, x: u64) -> u32 {
+    let v = f64::from_bits(x);
+    match to {
+        ScalarType::F32 => b(v as f32),
+        ScalarType::I32 => v as i32 as u32,
+        ScalarType::U32 => v as u32,
+        ScalarType::Bool => (v != 0.0) as u32,
+        ScalarType::F64 => unreachable!("a 32-bit target"),
+    }
+}
+
+/// A 32-bit value of type `from` as `f64` bits (exact).
+fn cast_to64(from: ScalarType, x: u32) -> u64 {
+    let v = match from {
+        ScalarType::F32 => f(x) as f64,
+        ScalarType::I32 => x as i32 as f64,
+        ScalarType::U32 | ScalarType::Bool => x as f64,
+        ScalarType::F64 => unreachable!("a 32-bit source"),
+    };
+    v.to_bits()
+}
+
+fn unary64(op: IrUnary, v: f64) -> f64 {
+    match op {
+        IrUnary::Neg => -v,
+        IrUnary::Abs => v.abs(),
+        IrUnary::Sqrt => v.sqrt(),
+        IrUnary::Rsqrt => 1.0 / v.sqrt(),
+        IrUnary::Recip => 1.0 / v,
+        IrUnary::Exp => v.exp(),
+        IrUnary::Exp2 => v.exp2(),
+        IrUnary::Log => v.ln(),
+        IrUnary::Log2 => v.log2(),
+        IrUnary::Sin => v.sin(),
+        IrUnary::Cos => v.cos(),
+        IrUnary::Tan => v.tan(),
+        IrUnary::Tanh => v.tanh(),
+        IrUnary::Floor => v.floor(),
+        IrUnary::Ceil => v.ceil(),
+        IrUnary::Not => unreachable!("validated: not a float op"),
+    }
+}
+
+fn binary64(op: IrBinary, p: f64, q: f64) -> f64 {
+    match op {
+        IrBinary::Add => p + q,
+        IrBinary::Sub => p - q,
+        IrBinary::Mul => p * q,
+        IrBinary::Div => p / q,
+        IrBinary::Rem => p % q,
+        IrBinary::Min => p.min(q),
+        IrBinary::Max => p.max(q),
+        IrBinary::Pow => p.powf(q),
+        IrBinary::Atan2 => p.atan2(q),
+        _ => unreachable!("validated: not a float op"),
     }
 }
 
@@ -390,17 +558,18 @@ fn binary(op: IrBinary, t: ScalarType, x: &Reg, y: &Reg) -> Reg {
     }
 }
 
+fn pick<T: PartialOrd>(op: IrCmp, a: T, b: T) -> u32 {
+    (match op {
+        IrCmp::Eq => a == b,
+        IrCmp::Ne => a != b,
+        IrCmp::Lt => a < b,
+        IrCmp::Le => a <= b,
+        IrCmp::Gt => a > b,
+        IrCmp::Ge => a >= b,
+    }) as u32
+}
+
 fn compare(op: IrCmp, t: ScalarType, x: &Reg, y: &Reg) -> Reg {
-    fn pick<T: PartialOrd>(op: IrCmp, a: T, b: T) -> u32 {
-        (match op {
-            IrCmp::Eq => a == b,
-            IrCmp::Ne => a != b,
-            IrCmp::Lt => a < b,
-            IrCmp::Le => a <= b,
-            IrCmp::Gt => a > b,
-            IrCmp::Ge => a >= b,
-        }) as u32
-    }
     std::array::from_fn(|l| match t {
         ScalarType::F32 => pick(op, f(x[l]), f(y[l])),
         ScalarType::I32 => pick(op, x[l] as i32, y[l] as i32),

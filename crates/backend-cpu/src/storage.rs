@@ -182,7 +182,7 @@ impl CpuBuffer {
     }
 }
 
-/// Read access to elements of any dtype, as `f32`.
+/// Read access to elements of any dtype, as `f32` (or `f64`, [`Src::load_f64`]).
 #[derive(Clone, Copy)]
 pub(crate) struct Src {
     pub ptr: *const u8,
@@ -221,6 +221,21 @@ impl Src {
                 DType::BF16 => (*(self.ptr as *const bf16).offset(i)).to_f32(),
                 DType::I32 => *(self.ptr as *const i32).offset(i) as f32,
                 DType::U32 => *(self.ptr as *const u32).offset(i) as f32,
+                DType::F64 => *(self.ptr as *const f64).offset(i) as f32,
+            }
+        }
+    }
+
+    /// Element `i` as `f64` (exact for every dtype).
+    #[inline(always)]
+    pub unsafe fn load_f64(self, i: isize) -> f64 {
+        // SAFETY: as for `load`.
+        unsafe {
+            match self.dtype {
+                DType::F64 => *(self.ptr as *const f64).offset(i),
+                DType::I32 => *(self.ptr as *const i32).offset(i) as f64,
+                DType::U32 => *(self.ptr as *const u32).offset(i) as f64,
+                _ => self.load(i) as f64,
             }
         }
     }
@@ -233,6 +248,7 @@ impl Src {
             match self.dtype {
                 DType::I32 => *(self.ptr as *const i32).offset(i) as i64,
                 DType::U32 => *(self.ptr as *const u32).offset(i) as i64,
+                DType::F64 => *(self.ptr as *const f64).offset(i) as i64,
                 _ => self.load(i) as i64,
             }
         }
@@ -251,6 +267,22 @@ impl Dst {
                 DType::BF16 => *(self.ptr as *mut bf16).offset(i) = bf16::from_f32(v),
                 DType::I32 => *(self.ptr as *mut i32).offset(i) = v as i32,
                 DType::U32 => *(self.ptr as *mut u32).offset(i) = v as u32,
+                DType::F64 => *(self.ptr as *mut f64).offset(i) = v as f64,
+            }
+        }
+    }
+
+    /// Stores `v` at element `i`: exactly into `f64`, otherwise as [`Dst::store`] stores
+    /// `v` rounded to `f32` (so narrow outputs round as they always have).
+    #[inline(always)]
+    pub unsafe fn store_f64(self, i: isize, v: f64) {
+        // SAFETY: as for `store`.
+        unsafe {
+            match self.dtype {
+                DType::F64 => *(self.ptr as *mut f64).offset(i) = v,
+                DType::I32 => *(self.ptr as *mut i32).offset(i) = v as i32,
+                DType::U32 => *(self.ptr as *mut u32).offset(i) = v as u32,
+                _ => self.store(i, v as f32),
             }
         }
     }

@@ -2,7 +2,8 @@
 //!
 //! Every kernel walks the output's shape with [`Walk`]; an all-`f32`, unit-stride run takes a
 //! fast path whose loop the compiler vectorises, everything else loads and stores through the
-//! dtype-converting [`Src`]/[`Dst`].
+//! dtype-converting [`Src`]/[`Dst`]. Where any operand is `f64` the op is computed in `f64`
+//! (`apply_f64`), and rounded once into a narrower output.
 
 use crate::storage::{Dst, Src};
 use crate::walk::Walk;
@@ -12,15 +13,20 @@ pub(crate) fn fill(out: Dst, layout: &Layout, value: f64) {
     let walk = Walk::new(&layout.shape, [layout]);
     // The element bits once (integers straight from f64, so large ones are not rounded).
     let bits = out.dtype.fill_bits(value);
-    let (base, wide) = (out.ptr as usize, out.dtype.size_in_bytes() == 4);
+    let (base, size) = (out.ptr as usize, out.dtype.size_in_bytes());
     // SAFETY: validate::fill proved `layout` inside the buffer (checked arithmetic), so every
     // offset the walk yields is in bounds; the view reaches each element once
     // (check_no_self_overlap), so the threads' runs are disjoint.
     walk.par_runs(|_, [o], [so], len| unsafe {
-        if wide {
-            let d = base as *mut u32;
+        if size == 8 {
+            let d = base as *mut u64;
             for j in 0..len as isize {
                 *d.offset(o + j * so) = bits;
+            }
+        } else if size == 4 {
+            let d = base as *mut u32;
+            for j in 0..len as isize {
+                *d.offset(o + j * so) = bits as u32;
             }
         } else {
             let d = base as *mut u16;
@@ -41,6 +47,12 @@ pub(crate) fn copy(src: Src, sl: &Layout, out: Dst, ol: &Layout) {
         if same {
             // Bit-exact for every dtype, integers included.
             match out.dtype.size_in_bytes() {
+                8 => {
+                    let (d, s0) = (out.ptr as *mut u64, src.ptr as *const u64);
+                    for j in 0..n {
+                        *d.offset(o + j * so) = *s0.offset(s + j * ss);
+                    }
+                }
                 4 => {
                     let (d, s0) = (out.ptr as *mut u32, src.ptr as *const u32);
                     for j in 0..n {
@@ -68,10 +80,31 @@ pub(crate) fn copy(src: Src, sl: &Layout, out: Dst, ol: &Layout) {
                     }
                 }
             }
+        } else if src.dtype == DType::F64 || out.dtype == DType::F64 {
+            // Through f64: exact from every dtype, rounded once into a narrower one.
+            for j in 0..n {
+                out.store_f64(o + j * so, src.load_f64(s + j * ss));
+            }
         } else {
             for j in 0..n {
                 out.store(o + j * so, src.load(s + j * ss));
             }
+        }
+    });
+}
+
+/// Whether any of `dtypes` makes an elementwise op compute in `f64`.
+fn wide(dtypes: &[DType]) -> bool {
+    dtypes.contains(&DType::F64)
+}
+
+/// Runs `f` elementwise in `f64`.
+fn map1_wide(x: Src, xl: &Layout, out: Dst, ol: &Layout, f: impl Fn(f64) -> f64 + Sync) {
+    let walk = Walk::new(&ol.shape, [ol, xl]);
+    // SAFETY: as for `map1`.
+    walk.par_runs(|_, [o, a], [so, sa], len| unsafe {
+        for j in 0..len as isize {
+            out.store_f64(o + j * so, f(x.load_f64(a + j * sa)));
         }
     });
 }
@@ -101,6 +134,9 @@ fn map1(x: Src, xl: &Layout, out: Dst, ol: &Layout, f: impl Fn(f32) -> f32 + Syn
 }
 
 pub(crate) fn unary(op: UnaryOp, x: Src, xl: &Layout, out: Dst, ol: &Layout) {
+    if wide(&[x.dtype, out.dtype]) {
+        return map1_wide(x, xl, out, ol, |v| op.apply_f64(v));
+    }
     macro_rules! go {
         ($($pat:pat => $f:expr),* $(,)?) => {
             match op {
@@ -164,6 +200,17 @@ pub(crate) fn binary(
     out: Dst,
     ol: &Layout,
 ) {
+    if wide(&[a.dtype, b.dtype, out.dtype]) {
+        let walk = Walk::new(&ol.shape, [ol, al, bl]);
+        // SAFETY: as for `map2`.
+        walk.par_runs(|_, [o, x, y], [so, sx, sy], len| unsafe {
+            for j in 0..len as isize {
+                let v = op.apply_f64(a.load_f64(x + j * sx), b.load_f64(y + j * sy));
+                out.store_f64(o + j * so, v);
+            }
+        });
+        return;
+    }
     match op {
         BinaryOp::Add => map2(a, al, b, bl, out, ol, |x, y| x + y),
         BinaryOp::Sub => map2(a, al, b, bl, out, ol, |x, y| x - y),
@@ -185,8 +232,20 @@ pub(crate) fn ternary(
     ol: &Layout,
 ) {
     let walk = Walk::new(&ol.shape, [ol, al, bl, cl]);
+    let wide = wide(&[a.dtype, b.dtype, c.dtype, out.dtype]);
     // SAFETY: validate::ternary, as for binary: every offset in bounds, disjoint writes.
     walk.par_runs(|_, [o, x, y, z], [so, sx, sy, sz], len| unsafe {
+        if wide {
+            for j in 0..len as isize {
+                let (p, q, r) = (
+                    a.load_f64(x + j * sx),
+                    b.load_f64(y + j * sy),
+                    c.load_f64(z + j * sz),
+                );
+                out.store_f64(o + j * so, op.apply_f64(p, q, r));
+            }
+            return;
+        }
         for j in 0..len as isize {
             let v = op.apply(a.load(x + j * sx), b.load(y + j * sy), c.load(z + j * sz));
             out.store(o + j * so, v);

@@ -34,7 +34,8 @@ pub(crate) fn gather(
     walk.par_runs(|_, [o, i, b], [so, si, sb], len| unsafe {
         for j in 0..len as isize {
             let idx = index.load_index(i + j * si) as isize;
-            out.store(o + j * so, x.load(b + j * sb + idx * step));
+            // Through f64: exact for every dtype (a narrower output rounds as from f32).
+            out.store_f64(o + j * so, x.load_f64(b + j * sb + idx * step));
         }
     });
 }
@@ -56,6 +57,8 @@ pub(crate) fn scatter_add(
     let (ss, si, so) = (sl.strides[axis], il.strides[axis], ol.strides[axis]);
     let om = masked(ol, &outer, axis);
     let walk = Walk::new(&outer, [sl, il, &om]);
+    // Sums in f64 where either side is f64.
+    let wide = src.dtype == hal::DType::F64 || out.dtype == hal::DType::F64;
     // SAFETY: validate::scatter_add proved the views inside their buffers and check_indices
     // every index below the output's `axis` size; each thread owns whole lines of the output.
     walk.par_runs(|_, [s0, i0, o0], [ds, di, dout], len| unsafe {
@@ -64,7 +67,11 @@ pub(crate) fn scatter_add(
             for t in 0..line {
                 let idx = index.load_index(i + t * si) as isize;
                 let at = o + idx * so;
-                out.store(at, out.src().load(at) + src.load(s + t * ss));
+                if wide {
+                    out.store_f64(at, out.src().load_f64(at) + src.load_f64(s + t * ss));
+                } else {
+                    out.store(at, out.src().load(at) + src.load(s + t * ss));
+                }
             }
         }
     });

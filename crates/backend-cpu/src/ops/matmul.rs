@@ -1,5 +1,5 @@
 //! Batched matrix multiplication (through `faer`'s SIMD kernels, AVX-512 where the CPU has it)
-//! and CSR mat-vec.
+//! and CSR mat-vec, in `f32`, or in `f64` where any operand is `f64`.
 
 use crate::ops::elementwise;
 use crate::storage::{CpuBuffer, Dst, Src};
@@ -18,9 +18,12 @@ pub(crate) fn matmul(
     alpha: f32,
     beta: f32,
 ) {
-    let all_f32 = a.0.dtype == DType::F32 && b.0.dtype == DType::F32 && out.0.dtype == DType::F32;
-    if all_f32 {
-        gemm_f32(
+    let dtypes = [a.0.dtype, b.0.dtype, out.0.dtype];
+    if dtypes.contains(&DType::F64) {
+        return matmul_via::<f64>(a, am, b, bm, out, om, alpha, beta);
+    }
+    if dtypes == [DType::F32; 3] {
+        gemm(
             a.typed::<f32>(),
             am,
             b.typed::<f32>(),
@@ -32,12 +35,39 @@ pub(crate) fn matmul(
         );
         return;
     }
-    // Other dtypes: convert the operands to contiguous f32, multiply, round once on store.
-    let to_f32 = |src: Src, m: MatrixView| -> Vec<f32> {
-        let mut v = vec![0f32; m.batch * m.rows * m.cols];
+    matmul_via::<f32>(a, am, b, bm, out, om, alpha, beta)
+}
+
+/// The product through contiguous copies of the operands in `T` (`f32` for 16-bit operands,
+/// `f64` where any is `f64`, or all are without being contiguous), rounded once on store.
+fn matmul_via<T: Real>(
+    a: &CpuBuffer,
+    am: MatrixView,
+    b: &CpuBuffer,
+    bm: MatrixView,
+    out: &CpuBuffer,
+    om: MatrixView,
+    alpha: f32,
+    beta: f32,
+) {
+    let all = [a, b, out].iter().all(|x| x.0.dtype == T::DTYPE);
+    if all {
+        return gemm(
+            a.typed::<T>(),
+            am,
+            b.typed::<T>(),
+            bm,
+            out.typed::<T>(),
+            om,
+            alpha,
+            beta,
+        );
+    }
+    let to_t = |src: Src, m: MatrixView| -> Vec<T> {
+        let mut v = vec![T::default(); m.batch * m.rows * m.cols];
         let dst = Dst {
             ptr: v.as_mut_ptr() as *mut u8,
-            dtype: DType::F32,
+            dtype: T::DTYPE,
         };
         elementwise::copy(
             src,
@@ -47,21 +77,21 @@ pub(crate) fn matmul(
         );
         v
     };
-    let (av, bv) = (to_f32(a.src(), am), to_f32(b.src(), bm));
+    let (av, bv) = (to_t(a.src(), am), to_t(b.src(), bm));
     let mut ov = if beta != 0.0 {
-        to_f32(out.src(), om)
+        to_t(out.src(), om)
     } else {
-        vec![0f32; om.batch * om.rows * om.cols]
+        vec![T::default(); om.batch * om.rows * om.cols]
     };
     let contig = |m: MatrixView| MatrixView {
         strides: [(m.rows * m.cols) as isize, m.cols as isize, 1],
         offset: 0,
         ..m
     };
-    gemm_f32(
-        av.as_ptr() as *mut f32,
+    gemm(
+        av.as_ptr() as *mut T,
         contig(am),
-        bv.as_ptr() as *mut f32,
+        bv.as_ptr() as *mut T,
         contig(bm),
         ov.as_mut_ptr(),
         contig(om),
@@ -70,31 +100,57 @@ pub(crate) fn matmul(
     );
     let src = Src {
         ptr: ov.as_ptr() as *const u8,
-        dtype: DType::F32,
+        dtype: T::DTYPE,
     };
     elementwise::copy(src, &contig(om).layout(), out.dst(), &om.layout());
 }
 
-fn gemm_f32(
-    a: *mut f32,
+/// The element types faer multiplies here.
+pub(crate) trait Real:
+    faer::traits::ComplexField
+    + hal::Element
+    + Default
+    + Copy
+    + PartialEq
+    + std::ops::Mul<Output = Self>
+    + std::ops::MulAssign
+{
+    fn of(v: f32) -> Self;
+}
+
+impl Real for f32 {
+    fn of(v: f32) -> f32 {
+        v
+    }
+}
+
+impl Real for f64 {
+    fn of(v: f32) -> f64 {
+        v as f64
+    }
+}
+
+fn gemm<T: Real>(
+    a: *mut T,
     am: MatrixView,
-    b: *mut f32,
+    b: *mut T,
     bm: MatrixView,
-    out: *mut f32,
+    out: *mut T,
     om: MatrixView,
     alpha: f32,
     beta: f32,
 ) {
+    let (alpha, zero) = (T::of(alpha), T::of(0.0));
     let (m, k, n) = (om.rows, am.cols, om.cols);
     if m == 0 || n == 0 || om.batch == 0 {
         return;
     }
-    struct P(*mut f32);
+    struct P<T>(*mut T);
     // SAFETY: batches write disjoint output matrices (validate::matmul: the output is inside
     // its buffer, free of self-overlap, and shares memory with no operand); inputs are only
     // read.
-    unsafe impl Sync for P {}
-    unsafe impl Send for P {}
+    unsafe impl<T> Sync for P<T> {}
+    unsafe impl<T> Send for P<T> {}
     let (pa, pb, po) = (P(a), P(b), P(out));
     let one = |bi: usize, par: faer::Par| {
         let (pa, pb, po) = (&pa, &pb, &po);
@@ -105,7 +161,7 @@ fn gemm_f32(
                 for i in 0..m as isize {
                     for j in 0..n as isize {
                         let d = dst.offset(i * om.strides[1] + j * om.strides[2]);
-                        *d = if beta == 0.0 { 0.0 } else { beta * *d };
+                        *d = if beta == 0.0 { zero } else { T::of(beta) * *d };
                     }
                 }
                 return;
@@ -117,7 +173,7 @@ fn gemm_f32(
                 if beta != 1.0 {
                     for i in 0..m as isize {
                         for j in 0..n as isize {
-                            *dst.offset(i * om.strides[1] + j * om.strides[2]) *= beta;
+                            *dst.offset(i * om.strides[1] + j * om.strides[2]) *= T::of(beta);
                         }
                     }
                 }
@@ -127,14 +183,14 @@ fn gemm_f32(
                 faer::MatMut::from_raw_parts_mut(dst, m, n, om.strides[1], om.strides[2]),
                 accum,
                 faer::MatRef::from_raw_parts(
-                    pa.0.offset(am.batch_offset(bi)) as *const f32,
+                    pa.0.offset(am.batch_offset(bi)) as *const T,
                     m,
                     k,
                     am.strides[1],
                     am.strides[2],
                 ),
                 faer::MatRef::from_raw_parts(
-                    pb.0.offset(bm.batch_offset(bi)) as *const f32,
+                    pb.0.offset(bm.batch_offset(bi)) as *const T,
                     k,
                     n,
                     bm.strides[1],
@@ -162,40 +218,64 @@ fn gemm_f32(
     }
 }
 
-/// `y = alpha * A x + beta * y`; structure and indices were validated by the caller.
-pub(crate) fn spmv(
+/// `y = alpha * A x + beta * y`; structure and indices were validated by the caller. Sums in
+/// `f64`; the `f32` result is `alpha * (sum as f32) + beta * y` in `f32`, the `f64` one all in
+/// `f64`.
+pub(crate) fn spmv<T: Spmv>(
     rows: usize,
     offsets: &[u32],
     cols: &[u32],
-    values: &[f32],
-    x: &[f32],
-    y: *mut f32,
+    values: &[T],
+    x: &[T],
+    y: *mut T,
     alpha: f32,
     beta: f32,
 ) {
-    struct P(*mut f32);
+    struct P<T>(*mut T);
     // SAFETY: each row `r` writes only y[r] (validate::spmv_csr: y has `rows` elements and
     // shares memory with no operand), so threads write disjoint elements.
-    unsafe impl Sync for P {}
-    unsafe impl Send for P {}
+    unsafe impl<T> Sync for P<T> {}
+    unsafe impl<T> Send for P<T> {}
     let py = P(y);
     (0..rows).into_par_iter().with_min_len(256).for_each(|r| {
         let py = &py;
         let (lo, hi) = (offsets[r] as usize, offsets[r + 1] as usize);
         let mut acc = 0f64;
         for k in lo..hi {
-            acc += values[k] as f64 * x[cols[k] as usize] as f64;
+            acc += values[k].to_f64() * x[cols[k] as usize].to_f64();
         }
         // SAFETY: each row writes its own element.
         unsafe {
             let d = py.0.add(r);
-            *d = if beta == 0.0 {
-                alpha * acc as f32
-            } else {
-                alpha * acc as f32 + beta * *d
-            };
+            *d = T::finish(acc, alpha, beta, *d);
         }
     });
+}
+
+/// How `spmv` rounds its row sums.
+pub(crate) trait Spmv: hal::Element + Copy {
+    /// `alpha * sum + beta * y` (`y` not read where `beta` is 0).
+    fn finish(sum: f64, alpha: f32, beta: f32, y: Self) -> Self;
+}
+
+impl Spmv for f32 {
+    fn finish(sum: f64, alpha: f32, beta: f32, y: f32) -> f32 {
+        if beta == 0.0 {
+            alpha * sum as f32
+        } else {
+            alpha * sum as f32 + beta * y
+        }
+    }
+}
+
+impl Spmv for f64 {
+    fn finish(sum: f64, alpha: f32, beta: f32, y: f64) -> f64 {
+        if beta == 0.0 {
+            alpha as f64 * sum
+        } else {
+            alpha as f64 * sum + beta as f64 * y
+        }
+    }
 }
 
 /// `y = alpha A x + beta y` for a validated CSR matrix `a`, once its structure is checked
@@ -212,6 +292,22 @@ pub(crate) fn spmv_csr(
         crate::u32_slice(a.col_indices),
     );
     validate::csr_structure(offsets, cols, a.cols, a.values.len())?;
+    if a.values.dtype() == DType::F64 {
+        // validate::spmv_csr: values, x and y of one float dtype.
+        let slice =
+            |b: &CpuBuffer| unsafe { std::slice::from_raw_parts(b.typed::<f64>(), b.len()) };
+        spmv(
+            a.rows,
+            offsets,
+            cols,
+            slice(a.values),
+            slice(x),
+            y.typed::<f64>(),
+            alpha,
+            beta,
+        );
+        return Ok(());
+    }
     spmv(
         a.rows,
         offsets,

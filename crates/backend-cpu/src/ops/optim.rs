@@ -154,3 +154,72 @@ unsafe fn adam_slices_avx2(
 ) {
     adam_slices(ps, gs, ms, vs, h, bc1, bc2)
 }
+
+/// SGD on `f64` buffers: [`sgd`]'s update with the hyperparameters widened. Through raw
+/// pointers, element by element: the buffers may be one and the same.
+///
+/// # Safety
+/// Every pointer addresses `n` elements.
+pub(crate) unsafe fn sgd_f64(
+    n: usize,
+    p: *mut f64,
+    g: *const f64,
+    buf: Option<*mut f64>,
+    h: &SgdParams,
+) {
+    let (wd, mom, damp, lr) = (
+        h.weight_decay as f64,
+        h.momentum as f64,
+        h.dampening as f64,
+        h.lr as f64,
+    );
+    for i in 0..n {
+        // SAFETY: the caller's: `i < n`.
+        unsafe {
+            let pi = p.add(i);
+            let mut gi = *g.add(i) + wd * *pi;
+            if let Some(b) = buf {
+                let bi = b.add(i);
+                *bi = if h.step <= 1 {
+                    gi
+                } else {
+                    mom * *bi + (1.0 - damp) * gi
+                };
+                gi = if h.nesterov { gi + mom * *bi } else { *bi };
+            }
+            *pi -= lr * gi;
+        }
+    }
+}
+
+/// Adam on `f64` buffers: [`adam_one`]'s update with the hyperparameters widened, element by
+/// element through raw pointers (the buffers may alias).
+///
+/// # Safety
+/// Every pointer addresses `n` elements.
+pub(crate) unsafe fn adam_f64(n: usize, [p, g, m, v]: [*mut f64; 4], h: &AdamParams) {
+    let t = h.step.max(1) as i32;
+    let (b1, b2, lr, wd, eps) = (
+        h.beta1 as f64,
+        h.beta2 as f64,
+        h.lr as f64,
+        h.weight_decay as f64,
+        h.eps as f64,
+    );
+    let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+    for i in 0..n {
+        // SAFETY: the caller's: `i < n`.
+        unsafe {
+            let (pi, mi, vi) = (p.add(i), m.add(i), v.add(i));
+            let mut gi = *g.add(i);
+            if h.decoupled_weight_decay {
+                *pi *= 1.0 - lr * wd;
+            } else {
+                gi += wd * *pi;
+            }
+            *mi = b1 * *mi + (1.0 - b1) * gi;
+            *vi = b2 * *vi + (1.0 - b2) * gi * gi;
+            *pi -= lr * (*mi / bc1) / ((*vi / bc2).sqrt() + eps);
+        }
+    }
+}

@@ -3,7 +3,9 @@
 //! The input view is split into the kept dimensions (one output element each) and the reduced
 //! dimensions. With many outputs, threads take disjoint output ranges; with few, each output's
 //! reduction is split into fixed-size chunks whose partial results are combined in chunk order,
-//! so the result does not depend on the thread count. Sums accumulate in `f64`.
+//! so the result does not depend on the thread count. Sums accumulate in `f64`; those of `f64`
+//! elements carry a compensation term as well (Neumaier's), so they are as accurate as the
+//! `f32` sums are.
 
 use crate::storage::{Dst, Src};
 use crate::walk::{CHUNK, Walk};
@@ -30,38 +32,66 @@ fn split(x: &Layout, axes: &[usize]) -> (Layout, Layout) {
 #[derive(Clone, Copy)]
 struct Acc {
     sum: f64,
-    max: f32,
-    min: f32,
+    /// Neumaier's compensation: what the rounding of `sum` lost (f64 elements only).
+    lost: f64,
+    max: f64,
+    min: f64,
     nan: bool,
 }
 
 impl Acc {
     const EMPTY: Acc = Acc {
         sum: 0.0,
-        max: f32::NEG_INFINITY,
-        min: f32::INFINITY,
+        lost: 0.0,
+        max: f64::NEG_INFINITY,
+        min: f64::INFINITY,
         nan: false,
     };
     #[inline(always)]
     fn push(&mut self, v: f32) {
         self.sum += v as f64;
         self.nan |= v.is_nan();
+        self.max = self.max.max(v as f64);
+        self.min = self.min.min(v as f64);
+    }
+    /// An `f64` element, its sum compensated.
+    #[inline(always)]
+    fn push_wide(&mut self, v: f64) {
+        let t = self.sum + v;
+        self.lost += if self.sum.abs() >= v.abs() {
+            (self.sum - t) + v
+        } else {
+            (v - t) + self.sum
+        };
+        self.sum = t;
+        self.nan |= v.is_nan();
         self.max = self.max.max(v);
         self.min = self.min.min(v);
     }
     fn merge(mut self, o: Acc) -> Acc {
-        self.sum += o.sum;
+        if o.lost != 0.0 || self.lost != 0.0 {
+            self.push_wide(o.sum);
+            self.lost += o.lost;
+        } else {
+            self.sum += o.sum;
+        }
         self.nan |= o.nan;
         self.max = self.max.max(o.max);
         self.min = self.min.min(o.min);
         self
     }
-    fn finish(self, op: ReduceOp, count: usize) -> f32 {
+    /// The result, exact for max and min, rounded once for sums ([`Dst::store_f64`]).
+    fn finish(self, op: ReduceOp, count: usize) -> f64 {
+        // An infinite or NaN sum has a NaN compensation: leave it out.
+        let sum = if self.lost.is_finite() {
+            self.sum + self.lost
+        } else {
+            self.sum
+        };
         match op {
-            ReduceOp::Sum => self.sum as f32,
-            ReduceOp::Mean => (self.sum / count as f64) as f32,
-            ReduceOp::Max if self.nan => f32::NAN,
-            ReduceOp::Min if self.nan => f32::NAN,
+            ReduceOp::Sum => sum,
+            ReduceOp::Mean => sum / count as f64,
+            ReduceOp::Max | ReduceOp::Min if self.nan => f64::NAN,
             ReduceOp::Max => self.max,
             ReduceOp::Min => self.min,
         }
@@ -70,10 +100,17 @@ impl Acc {
 
 fn accumulate(x: Src, walk: &Walk<1>, base: isize, start: usize, end: usize) -> Acc {
     let mut acc = Acc::EMPTY;
+    let wide = x.dtype == hal::DType::F64;
     walk.runs(start, end, |_, [o], [s], len| {
         for j in 0..len as isize {
             // SAFETY: the view was checked to lie inside the buffer.
-            acc.push(unsafe { x.load(base + o + j * s) });
+            unsafe {
+                if wide {
+                    acc.push_wide(x.load_f64(base + o + j * s))
+                } else {
+                    acc.push(x.load(base + o + j * s))
+                }
+            }
         }
     });
     acc
@@ -112,7 +149,7 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
                 for (jj, &sum) in sums[..width].iter().enumerate() {
                     let acc = Acc { sum, ..Acc::EMPTY };
                     // SAFETY: output view checked; disjoint positions per thread.
-                    unsafe { out.store(o + (j0 + jj) as isize * so, acc.finish(op, count)) };
+                    unsafe { out.store_f64(o + (j0 + jj) as isize * so, acc.finish(op, count)) };
                 }
                 j0 += width;
             }
@@ -124,7 +161,7 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
             for j in 0..len as isize {
                 let acc = accumulate(x, &red_walk, k + j * sk, 0, count);
                 // SAFETY: output view checked (validate::reduce); disjoint positions per thread.
-                unsafe { out.store(o + j * so, acc.finish(op, count)) };
+                unsafe { out.store_f64(o + j * so, acc.finish(op, count)) };
             }
         });
     } else {
@@ -139,7 +176,7 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
                     .collect();
                 let acc = partials.into_iter().fold(Acc::EMPTY, Acc::merge);
                 // SAFETY: output view checked (validate::reduce); this thread alone stores.
-                unsafe { out.store(o + j * so, acc.finish(op, count)) };
+                unsafe { out.store_f64(o + j * so, acc.finish(op, count)) };
             }
         });
     }
@@ -160,10 +197,11 @@ pub(crate) fn arg_reduce(op: ArgReduceOp, x: Src, xl: &Layout, axis: usize, out:
             }
             let mut best = 0usize;
             // SAFETY: the view was checked; len_axis >= 1 was checked by the caller.
-            let mut best_v = unsafe { x.load(base) };
+            // (As f64: exact for every dtype, so f64 values that round alike stay apart.)
+            let mut best_v = unsafe { x.load_f64(base) };
             if !best_v.is_nan() {
                 for i in 1..len_axis {
-                    let v = unsafe { x.load(base + i as isize * stride) };
+                    let v = unsafe { x.load_f64(base + i as isize * stride) };
                     let better = v.is_nan()
                         || match op {
                             ArgReduceOp::ArgMax => v > best_v,

@@ -5,20 +5,30 @@ use crate::storage::{CpuBuffer, Dst, Src};
 use hal::{Layout, View};
 use rayon::prelude::*;
 
-/// Segment sums: the rows as contiguous f32 (borrowed when they already are), threads owning
-/// disjoint column blocks and adding rows in index order in f64: deterministic, whatever the
-/// thread count.
+/// Segment sums: the rows as contiguous f32 (borrowed when they already are; f64 rows as
+/// f64), threads owning disjoint column blocks and adding rows in index order in f64:
+/// deterministic, whatever the thread count.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn segment_sum(
     x: Src,
     xl: &Layout,
     seg: &[u32],
-    weights: Option<&[f32]>,
+    weights: Option<&[f64]>,
     sums: Dst,
     sl: &Layout,
     counts: Dst,
     cl: &Layout,
 ) {
+    if x.dtype == hal::DType::F64 {
+        let mut rows = vec![0f64; xl.numel()];
+        let dst = Dst {
+            ptr: rows.as_mut_ptr() as *mut u8,
+            dtype: hal::DType::F64,
+        };
+        crate::ops::elementwise::copy(x, xl, dst, &Layout::contiguous(&xl.shape));
+        let (d, n) = (xl.shape[1], xl.shape[0]);
+        return segment_sum_rows(&rows, d, &seg[..n], weights, sums, sl, counts, cl);
+    }
     let xs = f32_rows(x, xl);
     segment_sum_rows(
         &xs,
@@ -32,13 +42,13 @@ pub(crate) fn segment_sum(
     );
 }
 
-/// `segment_sum` of contiguous f32 rows.
+/// `segment_sum` of contiguous rows (f32 or f64), summed in f64.
 #[allow(clippy::too_many_arguments)]
-fn segment_sum_rows(
-    xs: &[f32],
+fn segment_sum_rows<T: hal::Element>(
+    xs: &[T],
     d: usize,
     seg: &[u32],
-    weights: Option<&[f32]>,
+    weights: Option<&[f64]>,
     sums: Dst,
     sl: &Layout,
     counts: Dst,
@@ -55,14 +65,14 @@ fn segment_sum_rows(
             let a = &mut acc[s as usize * bw..(s as usize + 1) * bw];
             match weights {
                 Some(w) => {
-                    let wi = w[i] as f64;
+                    let wi = w[i];
                     for (slot, &v) in a.iter_mut().zip(row) {
-                        *slot += wi * v as f64;
+                        *slot += wi * v.to_f64();
                     }
                 }
                 None => {
                     for (slot, &v) in a.iter_mut().zip(row) {
-                        *slot += v as f64;
+                        *slot += v.to_f64();
                     }
                 }
             }
@@ -70,17 +80,17 @@ fn segment_sum_rows(
         for s in 0..m {
             for kk in 0..bw {
                 // SAFETY: threads own disjoint columns; the view was checked by the caller.
-                unsafe { sums.store(sl.index_of(&[s, k0 + kk]) as isize, acc[s * bw + kk] as f32) };
+                unsafe { sums.store_f64(sl.index_of(&[s, k0 + kk]) as isize, acc[s * bw + kk]) };
             }
         }
     });
     let mut cnt = vec![0f64; m];
     for (i, &s) in seg.iter().enumerate() {
-        cnt[s as usize] += weights.map_or(1.0, |w| w[i] as f64);
+        cnt[s as usize] += weights.map_or(1.0, |w| w[i]);
     }
     for (s, &c) in cnt.iter().enumerate() {
         // SAFETY: the view was checked by the caller.
-        unsafe { counts.store(cl.index_of(&[s]) as isize, c as f32) };
+        unsafe { counts.store_f64(cl.index_of(&[s]) as isize, c) };
     }
 }
 
@@ -90,14 +100,15 @@ pub(crate) fn segment_sum_ordered(
     x: Src,
     xl: &Layout,
     seg: &[u32],
-    weights: Option<&[f32]>,
+    weights: Option<&[f64]>,
     sums: Dst,
     sl: &Layout,
     counts: Dst,
     cl: &Layout,
 ) {
     let (n, d, m) = (xl.shape[0], xl.shape[1], sl.shape[0]);
-    let w = |i: usize| weights.map_or(1.0, |w| w[i]);
+    // (f32 weights, widened exactly by the caller.)
+    let w = |i: usize| weights.map_or(1.0, |w| w[i] as f32);
     let mut acc = vec![0f32; m * d];
     let mut cnt = vec![0f32; m];
     for (i, &s) in seg.iter().enumerate().take(n) {
@@ -130,8 +141,10 @@ pub(crate) fn segment_sum_views(
     reproducible: bool,
 ) {
     let seg: Vec<u32> = crate::contiguous(segment);
-    let w: Option<Vec<f32>> = weights.map(crate::contiguous);
-    let sum = if reproducible {
+    let w: Option<Vec<f64>> = weights.map(crate::contiguous);
+    // f64 operands have no f32 order to share: their sums take the f64 path.
+    let wide = [x.dtype(), sums.dtype(), counts.dtype()].contains(&hal::DType::F64);
+    let sum = if reproducible && !wide {
         segment_sum_ordered
     } else {
         segment_sum
