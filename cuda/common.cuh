@@ -221,3 +221,14 @@ __device__ __forceinline__ void kahan_add(float& total, float& comp, float part)
     comp = __fsub_rn(__fsub_rn(t, total), y);
     total = t;
 }
+
+// f64 operands (DT_F64): element i as a double (any float dtype widened exactly), and a
+// double stored into any dtype (rounded once to a narrower float).
+#define DT_F64 5
+__device__ __forceinline__ double load_d(const void* p, int dt, i64 i) {
+    return dt == DT_F64 ? ((const double*)p)[i] : (double)load_f(p, dt, i);
+}
+__device__ __forceinline__ void store_d(void* p, int dt, i64 i, double v) {
+    if (dt == DT_F64) ((double*)p)[i] = v;
+    else store_f(p, dt, i, (float)v);
+}

@@ -341,3 +341,48 @@ extern "C" __global__ void __launch_bounds__(ARG_SPLIT)
         *ticket = 0;
     }
 }
+
+// f64 reductions (an f64 operand, DT_F64): doubles throughout. Block b takes output
+// b / chunks and the c = b % chunks-th of its `chunks` consecutive ranges of reduced elements;
+// with several chunks it writes its double to partial slot b of `out` (a second launch with
+// one chunk reduces those), with one it stores the result, a mean divided by `count`.
+__device__ __forceinline__ double reduce_combine_d(int op, double a, double b) {
+    if (op <= 1) return a + b;
+    if (a != a || b != b) return __longlong_as_double(0x7ff8000000000000ll);
+    return op == 2 ? fmax(a, b) : fmin(a, b);
+}
+extern "C" __global__ void reduce_wide(Walk kept, Walk red, void* out, int odt, const void* x, int xdt, int op,
+                                       i64 chunks, i64 count) {
+    __shared__ double part[32];
+    const double inf = __longlong_as_double(0x7ff0000000000000ll);
+    for (i64 b = blockIdx.x; b < kept.n * chunks; b += gridDim.x) {
+        i64 g = b / chunks, c = b % chunks;
+        i64 o[2];
+        walk_offsets<2>(kept, g, o);
+        i64 lo = red.n * c / chunks, hi = red.n * (c + 1) / chunks;
+        double acc = op <= 1 ? 0.0 : (op == 2 ? -inf : inf);
+        if (red.rank == 1) {
+            const i64 st = red.st[0][0], base = o[1] + red.off[0];
+            for (i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) acc = reduce_combine_d(op, acc, load_d(x, xdt, base + j * st));
+        } else {
+            for (i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+                i64 r[1];
+                walk_offsets<1>(red, j, r);
+                acc = reduce_combine_d(op, acc, load_d(x, xdt, o[1] + r[0]));
+            }
+        }
+        for (int s = 16; s > 0; s >>= 1) acc = reduce_combine_d(op, acc, __shfl_xor_sync(0xffffffffu, acc, s));
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int k = 1; k < (int)(blockDim.x / 32); ++k) acc = reduce_combine_d(op, acc, part[k]);
+            if (chunks > 1) {
+                ((double*)out)[b] = acc;
+            } else {
+                if (op == 1) acc = acc / (double)count;
+                store_d(out, odt, o[0], acc);
+            }
+        }
+        __syncthreads();
+    }
+}

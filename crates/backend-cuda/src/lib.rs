@@ -41,7 +41,8 @@ use crate::device::Device;
 use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
-    DeviceInfo, Distribution, Precision, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View,
+    DeviceBuffer, DeviceInfo, Distribution, Precision, ReduceOp, Result, SgdParams, TernaryOp,
+    UnaryOp, View,
 };
 use ops::{cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
 use std::sync::Arc;
@@ -54,6 +55,8 @@ pub(crate) fn dtype_code(d: DType) -> i32 {
         DType::BF16 => 2,
         DType::I32 => 3,
         DType::U32 => 4,
+        // No primitive kernel takes f64 (they are refused before launch: see ops/).
+        DType::F64 => 5,
     }
 }
 
@@ -111,34 +114,42 @@ impl Backend for CudaBackend {
     }
 
     fn fill(&self, out: V<'_>, value: f64) -> Result<()> {
+        self.f64_offered("fill", &[out.dtype()])?;
         elementwise::fill(self, out, value)
     }
 
     fn copy(&self, src: V<'_>, out: V<'_>) -> Result<()> {
+        self.f64_offered("copy", &[src.dtype(), out.dtype()])?;
         elementwise::copy(self, src, out)
     }
 
     fn unary(&self, op: UnaryOp, x: V<'_>, out: V<'_>) -> Result<()> {
+        self.f64_offered("unary", &[x.dtype(), out.dtype()])?;
         elementwise::unary(self, op, x, out)
     }
 
     fn binary(&self, op: BinaryOp, a: V<'_>, b: V<'_>, out: V<'_>) -> Result<()> {
+        self.f64_offered("binary", &[a.dtype(), b.dtype(), out.dtype()])?;
         elementwise::binary(self, op, a, b, out)
     }
 
     fn ternary(&self, op: TernaryOp, a: V<'_>, b: V<'_>, c: V<'_>, out: V<'_>) -> Result<()> {
+        self.f64_offered("ternary", &[a.dtype(), b.dtype(), c.dtype(), out.dtype()])?;
         elementwise::ternary(self, op, a, b, c, out)
     }
 
     fn reduce(&self, op: ReduceOp, x: V<'_>, axes: &[usize], out: V<'_>) -> Result<()> {
+        self.f64_offered("reduce", &[x.dtype(), out.dtype()])?;
         reduce::reduce(self, op, x, axes, out)
     }
 
     fn arg_reduce(&self, op: ArgReduceOp, x: V<'_>, axis: usize, out: V<'_>) -> Result<()> {
+        self.f64_offered("arg_reduce", &[x.dtype()])?;
         reduce::arg_reduce(self, op, x, axis, out)
     }
 
     fn matmul(&self, a: V<'_>, b: V<'_>, out: V<'_>, alpha: f32, beta: f32) -> Result<()> {
+        self.f64_offered("matmul", &[a.dtype(), b.dtype(), out.dtype()])?;
         matmul::matmul(self, a, b, out, alpha, beta)
     }
 
@@ -150,22 +161,27 @@ impl Backend for CudaBackend {
         alpha: f32,
         beta: f32,
     ) -> Result<()> {
+        self.f64_offered("spmv_csr", &[a.values.dtype(), x.dtype(), y.dtype()])?;
         matmul::spmv_csr(self, a, x, y, alpha, beta)
     }
 
     fn gather(&self, x: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
+        self.f64_offered("gather", &[x.dtype(), out.dtype()])?;
         index::gather(self, x, axis, index, out)
     }
 
     fn scatter_add(&self, src: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
+        self.f64_offered("scatter_add", &[src.dtype(), out.dtype()])?;
         index::scatter_add(self, src, axis, index, out)
     }
 
     fn im2col(&self, x: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
+        self.f64_offered("im2col", &[x.dtype(), out.dtype()])?;
         conv::im2col(self, x, g, out)
     }
 
     fn col2im(&self, cols: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
+        self.f64_offered("col2im", &[cols.dtype(), out.dtype()])?;
         conv::col2im(self, cols, g, out)
     }
 
@@ -176,10 +192,15 @@ impl Backend for CudaBackend {
         out_index: V<'_>,
         out_distance: V<'_>,
     ) -> Result<()> {
+        self.f64_offered(
+            "nearest_centroid",
+            &[x.dtype(), centroids.dtype(), out_distance.dtype()],
+        )?;
         cluster::nearest_centroid(self, x, centroids, out_index, out_distance)
     }
 
     fn kmeans_pp(&self, x: V<'_>, anchors: V<'_>, seed: u64) -> Result<()> {
+        self.f64_offered("kmeans_pp", &[x.dtype(), anchors.dtype()])?;
         cluster::kmeans_pp(self, x, anchors, seed)
     }
 
@@ -191,6 +212,7 @@ impl Backend for CudaBackend {
         sums: V<'_>,
         counts: V<'_>,
     ) -> Result<()> {
+        self.f64_offered("segment_sum", &[x.dtype(), sums.dtype(), counts.dtype()])?;
         segment::segment_sum(self, x, segment, weights, sums, counts)
     }
 
@@ -201,6 +223,7 @@ impl Backend for CudaBackend {
         momentum_buffer: Option<&CudaBuffer>,
         p: &SgdParams,
     ) -> Result<()> {
+        self.f64_offered("sgd_step", &[param.dtype()])?;
         optim::sgd_step(self, param, grad, momentum_buffer, p)
     }
 
@@ -212,10 +235,12 @@ impl Backend for CudaBackend {
         v: &CudaBuffer,
         p: &AdamParams,
     ) -> Result<()> {
+        self.f64_offered("adam_step", &[param.dtype()])?;
         optim::adam_step(self, param, grad, m, v, p)
     }
 
     fn random(&self, out: V<'_>, dist: Distribution, seed: u64, offset: u64) -> Result<()> {
+        self.f64_offered("random", &[out.dtype()])?;
         random::random(self, out, dist, seed, offset)
     }
 

@@ -24,7 +24,7 @@ pub(crate) fn info(gpu: &CudaBackend) -> DeviceInfo {
 
 pub(crate) fn capabilities(gpu: &CudaBackend) -> Capabilities {
     Capabilities {
-        dtypes: vec![DType::F32, DType::F16, DType::BF16, DType::I32, DType::U32],
+        dtypes: DType::ALL.to_vec(),
         max_buffer_bytes: gpu.dev.memory_total,
         parallelism: gpu.dev.sms as usize,
         native_float_atomics: true,
@@ -34,6 +34,26 @@ pub(crate) fn capabilities(gpu: &CudaBackend) -> Capabilities {
         fast_precision: true,
         compensated_precision: false,
         fused_gradient_products: false,
+        f64: hal::F64Support {
+            storage: true,
+            programs: true,
+            program_math: true,
+            atomics: true,
+            primitives: F64_PRIMITIVES.to_vec(),
+            note: "the other primitives have no f64 kernels yet".into(),
+        },
+    }
+}
+
+/// The primitives that run in `f64` on this backend.
+pub(crate) const F64_PRIMITIVES: &[&str] = &["reduce", "launch"];
+
+impl CudaBackend {
+    /// Refuses `op` on `f64` operands where this backend does not run it in `f64`.
+    pub(crate) fn f64_offered(&self, op: &'static str, dtypes: &[DType]) -> Result<()> {
+        hal::validate::f64_offered(op, dtypes, F64_PRIMITIVES.contains(&op), || {
+            format!("the CUDA backend has no f64 form of `{op}`")
+        })
     }
 }
 

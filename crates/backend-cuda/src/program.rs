@@ -66,24 +66,29 @@ fn ty(t: ScalarType) -> &'static str {
         ScalarType::I32 => "int",
         ScalarType::U32 => "u32",
         ScalarType::Bool => "bool",
+        ScalarType::F64 => "double",
     }
 }
 
-impl Dialect for CudaC {
-    fn ty(&self, t: ScalarType) -> &'static str {
-        ty(t)
-    }
+/// Helpers of `F64` programs, after the prelude: conversions to integers that truncate toward
+/// zero and saturate, NaN to 0 (as the IR specifies and `f2i`/`f2u` do for `float`).
+const F64_HELPERS: &str = "__device__ __forceinline__ int d2i(double v) { return v != v ? 0 : v >= 2147483647.0 ? 2147483647 : v <= -2147483648.0 ? (int)0x80000000u : (int)v; }
+__device__ __forceinline__ u32 d2u(double v) { return v != v ? 0u : v >= 4294967295.0 ? 4294967295u : v <= 0.0 ? 0u : (u32)v; }
+";
 
-    fn constant(&self, c: Constant) -> String {
-        match c {
-            Constant::F32(bits) => format!("__uint_as_float({bits}u)"),
-            Constant::I32(x) => format!("(int){}u", x as u32),
-            Constant::U32(x) => format!("{x}u"),
-            Constant::Bool(x) => x.to_string(),
-        }
+/// The name of C's double-precision form of a `float` math function (`expf` -> `exp`).
+fn double_math(call: String, t: ScalarType) -> String {
+    if t != ScalarType::F64 {
+        return call;
     }
+    // `name(args)` or `1.0f / name(args)`: drop the `f` suffix of the function and of literals.
+    call.replacen("f(", "(", 1).replace("1.0f", "1.0")
+}
 
-    fn unary(&self, op: IrUnary, t: ScalarType, a: &str) -> String {
+impl CudaC {
+    /// The spelling for `float` and the integer types (`F64` takes its double forms from it,
+    /// [`double_math`]).
+    fn unary_f32(&self, op: IrUnary, t: ScalarType, a: &str) -> String {
         match (op, t) {
             (IrUnary::Neg, ScalarType::U32) => format!("0u - {a}"),
             (IrUnary::Neg, ScalarType::I32) => format!("(int)(0u - (u32){a})"),
@@ -109,7 +114,7 @@ impl Dialect for CudaC {
         }
     }
 
-    fn binary(&self, op: IrBinary, t: ScalarType, x: &str, y: &str) -> String {
+    fn binary_f32(&self, op: IrBinary, t: ScalarType, x: &str, y: &str) -> String {
         use ScalarType::*;
         match (op, t) {
             (IrBinary::Add, I32) => format!("(int)((u32){x} + (u32){y})"),
@@ -144,15 +149,7 @@ impl Dialect for CudaC {
         }
     }
 
-    fn fma(&self, a: &str, b: &str, c: &str) -> String {
-        format!("fmaf({a}, {b}, {c})")
-    }
-
-    fn select(&self, cond: &str, a: &str, b: &str) -> String {
-        format!("{cond} ? {a} : {b}")
-    }
-
-    fn cast(&self, from: ScalarType, to: ScalarType, a: &str) -> String {
+    fn cast_narrow(&self, from: ScalarType, to: ScalarType, a: &str) -> String {
         use ScalarType::*;
         match (from, to) {
             (F32, I32) => format!("f2i({a})"),
@@ -165,6 +162,59 @@ impl Dialect for CudaC {
             (I32, U32) => format!("(u32){a}"),
             (U32, I32) => format!("(int){a}"),
             _ => unreachable!("every pair of different types is covered"),
+        }
+    }
+}
+
+impl Dialect for CudaC {
+    fn ty(&self, t: ScalarType) -> &'static str {
+        ty(t)
+    }
+
+    fn constant(&self, c: Constant) -> String {
+        match c {
+            Constant::F32(bits) => format!("__uint_as_float({bits}u)"),
+            Constant::I32(x) => format!("(int){}u", x as u32),
+            Constant::U32(x) => format!("{x}u"),
+            Constant::Bool(x) => x.to_string(),
+            Constant::F64(bits) => format!("__longlong_as_double({bits}ll)", bits = bits as i64),
+        }
+    }
+
+    fn unary(&self, op: IrUnary, t: ScalarType, a: &str) -> String {
+        double_math(self.unary_f32(op, t, a), t)
+    }
+
+    fn binary(&self, op: IrBinary, t: ScalarType, x: &str, y: &str) -> String {
+        use ScalarType::*;
+        match (op, t) {
+            (
+                IrBinary::Rem | IrBinary::Min | IrBinary::Max | IrBinary::Pow | IrBinary::Atan2,
+                F64,
+            ) => double_math(self.binary_f32(op, F32, x, y), F64),
+            _ => self.binary_f32(op, t, x, y),
+        }
+    }
+
+    fn fma(&self, a: &str, b: &str, c: &str) -> String {
+        // C++ overloads `fma` for float and double alike; `fmaf` would narrow a double.
+        format!("fma({a}, {b}, {c})")
+    }
+
+    fn select(&self, cond: &str, a: &str, b: &str) -> String {
+        format!("{cond} ? {a} : {b}")
+    }
+
+    fn cast(&self, from: ScalarType, to: ScalarType, a: &str) -> String {
+        use ScalarType::*;
+        match (from, to) {
+            (F64, I32) => format!("d2i({a})"),
+            (F64, U32) => format!("d2u({a})"),
+            (F64, Bool) => format!("{a} != 0.0"),
+            (F64, F32) => format!("(float){a}"),
+            (F32 | I32 | U32, F64) => format!("(double){a}"),
+            (Bool, F64) => format!("({a} ? 1.0 : 0.0)"),
+            _ => self.cast_narrow(from, to, a),
         }
     }
 
@@ -212,6 +262,7 @@ fn storage(d: DType) -> &'static str {
         DType::F16 | DType::BF16 => "u16",
         DType::I32 => "int",
         DType::U32 => "u32",
+        DType::F64 => "double",
     }
 }
 
@@ -362,6 +413,9 @@ pub fn lower(program: &Program) -> Result<String> {
     let types = program.validate()?;
     let (runs, run_of) = store_runs(program, &types);
     let mut src = String::from(PRELUDE);
+    if types.contains(&Some(ScalarType::F64)) {
+        src += F64_HELPERS;
+    }
     src += "\nextern \"C\" __global__ void program(i64 n, u32* fault";
     for (b, p) in program.buffers.iter().enumerate() {
         let _ = write!(src, ", {}* b{b}, i64 len{b}", storage(p.dtype));

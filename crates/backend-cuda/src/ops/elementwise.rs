@@ -39,7 +39,7 @@ pub(crate) fn fill(gpu: &CudaBackend, out: V<'_>, value: f64) -> Result<()> {
             .arg(w)
             .arg(out.buffer.ptr())
             .arg(out.dtype().size_in_bytes() as i32)
-            .arg(out.dtype().fill_bits(value)),
+            .arg(out.dtype().fill_bits_narrow(value)),
     )
 }
 

@@ -26,6 +26,9 @@ pub(crate) fn reduce(
 ) -> Result<()> {
     validate::reduce(op, x, axes, out)?;
     gpu.dev.bind()?;
+    if x.dtype() == DType::F64 || out.dtype() == DType::F64 {
+        return gpu.reduce_wide(op, x, axes, out);
+    }
     gpu.reduce_into(op, x, axes, out)
 }
 
@@ -83,6 +86,64 @@ pub(crate) fn arg_reduce(
 }
 
 impl CudaBackend {
+    /// `reduce` in `f64` (`reduce_wide` in `cuda/reduce.cu`): a block per output, or, for few
+    /// outputs with long reductions, a block per chunk writing `f64` partials that a second
+    /// launch reduces.
+    pub(crate) fn reduce_wide(
+        &self,
+        op: ReduceOp,
+        x: V<'_>,
+        axes: &[usize],
+        out: V<'_>,
+    ) -> Result<()> {
+        let kept = Walk::of("reduce", &out.layout.shape, &[out.layout, x.layout])?;
+        let red_shape: Vec<usize> = (0..x.layout.rank())
+            .map(|d| {
+                if axes.contains(&d) {
+                    x.layout.shape[d]
+                } else {
+                    1
+                }
+            })
+            .collect();
+        let red = Walk::new("reduce", &red_shape, &[(&x.layout.strides, 0)])?;
+        let code = reduce_code(op);
+        if kept.n == 0 {
+            return Ok(());
+        }
+        let count = red.n;
+        let sms = self.dev.sms as i64;
+        let launch =
+            |kept: Walk, red: Walk, out: &CudaBuffer, x: &CudaBuffer, op: i32, chunks: i64| {
+                let blocks = (kept.n * chunks).min(sms * 32).max(1) as u32;
+                self.dev.launch_raw(
+                    self.dev.function("reduce_wide")?,
+                    (blocks, 1, 1),
+                    device::BLOCK,
+                    Args::new()
+                        .arg(kept)
+                        .arg(red)
+                        .operand(out)
+                        .operand(x)
+                        .arg(op)
+                        .arg(chunks)
+                        .arg(count),
+                )
+            };
+        if kept.n < sms && red.n >= 1 << 14 {
+            let chunks = ((8 * sms + kept.n - 1) / kept.n).min(red.n / 4096).max(2);
+            let partial = self.new_buffer(DType::F64, (kept.n * chunks) as usize)?;
+            launch(kept, red, &partial, x.buffer, code, chunks)?;
+            let mut strides = hal::contiguous_strides(&out.layout.shape);
+            strides.iter_mut().for_each(|s| *s *= chunks as isize);
+            let parts = Layout::strided(&out.layout.shape, &strides, 0)?;
+            let kept2 = Walk::of("reduce", &out.layout.shape, &[out.layout, &parts])?;
+            let red2 = Walk::new("reduce", &[chunks as usize], &[(&[1], 0)])?;
+            return launch(kept2, red2, out.buffer, &partial, code, 1);
+        }
+        launch(kept, red, out.buffer, x.buffer, code, 1)
+    }
+
     pub(crate) fn reduce_into(
         &self,
         op: ReduceOp,
@@ -101,12 +162,7 @@ impl CudaBackend {
             })
             .collect();
         let red = Walk::new("reduce", &red_shape, &[(&x.layout.strides, 0)])?;
-        let code = match op {
-            ReduceOp::Sum => 0,
-            ReduceOp::Mean => 1,
-            ReduceOp::Max => 2,
-            ReduceOp::Min => 3,
-        };
+        let code = reduce_code(op);
         if kept.n == 0 {
             return Ok(());
         }
@@ -220,5 +276,15 @@ impl CudaBackend {
             View::new(&tmp, &tmp_l),
             out,
         )
+    }
+}
+
+/// The kernels' reduction codes (`reduce_combine` in `cuda/reduce.cu`).
+fn reduce_code(op: ReduceOp) -> i32 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Mean => 1,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
     }
 }
