@@ -29,6 +29,9 @@ pub struct WgpuOptions {
     /// `EXPERIMENTAL_COOPERATIVE_MATRIX`); needs `subgroups` too (the fast nearest-centroid
     /// search re-checks its candidates with subgroup sums).
     pub cooperative_matrix: bool,
+    /// `f64` values in shaders (`shader-f64`, which NVIDIA's Vulkan driver and lavapipe
+    /// offer): `f64` buffers and programs. Without it both are refused.
+    pub f64: bool,
 }
 
 impl Default for WgpuOptions {
@@ -38,6 +41,7 @@ impl Default for WgpuOptions {
             native_f16: true,
             subgroups: true,
             cooperative_matrix: true,
+            f64: true,
         }
     }
 }
@@ -50,6 +54,7 @@ impl WgpuOptions {
             native_f16: false,
             subgroups: false,
             cooperative_matrix: false,
+            f64: false,
         }
     }
 }
@@ -139,6 +144,44 @@ pub(crate) fn capabilities(gpu: &WgpuBackend) -> Capabilities {
         fast_precision: gpu.0.coop.is_some(),
         compensated_precision: gpu.0.coop.is_some(),
         fused_gradient_products: fused_epilogues(),
+        f64: f64_support(gpu.0.features.contains(wgpu::Features::SHADER_F64)),
+    }
+}
+
+/// The primitives that run in `f64` on this backend (where the adapter offers `shader-f64`).
+pub(crate) const F64_PRIMITIVES: &[&str] = &["reduce", "launch"];
+
+fn f64_support(shader_f64: bool) -> hal::F64Support {
+    if !shader_f64 {
+        return hal::F64Support {
+            note: "the adapter does not offer shader-f64".into(),
+            ..Default::default()
+        };
+    }
+    hal::F64Support {
+        storage: true,
+        programs: true,
+        program_math: false,
+        atomics: false,
+        primitives: F64_PRIMITIVES.to_vec(),
+        note: "Vulkan's GLSL.std.450 defines exp, log, sin, cos, tan, tanh, pow and atan2 for \
+               16- and 32-bit floats only; WGSL has no 64-bit atomics; the other primitives \
+               have no f64 kernels yet"
+            .into(),
+    }
+}
+
+impl WgpuBackend {
+    /// Refuses `op` on `f64` operands where this device does not run it in `f64`.
+    pub(crate) fn f64_offered(&self, op: &'static str, dtypes: &[DType]) -> Result<()> {
+        let f64 = self.0.features.contains(wgpu::Features::SHADER_F64);
+        hal::validate::f64_offered(op, dtypes, f64 && F64_PRIMITIVES.contains(&op), || {
+            if f64 {
+                format!("the wgpu backend has no f64 form of `{op}`")
+            } else {
+                "the adapter does not offer shader-f64".into()
+            }
+        })
     }
 }
 
@@ -216,6 +259,7 @@ impl WgpuBackend {
         wanted.set(wgpu::Features::SHADER_F16, options.native_f16);
         wanted.set(wgpu::Features::IMMEDIATES, options.immediates);
         wanted.set(wgpu::Features::TIMESTAMP_QUERY, profile::requested());
+        wanted.set(wgpu::Features::SHADER_F64, options.f64);
         let info = adapter.get_info();
         let coop = options.cooperative_matrix && options.subgroups && offers_coop(&adapter);
         if coop {
@@ -361,6 +405,7 @@ impl WgpuBackend {
             subgroups: self.0.features.contains(wgpu::Features::SUBGROUP),
             cooperative_matrix: self.0.coop.is_some(),
             fused_fma: self.0.fma_fused.get().copied(),
+            f64: self.0.features.contains(wgpu::Features::SHADER_F64),
         }
     }
 
@@ -387,6 +432,9 @@ impl WgpuBackend {
         }
         if self.0.features.contains(wgpu::Features::SUBGROUP) {
             used.push("subgroups".to_string());
+        }
+        if self.0.features.contains(wgpu::Features::SHADER_F64) {
+            used.push("shader-f64".to_string());
         }
         if self.0.coop.is_some() {
             used.push("cooperative matrices (16x16x16 f16, f32 accumulation)".to_string());

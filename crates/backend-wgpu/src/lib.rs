@@ -60,8 +60,8 @@ use crate::device::Inner;
 use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
-    DeviceInfo, Distribution, Epilogue, Error, Precision, ReduceOp, Result, SgdParams, TernaryOp,
-    UnaryOp, View,
+    DeviceBuffer, DeviceInfo, Distribution, Epilogue, Error, Precision, ReduceOp, Result,
+    SgdParams, TernaryOp, UnaryOp, View,
 };
 use ops::{cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
 use std::sync::{Arc, Mutex};
@@ -141,38 +141,47 @@ impl Backend for WgpuBackend {
     }
 
     fn fill(&self, out: V<'_>, value: f64) -> Result<()> {
+        self.f64_offered("fill", &[out.dtype()])?;
         elementwise::fill(self, out, value)
     }
 
     fn copy(&self, src: V<'_>, out: V<'_>) -> Result<()> {
+        self.f64_offered("copy", &[src.dtype(), out.dtype()])?;
         elementwise::copy(self, src, out)
     }
 
     fn unary(&self, op: UnaryOp, x: V<'_>, out: V<'_>) -> Result<()> {
+        self.f64_offered("unary", &[x.dtype(), out.dtype()])?;
         elementwise::unary(self, op, x, out)
     }
 
     fn binary(&self, op: BinaryOp, a: V<'_>, b: V<'_>, out: V<'_>) -> Result<()> {
+        self.f64_offered("binary", &[a.dtype(), b.dtype(), out.dtype()])?;
         elementwise::binary(self, op, a, b, out)
     }
 
     fn ternary(&self, op: TernaryOp, a: V<'_>, b: V<'_>, c: V<'_>, out: V<'_>) -> Result<()> {
+        self.f64_offered("ternary", &[a.dtype(), b.dtype(), c.dtype(), out.dtype()])?;
         elementwise::ternary(self, op, a, b, c, out)
     }
 
     fn reduce(&self, op: ReduceOp, x: V<'_>, axes: &[usize], out: V<'_>) -> Result<()> {
+        self.f64_offered("reduce", &[x.dtype(), out.dtype()])?;
         reduce::reduce(self, op, x, axes, out)
     }
 
     fn kmeans_pp(&self, x: V<'_>, anchors: V<'_>, seed: u64) -> Result<()> {
+        self.f64_offered("kmeans_pp", &[x.dtype(), anchors.dtype()])?;
         cluster::kmeans_pp(self, x, anchors, seed)
     }
 
     fn arg_reduce(&self, op: ArgReduceOp, x: V<'_>, axis: usize, out: V<'_>) -> Result<()> {
+        self.f64_offered("arg_reduce", &[x.dtype()])?;
         reduce::arg_reduce(self, op, x, axis, out)
     }
 
     fn matmul(&self, a: V<'_>, b: V<'_>, out: V<'_>, alpha: f32, beta: f32) -> Result<()> {
+        self.f64_offered("matmul", &[a.dtype(), b.dtype(), out.dtype()])?;
         matmul::matmul(self, a, b, out, alpha, beta)
     }
 
@@ -185,6 +194,7 @@ impl Backend for WgpuBackend {
         beta: f32,
         epilogue: Epilogue<'_, WgpuBuffer>,
     ) -> Result<()> {
+        self.f64_offered("matmul_epilogue", &[a.dtype(), b.dtype(), out.dtype()])?;
         matmul::matmul_epilogue(self, a, b, out, alpha, beta, epilogue)
     }
 
@@ -196,22 +206,27 @@ impl Backend for WgpuBackend {
         alpha: f32,
         beta: f32,
     ) -> Result<()> {
+        self.f64_offered("spmv_csr", &[a.values.dtype(), x.dtype(), y.dtype()])?;
         matmul::spmv_csr(self, a, x, y, alpha, beta)
     }
 
     fn gather(&self, x: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
+        self.f64_offered("gather", &[x.dtype(), out.dtype()])?;
         index::gather(self, x, axis, index, out)
     }
 
     fn scatter_add(&self, src: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
+        self.f64_offered("scatter_add", &[src.dtype(), out.dtype()])?;
         index::scatter_add(self, src, axis, index, out)
     }
 
     fn im2col(&self, x: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
+        self.f64_offered("im2col", &[x.dtype(), out.dtype()])?;
         conv::im2col(self, x, g, out)
     }
 
     fn col2im(&self, cols: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
+        self.f64_offered("col2im", &[cols.dtype(), out.dtype()])?;
         conv::col2im(self, cols, g, out)
     }
 
@@ -222,6 +237,10 @@ impl Backend for WgpuBackend {
         out_index: V<'_>,
         out_distance: V<'_>,
     ) -> Result<()> {
+        self.f64_offered(
+            "nearest_centroid",
+            &[x.dtype(), c.dtype(), out_distance.dtype()],
+        )?;
         cluster::nearest_centroid(self, x, c, out_index, out_distance)
     }
 
@@ -233,6 +252,7 @@ impl Backend for WgpuBackend {
         sums: V<'_>,
         counts: V<'_>,
     ) -> Result<()> {
+        self.f64_offered("segment_sum", &[x.dtype(), sums.dtype(), counts.dtype()])?;
         segment::segment_sum(self, x, segment, weights, sums, counts)
     }
 
@@ -243,6 +263,7 @@ impl Backend for WgpuBackend {
         momentum_buffer: Option<&WgpuBuffer>,
         h: &SgdParams,
     ) -> Result<()> {
+        self.f64_offered("sgd_step", &[param.dtype()])?;
         optim::sgd_step(self, param, grad, momentum_buffer, h)
     }
 
@@ -254,10 +275,12 @@ impl Backend for WgpuBackend {
         v: &WgpuBuffer,
         h: &AdamParams,
     ) -> Result<()> {
+        self.f64_offered("adam_step", &[param.dtype()])?;
         optim::adam_step(self, param, grad, m, v, h)
     }
 
     fn random(&self, out: V<'_>, dist: Distribution, seed: u64, offset: u64) -> Result<()> {
+        self.f64_offered("random", &[out.dtype()])?;
         random::random(self, out, dist, seed, offset)
     }
 

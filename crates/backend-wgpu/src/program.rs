@@ -48,7 +48,69 @@ fn zero(t: ScalarType) -> &'static str {
         ScalarType::I32 => "0",
         ScalarType::U32 => "0u",
         ScalarType::Bool => "false",
+        ScalarType::F64 => "0.0lf",
     }
+}
+
+/// An `f64` constant: a literal that parses to exactly these bits (Rust prints the shortest
+/// such decimal), or a widened `f32` for infinities and NaN, which have no literal.
+fn f64_literal(bits: u64) -> String {
+    let v = f64::from_bits(bits);
+    if v.is_finite() {
+        format!("{v:e}lf")
+    } else {
+        let narrow = (v as f32).to_bits();
+        format!("f64(bitcast<f32>({narrow}u))")
+    }
+}
+
+/// Helpers of `F64` programs: conversions to integers that truncate toward zero and
+/// saturate, NaN to 0 (as `f2i`/`f2u` do for `f32`).
+const F64_HELPERS: &str = "fn d2i(v: f64) -> i32 { if (!(v == v)) { return 0; } if (v >= 2147483647.0lf) { return 2147483647; } if (v <= -2147483648.0lf) { return -2147483647 - 1; } return i32(v); }
+fn d2u(v: f64) -> u32 { if (!(v == v) || v <= 0.0lf) { return 0u; } if (v >= 4294967295.0lf) { return 4294967295u; } return u32(v); }
+";
+
+/// What in `program` the backend cannot run in `f64` here (see [`hal::F64Support`]).
+fn refuse_f64(program: &Program, types: &[Option<ScalarType>], f64: bool) -> Result<()> {
+    if !types.contains(&Some(ScalarType::F64)) {
+        return Ok(());
+    }
+    let refuse = |detail: String| Error::UnsupportedDType {
+        op: "compile",
+        dtype: DType::F64,
+        detail: format!(" here: program `{}`: {detail}", program.name),
+    };
+    if !f64 {
+        return Err(refuse("the adapter does not offer shader-f64".into()));
+    }
+    let wide = |v: hal::ir::Value| types[v.0 as usize] == Some(ScalarType::F64);
+    for inst in &program.insts {
+        let what = match *inst {
+            Inst::Unary { op, x } if wide(x) => match op {
+                IrUnary::Exp | IrUnary::Exp2 | IrUnary::Log | IrUnary::Log2 => {
+                    Some(format!("{op:?}"))
+                }
+                IrUnary::Sin | IrUnary::Cos | IrUnary::Tan | IrUnary::Tanh => {
+                    Some(format!("{op:?}"))
+                }
+                _ => None,
+            },
+            Inst::Binary { op, a, .. } if wide(a) => match op {
+                IrBinary::Pow | IrBinary::Atan2 | IrBinary::Rem => Some(format!("{op:?}")),
+                _ => None,
+            },
+            Inst::AtomicAdd { value, .. } if wide(value) => {
+                return Err(refuse("WGSL has no 64-bit atomics".into()));
+            }
+            _ => None,
+        };
+        if let Some(f) = what {
+            return Err(refuse(format!(
+                "{f} in f64: Vulkan's GLSL.std.450 defines it for 16- and 32-bit floats only"
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl Dialect for Wgsl {
@@ -58,6 +120,7 @@ impl Dialect for Wgsl {
             ScalarType::I32 => "i32",
             ScalarType::U32 => "u32",
             ScalarType::Bool => "bool",
+            ScalarType::F64 => "f64",
         }
     }
 
@@ -67,6 +130,7 @@ impl Dialect for Wgsl {
             Constant::I32(x) => format!("bitcast<i32>({}u)", x as u32),
             Constant::U32(x) => format!("{x}u"),
             Constant::Bool(x) => x.to_string(),
+            Constant::F64(bits) => f64_literal(bits),
         }
     }
 
@@ -102,6 +166,7 @@ impl Dialect for Wgsl {
             IrBinary::Sub => format!("{x} - {y}"),
             IrBinary::Mul => format!("{x} * {y}"),
             IrBinary::Div if int => format!("select({x} / {y}, {zero}, {y} == {zero})"),
+            IrBinary::Div if t == ScalarType::F64 => format!("{x} / {y}"),
             // As BinaryOp::Div in wgsl/ops.rs: a huge divisor is scaled first.
             IrBinary::Div => {
                 format!("select({x} / {y}, ({x} * 0.25) / ({y} * 0.25), abs({y}) > 8.507059e37)")
@@ -125,7 +190,7 @@ impl Dialect for Wgsl {
     /// written as the negation of `==`.
     fn cmp(&self, op: IrCmp, t: ScalarType, x: &str, y: &str) -> String {
         match (op, t) {
-            (IrCmp::Ne, ScalarType::F32) => format!("!({x} == {y})"),
+            (IrCmp::Ne, ScalarType::F32 | ScalarType::F64) => format!("!({x} == {y})"),
             _ => format!("{x} {} {y}", op.operator()),
         }
     }
@@ -141,6 +206,12 @@ impl Dialect for Wgsl {
     fn cast(&self, from: ScalarType, to: ScalarType, a: &str) -> String {
         use ScalarType::*;
         match (from, to) {
+            (F64, I32) => format!("d2i({a})"),
+            (F64, U32) => format!("d2u({a})"),
+            (F64, Bool) => format!("!({a} == 0.0lf)"),
+            (F64, F32) => format!("f32({a})"),
+            (F32 | I32 | U32, F64) => format!("f64({a})"),
+            (Bool, F64) => format!("select(0.0lf, 1.0lf, {a})"),
             (F32, I32) => format!("f2i({a})"),
             (F32, U32) => format!("f2u({a})"),
             // A NaN is true, as in C (see `cmp`).
@@ -164,7 +235,7 @@ impl Dialect for Wgsl {
     fn load(&self, name: &str, t: ScalarType, buffer: u32, dtype: DType, index: &str) -> String {
         let b = buffer + 1;
         let load = match dtype {
-            DType::F32 | DType::F16 | DType::BF16 => format!("ld{b}(i32({index}))"),
+            DType::F32 | DType::F16 | DType::BF16 | DType::F64 => format!("ld{b}(i32({index}))"),
             DType::I32 => format!("bitcast<i32>(bits{b}(i32({index})))"),
             DType::U32 => format!("bits{b}(i32({index}))"),
         };
@@ -183,7 +254,9 @@ impl Dialect for Wgsl {
             ),
             (true, DType::I32) => format!("atomicAdd(&B{b}[{i}], bitcast<u32>({x}));"),
             (true, _) => format!("atomicAdd(&B{b}[{i}], {x});"),
-            (false, DType::F32 | DType::F16 | DType::BF16) => format!("st{b}(i32({i}), {x});"),
+            (false, DType::F32 | DType::F16 | DType::BF16 | DType::F64) => {
+                format!("st{b}(i32({i}), {x});")
+            }
             (false, DType::I32) => format!("stbits{b}(i32({i}), bitcast<u32>({x}));"),
             (false, DType::U32) => format!("stbits{b}(i32({i}), {x});"),
         };
@@ -194,6 +267,7 @@ impl Dialect for Wgsl {
 /// WGSL source for `program` (already validated).
 pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
     let types = program.validate()?;
+    refuse_f64(program, &types, features.f64)?;
     let k = program.buffers.len();
     if k > 14 {
         return Err(Error::InvalidProgram {
@@ -221,6 +295,9 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
             _ => Access::Write,
         };
         src += &wgsl::binding(b as u32 + 1, p.dtype, access, features.native_f16);
+    }
+    if types.contains(&Some(ScalarType::F64)) {
+        src += F64_HELPERS;
     }
     let f = k + 1;
     let _ = writeln!(

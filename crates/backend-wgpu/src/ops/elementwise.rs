@@ -36,7 +36,7 @@ pub(crate) fn fill(gpu: &WgpuBackend, out: V<'_>, value: f64) -> Result<()> {
     // One kernel for every dtype: the value goes in as the output's own element bits.
     let p = Params::default()
         .block(out.layout)
-        .scalar(0, dt.fill_bits(value));
+        .scalar(0, dt.fill_bits_narrow(value));
     gpu.run(spec, p, &[(out.buffer, true)], out.layout.numel())
 }
 

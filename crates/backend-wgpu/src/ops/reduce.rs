@@ -86,6 +86,20 @@ pub(crate) fn reduce(
 ) -> Result<()> {
     validate::reduce(op, x, axes, out)?;
     let count = hal::numel(&axes.iter().map(|&a| x.layout.shape[a]).collect::<Vec<_>>());
+    if x.dtype() == DType::F64 || out.dtype() == DType::F64 {
+        let (op, mean_count) = match op {
+            ReduceOp::Mean => (ReduceOp::Sum, count),
+            other => (other, 0),
+        };
+        let mean_count = u32::try_from(mean_count).map_err(|_| hal::Error::Unsupported {
+            op: "reduce",
+            detail: "a mean over more than u32::MAX elements".into(),
+        })?;
+        return gpu.labelled(
+            || format!("reduce (f64) {:?} over {axes:?}", x.layout.shape),
+            || gpu.reduce_wide(op, x, axes, out, mean_count),
+        );
+    }
     let scale = if op == ReduceOp::Mean {
         1.0 / count as f32
     } else {
@@ -318,6 +332,88 @@ impl WgpuBackend {
             View::new(out.buffer, &out_layout),
             scale,
             guard,
+        )
+    }
+
+    /// [`Self::reduce_chunked`] in `f64` (`reduce_wide.wgsl`): sums, partials and the
+    /// maximum and minimum in `f64`, inputs of any float dtype widened, the result rounded
+    /// once into `out`; a mean divides by `mean_count` (0: a sum, max or min) at the end.
+    pub(crate) fn reduce_wide(
+        &self,
+        op: ReduceOp,
+        x: V<'_>,
+        axes: &[usize],
+        out: V<'_>,
+        mean_count: u32,
+    ) -> Result<()> {
+        let red = reduced_in_memory_order(x.layout, axes);
+        let count = red.numel();
+        let n_out = out.layout.numel();
+        let per = (count * n_out).div_ceil(REDUCE_THREADS).clamp(32, CHUNK);
+        let chunks = count.div_ceil(per).max(1);
+        let keep = kept(x.layout, &out.layout.shape, axes);
+        let mode = reduce_mode(&red, &keep);
+        let finish = match op {
+            ReduceOp::Max => "select(mx, f64(nan()), seen_nan)",
+            ReduceOp::Min => "select(mn, f64(nan()), seen_nan)",
+            _ => "sum",
+        };
+        let spec = |reads: DType, writes: DType| {
+            let put = if writes == DType::F64 {
+                "st2(i, v)"
+            } else {
+                "st2(i, f32(v))"
+            };
+            Spec::new("reduce_wide.wgsl")
+                .bindings(wgsl::io(&[reads], writes))
+                .slot(
+                    "finish",
+                    format!(
+                        "fn finish(sum: f64, mx: f64, mn: f64, seen_nan: bool) -> f64 {{ return {finish}; }}"
+                    ),
+                )
+                .slot("put", format!("fn put(i: i32, v: f64) {{ {put}; }}"))
+        };
+        let params = |written: &Layout, chunks: usize, mean: u32| {
+            Params::default()
+                .block(written)
+                .block(&keep)
+                .block(&red)
+                .scalar(0, count as u32)
+                .f(1, 1.0)
+                .scalar(2, per as u32)
+                .scalar(3, chunks as u32)
+                .scalar(4, mode)
+                .scalar(5, n_out as u32)
+                .scalar(6, mean)
+        };
+        if chunks == 1 {
+            let p = params(out.layout, 1, mean_count);
+            let b = out.dtype();
+            return self.run(
+                spec(x.dtype(), b),
+                p,
+                &[(x.buffer, false), (out.buffer, true)],
+                n_out,
+            );
+        }
+        let partial = self.scratch(DType::F64, n_out * chunks)?;
+        let pl = Layout::contiguous(&[n_out * chunks]);
+        let p = params(&pl, chunks, 0);
+        self.run(
+            spec(x.dtype(), DType::F64),
+            p,
+            &[(x.buffer, false), (&partial, true)],
+            n_out * chunks,
+        )?;
+        let partial_layout = partials_layout(out.layout, chunks, mode)?;
+        let out_layout = out.layout.unsqueeze(out.layout.rank())?;
+        self.reduce_wide(
+            op,
+            View::new(&partial, &partial_layout),
+            &[partial_layout.rank() - 1],
+            View::new(out.buffer, &out_layout),
+            mean_count,
         )
     }
 

@@ -89,6 +89,8 @@ pub struct Features {
     /// then `fma()` alone (`Some(true)`) or the emulation alone (`Some(false)`); `None`
     /// decides at run time from scalar 11.
     pub fused_fma: Option<bool>,
+    /// `f64` in shaders (`shader-f64`): `f64` buffers and values in IR programs.
+    pub f64: bool,
 }
 
 /// The `fma_choice` slot of `fma_exact.wgsl` for a probed device (`None`: the file's own
@@ -118,6 +120,23 @@ pub fn uses_fma_exact(name: &str) -> bool {
 /// prelude's exact round-to-nearest-even; the hardware only converts values that are exactly
 /// representable.
 pub fn binding(b: u32, dtype: DType, access: Access, native_f16: bool) -> String {
+    if dtype == DType::F64 {
+        // Plain `array<f64>` (no atomics: WGSL has no 64-bit ones, and programs that would
+        // need them are refused before this).
+        let mode = if access == Access::Read {
+            "read"
+        } else {
+            "read_write"
+        };
+        let mut s = format!(
+            "@group(0) @binding({b}) var<storage, {mode}> B{b}: array<f64>;\n\
+             fn ld{b}(i: i32) -> f64 {{ return B{b}[i]; }}\n"
+        );
+        if access != Access::Read {
+            s += &format!("fn st{b}(i: i32, v: f64) {{ B{b}[i] = v; }}\n");
+        }
+        return s;
+    }
     if native_f16 && dtype == DType::F16 && access != Access::Atomic {
         let mode = if access == Access::Read {
             "read"
@@ -172,6 +191,7 @@ pub fn binding(b: u32, dtype: DType, access: Access, native_f16: bool) -> String
         DType::BF16 => "bf16_to_f32(w)",
         DType::I32 => "f32(bitcast<i32>(w))",
         DType::U32 => "f32(w)",
+        DType::F64 => unreachable!("f64 bindings are made above"),
     };
     s += &format!("fn ld{b}(i: i32) -> f32 {{ let w = bits{b}(i); return {to_f32}; }}\n");
     let to_i32 = match dtype {
@@ -199,6 +219,7 @@ pub fn binding(b: u32, dtype: DType, access: Access, native_f16: bool) -> String
         DType::BF16 => "f32_to_bf16(v)",
         DType::I32 => "bitcast<u32>(f2i(v))",
         DType::U32 => "f2u(v)",
+        DType::F64 => unreachable!("f64 bindings are made above"),
     };
     s += &format!("fn st{b}(i: i32, v: f32) {{ stbits{b}(i, {from_f32}); }}\n");
     s
@@ -288,6 +309,7 @@ shader_files!(
     "reduce": [
         "reduce.wgsl",
         "reduce_lanes.wgsl",
+        "reduce_wide.wgsl",
         "arg_line.wgsl",
         "arg_reduce.wgsl",
     ],
@@ -563,6 +585,10 @@ impl ShaderFile {
     /// Written for adapters with subgroup operations only (`*_subgroups.wgsl`).
     pub fn needs_subgroups(&self) -> bool {
         self.name.ends_with("_subgroups.wgsl")
+    }
+    /// Written for adapters with `shader-f64` only (`*_wide.wgsl`: f64 values).
+    pub fn needs_f64(&self) -> bool {
+        self.name.ends_with("_wide.wgsl")
     }
     /// Written for adapters with cooperative matrices only (`*_coop.wgsl`).
     pub fn needs_cooperative_matrix(&self) -> bool {

@@ -27,6 +27,7 @@ pub fn default_modules() -> Vec<Variant> {
         subgroups: true,
         cooperative_matrix: true,
         fused_fma: Some(true),
+        f64: false,
     };
     let mut out = file_variants(all);
     out.extend(product_variants(all));
@@ -50,6 +51,19 @@ fn file_variants(all: Features) -> Vec<Variant> {
             ]
         };
         let bindings = default_bindings(f);
+        if f.needs_f64() {
+            // Only with shader-f64, as its own file's bindings declare.
+            let wide = Features { f64: true, ..all };
+            for &(label, e) in entries {
+                out.push(Variant {
+                    file: f.name,
+                    label: format!("{label}, shader-f64"),
+                    module: compose(f.name, None, &[], e, wide),
+                    features: wide,
+                });
+            }
+            continue;
+        }
         if PAIRS_ENTRY_FILES.contains(&f.name) {
             // The written binding as f16, two elements per word.
             let paired: Vec<(DType, Access)> = bindings
