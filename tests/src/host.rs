@@ -29,7 +29,7 @@ pub enum ViewKind {
 
 pub fn round_to(dtype: DType, v: f32) -> f32 {
     match dtype {
-        DType::F32 => v,
+        DType::F32 | DType::F64 => v,
         DType::F16 => f16::from_f32(v).to_f32(),
         DType::BF16 => bf16::from_f32(v).to_f32(),
         DType::I32 => v as i32 as f32,
@@ -46,6 +46,7 @@ pub fn bytes_of(dtype: DType, values: &[f32]) -> Vec<u8> {
             DType::BF16 => out.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
             DType::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
             DType::U32 => out.extend_from_slice(&(v as u32).to_le_bytes()),
+            DType::F64 => out.extend_from_slice(&(v as f64).to_le_bytes()),
         }
     }
     out

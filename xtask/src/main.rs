@@ -275,6 +275,7 @@ fn check_module(
         features.native_f16,
     );
     caps.set(naga::valid::Capabilities::SUBGROUP, features.subgroups);
+    caps.set(naga::valid::Capabilities::FLOAT64, features.f64);
     // Cooperative-matrix kernels also unpack halves from words (`unpack2x16float`), which
     // the backend checks the adapter allows (SHADER_F16_IN_F32).
     caps.set(
@@ -368,6 +369,7 @@ fn validate_wgsl() -> ExitCode {
         subgroups: true,
         cooperative_matrix: false,
         fused_fma: Some(true),
+        f64: true,
     };
     for program in hal_parity::checks::sample_programs() {
         for (label, features) in [("", wgsl::Features::default()), (", all features", all)] {

@@ -604,6 +604,7 @@ fn st_dtype(dtype: DType) -> Option<safetensors::Dtype> {
         DType::BF16 => safetensors::Dtype::BF16,
         DType::I32 => safetensors::Dtype::I32,
         DType::U32 => safetensors::Dtype::U32,
+        DType::F64 => safetensors::Dtype::F64,
     })
 }
 
