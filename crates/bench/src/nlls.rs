@@ -1,12 +1,13 @@
 //! `--suite nlls`: the residual-compile workload.
 //!
 //! - **Icosphere solves** at `--levels` (default 4,5) from the same perturbed start (sigma
-//!   0.05, seed 7, w1 = w2 = 1): our Levenberg-Marquardt on this backend, then, side by side,
-//!   `scipy.optimize.least_squares` (trf, analytic sparse Jacobian) where python3 has scipy.
-//!   Wall time includes compiling the kernels. C++ Ceres is quoted, not run.
+//!   0.05, seed 7, w1 = w2 = 1): our Levenberg-Marquardt on this backend in f64 (the default)
+//!   and in f32, side by side, then `scipy.optimize.least_squares` (trf, analytic sparse
+//!   Jacobian) where python3 has scipy. Wall time includes compiling the kernels. C++ Ceres
+//!   is quoted, not run.
 //! - **Evaluation**: `--edges` (default 30,000,000 on a GPU, 1,000,000 on the CPU)
-//!   edge-length residuals with their Jacobians, one kernel launch plus the cost sum; the
-//!   bound is the bytes the kernel must move at the device's copy bandwidth.
+//!   edge-length residuals with their Jacobians, one kernel launch plus the cost sum, in f64
+//!   and f32; the bound is the bytes the kernel must move at the device's copy bandwidth.
 //! - **Compilation**: the icosphere at `--compile-level` (default 7: 1,146,882 residual blocks
 //!   of 3 shapes) traced, grouped, differentiated, lowered, compiled and uploaded, end to end;
 //!   the first run compiles cold, later runs hit the backend's kernel cache.
@@ -14,9 +15,11 @@
 //!   which locate the break-even size `auto` uses.
 
 use crate::median;
-use hal::{Backend, BackendExt, DeviceKind};
+use hal::{Backend, DeviceKind};
 use residual_compile::icosphere::Icosphere;
-use residual_compile::{CompiledProblem, KernelCache, Loss, Problem, SolveOptions, Vec3, solve};
+use residual_compile::{
+    CompiledProblem, KernelCache, Loss, Precision, Problem, SolveOptions, Vec3, solve,
+};
 use std::time::Instant;
 
 const SCIPY_PEER: &str = include_str!("../peers/nlls_scipy.py");
@@ -40,7 +43,11 @@ pub fn nlls<B: Backend>(b: &B, args: &NllsArgs) -> Result<(), String> {
         .edges
         .unwrap_or(if gpu { 30_000_000 } else { 1_000_000 });
     if edges > 0 {
-        evaluation(b, edges, args.reps).map_err(|e| e.to_string())?;
+        for precision in [Precision::F64, Precision::F32] {
+            if let Err(e) = evaluation(b, edges, args.reps, precision) {
+                println!("nlls: evaluate in {}: not run: {e}", precision.name());
+            }
+        }
     }
     if args.compile_level > 0 {
         compilation(b, args.compile_level, args.reps).map_err(|e| e.to_string())?;
@@ -57,18 +64,25 @@ struct Solved {
     iterations: usize,
 }
 
-fn solve_level<B: Backend>(b: &B, level: u32, verbose: bool) -> Result<Solved, String> {
+fn solve_level<B: Backend>(
+    b: &B,
+    level: u32,
+    verbose: bool,
+    precision: Precision,
+) -> Result<Solved, String> {
     let mesh = Icosphere::new(level).map_err(|e| e.to_string())?;
     let start = mesh.perturbed(0.05, 7);
     let mut problem = mesh.problem(&start, 1.0, 1.0).map_err(|e| e.to_string())?;
     let t = Instant::now();
-    let summary = solve(
-        b,
-        &mut problem,
-        &SolveOptions::default(),
-        &KernelCache::new(),
-    )
-    .map_err(|e| e.to_string())?;
+    // Both precisions stop at the f32 floor's relative cost change, so f64 and f32 run to
+    // the same tolerance (f64's default would run on: it still resolves progress there).
+    let options = SolveOptions {
+        precision,
+        function_tolerance: 1e-7,
+        ..SolveOptions::default()
+    };
+    let summary =
+        solve(b, &mut problem, &options, &KernelCache::new()).map_err(|e| e.to_string())?;
     let seconds = t.elapsed().as_secs_f64();
     if verbose {
         println!("{summary}");
@@ -87,11 +101,23 @@ fn icosphere<B: Backend>(b: &B, level: u32) -> Result<(), String> {
         mesh.vertices.len(),
         mesh.edges.len()
     );
-    let ours = solve_level(b, level, true)?;
+    let ours = solve_level(b, level, true, Precision::F64)?;
     println!(
-        "nlls: level {level} ours: {:.3} s, final cost {:.9e}, {} iterations",
+        "nlls: level {level} ours (f64): {:.3} s, final cost {:.9e}, {} iterations",
         ours.seconds, ours.cost, ours.iterations
     );
+    match solve_level(b, level, false, Precision::F32) {
+        Ok(narrow) => println!(
+            "nlls: level {level} ours (f32): {:.3} s, final cost {:.9e}, {} iterations; f64/f32 time {:.2}x, per iteration {:.2}x",
+            narrow.seconds,
+            narrow.cost,
+            narrow.iterations,
+            ours.seconds / narrow.seconds,
+            (ours.seconds / ours.iterations.max(1) as f64)
+                / (narrow.seconds / narrow.iterations.max(1) as f64)
+        ),
+        Err(e) => println!("nlls: level {level} ours (f32): failed: {e}"),
+    }
     match scipy(&mesh, level) {
         Ok((seconds, cost, what)) => println!(
             "nlls: level {level} peer {what}: {seconds:.3} s, final cost {cost:.9e}; ours/peer: time {:.2}x, cost {:.5}x",
@@ -145,7 +171,12 @@ fn scipy(mesh: &Icosphere, level: u32) -> Result<(f64, f64, String), String> {
     ))
 }
 
-fn evaluation<B: Backend>(b: &B, edges: usize, reps: usize) -> Result<(), residual_compile::Error> {
+fn evaluation<B: Backend>(
+    b: &B,
+    edges: usize,
+    reps: usize,
+    precision: Precision,
+) -> Result<(), residual_compile::Error> {
     // A chain-like graph with some long edges: vertex e/3 to e/3 + 1, + 7 and + 19.
     let vertices = edges / 3 + 20;
     let mut problem = Problem::new();
@@ -170,8 +201,8 @@ fn evaluation<B: Backend>(b: &B, edges: usize, reps: usize) -> Result<(), residu
     )?;
     drop(index);
     let traced = t.elapsed().as_secs_f64();
-    let compiled = CompiledProblem::new(b, &problem, &KernelCache::new())?;
-    let params = b.upload(&coords.iter().map(|&v| v as f32).collect::<Vec<_>>())?;
+    let compiled = CompiledProblem::new(b, &problem, &KernelCache::new(), precision)?;
+    let params = compiled.upload_floats(&coords)?;
     let eval = compiled.alloc_evaluation()?;
     let mut times = Vec::new();
     for i in 0..reps + 2 {
@@ -184,11 +215,14 @@ fn evaluation<B: Backend>(b: &B, edges: usize, reps: usize) -> Result<(), residu
         }
     }
     let m = median(times);
-    // Read: 6 indices + 1 constant + 6 parameters (each vertex is shared by ~6 edges, so
-    // about 1/6 of those come from memory); written: 1 residual + 6 Jacobian values + 1 cost.
-    let bytes = edges as f64 * (6.0 * 4.0 + 4.0 + 6.0 * 4.0 / 6.0 + 4.0 + 6.0 * 4.0 + 4.0);
+    // Read: 2 stored indices (the slot runs) + 1 constant + 6 parameters (each vertex is
+    // shared by ~6 edges, so about 1/6 of those come from memory); written: 1 residual + 6
+    // Jacobian values + 1 cost. Floats of the precision's size, indices of 4 bytes.
+    let f = precision.dtype().size_in_bytes() as f64;
+    let bytes = edges as f64 * (2.0 * 4.0 + f + 6.0 * f / 6.0 + f + 6.0 * f + f);
     println!(
-        "nlls: evaluate {edges} edge-length residuals + Jacobians (+ the cost sum): median {:.3} ms = {:.1} GB/s of the {:.2} GB the kernel must move (traced in {:.1} s)",
+        "nlls: evaluate {edges} edge-length residuals + Jacobians (+ the cost sum) in {}: median {:.3} ms = {:.1} GB/s of the {:.2} GB the kernel must move (traced in {:.1} s)",
+        precision.name(),
         m * 1e3,
         bytes / m / 1e9,
         bytes / 1e9,
@@ -205,7 +239,7 @@ fn compilation<B: Backend>(b: &B, level: u32, reps: usize) -> Result<(), residua
         let t = Instant::now();
         let problem = mesh.problem(&start, 1.0, 1.0)?;
         let traced = t.elapsed().as_secs_f64();
-        let compiled = CompiledProblem::new(b, &problem, &KernelCache::new())?;
+        let compiled = CompiledProblem::new(b, &problem, &KernelCache::new(), Precision::F64)?;
         b.synchronize()?;
         let r = &compiled.report;
         // End to end: tracing to kernels and instance data on the device; the solver's
@@ -247,8 +281,8 @@ fn break_even<B: Backend>(b: &B) -> Result<(), String> {
     for level in 3..=5u32 {
         let mesh = Icosphere::new(level).map_err(|e| e.to_string())?;
         let residuals = mesh.edges.len() * 4 + mesh.vertices.len();
-        let g = solve_level(b, level, false)?;
-        let c = solve_level(&cpu, level, false)?;
+        let g = solve_level(b, level, false, Precision::F64)?;
+        let c = solve_level(&cpu, level, false, Precision::F64)?;
         println!(
             "nlls: break-even: level {level} ({residuals} residuals): this backend {:.3} s ({} iterations, cost {:.6e}), CPU backend {:.3} s ({} iterations, cost {:.6e}) on {}",
             g.seconds,

@@ -8,7 +8,7 @@
 use clap::Parser;
 use hal::Backend;
 use residual_compile::icosphere::Icosphere;
-use residual_compile::{KernelCache, LinearSolver, Method, SolveOptions, solve};
+use residual_compile::{KernelCache, LinearSolver, Method, Precision, SolveOptions, solve};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -36,8 +36,14 @@ struct Args {
     /// auto, cholesky or cg.
     #[arg(long, default_value = "auto")]
     linear_solver: String,
+    /// f64 (the default) or f32: what residuals, Jacobians and the linear solves run in.
+    #[arg(long, default_value = "f64")]
+    precision: String,
     #[arg(long, default_value_t = 500)]
     max_iterations: usize,
+    /// The relative cost change that ends the solve (default: the library's).
+    #[arg(long)]
+    function_tolerance: Option<f64>,
     /// Where to write the result (Wavefront OBJ); nothing is written when empty.
     #[arg(long, default_value = "icosphere.obj")]
     out: String,
@@ -116,7 +122,15 @@ fn run<B: Backend>(backend: &B, mesh: &Icosphere, args: &Args) -> Result<(), Str
                 ));
             }
         },
+        precision: match args.precision.as_str() {
+            "f64" => Precision::F64,
+            "f32" => Precision::F32,
+            p => return Err(format!("unknown precision {p} (expected f64 or f32)")),
+        },
         max_iterations: args.max_iterations,
+        function_tolerance: args
+            .function_tolerance
+            .unwrap_or(SolveOptions::default().function_tolerance),
         verbose: args.verbose,
         ..SolveOptions::default()
     };

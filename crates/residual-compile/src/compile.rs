@@ -1,10 +1,10 @@
 //! A problem compiled onto a backend: one kernel per residual shape, the per-instance data and
 //! the Jacobian's sparsity structure (CSR, and its transpose) on the device.
 
-use crate::Error;
 use crate::graph::Derivatives;
 use crate::lower::{SlotRuns, lower};
 use crate::problem::{Loss, Problem, ResidualGroup};
+use crate::{Error, Precision};
 use hal::{Backend, BackendExt, DType, Layout, ReduceOp, View};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -16,16 +16,16 @@ pub struct KernelCache<B: Backend> {
     entries: Mutex<HashMap<CacheKey, CacheBucket<B>>>,
 }
 
-/// A shape's signature and its loss.
-type CacheKey = (u64, (u8, u64));
+/// A shape's signature, its loss and the precision it was lowered in.
+type CacheKey = (u64, (u8, u64), Precision);
 /// The shapes under one key (equal hashes of different graphs are told apart by comparison),
 /// each with the slot runs its kernel was lowered for.
 type CacheBucket<B> = Vec<(crate::graph::Graph, SlotRuns, <B as Backend>::Kernel)>;
 /// One compile thread's result: the group and its kernel with its IR size.
 type Compiled<K> = (usize, hal::Result<(K, usize)>);
 
-fn cache_key(signature: u64, loss: Loss) -> CacheKey {
-    (signature, loss.key())
+fn cache_key(signature: u64, loss: Loss, precision: Precision) -> CacheKey {
+    (signature, loss.key(), precision)
 }
 
 impl<B: Backend> Default for KernelCache<B> {
@@ -109,14 +109,16 @@ pub struct Evaluation<B: Backend> {
     pub jacobian: B::Buffer,
     /// `[blocks]`: each block's cost `rho / 2`.
     pub cost: B::Buffer,
-    /// `[2]`: the total cost (f32 sum), then the sum of the Jacobian's entries, which is
-    /// finite only when every entry is (read with the cost: one read tells both).
+    /// `[2]`: the total cost, then the sum of the Jacobian's entries, which is finite only
+    /// when every entry is (read with the cost: one read tells both). `f64` where the backend
+    /// reduces into `f64`, whatever the precision; `f32` otherwise.
     pub total: B::Buffer,
 }
 
 /// A problem's kernels and sparsity structure on one backend.
 pub struct CompiledProblem<B: Backend> {
     pub backend: B,
+    pub precision: Precision,
     kernels: Vec<GroupKernel<B>>,
     pub rows: usize,
     pub cols: usize,
@@ -136,9 +138,14 @@ pub struct CompiledProblem<B: Backend> {
 }
 
 impl<B: Backend> CompiledProblem<B> {
-    /// Compiles every residual shape of `problem` (reusing `cache`) and uploads the
-    /// per-instance data and the Jacobian structure.
-    pub fn new(backend: &B, problem: &Problem, cache: &KernelCache<B>) -> Result<Self, Error> {
+    /// Compiles every residual shape of `problem` in `precision` (reusing `cache`) and
+    /// uploads the per-instance data and the Jacobian structure.
+    pub fn new(
+        backend: &B,
+        problem: &Problem,
+        cache: &KernelCache<B>,
+        precision: Precision,
+    ) -> Result<Self, Error> {
         if problem.num_blocks() == 0 {
             return Err(Error::InvalidProblem(
                 "the problem has no residual blocks".into(),
@@ -158,17 +165,20 @@ impl<B: Backend> CompiledProblem<B> {
         let mut kernels: Vec<Option<B::Kernel>> = groups
             .iter()
             .zip(&runs)
-            .map(|(g, r)| cache.get(cache_key(g.signature, g.loss), &g.graph, r))
+            .map(|(g, r)| {
+                let key = cache_key(g.signature, g.loss, precision);
+                cache.get(key, &g.graph, r)
+            })
             .collect();
         let mut ir_sizes = vec![0usize; groups.len()];
         let misses: Vec<usize> = (0..groups.len())
             .filter(|&g| kernels[g].is_none())
             .collect();
-        let compiled = compile_groups(backend, groups, &runs, &misses);
+        let compiled = compile_groups(backend, groups, &runs, &misses, precision);
         for (gi, result) in compiled {
             let (kernel, insts) = result?;
             cache.insert(
-                cache_key(groups[gi].signature, groups[gi].loss),
+                cache_key(groups[gi].signature, groups[gi].loss, precision),
                 groups[gi].graph.clone(),
                 runs[gi].clone(),
                 kernel.clone(),
@@ -203,11 +213,7 @@ impl<B: Backend> CompiledProblem<B> {
             }
             push_rows(g, &mut row_offsets, &mut col_indices);
             let upload_started = Instant::now();
-            let constants = if g.constants.is_empty() {
-                backend.upload(&[0f32])?
-            } else {
-                backend.upload(&g.constants)?
-            };
+            let constants = upload_floats(backend, precision, &g.constants)?;
             group_kernels.push(GroupKernel {
                 kernel: kernels[gi].take().expect("every group was compiled"),
                 param_index: backend.upload(&runs[gi].firsts(&g.param_index))?,
@@ -235,6 +241,7 @@ impl<B: Backend> CompiledProblem<B> {
         let (t_row_offsets, t_cols, perm) = transpose(&row_offsets, &col_indices, cols);
         let mut compiled = Self {
             backend: backend.clone(),
+            precision,
             kernels: group_kernels,
             rows,
             cols,
@@ -257,16 +264,32 @@ impl<B: Backend> CompiledProblem<B> {
     /// Buffers for one evaluation's outputs.
     pub fn alloc_evaluation(&self) -> Result<Evaluation<B>, Error> {
         let b = &self.backend;
+        let dtype = self.precision.dtype();
         Ok(Evaluation {
-            residuals: b.alloc(DType::F32, self.rows.max(1))?,
-            jacobian: b.alloc(DType::F32, self.nnz.max(1))?,
-            cost: b.alloc(DType::F32, self.blocks.max(1))?,
-            total: b.alloc(DType::F32, 2)?,
+            residuals: b.alloc(dtype, self.rows.max(1))?,
+            jacobian: b.alloc(dtype, self.nnz.max(1))?,
+            cost: b.alloc(dtype, self.blocks.max(1))?,
+            total: b.alloc(self.total_dtype(), 2)?,
         })
     }
 
-    /// Evaluates residuals, Jacobian and cost at `params` (`f32`, one per problem parameter)
-    /// into `out`. Enqueued: nothing is read back.
+    /// The dtype of [`Evaluation::total`]: `f64` where the backend reduces into it.
+    pub fn total_dtype(&self) -> DType {
+        if self.backend.capabilities().f64.primitive("reduce") {
+            DType::F64
+        } else {
+            DType::F32
+        }
+    }
+
+    /// `values` in the problem's precision on the device (one 0 when empty: a buffer
+    /// cannot be empty).
+    pub fn upload_floats(&self, values: &[f64]) -> Result<B::Buffer, Error> {
+        upload_floats(&self.backend, self.precision, values)
+    }
+
+    /// Evaluates residuals, Jacobian and cost at `params` (of the precision's dtype, one per
+    /// problem parameter) into `out`. Enqueued: nothing is read back.
     pub fn evaluate(&self, params: &B::Buffer, out: &Evaluation<B>) -> Result<(), Error> {
         for k in &self.kernels {
             self.backend.launch(
@@ -303,6 +326,26 @@ impl<B: Backend> CompiledProblem<B> {
     }
 }
 
+/// `values` in `precision` on the device (one 0 when empty: a buffer cannot be empty).
+fn upload_floats<B: Backend>(
+    backend: &B,
+    precision: Precision,
+    values: &[f64],
+) -> Result<B::Buffer, Error> {
+    let values = if values.is_empty() {
+        &[0.0][..]
+    } else {
+        values
+    };
+    Ok(match precision {
+        Precision::F64 => backend.upload(values)?,
+        Precision::F32 => {
+            let narrow: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+            backend.upload(&narrow)?
+        }
+    })
+}
+
 /// Appends the Jacobian rows of group `g` to a CSR structure: each instance's `r` rows, each
 /// holding its `p` parameters' columns.
 fn push_rows(g: &ResidualGroup, row_offsets: &mut Vec<u32>, col_indices: &mut Vec<u32>) {
@@ -325,6 +368,7 @@ fn compile_groups<B: Backend>(
     groups: &[ResidualGroup],
     runs: &[SlotRuns],
     misses: &[usize],
+    precision: Precision,
 ) -> Vec<Compiled<B::Kernel>> {
     std::thread::scope(|s| {
         let handles: Vec<_> = misses
@@ -334,7 +378,7 @@ fn compile_groups<B: Backend>(
                 s.spawn(move || {
                     let derivatives: Derivatives = g.graph.derivatives();
                     let name = format!("residual_{}", sanitize(&g.name));
-                    let lowered = lower(&derivatives, g.loss, slot_runs, &name);
+                    let lowered = lower(&derivatives, g.loss, slot_runs, &name, precision);
                     let result = lowered
                         .and_then(|program| Ok((backend.compile(&program)?, program.insts.len())));
                     (gi, result)

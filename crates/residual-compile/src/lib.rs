@@ -35,9 +35,11 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Everything runs in `f32` on the device; the host-side `f64` evaluation
-//! ([`Graph::eval`], [`Derivatives::eval_jacobian`], [`Problem::cost_f64`]) is the reference
-//! the tests hold the kernels to.
+//! Everything runs in `f64` by default: parameters, data constants exactly as given,
+//! residuals, Jacobians, the normal equations and the linear solves ([`Precision`]);
+//! [`Precision::F32`] evaluates in `f32` on the device for speed. The host-side `f64`
+//! evaluation ([`Graph::eval`], [`Derivatives::eval_jacobian`], [`Problem::cost_f64`]) is the
+//! reference the tests hold the kernels to.
 
 pub mod compile;
 pub mod graph;
@@ -55,6 +57,62 @@ pub use solve::{
     IterationSummary, LinearSolver, Method, PhaseTimes, SolveOptions, Summary, Termination, solve,
 };
 pub use trace::{Cond, Var, Vec2, Vec3};
+
+/// The floating-point type a solve evaluates and solves in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// Double precision throughout: parameters, data constants (as the user wrote them),
+    /// residuals, Jacobians, the normal equations, the Cholesky factor and conjugate
+    /// gradients. The default, as in Ceres. The backend must offer `f64` programs (and, for
+    /// conjugate gradients, `f64` primitives): see [`hal::Capabilities::f64`].
+    #[default]
+    F64,
+    /// Residuals, Jacobians and the device's conjugate gradients in `f32`, for speed; the
+    /// sparse Cholesky path still forms and solves the normal equations in `f64` on the host
+    /// (mixed precision), and costs are summed in `f64`. Evaluation rounding limits what the
+    /// solve can resolve: relative cost changes below about `1e-7` and relative steps below
+    /// `1e-8` are noise, so the function and parameter tolerances used are at least those.
+    F32,
+}
+
+impl Precision {
+    /// The buffers' element type.
+    pub fn dtype(self) -> hal::DType {
+        match self {
+            Precision::F64 => hal::DType::F64,
+            Precision::F32 => hal::DType::F32,
+        }
+    }
+
+    /// The IR's value type.
+    pub fn scalar(self) -> hal::ir::ScalarType {
+        match self {
+            Precision::F64 => hal::ir::ScalarType::F64,
+            Precision::F32 => hal::ir::ScalarType::F32,
+        }
+    }
+
+    /// The least relative cost change evaluation rounding leaves meaningful.
+    pub fn function_tolerance_floor(self) -> f64 {
+        match self {
+            Precision::F64 => 0.0,
+            Precision::F32 => 1e-7,
+        }
+    }
+
+    /// The least relative step evaluation rounding leaves meaningful.
+    pub fn parameter_tolerance_floor(self) -> f64 {
+        match self {
+            Precision::F64 => 0.0,
+            Precision::F32 => 1e-8,
+        }
+    }
+
+    /// `f64` or `f32`.
+    pub fn name(self) -> &'static str {
+        self.dtype().name()
+    }
+}
 
 /// What can go wrong building or solving a problem.
 #[derive(Debug, thiserror::Error)]

@@ -7,13 +7,16 @@
 //!
 //! | buffer | dtype | contents |
 //! |---|---|---|
-//! | 0 `params` | f32 | every parameter of the problem |
+//! | 0 `params` | float | every parameter of the problem |
 //! | 1 `param_index` | u32 | `[instance * R + run]`: the first parameter of each run of slots (below) |
-//! | 2 `constants` | f32 | `[instance * C + k]` (a 1-element dummy when `C = 0`) |
+//! | 2 `constants` | float | `[instance * C + k]` (a 1-element dummy when `C = 0`) |
 //! | 3 `offsets` | u32 | `[first residual row, first Jacobian entry, first cost entry]` |
-//! | 4 `residuals` | f32 | row `first + instance * R + r` |
-//! | 5 `jacobian` | f32 | entry `first + (instance * R + r) * P + k`: the CSR values |
-//! | 6 `cost` | f32 | `first + instance`: `rho(|f|^2) / 2` |
+//! | 4 `residuals` | float | row `first + instance * R + r` |
+//! | 5 `jacobian` | float | entry `first + (instance * R + r) * P + k`: the CSR values |
+//! | 6 `cost` | float | `first + instance`: `rho(|f|^2) / 2` |
+//!
+//! "float" is the solve's [`crate::Precision`]: `f64` (the default; literals and constants
+//! exactly as written) or `f32`.
 //!
 //! The offsets come from a buffer rather than from literals so that the program depends on
 //! the shape, the loss and the slot runs only, and one compiled kernel is reused by every
@@ -24,11 +27,13 @@
 //! first parameter ([`SlotRuns`]). An edge between two points then reads 2 indices rather than
 //! 6: the indices were the largest part of an evaluation's memory traffic.
 
+use crate::Precision;
 use crate::graph::Derivatives;
 use crate::problem::Loss;
 use crate::trace::{Binary, Node, Unary};
-use hal::DType;
-use hal::ir::{Access, BufferId, IrBinary, IrCmp, IrUnary, Program, ProgramBuilder, Value};
+use hal::ir::{
+    Access, BufferId, IrBinary, IrCmp, IrUnary, Program, ProgramBuilder, ScalarType, Value,
+};
 
 /// How a shape's parameter slots find their parameters: slot `k` reads parameter
 /// `first[run[k]] + offset[k]`, where `first` is the instance's `runs()` stored indices.
@@ -92,13 +97,15 @@ impl SlotRuns {
 }
 
 /// The program evaluating residuals, Jacobian and cost of every instance of one shape, its
-/// parameter slots read through `runs`.
+/// parameter slots read through `runs`, in `precision`.
 pub fn lower(
     derivatives: &Derivatives,
     loss: Loss,
     runs: &SlotRuns,
     name: &str,
+    precision: Precision,
 ) -> hal::Result<Program> {
+    let (dtype, ft) = (precision.dtype(), precision.scalar());
     let graph = &derivatives.graph;
     let (p, c, r) = (
         graph.n_params,
@@ -107,13 +114,13 @@ pub fn lower(
     );
     assert_eq!(runs.run.len(), p as usize, "a run for every slot");
     let mut b = ProgramBuilder::new(name);
-    let params = b.buffer(DType::F32, Access::Read);
-    let param_index = b.buffer(DType::U32, Access::Read);
-    let constants = b.buffer(DType::F32, Access::Read);
-    let offsets = b.buffer(DType::U32, Access::Read);
-    let residuals = b.buffer(DType::F32, Access::Write);
-    let jacobian = b.buffer(DType::F32, Access::Write);
-    let cost = b.buffer(DType::F32, Access::Write);
+    let params = b.buffer(dtype, Access::Read);
+    let param_index = b.buffer(hal::DType::U32, Access::Read);
+    let constants = b.buffer(dtype, Access::Read);
+    let offsets = b.buffer(hal::DType::U32, Access::Read);
+    let residuals = b.buffer(dtype, Access::Write);
+    let jacobian = b.buffer(dtype, Access::Write);
+    let cost = b.buffer(dtype, Access::Write);
 
     let i = b.index();
     let offset = |b: &mut ProgramBuilder, k: u32| {
@@ -148,8 +155,8 @@ pub fn lower(
                 let at = b.add(const_base, kk);
                 b.load(constants, at)
             }
-            Node::Lit(bits) => b.const_f32(f64::from_bits(bits) as f32),
-            Node::Unary(op, x) => lower_unary(&mut b, op, v(x)),
+            Node::Lit(bits) => b.const_float(ft, f64::from_bits(bits)),
+            Node::Unary(op, x) => lower_unary(&mut b, op, v(x), ft),
             Node::Binary(op, x, y) => lower_binary(&mut b, op, v(x), v(y)),
             Node::Select {
                 cmp,
@@ -169,11 +176,11 @@ pub fn lower(
     // The robust loss: rho of the block's squared norm, residuals and Jacobian rows scaled by
     // sqrt(rho') (the first-order correction; see `Loss`).
     let outputs: Vec<Value> = graph.outputs.iter().map(|&o| v(o)).collect();
-    let mut s = b.const_f32(0.0);
+    let mut s = b.const_float(ft, 0.0);
     for &f in &outputs {
         s = b.fma(f, f, s);
     }
-    let (cost_value, scale) = robust_loss(&mut b, loss, s);
+    let (cost_value, scale) = robust_loss(&mut b, loss, s, ft);
     let scaled = |b: &mut ProgramBuilder, x: Value| match scale {
         Some(k) => b.mul(x, k),
         None => x,
@@ -232,29 +239,34 @@ fn needed_nodes(derivatives: &Derivatives) -> Vec<bool> {
 
 /// The block's cost `rho(s) / 2` for the squared norm `s` of its residuals, and the factor
 /// `sqrt(rho'(s))` its residuals and Jacobian rows are scaled by (none for the trivial loss).
-fn robust_loss(b: &mut ProgramBuilder, loss: Loss, s: Value) -> (Value, Option<Value>) {
-    let half = b.const_f32(0.5);
+fn robust_loss(
+    b: &mut ProgramBuilder,
+    loss: Loss,
+    s: Value,
+    ft: ScalarType,
+) -> (Value, Option<Value>) {
+    let half = b.const_float(ft, 0.5);
     match loss {
         Loss::Trivial => (b.mul(half, s), None),
         Loss::Huber(delta) => {
-            let d = b.const_f32(delta as f32);
-            let d2 = b.const_f32((delta * delta) as f32);
+            let d = b.const_float(ft, delta);
+            let d2 = b.const_float(ft, delta * delta);
             let inside = b.cmp(IrCmp::Le, s, d2);
             let norm = b.unary(IrUnary::Sqrt, s);
-            let two_d = b.const_f32(2.0 * delta as f32);
+            let two_d = b.const_float(ft, 2.0 * delta);
             let lin = b.mul(two_d, norm);
             let outside = b.sub(lin, d2);
             let rho = b.select(inside, s, outside);
             let ratio = b.div(d, norm);
             let root = b.unary(IrUnary::Sqrt, ratio);
-            let one = b.const_f32(1.0);
+            let one = b.const_float(ft, 1.0);
             let scale = b.select(inside, one, root);
             (b.mul(half, rho), Some(scale))
         }
         Loss::Cauchy(delta) => {
-            let inv_d2 = b.const_f32((1.0 / (delta * delta)) as f32);
-            let d2 = b.const_f32((delta * delta) as f32);
-            let one = b.const_f32(1.0);
+            let inv_d2 = b.const_float(ft, 1.0 / (delta * delta));
+            let d2 = b.const_float(ft, delta * delta);
+            let one = b.const_float(ft, 1.0);
             let q = b.fma(s, inv_d2, one);
             let lg = b.unary(IrUnary::Log, q);
             let rho = b.mul(d2, lg);
@@ -325,7 +337,7 @@ fn ir_cmp(cmp: crate::trace::Cmp) -> IrCmp {
     }
 }
 
-fn lower_unary(b: &mut ProgramBuilder, op: Unary, x: Value) -> Value {
+fn lower_unary(b: &mut ProgramBuilder, op: Unary, x: Value, ft: ScalarType) -> Value {
     let direct = |b: &mut ProgramBuilder, ir| b.unary(ir, x);
     match op {
         Unary::Neg => direct(b, IrUnary::Neg),
@@ -338,7 +350,7 @@ fn lower_unary(b: &mut ProgramBuilder, op: Unary, x: Value) -> Value {
         Unary::Tan => direct(b, IrUnary::Tan),
         // atan(x) = atan2(x, 1): every backend has atan2, with the reference's special values.
         Unary::Atan => {
-            let one = b.const_f32(1.0);
+            let one = b.const_float(ft, 1.0);
             b.binary(IrBinary::Atan2, x, one)
         }
         Unary::Tanh => direct(b, IrUnary::Tanh),
@@ -346,22 +358,22 @@ fn lower_unary(b: &mut ProgramBuilder, op: Unary, x: Value) -> Value {
         Unary::Sigmoid => {
             let n = b.unary(IrUnary::Neg, x);
             let e = b.unary(IrUnary::Exp, n);
-            let one = b.const_f32(1.0);
+            let one = b.const_float(ft, 1.0);
             let d = b.add(one, e);
             b.unary(IrUnary::Recip, d)
         }
         Unary::Relu => {
-            let z = b.const_f32(0.0);
+            let z = b.const_float(ft, 0.0);
             b.binary(IrBinary::Max, x, z)
         }
         Unary::Softplus => {
             // max(x, 0) + ln(1 + e^-|x|): no overflow for large |x|.
-            let z = b.const_f32(0.0);
+            let z = b.const_float(ft, 0.0);
             let pos = b.binary(IrBinary::Max, x, z);
             let a = b.unary(IrUnary::Abs, x);
             let na = b.unary(IrUnary::Neg, a);
             let e = b.unary(IrUnary::Exp, na);
-            let one = b.const_f32(1.0);
+            let one = b.const_float(ft, 1.0);
             let s = b.add(one, e);
             let l = b.unary(IrUnary::Log, s);
             b.add(pos, l)
@@ -383,7 +395,7 @@ fn lower_unary(b: &mut ProgramBuilder, op: Unary, x: Value) -> Value {
                     base = b.mul(base, base);
                 }
             }
-            let positive = result.unwrap_or_else(|| b.const_f32(1.0));
+            let positive = result.unwrap_or_else(|| b.const_float(ft, 1.0));
             if n < 0 {
                 b.unary(IrUnary::Recip, positive)
             } else {

@@ -65,7 +65,7 @@ pub struct ResidualGroup {
     /// `[instance * P + k]`: the problem parameter in slot `k`.
     pub param_index: Vec<u32>,
     /// `[instance * C + k]`.
-    pub constants: Vec<f32>,
+    pub constants: Vec<f64>,
     /// The problem-wide residual block id of each instance.
     pub block_ids: Vec<u32>,
 }
@@ -456,7 +456,7 @@ impl Problem {
         let first_instance = g.block_ids.len() as u32;
         let first_block = self.blocks.len() as u32;
         g.param_index.extend(params.iter().map(|&p| p as u32));
-        g.constants.extend(constants.iter().map(|&c| c as f32));
+        g.constants.extend_from_slice(constants);
         g.block_ids
             .extend((0..count as u32).map(|i| first_block + i));
         self.rows += count * g.graph.outputs.len();
@@ -474,11 +474,8 @@ impl Problem {
                 for (k, slot) in x.iter_mut().enumerate() {
                     *slot = params[g.param_index[i * p + k] as usize];
                 }
-                let consts: Vec<f64> = g.constants[i * c..(i + 1) * c]
-                    .iter()
-                    .map(|&v| v as f64)
-                    .collect();
-                let s: f64 = g.graph.eval(&x, &consts).iter().map(|r| r * r).sum();
+                let consts = &g.constants[i * c..(i + 1) * c];
+                let s: f64 = g.graph.eval(&x, consts).iter().map(|r| r * r).sum();
                 total += 0.5 * g.loss.rho(s);
             }
         }

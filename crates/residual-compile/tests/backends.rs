@@ -1,7 +1,8 @@
 //! Residuals and Jacobians on the GPU backends against the CPU backend: the icosphere's three
-//! shapes and a shape using every operation, at a fresh random point. wgpu is required (in CI
-//! it runs on lavapipe; the test fails, not skips, without a Vulkan driver); CUDA runs with
-//! `--ignored` on a GPU host.
+//! shapes and a shape using every operation, at a fresh random point, in f32 and in f64
+//! (wgpu's f64 has no transcendental functions: there, the icosphere's shapes alone). wgpu is
+//! required (in CI it runs on lavapipe; the test fails, not skips, without a Vulkan driver);
+//! CUDA runs with `--ignored` on a GPU host.
 
 mod common;
 
@@ -10,13 +11,18 @@ use common::seed;
 use hal::{Backend, BackendExt};
 use residual_compile::icosphere::{Icosphere, SplitMix64};
 use residual_compile::{
-    CompiledProblem, KernelCache, LinearSolver, Loss, Problem, SolveOptions, Vec3, solve,
+    CompiledProblem, KernelCache, LinearSolver, Loss, Precision, Problem, SolveOptions, Vec3, solve,
 };
 
-/// The tolerance the parity claim states: each value within `1e-5` relative of the CPU's, with
-/// an absolute floor of `1e-5` times the buffer's largest magnitude (entries that cancel to
-/// near zero carry the rounding of their larger terms).
-const RELATIVE: f64 = 1e-5;
+/// The tolerance the parity claim states: each value within `1e-5` (f32) or `1e-12` (f64)
+/// relative of the CPU's, with an absolute floor of as much times the buffer's largest
+/// magnitude (entries that cancel to near zero carry the rounding of their larger terms).
+fn relative(precision: Precision) -> f64 {
+    match precision {
+        Precision::F32 => 1e-5,
+        Precision::F64 => 1e-12,
+    }
+}
 
 fn everything(p: &mut Problem, rng: &mut SplitMix64, n: usize) {
     let first = p.add_parameters(
@@ -54,66 +60,88 @@ fn everything(p: &mut Problem, rng: &mut SplitMix64, n: usize) {
     }
 }
 
-fn compare(label: &str, got: &[f32], want: &[f32]) -> f64 {
+fn compare(label: &str, got: &[f64], want: &[f64], tolerance: f64) -> f64 {
     assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f64, |m, &v| m.max((v as f64).abs()));
+    let scale = want.iter().fold(0f64, |m, &v| m.max(v.abs()));
     let mut worst = 0f64;
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let err = (g as f64 - w as f64).abs();
-        let allowed = RELATIVE * ((w as f64).abs() + scale * 1.0).max(f64::MIN_POSITIVE);
-        let rel = err / (w as f64).abs().max(scale * 1e-3).max(f64::MIN_POSITIVE);
+        let err = (g - w).abs();
+        let allowed = tolerance * (w.abs() + scale).max(f64::MIN_POSITIVE);
+        let rel = err / w.abs().max(scale * 1e-3).max(f64::MIN_POSITIVE);
         worst = worst.max(rel);
         assert!(err <= allowed, "{label}[{i}]: {g} vs CPU {w}");
     }
     worst
 }
 
-/// Residuals, Jacobians and costs of the icosphere at `level` (and the everything-shape) on
-/// `gpu` against the CPU, then a small solve on both.
-fn parity_on<B: Backend>(gpu: &B, level: u32) {
+/// Residuals, Jacobians and costs of the icosphere at `level` (and, with `all_operations`,
+/// the everything-shape) on `gpu` against the CPU in `precision`, then (with `solve_too`) a
+/// small solve by conjugate gradients on both.
+fn parity_on<B: Backend>(
+    gpu: &B,
+    level: u32,
+    precision: Precision,
+    all_operations: bool,
+    solve_too: bool,
+) {
     let s = seed();
     let mut rng = SplitMix64(s);
     let mesh = Icosphere::new(level).unwrap();
     let start = mesh.perturbed(0.05, s);
     let mut problem = mesh.problem(&start, 1.0, 1.0).unwrap();
-    everything(&mut problem, &mut rng, 1001);
-    let x: Vec<f32> = problem.parameters().iter().map(|&v| v as f32).collect();
+    if all_operations {
+        everything(&mut problem, &mut rng, 1001);
+    }
+    let x = problem.parameters().to_vec();
     let cpu = CpuBackend::new();
-    let on_cpu = CompiledProblem::new(&cpu, &problem, &KernelCache::new()).unwrap();
-    let on_gpu = CompiledProblem::new(gpu, &problem, &KernelCache::new()).unwrap();
+    let on_cpu = CompiledProblem::new(&cpu, &problem, &KernelCache::new(), precision).unwrap();
+    let on_gpu = CompiledProblem::new(gpu, &problem, &KernelCache::new(), precision).unwrap();
     let (ec, eg) = (
         on_cpu.alloc_evaluation().unwrap(),
         on_gpu.alloc_evaluation().unwrap(),
     );
-    on_cpu.evaluate(&cpu.upload(&x).unwrap(), &ec).unwrap();
-    on_gpu.evaluate(&gpu.upload(&x).unwrap(), &eg).unwrap();
+    on_cpu
+        .evaluate(&on_cpu.upload_floats(&x).unwrap(), &ec)
+        .unwrap();
+    on_gpu
+        .evaluate(&on_gpu.upload_floats(&x).unwrap(), &eg)
+        .unwrap();
+    let tol = relative(precision);
     let r = compare(
         "residual",
-        &gpu.read::<f32>(&eg.residuals).unwrap(),
-        &cpu.read::<f32>(&ec.residuals).unwrap(),
+        &gpu.read_f64(&eg.residuals).unwrap(),
+        &cpu.read_f64(&ec.residuals).unwrap(),
+        tol,
     );
     let j = compare(
         "Jacobian",
-        &gpu.read::<f32>(&eg.jacobian).unwrap(),
-        &cpu.read::<f32>(&ec.jacobian).unwrap(),
+        &gpu.read_f64(&eg.jacobian).unwrap(),
+        &cpu.read_f64(&ec.jacobian).unwrap(),
+        tol,
     );
     let c = compare(
         "cost",
-        &gpu.read::<f32>(&eg.cost).unwrap(),
-        &cpu.read::<f32>(&ec.cost).unwrap(),
+        &gpu.read_f64(&eg.cost).unwrap(),
+        &cpu.read_f64(&ec.cost).unwrap(),
+        tol,
     );
     println!(
-        "{}: {} residuals, {} Jacobian entries; worst relative difference (floor 1e-3 of the largest): residuals {r:.2e}, Jacobian {j:.2e}, costs {c:.2e}",
+        "{} in {}: {} residuals, {} Jacobian entries; worst relative difference (floor 1e-3 of the largest): residuals {r:.2e}, Jacobian {j:.2e}, costs {c:.2e}",
         gpu.info().name,
+        precision.name(),
         on_cpu.rows,
         on_cpu.nnz
     );
+    if !solve_too {
+        return;
+    }
 
     // A whole solve by conjugate gradients on the device lands where the CPU's does.
     let small = Icosphere::new(2).unwrap();
     let start = small.perturbed(0.02, 5);
     let options = SolveOptions {
         linear_solver: LinearSolver::ConjugateGradient,
+        precision,
         cg_tolerance: 1e-4,
         ..SolveOptions::default()
     };
@@ -134,7 +162,12 @@ fn parity_on<B: Backend>(gpu: &B, level: u32) {
 fn wgpu_matches_cpu() {
     let gpu = backend_wgpu::WgpuBackend::new()
         .expect("the wgpu backend is required (install mesa-vulkan-drivers for lavapipe)");
-    parity_on(&gpu, 3);
+    parity_on(&gpu, 3, Precision::F32, true, true);
+    // f64 programs where the adapter has shader-f64 (lavapipe and NVIDIA's driver do): the
+    // icosphere's shapes (no transcendental functions, which wgpu's f64 lacks).
+    if gpu.capabilities().f64.programs {
+        parity_on(&gpu, 3, Precision::F64, false, false);
+    }
 }
 
 #[test]
@@ -142,5 +175,6 @@ fn wgpu_matches_cpu() {
 fn cuda_matches_cpu() {
     let gpu = backend_cuda::CudaBackend::new().expect("the CUDA backend is required");
     // Level 5: 30,720 edges, enough blocks to fill the GPU.
-    parity_on(&gpu, 5);
+    parity_on(&gpu, 5, Precision::F32, true, true);
+    parity_on(&gpu, 5, Precision::F64, true, false);
 }

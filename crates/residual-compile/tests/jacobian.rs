@@ -7,7 +7,7 @@ use backend_cpu::CpuBackend;
 use common::seed;
 use hal::BackendExt;
 use residual_compile::icosphere::SplitMix64;
-use residual_compile::{CompiledProblem, KernelCache, Loss, Problem, Var, Vec2, Vec3};
+use residual_compile::{CompiledProblem, KernelCache, Loss, Precision, Problem, Var, Vec2, Vec3};
 
 type Residual = for<'t> fn(&[Var<'t>], &[Var<'t>]) -> Vec<Var<'t>>;
 
@@ -142,48 +142,80 @@ fn every_operation_matches_central_differences_in_f64() {
     }
 }
 
+/// The kernels of every case, in both precisions, against the host's f64 evaluation at the
+/// inputs the kernel saw (rounded to f32 in f32; as given in f64, where the kernel's rounding
+/// is the only difference left: a few units of f64's roundoff, amplified by the case's own
+/// conditioning).
 #[test]
 fn compiled_kernels_match_the_f64_reference() {
     let cpu = CpuBackend::new();
     let cache = KernelCache::new();
     let mut rng = SplitMix64(seed());
-    for (name, f) in cases() {
-        let (x, c) = draw(&mut rng);
-        let problem = one_block(f, &x, &c);
-        let compiled = CompiledProblem::new(&cpu, &problem, &cache).unwrap();
-        let eval = compiled.alloc_evaluation().unwrap();
-        let xs: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-        let params = cpu.upload(&xs).unwrap();
-        compiled.evaluate(&params, &eval).unwrap();
-        let (res, jac) = (
-            cpu.read::<f32>(&eval.residuals).unwrap(),
-            cpu.read::<f32>(&eval.jacobian).unwrap(),
-        );
-        // The reference at the f32-rounded inputs the kernel saw.
-        let x32: Vec<f64> = xs.iter().map(|&v| v as f64).collect();
-        let c32: Vec<f64> = c.iter().map(|&v| v as f32 as f64).collect();
-        let graph = &problem.groups()[0].graph;
-        let want_r = graph.eval(&x32, &c32);
-        let want_j = graph.derivatives().eval_jacobian(&x32, &c32);
-        for (i, (&g, &w)) in res.iter().zip(&want_r).enumerate() {
+    for precision in [Precision::F64, Precision::F32] {
+        let (tol_r, tol_j) = match precision {
+            Precision::F64 => (1e-12, 1e-12),
+            Precision::F32 => (1e-5, 2e-5),
+        };
+        for (name, f) in cases() {
+            let (x, c) = draw(&mut rng);
+            let round = |v: &[f64]| -> Vec<f64> {
+                match precision {
+                    Precision::F64 => v.to_vec(),
+                    Precision::F32 => v.iter().map(|&v| v as f32 as f64).collect(),
+                }
+            };
+            let problem = one_block(f, &x, &c);
+            let compiled = CompiledProblem::new(&cpu, &problem, &cache, precision).unwrap();
+            let eval = compiled.alloc_evaluation().unwrap();
+            let params = compiled.upload_floats(&x).unwrap();
+            compiled.evaluate(&params, &eval).unwrap();
+            let (res, jac) = (
+                cpu.read_f64(&eval.residuals).unwrap(),
+                cpu.read_f64(&eval.jacobian).unwrap(),
+            );
+            let (xr, cr) = (round(&x), round(&c));
+            let graph = &problem.groups()[0].graph;
+            let want_r = graph.eval(&xr, &cr);
+            let want_j = graph.derivatives().eval_jacobian(&xr, &cr);
+            for (i, (&g, &w)) in res.iter().zip(&want_r).enumerate() {
+                assert!(
+                    (g - w).abs() <= tol_r * (1.0 + w.abs()),
+                    "{name} in {precision:?}: residual {i}: {g} vs {w}"
+                );
+            }
+            for (i, (&g, &w)) in jac.iter().zip(&want_j).enumerate() {
+                assert!(
+                    (g - w).abs() <= tol_j * (1.0 + w.abs()),
+                    "{name} in {precision:?}: Jacobian entry {i}: {g} vs {w}"
+                );
+            }
+            let cost = cpu.read_f64(&eval.total).unwrap()[0];
+            let want = problem.cost_f64(&xr);
             assert!(
-                (g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                "{name}: residual {i}: {g} vs {w}"
+                (cost - want).abs() <= tol_r * (1.0 + want),
+                "{name} in {precision:?}: cost {cost} vs {want}"
             );
         }
-        for (i, (&g, &w)) in jac.iter().zip(&want_j).enumerate() {
-            assert!(
-                (g as f64 - w).abs() <= 2e-5 * (1.0 + w.abs()),
-                "{name}: Jacobian entry {i}: {g} vs {w}"
-            );
-        }
-        let cost = cpu.read::<f32>(&eval.total).unwrap()[0] as f64;
-        let want = problem.cost_f64(&x32);
-        assert!(
-            (cost - want).abs() <= 1e-5 * (1.0 + want),
-            "{name}: cost {cost} vs {want}"
-        );
     }
+}
+
+/// Data constants reach an f64 kernel exactly as given: a residual `x - c` with `c` one ulp
+/// of f64 away from an f32 value evaluates to exactly that difference.
+#[test]
+fn f64_kernels_keep_data_exact() {
+    let cpu = CpuBackend::new();
+    let c = 0.1f64 + 1e-12;
+    let mut p = Problem::new();
+    p.add_parameters(&[0.1]);
+    p.add_residual("r", &[0], &[c], Loss::Trivial, |v, k| vec![v[0] - k[0]])
+        .unwrap();
+    let compiled = CompiledProblem::new(&cpu, &p, &KernelCache::new(), Precision::F64).unwrap();
+    let eval = compiled.alloc_evaluation().unwrap();
+    compiled
+        .evaluate(&compiled.upload_floats(&[0.1]).unwrap(), &eval)
+        .unwrap();
+    let r = cpu.read::<f64>(&eval.residuals).unwrap()[0];
+    assert_eq!(r, 0.1 - c);
 }
 
 #[test]
@@ -196,7 +228,7 @@ fn robust_losses_scale_residuals_and_rows() {
             vec![v[0] * v[1], v[0] + 1.0]
         })
         .unwrap();
-        let compiled = CompiledProblem::new(&cpu, &p, &KernelCache::new()).unwrap();
+        let compiled = CompiledProblem::new(&cpu, &p, &KernelCache::new(), Precision::F32).unwrap();
         let eval = compiled.alloc_evaluation().unwrap();
         compiled
             .evaluate(&cpu.upload(&[2f32, -1.0]).unwrap(), &eval)
@@ -219,7 +251,7 @@ fn robust_losses_scale_residuals_and_rows() {
                 "{loss:?}: Jacobian {i}"
             );
         }
-        let cost = cpu.read::<f32>(&eval.total).unwrap()[0] as f64;
+        let cost = cpu.read_f64(&eval.total).unwrap()[0];
         assert!(
             (cost - 0.5 * loss.rho(s)).abs() < 1e-5 * cost,
             "{loss:?}: cost"

@@ -3,8 +3,8 @@
 use backend_cpu::CpuBackend;
 use residual_compile::icosphere::{Icosphere, SplitMix64};
 use residual_compile::{
-    CompiledProblem, Error, KernelCache, LinearSolver, Loss, Method, Problem, SolveOptions,
-    Termination, Vec3, solve,
+    CompiledProblem, Error, KernelCache, LinearSolver, Loss, Method, Precision, Problem,
+    SolveOptions, Termination, Vec3, solve,
 };
 
 #[test]
@@ -40,12 +40,12 @@ fn instances_of_three_shapes_compile_three_kernels() {
     assert_eq!(sizes, vec![33_334; 3]);
     let cpu = CpuBackend::new();
     let cache = KernelCache::new();
-    let first = CompiledProblem::new(&cpu, &p, &cache).unwrap();
+    let first = CompiledProblem::new(&cpu, &p, &cache, Precision::F64).unwrap();
     assert_eq!(
         (first.report.kernels_compiled, first.report.cache_hits),
         (3, 0)
     );
-    let again = CompiledProblem::new(&cpu, &p, &cache).unwrap();
+    let again = CompiledProblem::new(&cpu, &p, &cache, Precision::F64).unwrap();
     assert_eq!(
         (again.report.kernels_compiled, again.report.cache_hits),
         (0, 3)
@@ -57,7 +57,7 @@ fn instances_of_three_shapes_compile_three_kernels() {
         vec![v[0].sin()]
     })
     .unwrap();
-    let third = CompiledProblem::new(&cpu, &q, &cache).unwrap();
+    let third = CompiledProblem::new(&cpu, &q, &cache, Precision::F64).unwrap();
     assert_eq!(third.report.kernels_compiled, 1);
     // The first shape again, its parameters no longer consecutive in every instance: the
     // indices are stored per slot rather than per run of slots, which is another kernel.
@@ -69,7 +69,7 @@ fn instances_of_three_shapes_compile_three_kernels() {
             vec![Vec3::from_slice(v).norm() - c[0]]
         })
         .unwrap();
-    let fourth = CompiledProblem::new(&cpu, &spread, &cache).unwrap();
+    let fourth = CompiledProblem::new(&cpu, &spread, &cache, Precision::F64).unwrap();
     assert_eq!(
         (
             fourth.report.kernels_compiled,

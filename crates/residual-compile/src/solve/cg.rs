@@ -1,12 +1,13 @@
 //! The device engine: Jacobi-preconditioned conjugate gradients on the device, from CSR
-//! mat-vecs on `J` and `J^T` and small IR kernels that keep the CG scalars on the device.
+//! mat-vecs on `J` and `J^T` and small IR kernels that keep the CG scalars on the device,
+//! in the solve's precision (every vector and scalar `f64` or `f32`).
 
 use super::{Engine, Iterates, SolveOptions, Step};
-use crate::Error;
 use crate::compile::CompiledProblem;
 use crate::problem::Problem;
+use crate::{Error, Precision};
 use hal::ir::expr::{Expr, Scope};
-use hal::ir::{Access, BufferId, Program};
+use hal::ir::{Access, BufferId, Program, ScalarType};
 use hal::{Backend, BackendExt, BinaryOp, Csr, DType, Layout, ReduceOp, UnaryOp, View};
 use std::time::Instant;
 
@@ -32,46 +33,71 @@ struct CgKernels<B: Backend> {
     direction: B::Kernel,
 }
 
-fn cg_programs() -> hal::Result<[Program; 6]> {
+fn cg_programs(p: Precision) -> hal::Result<[Program; 6]> {
     Ok([
-        cg_start()?,
-        cg_q()?,
-        cg_alpha()?,
-        cg_update()?,
-        cg_beta()?,
-        cg_direction()?,
+        cg_start(p)?,
+        cg_q(p)?,
+        cg_alpha(p)?,
+        cg_update(p)?,
+        cg_beta(p)?,
+        cg_direction(p)?,
     ])
 }
 
-fn read(s: &Scope) -> BufferId {
-    s.buffer(DType::F32, Access::Read)
-}
-fn write(s: &Scope) -> BufferId {
-    s.buffer(DType::F32, Access::Write)
-}
-fn read_write(s: &Scope) -> BufferId {
-    s.buffer(DType::F32, Access::ReadWrite)
+/// A scope whose buffers are of `p`'s dtype.
+struct Kernel {
+    s: Scope,
+    dtype: DType,
+    ft: ScalarType,
 }
 
-/// `scal[num] / scal[den]` where the denominator is positive, 0 otherwise.
-fn safe_ratio(s: &Scope, scal: BufferId, num: u32, den: u32) -> Expr<'_> {
-    let (n, d) = (s.load(scal, s.u32(num)), s.load(scal, s.u32(den)));
-    let zero = s.f32(0.0);
-    d.gt(zero).select(n / d, zero)
+impl Kernel {
+    fn new(name: &str, p: Precision) -> Self {
+        Kernel {
+            s: Scope::new(name),
+            dtype: p.dtype(),
+            ft: p.scalar(),
+        }
+    }
+    fn read(&self) -> BufferId {
+        self.s.buffer(self.dtype, Access::Read)
+    }
+    fn write(&self) -> BufferId {
+        self.s.buffer(self.dtype, Access::Write)
+    }
+    fn read_write(&self) -> BufferId {
+        self.s.buffer(self.dtype, Access::ReadWrite)
+    }
+    fn float(&self, v: f64) -> Expr<'_> {
+        self.s.float(self.ft, v)
+    }
+    /// `scal[num] / scal[den]` where the denominator is positive, 0 otherwise.
+    fn safe_ratio(&self, scal: BufferId, num: u32, den: u32) -> Expr<'_> {
+        let s = &self.s;
+        let (n, d) = (s.load(scal, s.u32(num)), s.load(scal, s.u32(den)));
+        let zero = self.float(0.0);
+        d.gt(zero).select(n / d, zero)
+    }
 }
 
-/// r = -g m; M = diag + lambda dd (1 when fixed); z = r / M; p = z; delta = 0; parts = r z;
-/// damp = lambda dd m; minv = m / M.
-fn cg_start() -> hal::Result<Program> {
-    let s = Scope::new("lm_cg_start");
-    let (g, diag, mask, scal) = (read(&s), read(&s), read(&s), read(&s));
-    let [r, z, p, delta, parts, damp, minv] = [(); 7].map(|_| write(&s));
+/// dd = scaling = max(scaling, clamp(diag, 1e-6, 1e32)) (the damping's running maximum: see
+/// the module docs of `solve`); r = -g m; M = diag + lambda dd (1 when fixed); z = r / M;
+/// p = z; delta = 0; parts = r z; damp = lambda dd m; minv = m / M.
+fn cg_start(precision: Precision) -> hal::Result<Program> {
+    let k = Kernel::new("lm_cg_start", precision);
+    let s = &k.s;
+    let (g, diag, mask, scal) = (k.read(), k.read(), k.read(), k.read());
+    let scaling = k.read_write();
+    let [r, z, p, delta, parts, damp, minv] = [(); 7].map(|_| k.write());
     let i = s.index();
     let lambda = s.load(scal, s.u32(slot::LAMBDA));
     let (gi, di, mi) = (s.load(g, i), s.load(diag, i), s.load(mask, i));
-    let dd = di.max(s.f32(1e-6)).min(s.f32(1e32));
-    let zero = s.f32(0.0);
-    let m_diag = mi.gt(zero).select(lambda.fma(dd, di), s.f32(1.0));
+    let dd = s
+        .load(scaling, i)
+        .max(di.max(k.float(1e-6)).min(k.float(1e32)));
+    s.store(scaling, i, dd);
+    let zero = k.float(0.0);
+    let m_diag = mi.gt(zero).select(lambda.fma(dd, di), k.float(1.0));
     let ri = -gi * mi;
     let inv = mi / m_diag;
     let zi = ri * inv;
@@ -82,38 +108,37 @@ fn cg_start() -> hal::Result<Program> {
     s.store(parts, i, ri * zi);
     s.store(damp, i, lambda * dd * mi);
     s.store(minv, i, inv);
-    s.build()
+    k.s.build()
 }
 
 /// q = m (q + damp p); parts = p q.
-fn cg_q() -> hal::Result<Program> {
-    let s = Scope::new("lm_cg_q");
-    let (q, p, damp, mask, parts) = (read_write(&s), read(&s), read(&s), read(&s), write(&s));
+fn cg_q(precision: Precision) -> hal::Result<Program> {
+    let k = Kernel::new("lm_cg_q", precision);
+    let s = &k.s;
+    let (q, p, damp, mask, parts) = (k.read_write(), k.read(), k.read(), k.read(), k.write());
     let i = s.index();
     let pi = s.load(p, i);
     let qn = s.load(damp, i).fma(pi, s.load(q, i)) * s.load(mask, i);
     s.store(q, i, qn);
     s.store(parts, i, pi * qn);
-    s.build()
+    k.s.build()
 }
 
 /// alpha = pq > 0 ? rz / pq : 0 (one thread).
-fn cg_alpha() -> hal::Result<Program> {
-    let s = Scope::new("lm_cg_alpha");
-    let scal = read_write(&s);
-    s.store(
-        scal,
-        s.u32(slot::ALPHA),
-        safe_ratio(&s, scal, slot::RZ, slot::PQ),
-    );
-    s.build()
+fn cg_alpha(precision: Precision) -> hal::Result<Program> {
+    let k = Kernel::new("lm_cg_alpha", precision);
+    let scal = k.read_write();
+    let ratio = k.safe_ratio(scal, slot::RZ, slot::PQ);
+    k.s.store(scal, k.s.u32(slot::ALPHA), ratio);
+    k.s.build()
 }
 
 /// delta += alpha p; r -= alpha q; z = r minv; parts = r z.
-fn cg_update() -> hal::Result<Program> {
-    let s = Scope::new("lm_cg_update");
-    let (delta, r, z) = (read_write(&s), read_write(&s), write(&s));
-    let (p, q, minv, scal, parts) = (read(&s), read(&s), read(&s), read(&s), write(&s));
+fn cg_update(precision: Precision) -> hal::Result<Program> {
+    let k = Kernel::new("lm_cg_update", precision);
+    let s = &k.s;
+    let (delta, r, z) = (k.read_write(), k.read_write(), k.write());
+    let (p, q, minv, scal, parts) = (k.read(), k.read(), k.read(), k.read(), k.write());
     let i = s.index();
     let alpha = s.load(scal, s.u32(slot::ALPHA));
     s.store(delta, i, alpha.fma(s.load(p, i), s.load(delta, i)));
@@ -122,32 +147,34 @@ fn cg_update() -> hal::Result<Program> {
     let zn = rn * s.load(minv, i);
     s.store(z, i, zn);
     s.store(parts, i, rn * zn);
-    s.build()
+    k.s.build()
 }
 
 /// beta = rz_new / rz; rz = rz_new (one thread). Alpha is dead until the next q: beta takes
 /// its slot.
-fn cg_beta() -> hal::Result<Program> {
-    let s = Scope::new("lm_cg_beta");
-    let scal = read_write(&s);
+fn cg_beta(precision: Precision) -> hal::Result<Program> {
+    let k = Kernel::new("lm_cg_beta", precision);
+    let s = &k.s;
+    let scal = k.read_write();
     s.store(
         scal,
         s.u32(slot::ALPHA),
-        safe_ratio(&s, scal, slot::RZ_NEW, slot::RZ),
+        k.safe_ratio(scal, slot::RZ_NEW, slot::RZ),
     );
     let rz_new = s.load(scal, s.u32(slot::RZ_NEW));
     s.store(scal, s.u32(slot::RZ), rz_new);
-    s.build()
+    k.s.build()
 }
 
 /// p = z + beta p.
-fn cg_direction() -> hal::Result<Program> {
-    let s = Scope::new("lm_cg_direction");
-    let (p, z, scal) = (read_write(&s), read(&s), read(&s));
+fn cg_direction(precision: Precision) -> hal::Result<Program> {
+    let k = Kernel::new("lm_cg_direction", precision);
+    let s = &k.s;
+    let (p, z, scal) = (k.read_write(), k.read(), k.read());
     let i = s.index();
     let beta = s.load(scal, s.u32(slot::ALPHA));
     s.store(p, i, beta.fma(s.load(p, i), s.load(z, i)));
-    s.build()
+    k.s.build()
 }
 
 pub(super) struct DeviceEngine<B: Backend> {
@@ -161,6 +188,8 @@ pub(super) struct DeviceEngine<B: Backend> {
     mask: B::Buffer,
     gradient: B::Buffer,
     diagonal: B::Buffer,
+    /// The damping's scaling: the running maximum of the clamped diagonal.
+    scaling: B::Buffer,
     delta: B::Buffer,
     r: B::Buffer,
     z: B::Buffer,
@@ -171,7 +200,7 @@ pub(super) struct DeviceEngine<B: Backend> {
     minv: B::Buffer,
     parts: B::Buffer,
     scalars: B::Buffer,
-    /// Per parameter, its bounds in f32 rounded inwards, where any parameter has a finite
+    /// Per parameter, its bounds (in f32 rounded inwards), where any parameter has a finite
     /// one: steps are projected onto them.
     bounds: Option<(B::Buffer, B::Buffer)>,
 }
@@ -183,7 +212,9 @@ impl<B: Backend> DeviceEngine<B> {
         options: &SolveOptions,
     ) -> Result<Self, Error> {
         let b = compiled.backend.clone();
-        let programs = cg_programs()?;
+        let precision = compiled.precision;
+        let dtype = precision.dtype();
+        let programs = cg_programs(precision)?;
         let kernels = CgKernels {
             start: b.compile(&programs[0])?,
             q: b.compile(&programs[1])?,
@@ -193,54 +224,52 @@ impl<B: Backend> DeviceEngine<B> {
             direction: b.compile(&programs[5])?,
         };
         let (n, rows, nnz) = (compiled.cols.max(1), compiled.rows, compiled.nnz);
-        let vec_n = || b.alloc(DType::F32, n);
-        let x: Vec<f32> = problem.parameters().iter().map(|&v| v as f32).collect();
-        let mask: Vec<f32> = problem
+        let vec_n = || b.alloc(dtype, n);
+        let x = problem.parameters();
+        let mask: Vec<f64> = problem
             .fixed_mask()
             .iter()
             .map(|&f| if f { 0.0 } else { 1.0 })
             .collect();
         // The start goes in as the candidate: `start` evaluates it and makes it current.
-        let start = if x.is_empty() {
-            vec_n()?
-        } else {
-            b.upload(&x)?
-        };
+        let start = compiled.upload_floats(x)?;
         let mut engine = Self {
             it: Iterates::new(&compiled, vec_n()?, start)?,
-            jt_values: b.alloc(DType::F32, nnz.max(1))?,
-            jt_squared: b.alloc(DType::F32, nnz.max(1))?,
+            jt_values: b.alloc(dtype, nnz.max(1))?,
+            jt_squared: b.alloc(dtype, nnz.max(1))?,
             ones: {
-                let o = b.alloc(DType::F32, rows.max(1))?;
+                let o = b.alloc(dtype, rows.max(1))?;
                 b.fill(View::new(&o, &Layout::contiguous(&[rows.max(1)])), 1.0)?;
                 o
             },
-            mask: if mask.is_empty() {
-                vec_n()?
-            } else {
-                b.upload(&mask)?
-            },
+            mask: compiled.upload_floats(&mask)?,
             gradient: vec_n()?,
             diagonal: vec_n()?,
+            scaling: vec_n()?,
             delta: vec_n()?,
             r: vec_n()?,
             z: vec_n()?,
             p: vec_n()?,
             q: vec_n()?,
-            t: b.alloc(DType::F32, rows.max(1))?,
+            t: b.alloc(dtype, rows.max(1))?,
             damp: vec_n()?,
             minv: vec_n()?,
-            parts: b.alloc(DType::F32, n.max(rows))?,
-            scalars: b.alloc(DType::F32, slot::LEN)?,
+            parts: b.alloc(dtype, n.max(rows))?,
+            scalars: b.alloc(dtype, slot::LEN)?,
             bounds: match problem.has_bounds() {
                 true => {
-                    let (lo, hi): (Vec<f32>, Vec<f32>) = (0..problem.parameters().len())
+                    // In f32, rounded inwards (a step never leaves the feasible set).
+                    let (lo, hi): (Vec<f64>, Vec<f64>) = (0..problem.parameters().len())
                         .map(|i| {
                             let (lo, hi) = problem.bounds(i);
-                            (f32_at_least(lo), f32_at_most(hi))
+                            match precision {
+                                Precision::F64 => (lo, hi),
+                                Precision::F32 => (f32_at_least(lo) as f64, f32_at_most(hi) as f64),
+                            }
                         })
                         .unzip();
-                    Some((b.upload(&lo)?, b.upload(&hi)?))
+                    let up = |v: &[f64]| compiled.upload_floats(v);
+                    Some((up(&lo)?, up(&hi)?))
                 }
                 false => None,
             },
@@ -264,6 +293,19 @@ impl<B: Backend> DeviceEngine<B> {
             be.binary(BinaryOp::Max, v(candidate), v(lo), v(candidate))?;
             be.binary(BinaryOp::Min, v(candidate), v(hi), v(candidate))?;
             be.binary(BinaryOp::Sub, v(candidate), v(&self.it.x), v(&self.delta))?;
+        }
+        Ok(())
+    }
+
+    /// Writes `values` over `dst`, in the solve's precision.
+    fn write_floats(&self, dst: &B::Buffer, values: &[f64]) -> Result<(), Error> {
+        let be = &self.compiled.backend;
+        match self.compiled.precision {
+            Precision::F64 => be.write(dst, values)?,
+            Precision::F32 => {
+                let narrow: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+                be.write(dst, &narrow)?
+            }
         }
         Ok(())
     }
@@ -334,11 +376,8 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     fn evaluate_candidate(&mut self) -> Result<(f64, bool), Error> {
         self.compiled
             .evaluate(&self.it.x_candidate, &self.it.candidate)?;
-        let total = self
-            .compiled
-            .backend
-            .read::<f32>(&self.it.candidate.total)?;
-        Ok((total[0] as f64, total[1].is_finite()))
+        let total = self.compiled.backend.read_f64(&self.it.candidate.total)?;
+        Ok((total[0], total[1].is_finite()))
     }
 
     fn linearize(&mut self) -> Result<f64, Error> {
@@ -401,9 +440,9 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             &[0],
             View::new(&self.scalars, &out),
         )?;
-        let s = be.read::<f32>(&self.scalars)?;
+        let s = be.read_f64(&self.scalars)?;
         self.it.times.linearize += t.elapsed().as_secs_f64();
-        Ok(s[slot::GMAX as usize] as f64)
+        Ok(s[slot::GMAX as usize])
     }
 
     fn solve(&mut self, lambda: f64) -> Result<Step, Error> {
@@ -411,8 +450,9 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         let be = self.compiled.backend.clone();
         let (n, rows) = (self.compiled.cols, self.compiled.rows);
         let k = &self.kernels;
-        let scalars_init = [0f32, 0.0, 0.0, 0.0, lambda as f32, 0.0, 0.0, 0.0];
-        be.write(&self.scalars, &scalars_init)?;
+        let mut scalars_init = [0.0; slot::LEN];
+        scalars_init[slot::LAMBDA as usize] = lambda;
+        self.write_floats(&self.scalars, &scalars_init)?;
         be.launch(
             &k.start,
             &[
@@ -420,6 +460,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
                 &self.diagonal,
                 &self.mask,
                 &self.scalars,
+                &self.scaling,
                 &self.r,
                 &self.z,
                 &self.p,
@@ -431,7 +472,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             n,
         )?;
         self.sum_parts_into(n, slot::RZ)?;
-        let rz0 = be.read::<f32>(&self.scalars)?[slot::RZ as usize] as f64;
+        let rz0 = be.read_f64(&self.scalars)?[slot::RZ as usize];
         let target = rz0 * self.options.cg_tolerance * self.options.cg_tolerance;
         let mut iterations = 0;
         if rz0 > 0.0 {
@@ -470,7 +511,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
                 be.launch(&k.direction, &[&self.p, &self.z, &self.scalars], n)?;
                 iterations += 1;
                 if iterations % self.options.cg_check_every.max(1) == 0 {
-                    let rz = be.read::<f32>(&self.scalars)?[slot::RZ as usize] as f64;
+                    let rz = be.read_f64(&self.scalars)?[slot::RZ as usize];
                     if rz <= target {
                         break;
                     }
@@ -491,13 +532,13 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         self.dot_into(&self.gradient, &self.delta, n, slot::GD)?;
         self.dot_into(&self.delta, &self.delta, n, slot::PQ)?;
         self.dot_into(&self.it.x, &self.it.x, n, slot::ALPHA)?;
-        let s = be.read::<f32>(&self.scalars)?;
+        let s = be.read_f64(&self.scalars)?;
         self.it.times.linear_solve += t.elapsed().as_secs_f64();
-        let (jd2, gd) = (s[slot::JD2 as usize] as f64, s[slot::GD as usize] as f64);
+        let (jd2, gd) = (s[slot::JD2 as usize], s[slot::GD as usize]);
         Ok(Step {
             model_reduction: -gd - 0.5 * jd2,
-            step_norm: (s[slot::PQ as usize] as f64).sqrt(),
-            x_norm: (s[slot::ALPHA as usize] as f64).sqrt(),
+            step_norm: s[slot::PQ as usize].sqrt(),
+            x_norm: s[slot::ALPHA as usize].sqrt(),
             cg_iterations: iterations,
         })
     }
@@ -523,11 +564,9 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     }
 
     fn parameters(&self) -> Result<Vec<f64>, Error> {
-        let x = self.compiled.backend.read::<f32>(&self.it.x)?;
-        Ok(x.iter()
-            .take(self.compiled.cols)
-            .map(|&v| v as f64)
-            .collect())
+        let mut x = self.compiled.backend.read_f64(&self.it.x)?;
+        x.truncate(self.compiled.cols);
+        Ok(x)
     }
 }
 

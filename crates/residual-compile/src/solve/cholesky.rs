@@ -2,16 +2,16 @@
 //! Cholesky (`crate::supernodal`) over faer's symbolic analysis, solved by faer.
 
 use super::{Engine, Iterates, Step, norm};
-use crate::Error;
 use crate::compile::CompiledProblem;
 use crate::problem::Problem;
+use crate::{Error, Precision};
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::sparse::linalg::cholesky::{
     LltRef, SymbolicCholesky, SymmetricOrdering, factorize_symbolic_cholesky,
 };
 use faer::sparse::{SparseColMatRef, SymbolicSparseColMat};
 use faer::{Conj, Par, Side};
-use hal::{Backend, BackendExt, DType};
+use hal::{Backend, BackendExt};
 use std::time::Instant;
 
 pub(super) struct CholeskyEngine<B: Backend> {
@@ -35,6 +35,7 @@ pub(super) struct CholeskyEngine<B: Backend> {
     pair_slots: Vec<Vec<u32>>,
     normal_values: Vec<f64>,
     gradient: Vec<f64>,
+    /// The damping's scaling: the running maximum of the clamped diagonal of `J^T J`.
     diagonal: Vec<f64>,
     delta: Vec<f64>,
     problem_groups: Vec<(usize, usize, usize)>,
@@ -131,7 +132,7 @@ impl<B: Backend> CholeskyEngine<B> {
         .map_err(|_| Error::Solver("out of memory for the sparse Cholesky scratch".into()))?;
         let factor = vec![0.0; symbolic.len_val()];
         let backend = compiled.backend.clone();
-        let params_buf = backend.alloc(DType::F32, x.len().max(1))?;
+        let params_buf = backend.alloc(compiled.precision.dtype(), x.len().max(1))?;
         let mut engine = Self {
             params_buf,
             it: Iterates::new(&compiled, x.clone(), x)?,
@@ -218,25 +219,28 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
     /// The cost summed in f64 on the host from the per-block costs.
     fn evaluate_candidate(&mut self) -> Result<(f64, bool), Error> {
         let b = &self.compiled.backend;
-        let xs: Vec<f32> = self.it.x_candidate.iter().map(|&v| v as f32).collect();
+        let xs = &self.it.x_candidate;
         if !xs.is_empty() {
-            b.write(&self.params_buf, &xs)?;
+            match self.compiled.precision {
+                Precision::F64 => b.write(&self.params_buf, xs)?,
+                Precision::F32 => {
+                    let narrow: Vec<f32> = xs.iter().map(|&v| v as f32).collect();
+                    b.write(&self.params_buf, &narrow)?
+                }
+            }
         }
         self.compiled
             .evaluate(&self.params_buf, &self.it.candidate)?;
-        let costs = b.read::<f32>(&self.it.candidate.cost)?;
-        let jacobian_sum = b.read::<f32>(&self.it.candidate.total)?[1];
-        Ok((
-            costs.iter().map(|&c| c as f64).sum(),
-            jacobian_sum.is_finite(),
-        ))
+        let costs = b.read_f64(&self.it.candidate.cost)?;
+        let jacobian_sum = b.read_f64(&self.it.candidate.total)?[1];
+        Ok((costs.iter().sum(), jacobian_sum.is_finite()))
     }
 
     fn linearize(&mut self) -> Result<f64, Error> {
         let t = Instant::now();
         let b = &self.compiled.backend;
-        let residuals = b.read::<f32>(&self.it.current.residuals)?;
-        let jacobian = b.read::<f32>(&self.it.current.jacobian)?;
+        let residuals = b.read_f64(&self.it.current.residuals)?;
+        let jacobian = b.read_f64(&self.it.current.jacobian)?;
         self.normal_values.iter_mut().for_each(|v| *v = 0.0);
         self.gradient.iter_mut().for_each(|v| *v = 0.0);
         let cols = &self.compiled.host_col_indices;
@@ -248,10 +252,10 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
             for inst in 0..n {
                 let inst_slots = &slots[inst * pairs..(inst + 1) * pairs];
                 for _ in 0..r {
-                    let f = residuals[row] as f64;
+                    let f = residuals[row];
                     let js = &jacobian[entry..entry + p];
                     for k in 0..p {
-                        let jk = js[k] as f64;
+                        let jk = js[k];
                         if p <= 64 {
                             jrow[k] = jk;
                         }
@@ -262,12 +266,12 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
                     }
                     let mut s = 0;
                     for a in 0..p {
-                        let ja = if p <= 64 { jrow[a] } else { js[a] as f64 };
+                        let ja = if p <= 64 { jrow[a] } else { js[a] };
                         for bb in 0..=a {
                             let slot = inst_slots[s];
                             s += 1;
                             if slot != u32::MAX {
-                                let jb = if p <= 64 { jrow[bb] } else { js[bb] as f64 };
+                                let jb = if p <= 64 { jrow[bb] } else { js[bb] };
                                 // A pair (a, b) with a != b whose parameters share a free
                                 // index cannot occur: parameters appear once per block.
                                 self.normal_values[slot as usize] += ja * jb;
@@ -279,12 +283,13 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
                 }
             }
         }
-        // The diagonal of J^T J, clamped as Ceres does.
+        // The damping's scaling: the diagonal of J^T J, clamped as Ceres does, and never
+        // below what it was at an earlier iteration (see the module docs).
         // Each column's first stored row is the diagonal (rows are sorted, and every column
         // holds its diagonal).
         let col_ptr = self.normal.col_ptr();
         for (d, &start) in self.diagonal.iter_mut().zip(col_ptr) {
-            *d = self.normal_values[start as usize].clamp(1e-6, 1e32);
+            *d = d.max(self.normal_values[start as usize].clamp(1e-6, 1e32));
         }
         self.it.times.linearize += t.elapsed().as_secs_f64();
         Ok(self.projected_gradient_max())

@@ -1,5 +1,8 @@
 //! Helpers shared by the integration tests.
 
+#[allow(dead_code)] // Not every test file uses it.
+pub mod mgh;
+
 /// A fresh seed per run, printed so a failure can be replayed with `RC_SEED`.
 #[allow(dead_code)] // Not every test file uses it.
 pub fn seed() -> u64 {
