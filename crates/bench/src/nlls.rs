@@ -79,6 +79,7 @@ fn solve_level<B: Backend>(
     let options = SolveOptions {
         precision,
         function_tolerance: 1e-7,
+        max_iterations: 500,
         ..SolveOptions::default()
     };
     let summary =

@@ -4,9 +4,9 @@
 //! zero, at a cost within 1e-10 relative of the local minimum itself (the cost after a dense
 //! Levenberg-Marquardt polish in f64 from where the solve stopped, which only ever lowers it).
 //!
-//! Five starts at ten times the standard one are beyond this Levenberg-Marquardt: Beale
-//! (stops at f = 0.452), Jennrich and Sampson (exp(40) residuals: the damping never lets go),
-//! Meyer, Box three-dimensional (f = 0.0756) and Osborne 2 (f = 1.790). They are run too, and
+//! Three starts at ten times the standard one are beyond this Levenberg-Marquardt: Jennrich
+//! and Sampson (exp(40) residuals: still at f = 1.5e9 after 2,000 iterations), Box
+//! three-dimensional (stops at f = 0.0756) and Osborne 2 (f = 1.790). They are run too, and
 //! must end without an error at a lower cost than they started; `HARD` lists them.
 
 // Dense linear algebra reads best with index loops.
@@ -164,10 +164,8 @@ fn run(m: &Mgh, scale: f64) -> (Option<String>, String) {
 
 /// The starts (problem, multiple of the standard start) that end short of a minimum (see the
 /// module docs).
-const HARD: [(&str, u32); 5] = [
-    ("5 Beale", 10),
+const HARD: [(&str, u32); 3] = [
     ("6 Jennrich and Sampson", 10),
-    ("10 Meyer", 10),
     ("12 Box three-dimensional", 10),
     ("19 Osborne 2", 10),
 ];

@@ -21,7 +21,9 @@ mod slot {
     pub const JD2: u32 = 5;
     pub const GD: u32 = 6;
     pub const GMAX: u32 = 7;
-    pub const LEN: usize = 8;
+    /// 1 once the damping's scaling is monotone (`Scaling::Monotone`), else 0.
+    pub const MONOTONE: u32 = 8;
+    pub const LEN: usize = 9;
 }
 
 struct CgKernels<B: Backend> {
@@ -80,23 +82,30 @@ impl Kernel {
     }
 }
 
-/// dd = scaling = max(scaling, clamp(diag, 1e-6, 1e32)) (the damping's running maximum: see
-/// the module docs of `solve`); r = -g m; M = diag + lambda dd (1 when fixed); z = r / M;
-/// p = z; delta = 0; parts = r z; damp = lambda dd m; minv = m / M.
+/// dd = max(clamp(diag, 1e-6, 1e32), floor), `floor` Ceres's (from the first call's
+/// diagonal), or once monotone the largest clamped diagonal so far (`peak`, kept in either
+/// mode: see `Scaling`); r = -g m; M = diag + lambda dd (1 when fixed); z = r / M; p = z;
+/// delta = 0; parts = r z; damp = lambda dd m; minv = m / M.
 fn cg_start(precision: Precision) -> hal::Result<Program> {
     let k = Kernel::new("lm_cg_start", precision);
     let s = &k.s;
     let (g, diag, mask, scal) = (k.read(), k.read(), k.read(), k.read());
-    let scaling = k.read_write();
+    let (floors, peaks) = (k.read_write(), k.read_write());
     let [r, z, p, delta, parts, damp, minv] = [(); 7].map(|_| k.write());
     let i = s.index();
     let lambda = s.load(scal, s.u32(slot::LAMBDA));
+    let monotone = s.load(scal, s.u32(slot::MONOTONE));
     let (gi, di, mi) = (s.load(g, i), s.load(diag, i), s.load(mask, i));
-    let dd = s
-        .load(scaling, i)
-        .max(di.max(k.float(1e-6)).min(k.float(1e32)));
-    s.store(scaling, i, dd);
     let zero = k.float(0.0);
+    // 0 until the first call sets Ceres's floor (which is positive).
+    let stored = s.load(floors, i);
+    let root = di.max(zero).sqrt() + 1.0;
+    let floor = stored.gt(zero).select(stored, root * root * 1e-6);
+    s.store(floors, i, floor);
+    let clamped = di.max(k.float(1e-6)).min(k.float(1e32));
+    let peak = s.load(peaks, i).max(clamped);
+    s.store(peaks, i, peak);
+    let dd = monotone.gt(zero).select(peak, clamped.max(floor));
     let m_diag = mi.gt(zero).select(lambda.fma(dd, di), k.float(1.0));
     let ri = -gi * mi;
     let inv = mi / m_diag;
@@ -188,8 +197,12 @@ pub(super) struct DeviceEngine<B: Backend> {
     mask: B::Buffer,
     gradient: B::Buffer,
     diagonal: B::Buffer,
-    /// The damping's scaling: the running maximum of the clamped diagonal.
+    /// Per parameter, Ceres's floor under the damping's scaling and the largest clamped
+    /// diagonal so far (see `Scaling`).
     scaling: B::Buffer,
+    peaks: B::Buffer,
+    /// Whether the scaling is monotone.
+    monotone: bool,
     delta: B::Buffer,
     r: B::Buffer,
     z: B::Buffer,
@@ -246,6 +259,8 @@ impl<B: Backend> DeviceEngine<B> {
             gradient: vec_n()?,
             diagonal: vec_n()?,
             scaling: vec_n()?,
+            peaks: vec_n()?,
+            monotone: false,
             delta: vec_n()?,
             r: vec_n()?,
             z: vec_n()?,
@@ -452,6 +467,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         let k = &self.kernels;
         let mut scalars_init = [0.0; slot::LEN];
         scalars_init[slot::LAMBDA as usize] = lambda;
+        scalars_init[slot::MONOTONE as usize] = self.monotone as u8 as f64;
         self.write_floats(&self.scalars, &scalars_init)?;
         be.launch(
             &k.start,
@@ -461,6 +477,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
                 &self.mask,
                 &self.scalars,
                 &self.scaling,
+                &self.peaks,
                 &self.r,
                 &self.z,
                 &self.p,
@@ -561,6 +578,10 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             View::new(&self.it.x_candidate, &l),
         )?;
         Ok(())
+    }
+
+    fn set_scaling(&mut self, scaling: super::Scaling) {
+        self.monotone = scaling == super::Scaling::Monotone;
     }
 
     fn parameters(&self) -> Result<Vec<f64>, Error> {

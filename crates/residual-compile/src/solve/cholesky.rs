@@ -35,8 +35,12 @@ pub(super) struct CholeskyEngine<B: Backend> {
     pair_slots: Vec<Vec<u32>>,
     normal_values: Vec<f64>,
     gradient: Vec<f64>,
-    /// The damping's scaling: the running maximum of the clamped diagonal of `J^T J`.
+    /// The damping's scaling `D` (see `Scaling`), and the floor under it.
     diagonal: Vec<f64>,
+    floor: Vec<f64>,
+    /// The largest clamped diagonal seen, per parameter: the monotone scaling.
+    peak: Vec<f64>,
+    scaling: super::Scaling,
     delta: Vec<f64>,
     problem_groups: Vec<(usize, usize, usize)>,
     /// Per parameter, its bounds, where any parameter has a finite one: steps are projected.
@@ -147,6 +151,9 @@ impl<B: Backend> CholeskyEngine<B> {
             normal_values: vec![0.0; nnz_normal],
             gradient: vec![0.0; n],
             diagonal: vec![0.0; n],
+            floor: Vec::new(),
+            peak: Vec::new(),
+            scaling: super::Scaling::Ceres,
             delta: vec![0.0; n],
             problem_groups,
             bounds: problem.has_bounds().then(|| {
@@ -283,13 +290,27 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
                 }
             }
         }
-        // The damping's scaling: the diagonal of J^T J, clamped as Ceres does, and never
-        // below what it was at an earlier iteration (see the module docs).
-        // Each column's first stored row is the diagonal (rows are sorted, and every column
-        // holds its diagonal).
+        // The damping's scaling (see `Scaling`). Each column's first stored row is the
+        // diagonal (rows are sorted, and every column holds its diagonal).
         let col_ptr = self.normal.col_ptr();
-        for (d, &start) in self.diagonal.iter_mut().zip(col_ptr) {
-            *d = d.max(self.normal_values[start as usize].clamp(1e-6, 1e32));
+        let first = self.floor.is_empty();
+        if first {
+            self.floor = vec![0.0; self.diagonal.len()];
+            self.peak = vec![0.0; self.diagonal.len()];
+        }
+        let monotone = self.scaling == super::Scaling::Monotone;
+        for (i, &start) in col_ptr.iter().take(self.diagonal.len()).enumerate() {
+            let v = self.normal_values[start as usize];
+            if first {
+                self.floor[i] = super::Scaling::first_floor(v);
+            }
+            let clamped = v.clamp(1e-6, 1e32);
+            self.peak[i] = self.peak[i].max(clamped);
+            self.diagonal[i] = if monotone {
+                self.peak[i]
+            } else {
+                clamped.max(self.floor[i])
+            };
         }
         self.it.times.linearize += t.elapsed().as_secs_f64();
         Ok(self.projected_gradient_max())
@@ -365,6 +386,10 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
 
     fn parameters(&self) -> Result<Vec<f64>, Error> {
         Ok(self.it.x.clone())
+    }
+
+    fn set_scaling(&mut self, scaling: super::Scaling) {
+        self.scaling = scaling;
     }
 }
 

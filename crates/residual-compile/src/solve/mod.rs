@@ -11,12 +11,15 @@
 //! The trust region follows Ceres: `lambda = 1 / radius`; a step is accepted when the actual
 //! cost decrease is at least `1e-3` of the decrease the linear model predicts; then
 //! `radius /= max(1/3, 1 - (2 rho - 1)^3)`, otherwise `radius /= nu, nu *= 2`. `D` is
-//! `diag(J^T J)` clamped to `[1e-6, 1e32]`, as in Ceres, but never smaller than at an earlier
-//! iteration (the scaling of Moré's MINPACK): where a column of `J` shrinks on the way (a
-//! parameter moving towards where the residuals stop depending on it), Ceres's damping along
-//! it vanishes and the steps overshoot; Brown and Dennis's and the first penalty function of
-//! the Moré-Garbow-Hillstrom set then stall for hundreds of iterations, and converge in about
-//! a hundred and twenty with the running maximum.
+//! Ceres's too ([`Scaling::Ceres`]) until the solve crawls: where a column of `J` shrinks on
+//! the way (a parameter moving towards where the residuals stop depending on it), the damping
+//! along it vanishes, steps there overshoot, and the radius collapses until every step is a
+//! timid gradient step (Brown and Dennis's function and the first penalty function of the
+//! Moré-Garbow-Hillstrom set crawl for hundreds of iterations). After
+//! [`CRAWL_ITERATIONS`] iterations in a row with `lambda` above `1 / CRAWL_RADIUS` the
+//! scaling turns monotone ([`Scaling::Monotone`], Moré's in MINPACK), and those problems then
+//! converge in about a hundred more. It is not monotone from the start because a scaling that
+//! never shrinks keeps the damping of a wild start (NIST's MGH10 from its first start) forever.
 
 use crate::compile::{CompiledProblem, Evaluation, KernelCache};
 use crate::problem::Problem;
@@ -49,6 +52,33 @@ pub enum LinearSolver {
     SparseCholesky,
     ConjugateGradient,
 }
+
+/// How the damping `D` in `J^T J + lambda D` is scaled (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scaling {
+    /// Ceres's: the current `diag(J^T J)`, clamped to `[1e-6, 1e32]` in the space Ceres's
+    /// Jacobi scaling (fixed at the start) makes, which is a floor of `1e-6 (1 + sqrt(d0))^2`
+    /// per parameter, `d0` its diagonal at the start.
+    Ceres,
+    /// MINPACK's: as Ceres's, but never below what it was at an earlier iteration.
+    Monotone,
+}
+
+impl Scaling {
+    /// The floor Ceres's clamp puts under a parameter's damping, from its diagonal at the
+    /// start.
+    pub(crate) fn first_floor(d0: f64) -> f64 {
+        1e-6 * (1.0 + d0.max(0.0).sqrt()).powi(2)
+    }
+}
+
+/// Iterations in a row with a trust radius below [`CRAWL_RADIUS`] after which the damping's
+/// scaling turns monotone.
+pub const CRAWL_ITERATIONS: usize = 50;
+
+/// The trust radius below which the solve is crawling: `lambda D` at least `J^T J`'s own
+/// diagonal, the steps shortened gradient steps.
+pub const CRAWL_RADIUS: f64 = 1.0;
 
 /// Why the solve stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,7 +166,9 @@ impl Default for SolveOptions {
             method: Method::LevenbergMarquardt,
             linear_solver: LinearSolver::Auto,
             precision: Precision::F64,
-            max_iterations: 500,
+            // Ill-conditioned fits need hundreds (NIST's MGH17 from its first start: 582, as
+            // C++ Ceres with the same tolerances).
+            max_iterations: 2000,
             // Far tighter than Ceres's 1e-6 and 1e-8: the solve goes on while f64 still
             // resolves progress, since in a flat valley a small relative change of the cost or
             // the parameters can still leave them far from the minimum (the first
@@ -220,6 +252,9 @@ pub struct Summary {
     /// Every iteration's figures, in order (the iterations a solve ends in without a step,
     /// on the gradient or parameter tolerance, are not in it).
     pub history: Vec<IterationSummary>,
+    /// The iteration from which the damping's scaling was monotone, if the solve crawled
+    /// ([`Scaling`]).
+    pub monotone_scaling_from: Option<usize>,
 }
 
 impl Summary {
@@ -312,6 +347,12 @@ impl fmt::Display for Summary {
         writeln!(f, "  initial cost: {:.9e}", self.initial_cost)?;
         writeln!(f, "  final cost:   {:.9e}", self.final_cost)?;
         writeln!(f, "  termination:  {:?}", self.termination)?;
+        if let Some(i) = self.monotone_scaling_from {
+            writeln!(
+                f,
+                "  damping:      Ceres's scaling, monotone (MINPACK's) from iteration {i}"
+            )?;
+        }
         let t = &self.times;
         write!(
             f,
@@ -378,6 +419,8 @@ trait Engine {
     fn solve(&mut self, lambda: f64) -> Result<Step, Error>;
     /// Scales the last step (Gauss-Newton's halving).
     fn scale_step(&mut self, factor: f64) -> Result<(), Error>;
+    /// Changes how the damping is scaled from the next linearization on.
+    fn set_scaling(&mut self, scaling: Scaling);
     fn parameters(&self) -> Result<Vec<f64>, Error>;
 
     fn cost(&self) -> f64 {
@@ -482,6 +525,7 @@ pub fn solve<B: Backend>(
         compile: report,
         times: PhaseTimes::default(),
         history: Vec::new(),
+        monotone_scaling_from: None,
     };
     summary.times.compile = compile_seconds;
     let (outcome, solution) = match linear_solver {
@@ -568,6 +612,7 @@ fn trust_region(
     }
     let mut radius = options.initial_trust_radius;
     let mut nu = 2.0;
+    let mut crawling = 0;
     let mut max_gradient = engine.linearize()?;
     summary.termination = Termination::MaxIterations;
     for iteration in 0..options.max_iterations {
@@ -656,6 +701,15 @@ fn trust_region(
                 summary.termination = Termination::NoProgress;
                 break;
             }
+        }
+        crawling = if radius < CRAWL_RADIUS {
+            crawling + 1
+        } else {
+            0
+        };
+        if crawling >= CRAWL_ITERATIONS && summary.monotone_scaling_from.is_none() {
+            engine.set_scaling(Scaling::Monotone);
+            summary.monotone_scaling_from = Some(iteration + 1);
         }
     }
     summary.final_cost = engine.cost();
