@@ -57,6 +57,14 @@ impl Acc {
     /// An `f64` element, its sum compensated.
     #[inline(always)]
     fn push_wide(&mut self, v: f64) {
+        self.add_compensated(v);
+        self.nan |= v.is_nan();
+        self.max = self.max.max(v);
+        self.min = self.min.min(v);
+    }
+    /// Adds `v` to the sum, what the rounding loses to `lost` (Neumaier).
+    #[inline(always)]
+    fn add_compensated(&mut self, v: f64) {
         let t = self.sum + v;
         self.lost += if self.sum.abs() >= v.abs() {
             (self.sum - t) + v
@@ -64,13 +72,11 @@ impl Acc {
             (v - t) + self.sum
         };
         self.sum = t;
-        self.nan |= v.is_nan();
-        self.max = self.max.max(v);
-        self.min = self.min.min(v);
     }
     fn merge(mut self, o: Acc) -> Acc {
         if o.lost != 0.0 || self.lost != 0.0 {
-            self.push_wide(o.sum);
+            // (Another partial's sum: not an element, so not a candidate for max or min.)
+            self.add_compensated(o.sum);
             self.lost += o.lost;
         } else {
             self.sum += o.sum;
