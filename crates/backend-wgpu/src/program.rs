@@ -65,9 +65,25 @@ fn f64_literal(bits: u64) -> String {
 }
 
 /// Helpers of `F64` programs: conversions to integers that truncate toward zero and
-/// saturate, NaN to 0 (as `f2i`/`f2u` do for `f32`).
+/// saturate, NaN to 0 (as `f2i`/`f2u` do for `f32`); a fused multiply-add built from exact
+/// products (Veltkamp's split, Dekker's product) and sums (Knuth's), since Vulkan lets
+/// `fma()` round twice (lavapipe's f64 one does); division and square root refined by one
+/// Newton step on their exact residual, since Vulkan drivers approximate both in f64
+/// (lavapipe's were 100 units of roundoff off; refined, within one).
 const F64_HELPERS: &str = "fn d2i(v: f64) -> i32 { if (!(v == v)) { return 0; } if (v >= 2147483647.0lf) { return 2147483647; } if (v <= -2147483648.0lf) { return -2147483647 - 1; } return i32(v); }
 fn d2u(v: f64) -> u32 { if (!(v == v) || v <= 0.0lf) { return 0u; } if (v >= 4294967295.0lf) { return 4294967295u; } return u32(v); }
+fn split_f64(a: f64) -> vec2<f64> { let t = 134217729.0lf * a; let hi = t - (t - a); return vec2<f64>(hi, a - hi); }
+fn fma_f64(a: f64, b: f64, c: f64) -> f64 {
+    let p = a * b;
+    let big = 1e295lf;
+    if (!(abs(a) < big) || !(abs(b) < big) || !(abs(c) < big) || !(abs(p) < big)) { return p + c; }
+    let x = split_f64(a); let y = split_f64(b);
+    let e = ((x.x * y.x - p) + x.x * y.y + x.y * y.x) + x.y * y.y;
+    let s = p + c; let v = s - p; let t = (p - (s - v)) + (c - v);
+    return s + (t + e);
+}
+fn div_f64(x: f64, y: f64) -> f64 { let q = x / y; if (!(abs(q) < 1e295lf) || abs(q) < 1e-290lf) { return q; } return q + fma_f64(-q, y, x) / y; }
+fn sqrt_f64(a: f64) -> f64 { let s = sqrt(a); if (!(s > 1e-150lf) || !(s < 1e150lf)) { return s; } return s + fma_f64(-s, s, a) / (2.0lf * s); }
 ";
 
 /// What in `program` the backend cannot run in `f64` here (see [`hal::F64Support`]).
@@ -136,6 +152,9 @@ impl Dialect for Wgsl {
 
     fn unary(&self, op: IrUnary, t: ScalarType, a: &str) -> String {
         match (op, t) {
+            (IrUnary::Sqrt, ScalarType::F64) => format!("sqrt_f64({a})"),
+            (IrUnary::Rsqrt, ScalarType::F64) => format!("div_f64(1.0lf, sqrt_f64({a}))"),
+            (IrUnary::Recip, ScalarType::F64) => format!("div_f64(1.0lf, {a})"),
             (IrUnary::Neg, ScalarType::U32) => format!("0u - {a}"),
             (IrUnary::Neg, _) => format!("-{a}"),
             (IrUnary::Abs, ScalarType::U32) => a.to_string(),
@@ -166,7 +185,7 @@ impl Dialect for Wgsl {
             IrBinary::Sub => format!("{x} - {y}"),
             IrBinary::Mul => format!("{x} * {y}"),
             IrBinary::Div if int => format!("select({x} / {y}, {zero}, {y} == {zero})"),
-            IrBinary::Div if t == ScalarType::F64 => format!("{x} / {y}"),
+            IrBinary::Div if t == ScalarType::F64 => format!("div_f64({x}, {y})"),
             // As BinaryOp::Div in wgsl/ops.rs: a huge divisor is scaled first.
             IrBinary::Div => {
                 format!("select({x} / {y}, ({x} * 0.25) / ({y} * 0.25), abs({y}) > 8.507059e37)")
@@ -197,6 +216,13 @@ impl Dialect for Wgsl {
 
     fn fma(&self, a: &str, b: &str, c: &str) -> String {
         format!("fma({a}, {b}, {c})")
+    }
+
+    fn fma_typed(&self, t: ScalarType, a: &str, b: &str, c: &str) -> String {
+        match t {
+            ScalarType::F64 => format!("fma_f64({a}, {b}, {c})"),
+            _ => self.fma(a, b, c),
+        }
     }
 
     fn select(&self, cond: &str, a: &str, b: &str) -> String {

@@ -600,7 +600,11 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// and must match their dtypes. Tolerance: exact for arithmetic, comparisons, select and
     /// casts; `4u + 2^-22` relative per math function; `k` atomic float adds landing on one
     /// element in any order: `|got - ref| <= 2 k 2^-24 sum|terms|` (the bound of sequential
-    /// summation, which is what contended atomics do).
+    /// summation, which is what contended atomics do). `F64` values: the same, in f64's `u`
+    /// (`2^-53`; math functions `8u`), except that division and square root may be off by `4u`
+    /// on a Vulkan device (Vulkan requires no correct rounding of them in f64; the wgpu backend
+    /// refines the driver's). A device without f64 refuses the program
+    /// ([`Error::UnsupportedDType`], see [`Capabilities::f64`]).
     fn launch(&self, kernel: &Self::Kernel, args: &[&Self::Buffer], n: usize) -> Result<()>;
 
     // ----- precision policy -----

@@ -28,6 +28,12 @@ pub trait Dialect {
     }
     /// `a * b + c` with one rounding.
     fn fma(&self, a: &str, b: &str, c: &str) -> String;
+    /// [`Dialect::fma`] for operands of type `t` (a target whose `f64` fma needs its own
+    /// spelling says so here).
+    fn fma_typed(&self, t: ScalarType, a: &str, b: &str, c: &str) -> String {
+        let _ = t;
+        self.fma(a, b, c)
+    }
     /// `cond ? a : b`.
     fn select(&self, cond: &str, a: &str, b: &str) -> String;
     /// `a` converted from `from` to `to` (never the same type).
@@ -94,7 +100,7 @@ pub fn render_body(
                     Inst::Unary { op, x } => d.unary(op, ty(x), &v(x)),
                     Inst::Binary { op, a, b } => d.binary(op, ty(a), &v(a), &v(b)),
                     Inst::Cmp { op, a, b } => d.cmp(op, ty(a), &v(a), &v(b)),
-                    Inst::Fma { a, b, c } => d.fma(&v(a), &v(b), &v(c)),
+                    Inst::Fma { a, b, c } => d.fma_typed(ty(a), &v(a), &v(b), &v(c)),
                     Inst::Select { cond, a, b } => d.select(&v(cond), &v(a), &v(b)),
                     Inst::Cast { to, x } if ty(x) == to => v(x),
                     Inst::Cast { to, x } => d.cast(ty(x), to, &v(x)),
