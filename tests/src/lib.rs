@@ -96,6 +96,8 @@ pub struct Suite<'a, B: Backend> {
     /// nearest-centroid checks use that policy's tolerances and row names.
     pub(crate) policy: hal::Precision,
     rows: Vec<Row>,
+    /// What the report should say beyond the rows (f64 primitives a backend refused, say).
+    pub(crate) notes: Vec<String>,
 }
 
 impl<'a, B: Backend> Suite<'a, B> {
@@ -116,6 +118,7 @@ impl<'a, B: Backend> Suite<'a, B> {
             cfg,
             policy: hal::Precision::Exact,
             rows: Vec::new(),
+            notes: Vec::new(),
         }
     }
 
@@ -127,7 +130,7 @@ impl<'a, B: Backend> Suite<'a, B> {
     pub fn run(mut self) -> Report {
         checks::run_all(&mut self);
         let caps = self.target.capabilities();
-        let mut notes = Vec::new();
+        let mut notes = std::mem::take(&mut self.notes);
         if !self.target_is_reference {
             // A backend's faster paths get their own rows, under that policy's tolerances.
             for (policy, present) in [
@@ -152,7 +155,7 @@ impl<'a, B: Backend> Suite<'a, B> {
                 "matrix units (cooperative matrices / tensor cores) not present on this device: every product ran on the f32 kernels".into()
             });
         }
-        for name in checks::EXPECTED_ROWS {
+        for name in checks::EXPECTED_ROWS.into_iter().chain(checks::F64_ROWS) {
             if self.rows.iter().all(|r| r.primitive != name) {
                 self.fail(
                     name,

@@ -212,7 +212,11 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     random(s);
     programs(s);
     record_replay(s);
+    wide::all(s);
 }
+
+/// The f64 rows every backend produces (compared, or refused where it has no f64 form).
+pub(crate) const F64_ROWS: [&str; 12] = wide::ROWS;
 
 fn run_recorded<B: Backend>(b: &B, x: &[f32], replays: usize) -> Result<Vec<f64>> {
     let l = Layout::contiguous(&[x.len()]);
@@ -276,6 +280,7 @@ mod program;
 mod random;
 mod reduce;
 mod segment;
+mod wide;
 
 use cluster::*;
 use conv::*;
