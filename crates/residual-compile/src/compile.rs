@@ -107,11 +107,11 @@ pub struct Evaluation<B: Backend> {
     pub residuals: B::Buffer,
     /// `[nnz]`: the Jacobian's CSR values.
     pub jacobian: B::Buffer,
-    /// `[blocks]`: each block's cost `rho / 2`.
+    /// `[blocks]`: each block's cost `rho / 2` (NaN where one of its Jacobian entries is not
+    /// finite: see `lower`).
     pub cost: B::Buffer,
-    /// `[2]`: the total cost, then the sum of the Jacobian's entries, which is finite only
-    /// when every entry is (read with the cost: one read tells both). `f64` where the backend
-    /// reduces into `f64`, whatever the precision; `f32` otherwise.
+    /// `[1]`: the total cost, not finite where a residual, a cost or a Jacobian entry is not.
+    /// `f64` where the backend reduces into `f64`, whatever the precision; `f32` otherwise.
     pub total: B::Buffer,
 }
 
@@ -269,7 +269,7 @@ impl<B: Backend> CompiledProblem<B> {
             residuals: b.alloc(dtype, self.rows.max(1))?,
             jacobian: b.alloc(dtype, self.nnz.max(1))?,
             cost: b.alloc(dtype, self.blocks.max(1))?,
-            total: b.alloc(self.total_dtype(), 2)?,
+            total: b.alloc(self.total_dtype(), 1)?,
         })
     }
 
@@ -313,14 +313,6 @@ impl<B: Backend> CompiledProblem<B> {
             View::new(&out.cost, &all),
             &[0],
             View::new(&out.total, &one),
-        )?;
-        let entries = Layout::contiguous(&[self.nnz]);
-        let second = Layout::strided(&[1], &[1], 1)?;
-        self.backend.reduce(
-            ReduceOp::Sum,
-            View::new(&out.jacobian, &entries),
-            &[0],
-            View::new(&out.total, &second),
         )?;
         Ok(())
     }

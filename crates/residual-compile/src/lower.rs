@@ -13,7 +13,7 @@
 //! | 3 `offsets` | u32 | `[first residual row, first Jacobian entry, first cost entry]` |
 //! | 4 `residuals` | float | row `first + instance * R + r` |
 //! | 5 `jacobian` | float | entry `first + (instance * R + r) * P + k`: the CSR values |
-//! | 6 `cost` | float | `first + instance`: `rho(|f|^2) / 2` |
+//! | 6 `cost` | float | `first + instance`: `rho(|f|^2) / 2`, NaN where a Jacobian entry is not finite |
 //!
 //! "float" is the solve's [`crate::Precision`]: `f64` (the default; literals and constants
 //! exactly as written) or `f32`.
@@ -195,6 +195,10 @@ pub fn lower(
     let nrp = b.const_u32(r * p);
     let entry_base = b.mul(i, nrp);
     let entry_base = b.add(entry0, entry_base);
+    // The Jacobian's finiteness folded into the cost: `d - d` is 0 for a finite entry and
+    // NaN otherwise (and a sum of zeros cannot overflow), so one reduction of the costs tells
+    // the solver both (an entry that is not finite makes the step unusable).
+    let mut entries = b.const_float(ft, 0.0);
     for (ri, &f) in outputs.iter().enumerate() {
         let rr = b.const_u32(ri as u32);
         let row = b.add(first_row, rr);
@@ -206,9 +210,12 @@ pub fn lower(
             let d = v(derivatives.jacobian[ri * p as usize + k as usize]);
             let ds = scaled(&mut b, d);
             b.store(jacobian, at, ds);
+            let zero_if_finite = b.sub(ds, ds);
+            entries = b.add(entries, zero_if_finite);
         }
     }
     let at = b.add(cost0, i);
+    let cost_value = b.add(cost_value, entries);
     b.store(cost, at, cost_value);
     b.build()
 }

@@ -6,6 +6,7 @@
 //! are NIST's, the values to 11 significant digits).
 
 use backend_cpu::CpuBackend;
+use hal::Backend;
 use residual_compile::{KernelCache, Loss, Problem, SolveOptions, Var, solve};
 
 struct Certified {
@@ -196,7 +197,16 @@ const BOXBOD_PLATEAU: (&str, usize) = ("BoxBOD", 1);
 
 #[test]
 fn certified_parameters_to_six_digits_from_both_starts() {
-    let cpu = CpuBackend::new();
+    certified_on(&CpuBackend::new());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU host"]
+fn certified_on_cuda() {
+    certified_on(&backend_cuda::CudaBackend::new().expect("the CUDA backend is required"));
+}
+
+fn certified_on<B: Backend>(cpu: &B) {
     let mut failures = Vec::new();
     for c in problems() {
         for (s, start) in c.starts.iter().enumerate() {
@@ -210,7 +220,7 @@ fn certified_parameters_to_six_digits_from_both_starts() {
                 })
                 .unwrap();
             }
-            let summary = solve(&cpu, &mut p, &SolveOptions::default(), &KernelCache::new());
+            let summary = solve(cpu, &mut p, &SolveOptions::default(), &KernelCache::new());
             let worst = match &summary {
                 Ok(_) => p
                     .parameters()

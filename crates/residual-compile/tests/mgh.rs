@@ -16,7 +16,8 @@ mod common;
 
 use backend_cpu::CpuBackend;
 use common::mgh::{Mgh, problems};
-use residual_compile::{KernelCache, Problem, SolveOptions, solve};
+use hal::Backend;
+use residual_compile::{Error, KernelCache, Problem, SolveOptions, solve};
 
 /// Residuals and the dense Jacobian of `p` at `x`, on the host in f64.
 fn dense(p: &Problem, x: &[f64]) -> (Vec<f64>, Vec<Vec<f64>>) {
@@ -112,14 +113,22 @@ fn solve_dense(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
     Some(x)
 }
 
-/// Runs one problem from `scale` times its start; what is wrong, if anything, and a line
-/// for the report.
-fn run(m: &Mgh, scale: f64) -> (Option<String>, String) {
-    let cpu = CpuBackend::new();
+/// Runs one problem from `scale` times its start on `backend`; what is wrong, if anything,
+/// and a line for the report (`None` and the reason where the backend refuses the problem's
+/// f64 functions).
+fn run<B: Backend>(backend: &B, m: &Mgh, scale: f64) -> (Option<String>, String) {
     let mut p = m.problem(scale);
     let start = format!("{} from {scale} x0", m.name);
-    let summary = match solve(&cpu, &mut p, &SolveOptions::default(), &KernelCache::new()) {
+    let summary = match solve(
+        backend,
+        &mut p,
+        &SolveOptions::default(),
+        &KernelCache::new(),
+    ) {
         Ok(s) => s,
+        Err(Error::Hal(e @ hal::Error::UnsupportedDType { .. })) => {
+            return (None, format!("{start}: refused here: {e}"));
+        }
         Err(e) => return (Some(format!("{start}: {e}")), format!("{start}: error {e}")),
     };
     let f = 2.0 * summary.final_cost;
@@ -170,15 +179,42 @@ const HARD: [(&str, u32); 3] = [
     ("19 Osborne 2", 10),
 ];
 
-#[test]
-fn mgh_problems_reach_their_published_minima() {
-    let mut failures = Vec::new();
+/// Every problem from both starts on `backend`; the number it refused (see `run`).
+fn all_on<B: Backend>(backend: &B) -> usize {
+    let (mut failures, mut refused) = (Vec::new(), 0);
     for m in problems() {
         for scale in [1.0, 10.0] {
-            let (failure, line) = run(&m, scale);
+            let (failure, line) = run(backend, &m, scale);
             println!("{line}");
+            refused += line.contains("refused here") as usize;
             failures.extend(failure);
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    refused
+}
+
+#[test]
+fn mgh_problems_reach_their_published_minima() {
+    assert_eq!(all_on(&CpuBackend::new()), 0);
+}
+
+/// On wgpu (lavapipe in CI): the problems whose residuals use only arithmetic and square
+/// roots; the others are refused with the reason (the backend has no f64 exp, log, sin,
+/// cos, atan2 or pow), and must be, not run in f32.
+#[test]
+fn mgh_problems_on_wgpu() {
+    let gpu = backend_wgpu::WgpuBackend::new()
+        .expect("the wgpu backend is required (install mesa-vulkan-drivers for lavapipe)");
+    let refused = all_on(&gpu);
+    let f64 = gpu.capabilities().f64;
+    assert!(f64.program_math || refused > 0);
+    assert!(refused < 2 * problems().len(), "every problem was refused");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU host"]
+fn mgh_problems_on_cuda() {
+    let gpu = backend_cuda::CudaBackend::new().expect("the CUDA backend is required");
+    assert_eq!(all_on(&gpu), 0);
 }

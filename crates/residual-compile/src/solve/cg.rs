@@ -388,11 +388,10 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     }
 
     /// The cost summed on the device; one scalar read.
-    fn evaluate_candidate(&mut self) -> Result<(f64, bool), Error> {
+    fn evaluate_candidate(&mut self) -> Result<f64, Error> {
         self.compiled
             .evaluate(&self.it.x_candidate, &self.it.candidate)?;
-        let total = self.compiled.backend.read_f64(&self.it.candidate.total)?;
-        Ok((total[0], total[1].is_finite()))
+        Ok(self.compiled.backend.read_f64(&self.it.candidate.total)?[0])
     }
 
     fn linearize(&mut self) -> Result<f64, Error> {

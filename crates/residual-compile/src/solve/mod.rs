@@ -410,9 +410,9 @@ trait Engine {
     fn state(&self) -> &Iterates<Self::B, Self::Point>;
     fn state_mut(&mut self) -> &mut Iterates<Self::B, Self::Point>;
     fn compiled(&self) -> &CompiledProblem<Self::B>;
-    /// Evaluates at `x_candidate` into the candidate buffers; the cost there, and whether
-    /// every Jacobian entry there is finite.
-    fn evaluate_candidate(&mut self) -> Result<(f64, bool), Error>;
+    /// Evaluates at `x_candidate` into the candidate buffers; the cost there (not finite
+    /// where a residual or Jacobian entry there is not).
+    fn evaluate_candidate(&mut self) -> Result<f64, Error>;
     /// Forms what the linear solves need at the current point; returns `max |J^T f|`.
     fn linearize(&mut self) -> Result<f64, Error>;
     /// Solves for the step and sets `x_candidate = x + delta`.
@@ -431,14 +431,10 @@ trait Engine {
     /// not finite (such a point is never accepted: the next linear solve would read it).
     fn try_step(&mut self) -> Result<f64, Error> {
         let t = Instant::now();
-        let (cost, jacobian_finite) = self.evaluate_candidate()?;
+        let cost = self.evaluate_candidate()?;
         let s = self.state_mut();
         s.times.evaluate += t.elapsed().as_secs_f64();
-        s.candidate_cost = if cost.is_finite() && jacobian_finite {
-            cost
-        } else {
-            f64::NAN
-        };
+        s.candidate_cost = if cost.is_finite() { cost } else { f64::NAN };
         Ok(s.candidate_cost)
     }
 
