@@ -267,8 +267,14 @@ fn storage(d: DType) -> &'static str {
 }
 
 /// The longest store run combined through shared memory (8 warps x 32 lanes x this many
-/// floats of staging: 48 KiB).
+/// floats of staging: 48 KiB; half as many doubles).
 const MAX_RUN: usize = 48;
+
+/// The staged element type of a program's store runs: every run is of the element type of
+/// the program's first run (f32 or f64), so one staging array serves them all.
+fn staged_type(runs: &[StoreRun]) -> Option<DType> {
+    runs.first().map(|r| r.dtype)
+}
 /// Threads per block the staging is sized for (`device::BLOCK`).
 const STAGED_BLOCK: usize = 256;
 
@@ -277,6 +283,8 @@ struct StoreRun {
     buffer: u32,
     base: u32,
     values: Vec<u32>,
+    /// `F32` or `F64`.
+    dtype: DType,
 }
 
 /// The store runs of `program` (see the module docs), and for each store instruction that
@@ -302,10 +310,12 @@ fn store_runs(
             continue;
         };
         let decl = program.buffers[buffer.0 as usize];
-        if decl.dtype != DType::F32
-            || decl.access != hal::ir::Access::Write
-            || types[value.0 as usize] != Some(ScalarType::F32)
-        {
+        let float = match decl.dtype {
+            DType::F32 => ScalarType::F32,
+            DType::F64 => ScalarType::F64,
+            _ => continue,
+        };
+        if decl.access != hal::ir::Access::Write || types[value.0 as usize] != Some(float) {
             continue;
         }
         let Inst::Binary {
@@ -345,7 +355,12 @@ fn store_runs(
         if bases[&buffer] != 1 || writes[&buffer] != k {
             continue;
         }
-        let whole = (2..=MAX_RUN).contains(&k)
+        let dtype = program.buffers[buffer as usize].dtype;
+        let longest = MAX_RUN * 4 / dtype.size_in_bytes();
+        if runs.first().is_some_and(|r: &StoreRun| r.dtype != dtype) {
+            continue;
+        }
+        let whole = (2..=longest).contains(&k)
             && offsets.keys().copied().eq(0..k as u32)
             && offsets.values().all(|v| v.len() == 1);
         if !whole {
@@ -358,13 +373,14 @@ fn store_runs(
             buffer,
             base,
             values: offsets.values().map(|v| v[0].1).collect(),
+            dtype,
         });
     }
     (runs, member)
 }
 
 /// The end-of-element code of a store run: combined through shared memory where the warp
-/// allows, else one checked store at a time. Each warp owns `32 * longest` floats of the
+/// allows, else one checked store at a time. Each warp owns `32 * longest` elements of the
 /// staging (`longest`: the program's longest run), whatever the run's own length: slices
 /// sized per run would let one warp's short run overlap another warp's long one.
 fn emit_store_run(src: &mut String, run: &StoreRun, longest: usize) {
@@ -384,7 +400,8 @@ fn emit_store_run(src: &mut String, run: &StoreRun, longest: usize) {
     );
     let _ = writeln!(
         src,
-        "      float* st_ = stage_ + (threadIdx.x >> 5) * {};",
+        "      {}* st_ = stage_ + (threadIdx.x >> 5) * {};",
+        storage(run.dtype),
         32 * longest
     );
     for (o, v) in run.values.iter().enumerate() {
@@ -422,10 +439,11 @@ pub fn lower(program: &Program) -> Result<String> {
     }
     src += ") {\n";
     let longest = runs.iter().map(|r| r.values.len()).max().unwrap_or(0);
-    if longest > 0 {
+    if let Some(dtype) = staged_type(&runs) {
         let _ = writeln!(
             src,
-            "  __shared__ float stage_[{}];",
+            "  __shared__ {} stage_[{}];",
+            storage(dtype),
             STAGED_BLOCK * longest
         );
     }
@@ -591,6 +609,31 @@ mod tests {
         // Four checks, each noting its failure; one report per element.
         assert_eq!(src.matches("if (!bad_)").count(), 4, "{src}");
         assert_eq!(src.matches("report_fault(fault").count(), 1, "{src}");
+    }
+
+    /// An f64 run is staged in doubles; runs longer than 24 doubles (48 KiB of staging) are
+    /// stored one by one.
+    #[test]
+    fn f64_store_runs_are_staged_in_doubles() {
+        let program = |k: u32| {
+            let mut b = ProgramBuilder::new("wide");
+            let x = b.buffer(DType::F64, Access::Read);
+            let out = b.buffer(DType::F64, Access::Write);
+            let i = b.index();
+            let v = b.load(x, i);
+            let kk = b.const_u32(k);
+            let base = b.mul(i, kk);
+            for o in 0..k {
+                let oo = b.const_u32(o);
+                let at = b.add(base, oo);
+                b.store(out, at, v);
+            }
+            lower(&b.build().unwrap()).unwrap()
+        };
+        let six = program(6);
+        assert!(six.contains("__shared__ double stage_[1536];"), "{six}");
+        assert!(six.contains("double* st_ = stage_"), "{six}");
+        assert!(!program(25).contains("stage_"));
     }
 
     /// `out[3 i + 0..3]` written as a run: combined through shared memory where the warp
