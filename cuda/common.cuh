@@ -222,13 +222,23 @@ __device__ __forceinline__ void kahan_add(float& total, float& comp, float part)
     total = t;
 }
 
-// f64 operands (DT_F64): element i as a double (any float dtype widened exactly), and a
-// double stored into any dtype (rounded once to a narrower float).
+// f64 operands (DT_F64): element i as a double (every dtype widened exactly), and a double
+// stored into any dtype (rounded once to a narrower float; integers truncated toward zero
+// and saturated, NaN as 0).
 #define DT_F64 5
 __device__ __forceinline__ double load_d(const void* p, int dt, i64 i) {
-    return dt == DT_F64 ? ((const double*)p)[i] : (double)load_f(p, dt, i);
+    switch (dt) {
+        case DT_F64: return ((const double*)p)[i];
+        case DT_I32: return (double)((const int*)p)[i];
+        case DT_U32: return (double)((const u32*)p)[i];
+        default: return (double)load_f(p, dt, i);
+    }
 }
 __device__ __forceinline__ void store_d(void* p, int dt, i64 i, double v) {
-    if (dt == DT_F64) ((double*)p)[i] = v;
-    else store_f(p, dt, i, (float)v);
+    switch (dt) {
+        case DT_F64: ((double*)p)[i] = v; break;
+        case DT_I32: ((int*)p)[i] = v != v ? 0 : v >= 2147483647.0 ? 2147483647 : v <= -2147483648.0 ? (int)0x80000000u : (int)v; break;
+        case DT_U32: ((u32*)p)[i] = v != v || v <= 0.0 ? 0u : v >= 4294967295.0 ? 4294967295u : (u32)v; break;
+        default: store_f(p, dt, i, (float)v);
+    }
 }

@@ -160,3 +160,115 @@ extern "C" __global__ void binary_f32_vec4(i64 n, float* out, const float* a, co
         out[i] = binary_apply(op, a[i], b[i]);
     }
 }
+
+// The f64 forms (any operand f64): the same op codes computed in double, operands widened
+// exactly, the result rounded once on store (hal's apply_f64).
+__device__ __forceinline__ double unary_apply_d(int op, double x, double p0, double p1) {
+    switch (op) {
+        case 0: return -x;
+        case 1: return fabs(x);
+        case 2: return exp(x);
+        case 3: return exp2(x);
+        case 4: return log(x);
+        case 5: return log2(x);
+        case 6: return sqrt(x);
+        case 7: return 1.0 / sqrt(x);
+        case 8: return 1.0 / x;
+        case 9: return sin(x);
+        case 10: return cos(x);
+        case 11: return tanh(x);
+        case 12: return 1.0 / (1.0 + exp(-x));
+        case 13: return x < 0.0 ? 0.0 : x;
+        case 14: return x < 0.0 ? p0 * x : x;
+        case 15: return 0.5 * x * (1.0 + erf(x * 0.70710678118654752440));
+        case 16: return x / (1.0 + exp(-x));
+        case 17: return floor(x);
+        case 18: return ceil(x);
+        case 19: return rint(x);
+        case 20: return x > 0.0 ? 1.0 : (x < 0.0 ? -1.0 : x);
+        case 21: return x * x;
+        case 22: return fma(p0, x, p1);
+        default: return x != x ? x : fmin(fmax(x, p0), p1);
+    }
+}
+
+__device__ __forceinline__ double binary_apply_d(int op, double a, double b) {
+    const double qnan = __longlong_as_double(0x7ff8000000000000ll);
+    switch (op) {
+        case 0: return a + b;
+        case 1: return a - b;
+        case 2: return a * b;
+        case 3: return a / b;
+        case 4: {
+            double r = fmod(a, b);
+            return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
+        }
+        case 5: return pow(a, b);
+        case 6: return (a != a || b != b) ? qnan : fmax(a, b);
+        case 7: return (a != a || b != b) ? qnan : fmin(a, b);
+        case 8: return atan2(a, b);
+        case 9: return a == b ? 1.0 : 0.0;
+        case 10: return a != b ? 1.0 : 0.0;
+        case 11: return a < b ? 1.0 : 0.0;
+        case 12: return a <= b ? 1.0 : 0.0;
+        case 13: return a > b ? 1.0 : 0.0;
+        default: return a >= b ? 1.0 : 0.0;
+    }
+}
+
+__device__ __forceinline__ double ternary_apply_d(int op, double a, double b, double c) {
+    switch (op) {
+        case 0: return a != 0.0 ? b : c;
+        case 1: return fma(a, b, c);
+        default: return fma(a, c - b, b);
+    }
+}
+
+extern "C" __global__ void fill_wide_kernel(Walk w, unsigned long long* out, unsigned long long bits) {
+    GRID_DEPENDENCY();
+    GRID_STRIDE(i, w.n) {
+        i64 o[1];
+        walk_offsets<1>(w, i, o);
+        out[o[0]] = bits;
+    }
+}
+
+extern "C" __global__ void copy_wide_kernel(Walk w, void* out, int odt, const void* src, int sdt) {
+    GRID_DEPENDENCY();
+    GRID_STRIDE(i, w.n) {
+        i64 o[2];
+        walk_offsets<2>(w, i, o);
+        store_d(out, odt, o[0], load_d(src, sdt, o[1]));
+    }
+}
+
+extern "C" __global__ void unary_wide_kernel(Walk w, void* out, int odt, const void* x, int xdt, int op, float p0,
+                                             float p1) {
+    GRID_DEPENDENCY();
+    GRID_STRIDE(i, w.n) {
+        i64 o[2];
+        walk_offsets<2>(w, i, o);
+        store_d(out, odt, o[0], unary_apply_d(op, load_d(x, xdt, o[1]), (double)p0, (double)p1));
+    }
+}
+
+extern "C" __global__ void binary_wide_kernel(Walk w, void* out, int odt, const void* a, int adt, const void* b,
+                                              int bdt, int op) {
+    GRID_DEPENDENCY();
+    GRID_STRIDE(i, w.n) {
+        i64 o[3];
+        walk_offsets<3>(w, i, o);
+        store_d(out, odt, o[0], binary_apply_d(op, load_d(a, adt, o[1]), load_d(b, bdt, o[2])));
+    }
+}
+
+extern "C" __global__ void ternary_wide_kernel(Walk w, void* out, int odt, const void* a, int adt, const void* b,
+                                               int bdt, const void* c, int cdt, int op) {
+    GRID_DEPENDENCY();
+    GRID_STRIDE(i, w.n) {
+        i64 o[4];
+        walk_offsets<4>(w, i, o);
+        store_d(out, odt, o[0],
+                ternary_apply_d(op, load_d(a, adt, o[1]), load_d(b, bdt, o[2]), load_d(c, cdt, o[3])));
+    }
+}

@@ -37,6 +37,8 @@ extern "C" __global__ void scatter_add_kernel(Walk w, const void* src, int sdt, 
         i64 o[3];
         walk_offsets<3>(w, i, o);
         i64 k = load_index(index, idt, o[1]);
-        atomic_add_f(out, odt, o[2] + k * out_axis_stride, load_f(src, sdt, o[0]));
+        // (f64 operands add in f64: a double atomic into f64, a rounded one into narrower.)
+        if (odt == DT_F64) atomicAdd((double*)out + o[2] + k * out_axis_stride, load_d(src, sdt, o[0]));
+        else atomic_add_f(out, odt, o[2] + k * out_axis_stride, (float)load_d(src, sdt, o[0]));
     }
 }

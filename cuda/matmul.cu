@@ -96,3 +96,17 @@ extern "C" __global__ void spmv_kernel(i64 rows, const u32* offsets, const u32* 
         if ((threadIdx.x & 31) == 0) y[r] = beta == 0.0f ? alpha * acc : fmaf(beta, y[r], alpha * acc);
     }
 }
+
+// spmv_kernel in f64: f64 values, x and y; one warp per row, products fused and the warp's
+// partial sums combined in double.
+extern "C" __global__ void spmv_wide_kernel(i64 rows, const u32* offsets, const u32* cols, const double* vals,
+                                            const double* x, double* y, float alpha, float beta, const u32* verdict) {
+    if (*verdict) return;
+    i64 warps = ((i64)gridDim.x * blockDim.x) / 32;
+    for (i64 r = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+        double acc = 0.0;
+        for (u32 k = offsets[r] + (threadIdx.x & 31); k < offsets[r + 1]; k += 32) acc = fma(vals[k], x[cols[k]], acc);
+        for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+        if ((threadIdx.x & 31) == 0) y[r] = beta == 0.0f ? (double)alpha * acc : fma((double)beta, y[r], (double)alpha * acc);
+    }
+}

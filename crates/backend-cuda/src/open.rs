@@ -40,13 +40,27 @@ pub(crate) fn capabilities(gpu: &CudaBackend) -> Capabilities {
             program_math: true,
             atomics: true,
             primitives: F64_PRIMITIVES.to_vec(),
-            note: "the other primitives have no f64 kernels yet".into(),
+            note: "arg_reduce, im2col, col2im, segment_sum, sgd_step, adam_step and random have \
+                   no f64 kernels yet"
+                .into(),
         },
     }
 }
 
 /// The primitives that run in `f64` on this backend.
-pub(crate) const F64_PRIMITIVES: &[&str] = &["reduce", "launch"];
+pub(crate) const F64_PRIMITIVES: &[&str] = &[
+    "fill",
+    "copy",
+    "unary",
+    "binary",
+    "ternary",
+    "reduce",
+    "matmul",
+    "spmv_csr",
+    "gather",
+    "scatter_add",
+    "launch",
+];
 
 impl CudaBackend {
     /// Refuses `op` on `f64` operands where this backend does not run it in `f64`.

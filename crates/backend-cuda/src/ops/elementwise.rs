@@ -1,4 +1,5 @@
-//! fill, copy, unary, binary and ternary ops, and contiguous copies.
+//! fill, copy, unary, binary and ternary ops, and contiguous copies. Where an operand is f64
+//! the `*_wide` kernels compute in double (hal's `apply_f64`).
 
 use crate::buffer::CudaBuffer;
 use crate::device::Args;
@@ -22,6 +23,22 @@ pub(crate) fn unary_code(op: UnaryOp) -> (i32, f32, f32) {
         .expect("UnaryOp::all lists every op")
 }
 
+/// Whether any of `views` is f64: then the op runs in a `*_wide` kernel.
+fn wide(views: &[V<'_>]) -> bool {
+    views.iter().any(|v| v.dtype() == DType::F64)
+}
+
+/// `name`, or its f64 form `name` with `_kernel` replaced by `_wide_kernel`.
+fn kernel_for(name: &'static str, wide: bool) -> &'static str {
+    match (name, wide) {
+        ("copy_kernel", true) => "copy_wide_kernel",
+        ("unary_kernel", true) => "unary_wide_kernel",
+        ("binary_kernel", true) => "binary_wide_kernel",
+        ("ternary_kernel", true) => "ternary_wide_kernel",
+        _ => name,
+    }
+}
+
 /// True when `v` is a contiguous f32 view starting on a 16-byte boundary.
 pub(crate) fn vec4_ready(v: V<'_>) -> bool {
     v.dtype() == DType::F32 && v.layout.is_contiguous() && v.layout.offset % 4 == 0
@@ -32,6 +49,13 @@ pub(crate) fn fill(gpu: &CudaBackend, out: V<'_>, value: f64) -> Result<()> {
     gpu.dev.bind()?;
     let (ol, []) = hal::in_memory_order(out.layout, []);
     let w = Walk::of("fill", &ol.shape, &[&ol])?;
+    if out.dtype() == DType::F64 {
+        let args = Args::new()
+            .arg(w)
+            .arg(out.buffer.ptr())
+            .arg(value.to_bits());
+        return gpu.dev.launch("fill_wide_kernel", w.n as usize, args);
+    }
     gpu.dev.launch(
         "fill_kernel",
         w.n as usize,
@@ -70,7 +94,7 @@ pub(crate) fn unary(gpu: &CudaBackend, op: UnaryOp, x: V<'_>, out: V<'_>) -> Res
     }
     let w = Walk::of("unary", &ol.shape, &[&ol, &xl])?;
     gpu.dev.launch(
-        "unary_kernel",
+        kernel_for("unary_kernel", wide(&[x, out])),
         n,
         Args::new()
             .arg(w)
@@ -111,7 +135,7 @@ pub(crate) fn binary(
     }
     let w = Walk::of("binary", &ol.shape, &[&ol, &al, &bl])?;
     gpu.dev.launch(
-        "binary_kernel",
+        kernel_for("binary_kernel", wide(&[a, b, out])),
         n,
         Args::new()
             .arg(w)
@@ -139,7 +163,7 @@ pub(crate) fn ternary(
     let (ol, [al, bl, cl]) = hal::in_memory_order(out.layout, [&al, &bl, &cl]);
     let w = Walk::of("ternary", &ol.shape, &[&ol, &al, &bl, &cl])?;
     gpu.dev.launch(
-        "ternary_kernel",
+        kernel_for("ternary_kernel", wide(&[a, b, c, out])),
         w.n as usize,
         Args::new()
             .arg(w)
@@ -171,7 +195,7 @@ impl CudaBackend {
         let (ol, [sl]) = hal::in_memory_order(out.layout, [src.layout]);
         let w = Walk::of("copy", &ol.shape, &[&ol, &sl])?;
         self.dev.launch(
-            "copy_kernel",
+            kernel_for("copy_kernel", wide(&[src, out])),
             w.n as usize,
             Args::new().arg(w).operand(out.buffer).operand(src.buffer),
         )

@@ -86,8 +86,13 @@ pub(crate) fn spmv_csr(
             .arg(verdict.ptr()),
     )?;
     gpu.dev.fault_pending.store(true, Ordering::Release);
+    // validate::spmv_csr: values, x and y all f32 or all f64.
+    let kernel = match a.values.dtype() {
+        DType::F64 => "spmv_wide_kernel",
+        _ => "spmv_kernel",
+    };
     gpu.dev.launch(
-        "spmv_kernel",
+        kernel,
         a.rows * 32,
         Args::new()
             .arg(a.rows as i64)
@@ -207,21 +212,42 @@ impl CudaBackend {
                 )
             };
         }
-        if om.batch * om.rows * om.cols * am.cols <= SMALL_GEMM_WORK && am.cols <= SMALL_GEMM_MAX_K
+        let wide = [a, b, out].iter().any(|v| v.dtype() == DType::F64);
+        if wide && (a.dtype() != DType::F64 || b.dtype() != DType::F64) {
+            // f64 products take f64 operands: the others widened (exactly) first.
+            let widen = |v: V<'_>| -> Result<(CudaBuffer, Layout)> {
+                if v.dtype() == DType::F64 {
+                    return Ok((v.buffer.clone(), v.layout.clone()));
+                }
+                Ok((
+                    self.contiguous(v, DType::F64)?,
+                    Layout::contiguous(&v.layout.shape),
+                ))
+            };
+            let ((ab, al), (bb, bl)) = (widen(a)?, widen(b)?);
+            return self.gemm(View::new(&ab, &al), View::new(&bb, &bl), out, alpha, beta);
+        }
+        if !wide
+            && om.batch * om.rows * om.cols * am.cols <= SMALL_GEMM_WORK
+            && am.cols <= SMALL_GEMM_MAX_K
         {
             return self.small_gemm([a, b, out], [&am, &bm, &om], alpha, beta);
         }
         let in_dt = a.dtype();
         let out_ok = match in_dt {
-            DType::F32 => out.dtype() == DType::F32,
+            DType::F32 | DType::F64 => out.dtype() == in_dt,
             _ => out.dtype() == in_dt || out.dtype() == DType::F32,
         };
         let out_form = Self::blas_form(om.rows, om.cols, om.strides[1], om.strides[2])
             .filter(|&(t, _)| !t)
             .filter(|_| om.batch == 1 || om.strides[0] > 0);
         if !out_ok || out_form.is_none() {
-            // Into a contiguous f32 (or input-dtype) temporary, then copied into place.
-            let tmp_dt = if out_ok { out.dtype() } else { DType::F32 };
+            // Into a contiguous f32 (f64, or input-dtype) temporary, then copied into place.
+            let tmp_dt = match (out_ok, wide) {
+                (true, _) => out.dtype(),
+                (false, true) => DType::F64,
+                (false, false) => DType::F32,
+            };
             return self.gemm_via_temporary([a, b, out], &om, tmp_dt, alpha, beta);
         }
         let (abuf, am) = self.blas_operand(a, am)?;
@@ -247,12 +273,28 @@ impl CudaBackend {
         let dt = |d: DType| match d {
             DType::F16 => blas_sys::cudaDataType::CUDA_R_16F,
             DType::BF16 => blas_sys::cudaDataType::CUDA_R_16BF,
+            DType::F64 => blas_sys::cudaDataType::CUDA_R_64F,
             _ => blas_sys::cudaDataType::CUDA_R_32F,
         };
-        let compute = if in_dt == DType::F32 && self.precision == Precision::Fast {
+        let compute = if in_dt == DType::F64 {
+            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_64F
+        } else if in_dt == DType::F32 && self.precision == Precision::Fast {
             blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
         } else {
             blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        // The scalars' type is the compute type's: double for 64F.
+        let (alpha64, beta64) = (alpha as f64, beta as f64);
+        let (alpha_ptr, beta_ptr) = if in_dt == DType::F64 {
+            (
+                &alpha64 as *const f64 as *const c_void,
+                &beta64 as *const f64 as *const c_void,
+            )
+        } else {
+            (
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+            )
         };
         let op = |t: bool| {
             if t {
@@ -283,7 +325,7 @@ impl CudaBackend {
                 om.cols as i32,
                 om.rows as i32,
                 am.cols as i32,
-                &alpha as *const f32 as *const c_void,
+                alpha_ptr,
                 (bbuf.ptr() + bm.offset as u64 * es) as *const c_void,
                 dt(in_dt),
                 ldb as i32,
@@ -292,7 +334,7 @@ impl CudaBackend {
                 dt(in_dt),
                 lda as i32,
                 am.batch_stride() as i64,
-                &beta as *const f32 as *const c_void,
+                beta_ptr,
                 (out.buffer.ptr() + om.offset as u64 * oes) as *mut c_void,
                 dt(out.dtype()),
                 ldc as i32,
