@@ -54,8 +54,8 @@ pub use compile::{CompileReport, CompiledProblem, Evaluation, GroupReport, Kerne
 pub use graph::{Derivatives, Graph};
 pub use problem::{Loss, Problem, ResidualGroup};
 pub use solve::{
-    CRAWL_ITERATIONS, CRAWL_RADIUS, IterationSummary, LinearSolver, Method, PhaseTimes, Scaling,
-    SolveOptions, Summary, Termination, solve,
+    AUTO_CG_MIN_PARAMETERS, CRAWL_ITERATIONS, CRAWL_RADIUS, IterationSummary, LinearSolver, Method,
+    PhaseTimes, Scaling, SolveOptions, Summary, Termination, solve,
 };
 pub use trace::{Cond, Var, Vec2, Vec3};
 

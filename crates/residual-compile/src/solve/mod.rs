@@ -45,9 +45,9 @@ pub enum Method {
 /// How the normal equations are solved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinearSolver {
-    /// Sparse Cholesky on the CPU backend, conjugate gradients on a GPU backend (where the
-    /// backend runs the conjugate-gradient primitives in the solve's precision; sparse
-    /// Cholesky on the host otherwise).
+    /// Sparse Cholesky on the CPU backend, conjugate gradients on a GPU backend (from
+    /// [`AUTO_CG_MIN_PARAMETERS`] parameters, where the backend runs the conjugate-gradient
+    /// primitives in the solve's precision; sparse Cholesky on the host otherwise).
     Auto,
     SparseCholesky,
     ConjugateGradient,
@@ -498,6 +498,9 @@ pub fn solve<B: Backend>(
         LinearSolver::Auto if !cg_runs_in(backend, options.precision) => {
             LinearSolver::SparseCholesky
         }
+        LinearSolver::Auto if problem.parameters().len() < AUTO_CG_MIN_PARAMETERS => {
+            LinearSolver::SparseCholesky
+        }
         LinearSolver::Auto => LinearSolver::ConjugateGradient,
         other => other,
     };
@@ -554,6 +557,11 @@ pub fn solve<B: Backend>(
         }
     }
 }
+
+/// `LinearSolver::Auto` on a GPU backend factorises on the host below this many parameters:
+/// there the exact step costs less than the device's conjugate-gradient launches, and small
+/// problems are the ones solved to their last digits.
+pub const AUTO_CG_MIN_PARAMETERS: usize = 4096;
 
 /// Whether the device engine's primitives run in `precision` on `backend` (every backend runs
 /// them in `f32`; `f64` needs them in [`hal::Capabilities::f64`]).

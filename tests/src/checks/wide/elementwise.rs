@@ -66,7 +66,15 @@ pub(super) fn unary_binary_ternary<B: Backend>(s: &mut Suite<'_, B>) {
                     &c,
                     t.as_deref(),
                     &want,
-                    &|_, w| ulps * U64 * w.abs() + if exact_op { 0.0 } else { 1e-300 },
+                    // (Relative to the operand too: Gelu's 1 + erf cancels for negative x.)
+                    &|i, w| {
+                        let scale = if exact_op {
+                            w.abs()
+                        } else {
+                            w.abs() + x[i].abs()
+                        };
+                        ulps * U64 * scale + if exact_op { 0.0 } else { 1e-300 }
+                    },
                 ),
                 Err(e) => s.fail("f64 unary", format!("{op:?}: {e}")),
             }
