@@ -116,66 +116,102 @@ pub fn erf_f64(x: f64) -> f64 {
     if x < 0.0 { -r } else { r }
 }
 
-impl UnaryOp {
-    /// The op on one `f64`: [`UnaryOp::apply`]'s formulas in `f64`.
-    pub fn apply_f64(self, x: f64) -> f64 {
-        match self {
-            UnaryOp::Neg => -x,
-            UnaryOp::Abs => x.abs(),
-            UnaryOp::Exp => x.exp(),
-            UnaryOp::Exp2 => x.exp2(),
-            UnaryOp::Log => x.ln(),
-            UnaryOp::Log2 => x.log2(),
-            UnaryOp::Sqrt => x.sqrt(),
-            UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-            UnaryOp::Recip => 1.0 / x,
-            UnaryOp::Sin => x.sin(),
-            UnaryOp::Cos => x.cos(),
-            UnaryOp::Tanh => x.tanh(),
-            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            UnaryOp::Relu => {
-                if x < 0.0 {
-                    0.0
-                } else {
-                    x
-                }
+/// What the elementwise formulas need of a float width, so each is written once for `f32`
+/// and `f64`.
+trait Real:
+    Copy
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::Rem<Output = Self>
+    + std::ops::Neg<Output = Self>
+{
+    const NAN: Self;
+    const FRAC_1_SQRT_2: Self;
+    /// An `f32` (an op's parameter or a literal) in this width, exactly.
+    fn of(v: f32) -> Self;
+    fn abs(self) -> Self;
+    fn exp(self) -> Self;
+    fn exp2(self) -> Self;
+    fn ln(self) -> Self;
+    fn log2(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn sin(self) -> Self;
+    fn cos(self) -> Self;
+    fn tanh(self) -> Self;
+    fn floor(self) -> Self;
+    fn ceil(self) -> Self;
+    fn round_ties_even(self) -> Self;
+    fn erf(self) -> Self;
+    fn is_nan(self) -> bool;
+    fn max(self, o: Self) -> Self;
+    fn min(self, o: Self) -> Self;
+    fn powf(self, o: Self) -> Self;
+    fn atan2(self, o: Self) -> Self;
+    fn mul_add(self, a: Self, b: Self) -> Self;
+}
+
+macro_rules! real {
+    ($t:ident, $erf:ident, $of:expr) => {
+        impl Real for $t {
+            const NAN: $t = $t::NAN;
+            const FRAC_1_SQRT_2: $t = std::$t::consts::FRAC_1_SQRT_2;
+            #[inline(always)]
+            fn of(v: f32) -> $t {
+                $of(v)
             }
-            UnaryOp::LeakyRelu { slope } => {
-                if x < 0.0 {
-                    slope as f64 * x
-                } else {
-                    x
-                }
+            #[inline(always)]
+            fn erf(self) -> $t {
+                $erf(self)
             }
-            UnaryOp::Gelu => 0.5 * x * (1.0 + erf_f64(x * std::f64::consts::FRAC_1_SQRT_2)),
-            UnaryOp::Silu => x / (1.0 + (-x).exp()),
-            UnaryOp::Floor => x.floor(),
-            UnaryOp::Ceil => x.ceil(),
-            UnaryOp::Round => x.round_ties_even(),
-            UnaryOp::Sign => {
-                if x > 0.0 {
-                    1.0
-                } else if x < 0.0 {
-                    -1.0
-                } else {
-                    x
-                }
+            real!(@unary $t: abs exp exp2 ln log2 sqrt sin cos tanh floor ceil round_ties_even);
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                $t::is_nan(self)
             }
-            UnaryOp::Square => x * x,
-            UnaryOp::Affine { scale, shift } => (scale as f64).mul_add(x, shift as f64),
-            UnaryOp::Clamp { lo, hi } => {
-                if x.is_nan() {
-                    x
-                } else {
-                    x.max(lo as f64).min(hi as f64)
-                }
+            real!(@binary $t: max min powf atan2);
+            #[inline(always)]
+            fn mul_add(self, a: $t, b: $t) -> $t {
+                $t::mul_add(self, a, b)
             }
         }
-    }
+    };
+    (@unary $t:ident: $($f:ident)*) => {$(
+        #[inline(always)]
+        fn $f(self) -> $t {
+            $t::$f(self)
+        }
+    )*};
+    (@binary $t:ident: $($f:ident)*) => {$(
+        #[inline(always)]
+        fn $f(self, o: $t) -> $t {
+            $t::$f(self, o)
+        }
+    )*};
+}
 
+real!(f32, erf_f32, |v: f32| v);
+real!(f64, erf_f64, |v: f32| v as f64);
+
+impl UnaryOp {
     /// The reference definition of the op on one `f32`.
     #[inline(always)]
     pub fn apply(self, x: f32) -> f32 {
+        self.eval(x)
+    }
+
+    /// The op on one `f64`: [`UnaryOp::apply`]'s formulas in `f64`, the parameters widened,
+    /// `Gelu` with [`erf_f64`].
+    pub fn apply_f64(self, x: f64) -> f64 {
+        self.eval(x)
+    }
+
+    /// The formulas, written once for both widths.
+    #[inline(always)]
+    fn eval<T: Real>(self, x: T) -> T {
+        let (zero, one) = (T::of(0.0), T::of(1.0));
         match self {
             UnaryOp::Neg => -x,
             UnaryOp::Abs => x.abs(),
@@ -184,47 +220,47 @@ impl UnaryOp {
             UnaryOp::Log => x.ln(),
             UnaryOp::Log2 => x.log2(),
             UnaryOp::Sqrt => x.sqrt(),
-            UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-            UnaryOp::Recip => 1.0 / x,
+            UnaryOp::Rsqrt => one / x.sqrt(),
+            UnaryOp::Recip => one / x,
             UnaryOp::Sin => x.sin(),
             UnaryOp::Cos => x.cos(),
             UnaryOp::Tanh => x.tanh(),
-            UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            UnaryOp::Sigmoid => one / (one + (-x).exp()),
             UnaryOp::Relu => {
-                if x < 0.0 {
-                    0.0
+                if x < zero {
+                    zero
                 } else {
                     x
                 }
             }
             UnaryOp::LeakyRelu { slope } => {
-                if x < 0.0 {
-                    slope * x
+                if x < zero {
+                    T::of(slope) * x
                 } else {
                     x
                 }
             }
-            UnaryOp::Gelu => 0.5 * x * (1.0 + erf_f32(x * std::f32::consts::FRAC_1_SQRT_2)),
-            UnaryOp::Silu => x / (1.0 + (-x).exp()),
+            UnaryOp::Gelu => T::of(0.5) * x * (one + (x * T::FRAC_1_SQRT_2).erf()),
+            UnaryOp::Silu => x / (one + (-x).exp()),
             UnaryOp::Floor => x.floor(),
             UnaryOp::Ceil => x.ceil(),
             UnaryOp::Round => x.round_ties_even(),
             UnaryOp::Sign => {
-                if x > 0.0 {
-                    1.0
-                } else if x < 0.0 {
-                    -1.0
+                if x > zero {
+                    one
+                } else if x < zero {
+                    -one
                 } else {
                     x
                 }
             }
             UnaryOp::Square => x * x,
-            UnaryOp::Affine { scale, shift } => scale.mul_add(x, shift),
+            UnaryOp::Affine { scale, shift } => T::of(scale).mul_add(x, T::of(shift)),
             UnaryOp::Clamp { lo, hi } => {
                 if x.is_nan() {
                     x
                 } else {
-                    x.max(lo).min(hi)
+                    x.max(T::of(lo)).min(T::of(hi))
                 }
             }
         }
@@ -332,41 +368,22 @@ impl BinaryOp {
         )
     }
 
-    /// The op on two `f64`s: [`BinaryOp::apply`]'s formulas in `f64`.
-    pub fn apply_f64(self, a: f64, b: f64) -> f64 {
-        let flag = |c: bool| if c { 1.0 } else { 0.0 };
-        match self {
-            BinaryOp::Add => a + b,
-            BinaryOp::Sub => a - b,
-            BinaryOp::Mul => a * b,
-            BinaryOp::Div => a / b,
-            BinaryOp::Rem => {
-                let r = a % b;
-                if r != 0.0 && ((r < 0.0) != (b < 0.0)) {
-                    r + b
-                } else {
-                    r
-                }
-            }
-            BinaryOp::Pow => a.powf(b),
-            BinaryOp::Max if a.is_nan() || b.is_nan() => f64::NAN,
-            BinaryOp::Min if a.is_nan() || b.is_nan() => f64::NAN,
-            BinaryOp::Max => a.max(b),
-            BinaryOp::Min => a.min(b),
-            BinaryOp::Atan2 => a.atan2(b),
-            BinaryOp::Eq => flag(a == b),
-            BinaryOp::Ne => flag(a != b),
-            BinaryOp::Lt => flag(a < b),
-            BinaryOp::Le => flag(a <= b),
-            BinaryOp::Gt => flag(a > b),
-            BinaryOp::Ge => flag(a >= b),
-        }
-    }
-
     /// The reference definition of the op on two `f32`s.
     #[inline(always)]
     pub fn apply(self, a: f32, b: f32) -> f32 {
-        let flag = |c: bool| if c { 1.0 } else { 0.0 };
+        self.eval(a, b)
+    }
+
+    /// The op on two `f64`s: [`BinaryOp::apply`]'s formulas in `f64`.
+    pub fn apply_f64(self, a: f64, b: f64) -> f64 {
+        self.eval(a, b)
+    }
+
+    /// The formulas, written once for both widths.
+    #[inline(always)]
+    fn eval<T: Real>(self, a: T, b: T) -> T {
+        let zero = T::of(0.0);
+        let flag = |c: bool| T::of(if c { 1.0 } else { 0.0 });
         match self {
             BinaryOp::Add => a + b,
             BinaryOp::Sub => a - b,
@@ -374,27 +391,16 @@ impl BinaryOp {
             BinaryOp::Div => a / b,
             BinaryOp::Rem => {
                 let r = a % b;
-                if r != 0.0 && ((r < 0.0) != (b < 0.0)) {
+                if r != zero && ((r < zero) != (b < zero)) {
                     r + b
                 } else {
                     r
                 }
             }
             BinaryOp::Pow => a.powf(b),
-            BinaryOp::Max => {
-                if a.is_nan() || b.is_nan() {
-                    f32::NAN
-                } else {
-                    a.max(b)
-                }
-            }
-            BinaryOp::Min => {
-                if a.is_nan() || b.is_nan() {
-                    f32::NAN
-                } else {
-                    a.min(b)
-                }
-            }
+            BinaryOp::Max | BinaryOp::Min if a.is_nan() || b.is_nan() => T::NAN,
+            BinaryOp::Max => a.max(b),
+            BinaryOp::Min => a.min(b),
             BinaryOp::Atan2 => a.atan2(b),
             BinaryOp::Eq => flag(a == b),
             BinaryOp::Ne => flag(a != b),
@@ -420,26 +426,21 @@ pub enum TernaryOp {
 impl TernaryOp {
     pub const ALL: [TernaryOp; 3] = [TernaryOp::Where, TernaryOp::Fma, TernaryOp::Lerp];
 
+    #[inline(always)]
+    pub fn apply(self, a: f32, b: f32, c: f32) -> f32 {
+        self.eval(a, b, c)
+    }
+
     /// The op on three `f64`s.
     pub fn apply_f64(self, a: f64, b: f64, c: f64) -> f64 {
-        match self {
-            TernaryOp::Where => {
-                if a != 0.0 {
-                    b
-                } else {
-                    c
-                }
-            }
-            TernaryOp::Fma => a.mul_add(b, c),
-            TernaryOp::Lerp => a.mul_add(c - b, b),
-        }
+        self.eval(a, b, c)
     }
 
     #[inline(always)]
-    pub fn apply(self, a: f32, b: f32, c: f32) -> f32 {
+    fn eval<T: Real>(self, a: T, b: T, c: T) -> T {
         match self {
             TernaryOp::Where => {
-                if a != 0.0 {
+                if a != T::of(0.0) {
                     b
                 } else {
                     c
