@@ -67,6 +67,14 @@ pub(crate) fn gemm<B: Backend>(
             gemm_at(&b.with_precision(policy), args, &label, DType::F32, tol)?;
         }
     }
+    if caps.f64.primitive("matmul") && caps.f64.primitive("copy") {
+        // f64 in, f64 out: held to f64's bound, k u |a||b| (the check's own f64 sums err
+        // as much).
+        let bound = 2.0 * args.gemm_size as f64 * f64::EPSILON;
+        gemm_at(b, args, "f64", DType::F64, bound)?;
+    } else {
+        println!("gemm f64: not run: {} runs no f64 matmul", b.info().backend);
+    }
     if caps.matrix_units {
         // f16 inputs are exact in f32, so the f32 product's bound applies.
         gemm_at(b, args, "f16 inputs, f32 accumulation", DType::F16, 1e-5)?;
@@ -86,24 +94,7 @@ pub(crate) fn gemm<B: Backend>(
     Ok(())
 }
 
-/// A buffer's values as f64, whatever its float dtype.
-pub(crate) fn read_f64<B: Backend>(b: &B, buf: &B::Buffer) -> hal::Result<Vec<f64>> {
-    Ok(match hal::DeviceBuffer::dtype(buf) {
-        DType::F16 => b
-            .read::<half::f16>(buf)?
-            .iter()
-            .map(|v| v.to_f64())
-            .collect(),
-        DType::BF16 => b
-            .read::<half::bf16>(buf)?
-            .iter()
-            .map(|v| v.to_f64())
-            .collect(),
-        _ => b.read::<f32>(buf)?.iter().map(|&v| v as f64).collect(),
-    })
-}
-
-/// Times an `n^3` GEMM of `dtype` inputs into f32 on `b`, checked first on sampled entries
+/// Times an `n^3` GEMM of `dtype` inputs into f32 (f64 for f64 inputs) on `b`, checked first on sampled entries
 /// against float64 to `tol` of `|a| @ |b|`; prints also the normwise relative error of the
 /// sampled entries.
 pub(crate) fn gemm_at<B: Backend>(
@@ -115,20 +106,42 @@ pub(crate) fn gemm_at<B: Backend>(
 ) -> hal::Result<()> {
     let n = args.gemm_size;
     let l = Layout::contiguous(&[n, n]);
+    let out_dtype = if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
     let (x, y, out) = (
         b.alloc(dtype, n * n)?,
         b.alloc(dtype, n * n)?,
-        b.alloc(DType::F32, n * n)?,
+        b.alloc(out_dtype, n * n)?,
     );
     let normal = Distribution::Normal {
         mean: 0.0,
         std: 1.0,
     };
+    // f64 inputs are drawn in f32 and widened (not every backend draws f64 numbers).
+    let draw = if dtype == DType::F64 {
+        Some(b.alloc(DType::F32, n * n)?)
+    } else {
+        None
+    };
+    let fill_random = |target: &B::Buffer, offset: u64| {
+        match &draw {
+            Some(tmp) => {
+                b.random(View::new(tmp, &l), normal, 11, offset)
+                    .expect("random");
+                b.copy(View::new(tmp, &l), View::new(target, &l))
+                    .expect("copy");
+            }
+            None => b
+                .random(View::new(target, &l), normal, 11, offset)
+                .expect("random"),
+        };
+    };
     let fresh = |i: usize| {
-        b.random(View::new(&x, &l), normal, 11, (2 * i * n * n) as u64)
-            .expect("random");
-        b.random(View::new(&y, &l), normal, 11, ((2 * i + 1) * n * n) as u64)
-            .expect("random");
+        fill_random(&x, (2 * i * n * n) as u64);
+        fill_random(&y, ((2 * i + 1) * n * n) as u64);
         b.fill(View::new(&out, &l), f64::NAN).expect("fill"); // poison: every element must be written
         b.synchronize().expect("sync");
     };
@@ -141,14 +154,14 @@ pub(crate) fn gemm_at<B: Backend>(
         1.0,
         0.0,
     )?;
-    let (xs, ys, os) = (read_f64(b, &x)?, read_f64(b, &y)?, b.read::<f32>(&out)?);
+    let (xs, ys, os) = (b.read_f64(&x)?, b.read_f64(&y)?, b.read_f64(&out)?);
     let mut worst = 0f64;
     let (mut err2, mut ref2) = (0f64, 0f64);
     for s in 0..256 {
         let (i, j) = ((s * 7919) % n, (s * 104_729 + 13) % n);
         let want: f64 = (0..n).map(|k| xs[i * n + k] * ys[k * n + j]).sum();
         let scale: f64 = (0..n).map(|k| (xs[i * n + k] * ys[k * n + j]).abs()).sum();
-        let e = os[i * n + j] as f64 - want;
+        let e = os[i * n + j] - want;
         worst = worst.max(e.abs() / scale);
         err2 += e * e;
         ref2 += want * want;

@@ -8,7 +8,10 @@
 //!   call reads or writes outside the views it is given. Views of zero elements are valid and
 //!   do nothing, except where a primitive says an empty input is an error.
 //! - Float storage (`f32`, `f16`, `bf16`) is loaded as `f32`, computed in `f32` (reductions
-//!   may accumulate wider), and rounded to the output dtype once, on store.
+//!   may accumulate wider), and rounded to the output dtype once, on store. Where an operand is
+//!   `f64` the primitive computes in `f64` (tolerances in f64's `u`), or, on a backend that
+//!   does not run it in `f64` ([`Capabilities::f64`]), is refused with
+//!   [`Error::UnsupportedDType`]: never narrowed.
 //! - An output view reaches each of its elements once (no broadcast or overlapping output),
 //!   and must not overlap an input, except that an elementwise primitive (and `copy`) may
 //!   write to an input whose view is identical to the output's (in-place update). Both are

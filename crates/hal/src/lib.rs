@@ -20,6 +20,8 @@
 //! - [`Layout`]: shape, strides and offset. Movement ops are metadata; only copies move data.
 //! - [`ir`]: the scalar program IR, the open door for kernels that are not primitives.
 //! - [`Error`]: the one error type; nothing here panics on bad input.
+//! - [`DType::F64`] and [`F64Support`]: double precision as a compute type, what each device
+//!   runs in it, and the rule that nothing is silently narrowed.
 //! - [`random`]: Philox 4x32-10, the random stream every backend reproduces.
 //! - [`validate`]: every primitive's argument checks, called by every backend first.
 //! - [`fault`]: the device fault record GPU backends report data-dependent errors through.
