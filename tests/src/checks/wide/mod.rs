@@ -8,9 +8,11 @@
 use super::*;
 
 mod elementwise;
+mod others;
 mod sums;
 
 use elementwise::{fill_copy, unary_binary_ternary};
+use others::{arg_reduce, images, sgd};
 use sums::{indexing, products, reduce};
 
 const U64: f64 = f64::EPSILON / 2.0;
@@ -306,6 +308,9 @@ pub(super) fn all<B: Backend>(s: &mut Suite<'_, B>) {
     fill_copy(s);
     unary_binary_ternary(s);
     reduce(s);
+    arg_reduce(s);
+    images(s);
+    sgd(s);
     products(s);
     indexing(s);
     random_and_optimizers(s);
@@ -313,7 +318,10 @@ pub(super) fn all<B: Backend>(s: &mut Suite<'_, B>) {
 }
 
 /// The rows `all` produces on every backend (compared, or refused).
-pub(super) const ROWS: [&str; 12] = [
+pub(super) const ROWS: [&str; 15] = [
+    "f64 arg_reduce",
+    "f64 im2col, col2im",
+    "f64 sgd_step",
     "f64 fill, copy",
     "f64 unary",
     "f64 binary",
