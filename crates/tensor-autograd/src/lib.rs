@@ -18,6 +18,8 @@
 //!   index_select, embedding), `loss.rs`, `random.rs` (dropout).
 //! - [`nn`]: the [`nn::Module`] trait and layers; safetensors save/load.
 //! - [`optim`]: SGD, Adam, AdamW on the backends' fused step kernels; schedules; clipping.
+//! - [`gradcheck`] (`gradcheck.rs`): autograd's gradients against central differences, in
+//!   f64 tensors (which every operation of the CPU backend computes in f64).
 //! - [`data`]: datasets and a [`data::DataLoader`] that prepares the next batch on a thread.
 //! - [`models`]: the reference MLP and LeNet-style CNN, the training loop the examples and the
 //!   bench share ([`models::train_step`], and [`models::RecordedStep`], the same step recorded
@@ -41,6 +43,7 @@
 mod autograd;
 pub mod data;
 mod error;
+mod gradcheck;
 pub mod models;
 pub mod nn;
 mod ops;
@@ -49,5 +52,6 @@ mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad};
 pub use error::{Error, Result};
+pub use gradcheck::{GradcheckOptions, GradcheckReport, gradcheck};
 pub use ops::Conv2dOptions;
 pub use tensor::Tensor;

@@ -253,6 +253,12 @@ impl<B: Backend> Tensor<B> {
         Ok(self.inner.backend.read_f32(&dense.inner.buffer)?)
     }
 
+    /// Waits for the device and returns the elements as `f64` (exactly, from any dtype).
+    pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
+        let dense = self.dense()?;
+        Ok(self.inner.backend.read_f64(&dense.inner.buffer)?)
+    }
+
     /// Waits for the device and returns the elements of a `u32` tensor (indices, argmax).
     pub fn to_vec_u32(&self) -> Result<Vec<u32>> {
         let dense = self.dense()?;

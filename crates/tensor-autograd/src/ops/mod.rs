@@ -18,9 +18,16 @@ use crate::tensor::Tensor;
 use hal::ir::{Access, ProgramBuilder, Value};
 use hal::{Backend, DType, DeviceBuffer, Layout};
 
-/// The dtype of an operation's result on two operands: their common dtype, else f32.
+/// The dtype of an operation's result on two operands: their common dtype, f64 where either
+/// is f64 (never narrowed), else f32.
 pub(crate) fn promote(a: DType, b: DType) -> DType {
-    if a == b { a } else { DType::F32 }
+    if a == b {
+        a
+    } else if a == DType::F64 || b == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
 }
 
 impl<B: Backend> Tensor<B> {
@@ -135,6 +142,18 @@ pub(crate) fn fused<B: Backend>(
     dtype: DType,
     body: impl FnOnce(&mut ProgramBuilder, &[Value]) -> Value,
 ) -> Result<Tensor<B>> {
+    // The fused kernels' constants and approximations (erf's) are f32: refused in f64 with
+    // the reason rather than an IR type error (or an f32-accurate f64 result).
+    if inputs.iter().any(|t| t.dtype() == DType::F64) || dtype == DType::F64 {
+        return Err(crate::error::Error::InvalidArgument {
+            op: "backward",
+            detail: format!(
+                "the fused kernel `{name}` has no f64 form yet: on f64 tensors, the operations \
+                 whose backward is built from primitives (arithmetic, matmul, sums and means, \
+                 views) differentiate"
+            ),
+        });
+    }
     let backend = inputs[0].backend().clone();
     let layout = inputs
         .iter()
