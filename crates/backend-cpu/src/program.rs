@@ -269,33 +269,14 @@ fn run_block(
                 }
             }
             Inst::Const(Constant::F64(bits)) => wide[dst] = [bits; LANES],
-            Inst::Const(c) => {
-                let bits = match c {
-                    Constant::F32(x) | Constant::U32(x) => x,
-                    Constant::I32(x) => x as u32,
-                    Constant::Bool(x) => x as u32,
-                    Constant::F64(_) => unreachable!("matched above"),
-                };
-                regs[dst] = [bits; LANES];
-            }
+            Inst::Const(c) => regs[dst] = [narrow_bits(c); LANES],
             Inst::Load { buffer, index } => {
                 let (m, ix) = (mems[buffer.0 as usize], regs[op(index)]);
-                let w = m.dtype == DType::F64;
-                let (mut out, mut out64) = ([0u32; LANES], [0u64; LANES]);
-                for l in 0..lanes {
-                    let i = ix[l] as usize;
-                    if i >= m.len {
-                        record_fault(buffer.0, ix[l]);
-                    } else if w {
-                        out64[l] = m.load64(i);
-                    } else {
-                        out[l] = m.load(i);
-                    }
-                }
-                if w {
-                    wide[dst] = out64;
+                let fault = |at| record_fault(buffer.0, at);
+                if m.dtype == DType::F64 {
+                    wide[dst] = lanes_of(&ix, lanes, m.len, &fault, |i| m.load64(i));
                 } else {
-                    regs[dst] = out;
+                    regs[dst] = lanes_of(&ix, lanes, m.len, &fault, |i| m.load(i));
                 }
             }
             Inst::Store {
@@ -309,35 +290,19 @@ fn run_block(
                 index,
                 value,
             } => {
-                let (m, ix) = (mems[buffer.0 as usize], regs[op(index)]);
-                let w = m.dtype == DType::F64;
-                let (val, val64) = if w {
-                    ([0; LANES], wide[op(value)])
+                let m = mems[buffer.0 as usize];
+                let value = if m.dtype == DType::F64 {
+                    Stored::Wide(&wide[op(value)])
                 } else {
-                    (regs[op(value)], [0; LANES])
+                    Stored::Narrow(&regs[op(value)])
                 };
-                let atomic = matches!(inst, Inst::AtomicAdd { .. });
                 let when = match *inst {
                     Inst::Store { when: Some(w), .. } => Some(regs[op(w)]),
                     _ => None,
                 };
-                for l in 0..lanes {
-                    if when.is_some_and(|w| w[l] == 0) {
-                        continue;
-                    }
-                    let i = ix[l] as usize;
-                    if i >= m.len {
-                        record_fault(buffer.0, ix[l]);
-                    } else if w && atomic {
-                        m.atomic_add64(i, val64[l]);
-                    } else if w {
-                        m.store64(i, val64[l]);
-                    } else if atomic {
-                        m.atomic_add(i, val[l]);
-                    } else {
-                        m.store(i, val[l]);
-                    }
-                }
+                let atomic = matches!(inst, Inst::AtomicAdd { .. });
+                let fault = |at| record_fault(buffer.0, at);
+                store_lanes(m, &regs[op(index)], value, when, atomic, lanes, &fault);
             }
             Inst::Unary { op: u, x } if wide_operand(x) => {
                 let xs = wide[op(x)];
@@ -387,22 +352,99 @@ fn run_block(
             }
             Inst::Cast { to, x } => {
                 let from = k.types[x.0 as usize].expect("typed");
-                match (from == ScalarType::F64, to == ScalarType::F64) {
-                    (true, true) => wide[dst] = wide[op(x)],
-                    (true, false) => {
-                        let xs = wide[op(x)];
-                        regs[dst] = std::array::from_fn(|l| cast_from64(to, xs[l]));
-                    }
-                    (false, true) => {
-                        let xs = regs[op(x)];
-                        wide[dst] = std::array::from_fn(|l| cast_to64(from, xs[l]));
-                    }
-                    (false, false) => {
-                        let xs = regs[op(x)];
-                        regs[dst] = std::array::from_fn(|l| cast(from, to, xs[l]));
-                    }
-                }
+                let files = Files {
+                    regs: &mut *regs,
+                    wide: &mut *wide,
+                };
+                cast_lanes(files, from, to, op(x), dst);
             }
+        }
+    }
+}
+
+/// A 32-bit constant's register bits.
+fn narrow_bits(c: Constant) -> u32 {
+    match c {
+        Constant::F32(x) | Constant::U32(x) => x,
+        Constant::I32(x) => x as u32,
+        Constant::Bool(x) => x as u32,
+        Constant::F64(_) => unreachable!("f64 constants live in the 64-bit file"),
+    }
+}
+
+/// The values a store or atomic add writes: 32-bit lanes, or 64-bit ones for an f64 buffer.
+enum Stored<'a> {
+    Narrow(&'a Reg),
+    Wide(&'a Wide),
+}
+
+/// Stores (or adds atomically) each live lane's value at its index where `when` holds,
+/// noting the fault of an index out of range.
+fn store_lanes(
+    m: Mem,
+    ix: &Reg,
+    value: Stored<'_>,
+    when: Option<Reg>,
+    atomic: bool,
+    lanes: usize,
+    fault: &impl Fn(u32),
+) {
+    for l in 0..lanes {
+        if when.is_some_and(|w| w[l] == 0) {
+            continue;
+        }
+        let i = ix[l] as usize;
+        if i >= m.len {
+            fault(ix[l]);
+            continue;
+        }
+        match (&value, atomic) {
+            (Stored::Wide(v), true) => m.atomic_add64(i, v[l]),
+            (Stored::Wide(v), false) => m.store64(i, v[l]),
+            (Stored::Narrow(v), true) => m.atomic_add(i, v[l]),
+            (Stored::Narrow(v), false) => m.store(i, v[l]),
+        }
+    }
+}
+
+/// `load(i)` at each live lane's index below `len`, or the fault noted (the lane left 0).
+#[inline(always)]
+fn lanes_of<T: Copy + Default>(
+    ix: &Reg,
+    lanes: usize,
+    len: usize,
+    fault: &impl Fn(u32),
+    load: impl Fn(usize) -> T,
+) -> [T; LANES] {
+    let mut out = [T::default(); LANES];
+    for l in 0..lanes {
+        let i = ix[l] as usize;
+        if i < len {
+            out[l] = load(i);
+        } else {
+            fault(ix[l]);
+        }
+    }
+    out
+}
+
+/// `Inst::Cast` from slot `src` (of type `from`) into slot `dst` (of type `to`), across the
+/// two register files.
+fn cast_lanes(files: Files<'_>, from: ScalarType, to: ScalarType, src: usize, dst: usize) {
+    let Files { regs, wide } = files;
+    match (from == ScalarType::F64, to == ScalarType::F64) {
+        (true, true) => wide[dst] = wide[src],
+        (true, false) => {
+            let xs = wide[src];
+            regs[dst] = std::array::from_fn(|l| cast_from64(to, xs[l]));
+        }
+        (false, true) => {
+            let xs = regs[src];
+            wide[dst] = std::array::from_fn(|l| cast_to64(from, xs[l]));
+        }
+        (false, false) => {
+            let xs = regs[src];
+            regs[dst] = std::array::from_fn(|l| cast(from, to, xs[l]));
         }
     }
 }

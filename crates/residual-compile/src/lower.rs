@@ -189,12 +189,8 @@ pub fn lower(
     // An instance's rows are consecutive, and so are its R x P Jacobian entries: every store
     // below is `instance base + constant`, which lets a backend combine a warp's stores (the
     // CUDA lowering does).
-    let nr = b.const_u32(r);
-    let row_base = b.mul(i, nr);
-    let first_row = b.add(row0, row_base);
-    let nrp = b.const_u32(r * p);
-    let entry_base = b.mul(i, nrp);
-    let entry_base = b.add(entry0, entry_base);
+    let first_row = instance_base(&mut b, i, r, row0);
+    let entry_base = instance_base(&mut b, i, r * p, entry0);
     // The Jacobian's finiteness folded into the cost: `d - d` is 0 for a finite entry and
     // NaN otherwise (and a sum of zeros cannot overflow), so one reduction of the costs tells
     // the solver both (an entry that is not finite makes the step unusable).
@@ -218,6 +214,13 @@ pub fn lower(
     let cost_value = b.add(cost_value, entries);
     b.store(cost, at, cost_value);
     b.build()
+}
+
+/// `first + instance * stride`: where an instance's run of rows or entries starts.
+fn instance_base(b: &mut ProgramBuilder, instance: Value, stride: u32, first: Value) -> Value {
+    let s = b.const_u32(stride);
+    let m = b.mul(instance, s);
+    b.add(first, m)
 }
 
 /// Which nodes the outputs and the Jacobian need, so dead forward nodes cost nothing.

@@ -250,13 +250,27 @@ impl CudaBackend {
             };
             return self.gemm_via_temporary([a, b, out], &om, tmp_dt, alpha, beta);
         }
+        let ldc = out_form.expect("checked").1;
+        self.cublas_product([a, b, out], [am, bm, om], ldc, alpha, beta)
+    }
+
+    /// The product on cuBLAS (`gemm`'s last step): operands made readable, sizes checked
+    /// against cuBLAS's 32-bit ints, the data and compute types of `a`'s dtype.
+    fn cublas_product(
+        &self,
+        [a, b, out]: [V<'_>; 3],
+        [am, bm, om]: [MatrixView; 3],
+        ldc: i64,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<()> {
+        let in_dt = a.dtype();
         let (abuf, am) = self.blas_operand(a, am)?;
         let (bbuf, bm) = self.blas_operand(b, bm)?;
         let (ta, lda) =
             Self::blas_form(am.rows, am.cols, am.strides[1], am.strides[2]).expect("checked");
         let (tb, ldb) =
             Self::blas_form(bm.rows, bm.cols, bm.strides[1], bm.strides[2]).expect("checked");
-        let (_, ldc) = out_form.expect("checked");
         // cuBLAS takes sizes and leading dimensions as 32-bit ints: a larger one would be
         // truncated into a product over other memory.
         let dims = [om.rows, om.cols, am.cols, om.batch].map(|v| v as i64);
