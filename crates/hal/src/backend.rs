@@ -719,23 +719,10 @@ pub trait BackendExt: Backend {
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
-    /// Reads any float or integer buffer as `f32` (`f64` rounded to nearest).
+    /// Reads any float or integer buffer as `f32` (`f64`, and integers beyond 2^24, rounded to
+    /// nearest).
     fn read_f32(&self, src: &Self::Buffer) -> Result<Vec<f32>> {
-        let bytes = self.read_bytes(src)?;
-        fn conv<T: Element>(b: &[u8]) -> Vec<f32> {
-            bytemuck::pod_collect_to_vec::<u8, T>(b)
-                .into_iter()
-                .map(T::to_f32)
-                .collect()
-        }
-        Ok(match src.dtype() {
-            DType::F32 => conv::<f32>(&bytes),
-            DType::F16 => conv::<half::f16>(&bytes),
-            DType::BF16 => conv::<half::bf16>(&bytes),
-            DType::I32 => conv::<i32>(&bytes),
-            DType::U32 => conv::<u32>(&bytes),
-            DType::F64 => conv::<f64>(&bytes),
-        })
+        Ok(self.read_f64(src)?.into_iter().map(|v| v as f32).collect())
     }
 
     /// Reads any float or integer buffer as `f64` (exactly: every element of every dtype is

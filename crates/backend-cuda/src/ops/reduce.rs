@@ -96,17 +96,7 @@ impl CudaBackend {
         axes: &[usize],
         out: V<'_>,
     ) -> Result<()> {
-        let kept = Walk::of("reduce", &out.layout.shape, &[out.layout, x.layout])?;
-        let red_shape: Vec<usize> = (0..x.layout.rank())
-            .map(|d| {
-                if axes.contains(&d) {
-                    x.layout.shape[d]
-                } else {
-                    1
-                }
-            })
-            .collect();
-        let red = Walk::new("reduce", &red_shape, &[(&x.layout.strides, 0)])?;
+        let (kept, red) = reduce_walks(x, axes, out)?;
         let code = reduce_code(op);
         if kept.n == 0 {
             return Ok(());
@@ -151,17 +141,7 @@ impl CudaBackend {
         axes: &[usize],
         out: V<'_>,
     ) -> Result<()> {
-        let kept = Walk::of("reduce", &out.layout.shape, &[out.layout, x.layout])?;
-        let red_shape: Vec<usize> = (0..x.layout.rank())
-            .map(|d| {
-                if axes.contains(&d) {
-                    x.layout.shape[d]
-                } else {
-                    1
-                }
-            })
-            .collect();
-        let red = Walk::new("reduce", &red_shape, &[(&x.layout.strides, 0)])?;
+        let (kept, red) = reduce_walks(x, axes, out)?;
         let code = reduce_code(op);
         if kept.n == 0 {
             return Ok(());
@@ -287,4 +267,21 @@ fn reduce_code(op: ReduceOp) -> i32 {
         ReduceOp::Max => 2,
         ReduceOp::Min => 3,
     }
+}
+
+/// A reduction's two walks: over the outputs (operands: out, x) and over one output's
+/// reduced elements of `x` (offset 0: the first walk supplies the base).
+fn reduce_walks(x: V<'_>, axes: &[usize], out: V<'_>) -> Result<(Walk, Walk)> {
+    let kept = Walk::of("reduce", &out.layout.shape, &[out.layout, x.layout])?;
+    let red_shape: Vec<usize> = (0..x.layout.rank())
+        .map(|d| {
+            if axes.contains(&d) {
+                x.layout.shape[d]
+            } else {
+                1
+            }
+        })
+        .collect();
+    let red = Walk::new("reduce", &red_shape, &[(&x.layout.strides, 0)])?;
+    Ok((kept, red))
 }
