@@ -2,6 +2,8 @@
 
 #[allow(dead_code)] // Not every test file uses it.
 pub mod mgh;
+#[allow(dead_code)] // Not every test file uses it.
+pub mod nist;
 
 /// A fresh seed per run, printed so a failure can be replayed with `RC_SEED`.
 #[allow(dead_code)] // Not every test file uses it.
