@@ -61,9 +61,15 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
             "f32" => Precision::F32,
             p => return Err(format!("unknown precision {p} (expected f64 or f32)")),
         },
-        function_tolerance: args.function_tolerance.unwrap_or(defaults.function_tolerance),
-        gradient_tolerance: args.gradient_tolerance.unwrap_or(defaults.gradient_tolerance),
-        parameter_tolerance: args.parameter_tolerance.unwrap_or(defaults.parameter_tolerance),
+        function_tolerance: args
+            .function_tolerance
+            .unwrap_or(defaults.function_tolerance),
+        gradient_tolerance: args
+            .gradient_tolerance
+            .unwrap_or(defaults.gradient_tolerance),
+        parameter_tolerance: args
+            .parameter_tolerance
+            .unwrap_or(defaults.parameter_tolerance),
         ..defaults
     };
     let dir = args.data.clone().unwrap_or_else(nist::data_dir);

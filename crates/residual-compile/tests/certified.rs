@@ -41,9 +41,17 @@ fn a_malformed_file_is_an_error_not_a_panic() {
     let bad = format!("{head}Data: y x\n 1.0 oops\n 3.0 4.0\n");
     assert!(nist::parse("bad", &bad).unwrap_err().contains("oops"));
     let short = format!("{head}Data: y x\n 1.0 2.0\n");
-    assert!(nist::parse("short", &short).unwrap_err().contains("header says"));
+    assert!(
+        nist::parse("short", &short)
+            .unwrap_err()
+            .contains("header says")
+    );
     let ragged = format!("{head}Data: y x\n 1.0 2.0\n 3.0\n");
-    assert!(nist::parse("ragged", &ragged).unwrap_err().contains("ragged"));
+    assert!(
+        nist::parse("ragged", &ragged)
+            .unwrap_err()
+            .contains("ragged")
+    );
     assert!(nist::parse("bare", "Data: y x\n 1 2\n").is_err());
 }
 

@@ -135,15 +135,18 @@ pub fn model(name: &str) -> Option<(Model, bool)> {
         },
         "Nelson" => |b, x| b[0] - b[1] * x[0] * (-b[2] * x[1]).exp(),
         "MGH17" => |b, x| b[0] + b[1] * (-x[0] * b[3]).exp() + b[2] * (-x[0] * b[4]).exp(),
-        "Roszman1" => |b, x| {
-            b[0] - b[1] * x[0] - (b[2] / (x[0] - b[3])).atan() * (1.0 / std::f64::consts::PI)
-        },
+        "Roszman1" => {
+            |b, x| b[0] - b[1] * x[0] - (b[2] / (x[0] - b[3])).atan() * (1.0 / std::f64::consts::PI)
+        }
         "ENSO" => |b, x| {
             let tau = 2.0 * std::f64::consts::PI;
             let w = x[0] * (tau / 12.0);
             let w4 = x[0] * tau / b[3];
             let w7 = x[0] * tau / b[6];
-            b[0] + b[1] * w.cos() + b[2] * w.sin() + b[4] * w4.cos() + b[5] * w4.sin()
+            b[0] + b[1] * w.cos()
+                + b[2] * w.sin()
+                + b[4] * w4.cos()
+                + b[5] * w4.sin()
                 + b[7] * w7.cos()
                 + b[8] * w7.sin()
         },
@@ -207,7 +210,12 @@ pub struct Graded {
 }
 
 /// Solves `c` from start `start` (0 or 1) with `options` and grades it.
-pub fn grade<B: Backend>(backend: &B, c: &Certified, start: usize, options: &SolveOptions) -> Graded {
+pub fn grade<B: Backend>(
+    backend: &B,
+    c: &Certified,
+    start: usize,
+    options: &SolveOptions,
+) -> Graded {
     let mut p = build(c, start);
     let summary = solve(backend, &mut p, options, &KernelCache::new()).map_err(|e| e.to_string());
     let parameter_lre = match &summary {
@@ -219,7 +227,9 @@ pub fn grade<B: Backend>(backend: &B, c: &Certified, start: usize, options: &Sol
             .fold(11.0, f64::min),
         Err(_) => 0.0,
     };
-    let rss_lre = summary.as_ref().map_or(0.0, |s| lre(2.0 * s.final_cost, c.rss));
+    let rss_lre = summary
+        .as_ref()
+        .map_or(0.0, |s| lre(2.0 * s.final_cost, c.rss));
     Graded {
         name: c.name.clone(),
         start: start + 1,
