@@ -161,13 +161,11 @@ fn f64_support(shader_f64: bool) -> hal::F64Support {
     hal::F64Support {
         storage: true,
         programs: true,
-        program_math: false,
+        // math_wide.wgsl builds them from f64 arithmetic (GLSL.std.450 has none in f64).
+        program_math: true,
         atomics: false,
         primitives: F64_PRIMITIVES.to_vec(),
-        note: "Vulkan's GLSL.std.450 defines exp, log, sin, cos, tan, tanh, pow and atan2 for \
-               16- and 32-bit floats only; WGSL has no 64-bit atomics; the other primitives \
-               have no f64 kernels yet"
-            .into(),
+        note: "WGSL has no 64-bit atomics; the other primitives have no f64 kernels yet".into(),
     }
 }
 

@@ -64,28 +64,6 @@ fn f64_literal(bits: u64) -> String {
     }
 }
 
-/// Helpers of `F64` programs: conversions to integers that truncate toward zero and
-/// saturate, NaN to 0 (as `f2i`/`f2u` do for `f32`); a fused multiply-add built from exact
-/// products (Veltkamp's split, Dekker's product) and sums (Knuth's), since Vulkan lets
-/// `fma()` round twice (lavapipe's f64 one does); division and square root refined by one
-/// Newton step on their exact residual, since Vulkan drivers approximate both in f64
-/// (lavapipe's were 100 units of roundoff off; refined, within one).
-const F64_HELPERS: &str = "fn d2i(v: f64) -> i32 { if (!(v == v)) { return 0; } if (v >= 2147483647.0lf) { return 2147483647; } if (v <= -2147483648.0lf) { return -2147483647 - 1; } return i32(v); }
-fn d2u(v: f64) -> u32 { if (!(v == v) || v <= 0.0lf) { return 0u; } if (v >= 4294967295.0lf) { return 4294967295u; } return u32(v); }
-fn split_f64(a: f64) -> vec2<f64> { let t = 134217729.0lf * a; let hi = t - (t - a); return vec2<f64>(hi, a - hi); }
-fn fma_f64(a: f64, b: f64, c: f64) -> f64 {
-    let p = a * b;
-    let big = 1e295lf;
-    if (!(abs(a) < big) || !(abs(b) < big) || !(abs(c) < big) || !(abs(p) < big)) { return p + c; }
-    let x = split_f64(a); let y = split_f64(b);
-    let e = ((x.x * y.x - p) + x.x * y.y + x.y * y.x) + x.y * y.y;
-    let s = p + c; let v = s - p; let t = (p - (s - v)) + (c - v);
-    return s + (t + e);
-}
-fn div_f64(x: f64, y: f64) -> f64 { let q = x / y; if (!(abs(q) < 1e295lf) || abs(q) < 1e-290lf) { return q; } return q + fma_f64(-q, y, x) / y; }
-fn sqrt_f64(a: f64) -> f64 { let s = sqrt(a); if (!(s > 1e-150lf) || !(s < 1e150lf)) { return s; } return s + fma_f64(-s, s, a) / (2.0lf * s); }
-";
-
 /// What in `program` the backend cannot run in `f64` here (see [`hal::F64Support`]).
 fn refuse_f64(program: &Program, types: &[Option<ScalarType>], f64: bool) -> Result<()> {
     if !types.contains(&Some(ScalarType::F64)) {
@@ -101,29 +79,10 @@ fn refuse_f64(program: &Program, types: &[Option<ScalarType>], f64: bool) -> Res
     }
     let wide = |v: hal::ir::Value| types[v.0 as usize] == Some(ScalarType::F64);
     for inst in &program.insts {
-        let what = match *inst {
-            Inst::Unary { op, x } if wide(x) => match op {
-                IrUnary::Exp | IrUnary::Exp2 | IrUnary::Log | IrUnary::Log2 => {
-                    Some(format!("{op:?}"))
-                }
-                IrUnary::Sin | IrUnary::Cos | IrUnary::Tan | IrUnary::Tanh => {
-                    Some(format!("{op:?}"))
-                }
-                _ => None,
-            },
-            Inst::Binary { op, a, .. } if wide(a) => match op {
-                IrBinary::Pow | IrBinary::Atan2 | IrBinary::Rem => Some(format!("{op:?}")),
-                _ => None,
-            },
-            Inst::AtomicAdd { value, .. } if wide(value) => {
-                return Err(refuse("WGSL has no 64-bit atomics".into()));
-            }
-            _ => None,
-        };
-        if let Some(f) = what {
-            return Err(refuse(format!(
-                "{f} in f64: Vulkan's GLSL.std.450 defines it for 16- and 32-bit floats only"
-            )));
+        if let Inst::AtomicAdd { value, .. } = *inst
+            && wide(value)
+        {
+            return Err(refuse("WGSL has no 64-bit atomics".into()));
         }
     }
     Ok(())
@@ -155,6 +114,15 @@ impl Dialect for Wgsl {
             (IrUnary::Sqrt, ScalarType::F64) => format!("sqrt_f64({a})"),
             (IrUnary::Rsqrt, ScalarType::F64) => format!("div_f64(1.0lf, sqrt_f64({a}))"),
             (IrUnary::Recip, ScalarType::F64) => format!("div_f64(1.0lf, {a})"),
+            // math_wide.wgsl: GLSL.std.450 has none of these for 64-bit floats.
+            (IrUnary::Exp, ScalarType::F64) => format!("exp_f64({a})"),
+            (IrUnary::Exp2, ScalarType::F64) => format!("exp2_f64({a})"),
+            (IrUnary::Log, ScalarType::F64) => format!("log_f64({a})"),
+            (IrUnary::Log2, ScalarType::F64) => format!("log2_f64({a})"),
+            (IrUnary::Sin, ScalarType::F64) => format!("sin_f64({a})"),
+            (IrUnary::Cos, ScalarType::F64) => format!("cos_f64({a})"),
+            (IrUnary::Tan, ScalarType::F64) => format!("tan_f64({a})"),
+            (IrUnary::Tanh, ScalarType::F64) => format!("tanh_f64({a})"),
             (IrUnary::Neg, ScalarType::U32) => format!("0u - {a}"),
             (IrUnary::Neg, _) => format!("-{a}"),
             (IrUnary::Abs, ScalarType::U32) => a.to_string(),
@@ -191,6 +159,9 @@ impl Dialect for Wgsl {
                 format!("select({x} / {y}, ({x} * 0.25) / ({y} * 0.25), abs({y}) > 8.507059e37)")
             }
             IrBinary::Rem if int => format!("select({x} % {y}, {zero}, {y} == {zero})"),
+            IrBinary::Rem if t == ScalarType::F64 => format!("fmod_f64({x}, {y})"),
+            IrBinary::Pow if t == ScalarType::F64 => format!("pow_f64({x}, {y})"),
+            IrBinary::Atan2 if t == ScalarType::F64 => format!("atan2_f64({x}, {y})"),
             IrBinary::Rem => format!("fmod({x}, {y})"),
             IrBinary::Min => format!("min({x}, {y})"),
             IrBinary::Max => format!("max({x}, {y})"),
@@ -323,7 +294,7 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
         src += &wgsl::binding(b as u32 + 1, p.dtype, access, features.native_f16);
     }
     if types.contains(&Some(ScalarType::F64)) {
-        src += F64_HELPERS;
+        src += wgsl::file("math_wide.wgsl").text;
     }
     let f = k + 1;
     let _ = writeln!(
@@ -367,8 +338,10 @@ pub(crate) fn launch(
     if n == 0 {
         return Ok(());
     }
+    // Scalar i is buffer i's length; scalar 15 stays 0 (`keep_f64` in math_wide.wgsl
+    // multiplies by 1 - s(15)): a program binds at most 14 buffers (see `lower`).
     let mut p = Params::default();
-    for (i, a) in args.iter().enumerate().take(15) {
+    for (i, a) in args.iter().enumerate().take(14) {
         p = p.scalar(i, a.len() as u32);
     }
     let mut bufs: Vec<(&WgpuBuffer, bool)> = args

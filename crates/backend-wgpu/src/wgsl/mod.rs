@@ -296,6 +296,7 @@ shader_files!(
         "keep.wgsl",
         "fma_exact.wgsl",
         "workgroup_scan.wgsl",
+        "math_wide.wgsl",
     ],
     "elementwise": [
         "fill.wgsl",

@@ -31,7 +31,54 @@ pub fn default_modules() -> Vec<Variant> {
     };
     let mut out = file_variants(all);
     out.extend(product_variants(all));
+    out.push(math_program_variant());
     out
+}
+
+/// An f64 IR program that calls every function of `math_wide.wgsl` through the lowering
+/// (the library is not a kernel file, so no other variant includes it).
+fn math_program_variant() -> Variant {
+    use hal::ir::{Access as IrAccess, IrBinary, IrUnary, ProgramBuilder, ScalarType};
+    let mut p = ProgramBuilder::new("f64_math");
+    let x = p.buffer(DType::F64, IrAccess::Read);
+    let y = p.buffer(DType::F64, IrAccess::Write);
+    let i = p.index();
+    let mut v = p.load(x, i);
+    for op in [
+        IrUnary::Exp,
+        IrUnary::Exp2,
+        IrUnary::Log,
+        IrUnary::Log2,
+        IrUnary::Sin,
+        IrUnary::Cos,
+        IrUnary::Tan,
+        IrUnary::Tanh,
+        IrUnary::Sqrt,
+        IrUnary::Rsqrt,
+        IrUnary::Recip,
+        IrUnary::Floor,
+    ] {
+        v = p.unary(op, v);
+    }
+    for op in [IrBinary::Pow, IrBinary::Atan2, IrBinary::Rem, IrBinary::Div] {
+        v = p.binary(op, v, v);
+    }
+    let w = p.fma(v, v, v);
+    let n = p.cast(ScalarType::I32, w);
+    let back = p.cast(ScalarType::F64, n);
+    p.store(y, i, back);
+    let features = Features {
+        f64: true,
+        ..Features::default()
+    };
+    let program = p.build().expect("a valid program");
+    let source = crate::program::lower(&program, features).expect("lowers");
+    Variant {
+        file: "math_wide.wgsl",
+        label: "an f64 program calling every function".to_string(),
+        module: Module::generated("<f64 program>", source),
+        features,
+    }
 }
 
 /// Each kernel file with its default slots under every entry it has, without optional

@@ -9,10 +9,12 @@ use super::*;
 
 mod elementwise;
 mod others;
+mod programs;
 mod sums;
 
 use elementwise::{fill_copy, unary_binary_ternary};
 use others::{arg_reduce, images, sgd};
+use programs::{math, programs};
 use sums::{indexing, products, reduce};
 
 const U64: f64 = f64::EPSILON / 2.0;
@@ -225,84 +227,6 @@ fn random_and_optimizers<B: Backend>(s: &mut Suite<'_, B>) {
     }
 }
 
-/// An f64 program: loads, fma, division, sqrt, comparisons, selects and casts, all correctly
-/// rounded (so exact against the host), and a conditional store.
-fn program_on<B: Backend>(b: &B, x: &[f64], y: &[f64]) -> Result<Vec<f64>> {
-    let mut p = ProgramBuilder::new("f64_parity");
-    let (xb, yb) = (
-        p.buffer(DType::F64, Access::Read),
-        p.buffer(DType::F64, Access::Read),
-    );
-    let out = p.buffer(DType::F64, Access::Write);
-    let narrow = p.buffer(DType::F32, Access::Write);
-    let i = p.index();
-    let (xv, yv) = (p.load(xb, i), p.load(yb, i));
-    let f = p.fma(xv, yv, xv);
-    let q = p.div(f, yv);
-    let a = p.unary(IrUnary::Abs, q);
-    let r = p.unary(IrUnary::Sqrt, a);
-    let zero = p.const_f64(0.0);
-    let neg = p.cmp(IrCmp::Lt, xv, zero);
-    let tenth = p.const_f64(0.1);
-    let shifted = p.binary(IrBinary::Sub, r, tenth);
-    let v = p.select(neg, shifted, r);
-    p.store(out, i, v);
-    let n32 = p.cast(ScalarType::F32, v);
-    p.store(narrow, i, n32);
-    let program = p.build()?;
-    let n = x.len();
-    let k = b.compile(&program)?;
-    let (xg, yg) = (b.upload(x)?, b.upload(y)?);
-    let (og, ng) = (b.alloc(DType::F64, n)?, b.alloc(DType::F32, n)?);
-    b.launch(&k, &[&xg, &yg, &og, &ng], n)?;
-    let mut r = b.read_f64(&og)?;
-    r.extend(b.read_f64(&ng)?);
-    Ok(r)
-}
-
-fn programs<B: Backend>(s: &mut Suite<'_, B>) {
-    let attempt = |b: &B| program_on(b, &[1.0], &[1.0]);
-    if !offered(s, "f64 ir program", "launch", attempt) {
-        return;
-    }
-    let n = 100_001;
-    let x = values(s, n, 10.0);
-    let y = values(s, n, 3.0);
-    let mut want: Vec<f64> = x
-        .iter()
-        .zip(&y)
-        .map(|(&x, &y)| {
-            let r = (x.mul_add(y, x) / y).abs().sqrt();
-            if x < 0.0 { r - 0.1 } else { r }
-        })
-        .collect();
-    let narrow: Vec<f64> = want.iter().map(|&v| v as f32 as f64).collect();
-    want.extend(narrow);
-    // Correctly rounded on the CPU and in CUDA (IEEE division and square root); the wgpu
-    // backend refines the Vulkan driver's approximate f64 division and square root to within
-    // about one unit, and a value one unit off may round to a neighbouring f32.
-    let gpu_ulps = if s.target.info().backend == "wgpu" {
-        4.0
-    } else {
-        0.0
-    };
-    match both!(s, program_on(&x, &y)) {
-        Ok((c, t)) => s.judge(
-            "f64 ir program",
-            "fma, div, sqrt, select, cast",
-            &c,
-            t.as_deref(),
-            &want,
-            // (Relative to the value before `- 0.1`, which cancels digits.)
-            &|i, w| {
-                let ulp = if i < n { U64 } else { f32::EPSILON as f64 };
-                gpu_ulps * ulp * (w.abs() + 0.1)
-            },
-        ),
-        Err(e) => s.fail("f64 ir program", e),
-    }
-}
-
 /// Every f64 row.
 pub(super) fn all<B: Backend>(s: &mut Suite<'_, B>) {
     fill_copy(s);
@@ -315,10 +239,11 @@ pub(super) fn all<B: Backend>(s: &mut Suite<'_, B>) {
     indexing(s);
     random_and_optimizers(s);
     programs(s);
+    math(s);
 }
 
 /// The rows `all` produces on every backend (compared, or refused).
-pub(super) const ROWS: [&str; 15] = [
+pub(super) const ROWS: [&str; 16] = [
     "f64 arg_reduce",
     "f64 im2col, col2im",
     "f64 sgd_step",
@@ -334,4 +259,5 @@ pub(super) const ROWS: [&str; 15] = [
     "f64 random",
     "f64 adam_step",
     "f64 ir program",
+    "f64 ir math",
 ];
