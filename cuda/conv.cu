@@ -2,6 +2,28 @@
 #include "common.cuh"
 #include "move_element.cuh"
 
+// A zero at element i of any dtype (f64 included).
+__device__ __forceinline__ void store_zero(void* out, int odt, i64 i) {
+    if (odt == DT_F64) ((double*)out)[i] = 0.0;
+    else store_f(out, odt, i, 0.0f);
+}
+
+// col2im's running sum: in f64 where the columns or the image are f64, else in f32.
+struct ImageSum {
+    bool wide;
+    float f;
+    double d;
+    __device__ explicit ImageSum(bool w) : wide(w), f(0.0f), d(0.0) {}
+    __device__ __forceinline__ void add(const void* cols, int cdt, i64 i) {
+        if (wide) d += load_d(cols, cdt, i);
+        else f += load_f(cols, cdt, i);
+    }
+    __device__ __forceinline__ void store(void* out, int odt, i64 i) const {
+        if (wide) store_d(out, odt, i, d);
+        else store_f(out, odt, i, f);
+    }
+};
+
 struct Geo {
     i64 n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
     i64 xs[4];
@@ -27,7 +49,7 @@ extern "C" __global__ void im2col_kernel(Geo g, const void* x, int xdt, void* ou
         if (y >= 0 && y < g.h && xx >= 0 && xx < g.w) {
             move_element(out, odt, oi, x, xdt, g.xoff + b * g.xs[0] + ch * g.xs[1] + y * g.xs[2] + xx * g.xs[3]);
         } else {
-            store_f(out, odt, oi, 0.0f);
+            store_zero(out, odt, oi);
         }
     }
 }
@@ -56,7 +78,7 @@ extern "C" __global__ void im2col_kernel32(Geo g, Im2colDivs v, const void* x, i
                 if (row_inside && xx >= 0 && xx < w) {
                     move_element(out, odt, oi, x, xdt, xbase + (i64)y * g.xs[2] + (i64)xx * g.xs[3]);
                 } else {
-                    store_f(out, odt, oi, 0.0f);
+                    store_zero(out, odt, oi);
                 }
             }
         }
@@ -69,7 +91,7 @@ extern "C" __global__ void col2im_kernel(Geo g, const void* cols, int cdt, void*
     i64 total = g.n * g.c * g.h * g.w;
     GRID_STRIDE(t, total) {
         i64 xx = t % g.w, y = (t / g.w) % g.h, ch = (t / (g.w * g.h)) % g.c, b = t / (g.w * g.h * g.c);
-        float sum = 0.0f;
+        ImageSum sum(cdt == DT_F64 || odt == DT_F64);
         for (i64 i = 0; i < g.kh; ++i) {
             i64 ty = y + g.ph - i * g.dh;
             if (ty < 0 || ty % g.sh != 0) continue;
@@ -81,10 +103,10 @@ extern "C" __global__ void col2im_kernel(Geo g, const void* cols, int cdt, void*
                 i64 ox = tx / g.sw;
                 if (ox >= g.ow) continue;
                 i64 row = (ch * g.kh + i) * g.kw + j;
-                sum += load_f(cols, cdt, g.coff + b * g.cs[0] + row * g.cs[1] + (oy * g.ow + ox) * g.cs[2]);
+                sum.add(cols, cdt, g.coff + b * g.cs[0] + row * g.cs[1] + (oy * g.ow + ox) * g.cs[2]);
             }
         }
-        store_f(out, odt, g.xoff + b * g.xs[0] + ch * g.xs[1] + y * g.xs[2] + xx * g.xs[3], sum);
+        sum.store(out, odt, g.xoff + b * g.xs[0] + ch * g.xs[1] + y * g.xs[2] + xx * g.xs[3]);
     }
 }
 
@@ -101,7 +123,7 @@ extern "C" __global__ void col2im_kernel32(Geo g, Col2imDivs v, const void* cols
         const u32 q = fast_div(v.w, t), xx = t - q * v.w.d;
         const u32 q2 = fast_div(v.h, q), y = q - q2 * v.h.d;
         const u32 b = fast_div(v.c, q2), ch = q2 - b * v.c.d;
-        float sum = 0.0f;
+        ImageSum sum(cdt == DT_F64 || odt == DT_F64);
         const i64 cbase = g.coff + (i64)b * g.cs[0] + (i64)ch * (kh * kw) * g.cs[1];
         for (int i = 0; i < kh; ++i) {
             const int ty = (int)y + ph - i * dh;
@@ -114,9 +136,9 @@ extern "C" __global__ void col2im_kernel32(Geo g, Col2imDivs v, const void* cols
                 if (tx < 0) continue;
                 const u32 ox = unit ? (u32)tx : fast_div(v.sw, (u32)tx);
                 if (ox * v.sw.d != (u32)tx || ox >= ow) continue;
-                sum += load_f(cols, cdt, cbase + (i64)(i * kw + j) * g.cs[1] + ((i64)oy * ow + ox) * g.cs[2]);
+                sum.add(cols, cdt, cbase + (i64)(i * kw + j) * g.cs[1] + ((i64)oy * ow + ox) * g.cs[2]);
             }
         }
-        store_f(out, odt, g.xoff + (i64)b * g.xs[0] + (i64)ch * g.xs[1] + (i64)y * g.xs[2] + (i64)xx * g.xs[3], sum);
+        sum.store(out, odt, g.xoff + (i64)b * g.xs[0] + (i64)ch * g.xs[1] + (i64)y * g.xs[2] + (i64)xx * g.xs[3]);
     }
 }

@@ -220,6 +220,37 @@ extern "C" __global__ void arg_reduce_short(Walk kept, i64 len, i64 stride, u32*
     }
 }
 
+// arg_better for f64 values.
+__device__ __forceinline__ bool arg_better_d(bool is_max, double v, i64 i, double bv, i64 bi) {
+    bool vn = v != v, bn = bv != bv;
+    if (vn || bn) return vn && (!bn || i < bi);
+    if (v == bv) return i < bi;
+    return is_max ? v > bv : v < bv;
+}
+
+// arg_reduce over f64 values: one warp per output, each lane the best of its strided share,
+// then the warp's best (the same rules: ties to the lower index, the first NaN wins).
+extern "C" __global__ void arg_reduce_wide(Walk kept, i64 len, i64 stride, u32* out, const double* x, int is_max) {
+    i64 warps = ((i64)gridDim.x * blockDim.x) / 32;
+    int lane = threadIdx.x & 31;
+    for (i64 g = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / 32; g < kept.n; g += warps) {
+        i64 o[2];
+        walk_offsets<2>(kept, g, o);
+        double best = 0.0;
+        i64 bi = -1;
+        for (i64 j = lane; j < len; j += 32) {
+            double v = x[o[1] + j * stride];
+            if (bi < 0 || arg_better_d(is_max, v, j, best, bi)) { best = v; bi = j; }
+        }
+        for (int s = 16; s > 0; s >>= 1) {
+            double ov = __shfl_xor_sync(0xffffffffu, best, s);
+            i64 oi = __shfl_xor_sync(0xffffffffu, bi, s);
+            if (oi >= 0 && (bi < 0 || arg_better_d(is_max, ov, oi, best, bi))) { best = ov; bi = oi; }
+        }
+        if (lane == 0) out[o[0]] = (u32)bi;
+    }
+}
+
 // (arg_reduce_kernel, arg_reduce_short, arg_reduce_block and arg_reduce_split share their loops by copy, not through device
 // helpers: factored into helpers, nvcc compiled the segment kernels, then in this file,
 // differently, and the sorted weighted segment sum of 100,000 x 768 ran half again as long.)

@@ -201,6 +201,31 @@ extern "C" __global__ void segment_ordered(const void* x, int xdt, i64 xoff, i64
     }
 }
 
+// segment_sum with f64 rows or sums: segment_ordered's walk (a block per segment, threads over
+// the columns, the rows in ascending order) with one chain of f64 fused multiply-adds from 0
+// per column, every dtype read through load_d and the totals stored once through store_d.
+extern "C" __global__ void segment_ordered_wide(const void* x, int xdt, i64 xoff, i64 xs0, i64 xs1, const void* wts,
+                                                int wdt, i64 woff, i64 ws, int has_w, const u32* starts,
+                                                const u32* order, i64 d, void* sums, int sdt, i64 soff, i64 ss0,
+                                                i64 ss1, void* counts, int cdt, i64 coff, i64 cs,
+                                                const u32* verdict) {
+    if (*verdict) return;
+    i64 s = blockIdx.x;
+    u32 a = starts[s], b = starts[s + 1];
+    for (i64 k = threadIdx.x; k <= d; k += blockDim.x) {
+        double acc = 0.0;
+        for (u32 q = a; q < b; ++q) {
+            const i64 row = order[q];
+            const double wv = has_w ? load_d(wts, wdt, woff + row * ws) : 1.0;
+            acc = k < d ? __fma_rn(wv, load_d(x, xdt, xoff + row * xs0 + k * xs1), acc) : __dadd_rn(acc, wv);
+        }
+        if (k < d)
+            store_d(sums, sdt, soff + s * ss0 + k * ss1, acc);
+        else
+            store_d(counts, cdt, coff + s * cs, acc);
+    }
+}
+
 // segment_sum outside Precision::Reproducible for narrow rows (d < 32) in segments of few rows
 // on average (a product quantiser's codewords: 4,096 segments of about 40 rows of 8): a warp
 // per segment, lane l adding the segment's rows l, l + 32, ... in order with Kahan

@@ -40,27 +40,13 @@ pub(crate) fn capabilities(gpu: &CudaBackend) -> Capabilities {
             program_math: true,
             atomics: true,
             primitives: F64_PRIMITIVES.to_vec(),
-            note: "arg_reduce, im2col, col2im, segment_sum, sgd_step, adam_step and random have \
-                   no f64 kernels yet"
-                .into(),
+            note: String::new(),
         },
     }
 }
 
-/// The primitives that run in `f64` on this backend.
-pub(crate) const F64_PRIMITIVES: &[&str] = &[
-    "fill",
-    "copy",
-    "unary",
-    "binary",
-    "ternary",
-    "reduce",
-    "matmul",
-    "spmv_csr",
-    "gather",
-    "scatter_add",
-    "launch",
-];
+/// The primitives that run in `f64` on this backend: all that have an f64 form.
+pub(crate) const F64_PRIMITIVES: &[&str] = &hal::F64Support::ALL_PRIMITIVES;
 
 impl CudaBackend {
     /// Refuses `op` on `f64` operands where this backend does not run it in `f64`.

@@ -3,7 +3,7 @@
 use crate::device::Args;
 use crate::walk::Walk;
 use crate::{CudaBackend, V};
-use hal::{Distribution, Result, validate};
+use hal::{DType, DeviceBuffer, Distribution, Result, validate};
 
 pub(crate) fn random(
     gpu: &CudaBackend,
@@ -19,6 +19,21 @@ pub(crate) fn random(
         Distribution::Uniform { low, high } => (0i32, low, high),
         Distribution::Normal { mean, std } => (1, mean, std),
     };
+    if out.buffer.dtype() == DType::F64 {
+        return gpu.dev.launch(
+            "random_wide_kernel",
+            w.n as usize,
+            Args::new()
+                .arg(w)
+                .arg(out.buffer.ptr())
+                .arg(seed as u32)
+                .arg((seed >> 32) as u32)
+                .arg(offset)
+                .arg(normal)
+                .arg(p0 as f64)
+                .arg(p1 as f64),
+        );
+    }
     gpu.dev.launch(
         "random_kernel",
         w.n as usize,

@@ -46,6 +46,19 @@ pub(crate) fn arg_reduce(
         return Ok(());
     }
     let len = x.layout.shape[axis];
+    if x.buffer.dtype == DType::F64 {
+        // A warp per output (arg_reduce_wide): f64 argmaxes are rare enough to need one form.
+        let args = Args::new()
+            .arg(kept)
+            .arg(len as i64)
+            .arg(x.layout.strides[axis] as i64)
+            .arg(out.buffer.ptr())
+            .arg(x.buffer.ptr())
+            .arg(matches!(op, ArgReduceOp::ArgMax) as i32);
+        return gpu
+            .dev
+            .launch("arg_reduce_wide", kept.n as usize * 32, args);
+    }
     let args = Args::new()
         .arg(kept)
         .arg(len as i64)

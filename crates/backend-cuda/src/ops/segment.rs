@@ -35,7 +35,8 @@ pub(crate) fn segment_sum(
     // memory also holds the compensations, so rows are narrower (static and dynamic
     // within 48 KiB).
     let widest = if runs == 1 { 2048 } else { 4096 };
-    let scan = (m as u64) * (n as u64) <= SCAN_SEGMENTS_TIMES_ROWS && d < widest;
+    let wide = x.dtype() == DType::F64 || sums.dtype() == DType::F64;
+    let scan = !wide && (m as u64) * (n as u64) <= SCAN_SEGMENTS_TIMES_ROWS && d < widest;
     let seg_rows = SegmentRows {
         x,
         weights,
@@ -75,6 +76,15 @@ pub(crate) fn segment_sum(
             .arg(order.ptr())
             .arg(d as i64)
     };
+    if wide {
+        // f64: each segment's rows in order, one chain of f64 fmas per column.
+        return gpu.dev.launch_raw(
+            gpu.dev.function("segment_ordered_wide")?,
+            (m as u32, 1, 1),
+            128,
+            seg_rows.outputs(rows_args(), verdict.ptr()),
+        );
+    }
     // Segments of a few rows on average (the residual codes' 4,096 of about 40) are summed
     // whole, in order, by one block each: split into parts, most blocks would sum two or
     // three rows and the parts' two reductions would cost more than the sums.
