@@ -20,12 +20,13 @@
 
 fn d2i(v: f64) -> i32 { if (!(v == v)) { return 0; } if (v >= 2147483647.0lf) { return 2147483647; } if (v <= -2147483648.0lf) { return -2147483647 - 1; } return i32(v); }
 fn d2u(v: f64) -> u32 { if (!(v == v) || v <= 0.0lf) { return 0u; } if (v >= 4294967295.0lf) { return 4294967295u; } return u32(v); }
-// An optimisation barrier for the error-free transformations below: Mesa's NIR rewrites
-// `t - (t - a)` to `a` and `(s - a) - b` to 0 unless an instruction is marked exact, which
-// WGSL cannot say (see keep.wgsl). A choice on a run-time condition (scalar 15 is 0 in every
-// IR program launch) is opaque to every such rule. (A product with a run-time 1 is not: NIR
-// factors the common factor out of a sum of such products, and the rules apply again.)
-fn keep_f64(x: f64) -> f64 { return select(x, f64(s(14u)), s(15u) != 0u); }
+// An optimisation barrier for the error-free transformations below: compilers rewrite
+// `t - (t - a)` to `a`, `(s - a) - b` to 0 (Mesa's NIR) and `(x - k c1) - k c2` to
+// `x - k (c1 + c2)` (NVIDIA's) unless an instruction is marked exact, which WGSL cannot say
+// (see keep.wgsl). An XOR of the bits with a run-time zero (scalar 15 is 0 in every IR
+// program launch) is opaque to every such rule. (A select on a run-time condition was not:
+// NVIDIA's compiler unswitched it, and a product with a run-time 1 NIR factored out.)
+fn keep_f64(x: f64) -> f64 { return bitcast<f64>(bitcast<u64>(x) ^ u64(s(15u))); }
 
 fn split_f64(a: f64) -> vec2<f64> {
     let t = keep_f64(134217729.0lf * a);

@@ -275,7 +275,10 @@ fn check_module(
         features.native_f16,
     );
     caps.set(naga::valid::Capabilities::SUBGROUP, features.subgroups);
-    caps.set(naga::valid::Capabilities::FLOAT64, features.f64);
+    caps.set(
+        naga::valid::Capabilities::FLOAT64 | naga::valid::Capabilities::SHADER_INT64,
+        features.f64,
+    );
     // Cooperative-matrix kernels also unpack halves from words (`unpack2x16float`), which
     // the backend checks the adapter allows (SHADER_F16_IN_F32).
     caps.set(

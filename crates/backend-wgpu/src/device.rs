@@ -29,8 +29,8 @@ pub struct WgpuOptions {
     /// `EXPERIMENTAL_COOPERATIVE_MATRIX`); needs `subgroups` too (the fast nearest-centroid
     /// search re-checks its candidates with subgroup sums).
     pub cooperative_matrix: bool,
-    /// `f64` values in shaders (`shader-f64`, which NVIDIA's Vulkan driver and lavapipe
-    /// offer): `f64` buffers and programs. Without it both are refused.
+    /// `f64` values in shaders (`shader-f64` with `shader-int64`, which NVIDIA's Vulkan
+    /// driver and lavapipe offer): `f64` buffers and programs. Without them both are refused.
     pub f64: bool,
 }
 
@@ -144,7 +144,7 @@ pub(crate) fn capabilities(gpu: &WgpuBackend) -> Capabilities {
         fast_precision: gpu.0.coop.is_some(),
         compensated_precision: gpu.0.coop.is_some(),
         fused_gradient_products: fused_epilogues(),
-        f64: f64_support(gpu.0.features.contains(wgpu::Features::SHADER_F64)),
+        f64: f64_support(gpu.has_f64()),
     }
 }
 
@@ -154,7 +154,7 @@ pub(crate) const F64_PRIMITIVES: &[&str] = &["reduce", "launch"];
 fn f64_support(shader_f64: bool) -> hal::F64Support {
     if !shader_f64 {
         return hal::F64Support {
-            note: "the adapter does not offer shader-f64".into(),
+            note: "the adapter does not offer shader-f64 and shader-int64".into(),
             ..Default::default()
         };
     }
@@ -170,14 +170,25 @@ fn f64_support(shader_f64: bool) -> hal::F64Support {
 }
 
 impl WgpuBackend {
+    /// Whether this device runs f64 kernels: the adapter offers `shader-f64` and
+    /// `shader-int64`, and both were requested ([`WgpuOptions`]`::f64`). The second because
+    /// the error-free steps of math_wide.wgsl need an optimisation barrier that NVIDIA's
+    /// Vulkan compiler cannot see through (it unswitched a select on a uniform condition and
+    /// then reassociated `(x - k c1) - k c2` into `x - k (c1 + c2)`).
+    pub(crate) fn has_f64(&self) -> bool {
+        self.0
+            .features
+            .contains(wgpu::Features::SHADER_F64 | wgpu::Features::SHADER_INT64)
+    }
+
     /// Refuses `op` on `f64` operands where this device does not run it in `f64`.
     pub(crate) fn f64_offered(&self, op: &'static str, dtypes: &[DType]) -> Result<()> {
-        let f64 = self.0.features.contains(wgpu::Features::SHADER_F64);
+        let f64 = self.has_f64();
         hal::validate::f64_offered(op, dtypes, f64 && F64_PRIMITIVES.contains(&op), || {
             if f64 {
                 format!("the wgpu backend has no f64 form of `{op}`")
             } else {
-                "the adapter does not offer shader-f64".into()
+                "the adapter does not offer shader-f64 and shader-int64".into()
             }
         })
     }
@@ -257,7 +268,12 @@ impl WgpuBackend {
         wanted.set(wgpu::Features::SHADER_F16, options.native_f16);
         wanted.set(wgpu::Features::IMMEDIATES, options.immediates);
         wanted.set(wgpu::Features::TIMESTAMP_QUERY, profile::requested());
-        wanted.set(wgpu::Features::SHADER_F64, options.f64);
+        // f64 kernels need 64-bit integers too: math_wide.wgsl's optimisation barrier is an
+        // XOR on an f64's bits (see `WgpuBackend::has_f64`).
+        wanted.set(
+            wgpu::Features::SHADER_F64 | wgpu::Features::SHADER_INT64,
+            options.f64,
+        );
         let info = adapter.get_info();
         let coop = options.cooperative_matrix && options.subgroups && offers_coop(&adapter);
         if coop {
@@ -403,7 +419,7 @@ impl WgpuBackend {
             subgroups: self.0.features.contains(wgpu::Features::SUBGROUP),
             cooperative_matrix: self.0.coop.is_some(),
             fused_fma: self.0.fma_fused.get().copied(),
-            f64: self.0.features.contains(wgpu::Features::SHADER_F64),
+            f64: self.has_f64(),
         }
     }
 
@@ -431,8 +447,8 @@ impl WgpuBackend {
         if self.0.features.contains(wgpu::Features::SUBGROUP) {
             used.push("subgroups".to_string());
         }
-        if self.0.features.contains(wgpu::Features::SHADER_F64) {
-            used.push("shader-f64".to_string());
+        if self.has_f64() {
+            used.push("shader-f64 and shader-int64".to_string());
         }
         if self.0.coop.is_some() {
             used.push("cooperative matrices (16x16x16 f16, f32 accumulation)".to_string());

@@ -75,7 +75,9 @@ fn refuse_f64(program: &Program, types: &[Option<ScalarType>], f64: bool) -> Res
         detail: format!(" here: program `{}`: {detail}", program.name),
     };
     if !f64 {
-        return Err(refuse("the adapter does not offer shader-f64".into()));
+        return Err(refuse(
+            "the adapter does not offer shader-f64 and shader-int64".into(),
+        ));
     }
     let wide = |v: hal::ir::Value| types[v.0 as usize] == Some(ScalarType::F64);
     for inst in &program.insts {

@@ -89,7 +89,8 @@ pub struct Features {
     /// then `fma()` alone (`Some(true)`) or the emulation alone (`Some(false)`); `None`
     /// decides at run time from scalar 11.
     pub fused_fma: Option<bool>,
-    /// `f64` in shaders (`shader-f64`): `f64` buffers and values in IR programs.
+    /// `f64` in shaders (`shader-f64`, with `shader-int64` for math_wide.wgsl's barrier):
+    /// `f64` buffers and values in IR programs.
     pub f64: bool,
 }
 
