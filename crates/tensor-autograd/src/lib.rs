@@ -19,7 +19,9 @@
 //! - [`nn`]: the [`nn::Module`] trait and layers; safetensors save/load.
 //! - [`optim`]: SGD, Adam, AdamW on the backends' fused step kernels; schedules; clipping.
 //! - [`gradcheck`] (`gradcheck.rs`): autograd's gradients against central differences, in
-//!   f64 tensors (which every operation of the CPU backend computes in f64).
+//!   f64 tensors (every primitive of the CPU and CUDA backends computes in f64, and the fused
+//!   backward kernels are built in the tensors' width, erf's included; f64 cross-entropy is
+//!   the composition `log_softmax` + `nll_loss`, the one-kernel form being f32's).
 //! - [`data`]: datasets and a [`data::DataLoader`] that prepares the next batch on a thread.
 //! - [`models`]: the reference MLP and LeNet-style CNN, the training loop the examples and the
 //!   bench share ([`models::train_step`], and [`models::RecordedStep`], the same step recorded

@@ -1,15 +1,13 @@
 //! `gradcheck` on f64 tensors (CPU backend): autograd's gradients of the operations against
 //! central differences in f64, to tolerances far tighter than PyTorch's defaults
 //! (`atol 1e-8`, `rtol 1e-6`): an operation that computed anywhere in f32 would miss them by
-//! orders of magnitude. Fresh random inputs each run (the seed is printed). The operations
-//! whose backward is a fused IR kernel (the math functions, pow, atan2, var, softmax, ...) have no f64
-//! form yet: the `FUSED` cases check that they are refused, with the reason.
+//! orders of magnitude. Fresh random inputs each run (the seed is printed), every operation
+//! whose backward is a fused IR kernel (the math functions, pow, atan2, max, var, softmax,
+//! ...) among them: those kernels run in f64 on f64 tensors.
 
 use backend_cpu::CpuBackend;
-use hal::DType;
-use tensor_autograd::{GradcheckOptions, Result, Tensor, gradcheck};
-
-type T = Tensor<CpuBackend>;
+use hal::{Backend, DType};
+use tensor_autograd::{Conv2dOptions, GradcheckOptions, Result, Tensor, gradcheck};
 
 const TIGHT: GradcheckOptions = GradcheckOptions {
     eps: 1e-6,
@@ -22,7 +20,7 @@ fn seed() -> u64 {
 }
 
 /// An f64 tensor of `shape` with values in `[lo, hi)` from a SplitMix64 stream.
-fn input(dev: &CpuBackend, state: &mut u64, shape: &[usize], lo: f64, hi: f64) -> T {
+fn input<B: Backend>(dev: &B, state: &mut u64, shape: &[usize], lo: f64, hi: f64) -> Tensor<B> {
     let n: usize = shape.iter().product();
     let v: Vec<f64> = (0..n)
         .map(|_| {
@@ -36,13 +34,25 @@ fn input(dev: &CpuBackend, state: &mut u64, shape: &[usize], lo: f64, hi: f64) -
     Tensor::from_elements(dev, &v, shape).unwrap()
 }
 
-type Op = Box<dyn Fn(&[T]) -> Result<T>>;
+type Op<B> = Box<dyn Fn(&[Tensor<B>]) -> Result<Tensor<B>>>;
+/// A named case: its f64 inputs and the function of them to check.
+type Case<B> = (&'static str, Vec<Tensor<B>>, Op<B>);
 
 #[test]
 fn gradients_in_f64_match_central_differences() {
-    let dev = CpuBackend::new();
+    check_all(&CpuBackend::new());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored on a GPU host"]
+fn gradients_in_f64_on_cuda() {
+    check_all(&backend_cuda::CudaBackend::new().expect("the CUDA backend is required"));
+}
+
+fn check_all<B: Backend>(dev: &B) {
+    let dev = dev.clone();
     let mut s = seed();
-    let ops: Vec<(&str, Vec<T>, Op)> = vec![
+    let ops: Vec<Case<B>> = vec![
         (
             "add, sub, mul, div with broadcasting",
             vec![
@@ -52,7 +62,7 @@ fn gradients_in_f64_match_central_differences() {
             Box::new(|x| x[0].add(&x[1])?.mul(&x[0])?.sub(&x[1])?.div(&x[1])),
         ),
         (
-            "FUSED exp, log, sqrt, tanh, sigmoid, gelu, sin, cos",
+            "exp, log, sqrt, tanh, sigmoid, gelu, sin, cos",
             vec![input(&dev, &mut s, &[2, 5], 0.2, 2.0)],
             Box::new(|x| {
                 let v = &x[0];
@@ -66,7 +76,7 @@ fn gradients_in_f64_match_central_differences() {
             }),
         ),
         (
-            "FUSED pow and atan2",
+            "pow and atan2",
             vec![
                 input(&dev, &mut s, &[6], 0.5, 2.0),
                 input(&dev, &mut s, &[6], -1.5, 1.5),
@@ -90,12 +100,12 @@ fn gradients_in_f64_match_central_differences() {
             }),
         ),
         (
-            "FUSED var",
+            "var",
             vec![input(&dev, &mut s, &[3, 4, 5], -1.0, 1.0)],
             Box::new(|x| x[0].var(&[1], 1, false)),
         ),
         (
-            "FUSED softmax, log_softmax, logsumexp",
+            "softmax, log_softmax, logsumexp",
             vec![input(&dev, &mut s, &[4, 7], -3.0, 3.0)],
             Box::new(|x| {
                 let v = &x[0];
@@ -103,6 +113,65 @@ fn gradients_in_f64_match_central_differences() {
                     .add(&v.log_softmax(-1)?)?
                     .sum(&[1], false)?
                     .add(&v.logsumexp(-1, false)?)
+            }),
+        ),
+        (
+            "gelu across both forms of erf (|x| below and above 2.5)",
+            vec![input(&dev, &mut s, &[16], -5.0, 5.0)],
+            Box::new(|x| x[0].gelu()),
+        ),
+        (
+            "relu, silu, square, exp2, log2, rsqrt, recip",
+            vec![input(&dev, &mut s, &[2, 5], 0.3, 2.0)],
+            Box::new(|x| {
+                let v = &x[0];
+                v.relu()?
+                    .add(&v.silu()?)?
+                    .add(&v.square()?)?
+                    .add(&v.exp2()?)?
+                    .add(&v.log2()?)?
+                    .add(&v.rsqrt()?)?
+                    .add(&v.recip()?)
+            }),
+        ),
+        (
+            "abs, leaky_relu, clamp (away from their kinks)",
+            vec![input(&dev, &mut s, &[2, 5], -2.0, -0.3)],
+            Box::new(|x| {
+                let v = &x[0];
+                v.abs()?.add(&v.leaky_relu(0.1)?)?.add(&v.clamp(-1.5, 1.0)?)
+            }),
+        ),
+        (
+            "maximum, minimum, rem",
+            vec![
+                input(&dev, &mut s, &[7], -1.0, 1.0),
+                input(&dev, &mut s, &[7], 0.5, 1.5),
+            ],
+            Box::new(|x| {
+                x[0].maximum(&x[1])?
+                    .add(&x[0].minimum(&x[1])?)?
+                    .add(&x[0].rem(&x[1])?)
+            }),
+        ),
+        (
+            "conv2d (stride 2, padding 1), max_pool2d, cross_entropy",
+            vec![
+                input(&dev, &mut s, &[2, 2, 7, 7], -1.0, 1.0),
+                input(&dev, &mut s, &[3, 2, 3, 3], -1.0, 1.0),
+                input(&dev, &mut s, &[3], -0.5, 0.5),
+            ],
+            Box::new(|x| {
+                let options = Conv2dOptions {
+                    stride: (2, 2),
+                    padding: (1, 1),
+                    ..Conv2dOptions::default()
+                };
+                let y = x[0].conv2d(&x[1], Some(&x[2]), options)?;
+                let pooled = y.max_pool2d((2, 2), (2, 2), (0, 0))?;
+                let logits = pooled.reshape(&[2, 12])?;
+                let labels = Tensor::from_elements(x[0].backend(), &[3u32, 10], &[2])?;
+                logits.cross_entropy(&labels)
             }),
         ),
         (
@@ -118,16 +187,6 @@ fn gradients_in_f64_match_central_differences() {
     let mut failures = Vec::new();
     for (name, inputs, f) in ops {
         let result = gradcheck(&inputs, |x| f(x), TIGHT);
-        if name.starts_with("FUSED") {
-            // The fused backward kernels are f32 only: refused, with the reason.
-            match result {
-                Err(e) if e.to_string().contains("no f64 form yet") => continue,
-                other => {
-                    failures.push(format!("{name}: expected a refusal, got {other:?}"));
-                    continue;
-                }
-            }
-        }
         let report = match result {
             Ok(r) => r,
             Err(e) => {

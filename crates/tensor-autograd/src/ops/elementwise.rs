@@ -5,10 +5,8 @@
 use super::{fused, promote};
 use crate::error::{Result, invalid};
 use crate::tensor::Tensor;
-use hal::ir::{IrBinary, IrCmp, IrUnary, ProgramBuilder, Value};
+use hal::ir::{IrBinary, IrCmp, IrUnary, ProgramBuilder, ScalarType, Value};
 use hal::{Backend, BinaryOp, DType, TernaryOp, UnaryOp};
-
-const LN_2: f32 = std::f32::consts::LN_2;
 
 impl<B: Backend> Tensor<B> {
     /// `op` applied to every element, with its derivative for backward.
@@ -291,7 +289,7 @@ pub(crate) fn unary_backward<B: Backend>(
         UnaryOp::Affine { scale, .. } => g.mul_scalar(scale),
         UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Sign => x.new_zeros(&shape, dt),
         UnaryOp::Abs => with_x("abs_grad", &|b, x, g| {
-            let zero = b.const_f32(0.0);
+            let zero = lit(b, x, 0.0);
             let ng = b.unary(IrUnary::Neg, g);
             let pos = b.cmp(IrCmp::Gt, x, zero);
             let neg = b.cmp(IrCmp::Lt, x, zero);
@@ -300,23 +298,23 @@ pub(crate) fn unary_backward<B: Backend>(
         }),
         UnaryOp::Exp => with_y("exp_grad", |b, y, g| b.mul(y, g)),
         UnaryOp::Exp2 => with_y("exp2_grad", |b, y, g| {
-            let l = b.const_f32(LN_2);
+            let l = lit(b, y, std::f64::consts::LN_2);
             let t = b.mul(y, l);
             b.mul(t, g)
         }),
         UnaryOp::Log => with_x("log_grad", &|b, x, g| b.div(g, x)),
         UnaryOp::Log2 => with_x("log2_grad", &|b, x, g| {
-            let l = b.const_f32(LN_2);
+            let l = lit(b, x, std::f64::consts::LN_2);
             let d = b.mul(x, l);
             b.div(g, d)
         }),
         UnaryOp::Sqrt => with_y("sqrt_grad", |b, y, g| {
-            let h = b.const_f32(0.5);
+            let h = lit(b, g, 0.5);
             let t = b.mul(g, h);
             b.div(t, y)
         }),
         UnaryOp::Rsqrt => with_y("rsqrt_grad", |b, y, g| {
-            let h = b.const_f32(-0.5);
+            let h = lit(b, y, -0.5);
             let y2 = b.mul(y, y);
             let y3 = b.mul(y2, y);
             let t = b.mul(y3, h);
@@ -337,26 +335,26 @@ pub(crate) fn unary_backward<B: Backend>(
             b.unary(IrUnary::Neg, t)
         }),
         UnaryOp::Tanh => with_y("tanh_grad", |b, y, g| {
-            let one = b.const_f32(1.0);
+            let one = lit(b, y, 1.0);
             let y2 = b.mul(y, y);
             let d = b.sub(one, y2);
             b.mul(d, g)
         }),
         UnaryOp::Sigmoid => with_y("sigmoid_grad", |b, y, g| {
-            let one = b.const_f32(1.0);
+            let one = lit(b, y, 1.0);
             let c = b.sub(one, y);
             let d = b.mul(y, c);
             b.mul(d, g)
         }),
         // The output is 0 exactly where the input was not positive, so it serves as the mask.
         UnaryOp::Relu => with_y("relu_grad", |b, y, g| {
-            let zero = b.const_f32(0.0);
+            let zero = lit(b, y, 0.0);
             let pos = b.cmp(IrCmp::Gt, y, zero);
             b.select(pos, g, zero)
         }),
         UnaryOp::LeakyRelu { slope } => with_x("leaky_relu_grad", &move |b, x, g| {
-            let zero = b.const_f32(0.0);
-            let s = b.const_f32(slope);
+            let zero = lit(b, x, 0.0);
+            let s = lit(b, x, slope as f64);
             let pos = b.cmp(IrCmp::Gt, x, zero);
             let sg = b.mul(s, g);
             b.select(pos, g, sg)
@@ -364,12 +362,12 @@ pub(crate) fn unary_backward<B: Backend>(
         UnaryOp::Gelu => with_x("gelu_grad", &gelu_grad),
         UnaryOp::Silu => with_x("silu_grad", &silu_grad),
         UnaryOp::Square => with_x("square_grad", &|b, x, g| {
-            let two = b.const_f32(2.0);
+            let two = lit(b, x, 2.0);
             let t = b.mul(x, two);
             b.mul(t, g)
         }),
         UnaryOp::Clamp { lo, hi } => with_x("clamp_grad", &move |b, x, g| {
-            let (l, h, zero) = (b.const_f32(lo), b.const_f32(hi), b.const_f32(0.0));
+            let (l, h, zero) = (lit(b, x, lo as f64), lit(b, x, hi as f64), lit(b, x, 0.0));
             let above = b.cmp(IrCmp::Ge, x, l);
             let below = b.cmp(IrCmp::Le, x, h);
             let inside = b.binary(IrBinary::And, above, below);
@@ -380,18 +378,18 @@ pub(crate) fn unary_backward<B: Backend>(
 
 /// `d/dx [x Phi(x)] g = (Phi(x) + x phi(x)) g`, Phi by the same erf formula as the forward.
 fn gelu_grad(b: &mut ProgramBuilder, x: Value, g: Value) -> Value {
-    let k = b.const_f32(std::f32::consts::FRAC_1_SQRT_2);
+    let k = lit(b, x, std::f64::consts::FRAC_1_SQRT_2);
     let z = b.mul(x, k);
     let e = ir_erf(b, z);
-    let one = b.const_f32(1.0);
-    let half = b.const_f32(0.5);
+    let one = lit(b, x, 1.0);
+    let half = lit(b, x, 0.5);
     let t = b.add(one, e);
     let cdf = b.mul(half, t);
     let x2 = b.mul(x, x);
-    let mh = b.const_f32(-0.5);
+    let mh = lit(b, x, -0.5);
     let a = b.mul(x2, mh);
     let ex = b.unary(IrUnary::Exp, a);
-    let inv = b.const_f32(0.398_942_3); // 1 / sqrt(2 pi)
+    let inv = lit(b, x, 0.398_942_280_401_432_7); // 1 / sqrt(2 pi)
     let pdf = b.mul(ex, inv);
     let d = b.fma(x, pdf, cdf);
     b.mul(d, g)
@@ -399,7 +397,7 @@ fn gelu_grad(b: &mut ProgramBuilder, x: Value, g: Value) -> Value {
 
 /// `d/dx [x s(x)] g = s(x) (1 + x (1 - s(x))) g`, `s` the sigmoid.
 fn silu_grad(b: &mut ProgramBuilder, x: Value, g: Value) -> Value {
-    let one = b.const_f32(1.0);
+    let one = lit(b, x, 1.0);
     let nx = b.unary(IrUnary::Neg, x);
     let e = b.unary(IrUnary::Exp, nx);
     let den = b.add(one, e);
@@ -410,8 +408,19 @@ fn silu_grad(b: &mut ProgramBuilder, x: Value, g: Value) -> Value {
     b.mul(d, g)
 }
 
-/// The error function in IR, by the same Abramowitz-Stegun formula as `hal::erf_f32`.
+/// A float constant of `like`'s type: the kernel's width (f32, or f64 on f64 tensors).
+fn lit(b: &mut ProgramBuilder, like: Value, v: f64) -> Value {
+    let ty = b.type_of(like).unwrap_or(ScalarType::F32);
+    b.const_float(ty, v)
+}
+
+/// The error function in IR, by the formula of the forward: `hal::erf_f32`'s
+/// Abramowitz-Stegun approximation in f32, `hal::erf_f64`'s series and continued fraction in
+/// f64.
 fn ir_erf(b: &mut ProgramBuilder, x: Value) -> Value {
+    if b.type_of(x) == Some(ScalarType::F64) {
+        return ir_erf_f64(b, x);
+    }
     let ax = b.unary(IrUnary::Abs, x);
     let one = b.const_f32(1.0);
     let p = b.const_f32(0.327_591_1);
@@ -434,6 +443,59 @@ fn ir_erf(b: &mut ProgramBuilder, x: Value) -> Value {
     let neg = b.cmp(IrCmp::Lt, x, zero);
     let nr = b.unary(IrUnary::Neg, r);
     b.select(neg, nr, r)
+}
+
+/// `hal::erf_f64` unrolled (programs have no loops): for |x| < 2.5 the series
+/// `2/sqrt(pi) e^(-a^2) sum a (2a^2)^n / (1 3 ... (2n+1))` to 60 terms (the last below 1e-18
+/// of the sum at 2.5), from 2.5 to 6 `1 - erfc` by 60 steps of erfc's continued fraction,
+/// beyond 6 one; both are computed and the right one chosen.
+fn ir_erf_f64(b: &mut ProgramBuilder, x: Value) -> Value {
+    let c = |b: &mut ProgramBuilder, v: f64| b.const_f64(v);
+    let a = b.unary(IrUnary::Abs, x);
+    let a2 = b.mul(a, a);
+    let two_a2 = {
+        let two = c(b, 2.0);
+        b.mul(two, a2)
+    };
+    let (mut term, mut sum) = (a, a);
+    for n in 1..=60 {
+        let k = c(b, 1.0 / (2 * n + 1) as f64);
+        let r = b.mul(two_a2, k);
+        term = b.mul(term, r);
+        sum = b.add(sum, term);
+    }
+    let na2 = b.unary(IrUnary::Neg, a2);
+    let e = b.unary(IrUnary::Exp, na2);
+    let series = {
+        let k = c(b, std::f64::consts::FRAC_2_SQRT_PI);
+        let t = b.mul(k, e);
+        b.mul(t, sum)
+    };
+    let mut f = a;
+    for k in (1..=60).rev() {
+        let h = c(b, k as f64 / 2.0);
+        let q = b.div(h, f);
+        f = b.add(a, q);
+    }
+    let fraction = {
+        let k = c(b, std::f64::consts::PI.sqrt());
+        let d = b.mul(k, f);
+        let t = b.div(e, d);
+        let one = c(b, 1.0);
+        b.sub(one, t)
+    };
+    let (lo, hi, one) = (c(b, 2.5), c(b, 6.0), c(b, 1.0));
+    let small = b.cmp(IrCmp::Lt, a, lo);
+    let middle = b.cmp(IrCmp::Lt, a, hi);
+    let tail = b.select(middle, fraction, one);
+    let r = b.select(small, series, tail);
+    let zero = c(b, 0.0);
+    let neg = b.cmp(IrCmp::Lt, x, zero);
+    let nr = b.unary(IrUnary::Neg, r);
+    let signed = b.select(neg, nr, r);
+    // NaN stays NaN (the comparisons above are false for it).
+    let nan = b.cmp(IrCmp::Ne, x, x);
+    b.select(nan, x, signed)
 }
 
 /// The gradients of `op(a, b)` with respect to `a` and `b`, still in the output's shape.
@@ -467,7 +529,7 @@ fn binary_backward<B: Backend>(
                 kernel("pow_grad_base", &[&a, &b, g], &|pb, v| {
                     // b * a^(b-1) * g, and 0 where b = 0 (PyTorch's convention: a^0 is 1
                     // for every a, so the base has no effect, even at a = 0).
-                    let (one, zero) = (pb.const_f32(1.0), pb.const_f32(0.0));
+                    let (one, zero) = (lit(pb, v[0], 1.0), lit(pb, v[0], 0.0));
                     let bm1 = pb.sub(v[1], one);
                     let p = pb.binary(IrBinary::Pow, v[0], bm1);
                     let t = pb.mul(v[1], p);
@@ -477,7 +539,7 @@ fn binary_backward<B: Backend>(
                 })?,
                 kernel("pow_grad_exponent", &[&a, y, g], &|pb, v| {
                     // a^b ln(a) g where a > 0; 0 elsewhere (PyTorch's convention for a = 0)
-                    let zero = pb.const_f32(0.0);
+                    let zero = lit(pb, v[0], 0.0);
                     let pos = pb.cmp(IrCmp::Gt, v[0], zero);
                     let l = pb.unary(IrUnary::Log, v[0]);
                     let t = pb.mul(v[1], l);
@@ -494,7 +556,7 @@ fn binary_backward<B: Backend>(
             };
             let (a, b) = stretched()?;
             let ga = kernel("extremum_grad", &[&a, &b, g], &|pb, v| {
-                let (zero, half) = (pb.const_f32(0.0), pb.const_f32(0.5));
+                let (zero, half) = (lit(pb, v[0], 0.0), lit(pb, v[0], 0.5));
                 let win = pb.cmp(wins, v[0], v[1]);
                 let tie = pb.cmp(IrCmp::Eq, v[0], v[1]);
                 let hg = pb.mul(half, v[2]);
@@ -513,7 +575,7 @@ fn binary_backward<B: Backend>(
                 let d = pb.fma(v[1], v[1], a2);
                 let t = pb.mul(v[2], by);
                 let q = pb.div(t, d);
-                let zero = pb.const_f32(0.0);
+                let zero = lit(pb, v[0], 0.0);
                 let origin = pb.cmp(IrCmp::Eq, d, zero);
                 pb.select(origin, zero, q)
             };

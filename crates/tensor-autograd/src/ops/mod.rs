@@ -142,18 +142,6 @@ pub(crate) fn fused<B: Backend>(
     dtype: DType,
     body: impl FnOnce(&mut ProgramBuilder, &[Value]) -> Value,
 ) -> Result<Tensor<B>> {
-    // The fused kernels' constants and approximations (erf's) are f32: refused in f64 with
-    // the reason rather than an IR type error (or an f32-accurate f64 result).
-    if inputs.iter().any(|t| t.dtype() == DType::F64) || dtype == DType::F64 {
-        return Err(crate::error::Error::InvalidArgument {
-            op: "backward",
-            detail: format!(
-                "the fused kernel `{name}` has no f64 form yet: on f64 tensors, the operations \
-                 whose backward is built from primitives (arithmetic, matmul, sums and means, \
-                 views) differentiate"
-            ),
-        });
-    }
     let backend = inputs[0].backend().clone();
     let layout = inputs
         .iter()

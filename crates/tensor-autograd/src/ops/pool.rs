@@ -296,7 +296,8 @@ fn tiled_max_backward_program(
         &[(c[0], gs[0]), (c[1], gs[1]), (wy, gs[2]), (wx, gs[3])],
     );
     let gv = b.load(g, g_at);
-    let zero = b.const_f32(0.0);
+    let ty = b.type_of(gv).unwrap_or(hal::ir::ScalarType::F32);
+    let zero = b.const_float(ty, 0.0);
     let v = b.select(take, gv, zero);
     let at = address(
         &mut b,

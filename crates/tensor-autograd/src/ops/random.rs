@@ -29,7 +29,12 @@ impl<B: Backend> Tensor<B> {
         )?;
         let scale = 1.0 / (1.0 - p);
         let mask = fused("dropout_mask", &[&u], self.shape(), self.dtype(), |b, v| {
-            let (pp, s, zero) = (b.const_f32(p), b.const_f32(scale), b.const_f32(0.0));
+            let ty = b.type_of(v[0]).unwrap_or(hal::ir::ScalarType::F32);
+            let (pp, s, zero) = (
+                b.const_float(ty, p as f64),
+                b.const_float(ty, scale as f64),
+                b.const_float(ty, 0.0),
+            );
             let keep = b.cmp(IrCmp::Ge, v[0], pp);
             b.select(keep, s, zero)
         })?;
