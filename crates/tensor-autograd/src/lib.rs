@@ -22,7 +22,8 @@
 //!   f64 tensors (every primitive of the CPU and CUDA backends computes in f64, and the fused
 //!   backward kernels are built in the tensors' width, erf's included; f64 cross-entropy is
 //!   the composition `log_softmax` + `nll_loss`, the one-kernel form being f32's).
-//! - [`data`]: datasets and a [`data::DataLoader`] that prepares the next batch on a thread.
+//! - [`data`]: datasets and a [`data::DataLoader`] that prepares the next batch on a thread;
+//!   [`idx`]: the IDX files of real MNIST (`cargo xtask fetch mnist` downloads them).
 //! - [`models`]: the reference MLP and LeNet-style CNN, the training loop the examples and the
 //!   bench share ([`models::train_step`], and [`models::RecordedStep`], the same step recorded
 //!   once and replayed: one device-graph launch a step on CUDA), and the digits / synthetic
@@ -46,6 +47,7 @@ mod autograd;
 pub mod data;
 mod error;
 mod gradcheck;
+pub mod idx;
 pub mod models;
 pub mod nn;
 mod ops;
