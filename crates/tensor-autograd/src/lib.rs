@@ -23,7 +23,8 @@
 //!   backward kernels are built in the tensors' width, erf's included; f64 cross-entropy is
 //!   the composition `log_softmax` + `nll_loss`, the one-kernel form being f32's).
 //! - [`data`]: datasets and a [`data::DataLoader`] that prepares the next batch on a thread;
-//!   [`idx`]: the IDX files of real MNIST (`cargo xtask fetch mnist` downloads them).
+//!   [`idx`]: the IDX files of real MNIST (`cargo xtask fetch mnist` downloads them);
+//!   [`text`]: character and GPT-2 tokenizers, nanoGPT's `.bin` token files as random batches.
 //! - [`models`]: the reference MLP and LeNet-style CNN, the training loop the examples and the
 //!   bench share ([`models::train_step`], and [`models::RecordedStep`], the same step recorded
 //!   once and replayed: one device-graph launch a step on CUDA), and the digits / synthetic
@@ -53,6 +54,7 @@ pub mod nn;
 mod ops;
 pub mod optim;
 mod tensor;
+pub mod text;
 
 pub use autograd::{is_grad_enabled, no_grad};
 pub use error::{Error, Result};
