@@ -25,6 +25,9 @@
 //! - [`data`]: datasets and a [`data::DataLoader`] that prepares the next batch on a thread;
 //!   [`idx`]: the IDX files of real MNIST (`cargo xtask fetch mnist` downloads them);
 //!   [`text`]: character and GPT-2 tokenizers, nanoGPT's `.bin` token files as random batches.
+//! - [`gpt`]: nanoGPT's GPT (causal self-attention composed from matmul, an additive mask
+//!   and softmax; tied head; nanoGPT's state names, so its `GPT` loads our checkpoints) with
+//!   `generate` (temperature, top-k).
 //! - [`models`]: the reference MLP and LeNet-style CNN, the training loop the examples and the
 //!   bench share ([`models::train_step`], and [`models::RecordedStep`], the same step recorded
 //!   once and replayed: one device-graph launch a step on CUDA), and the digits / synthetic
@@ -47,6 +50,7 @@
 mod autograd;
 pub mod data;
 mod error;
+pub mod gpt;
 mod gradcheck;
 pub mod idx;
 pub mod models;

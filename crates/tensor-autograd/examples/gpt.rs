@@ -1,0 +1,338 @@
+//! Trains a GPT with nanoGPT's recipes (its `train.py` and `config/`, Karpathy, MIT):
+//! `shakespeare-char` (6 layers, 6 heads, 384 wide, block 256, batch 64, dropout 0.2, AdamW lr
+//! 1e-3 with 100 warm-up steps and cosine decay to 1e-4 over 5000, beta2 0.99, weight decay 0.1
+//! on matrices, gradient clipping at 1.0) on Tiny Shakespeare's characters (committed, the first
+//! 90% for training); `gpt2` (124M: 12 x 12 x 768, block 1024) on GPT-2 BPE `.bin` files as
+//! nanoGPT's `prepare.py` writes them (`--bin-dir`); `small` (2 x 4 x 64, block 64) for a
+//! quick run. Prints loss, milliseconds per iteration and tokens per second, evaluates on
+//! held-back batches, keeps the best checkpoint (nanoGPT's names: its `GPT` loads it) and ends
+//! with a sample.
+//!
+//! ```sh
+//! cargo run --release -p tensor-autograd --example gpt -- --config small --iters 200
+//! cargo run --release -p tensor-autograd --example gpt -- --backend cuda --config shakespeare-char
+//! ```
+
+use clap::Parser;
+use hal::Backend;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+use tensor_autograd::gpt::{Gpt, GptConfig};
+use tensor_autograd::nn::Init;
+use tensor_autograd::optim::{Adam, Cosine, Optimizer, Schedule, clip_grad_norm};
+use tensor_autograd::text::{CharTokenizer, TokenStream, Tokenizer, write_tokens};
+use tensor_autograd::{Tensor, no_grad};
+
+#[derive(Parser, Debug)]
+#[command(about = "Train a GPT with nanoGPT's recipes")]
+struct Args {
+    /// cpu, wgpu, cuda or auto (the best present)
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// shakespeare-char, gpt2 or small
+    #[arg(long, default_value = "shakespeare-char")]
+    config: String,
+    /// The text to train on at character level (default: the committed Tiny Shakespeare)
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// A folder with nanoGPT's train.bin and val.bin (GPT-2 BPE tokens), for `gpt2`
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 5000)]
+    iters: usize,
+    #[arg(long, default_value_t = 250)]
+    eval_interval: usize,
+    #[arg(long, default_value_t = 200)]
+    eval_iters: usize,
+    #[arg(long, default_value_t = 10)]
+    log_interval: usize,
+    /// Batch size (default: the recipe's: 64, or 12 for gpt2)
+    #[arg(long)]
+    batch: Option<usize>,
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f32,
+    #[arg(long, default_value_t = 1e-4)]
+    min_lr: f32,
+    #[arg(long, default_value_t = 100)]
+    warmup: u64,
+    #[arg(long, default_value_t = 0.1)]
+    weight_decay: f32,
+    #[arg(long, default_value_t = 0.99)]
+    beta2: f32,
+    #[arg(long, default_value_t = 1.0)]
+    grad_clip: f32,
+    /// Dropout (default: the recipe's)
+    #[arg(long)]
+    dropout: Option<f32>,
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// Where the best checkpoint goes (safetensors, nanoGPT's names)
+    #[arg(long, default_value = "target/gpt/ckpt.safetensors")]
+    out: PathBuf,
+    /// Tokens to sample at the end
+    #[arg(long, default_value_t = 300)]
+    sample: usize,
+    /// After training, write the logits (f32, little-endian) of two windows of the validation
+    /// tokens to this file, and the windows (u32) to the same path with `.tokens` appended: a
+    /// fixed batch to compare with nanoGPT's logits from the checkpoint.
+    #[arg(long)]
+    dump_logits: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    // SAFETY: the first line of main: no other thread exists yet.
+    unsafe { backends::quiet_headless_start() };
+    let args = Args::parse();
+    let choice = backends::resolve(&args.backend).to_string();
+    println!("gpt: backend {choice}, recipe {}", args.config);
+    match backends::on_backend!(choice.as_str(), run(&args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpt: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The training and validation token files, and the character vocabulary where there is one.
+fn data(
+    args: &Args,
+    work: &Path,
+) -> Result<(TokenStream, TokenStream, Option<CharTokenizer>), String> {
+    let e = |e: tensor_autograd::Error| e.to_string();
+    if let Some(dir) = &args.bin_dir {
+        let train = TokenStream::open(&dir.join("train.bin")).map_err(e)?;
+        let val = TokenStream::open(&dir.join("val.bin")).map_err(e)?;
+        return Ok((train, val, None));
+    }
+    let path = args.text.clone().unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("data/tinyshakespeare/input.txt")
+    });
+    let text =
+        std::fs::read_to_string(&path).map_err(|err| format!("{}: {err}", path.display()))?;
+    let tok = CharTokenizer::from_text(&text);
+    let ids = tok.encode(&text).map_err(e)?;
+    let split = ids.len() * 9 / 10;
+    std::fs::create_dir_all(work).map_err(|err| format!("{}: {err}", work.display()))?;
+    let (tp, vp) = (work.join("train.bin"), work.join("val.bin"));
+    write_tokens(&tp, &ids[..split]).map_err(e)?;
+    write_tokens(&vp, &ids[split..]).map_err(e)?;
+    println!(
+        "gpt: {} characters ({} distinct) from {}: {} training, {} validation tokens",
+        text.chars().count(),
+        tok.vocab_size(),
+        path.display(),
+        split,
+        ids.len() - split
+    );
+    Ok((
+        TokenStream::open(&tp).map_err(e)?,
+        TokenStream::open(&vp).map_err(e)?,
+        Some(tok),
+    ))
+}
+
+fn config(args: &Args, vocab: usize) -> Result<GptConfig, String> {
+    let mut c = match args.config.as_str() {
+        "shakespeare-char" => GptConfig::shakespeare_char(vocab),
+        "gpt2" => GptConfig::gpt2_124m(),
+        "small" => GptConfig {
+            block_size: 64,
+            vocab_size: vocab,
+            n_layer: 2,
+            n_head: 4,
+            n_embd: 64,
+            dropout: 0.0,
+            bias: false,
+        },
+        other => {
+            return Err(format!(
+                "unknown recipe {other} (shakespeare-char, gpt2, small)"
+            ));
+        }
+    };
+    if let Some(p) = args.dropout {
+        c.dropout = p;
+    }
+    Ok(c)
+}
+
+/// The mean loss over `iters` random batches, without gradients, in evaluation mode.
+fn estimate<B: Backend>(
+    model: &mut Gpt<B>,
+    backend: &B,
+    stream: &TokenStream,
+    state: &mut u64,
+    iters: usize,
+    batch: usize,
+) -> Result<f32, String> {
+    model.set_training(false);
+    let block = model.config.block_size;
+    let total = no_grad(|| -> tensor_autograd::Result<f32> {
+        let mut sum = 0.0;
+        for _ in 0..iters {
+            let (x, y) = stream.random_batch_tensors(backend, state, batch, block)?;
+            sum += model.loss(&x, &y)?.item()?;
+        }
+        Ok(sum)
+    })
+    .map_err(|e| e.to_string())?;
+    model.set_training(true);
+    Ok(total / iters.max(1) as f32)
+}
+
+fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
+    let e = |e: tensor_autograd::Error| e.to_string();
+    let work = args.out.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let (train, val, tok) = data(args, &work)?;
+    let vocab = tok.as_ref().map_or(50304, |t| t.vocab_size());
+    let cfg = config(args, vocab)?;
+    let batch = args
+        .batch
+        .unwrap_or(if args.config == "gpt2" { 12 } else { 64 });
+    let mut init = Init::new(backend, args.seed);
+    let mut model = Gpt::new(&mut init, cfg).map_err(e)?;
+    let params = model.parameters();
+    println!(
+        "gpt: {} layers, {} heads, {} wide, block {}, vocabulary {}: {:.2}M parameters; batch {batch}, {} iterations",
+        cfg.n_layer,
+        cfg.n_head,
+        cfg.n_embd,
+        cfg.block_size,
+        cfg.vocab_size,
+        model.num_parameters() as f64 / 1e6,
+        args.iters
+    );
+    // nanoGPT's groups: weight decay on the matrices (embeddings and Linear weights), none on
+    // the LayerNorm weights and biases.
+    let (decay, plain): (Vec<Tensor<B>>, Vec<Tensor<B>>) =
+        params.iter().cloned().partition(|p| p.rank() >= 2);
+    let adamw = |wd: f32| {
+        let mut o = Adam::adamw(args.lr).weight_decay(wd);
+        o.hyper.beta2 = args.beta2;
+        o
+    };
+    let (mut opt_decay, mut opt_plain) = (adamw(args.weight_decay), adamw(0.0));
+    let schedule = Cosine {
+        base: args.lr,
+        min: args.min_lr,
+        warmup: args.warmup,
+        total: args.iters as u64,
+    };
+    let tokens_per_iter = batch * cfg.block_size;
+    let (mut data_state, mut eval_state) = (args.seed, args.seed ^ 0xe7a1);
+    let mut best = f32::INFINITY;
+    let mut times = Vec::new();
+    for iter in 0..=args.iters {
+        if args.eval_interval > 0 && (iter % args.eval_interval == 0 || iter == args.iters) {
+            let t = estimate(
+                &mut model,
+                backend,
+                &train,
+                &mut eval_state,
+                args.eval_iters,
+                batch,
+            )?;
+            let v = estimate(
+                &mut model,
+                backend,
+                &val,
+                &mut eval_state,
+                args.eval_iters,
+                batch,
+            )?;
+            println!("step {iter}: train loss {t:.4}, val loss {v:.4}");
+            if v < best {
+                best = v;
+                if iter > 0 {
+                    model.save(&args.out).map_err(e)?;
+                }
+            }
+        }
+        if iter == args.iters {
+            break;
+        }
+        let lr = schedule.learning_rate(iter as u64);
+        opt_decay.set_learning_rate(lr);
+        opt_plain.set_learning_rate(lr);
+        let start = Instant::now();
+        let (x, y) = train
+            .random_batch_tensors(backend, &mut data_state, batch, cfg.block_size)
+            .map_err(e)?;
+        for p in &params {
+            p.zero_grad();
+        }
+        let loss = model.loss(&x, &y).map_err(e)?;
+        loss.backward().map_err(e)?;
+        if args.grad_clip > 0.0 {
+            clip_grad_norm(&params, args.grad_clip).map_err(e)?;
+        }
+        opt_decay.step(&decay).map_err(e)?;
+        opt_plain.step(&plain).map_err(e)?;
+        if iter % args.log_interval == 0 {
+            // Reading the loss waits for the step: the time is the step's.
+            let l = loss.item().map_err(e)?;
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            times.push(ms);
+            println!(
+                "iter {iter}: loss {l:.4}, {ms:.2} ms, {:.0} tokens/s, lr {lr:.2e}",
+                tokens_per_iter as f64 / (ms / 1e3)
+            );
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    if let Some(&median) = times.get(times.len() / 2) {
+        println!(
+            "gpt on {}: median {median:.2} ms per iteration ({:.0} tokens/s), best val loss {best:.4}",
+            backend.info().name,
+            tokens_per_iter as f64 / (median / 1e3)
+        );
+    }
+    if best.is_finite() && args.out.exists() {
+        println!("gpt: best checkpoint in {}", args.out.display());
+    }
+    if let Some(path) = &args.dump_logits {
+        dump_logits(&mut model, backend, &val, path)?;
+    }
+    if let (Some(tok), true) = (&tok, args.sample > 0) {
+        model.set_training(false);
+        let prompt = tok.encode("\n").map_err(e)?;
+        let out = model
+            .generate(&prompt, args.sample, 0.8, Some(200), args.seed)
+            .map_err(e)?;
+        println!("---\n{}\n---", tok.decode(&out).map_err(e)?);
+    }
+    Ok(())
+}
+
+/// See `Args::dump_logits`.
+fn dump_logits<B: Backend>(
+    model: &mut Gpt<B>,
+    backend: &B,
+    val: &TokenStream,
+    path: &Path,
+) -> Result<(), String> {
+    let e = |e: tensor_autograd::Error| e.to_string();
+    let t = model.config.block_size;
+    let tokens = val.window(0, 2 * t).map_err(e)?;
+    model.set_training(false);
+    let x = Tensor::from_elements(backend, &tokens, &[2, t]).map_err(e)?;
+    let logits = no_grad(|| model.forward(&x))
+        .map_err(e)?
+        .to_vec()
+        .map_err(e)?;
+    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let ids: Vec<u8> = tokens.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let io = |err: std::io::Error| format!("{}: {err}", path.display());
+    hal::durable::write_bytes_atomic(path, &bytes).map_err(io)?;
+    let mut tpath = path.as_os_str().to_owned();
+    tpath.push(".tokens");
+    hal::durable::write_bytes_atomic(Path::new(&tpath), &ids).map_err(io)?;
+    println!(
+        "gpt: logits [2, {t}, {}] of the first validation windows in {}",
+        model.config.vocab_size,
+        path.display()
+    );
+    Ok(())
+}
