@@ -211,6 +211,56 @@ impl<B: Backend> Tensor<B> {
         }))
     }
 
+    /// `value` where `mask` (nonzero: true; broadcast to `self`'s shape) holds and `self`
+    /// elsewhere, as PyTorch's `masked_fill`; the filled positions pass no gradient.
+    pub fn masked_fill(&self, mask: &Self, value: f64) -> Result<Self> {
+        let shape = hal::broadcast_shapes("masked_fill", self.shape(), mask.shape())?;
+        if shape != self.shape() {
+            return Err(crate::error::shape_error(
+                "masked_fill",
+                self.shape(),
+                mask.shape(),
+                "the mask must broadcast to the tensor's shape",
+            ));
+        }
+        let fill = Tensor::full(self.backend(), &[], value, self.dtype())?;
+        mask.where_cond(&fill, self)
+    }
+
+    /// The lower triangle of the last two dimensions: element (i, j) kept where
+    /// `j - i <= diagonal`, zero elsewhere (PyTorch's `tril`).
+    pub fn tril(&self, diagonal: i64) -> Result<Self> {
+        self.triangle(diagonal, true)
+    }
+
+    /// The upper triangle of the last two dimensions: element (i, j) kept where
+    /// `j - i >= diagonal`, zero elsewhere (PyTorch's `triu`).
+    pub fn triu(&self, diagonal: i64) -> Result<Self> {
+        self.triangle(diagonal, false)
+    }
+
+    fn triangle(&self, diagonal: i64, lower: bool) -> Result<Self> {
+        if self.rank() < 2 {
+            return Err(invalid(
+                if lower { "tril" } else { "triu" },
+                format!("needs at least 2 dimensions, got {:?}", self.shape()),
+            ));
+        }
+        let (rows, cols) = (self.shape()[self.rank() - 2], self.shape()[self.rank() - 1]);
+        let drop: Vec<u32> = (0..rows * cols)
+            .map(|k| {
+                let offset = (k % cols) as i64 - (k / cols) as i64;
+                u32::from(if lower {
+                    offset > diagonal
+                } else {
+                    offset < diagonal
+                })
+            })
+            .collect();
+        let mask = Tensor::from_elements(self.backend(), &drop, &[rows, cols])?;
+        self.masked_fill(&mask, 0.0)
+    }
+
     /// The same values stored as `dtype` (rounded; float to integer truncates). The gradient
     /// is cast back.
     pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
