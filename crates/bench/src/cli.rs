@@ -4,8 +4,9 @@ use clap::Parser;
 use std::path::PathBuf;
 
 /// The suites this build has.
-pub(crate) const SUITES: [&str; 9] = [
+pub(crate) const SUITES: [&str; 10] = [
     "train",
+    "gpt",
     "gemm",
     "elementwise",
     "nearest",
@@ -64,6 +65,12 @@ struct Cli {
     /// Steps of the train suite's memory check (at least 100).
     #[arg(long, default_value_t = 10_000)]
     memory_steps: usize,
+    /// The gpt suite's recipes, comma-separated: shakespeare-char, gpt2.
+    #[arg(long, value_delimiter = ',', default_value = "shakespeare-char")]
+    gpt_config: Vec<String>,
+    /// nanoGPT's folder (its model.py), for the gpt suite's PyTorch peer.
+    #[arg(long)]
+    nanogpt: Option<PathBuf>,
     /// The vlc suite's data folder.
     #[arg(long, default_value = "data/vlc")]
     vlc_data: PathBuf,
@@ -96,6 +103,7 @@ pub(crate) struct Args {
     pub coop_tiles: Vec<String>,
     pub nlls: crate::nlls::NllsArgs,
     pub train: crate::train::TrainArgs,
+    pub gpt: crate::gpt::GptArgs,
     pub vlc: crate::vlc::VlcArgs,
 }
 
@@ -148,6 +156,11 @@ pub(crate) fn parse() -> Result<Args, String> {
         train: crate::train::TrainArgs {
             reps: 9,
             memory_steps: c.memory_steps.max(100),
+        },
+        gpt: crate::gpt::GptArgs {
+            reps: 9,
+            configs: c.gpt_config,
+            nanogpt: c.nanogpt,
         },
         vlc: crate::vlc::VlcArgs {
             reps: 9,

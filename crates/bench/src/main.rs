@@ -2,7 +2,8 @@
 //! machine, the peer in the same run, and prints medians with ratios.
 //!
 //! ```text
-//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train,vlc] [--reps N] [--gemm-size N]
+//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train,gpt,vlc] [--reps N] [--gemm-size N]
+//!       [--gpt-config shakespeare-char,gpt2] [--nanogpt DIR]
 //!       [--levels 4,5] [--edges N] [--compile-level L] [--no-break-even]
 //!       [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]
 //!       [--wgpu-without immediates,f16,subgroups,coop] [--coop-tiles SRxSCxTMxTN,...]
@@ -33,6 +34,7 @@ use std::time::Instant;
 mod cli;
 mod elementwise;
 mod gemm;
+mod gpt;
 mod launch;
 mod nearest;
 mod nlls;
@@ -268,6 +270,17 @@ fn run<B: Backend>(b: &B, args: &Args, hooks: Hooks<'_, B>) -> ExitCode {
             )
             .map_err(|e| hal::Error::Backend {
                 backend: "vlc",
+                detail: e,
+            }),
+            "gpt" => gpt::gpt(
+                b,
+                &gpt::GptArgs {
+                    reps: args.reps,
+                    ..args.gpt.clone()
+                },
+            )
+            .map_err(|e| hal::Error::Backend {
+                backend: "gpt",
                 detail: e,
             }),
             "train" => {

@@ -1,0 +1,137 @@
+//! `--suite gpt`: GPT training iterations (forward, cross-entropy, backward, gradient
+//! clipping, AdamW) of tensor-autograd's nanoGPT model on random tokens, as nanoGPT's
+//! `bench.py` times them, beside nanoGPT's own model in PyTorch (eager and torch.compile, bf16
+//! autocast) in the same run where the host has PyTorch, CUDA and nanoGPT's code
+//! (`--nanogpt DIR`, the folder holding its `model.py`).
+
+use hal::Backend;
+use std::path::PathBuf;
+use std::time::Instant;
+use tensor_autograd::Tensor;
+use tensor_autograd::gpt::{Gpt, GptConfig};
+use tensor_autograd::nn::Init;
+use tensor_autograd::optim::{Adam, Optimizer, clip_grad_norm};
+
+const PEER: &str = include_str!("../peers/gpt_torch.py");
+
+#[derive(Clone, Debug)]
+pub struct GptArgs {
+    pub reps: usize,
+    /// shakespeare-char or gpt2 (or both, comma-separated on the command line).
+    pub configs: Vec<String>,
+    pub nanogpt: Option<PathBuf>,
+}
+
+fn recipe(name: &str) -> Result<(GptConfig, usize), String> {
+    match name {
+        "shakespeare-char" => Ok((GptConfig::shakespeare_char(65), 64)),
+        "gpt2" => Ok((GptConfig::gpt2_124m(), 12)),
+        other => Err(format!(
+            "unknown GPT config {other} (shakespeare-char, gpt2)"
+        )),
+    }
+}
+
+pub fn gpt<B: Backend>(b: &B, args: &GptArgs) -> Result<(), String> {
+    let e = |e: tensor_autograd::Error| e.to_string();
+    for name in &args.configs {
+        let (cfg, batch) = recipe(name)?;
+        let mut init = Init::new(b, 1);
+        let model = Gpt::new(&mut init, cfg).map_err(e)?;
+        let params = model.parameters();
+        let (decay, plain): (Vec<Tensor<B>>, Vec<Tensor<B>>) =
+            params.iter().cloned().partition(|p| p.rank() >= 2);
+        let adamw = |wd: f32| {
+            let mut o = Adam::adamw(1e-3).weight_decay(wd);
+            o.hyper.beta2 = 0.99;
+            o
+        };
+        let (mut od, mut op) = (adamw(0.1), adamw(0.0));
+        let data: Vec<(Tensor<B>, Tensor<B>)> = (0..8u64)
+            .map(|i| {
+                let ids = |seed: u64| -> tensor_autograd::Result<Tensor<B>> {
+                    Tensor::rand(b, &[batch, cfg.block_size], seed)?
+                        .mul_scalar(cfg.vocab_size as f32)?
+                        .floor()?
+                        .to_dtype(hal::DType::U32)
+                };
+                Ok((ids(100 + i)?, ids(900 + i)?))
+            })
+            .collect::<tensor_autograd::Result<_>>()
+            .map_err(e)?;
+        let mut k = 0usize;
+        let mut step = || -> tensor_autograd::Result<Tensor<B>> {
+            let (x, y) = &data[k % data.len()];
+            k += 1;
+            for p in &params {
+                p.zero_grad();
+            }
+            let loss = model.loss(x, y)?;
+            loss.backward()?;
+            clip_grad_norm(&params, 1.0)?;
+            od.step(&decay)?;
+            op.step(&plain)?;
+            Ok(loss.detach())
+        };
+        let first = step().map_err(e)?.item().map_err(e)?;
+        for _ in 0..3 {
+            step().map_err(e)?;
+        }
+        b.synchronize().map_err(|x| x.to_string())?;
+        let _ = crate::take_profile(1);
+        let block = 5;
+        let mut times = Vec::with_capacity(args.reps);
+        for _ in 0..args.reps {
+            let t = Instant::now();
+            for _ in 0..block {
+                step().map_err(e)?;
+            }
+            b.synchronize().map_err(|x| x.to_string())?;
+            times.push(t.elapsed().as_secs_f64() / block as f64);
+        }
+        crate::print_profile(args.reps * block);
+        let last = step().map_err(e)?.item().map_err(e)?;
+        let ours = crate::median(times) * 1e3;
+        let tokens = (batch * cfg.block_size) as f64;
+        println!(
+            "gpt {name} ({} layers, {} wide, block {}, batch {batch}), f32: {ours:.2} ms per iteration, {:.0} tokens/s (loss {first:.3} -> {last:.3})",
+            cfg.n_layer,
+            cfg.n_embd,
+            cfg.block_size,
+            tokens / (ours / 1e3)
+        );
+        let cuda = b.info().backend == "cuda";
+        for compile in ["0", "1"] {
+            let peer = match (&args.nanogpt, cuda) {
+                (Some(dir), true) => {
+                    let a = [
+                        dir.display().to_string(),
+                        name.clone(),
+                        batch.to_string(),
+                        args.reps.to_string(),
+                        compile.to_string(),
+                    ];
+                    crate::run_peer(PEER, &a, "torch").and_then(|text| {
+                        let ms = crate::json_field(&text, "step_ms")
+                            .and_then(|v| v.parse::<f64>().ok())
+                            .ok_or_else(|| format!("unreadable peer output: {text}"))?;
+                        Ok((ms, crate::json_field(&text, "what").unwrap_or_default()))
+                    })
+                }
+                (None, _) => Err("no --nanogpt folder given".to_string()),
+                (_, false) => Err("nanoGPT's peer runs on CUDA".to_string()),
+            };
+            match peer {
+                Ok((ms, what)) => println!(
+                    "gpt {name}: PyTorch {ms:.2} ms per iteration ({what}): ours / theirs {:.2}x",
+                    ours / ms
+                ),
+                Err(why) => {
+                    println!("gpt {name}: PyTorch not run: {why}");
+                    break;
+                }
+            }
+        }
+    }
+    Ok(())
+}
