@@ -33,7 +33,24 @@ fn recipe(name: &str) -> Result<(GptConfig, usize), String> {
 }
 
 pub fn gpt<B: Backend>(b: &B, args: &GptArgs) -> Result<(), String> {
+    // Exact f32 products, then TF32 ones (`Precision::Fast`: nanoGPT's `allow_tf32`) where
+    // the device has them.
+    let mut policies = vec![hal::Precision::Exact];
+    if b.capabilities().fast_precision {
+        policies.push(hal::Precision::Fast);
+    }
+    for &policy in &policies {
+        gpt_under(&b.with_precision(policy), args, policy)?;
+    }
+    Ok(())
+}
+
+fn gpt_under<B: Backend>(b: &B, args: &GptArgs, policy: hal::Precision) -> Result<(), String> {
     let e = |e: tensor_autograd::Error| e.to_string();
+    let label = match policy {
+        hal::Precision::Fast => "f32, TF32 products",
+        _ => "f32",
+    };
     for name in &args.configs {
         let (cfg, batch) = recipe(name)?;
         let mut init = Init::new(b, 1);
@@ -94,12 +111,16 @@ pub fn gpt<B: Backend>(b: &B, args: &GptArgs) -> Result<(), String> {
         let ours = crate::median(times) * 1e3;
         let tokens = (batch * cfg.block_size) as f64;
         println!(
-            "gpt {name} ({} layers, {} wide, block {}, batch {batch}), f32: {ours:.2} ms per iteration, {:.0} tokens/s (loss {first:.3} -> {last:.3})",
+            "gpt {name} ({} layers, {} wide, block {}, batch {batch}), {label}: {ours:.2} ms per iteration, {:.0} tokens/s (loss {first:.3} -> {last:.3})",
             cfg.n_layer,
             cfg.n_embd,
             cfg.block_size,
             tokens / (ours / 1e3)
         );
+        // The peer once, after the last policy.
+        if Some(policy) != last_policy(b) {
+            continue;
+        }
         let cuda = b.info().backend == "cuda";
         for compile in ["0", "1"] {
             let peer = match (&args.nanogpt, cuda) {
@@ -134,4 +155,13 @@ pub fn gpt<B: Backend>(b: &B, args: &GptArgs) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The last policy `gpt` times on `b`'s device.
+fn last_policy<B: Backend>(b: &B) -> Option<hal::Precision> {
+    Some(if b.capabilities().fast_precision {
+        hal::Precision::Fast
+    } else {
+        hal::Precision::Exact
+    })
 }

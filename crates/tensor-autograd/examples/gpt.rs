@@ -67,6 +67,10 @@ struct Args {
     dropout: Option<f32>,
     #[arg(long, default_value_t = 1337)]
     seed: u64,
+    /// The matrix products: `fast` (TF32 tensor cores where the device has them, as nanoGPT
+    /// sets `allow_tf32`) or `exact` (f32)
+    #[arg(long, default_value = "fast")]
+    precision: String,
     /// Where the best checkpoint goes (safetensors, nanoGPT's names)
     #[arg(long, default_value = "target/gpt/ckpt.safetensors")]
     out: PathBuf,
@@ -86,7 +90,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let choice = backends::resolve(&args.backend).to_string();
     println!("gpt: backend {choice}, recipe {}", args.config);
-    match backends::on_backend!(choice.as_str(), run(&args)) {
+    match backends::on_backend!(choice.as_str(), with_policy(&args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpt: {e}");
@@ -180,6 +184,15 @@ fn estimate<B: Backend>(
     .map_err(|e| e.to_string())?;
     model.set_training(true);
     Ok(total / iters.max(1) as f32)
+}
+
+fn with_policy<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
+    let policy = match args.precision.as_str() {
+        "fast" => hal::Precision::Fast,
+        "exact" => hal::Precision::Exact,
+        p => return Err(format!("unknown precision {p} (fast or exact)")),
+    };
+    run(&backend.with_precision(policy), args)
 }
 
 fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
