@@ -71,9 +71,14 @@ struct Args {
     /// sets `allow_tf32`) or `exact` (f32)
     #[arg(long, default_value = "fast")]
     precision: String,
-    /// Where the best checkpoint goes (safetensors, nanoGPT's names)
+    /// Where the best checkpoint goes (safetensors, nanoGPT's names), with the optimiser's
+    /// state beside it (`.adam-decay` and `.adam-plain` before the extension)
     #[arg(long, default_value = "target/gpt/ckpt.safetensors")]
     out: PathBuf,
+    /// Resume from the checkpoint at --out and its optimiser state: the run continues at the
+    /// step it was saved after, with the same batches it would have drawn
+    #[arg(long)]
+    resume: bool,
     /// Tokens to sample at the end
     #[arg(long, default_value_t = 300)]
     sample: usize,
@@ -227,6 +232,21 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         o
     };
     let (mut opt_decay, mut opt_plain) = (adamw(args.weight_decay), adamw(0.0));
+    let (decay_state, plain_state) = (
+        args.out.with_extension("adam-decay.safetensors"),
+        args.out.with_extension("adam-plain.safetensors"),
+    );
+    let mut first_iter = 0;
+    if args.resume {
+        model.load(&args.out).map_err(e)?;
+        opt_decay.load_state(&decay, &decay_state).map_err(e)?;
+        opt_plain.load_state(&plain, &plain_state).map_err(e)?;
+        first_iter = opt_decay.steps() as usize;
+        println!(
+            "gpt: resumed from {} after step {first_iter}",
+            args.out.display()
+        );
+    }
     let schedule = Cosine {
         base: args.lr,
         min: args.min_lr,
@@ -234,10 +254,10 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         total: args.iters as u64,
     };
     let tokens_per_iter = batch * cfg.block_size;
-    let (mut data_state, mut eval_state) = (args.seed, args.seed ^ 0xe7a1);
+    let mut eval_state = args.seed ^ 0xe7a1;
     let mut best = f32::INFINITY;
     let mut times = Vec::new();
-    for iter in 0..=args.iters {
+    for iter in first_iter..=args.iters {
         if args.eval_interval > 0 && (iter % args.eval_interval == 0 || iter == args.iters) {
             let t = estimate(
                 &mut model,
@@ -258,8 +278,10 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
             println!("step {iter}: train loss {t:.4}, val loss {v:.4}");
             if v < best {
                 best = v;
-                if iter > 0 {
+                if iter > first_iter {
                     model.save(&args.out).map_err(e)?;
+                    opt_decay.save_state(&decay, &decay_state).map_err(e)?;
+                    opt_plain.save_state(&plain, &plain_state).map_err(e)?;
                 }
             }
         }
@@ -270,6 +292,9 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         opt_decay.set_learning_rate(lr);
         opt_plain.set_learning_rate(lr);
         let start = Instant::now();
+        // Each step's batch follows from the seed and the step, so a resumed run draws the
+        // batches the uninterrupted one would have.
+        let mut data_state = args.seed ^ (iter as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let (x, y) = train
             .random_batch_tensors(backend, &mut data_state, batch, cfg.block_size)
             .map_err(e)?;

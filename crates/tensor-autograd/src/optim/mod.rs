@@ -7,6 +7,8 @@
 //! A parameter listed more than once (a weight tied between two modules, say) is one
 //! parameter: it is updated once a step, and positions count first appearances only.
 
+mod state_file;
+
 use crate::error::{Result, invalid};
 use crate::tensor::Tensor;
 use hal::ir::expr::{Expr, Scope};
