@@ -62,6 +62,10 @@ struct Args {
     beta2: f32,
     #[arg(long, default_value_t = 1.0)]
     grad_clip: f32,
+    /// Micro-batches per step, their gradients summed (nanoGPT's
+    /// gradient_accumulation_steps): a step sees batch x this many sequences
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
     /// Dropout (default: the recipe's)
     #[arg(long)]
     dropout: Option<f32>,
@@ -253,7 +257,7 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         warmup: args.warmup,
         total: args.iters as u64,
     };
-    let tokens_per_iter = batch * cfg.block_size;
+    let tokens_per_iter = batch * cfg.block_size * args.grad_accum.max(1);
     let mut eval_state = args.seed ^ 0xe7a1;
     let mut best = f32::INFINITY;
     let mut times = Vec::new();
@@ -292,17 +296,28 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         opt_decay.set_learning_rate(lr);
         opt_plain.set_learning_rate(lr);
         let start = Instant::now();
-        // Each step's batch follows from the seed and the step, so a resumed run draws the
-        // batches the uninterrupted one would have.
-        let mut data_state = args.seed ^ (iter as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let (x, y) = train
-            .random_batch_tensors(backend, &mut data_state, batch, cfg.block_size)
-            .map_err(e)?;
         for p in &params {
             p.zero_grad();
         }
-        let loss = model.loss(&x, &y).map_err(e)?;
-        loss.backward().map_err(e)?;
+        // Each step's batches follow from the seed and the step, so a resumed run draws the
+        // batches the uninterrupted one would have.
+        let mut data_state = args.seed ^ (iter as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let micro = args.grad_accum.max(1);
+        let mut loss = None;
+        for _ in 0..micro {
+            let (x, y) = train
+                .random_batch_tensors(backend, &mut data_state, batch, cfg.block_size)
+                .map_err(e)?;
+            // Each micro-batch's mean loss divided by their number: the gradients sum to the
+            // gradient of the whole step's mean.
+            let l = model.loss(&x, &y).map_err(e)?;
+            l.mul_scalar(1.0 / micro as f32)
+                .map_err(e)?
+                .backward()
+                .map_err(e)?;
+            loss = Some(l.detach());
+        }
+        let loss = loss.expect("at least one micro-batch");
         if args.grad_clip > 0.0 {
             clip_grad_norm(&params, args.grad_clip).map_err(e)?;
         }
