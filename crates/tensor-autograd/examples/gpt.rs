@@ -336,8 +336,13 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
     }
     times.sort_by(f64::total_cmp);
     if let Some(&median) = times.get(times.len() / 2) {
+        let val = if best.is_finite() {
+            format!(", best val loss {best:.4}")
+        } else {
+            String::new()
+        };
         println!(
-            "gpt on {}: median {median:.2} ms per iteration ({:.0} tokens/s), best val loss {best:.4}",
+            "gpt on {}: median {median:.2} ms per iteration ({:.0} tokens/s){val}",
             backend.info().name,
             tokens_per_iter as f64 / (median / 1e3)
         );
