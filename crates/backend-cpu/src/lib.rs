@@ -38,11 +38,11 @@ pub use storage::CpuBuffer;
 
 use hal::ir::Program;
 use hal::{
-    AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
-    DeviceBuffer, DeviceInfo, Distribution, Error, Layout, Precision, ReduceOp, Result, SgdParams,
-    TernaryOp, UnaryOp, View, validate,
+    AdamParams, ArgReduceOp, AttentionGrads, AttentionInputs, AttentionParams, Backend, BinaryOp,
+    Capabilities, Conv2dGeometry, Csr, DType, DeviceBuffer, DeviceInfo, Distribution, Error,
+    Layout, Precision, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View, validate,
 };
-use ops::{cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
+use ops::{attention, cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 static EXEC: Mutex<()> = Mutex::new(());
@@ -383,6 +383,42 @@ impl Backend for CpuBackend {
         check_indices("segment_sum", segment, sums.layout.shape[0])?;
         let reproducible = self.precision == Precision::Reproducible;
         segment::segment_sum_views(x, segment, weights, [sums, counts], reproducible);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        x: AttentionInputs<'_, CpuBuffer>,
+        out: V<'_>,
+        lse: V<'_>,
+        p: &AttentionParams,
+    ) -> Result<()> {
+        let (s, mask) = validate::attention(x, out, lse, p)?;
+        let _g = exec();
+        if x.q.dtype() == DType::F64 {
+            attention::forward::<f64>(&s, mask.as_ref(), x, out, lse, p);
+        } else {
+            attention::forward::<f32>(&s, mask.as_ref(), x, out, lse, p);
+        }
+        Ok(())
+    }
+
+    fn attention_backward(
+        &self,
+        x: AttentionInputs<'_, CpuBuffer>,
+        out: V<'_>,
+        lse: V<'_>,
+        dout: V<'_>,
+        grads: AttentionGrads<'_, CpuBuffer>,
+        p: &AttentionParams,
+    ) -> Result<()> {
+        let (s, mask) = validate::attention_backward(x, out, lse, dout, grads, p)?;
+        let _g = exec();
+        if x.q.dtype() == DType::F64 {
+            attention::backward::<f64>(&s, mask.as_ref(), x, out, lse, dout, grads, p);
+        } else {
+            attention::backward::<f32>(&s, mask.as_ref(), x, out, lse, dout, grads, p);
+        }
         Ok(())
     }
 

@@ -40,11 +40,11 @@ pub use program::{CudaKernel, lower as cuda_source};
 use crate::device::Device;
 use hal::ir::Program;
 use hal::{
-    AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
-    DeviceBuffer, DeviceInfo, Distribution, Precision, ReduceOp, Result, SgdParams, TernaryOp,
-    UnaryOp, View,
+    AdamParams, ArgReduceOp, AttentionGrads, AttentionInputs, AttentionParams, Backend, BinaryOp,
+    Capabilities, Conv2dGeometry, Csr, DType, DeviceBuffer, DeviceInfo, Distribution, Precision,
+    ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View,
 };
-use ops::{cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
+use ops::{attention, cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
 use std::sync::Arc;
 
 /// The kernels' dtype codes (`DT_*` in `cuda/common.cuh`).
@@ -225,6 +225,28 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.f64_offered("sgd_step", &[param.dtype()])?;
         optim::sgd_step(self, param, grad, momentum_buffer, p)
+    }
+
+    fn attention(
+        &self,
+        x: AttentionInputs<'_, CudaBuffer>,
+        out: V<'_>,
+        lse: V<'_>,
+        p: &AttentionParams,
+    ) -> Result<()> {
+        attention::attention(self, x, out, lse, p)
+    }
+
+    fn attention_backward(
+        &self,
+        x: AttentionInputs<'_, CudaBuffer>,
+        out: V<'_>,
+        lse: V<'_>,
+        dout: V<'_>,
+        grads: AttentionGrads<'_, CudaBuffer>,
+        p: &AttentionParams,
+    ) -> Result<()> {
+        attention::attention_backward(self, x, out, lse, dout, grads, p)
     }
 
     fn adam_step(

@@ -59,11 +59,11 @@ pub use ops::matmul::route::{TileShape, tile_shape};
 use crate::device::Inner;
 use hal::ir::Program;
 use hal::{
-    AdamParams, ArgReduceOp, Backend, BinaryOp, Capabilities, Conv2dGeometry, Csr, DType,
-    DeviceBuffer, DeviceInfo, Distribution, Epilogue, Error, Precision, ReduceOp, Result,
-    SgdParams, TernaryOp, UnaryOp, View,
+    AdamParams, ArgReduceOp, AttentionGrads, AttentionInputs, AttentionParams, Backend, BinaryOp,
+    Capabilities, Conv2dGeometry, Csr, DType, DeviceBuffer, DeviceInfo, Distribution, Epilogue,
+    Error, Precision, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View,
 };
-use ops::{cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
+use ops::{attention, cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
 use std::sync::{Arc, Mutex};
 
 /// The WGSL a scalar IR program lowers to (what [`Backend::compile`] builds), for inspection
@@ -265,6 +265,28 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         self.f64_offered("sgd_step", &[param.dtype()])?;
         optim::sgd_step(self, param, grad, momentum_buffer, h)
+    }
+
+    fn attention(
+        &self,
+        x: AttentionInputs<'_, WgpuBuffer>,
+        out: V<'_>,
+        lse: V<'_>,
+        p: &AttentionParams,
+    ) -> Result<()> {
+        attention::attention(self, x, out, lse, p)
+    }
+
+    fn attention_backward(
+        &self,
+        x: AttentionInputs<'_, WgpuBuffer>,
+        out: V<'_>,
+        lse: V<'_>,
+        dout: V<'_>,
+        grads: AttentionGrads<'_, WgpuBuffer>,
+        p: &AttentionParams,
+    ) -> Result<()> {
+        attention::attention_backward(self, x, out, lse, dout, grads, p)
     }
 
     fn adam_step(

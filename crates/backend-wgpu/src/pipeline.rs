@@ -52,6 +52,7 @@ pub const LAUNCH_PARAMS: &[ParamsLayout] = &[
     <crate::ops::optim::SgdStepParams as LaunchParams>::LAYOUT,
     <crate::ops::optim::AdamStepParams as LaunchParams>::LAYOUT,
     <crate::ops::random::RandomParams as LaunchParams>::LAYOUT,
+    <crate::ops::attention::AttentionLaunch as LaunchParams>::LAYOUT,
 ];
 
 /// Launch parameters: sixteen scalar slots and up to eight layout blocks (see `wgsl/`).

@@ -27,8 +27,9 @@
 
 use crate::ir::Program;
 use crate::{
-    AdamParams, ArgReduceOp, BinaryOp, Capabilities, Conv2dGeometry, DType, DeviceInfo,
-    Distribution, Element, Error, Layout, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp,
+    AdamParams, ArgReduceOp, AttentionGrads, AttentionInputs, AttentionParams, BinaryOp,
+    Capabilities, Conv2dGeometry, DType, DeviceInfo, Distribution, Element, Error, Layout,
+    ReduceOp, Result, SgdParams, TernaryOp, UnaryOp,
 };
 use std::sync::Arc;
 
@@ -528,6 +529,45 @@ pub trait Backend: Clone + Send + Sync + 'static {
         weights: Option<View<'_, Self::Buffer>>,
         sums: View<'_, Self::Buffer>,
         counts: View<'_, Self::Buffer>,
+    ) -> Result<()>;
+
+    // ----- attention -----
+
+    /// Scaled dot-product attention, fused: `out = softmax(scale q k^T + mask) v` per batch
+    /// and head, with optional causal masking and dropout, as [`crate::attention`] specifies;
+    /// also writes each row's log-sum-exp `lse: [b, h, tq]` for the backward pass. No
+    /// `tq x tk` matrix is stored on the GPU backends. All operands share one dtype (`f32` or
+    /// `f64`); a GPU backend may refuse widths `d`, `dv` above what its kernels hold
+    /// ([`Error::Unsupported`] naming the limit).
+    ///
+    /// Tolerance: with `sigma_ij = scale sum_c |q_ic k_jc| + |mask_ij|` (a score's own
+    /// rounding moves its weight by about `d u sigma_ij`) and `sigma_i = max_j sigma_ij`, each
+    /// output within `(8 + log2 tk + d) u sum_j |p~_ij v_j| (1 + sigma_ij + sigma_i)`, and
+    /// `lse` within `(8 + log2 tk + d) u (1 + |lse_i| + sigma_i)`.
+    fn attention(
+        &self,
+        x: AttentionInputs<'_, Self::Buffer>,
+        out: View<'_, Self::Buffer>,
+        lse: View<'_, Self::Buffer>,
+        p: &AttentionParams,
+    ) -> Result<()>;
+
+    /// The gradients of [`Backend::attention`] with respect to `q`, `k` and `v` given `dout`
+    /// (the gradient of `out`), recomputing the weights from `out` and `lse`
+    /// ([`crate::attention`] gives the formulas); `dq`, `dk`, `dv` are overwritten.
+    /// Deterministic on a given backend (no atomics).
+    ///
+    /// Tolerance: each gradient within `(16 + 2 log2 t + d + dv) u` times the sum of its terms'
+    /// magnitudes, each weight's term scaled by `1 + sigma_ij + sigma_i` as in
+    /// [`Backend::attention`] (`t` the longer of `tq`, `tk`).
+    fn attention_backward(
+        &self,
+        x: AttentionInputs<'_, Self::Buffer>,
+        out: View<'_, Self::Buffer>,
+        lse: View<'_, Self::Buffer>,
+        dout: View<'_, Self::Buffer>,
+        grads: AttentionGrads<'_, Self::Buffer>,
+        p: &AttentionParams,
     ) -> Result<()>;
 
     /// k-means++ seeding: writes into `anchors: [m, d]` the rows of `x: [n, d]` (both

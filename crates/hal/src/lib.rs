@@ -22,6 +22,8 @@
 //! - [`Error`]: the one error type; nothing here panics on bad input.
 //! - [`DType::F64`] and [`F64Support`]: double precision as a compute type, what each device
 //!   runs in it, and the rule that nothing is silently narrowed.
+//! - [`attention`]: scaled dot-product attention's contract (fused, nothing `tq x tk` in
+//!   memory), its parameters and its dropout rule.
 //! - [`random`]: Philox 4x32-10, the random stream every backend reproduces.
 //! - [`validate`]: every primitive's argument checks, called by every backend first.
 //! - [`fault`]: the device fault record GPU backends report data-dependent errors through.
@@ -42,6 +44,7 @@
 //!
 //! The design and its invariants are in `docs/ARCHITECTURE.md` at the repository root.
 
+pub mod attention;
 mod backend;
 mod device;
 mod dtype;
@@ -57,6 +60,7 @@ pub mod seeding;
 pub mod tuning;
 pub mod validate;
 
+pub use attention::{AttentionGrads, AttentionInputs, AttentionParams};
 pub use backend::{
     Backend, BackendExt, Csr, DeviceBuffer, Epilogue, Gate, Precision, RecordedSteps, Replay, View,
     matmul_epilogue_steps, nearest_per_group,

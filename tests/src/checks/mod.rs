@@ -130,7 +130,7 @@ impl<B: Backend> Suite<'_, B> {
 const INDEX_ELEMENTS: usize = 1 << 20;
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 40] = [
+pub(crate) const EXPECTED_ROWS: [&str; 42] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -171,6 +171,8 @@ pub(crate) const EXPECTED_ROWS: [&str; 40] = [
     "ir program (math, int, select, cast)",
     "ir program (conditional store)",
     "record/replay",
+    "attention",
+    "attention_backward",
 ];
 
 /// The checks of the primitives a `Precision::Fast` or `Precision::Compensated` handle runs
@@ -212,6 +214,7 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     random(s);
     programs(s);
     record_replay(s);
+    attention(s);
     wide::all(s);
 }
 
@@ -270,6 +273,7 @@ fn record_replay<B: Backend>(s: &mut Suite<'_, B>) {
     }
 }
 
+mod attention;
 mod cluster;
 mod conv;
 mod elementwise;
@@ -282,6 +286,7 @@ mod reduce;
 mod segment;
 mod wide;
 
+use attention::*;
 use cluster::*;
 use conv::*;
 use elementwise::*;

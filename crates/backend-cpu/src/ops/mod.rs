@@ -1,6 +1,7 @@
 //! The primitives, one module per family (the names of `hal`, `shaders/` and `cuda/`):
 //! each takes its operands as raw views, already validated, under the backend's lock.
 
+pub(crate) mod attention;
 pub(crate) mod cluster;
 pub(crate) mod conv;
 pub(crate) mod elementwise;

@@ -1,5 +1,6 @@
 //! The primitives, one module per family (the names of `cuda/` and `hal`).
 
+pub(crate) mod attention;
 pub(crate) mod cluster;
 pub(crate) mod conv;
 pub(crate) mod elementwise;

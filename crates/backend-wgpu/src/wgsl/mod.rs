@@ -299,6 +299,14 @@ shader_files!(
         "workgroup_scan.wgsl",
         "math_wide.wgsl",
     ],
+    "attention": [
+        "attention_params.wgsl",
+        "attention_common.wgsl",
+        "attention_fwd.wgsl",
+        "attention_delta.wgsl",
+        "attention_bwd_kv.wgsl",
+        "attention_bwd_q.wgsl",
+    ],
     "elementwise": [
         "fill.wgsl",
         "copy.wgsl",

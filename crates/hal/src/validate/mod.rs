@@ -6,11 +6,15 @@
 //! - `operand.rs`: the checks every primitive's operands pass: a view inside its buffer
 //!   ([`fits`]), an output reaching each element once ([`output`]), inputs it must not
 //!   overlap ([`disjoint`]), shapes, dtypes and broadcasting.
+//! - `attention.rs`: the attention passes' operands and sizes ([`AttentionShape`]).
 //! - `matmul.rs`: [`MatrixView`] and the products' checks, and CSR's.
 //! - here: the other primitives' checks, one function each.
 
+mod attention;
 mod matmul;
 mod operand;
+
+pub use attention::{AttentionShape, attention, attention_backward};
 
 pub use matmul::{MatrixView, csr_structure, matmul, matmul_epilogue, spmv_csr};
 pub use operand::{
