@@ -63,5 +63,5 @@ pub mod text;
 pub use autograd::{is_grad_enabled, no_grad};
 pub use error::{Error, Result};
 pub use gradcheck::{GradcheckOptions, GradcheckReport, gradcheck};
-pub use ops::Conv2dOptions;
+pub use ops::{AttentionOptions, Conv2dOptions};
 pub use tensor::Tensor;

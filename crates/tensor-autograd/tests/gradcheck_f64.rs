@@ -7,7 +7,9 @@
 
 use backend_cpu::CpuBackend;
 use hal::{Backend, DType};
-use tensor_autograd::{Conv2dOptions, GradcheckOptions, Result, Tensor, gradcheck};
+use tensor_autograd::{
+    AttentionOptions, Conv2dOptions, GradcheckOptions, Result, Tensor, gradcheck,
+};
 
 const TIGHT: GradcheckOptions = GradcheckOptions {
     eps: 1e-6,
@@ -172,6 +174,39 @@ fn check_all<B: Backend>(dev: &B) {
                 let logits = pooled.reshape(&[2, 12])?;
                 let labels = Tensor::from_elements(x[0].backend(), &[3u32, 10], &[2])?;
                 logits.cross_entropy(&labels)
+            }),
+        ),
+        (
+            "fused attention: causal, additive mask, dropout, permuted q",
+            vec![
+                input(&dev, &mut s, &[2, 5, 2, 3], -1.5, 1.5),
+                input(&dev, &mut s, &[2, 2, 6, 3], -1.5, 1.5),
+                input(&dev, &mut s, &[2, 2, 6, 4], -1.0, 1.0),
+            ],
+            Box::new(|x| {
+                let mask = Tensor::from_elements(
+                    x[0].backend(),
+                    &(0..30)
+                        .map(|i| {
+                            if i % 7 == 3 {
+                                f64::NEG_INFINITY
+                            } else {
+                                (i % 5) as f64 * 0.3
+                            }
+                        })
+                        .collect::<Vec<_>>(),
+                    &[5, 6],
+                )?;
+                let options = AttentionOptions {
+                    mask: Some(mask),
+                    causal: true,
+                    dropout: 0.3,
+                    seed: 11,
+                    ..AttentionOptions::default()
+                };
+                let q = x[0].permute(&[0, 2, 1, 3])?;
+                let y = q.scaled_dot_product_attention(&x[1], &x[2], &options)?;
+                y.mul(&y)
             }),
         ),
         (

@@ -2,6 +2,7 @@
 //! reducing a broadcast gradient back to its input's shape, and fused elementwise kernels
 //! through the `hal` scalar program IR.
 
+mod attention;
 mod elementwise;
 mod index;
 mod linalg;
@@ -11,6 +12,7 @@ mod pool;
 mod random;
 mod reduce;
 
+pub use attention::AttentionOptions;
 pub use linalg::Conv2dOptions;
 
 use crate::error::Result;
