@@ -5,10 +5,13 @@
 //! [`Gpt::save`] writes a file nanoGPT's `GPT` loads with `strict=True`; its initialisation
 //! is nanoGPT's (normal 0.02, the residual projections 0.02 / sqrt(2 n_layer)).
 //!
-//! Attention is composed from matmul, an additive causal mask and softmax here.
+//! Attention is one fused operation ([`Tensor::scaled_dot_product_attention`], causal, with
+//! dropout on the weights), or, for comparison, composed from matmul, an additive causal mask
+//! and softmax ([`Gpt::set_fused_attention`]).
 
 use crate::error::{Result, invalid, shape_error};
 use crate::nn::{Init, Linear, Module, StateKind};
+use crate::ops::AttentionOptions;
 use crate::tensor::Tensor;
 use hal::{Backend, DType, Distribution};
 use std::path::Path;
@@ -172,6 +175,7 @@ pub struct Gpt<B: Backend> {
     /// Position ids `0..block` (`u32`).
     positions: Tensor<B>,
     training: bool,
+    fused_attention: bool,
     /// Each dropout call's seed offset, so no two calls share a mask.
     dropout_calls: AtomicU64,
     seed: u64,
@@ -220,6 +224,7 @@ impl<B: Backend> Gpt<B> {
             causal,
             positions,
             training: true,
+            fused_attention: true,
             dropout_calls: AtomicU64::new(0),
             seed: init.seed(),
         })
@@ -230,12 +235,26 @@ impl<B: Backend> Gpt<B> {
         self.training = training;
     }
 
-    fn dropout(&self, x: &Tensor<B>) -> Result<Tensor<B>> {
+    /// Fused attention (the default) or the composed form: matmul, the additive causal mask,
+    /// softmax, dropout, matmul. Both draw the same dropout masks, so they agree to rounding.
+    pub fn set_fused_attention(&mut self, fused: bool) {
+        self.fused_attention = fused;
+    }
+
+    /// The dropout probability in the current mode and the next call's stream offset.
+    fn next_dropout(&self) -> Option<(f32, u64)> {
         if !self.training || self.config.dropout == 0.0 {
-            return Ok(x.clone());
+            return None;
         }
         let call = self.dropout_calls.fetch_add(1, Ordering::Relaxed);
-        x.dropout(self.config.dropout, self.seed, call.wrapping_mul(1 << 32))
+        Some((self.config.dropout, call.wrapping_mul(1 << 32)))
+    }
+
+    fn dropout(&self, x: &Tensor<B>) -> Result<Tensor<B>> {
+        match self.next_dropout() {
+            Some((p, offset)) => x.dropout(p, self.seed, offset),
+            None => Ok(x.clone()),
+        }
     }
 
     fn attention(&self, b: &Block<B>, x: &Tensor<B>) -> Result<Tensor<B>> {
@@ -248,6 +267,21 @@ impl<B: Backend> Gpt<B> {
                 .permute(&[0, 2, 1, 3])
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+        if self.fused_attention {
+            let (dropout, offset) = self.next_dropout().unwrap_or((0.0, 0));
+            let options = AttentionOptions {
+                causal: true,
+                dropout,
+                seed: self.seed,
+                offset,
+                ..AttentionOptions::default()
+            };
+            let y = q
+                .scaled_dot_product_attention(&k, &v, &options)?
+                .permute(&[0, 2, 1, 3])?
+                .reshape(&[batch, t, c])?;
+            return self.dropout(&y.linear(&b.attn_proj.weight, b.attn_proj.bias.as_ref())?);
+        }
         let mask = self.causal.narrow(0, 0, t)?.narrow(1, 0, t)?;
         let scores = q
             .matmul(&k.transpose(-2, -1)?)?

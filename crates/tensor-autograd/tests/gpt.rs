@@ -111,3 +111,52 @@ fn the_state_has_nanogpts_names_and_round_trips() {
     assert_eq!(a.to_vec().unwrap(), b.to_vec().unwrap());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The fused attention and the composed one (matmul, mask, softmax, dropout, matmul) draw the
+/// same dropout masks, so one training-mode step gives the same loss and gradients to f32
+/// rounding.
+#[test]
+fn fused_and_composed_attention_agree_with_dropout() {
+    let dev = CpuBackend::new();
+    let config = GptConfig {
+        dropout: 0.2,
+        ..small(65)
+    };
+    let mut state = 5u64;
+    let ids: Vec<u32> = (0..3 * 41)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32 % 65
+        })
+        .collect();
+    let x = tensor_autograd::Tensor::from_elements(&dev, &ids[..3 * 40], &[3, 40]).unwrap();
+    let y = tensor_autograd::Tensor::from_elements(&dev, &ids[3..], &[3, 40]).unwrap();
+    let run = |fused: bool| {
+        let mut model = Gpt::new(&mut Init::new(&dev, 9), config).unwrap();
+        model.set_fused_attention(fused);
+        let loss = model.loss(&x, &y).unwrap();
+        loss.backward().unwrap();
+        let grads: Vec<Vec<f32>> = model
+            .parameters()
+            .iter()
+            .map(|p| p.grad().unwrap().to_vec().unwrap())
+            .collect();
+        (loss.item().unwrap(), grads)
+    };
+    let (fused_loss, fused_grads) = run(true);
+    let (composed_loss, composed_grads) = run(false);
+    assert!(
+        (fused_loss - composed_loss).abs() < 1e-5 * composed_loss.abs(),
+        "{fused_loss} vs {composed_loss}"
+    );
+    for (f, c) in fused_grads.iter().zip(&composed_grads) {
+        let scale = c.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+        let worst = f.iter().zip(c).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            worst < 1e-4 * scale,
+            "gradient differs by {worst} (scale {scale})"
+        );
+    }
+}
