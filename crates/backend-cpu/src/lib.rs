@@ -40,9 +40,12 @@ use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, AttentionGrads, AttentionInputs, AttentionParams, Backend, BinaryOp,
     Capabilities, Conv2dGeometry, Csr, DType, DeviceBuffer, DeviceInfo, Distribution, Error,
-    Layout, Precision, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View, validate,
+    Layout, NormGrads, NormInputs, Precision, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp,
+    View, validate,
 };
-use ops::{attention, cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
+use ops::{
+    attention, cluster, conv, elementwise, index, matmul, norm, optim, random, reduce, segment,
+};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 static EXEC: Mutex<()> = Mutex::new(());
@@ -418,6 +421,42 @@ impl Backend for CpuBackend {
             attention::backward::<f64>(&s, mask.as_ref(), x, out, lse, dout, grads, p);
         } else {
             attention::backward::<f32>(&s, mask.as_ref(), x, out, lse, dout, grads, p);
+        }
+        Ok(())
+    }
+
+    fn layer_norm(
+        &self,
+        x: NormInputs<'_, CpuBuffer>,
+        out: V<'_>,
+        mean: V<'_>,
+        rstd: V<'_>,
+        eps: f32,
+    ) -> Result<()> {
+        let size = validate::layer_norm(x, out, mean, rstd, eps)?;
+        let _g = exec();
+        if norm::is_wide(&x) {
+            norm::forward::<f64>(x, size, out, mean, rstd, eps);
+        } else {
+            norm::forward::<f32>(x, size, out, mean, rstd, eps);
+        }
+        Ok(())
+    }
+
+    fn layer_norm_backward(
+        &self,
+        x: NormInputs<'_, CpuBuffer>,
+        mean: V<'_>,
+        rstd: V<'_>,
+        dout: V<'_>,
+        grads: NormGrads<'_, CpuBuffer>,
+    ) -> Result<()> {
+        let size = validate::layer_norm_backward(x, mean, rstd, dout, grads)?;
+        let _g = exec();
+        if norm::is_wide(&x) {
+            norm::backward::<f64>(x, size, mean, rstd, dout, grads);
+        } else {
+            norm::backward::<f32>(x, size, mean, rstd, dout, grads);
         }
         Ok(())
     }

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The committed PTX of each file in `cuda/` (`cargo xtask ptx` writes them).
-pub(crate) const MODULES: [(&str, &str); 10] = [
+pub(crate) const MODULES: [(&str, &str); 11] = [
+    ("norm", include_str!("../ptx/norm.ptx")),
     ("attention", include_str!("../ptx/attention.ptx")),
     ("elementwise", include_str!("../ptx/elementwise.ptx")),
     ("reduce", include_str!("../ptx/reduce.ptx")),

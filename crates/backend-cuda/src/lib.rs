@@ -41,10 +41,12 @@ use crate::device::Device;
 use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, AttentionGrads, AttentionInputs, AttentionParams, Backend, BinaryOp,
-    Capabilities, Conv2dGeometry, Csr, DType, DeviceBuffer, DeviceInfo, Distribution, Precision,
-    ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View,
+    Capabilities, Conv2dGeometry, Csr, DType, DeviceBuffer, DeviceInfo, Distribution, NormGrads,
+    NormInputs, Precision, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View,
 };
-use ops::{attention, cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
+use ops::{
+    attention, cluster, conv, elementwise, index, matmul, norm, optim, random, reduce, segment,
+};
 use std::sync::Arc;
 
 /// The kernels' dtype codes (`DT_*` in `cuda/common.cuh`).
@@ -247,6 +249,28 @@ impl Backend for CudaBackend {
         p: &AttentionParams,
     ) -> Result<()> {
         attention::attention_backward(self, x, out, lse, dout, grads, p)
+    }
+
+    fn layer_norm(
+        &self,
+        x: NormInputs<'_, CudaBuffer>,
+        out: V<'_>,
+        mean: V<'_>,
+        rstd: V<'_>,
+        eps: f32,
+    ) -> Result<()> {
+        norm::layer_norm(self, x, out, mean, rstd, eps)
+    }
+
+    fn layer_norm_backward(
+        &self,
+        x: NormInputs<'_, CudaBuffer>,
+        mean: V<'_>,
+        rstd: V<'_>,
+        dout: V<'_>,
+        grads: NormGrads<'_, CudaBuffer>,
+    ) -> Result<()> {
+        norm::layer_norm_backward(self, x, mean, rstd, dout, grads)
     }
 
     fn adam_step(

@@ -61,9 +61,11 @@ use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, AttentionGrads, AttentionInputs, AttentionParams, Backend, BinaryOp,
     Capabilities, Conv2dGeometry, Csr, DType, DeviceBuffer, DeviceInfo, Distribution, Epilogue,
-    Error, Precision, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View,
+    Error, NormGrads, NormInputs, Precision, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp, View,
 };
-use ops::{attention, cluster, conv, elementwise, index, matmul, optim, random, reduce, segment};
+use ops::{
+    attention, cluster, conv, elementwise, index, matmul, norm, optim, random, reduce, segment,
+};
 use std::sync::{Arc, Mutex};
 
 /// The WGSL a scalar IR program lowers to (what [`Backend::compile`] builds), for inspection
@@ -287,6 +289,28 @@ impl Backend for WgpuBackend {
         p: &AttentionParams,
     ) -> Result<()> {
         attention::attention_backward(self, x, out, lse, dout, grads, p)
+    }
+
+    fn layer_norm(
+        &self,
+        x: NormInputs<'_, WgpuBuffer>,
+        out: V<'_>,
+        mean: V<'_>,
+        rstd: V<'_>,
+        eps: f32,
+    ) -> Result<()> {
+        norm::layer_norm(self, x, out, mean, rstd, eps)
+    }
+
+    fn layer_norm_backward(
+        &self,
+        x: NormInputs<'_, WgpuBuffer>,
+        mean: V<'_>,
+        rstd: V<'_>,
+        dout: V<'_>,
+        grads: NormGrads<'_, WgpuBuffer>,
+    ) -> Result<()> {
+        norm::layer_norm_backward(self, x, mean, rstd, dout, grads)
     }
 
     fn adam_step(

@@ -29,7 +29,7 @@ use crate::ir::Program;
 use crate::{
     AdamParams, ArgReduceOp, AttentionGrads, AttentionInputs, AttentionParams, BinaryOp,
     Capabilities, Conv2dGeometry, DType, DeviceInfo, Distribution, Element, Error, Layout,
-    ReduceOp, Result, SgdParams, TernaryOp, UnaryOp,
+    NormGrads, NormInputs, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp,
 };
 use std::sync::Arc;
 
@@ -568,6 +568,38 @@ pub trait Backend: Clone + Send + Sync + 'static {
         dout: View<'_, Self::Buffer>,
         grads: AttentionGrads<'_, Self::Buffer>,
         p: &AttentionParams,
+    ) -> Result<()>;
+
+    // ----- norm -----
+
+    /// Layer normalisation over the last dimension of `x: [rows, n]`, with optional affine
+    /// `weight` and `bias` (see [`crate::norm`]); also writes each row's `mean` and `rstd`
+    /// (`[rows]`) for the backward pass. One dtype throughout, f32 or f64.
+    ///
+    /// Tolerance: `mean` within `(4 + log2 n) u` of `mean |x|`; `rstd` within
+    /// `(8 + 2 log2 n) u rstd`; each output within `(8 + 2 log2 n) u (1 + |xhat|) |w| + u |b|`.
+    fn layer_norm(
+        &self,
+        x: NormInputs<'_, Self::Buffer>,
+        out: View<'_, Self::Buffer>,
+        mean: View<'_, Self::Buffer>,
+        rstd: View<'_, Self::Buffer>,
+        eps: f32,
+    ) -> Result<()>;
+
+    /// The gradients of [`Backend::layer_norm`] given `dout`: `dx` always, `dweight` and
+    /// `dbias` where given (overwritten; see [`crate::norm`]). Deterministic (rows summed in
+    /// order, no atomics).
+    ///
+    /// Tolerance: each element within `(16 + 2 log2 m) u` times the sum of its terms'
+    /// magnitudes (`m` the number of terms: `n` for `dx`, `rows` for the parameters').
+    fn layer_norm_backward(
+        &self,
+        x: NormInputs<'_, Self::Buffer>,
+        mean: View<'_, Self::Buffer>,
+        rstd: View<'_, Self::Buffer>,
+        dout: View<'_, Self::Buffer>,
+        grads: NormGrads<'_, Self::Buffer>,
     ) -> Result<()>;
 
     /// k-means++ seeding: writes into `anchors: [m, d]` the rows of `x: [n, d]` (both

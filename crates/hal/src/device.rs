@@ -93,7 +93,9 @@ pub struct F64Support {
 
 impl F64Support {
     /// Every primitive that has an `f64` form.
-    pub const ALL_PRIMITIVES: [&'static str; 20] = [
+    pub const ALL_PRIMITIVES: [&'static str; 22] = [
+        "layer_norm",
+        "layer_norm_backward",
         "attention",
         "attention_backward",
         "fill",

@@ -24,6 +24,7 @@
 //!   runs in it, and the rule that nothing is silently narrowed.
 //! - [`attention`]: scaled dot-product attention's contract (fused, nothing `tq x tk` in
 //!   memory), its parameters and its dropout rule.
+//! - [`norm`]: layer normalisation's contract and operands.
 //! - [`random`]: Philox 4x32-10, the random stream every backend reproduces.
 //! - [`validate`]: every primitive's argument checks, called by every backend first.
 //! - [`fault`]: the device fault record GPU backends report data-dependent errors through.
@@ -53,6 +54,7 @@ mod error;
 pub mod fault;
 pub mod ir;
 mod layout;
+pub mod norm;
 mod ops;
 pub mod profile;
 pub mod random;
@@ -71,6 +73,7 @@ pub use error::{Error, Result};
 pub use layout::{
     Layout, broadcast_shapes, checked_numel, contiguous_strides, in_memory_order, numel, try_numel,
 };
+pub use norm::{NormGrads, NormInputs};
 pub use ops::{
     AdamParams, ArgReduceOp, BinaryOp, Conv2dGeometry, Distribution, ReduceOp, SgdParams,
     TernaryOp, UnaryOp, erf_f32, erf_f64,

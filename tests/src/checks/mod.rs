@@ -130,7 +130,7 @@ impl<B: Backend> Suite<'_, B> {
 const INDEX_ELEMENTS: usize = 1 << 20;
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 42] = [
+pub(crate) const EXPECTED_ROWS: [&str; 44] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -173,6 +173,8 @@ pub(crate) const EXPECTED_ROWS: [&str; 42] = [
     "record/replay",
     "attention",
     "attention_backward",
+    "layer_norm",
+    "layer_norm_backward",
 ];
 
 /// The checks of the primitives a `Precision::Fast` or `Precision::Compensated` handle runs
@@ -215,6 +217,7 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     programs(s);
     record_replay(s);
     attention(s);
+    layer_norm(s);
     wide::all(s);
 }
 
@@ -279,6 +282,7 @@ mod conv;
 mod elementwise;
 mod index;
 mod matmul;
+mod norm;
 mod optim;
 mod program;
 mod random;
@@ -292,6 +296,7 @@ use conv::*;
 use elementwise::*;
 use index::*;
 use matmul::*;
+use norm::*;
 use optim::*;
 pub use program::sample_programs;
 use program::*;

@@ -8,12 +8,13 @@ use hal::{AttentionGrads, AttentionInputs, AttentionParams, Element, Layout, Vie
 use rayon::prelude::*;
 use std::ops::{Add, Mul, Sub};
 
-/// The arithmetic the passes need, in f32 or f64.
+/// The arithmetic the attention and layer-norm passes need, in f32 or f64.
 pub(crate) trait Real:
     Element
     + Default
     + Send
     + Sync
+    + std::ops::Div<Output = Self>
     + PartialOrd
     + Add<Output = Self>
     + Sub<Output = Self>
@@ -25,6 +26,7 @@ pub(crate) trait Real:
     fn exp(self) -> Self;
     fn ln(self) -> Self;
     fn mul_add(self, a: Self, b: Self) -> Self;
+    fn sqrt(self) -> Self;
 }
 
 macro_rules! real {
@@ -43,6 +45,9 @@ macro_rules! real {
             }
             fn mul_add(self, a: $t, b: $t) -> $t {
                 <$t>::mul_add(self, a, b)
+            }
+            fn sqrt(self) -> $t {
+                <$t>::sqrt(self)
             }
         }
     };

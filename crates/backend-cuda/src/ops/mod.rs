@@ -6,6 +6,7 @@ pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod index;
 pub(crate) mod matmul;
+pub(crate) mod norm;
 pub(crate) mod optim;
 pub(crate) mod random;
 pub(crate) mod reduce;

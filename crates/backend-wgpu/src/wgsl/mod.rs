@@ -369,6 +369,13 @@ shader_files!(
         "im2col.wgsl",
         "col2im.wgsl",
     ],
+    "norm": [
+        "norm_params.wgsl",
+        "layer_norm.wgsl",
+        "layer_norm_dx.wgsl",
+        "layer_norm_partial.wgsl",
+        "layer_norm_params.wgsl",
+    ],
     "optim": [
         "sgd.wgsl",
         "adam.wgsl",

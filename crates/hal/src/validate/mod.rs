@@ -7,14 +7,17 @@
 //!   ([`fits`]), an output reaching each element once ([`output`]), inputs it must not
 //!   overlap ([`disjoint`]), shapes, dtypes and broadcasting.
 //! - `attention.rs`: the attention passes' operands and sizes ([`AttentionShape`]).
+//! - `norm.rs`: layer normalisation's operands.
 //! - `matmul.rs`: [`MatrixView`] and the products' checks, and CSR's.
 //! - here: the other primitives' checks, one function each.
 
 mod attention;
 mod matmul;
+mod norm;
 mod operand;
 
 pub use attention::{AttentionShape, attention, attention_backward};
+pub use norm::{layer_norm, layer_norm_backward};
 
 pub use matmul::{MatrixView, csr_structure, matmul, matmul_epilogue, spmv_csr};
 pub use operand::{

@@ -1,0 +1,138 @@
+// hal::layer_norm: a warp per row for the statistics, the output and dx (the row read twice
+// forward, both sums in one pass backward); the parameter gradients sum rows per column in
+// fixed chunks, then the chunks in order, so every result is deterministic. Templates over
+// float and double.
+#include "common.cuh"
+
+// A rank-2 operand [rows, n] (or rank 1, s1 unused): its element offset and strides.
+struct Op2 {
+    i64 off, s0, s1;
+};
+
+template <typename T>
+__device__ __forceinline__ T warp_total(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T>
+__device__ __forceinline__ T rsqrt_t(T v);
+template <>
+__device__ __forceinline__ float rsqrt_t<float>(float v) { return 1.0f / sqrtf(v); }
+template <>
+__device__ __forceinline__ double rsqrt_t<double>(double v) { return 1.0 / sqrt(v); }
+
+template <typename T>
+__device__ void layer_norm_fwd(const T* __restrict__ x, Op2 xo, const T* __restrict__ w, Op2 wo, int has_w,
+                               const T* __restrict__ b, Op2 bo, int has_b, T* __restrict__ out, Op2 oo,
+                               T* __restrict__ mean, Op2 mo, T* __restrict__ rstd, Op2 ro, i64 rows, i64 n,
+                               float eps) {
+    const i64 r = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (r >= rows) return;
+    const T* xr = x + xo.off + r * xo.s0;
+    T s = (T)0;
+    for (i64 c = lane; c < n; c += 32) s += xr[c * xo.s1];
+    const T m = warp_total(s) / (T)n;
+    T q = (T)0;
+    for (i64 c = lane; c < n; c += 32) {
+        T d = xr[c * xo.s1] - m;
+        q = fma(d, d, q);
+    }
+    const T rs = rsqrt_t<T>(warp_total(q) / (T)n + (T)eps);
+    for (i64 c = lane; c < n; c += 32) {
+        T y = (xr[c * xo.s1] - m) * rs;
+        if (has_w) y *= w[wo.off + c * wo.s0];
+        if (has_b) y += b[bo.off + c * bo.s0];
+        out[oo.off + r * oo.s0 + c * oo.s1] = y;
+    }
+    if (lane == 0) {
+        mean[mo.off + r * mo.s0] = m;
+        rstd[ro.off + r * ro.s0] = rs;
+    }
+}
+
+template <typename T>
+__device__ void layer_norm_bwd_dx(const T* __restrict__ x, Op2 xo, const T* __restrict__ w, Op2 wo, int has_w,
+                                  const T* __restrict__ mean, Op2 mo, const T* __restrict__ rstd, Op2 ro,
+                                  const T* __restrict__ g, Op2 go, T* __restrict__ dx, Op2 dxo, i64 rows, i64 n) {
+    const i64 r = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (r >= rows) return;
+    const T m = mean[mo.off + r * mo.s0], rs = rstd[ro.off + r * ro.s0];
+    const T* xr = x + xo.off + r * xo.s0;
+    const T* gr = g + go.off + r * go.s0;
+    T a = (T)0, bs = (T)0;
+    for (i64 c = lane; c < n; c += 32) {
+        T gw = gr[c * go.s1] * (has_w ? w[wo.off + c * wo.s0] : (T)1);
+        a += gw;
+        bs = fma(gw, (xr[c * xo.s1] - m) * rs, bs);
+    }
+    a = warp_total(a) / (T)n;
+    bs = warp_total(bs) / (T)n;
+    for (i64 c = lane; c < n; c += 32) {
+        T gw = gr[c * go.s1] * (has_w ? w[wo.off + c * wo.s0] : (T)1);
+        dx[dxo.off + r * dxo.s0 + c * dxo.s1] = rs * (gw - a - (xr[c * xo.s1] - m) * rs * bs);
+    }
+}
+
+// Per chunk of `per` rows and per column: sum g xhat and sum g, in row order, into
+// partials[chunk, n] (two arrays).
+template <typename T>
+__device__ void layer_norm_bwd_partial(const T* __restrict__ x, Op2 xo, const T* __restrict__ mean, Op2 mo,
+                                       const T* __restrict__ rstd, Op2 ro, const T* __restrict__ g, Op2 go,
+                                       T* __restrict__ pw, T* __restrict__ pb, i64 rows, i64 n, i64 per) {
+    const i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const i64 chunk = blockIdx.y;
+    if (c >= n) return;
+    T sw = (T)0, sb = (T)0;
+    const i64 end = min(rows, (chunk + 1) * per);
+    for (i64 r = chunk * per; r < end; ++r) {
+        T gv = g[go.off + r * go.s0 + c * go.s1];
+        T xh = (x[xo.off + r * xo.s0 + c * xo.s1] - mean[mo.off + r * mo.s0]) * rstd[ro.off + r * ro.s0];
+        sw = fma(gv, xh, sw);
+        sb += gv;
+    }
+    pw[chunk * n + c] = sw;
+    pb[chunk * n + c] = sb;
+}
+
+// The chunks' partials summed in order per column into dweight and dbias (where wanted).
+template <typename T>
+__device__ void layer_norm_bwd_params(const T* __restrict__ pw, const T* __restrict__ pb, i64 chunks, i64 n,
+                                      T* __restrict__ dw, Op2 dwo, int want_w, T* __restrict__ db, Op2 dbo,
+                                      int want_b) {
+    const i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    T sw = (T)0, sb = (T)0;
+    for (i64 k = 0; k < chunks; ++k) {
+        sw += pw[k * n + c];
+        sb += pb[k * n + c];
+    }
+    if (want_w) dw[dwo.off + c * dwo.s0] = sw;
+    if (want_b) db[dbo.off + c * dbo.s0] = sb;
+}
+
+#define NORM_KERNELS(T, NAME)                                                                                       \
+    extern "C" __global__ void layer_norm_fwd_##NAME(const T* x, Op2 xo, const T* w, Op2 wo, int has_w, const T* b, \
+                                                     Op2 bo, int has_b, T* out, Op2 oo, T* mean, Op2 mo, T* rstd,   \
+                                                     Op2 ro, i64 rows, i64 n, float eps) {                          \
+        layer_norm_fwd<T>(x, xo, w, wo, has_w, b, bo, has_b, out, oo, mean, mo, rstd, ro, rows, n, eps);            \
+    }                                                                                                               \
+    extern "C" __global__ void layer_norm_bwd_dx_##NAME(const T* x, Op2 xo, const T* w, Op2 wo, int has_w,         \
+                                                        const T* mean, Op2 mo, const T* rstd, Op2 ro, const T* g,   \
+                                                        Op2 go, T* dx, Op2 dxo, i64 rows, i64 n) {                  \
+        layer_norm_bwd_dx<T>(x, xo, w, wo, has_w, mean, mo, rstd, ro, g, go, dx, dxo, rows, n);                     \
+    }                                                                                                               \
+    extern "C" __global__ void layer_norm_bwd_partial_##NAME(const T* x, Op2 xo, const T* mean, Op2 mo,            \
+                                                             const T* rstd, Op2 ro, const T* g, Op2 go, T* pw,      \
+                                                             T* pb, i64 rows, i64 n, i64 per) {                     \
+        layer_norm_bwd_partial<T>(x, xo, mean, mo, rstd, ro, g, go, pw, pb, rows, n, per);                          \
+    }                                                                                                               \
+    extern "C" __global__ void layer_norm_bwd_params_##NAME(const T* pw, const T* pb, i64 chunks, i64 n, T* dw,    \
+                                                            Op2 dwo, int want_w, T* db, Op2 dbo, int want_b) {      \
+        layer_norm_bwd_params<T>(pw, pb, chunks, n, dw, dwo, want_w, db, dbo, want_b);                              \
+    }
+
+NORM_KERNELS(float, f32)
+NORM_KERNELS(double, f64)
