@@ -101,15 +101,7 @@ impl<B: Backend> Norm<B> {
     }
 
     fn forward(&self, x: &Tensor<B>) -> Result<Tensor<B>> {
-        let centred = x.sub(&x.mean(&[-1], true)?)?;
-        let var = centred.square()?.mean(&[-1], true)?;
-        let y = centred
-            .mul(&var.add_scalar(1e-5)?.rsqrt()?)?
-            .mul(&self.weight)?;
-        match &self.bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
-        }
+        x.layer_norm(1, Some(&self.weight), self.bias.as_ref(), 1e-5)
     }
 
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor<B>, StateKind)) {

@@ -321,7 +321,8 @@ impl<B: Backend> Module<B> for Embedding<B> {
     state_fields!(param weight);
 }
 
-/// Normalisation over the last dimension with a learned scale and shift.
+/// Normalisation over the last dimension with a learned scale and shift
+/// ([`Tensor::layer_norm`], fused).
 pub struct LayerNorm<B: Backend> {
     pub weight: Tensor<B>,
     pub bias: Tensor<B>,
@@ -340,10 +341,7 @@ impl<B: Backend> LayerNorm<B> {
 
 impl<B: Backend> Module<B> for LayerNorm<B> {
     fn forward(&self, x: &Tensor<B>) -> Result<Tensor<B>> {
-        let centred = x.sub(&x.mean(&[-1], true)?)?;
-        let var = centred.square()?.mean(&[-1], true)?;
-        let normed = centred.mul(&var.add_scalar(self.eps)?.rsqrt()?)?;
-        normed.mul(&self.weight)?.add(&self.bias)
+        x.layer_norm(1, Some(&self.weight), Some(&self.bias), self.eps)
     }
     state_fields!(param weight, param bias);
 }

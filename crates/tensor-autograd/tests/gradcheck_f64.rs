@@ -210,6 +210,19 @@ fn check_all<B: Backend>(dev: &B) {
             }),
         ),
         (
+            "fused layer_norm over two trailing dims, transposed input, weight and bias",
+            vec![
+                input(&dev, &mut s, &[3, 4, 5], -2.0, 2.0),
+                input(&dev, &mut s, &[3, 5], 0.5, 1.5),
+                input(&dev, &mut s, &[3, 5], -0.5, 0.5),
+            ],
+            Box::new(|x| {
+                let v = x[0].transpose(0, 1)?;
+                let y = v.layer_norm(2, Some(&x[1]), Some(&x[2]), 1e-5)?;
+                y.mul(&y.sin()?)
+            }),
+        ),
+        (
             "views: transpose, reshape, narrow, flip",
             vec![input(&dev, &mut s, &[4, 6], -1.0, 1.0)],
             Box::new(|x| {

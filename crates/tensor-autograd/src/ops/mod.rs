@@ -8,6 +8,7 @@ mod index;
 mod linalg;
 mod loss;
 mod movement;
+mod norm;
 mod pool;
 mod random;
 mod reduce;
