@@ -1,5 +1,6 @@
 //! Scaled dot-product attention, the reference: each batch-head's rows in order, in the
-//! operands' width (f32 or f64), one thread per batch-head.
+//! operands' width (f32 or f64), one thread per batch-head. Also the width-generic pieces
+//! `norm.rs` shares: the [`Real`] arithmetic and dense copies in and out of views.
 
 use crate::storage::{CpuBuffer, Dst, Src};
 use hal::attention::keeps;
@@ -56,7 +57,7 @@ real!(f32);
 real!(f64);
 
 /// A view's elements in row-major order as `T`.
-fn dense<T: Real>(v: View<'_, CpuBuffer>) -> Vec<T> {
+pub(crate) fn dense<T: Real>(v: View<'_, CpuBuffer>) -> Vec<T> {
     dense_layout(v.buffer.src(), v.layout)
 }
 
@@ -71,7 +72,7 @@ fn dense_layout<T: Real>(src: Src, layout: &Layout) -> Vec<T> {
 }
 
 /// Writes row-major `data` into the view.
-fn store<T: Real>(data: &[T], out: View<'_, CpuBuffer>) {
+pub(crate) fn store<T: Real>(data: &[T], out: View<'_, CpuBuffer>) {
     let src = Src {
         ptr: data.as_ptr() as *const u8,
         dtype: T::DTYPE,

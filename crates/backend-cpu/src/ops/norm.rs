@@ -1,38 +1,10 @@
 //! Layer normalisation, the reference: each row in order in the operands' width, rows in
 //! parallel; the parameter gradients sum rows in order per column.
 
-use crate::ops::attention::Real;
-use crate::storage::{CpuBuffer, Dst, Src};
-use hal::{Layout, NormGrads, NormInputs, View};
+use crate::ops::attention::{Real, dense, store};
+use crate::storage::CpuBuffer;
+use hal::{NormGrads, NormInputs, View};
 use rayon::prelude::*;
-
-fn dense<T: Real>(v: View<'_, CpuBuffer>) -> Vec<T> {
-    let mut out = vec![T::default(); v.layout.numel()];
-    let dst = Dst {
-        ptr: out.as_mut_ptr() as *mut u8,
-        dtype: T::DTYPE,
-    };
-    crate::ops::elementwise::copy(
-        v.buffer.src(),
-        v.layout,
-        dst,
-        &Layout::contiguous(&v.layout.shape),
-    );
-    out
-}
-
-fn store<T: Real>(data: &[T], out: View<'_, CpuBuffer>) {
-    let src = Src {
-        ptr: data.as_ptr() as *const u8,
-        dtype: T::DTYPE,
-    };
-    crate::ops::elementwise::copy(
-        src,
-        &Layout::contiguous(&out.layout.shape),
-        out.buffer.dst(),
-        out.layout,
-    );
-}
 
 /// The affine parameters as dense vectors (1 and 0 where absent).
 fn affine<T: Real>(x: &NormInputs<'_, CpuBuffer>, n: usize) -> (Vec<T>, Vec<T>) {
