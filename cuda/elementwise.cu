@@ -30,7 +30,8 @@ __device__ __forceinline__ float unary_apply(int op, float x, float p0, float p1
         case 20: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x);
         case 21: return x * x;
         case 22: return fmaf(p0, x, p1);
-        default: return is_nan_f(x) ? x : fminf(fmaxf(x, p0), p1);
+        case 24: return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+        default: return is_nan_f(x) ? x : fminf(fmaxf(x, p0), p1);  // 23: clamp
     }
 }
 
@@ -188,7 +189,8 @@ __device__ __forceinline__ double unary_apply_d(int op, double x, double p0, dou
         case 20: return x > 0.0 ? 1.0 : (x < 0.0 ? -1.0 : x);
         case 21: return x * x;
         case 22: return fma(p0, x, p1);
-        default: return x != x ? x : fmin(fmax(x, p0), p1);
+        case 24: return 0.5 * x * (1.0 + tanh(0.79788456080286536 * (x + 0.044715 * x * x * x)));
+        default: return x != x ? x : fmin(fmax(x, p0), p1);  // 23: clamp
     }
 }
 

@@ -69,6 +69,9 @@ pub enum UnaryOp {
         lo: f32,
         hi: f32,
     },
+    /// GELU's tanh approximation (GPT-2's; PyTorch's `gelu(approximate="tanh")`):
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    GeluTanh,
 }
 
 /// The error function, by the approximation every backend uses for [`UnaryOp::Gelu`]
@@ -130,6 +133,9 @@ trait Real:
 {
     const NAN: Self;
     const FRAC_1_SQRT_2: Self;
+    /// `sqrt(2 / pi)`, and GELU's tanh-approximation coefficient 0.044715, in this width.
+    const SQRT_2_OVER_PI: Self;
+    const GELU_CUBIC: Self;
     /// An `f32` (an op's parameter or a literal) in this width, exactly.
     fn of(v: f32) -> Self;
     fn abs(self) -> Self;
@@ -158,6 +164,8 @@ macro_rules! real {
         impl Real for $t {
             const NAN: $t = $t::NAN;
             const FRAC_1_SQRT_2: $t = std::$t::consts::FRAC_1_SQRT_2;
+            const SQRT_2_OVER_PI: $t = 0.797_884_560_802_865_4_f64 as $t;
+            const GELU_CUBIC: $t = 0.044_715;
             #[inline(always)]
             fn of(v: f32) -> $t {
                 $of(v)
@@ -241,6 +249,10 @@ impl UnaryOp {
                 }
             }
             UnaryOp::Gelu => T::of(0.5) * x * (one + (x * T::FRAC_1_SQRT_2).erf()),
+            UnaryOp::GeluTanh => {
+                let inner = T::SQRT_2_OVER_PI * (x + T::GELU_CUBIC * x * x * x);
+                T::of(0.5) * x * (one + inner.tanh())
+            }
             UnaryOp::Silu => x / (one + (-x).exp()),
             UnaryOp::Floor => x.floor(),
             UnaryOp::Ceil => x.ceil(),
@@ -297,6 +309,7 @@ impl UnaryOp {
                 shift: -0.25,
             },
             Clamp { lo: -0.5, hi: 0.75 },
+            GeluTanh,
         ]
     }
 }

@@ -123,6 +123,11 @@ fn check_all<B: Backend>(dev: &B) {
             Box::new(|x| x[0].gelu()),
         ),
         (
+            "gelu's tanh form",
+            vec![input(&dev, &mut s, &[16], -5.0, 5.0)],
+            Box::new(|x| x[0].gelu_tanh()),
+        ),
+        (
             "relu, silu, square, exp2, log2, rsqrt, recip",
             vec![input(&dev, &mut s, &[2, 5], 0.3, 2.0)],
             Box::new(|x| {

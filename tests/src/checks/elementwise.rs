@@ -136,6 +136,10 @@ pub(super) fn unary_f64(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::Square => x * x,
         UnaryOp::Affine { scale, shift } => scale as f64 * x + shift as f64,
         UnaryOp::Clamp { lo, hi } => x.max(lo as f64).min(hi as f64),
+        UnaryOp::GeluTanh => {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+        }
     }
 }
 

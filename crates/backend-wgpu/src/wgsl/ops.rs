@@ -30,6 +30,7 @@ pub fn unary_expr(op: hal::UnaryOp) -> &'static str {
         Square => "v * v",
         Affine { .. } => "fma(sf(0u), v, sf(1u))",
         Clamp { .. } => "select(min(max(v, sf(0u)), sf(1u)), v, is_nan(v))",
+        GeluTanh => "0.5 * v * (1.0 + tanh_ref(0.79788456080286536 * (v + 0.044715 * v * v * v)))",
     }
 }
 

@@ -75,6 +75,10 @@ impl<B: Backend> Tensor<B> {
     pub fn gelu(&self) -> Result<Self> {
         self.unary(UnaryOp::Gelu)
     }
+    /// GELU's tanh approximation (GPT-2's `gelu_new`; PyTorch's `gelu(approximate="tanh")`).
+    pub fn gelu_tanh(&self) -> Result<Self> {
+        self.unary(UnaryOp::GeluTanh)
+    }
     pub fn silu(&self) -> Result<Self> {
         self.unary(UnaryOp::Silu)
     }
@@ -410,6 +414,7 @@ pub(crate) fn unary_backward<B: Backend>(
             b.select(pos, g, sg)
         }),
         UnaryOp::Gelu => with_x("gelu_grad", &gelu_grad),
+        UnaryOp::GeluTanh => with_x("gelu_tanh_grad", &gelu_tanh_grad),
         UnaryOp::Silu => with_x("silu_grad", &silu_grad),
         UnaryOp::Square => with_x("square_grad", &|b, x, g| {
             let two = lit(b, x, 2.0);
@@ -442,6 +447,30 @@ fn gelu_grad(b: &mut ProgramBuilder, x: Value, g: Value) -> Value {
     let inv = lit(b, x, 0.398_942_280_401_432_7); // 1 / sqrt(2 pi)
     let pdf = b.mul(ex, inv);
     let d = b.fma(x, pdf, cdf);
+    b.mul(d, g)
+}
+
+/// With `t = tanh(k (x + c x^3))`: `d/dx [x (1 + t) / 2] g =
+/// ((1 + t) / 2 + x (1 - t^2) k (1 + 3 c x^2) / 2) g`.
+fn gelu_tanh_grad(b: &mut ProgramBuilder, x: Value, g: Value) -> Value {
+    let k = lit(b, x, 0.797_884_560_802_865_4);
+    let c = lit(b, x, 0.044_715);
+    let c3 = lit(b, x, 3.0 * 0.044_715);
+    let (one, half) = (lit(b, x, 1.0), lit(b, x, 0.5));
+    let x2 = b.mul(x, x);
+    let x3 = b.mul(x2, x);
+    let inner = b.fma(c, x3, x);
+    let z = b.mul(k, inner);
+    let t = b.unary(IrUnary::Tanh, z);
+    let t2 = b.mul(t, t);
+    let sech2 = b.sub(one, t2);
+    let slope = b.fma(c3, x2, one);
+    let ks = b.mul(k, slope);
+    let xs = b.mul(x, sech2);
+    let right = b.mul(xs, ks);
+    let left = b.add(one, t);
+    let sum = b.add(left, right);
+    let d = b.mul(half, sum);
     b.mul(d, g)
 }
 
