@@ -21,7 +21,7 @@ use std::time::Instant;
 use tensor_autograd::gpt::{Gpt, GptConfig};
 use tensor_autograd::nn::Init;
 use tensor_autograd::optim::{Adam, Cosine, Optimizer, Schedule, clip_grad_norm};
-use tensor_autograd::text::{CharTokenizer, TokenStream, Tokenizer, write_tokens};
+use tensor_autograd::text::{CharTokenizer, Gpt2Tokenizer, TokenStream, Tokenizer, write_tokens};
 use tensor_autograd::{Tensor, no_grad};
 
 #[derive(Parser, Debug)]
@@ -108,34 +108,72 @@ fn main() -> ExitCode {
     }
 }
 
-/// The training and validation token files, and the character vocabulary where there is one.
-fn data(
-    args: &Args,
-    work: &Path,
-) -> Result<(TokenStream, TokenStream, Option<CharTokenizer>), String> {
+/// The training and validation tokens, and their tokenizer where it is known.
+type Data = (TokenStream, TokenStream, Option<Box<dyn Tokenizer>>);
+
+/// The training and validation token files, and the tokenizer that reads them back where it
+/// is known: characters for the character recipes; GPT-2's BPE for `gpt2` on `--text`, the
+/// text encoded here as nanoGPT's `data/shakespeare/prepare.py` does (the first 90% to train,
+/// the rest to validate; ids as u16).
+fn data(args: &Args, work: &Path) -> Result<Data, String> {
     let e = |e: tensor_autograd::Error| e.to_string();
     if let Some(dir) = &args.bin_dir {
         let train = TokenStream::open(&dir.join("train.bin")).map_err(e)?;
         let val = TokenStream::open(&dir.join("val.bin")).map_err(e)?;
-        return Ok((train, val, None));
+        let tok: Option<Box<dyn Tokenizer>> = if args.config == "gpt2" {
+            Some(Box::new(Gpt2Tokenizer::new().map_err(e)?))
+        } else {
+            None
+        };
+        return Ok((train, val, tok));
     }
     let path = args.text.clone().unwrap_or_else(|| {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("data/tinyshakespeare/input.txt")
     });
     let text =
         std::fs::read_to_string(&path).map_err(|err| format!("{}: {err}", path.display()))?;
-    let tok = CharTokenizer::from_text(&text);
-    let ids = tok.encode(&text).map_err(e)?;
-    let split = ids.len() * 9 / 10;
+    let (tok, ids, split, kind): (Box<dyn Tokenizer>, Vec<u32>, usize, &str) =
+        if args.config == "gpt2" {
+            let bpe = Gpt2Tokenizer::new().map_err(e)?;
+            let at = text
+                .char_indices()
+                .map(|(i, _)| i)
+                .find(|&i| i >= text.len() * 9 / 10)
+                .unwrap_or(text.len());
+            // Each part encoded alone, as prepare.py does.
+            let mut ids = bpe.encode(&text[..at]).map_err(e)?;
+            let split = ids.len();
+            ids.extend(bpe.encode(&text[at..]).map_err(e)?);
+            (Box::new(bpe), ids, split, "GPT-2 BPE")
+        } else {
+            let tok = CharTokenizer::from_text(&text);
+            let ids = tok.encode(&text).map_err(e)?;
+            let split = ids.len() * 9 / 10;
+            (Box::new(tok), ids, split, "character")
+        };
     std::fs::create_dir_all(work).map_err(|err| format!("{}: {err}", work.display()))?;
+    finish(tok, ids, split, work, &text, &path, kind)
+}
+
+/// Writes `ids[..split]` and `ids[split..]` as the run's token files and opens them.
+fn finish(
+    tok: Box<dyn Tokenizer>,
+    ids: Vec<u32>,
+    split: usize,
+    work: &Path,
+    text: &str,
+    path: &Path,
+    kind: &str,
+) -> Result<Data, String> {
+    let e = |e: tensor_autograd::Error| e.to_string();
     let (tp, vp) = (work.join("train.bin"), work.join("val.bin"));
     write_tokens(&tp, &ids[..split]).map_err(e)?;
     write_tokens(&vp, &ids[split..]).map_err(e)?;
     println!(
-        "gpt: {} characters ({} distinct) from {}: {} training, {} validation tokens",
+        "gpt: {} characters from {}, {kind} tokens (vocabulary {}): {} training, {} validation",
         text.chars().count(),
-        tok.vocab_size(),
         path.display(),
+        tok.vocab_size(),
         split,
         ids.len() - split
     );
