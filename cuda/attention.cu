@@ -277,6 +277,8 @@ __device__ void attention_bwd_q(const T* __restrict__ q, Op4 qo, const T* __rest
         if (c < a.d) dq[at(dqo, b, h, i, c)] = gq[c];
 }
 
+#include "attention_tc.cuh"
+
 #define ATTENTION_KERNELS(T, NAME, DMAX)                                                                          \
     extern "C" __global__ void __launch_bounds__(64) attention_fwd_##NAME##_##DMAX(                              \
         const T* q, Op4 qo, const T* k, Op4 ko, const T* v, Op4 vo, const T* mask, Op4 mo, T* out, Op4 oo,        \

@@ -3,6 +3,7 @@
 // The argmin compares |c|^2 - 2 x.c (|x|^2 is the same for every centroid); the winner's
 // distance is then recomputed directly as sum_k (x_k - c_k)^2.
 #include "common.cuh"
+#include "tf32.cuh"
 
 // norms[j] = sum_k c[j, k]^2 for j < m, and NaN (all-ones bits) for the padding rows
 // m <= j < padded, which no score can win with. Also sets the `clear_words` words at `clear`
@@ -152,19 +153,6 @@ extern "C" __global__ void __launch_bounds__(256) nearest_exact(const float* x, 
 #define TBN 128
 #define TBK 32
 #define TLD (TBK + 4)
-
-__device__ __forceinline__ u32 to_tf32(float v) {
-    u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-    return r;
-}
-
-__device__ __forceinline__ void mma_tf32(float* c, const u32* a, const u32* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // A warp tile's accumulators to zero; a thread's four rows' top-2 to empty.
 __device__ __forceinline__ void zero_acc(float (&acc)[2][8][4]) {

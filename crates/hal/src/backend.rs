@@ -543,7 +543,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Tolerance: with `sigma_ij = scale sum_c |q_ic k_jc| + |mask_ij|` (a score's own
     /// rounding moves its weight by about `d u sigma_ij`) and `sigma_i = max_j sigma_ij`, each
     /// output within `(8 + log2 tk + d) u sum_j |p~_ij v_j| (1 + sigma_ij + sigma_i)`, and
-    /// `lse` within `(8 + log2 tk + d) u (1 + |lse_i| + sigma_i)`.
+    /// `lse` within `(8 + log2 tk + d) u (1 + |lse_i| + sigma_i)`. Under [`Precision::Fast`]
+    /// the products may round their operands to TF32, as `matmul`'s do: `u` is then `2^-11`
+    /// (both passes).
     fn attention(
         &self,
         x: AttentionInputs<'_, Self::Buffer>,

@@ -183,6 +183,7 @@ pub(crate) fn run_matrix_unit_policy<B: Backend>(s: &mut Suite<'_, B>) {
     matmul(s);
     matmul_beyond_f16(s);
     if s.policy == hal::Precision::Fast {
+        attention(s);
         nearest_centroid(s);
         nearest_centroid_batched(s);
         kmeans_pp(s);

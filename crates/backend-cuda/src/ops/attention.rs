@@ -5,7 +5,8 @@ use crate::device::Args;
 use crate::{CudaBackend, V};
 use hal::validate::AttentionShape;
 use hal::{
-    AttentionGrads, AttentionInputs, AttentionParams, DType, Error, Layout, Result, validate,
+    AttentionGrads, AttentionInputs, AttentionParams, DType, Error, Layout, Precision, Result,
+    validate,
 };
 
 /// A rank-4 operand as the kernels take it (`Op4` in `cuda/attention.cu`).
@@ -169,10 +170,15 @@ pub(crate) fn attention(
         .arg(lse.buffer.ptr())
         .arg(op4(lse.layout))
         .arg(plan.args);
+    let (f, threads) = if tensor_cores(gpu, &s, x.q.dtype()) {
+        ("attention_fwd_tc", 128)
+    } else {
+        (plan.fwd, 64)
+    };
     gpu.dev.launch_raw(
-        gpu.dev.function(plan.fwd)?,
+        gpu.dev.function(f)?,
         (bh as u32, s.tq.div_ceil(64) as u32, 1),
-        64,
+        threads,
         args,
     )
 }
@@ -193,6 +199,9 @@ pub(crate) fn attention_backward(
         return Ok(());
     }
     gpu.dev.bind()?;
+    if tensor_cores(gpu, &s, x.q.dtype()) {
+        return backward_tc(gpu, x, mask.as_ref(), (out, lse, dout), g, &s, plan.args);
+    }
     // Threads per block: one owned row each, as many as keep the owned rows' shared memory
     // near 16 KiB a matrix (`BK`/`BQ` in cuda/attention.cu).
     let owned = (16384 / plan.row_bytes).min(64);
@@ -227,6 +236,75 @@ pub(crate) fn attention_backward(
                 .arg(g.dq.buffer.ptr())
                 .arg(op4(g.dq.layout))
                 .arg(plan.args),
+        )?;
+    }
+    Ok(())
+}
+
+/// Whether the TF32 tensor-core kernels take this call: `Precision::Fast` (TF32 products
+/// allowed, as for matmul), f32, rows of at most 64.
+fn tensor_cores(gpu: &CudaBackend, s: &AttentionShape, dtype: DType) -> bool {
+    gpu.precision == Precision::Fast && dtype == DType::F32 && s.d <= 64 && s.dv <= 64
+}
+
+/// The tensor-core backward pass: delta per query row, then dk/dv and dq.
+fn backward_tc(
+    gpu: &CudaBackend,
+    x: AttentionInputs<'_, crate::CudaBuffer>,
+    mask: Option<&Layout>,
+    (out, lse, dout): (V<'_>, V<'_>, V<'_>),
+    g: AttentionGrads<'_, crate::CudaBuffer>,
+    s: &AttentionShape,
+    args: AttnArgs,
+) -> Result<()> {
+    let bh = s.batch * s.heads;
+    let rows = bh * s.tq;
+    let delta = gpu.new_buffer(DType::F32, rows.max(1))?;
+    if rows > 0 {
+        gpu.dev.launch_raw(
+            gpu.dev.function("attention_delta_tc")?,
+            (rows.div_ceil(8) as u32, 1, 1),
+            256,
+            Args::new()
+                .arg(out.buffer.ptr())
+                .arg(op4(out.layout))
+                .arg(dout.buffer.ptr())
+                .arg(op4(dout.layout))
+                .arg(delta.ptr())
+                .arg(rows as i64)
+                .arg(args),
+        )?;
+    }
+    let common = |a: Args| {
+        inputs(a, x, mask)
+            .arg(lse.buffer.ptr())
+            .arg(op4(lse.layout))
+            .arg(dout.buffer.ptr())
+            .arg(op4(dout.layout))
+            .arg(delta.ptr())
+    };
+    if s.tk > 0 {
+        gpu.dev.launch_raw(
+            gpu.dev.function("attention_bwd_kv_tc")?,
+            (bh as u32, s.tk.div_ceil(64) as u32, 1),
+            128,
+            common(Args::new())
+                .arg(g.dk.buffer.ptr())
+                .arg(op4(g.dk.layout))
+                .arg(g.dv.buffer.ptr())
+                .arg(op4(g.dv.layout))
+                .arg(args),
+        )?;
+    }
+    if s.tq > 0 {
+        gpu.dev.launch_raw(
+            gpu.dev.function("attention_bwd_q_tc")?,
+            (bh as u32, s.tq.div_ceil(64) as u32, 1),
+            128,
+            common(Args::new())
+                .arg(g.dq.buffer.ptr())
+                .arg(op4(g.dq.layout))
+                .arg(args),
         )?;
     }
     Ok(())

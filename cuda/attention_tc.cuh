@@ -1,0 +1,384 @@
+// Attention on TF32 tensor cores (hal::Precision::Fast, f32, rows of at most 64): flash
+// attention 2's plan with mma.m16n8k8 (tf32.cuh gives the fragment layouts). A block of four
+// warps owns 64 query rows (16 a warp); key and value tiles of 32 rows stream through shared
+// memory. Scores, weights and the output accumulate in registers in the C layout, where each
+// lane holds two rows (g, g+8) and two adjacent columns of every 8-wide tile, so the online
+// softmax's row maxima and sums take two shuffles; the weights go through a per-warp shared
+// tile to become A fragments for the product with V.
+#pragma once
+#include "tf32.cuh"
+
+#define TC_D 64
+#define TC_BK 32
+#define TC_KLD (TC_D + 4)   // K rows: b0 (t, g) reads K[g][t]: banks 4g + t, all distinct
+#define TC_VLD (TC_D + 8)   // V rows: b0 (t, g) reads V[t][g]: banks 8t + g, all distinct
+#define TC_PLD (TC_BK + 4)  // a warp's weights: a0 (g, t) reads P[g][t]: banks 4g + t
+
+// Scores of rows (g, g+8) x columns (2t, 2t+1) of each of a tile's four 8-key groups: scaled
+// (q was), masked, causal; -inf where a key is past tk.
+__device__ __forceinline__ void tc_mask(const AttnArgs& a, const float* mask, const Op4& mo, int b, int h, int i0,
+                                        int j0, float (&s)[4][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int i = i0 + g + (e / 2) * 8, j = j0 + nt * 8 + 2 * t + (e % 2);
+            float v = s[nt][e];
+            if (j >= a.tk || i >= a.tq || (a.causal && j > i)) v = -INFINITY;
+            else if (a.has_mask) v += mask[at(mo, b, h, i, j)];
+            s[nt][e] = v;
+        }
+}
+
+// Max and sum across the four lanes of a row group.
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    attention_fwd_tc(const float* __restrict__ q, Op4 qo, const float* __restrict__ k, Op4 ko,
+                     const float* __restrict__ v, Op4 vo, const float* __restrict__ mask, Op4 mo,
+                     float* __restrict__ out, Op4 oo, float* __restrict__ lse, Op4 lo, AttnArgs a) {
+    __shared__ float ks[TC_BK][TC_KLD];
+    __shared__ float vs[TC_BK][TC_VLD];
+    __shared__ float ps[4][16][TC_PLD];
+    const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+    const int blk0 = (gridDim.y - 1 - blockIdx.y) * 64;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int i0 = blk0 + warp * 16;
+    // q's A fragments for the eight 8-wide steps of d, pre-scaled.
+    u32 qa[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int i = i0 + g + (e % 2) * 8, c = kk * 8 + t + (e / 2) * 4;
+            float x = (i < a.tq && c < a.d) ? q[at(qo, b, h, i, c)] * a.scale : 0.0f;
+            qa[kk][e] = to_tf32(x);
+        }
+    float o[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    int kend = a.tk;
+    if (a.causal) kend = min(kend, blk0 + 64);
+    for (int j0 = 0; j0 < kend; j0 += TC_BK) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < TC_BK * TC_D; e += 128) {
+            int r = e / TC_D, c = e % TC_D, j = j0 + r;
+            ks[r][c] = (j < a.tk && c < a.d) ? k[at(ko, b, h, j, c)] : 0.0f;
+            vs[r][c] = (j < a.tk && c < a.dv) ? v[at(vo, b, h, j, c)] : 0.0f;
+        }
+        __syncthreads();
+        float s[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < 8; ++kk) {
+                u32 kb[2] = {to_tf32(ks[nt * 8 + g][kk * 8 + t]), to_tf32(ks[nt * 8 + g][kk * 8 + t + 4])};
+                mma_tf32(s[nt], qa[kk], kb);
+            }
+        }
+        tc_mask(a, mask, mo, b, h, i0, j0, s);
+        // The online softmax, row g (r = 0) and row g + 8 (r = 1).
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            float mnew = fmaxf(m[r], quad_max(mx));
+            corr[r] = (mnew == -INFINITY || m[r] == -INFINITY) ? (m[r] == -INFINITY ? 0.0f : 1.0f)
+                                                               : __expf(m[r] - mnew);
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    float x = s[nt][2 * r + c];
+                    float p = x == -INFINITY ? 0.0f : __expf(x - mnew);
+                    sum += p;
+                    s[nt][2 * r + c] = p;
+                }
+            l[r] = l[r] * corr[r] + quad_sum(sum);
+            m[r] = mnew;
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            o[nt][0] *= corr[0];
+            o[nt][1] *= corr[0];
+            o[nt][2] *= corr[1];
+            o[nt][3] *= corr[1];
+        }
+        // Weights (dropped ones zeroed, kept ones scaled) to the warp's tile, then A fragments.
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int row = g + (e / 2) * 8, col = nt * 8 + 2 * t + (e % 2);
+                float p = s[nt][e];
+                if (a.dropout_on && p != 0.0f) p *= drop_factor<float>(a, bh, i0 + row, j0 + col);
+                ps[warp][row][col] = p;
+            }
+        __syncwarp();
+#pragma unroll
+        for (int kk = 0; kk < TC_BK / 8; ++kk) {
+            u32 pa[4] = {to_tf32(ps[warp][g][kk * 8 + t]), to_tf32(ps[warp][g + 8][kk * 8 + t]),
+                         to_tf32(ps[warp][g][kk * 8 + t + 4]), to_tf32(ps[warp][g + 8][kk * 8 + t + 4])};
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                u32 vb[2] = {to_tf32(vs[kk * 8 + t][nt * 8 + g]), to_tf32(vs[kk * 8 + t + 4][nt * 8 + g])};
+                mma_tf32(o[nt], pa, vb);
+            }
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        int i = i0 + g + r * 8;
+        if (i >= a.tq) continue;
+        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                int col = nt * 8 + 2 * t + c;
+                if (col < a.dv) out[at(oo, b, h, i, col)] = o[nt][2 * r + c] * inv;
+            }
+        if (t == 0) lse[at(lo, b, h, i, 0)] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+    }
+}
+
+// delta = dout . out for each query row (a warp a row), into a contiguous scratch [bh * tq]
+// that both tensor-core gradient kernels read.
+extern "C" __global__ void attention_delta_tc(const float* __restrict__ out, Op4 oo, const float* __restrict__ dout,
+                                              Op4 go, float* __restrict__ delta, i64 rows, AttnArgs a) {
+    const i64 r = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (r >= rows) return;
+    const int i = (int)(r % a.tq), bh = (int)(r / a.tq), b = bh / a.heads, h = bh % a.heads;
+    float s = 0.0f;
+    for (int c = lane; c < a.dv; c += 32) s = fmaf(dout[at(go, b, h, i, c)], out[at(oo, b, h, i, c)], s);
+    s = warp_sum(s);
+    if (lane == 0) delta[r] = s;
+}
+
+// A warp's 16 rows x 64 columns of a row-major operand as A fragments (eight 8-wide steps),
+// scaled by `by` (0 past `rows` or `width`).
+__device__ __forceinline__ void tc_rows_a(const float* __restrict__ x, const Op4& xo, int b, int h, int r0, int rows,
+                                          int width, float by, u32 (&frag)[8][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int r = r0 + g + (e % 2) * 8, c = kk * 8 + t + (e / 2) * 4;
+            frag[kk][e] = to_tf32((r < rows && c < width) ? x[at(xo, b, h, r, c)] * by : 0.0f);
+        }
+}
+
+// acc[nt] += A (16 x 64, fragments) . B^T where B's rows are tile rows nt*8.. of `tile`
+// (row-major, leading dimension TC_KLD): the 16 x 32 product of a warp's rows with a tile.
+__device__ __forceinline__ void tc_times_rows(const u32 (&frag)[8][4], const float (*tile)[TC_KLD],
+                                              float (&acc)[4][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            u32 bb[2] = {to_tf32(tile[nt * 8 + g][kk * 8 + t]), to_tf32(tile[nt * 8 + g][kk * 8 + t + 4])};
+            mma_tf32(acc[nt], frag[kk], bb);
+        }
+    }
+}
+
+// acc (16 x 64) += W (a warp's 16 x 32 tile in shared memory, leading dimension TC_PLD) . tile
+// (32 x 64, row-major, leading dimension TC_KLD).
+__device__ __forceinline__ void tc_accumulate(const float (*w)[TC_PLD], const float (*tile)[TC_KLD],
+                                              float (&acc)[8][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int kk = 0; kk < TC_BK / 8; ++kk) {
+        u32 wa[4] = {to_tf32(w[g][kk * 8 + t]), to_tf32(w[g + 8][kk * 8 + t]), to_tf32(w[g][kk * 8 + t + 4]),
+                     to_tf32(w[g + 8][kk * 8 + t + 4])};
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            u32 bb[2] = {to_tf32(tile[kk * 8 + t][nt * 8 + g]), to_tf32(tile[kk * 8 + t + 4][nt * 8 + g])};
+            mma_tf32(acc[nt], wa, bb);
+        }
+    }
+}
+
+// Loads rows r0.. of a rank-4 operand (32 x 64, zero-padded) into a shared tile.
+__device__ __forceinline__ void tc_load_tile(const float* __restrict__ x, const Op4& xo, int b, int h, int r0, int rows,
+                                             int width, float (*tile)[TC_KLD]) {
+    for (int e = threadIdx.x; e < TC_BK * TC_D; e += 128) {
+        int r = e / TC_D, c = e % TC_D, rr = r0 + r;
+        tile[r][c] = (rr < rows && c < width) ? x[at(xo, b, h, rr, c)] : 0.0f;
+    }
+}
+
+// dk, dv: a block of four warps owns 64 key rows (16 a warp: k and v as A fragments, both
+// gradients accumulated in registers); tiles of 32 query rows (q, dout, lse, delta) stream
+// through shared memory. Per tile a warp forms S^T and dP^T (16 x 32) on tensor cores, the
+// weights and dS^T elementwise, then dv += P~^T dout and dk += dS^T q.
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_kv_tc(const float* __restrict__ q, Op4 qo, const float* __restrict__ k, Op4 ko,
+                        const float* __restrict__ v, Op4 vo, const float* __restrict__ mask, Op4 mo,
+                        const float* __restrict__ lse, Op4 lo, const float* __restrict__ dout, Op4 go,
+                        const float* __restrict__ delta, float* __restrict__ dk, Op4 dko, float* __restrict__ dv,
+                        Op4 dvo, AttnArgs a) {
+    __shared__ float qs[TC_BK][TC_KLD];
+    __shared__ float gs[TC_BK][TC_KLD];
+    __shared__ float ls[TC_BK], dls[TC_BK];
+    __shared__ float pw[4][16][TC_PLD];
+    __shared__ float sw[4][16][TC_PLD];
+    const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+    const int blk0 = (gridDim.y - 1 - blockIdx.y) * 64;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int j0 = blk0 + warp * 16;
+    u32 ka[8][4], va[8][4];
+    tc_rows_a(k, ko, b, h, j0, a.tk, a.d, a.scale, ka);
+    tc_rows_a(v, vo, b, h, j0, a.tk, a.dv, 1.0f, va);
+    float gk[8][4], gv[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) gk[nt][e] = gv[nt][e] = 0.0f;
+    const int istart = a.causal ? (blk0 / TC_BK) * TC_BK : 0;
+    for (int i0 = istart; i0 < a.tq; i0 += TC_BK) {
+        __syncthreads();
+        tc_load_tile(q, qo, b, h, i0, a.tq, a.d, qs);
+        tc_load_tile(dout, go, b, h, i0, a.tq, a.dv, gs);
+        if (threadIdx.x < TC_BK) {
+            int i = i0 + threadIdx.x;
+            ls[threadIdx.x] = i < a.tq ? lse[at(lo, b, h, i, 0)] : -INFINITY;
+            dls[threadIdx.x] = i < a.tq ? delta[(i64)bh * a.tq + i] : 0.0f;
+        }
+        __syncthreads();
+        float st[4][4], dpt[4][4];
+        tc_times_rows(ka, qs, st);
+        tc_times_rows(va, gs, dpt);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int row = g + (e / 2) * 8, col = nt * 8 + 2 * t + (e % 2);
+                int j = j0 + row, i = i0 + col;
+                float p = 0.0f, ds = 0.0f;
+                if (j < a.tk && i < a.tq && !(a.causal && j > i)) {
+                    float s = st[nt][e];
+                    if (a.has_mask) s += mask[at(mo, b, h, i, j)];
+                    p = recompute<float>(s, ls[col]);
+                    if (p != 0.0f) {
+                        float z = drop_factor<float>(a, bh, i, j);
+                        ds = p * (z * dpt[nt][e] - dls[col]);
+                        p *= z;
+                    }
+                }
+                pw[warp][row][col] = p;
+                sw[warp][row][col] = ds;
+            }
+        __syncwarp();
+        tc_accumulate(pw[warp], gs, gv);
+        tc_accumulate(sw[warp], qs, gk);
+        __syncwarp();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        int j = j0 + g + r * 8;
+        if (j >= a.tk) continue;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                int col = nt * 8 + 2 * t + c;
+                if (col < a.d) dk[at(dko, b, h, j, col)] = gk[nt][2 * r + c] * a.scale;
+                if (col < a.dv) dv[at(dvo, b, h, j, col)] = gv[nt][2 * r + c];
+            }
+    }
+}
+
+// dq: a block of four warps owns 64 query rows (q and dout as A fragments, dq accumulated in
+// registers); tiles of 32 key rows (k, v) stream through shared memory.
+extern "C" __global__ void __launch_bounds__(128)
+    attention_bwd_q_tc(const float* __restrict__ q, Op4 qo, const float* __restrict__ k, Op4 ko,
+                       const float* __restrict__ v, Op4 vo, const float* __restrict__ mask, Op4 mo,
+                       const float* __restrict__ lse, Op4 lo, const float* __restrict__ dout, Op4 go,
+                       const float* __restrict__ delta, float* __restrict__ dq, Op4 dqo, AttnArgs a) {
+    __shared__ float ks[TC_BK][TC_KLD];
+    __shared__ float vs[TC_BK][TC_KLD];
+    __shared__ float sw[4][16][TC_PLD];
+    const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+    const int blk0 = (gridDim.y - 1 - blockIdx.y) * 64;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int i0 = blk0 + warp * 16;
+    u32 qa[8][4], ga[8][4];
+    tc_rows_a(q, qo, b, h, i0, a.tq, a.d, a.scale, qa);
+    tc_rows_a(dout, go, b, h, i0, a.tq, a.dv, 1.0f, ga);
+    float li[2], di[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        int i = i0 + g + r * 8;
+        li[r] = i < a.tq ? lse[at(lo, b, h, i, 0)] : -INFINITY;
+        di[r] = i < a.tq ? delta[(i64)bh * a.tq + i] : 0.0f;
+    }
+    float gq[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) gq[nt][e] = 0.0f;
+    int kend = a.tk;
+    if (a.causal) kend = min(kend, blk0 + 64);
+    for (int j0 = 0; j0 < kend; j0 += TC_BK) {
+        __syncthreads();
+        tc_load_tile(k, ko, b, h, j0, a.tk, a.d, ks);
+        tc_load_tile(v, vo, b, h, j0, a.tk, a.dv, vs);
+        __syncthreads();
+        float s[4][4], dp[4][4];
+        tc_times_rows(qa, ks, s);
+        tc_times_rows(ga, vs, dp);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int row = g + (e / 2) * 8, col = nt * 8 + 2 * t + (e % 2);
+                int i = i0 + row, j = j0 + col;
+                float ds = 0.0f;
+                if (j < a.tk && i < a.tq && !(a.causal && j > i)) {
+                    float x = s[nt][e];
+                    if (a.has_mask) x += mask[at(mo, b, h, i, j)];
+                    float p = recompute<float>(x, li[e / 2]);
+                    if (p != 0.0f) ds = p * (drop_factor<float>(a, bh, i, j) * dp[nt][e] - di[e / 2]);
+                }
+                sw[warp][row][col] = ds;
+            }
+        __syncwarp();
+        tc_accumulate(sw[warp], ks, gq);
+        __syncwarp();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        int i = i0 + g + r * 8;
+        if (i >= a.tq) continue;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                int col = nt * 8 + 2 * t + c;
+                if (col < a.d) dq[at(dqo, b, h, i, col)] = gq[nt][2 * r + c] * a.scale;
+            }
+    }
+}
