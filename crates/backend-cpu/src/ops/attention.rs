@@ -26,7 +26,9 @@ pub(crate) trait Real:
     fn of(v: f32) -> Self;
     fn exp(self) -> Self;
     fn ln(self) -> Self;
-    fn mul_add(self, a: Self, b: Self) -> Self;
+    /// `self * a + b`, rounded twice: the build targets no fma instruction, and a library
+    /// `fmaf` call (software where the CPU lacks FMA) cost more than the rest of a GPT step.
+    fn madd(self, a: Self, b: Self) -> Self;
     fn sqrt(self) -> Self;
 }
 
@@ -44,8 +46,8 @@ macro_rules! real {
             fn ln(self) -> $t {
                 <$t>::ln(self)
             }
-            fn mul_add(self, a: $t, b: $t) -> $t {
-                <$t>::mul_add(self, a, b)
+            fn madd(self, a: $t, b: $t) -> $t {
+                self * a + b
             }
             fn sqrt(self) -> $t {
                 <$t>::sqrt(self)
@@ -88,7 +90,7 @@ pub(crate) fn store<T: Real>(data: &[T], out: View<'_, CpuBuffer>) {
 fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     a.iter()
         .zip(b)
-        .fold(T::ZERO, |acc, (&x, &y)| x.mul_add(y, acc))
+        .fold(T::ZERO, |acc, (&x, &y)| x.madd(y, acc))
 }
 
 /// One batch-head's operands, row-major.
@@ -189,12 +191,22 @@ pub(crate) fn forward<T: Real>(
                     l[i] = T::NEG_INF;
                     continue;
                 }
-                let sum = row.iter().fold(T::ZERO, |acc, &x| acc + (x - max).exp());
+                // Each exponential once: the row holds exp(s - max), the weights are those over
+                // their sum.
+                let mut sum = T::ZERO;
+                for x in row.iter_mut() {
+                    *x = (*x - max).exp();
+                    sum = sum + *x;
+                }
                 l[i] = max + sum.ln();
-                for (j, &sj) in row.iter().enumerate() {
-                    let w = weight(sj, l[i]) * h.factor(s, p, i, j);
+                let inv = T::of(1.0) / sum;
+                for (j, &e) in row.iter().enumerate() {
+                    if e == T::ZERO {
+                        continue;
+                    }
+                    let w = e * inv * h.factor(s, p, i, j);
                     for (oc, &vc) in oi.iter_mut().zip(&h.v[j * s.dv..(j + 1) * s.dv]) {
-                        *oc = w.mul_add(vc, *oc);
+                        *oc = w.madd(vc, *oc);
                     }
                 }
             }
@@ -250,16 +262,16 @@ pub(crate) fn backward<T: Real>(
                     }
                     let z = h.factor(s, p, i, j);
                     for (dvc, &g) in dv[j * s.dv..(j + 1) * s.dv].iter_mut().zip(doi) {
-                        *dvc = (w * z).mul_add(g, *dvc);
+                        *dvc = (w * z).madd(g, *dvc);
                     }
                     let dp = z * dot(doi, &h.v[j * s.dv..(j + 1) * s.dv]);
                     let ds = scale * (w * (dp - delta));
                     let kj = &h.k[j * s.d..(j + 1) * s.d];
                     for (dqc, &kc) in dq[i * s.d..(i + 1) * s.d].iter_mut().zip(kj) {
-                        *dqc = ds.mul_add(kc, *dqc);
+                        *dqc = ds.madd(kc, *dqc);
                     }
                     for (dkc, &qc) in dk[j * s.d..(j + 1) * s.d].iter_mut().zip(qi) {
-                        *dkc = ds.mul_add(qc, *dkc);
+                        *dkc = ds.madd(qc, *dkc);
                     }
                 }
             }

@@ -30,12 +30,12 @@ pub(crate) fn forward<T: Real>(
         .map(|r| {
             let row = &xs[r * n..(r + 1) * n];
             let m = row.iter().fold(T::ZERO, |a, &v| a + v) * inv_n;
-            let var = row.iter().fold(T::ZERO, |a, &v| (v - m).mul_add(v - m, a)) * inv_n;
+            let var = row.iter().fold(T::ZERO, |a, &v| (v - m).madd(v - m, a)) * inv_n;
             let rs = T::of(1.0) / (var + T::of(eps)).sqrt();
             let y = row
                 .iter()
                 .zip(w.iter().zip(&b))
-                .map(|(&v, (&wc, &bc))| ((v - m) * rs).mul_add(wc, bc))
+                .map(|(&v, (&wc, &bc))| ((v - m) * rs).madd(wc, bc))
                 .collect();
             (m, rs, y)
         })
@@ -68,7 +68,7 @@ pub(crate) fn backward<T: Real>(
             for c in 0..n {
                 let gw = gs[r * n + c] * w[c];
                 a = a + gw;
-                bsum = gw.mul_add(xhat(r, c), bsum);
+                bsum = gw.madd(xhat(r, c), bsum);
             }
             let (a, bsum) = (a * inv_n, bsum * inv_n);
             (0..n)
