@@ -1,8 +1,9 @@
 //! `--suite gpt`: GPT training iterations (forward, cross-entropy, backward, gradient
 //! clipping, AdamW) of tensor-autograd's nanoGPT model on random tokens, as nanoGPT's
-//! `bench.py` times them, beside nanoGPT's own model in PyTorch (eager and torch.compile, bf16
-//! autocast) in the same run where the host has PyTorch, CUDA and nanoGPT's code
-//! (`--nanogpt DIR`, the folder holding its `model.py`).
+//! `bench.py` times them, beside nanoGPT's own model in PyTorch in the same run where the
+//! host has PyTorch and nanoGPT's code (`--nanogpt DIR`, the folder holding its `model.py`):
+//! on CUDA eager and torch.compile with bf16 autocast, on the CPU eager f32 with 2 threads.
+//! Configs: shakespeare-char, gpt2 (124M), small (the CPU test's model).
 
 use hal::Backend;
 use std::path::PathBuf;
@@ -26,8 +27,21 @@ fn recipe(name: &str) -> Result<(GptConfig, usize), String> {
     match name {
         "shakespeare-char" => Ok((GptConfig::shakespeare_char(65), 64)),
         "gpt2" => Ok((GptConfig::gpt2_124m(), 12)),
+        // The CPU test's model (tensor-autograd/tests/gpt.rs), batch 16.
+        "small" => Ok((
+            GptConfig {
+                block_size: 64,
+                vocab_size: 65,
+                n_layer: 2,
+                n_head: 4,
+                n_embd: 64,
+                dropout: 0.0,
+                bias: false,
+            },
+            16,
+        )),
         other => Err(format!(
-            "unknown GPT config {other} (shakespeare-char, gpt2)"
+            "unknown GPT config {other} (shakespeare-char, gpt2, small)"
         )),
     }
 }
@@ -121,9 +135,11 @@ fn gpt_under<B: Backend>(b: &B, args: &GptArgs, policy: hal::Precision) -> Resul
         if Some(policy) != last_policy(b) {
             continue;
         }
-        let cuda = b.info().backend == "cuda";
-        for compile in ["0", "1"] {
-            let peer = match (&args.nanogpt, cuda) {
+        // The peer on the same device: CUDA (eager, then torch.compile) or the CPU (eager).
+        let device = b.info().backend;
+        let compiles: &[&str] = if device == "cpu" { &["0"] } else { &["0", "1"] };
+        for compile in compiles {
+            let peer = match (&args.nanogpt, device == "cuda" || device == "cpu") {
                 (Some(dir), true) => {
                     let a = [
                         dir.display().to_string(),
@@ -131,6 +147,7 @@ fn gpt_under<B: Backend>(b: &B, args: &GptArgs, policy: hal::Precision) -> Resul
                         batch.to_string(),
                         args.reps.to_string(),
                         compile.to_string(),
+                        device.to_string(),
                     ];
                     crate::run_peer(PEER, &a, "torch").and_then(|text| {
                         let ms = crate::json_field(&text, "step_ms")
@@ -140,7 +157,7 @@ fn gpt_under<B: Backend>(b: &B, args: &GptArgs, policy: hal::Precision) -> Resul
                     })
                 }
                 (None, _) => Err("no --nanogpt folder given".to_string()),
-                (_, false) => Err("nanoGPT's peer runs on CUDA".to_string()),
+                (_, false) => Err("nanoGPT's peer runs on CUDA or the CPU".to_string()),
             };
             match peer {
                 Ok((ms, what)) => println!(
