@@ -1,5 +1,5 @@
-//! Layer normalisation: `shaders/norm/`'s row kernels (forward, dx) and the parameter
-//! gradients in fixed row chunks. f32 only.
+//! Layer normalisation: `shaders/norm/`'s row kernels (forward, dx; a workgroup a row) and
+//! the parameter gradients in fixed row chunks. f32 only.
 
 use crate::WgpuBackend;
 use crate::buffer::WgpuBuffer;
@@ -66,9 +66,9 @@ pub(crate) fn layer_norm(
     let p = [x.x, w, b, out, mean, rstd]
         .iter()
         .fold(params(rows, n, eps, flags, 0, 0), |p, v| p.block(v.layout));
-    gpu.run(
-        Spec::new("layer_norm.wgsl"),
-        p,
+    gpu.dispatch_groups(
+        &gpu.kernel(&Spec::new("layer_norm.wgsl"))?,
+        &p,
         &[
             (x.x.buffer, false),
             (w.buffer, false),
@@ -77,8 +77,15 @@ pub(crate) fn layer_norm(
             (mean.buffer, true),
             (rstd.buffer, true),
         ],
-        rows,
+        row_groups(gpu, rows),
     )
+}
+
+/// The workgroup grid of the row kernels (a workgroup a row): `rows` in x, wrapping into y
+/// past the adapter's limit.
+fn row_groups(gpu: &WgpuBackend, rows: usize) -> [u32; 3] {
+    let max = gpu.0.limits.max_compute_workgroups_per_dimension.max(1) as usize;
+    [rows.min(max) as u32, rows.div_ceil(max) as u32, 1]
 }
 
 pub(crate) fn layer_norm_backward(
@@ -108,9 +115,9 @@ pub(crate) fn layer_norm_backward(
             .fold(params(rows, n, 0.0, flags, chunks, per), |p, v| {
                 p.block(v.layout)
             });
-        gpu.run(
-            Spec::new("layer_norm_dx.wgsl"),
-            p,
+        gpu.dispatch_groups(
+            &gpu.kernel(&Spec::new("layer_norm_dx.wgsl"))?,
+            &p,
             &[
                 (x.x.buffer, false),
                 (w.buffer, false),
@@ -119,7 +126,7 @@ pub(crate) fn layer_norm_backward(
                 (dout.buffer, false),
                 (g.dx.buffer, true),
             ],
-            rows,
+            row_groups(gpu, rows),
         )?;
     }
     if (g.dweight.is_none() && g.dbias.is_none()) || n == 0 {
