@@ -50,6 +50,7 @@ mod backend;
 mod device;
 mod dtype;
 pub mod durable;
+mod epilogue;
 mod error;
 pub mod fault;
 pub mod ir;
@@ -64,11 +65,12 @@ pub mod validate;
 
 pub use attention::{AttentionGrads, AttentionInputs, AttentionParams};
 pub use backend::{
-    Backend, BackendExt, Csr, DeviceBuffer, Epilogue, Gate, Precision, RecordedSteps, Replay, View,
-    matmul_epilogue_steps, nearest_per_group,
+    Backend, BackendExt, Csr, DeviceBuffer, Precision, RecordedSteps, Replay, View,
+    nearest_per_group,
 };
 pub use device::{Capabilities, DeviceInfo, DeviceKind, F64Support};
 pub use dtype::{DType, Element};
+pub use epilogue::{Epilogue, Gate, matmul_epilogue_steps};
 pub use error::{Error, Result};
 pub use layout::{
     Layout, broadcast_shapes, checked_numel, contiguous_strides, in_memory_order, numel, try_numel,
