@@ -221,6 +221,25 @@ __device__ __forceinline__ void tc_accumulate(const float (*w)[TC_PLD], const fl
     }
 }
 
+// Stores a warp's 16 x 64 accumulator (C layout) times `by` into rows r0.. of a rank-4
+// operand, skipping rows past `rows` and columns past `width`.
+__device__ __forceinline__ void tc_store_rows(const float (&acc)[8][4], float* __restrict__ x, const Op4& xo, int b,
+                                              int h, int r0, int rows, int width, float by) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        int row = r0 + g + r * 8;
+        if (row >= rows) continue;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                int col = nt * 8 + 2 * t + c;
+                if (col < width) x[at(xo, b, h, row, col)] = acc[nt][2 * r + c] * by;
+            }
+    }
+}
+
 // Loads rows r0.. of a rank-4 operand (32 x 64, zero-padded) into a shared tile.
 __device__ __forceinline__ void tc_load_tile(const float* __restrict__ x, const Op4& xo, int b, int h, int r0, int rows,
                                              int width, float (*tile)[TC_KLD]) {
@@ -296,19 +315,8 @@ extern "C" __global__ void __launch_bounds__(128)
         tc_accumulate(sw[warp], qs, gk);
         __syncwarp();
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        int j = j0 + g + r * 8;
-        if (j >= a.tk) continue;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                int col = nt * 8 + 2 * t + c;
-                if (col < a.d) dk[at(dko, b, h, j, col)] = gk[nt][2 * r + c] * a.scale;
-                if (col < a.dv) dv[at(dvo, b, h, j, col)] = gv[nt][2 * r + c];
-            }
-    }
+    tc_store_rows(gk, dk, dko, b, h, j0, a.tk, a.d, a.scale);
+    tc_store_rows(gv, dv, dvo, b, h, j0, a.tk, a.dv, 1.0f);
 }
 
 // dq: a block of four warps owns 64 query rows (q and dout as A fragments, dq accumulated in
@@ -369,16 +377,5 @@ extern "C" __global__ void __launch_bounds__(128)
         tc_accumulate(sw[warp], ks, gq);
         __syncwarp();
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        int i = i0 + g + r * 8;
-        if (i >= a.tq) continue;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                int col = nt * 8 + 2 * t + c;
-                if (col < a.d) dq[at(dqo, b, h, i, col)] = gq[nt][2 * r + c] * a.scale;
-            }
-    }
+    tc_store_rows(gq, dq, dqo, b, h, i0, a.tq, a.d, a.scale);
 }

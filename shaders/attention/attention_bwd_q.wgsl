@@ -20,9 +20,7 @@ const BK: u32 = 2048u / DMAX;
 
 // @include attention_params.wgsl
 // @include attention_common.wgsl
-
-var<workgroup> ks: array<f32, 2048>;
-var<workgroup> vs: array<f32, 2048>;
+// @include attention_kv_tile.wgsl
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -56,17 +54,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if (a.causal == 1u) { kend = min(kend, i0 + 64u); }
     for (var j0 = 0u; j0 < kend; j0 = j0 + BK) {
         workgroupBarrier();
-        for (var e = lid; e < BK * DMAX; e = e + 64u) {
-            let r = e / DMAX;
-            let c = e % DMAX;
-            let j = j0 + r;
-            var kx = 0.0;
-            var vx = 0.0;
-            if (j < a.tk && c < a.d) { kx = bitcast<f32>(B2[at4(1u, b, h, j, c)]); }
-            if (j < a.tk && c < a.dv) { vx = bitcast<f32>(B3[at4(2u, b, h, j, c)]); }
-            ks[e] = kx;
-            vs[e] = vx;
-        }
+        load_kv_tile(a, b, h, j0, lid);
         workgroupBarrier();
         if (live && !is_neg_inf(li)) {
             let rn = min(BK, kend - j0);

@@ -19,9 +19,7 @@ const BC: u32 = 2048u / DMAX;
 
 // @include attention_params.wgsl
 // @include attention_common.wgsl
-
-var<workgroup> ks: array<f32, 2048>;
-var<workgroup> vs: array<f32, 2048>;
+// @include attention_kv_tile.wgsl
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -47,17 +45,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if (a.causal == 1u) { kend = min(kend, i0 + 64u); }
     for (var j0 = 0u; j0 < kend; j0 = j0 + BC) {
         workgroupBarrier();
-        for (var e = lid; e < BC * DMAX; e = e + 64u) {
-            let r = e / DMAX;
-            let c = e % DMAX;
-            let j = j0 + r;
-            var kv = 0.0;
-            var vv = 0.0;
-            if (j < a.tk && c < a.d) { kv = bitcast<f32>(B2[at4(1u, b, h, j, c)]); }
-            if (j < a.tk && c < a.dv) { vv = bitcast<f32>(B3[at4(2u, b, h, j, c)]); }
-            ks[e] = kv;
-            vs[e] = vv;
-        }
+        load_kv_tile(a, b, h, j0, lid);
         workgroupBarrier();
         if (live) {
             let jn = min(BC, kend - j0);

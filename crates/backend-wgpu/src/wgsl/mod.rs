@@ -302,6 +302,7 @@ shader_files!(
     "attention": [
         "attention_params.wgsl",
         "attention_common.wgsl",
+        "attention_kv_tile.wgsl",
         "attention_fwd.wgsl",
         "attention_delta.wgsl",
         "attention_bwd_kv.wgsl",
