@@ -1,10 +1,11 @@
 // Attention on TF32 tensor cores (hal::Precision::Fast, f32, rows of at most 64): flash
 // attention 2's plan with mma.m16n8k8 (tf32.cuh gives the fragment layouts). A block of four
 // warps owns 64 query rows (16 a warp); key and value tiles of 32 rows stream through shared
-// memory. Scores, weights and the output accumulate in registers in the C layout, where each
-// lane holds two rows (g, g+8) and two adjacent columns of every 8-wide tile, so the online
-// softmax's row maxima and sums take two shuffles; the weights go through a per-warp shared
-// tile to become A fragments for the product with V.
+// memory, double-buffered (cp.async copies the next tile during this one's products). Scores,
+// weights and the output accumulate in registers in the C layout, where each lane holds two
+// rows (g, g+8) and two adjacent columns of every 8-wide tile, so the online softmax's row
+// maxima and sums take two shuffles; the weights go through a per-warp shared tile to become
+// A fragments for the product with V.
 #pragma once
 #include "tf32.cuh"
 
@@ -13,6 +14,52 @@
 #define TC_KLD (TC_D + 4)   // K rows: b0 (t, g) reads K[g][t]: banks 4g + t, all distinct
 #define TC_VLD (TC_D + 8)   // V rows: b0 (t, g) reads V[t][g]: banks 8t + g, all distinct
 #define TC_PLD (TC_BK + 4)  // a warp's weights: a0 (g, t) reads P[g][t]: banks 4g + t
+
+// Tiles stream through shared memory double-buffered: cp.async (sm_80) copies the next tile
+// while the block computes on this one. A copy of `valid == false` zero-fills its bytes and
+// reads nothing.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 s;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(p));
+    return s;
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+// Waits until at most `pending` committed groups are still in flight (this thread's), then
+// the block's barrier makes every thread's copies visible.
+template <int pending> __device__ __forceinline__ void cp_async_wait_all_but() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(pending));
+    __syncthreads();
+}
+
+// Starts copying rows r0.. (TC_BK of them, columns up to TC_D, zero past `rows` and `width`)
+// of a rank-4 operand into a shared tile of leading dimension LD: 16 bytes a copy where the
+// rows are contiguous and 16-byte aligned, else 4.
+template <int LD>
+__device__ __forceinline__ void tc_issue_tile(const float* __restrict__ x, const Op4& xo, int b, int h, int r0,
+                                              int rows, int width, float (*tile)[LD]) {
+    const float* base = x + xo.off + (i64)b * xo.sb + (i64)h * xo.sh;
+    const bool wide = xo.sc == 1 && ((xo.off | xo.sb | xo.sh | xo.st) & 3) == 0 && (width & 3) == 0 &&
+                      ((u64)x & 15) == 0;
+    if (wide) {
+        for (int e = threadIdx.x; e < TC_BK * TC_D / 4; e += blockDim.x) {
+            int r = e / (TC_D / 4), c = (e % (TC_D / 4)) * 4, rr = r0 + r;
+            bool ok = rr < rows && c < width;
+            cp_async16(&tile[r][c], ok ? base + (i64)rr * xo.st + c : x, ok);
+        }
+    } else {
+        for (int e = threadIdx.x; e < TC_BK * TC_D; e += blockDim.x) {
+            int r = e / TC_D, c = e % TC_D, rr = r0 + r;
+            bool ok = rr < rows && c < width;
+            cp_async4(&tile[r][c], ok ? base + (i64)rr * xo.st + (i64)c * xo.sc : x, ok);
+        }
+    }
+}
 
 // Scores of rows (g, g+8) x columns (2t, 2t+1) of each of a tile's four 8-key groups: scaled
 // (q was), masked, causal; -inf where a key is past tk.
@@ -45,8 +92,8 @@ extern "C" __global__ void __launch_bounds__(128)
     attention_fwd_tc(const float* __restrict__ q, Op4 qo, const float* __restrict__ k, Op4 ko,
                      const float* __restrict__ v, Op4 vo, const float* __restrict__ mask, Op4 mo,
                      float* __restrict__ out, Op4 oo, float* __restrict__ lse, Op4 lo, AttnArgs a) {
-    __shared__ float ks[TC_BK][TC_KLD];
-    __shared__ float vs[TC_BK][TC_VLD];
+    __shared__ __align__(16) float ks[2][TC_BK][TC_KLD];
+    __shared__ __align__(16) float vs[2][TC_BK][TC_VLD];
     __shared__ float ps[4][16][TC_PLD];
     const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
     const int blk0 = (gridDim.y - 1 - blockIdx.y) * 64;
@@ -70,14 +117,22 @@ extern "C" __global__ void __launch_bounds__(128)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     int kend = a.tk;
     if (a.causal) kend = min(kend, blk0 + 64);
-    for (int j0 = 0; j0 < kend; j0 += TC_BK) {
-        __syncthreads();
-        for (int e = threadIdx.x; e < TC_BK * TC_D; e += 128) {
-            int r = e / TC_D, c = e % TC_D, j = j0 + r;
-            ks[r][c] = (j < a.tk && c < a.d) ? k[at(ko, b, h, j, c)] : 0.0f;
-            vs[r][c] = (j < a.tk && c < a.dv) ? v[at(vo, b, h, j, c)] : 0.0f;
+    const int tiles = (kend + TC_BK - 1) / TC_BK;
+    if (tiles > 0) {
+        tc_issue_tile(k, ko, b, h, 0, a.tk, a.d, ks[0]);
+        tc_issue_tile(v, vo, b, h, 0, a.tk, a.dv, vs[0]);
+    }
+    cp_async_commit();
+    for (int it = 0; it < tiles; ++it) {
+        const int j0 = it * TC_BK, buf = it & 1;
+        if (it + 1 < tiles) {
+            tc_issue_tile(k, ko, b, h, j0 + TC_BK, a.tk, a.d, ks[buf ^ 1]);
+            tc_issue_tile(v, vo, b, h, j0 + TC_BK, a.tk, a.dv, vs[buf ^ 1]);
+            cp_async_commit();
+            cp_async_wait_all_but<1>();
+        } else {
+            cp_async_wait_all_but<0>();
         }
-        __syncthreads();
         float s[4][4];
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
@@ -85,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(128)
             for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < 8; ++kk) {
-                u32 kb[2] = {to_tf32(ks[nt * 8 + g][kk * 8 + t]), to_tf32(ks[nt * 8 + g][kk * 8 + t + 4])};
+                u32 kb[2] = {to_tf32(ks[buf][nt * 8 + g][kk * 8 + t]), to_tf32(ks[buf][nt * 8 + g][kk * 8 + t + 4])};
                 mma_tf32(s[nt], qa[kk], kb);
             }
         }
@@ -137,11 +192,12 @@ extern "C" __global__ void __launch_bounds__(128)
                          to_tf32(ps[warp][g][kk * 8 + t + 4]), to_tf32(ps[warp][g + 8][kk * 8 + t + 4])};
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
-                u32 vb[2] = {to_tf32(vs[kk * 8 + t][nt * 8 + g]), to_tf32(vs[kk * 8 + t + 4][nt * 8 + g])};
+                u32 vb[2] = {to_tf32(vs[buf][kk * 8 + t][nt * 8 + g]), to_tf32(vs[buf][kk * 8 + t + 4][nt * 8 + g])};
                 mma_tf32(o[nt], pa, vb);
             }
         }
-        __syncwarp();
+        // Every warp is done with this buffer before the next iteration refills it.
+        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -240,30 +296,21 @@ __device__ __forceinline__ void tc_store_rows(const float (&acc)[8][4], float* _
     }
 }
 
-// Loads rows r0.. of a rank-4 operand (32 x 64, zero-padded) into a shared tile.
-__device__ __forceinline__ void tc_load_tile(const float* __restrict__ x, const Op4& xo, int b, int h, int r0, int rows,
-                                             int width, float (*tile)[TC_KLD]) {
-    for (int e = threadIdx.x; e < TC_BK * TC_D; e += 128) {
-        int r = e / TC_D, c = e % TC_D, rr = r0 + r;
-        tile[r][c] = (rr < rows && c < width) ? x[at(xo, b, h, rr, c)] : 0.0f;
-    }
-}
-
 // dk, dv: a block of four warps owns 64 key rows (16 a warp: k and v as A fragments, both
 // gradients accumulated in registers); tiles of 32 query rows (q, dout, lse, delta) stream
 // through shared memory. Per tile a warp forms S^T and dP^T (16 x 32) on tensor cores, the
-// weights and dS^T elementwise, then dv += P~^T dout and dk += dS^T q.
-extern "C" __global__ void __launch_bounds__(128)
+// weights and dS^T elementwise, then dv += P~^T dout and dk += dS^T q. Three blocks an SM:
+// a few spilled registers cost less than the third block's latency hiding gains (measured).
+extern "C" __global__ void __launch_bounds__(128, 3)
     attention_bwd_kv_tc(const float* __restrict__ q, Op4 qo, const float* __restrict__ k, Op4 ko,
                         const float* __restrict__ v, Op4 vo, const float* __restrict__ mask, Op4 mo,
                         const float* __restrict__ lse, Op4 lo, const float* __restrict__ dout, Op4 go,
                         const float* __restrict__ delta, float* __restrict__ dk, Op4 dko, float* __restrict__ dv,
                         Op4 dvo, AttnArgs a) {
-    __shared__ float qs[TC_BK][TC_KLD];
-    __shared__ float gs[TC_BK][TC_KLD];
-    __shared__ float ls[TC_BK], dls[TC_BK];
-    __shared__ float pw[4][16][TC_PLD];
-    __shared__ float sw[4][16][TC_PLD];
+    __shared__ __align__(16) float qs[2][TC_BK][TC_KLD];
+    __shared__ __align__(16) float gs[2][TC_BK][TC_KLD];
+    __shared__ float ls[2][TC_BK], dls[2][TC_BK];
+    __shared__ float w[4][16][TC_PLD];
     const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
     const int blk0 = (gridDim.y - 1 - blockIdx.y) * 64;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -277,19 +324,33 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int e = 0; e < 4; ++e) gk[nt][e] = gv[nt][e] = 0.0f;
     const int istart = a.causal ? (blk0 / TC_BK) * TC_BK : 0;
-    for (int i0 = istart; i0 < a.tq; i0 += TC_BK) {
-        __syncthreads();
-        tc_load_tile(q, qo, b, h, i0, a.tq, a.d, qs);
-        tc_load_tile(dout, go, b, h, i0, a.tq, a.dv, gs);
+    const int tiles = a.tq > istart ? (a.tq - istart + TC_BK - 1) / TC_BK : 0;
+    // Query tile `i0` into buffer `buf`: q, dout, and the rows' log-sum-exps and deltas (rows
+    // past tq read as 0; no weight of theirs is formed).
+    auto issue = [&](int i0, int buf) {
+        tc_issue_tile(q, qo, b, h, i0, a.tq, a.d, qs[buf]);
+        tc_issue_tile(dout, go, b, h, i0, a.tq, a.dv, gs[buf]);
         if (threadIdx.x < TC_BK) {
             int i = i0 + threadIdx.x;
-            ls[threadIdx.x] = i < a.tq ? lse[at(lo, b, h, i, 0)] : -INFINITY;
-            dls[threadIdx.x] = i < a.tq ? delta[(i64)bh * a.tq + i] : 0.0f;
+            bool ok = i < a.tq;
+            cp_async4(&ls[buf][threadIdx.x], ok ? lse + at(lo, b, h, i, 0) : lse, ok);
+            cp_async4(&dls[buf][threadIdx.x], ok ? delta + (i64)bh * a.tq + i : delta, ok);
         }
-        __syncthreads();
+    };
+    if (tiles > 0) issue(istart, 0);
+    cp_async_commit();
+    for (int it = 0; it < tiles; ++it) {
+        const int i0 = istart + it * TC_BK, buf = it & 1;
+        if (it + 1 < tiles) {
+            issue(i0 + TC_BK, buf ^ 1);
+            cp_async_commit();
+            cp_async_wait_all_but<1>();
+        } else {
+            cp_async_wait_all_but<0>();
+        }
         float st[4][4], dpt[4][4];
-        tc_times_rows(ka, qs, st);
-        tc_times_rows(va, gs, dpt);
+        tc_times_rows(ka, qs[buf], st);
+        tc_times_rows(va, gs[buf], dpt);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -300,20 +361,28 @@ extern "C" __global__ void __launch_bounds__(128)
                 if (j < a.tk && i < a.tq && !(a.causal && j > i)) {
                     float s = st[nt][e];
                     if (a.has_mask) s += mask[at(mo, b, h, i, j)];
-                    p = recompute<float>(s, ls[col]);
+                    p = recompute<float>(s, ls[buf][col]);
                     if (p != 0.0f) {
                         float z = drop_factor<float>(a, bh, i, j);
-                        ds = p * (z * dpt[nt][e] - dls[col]);
+                        ds = p * (z * dpt[nt][e] - dls[buf][col]);
                         p *= z;
                     }
                 }
-                pw[warp][row][col] = p;
-                sw[warp][row][col] = ds;
+                w[warp][row][col] = p;
+                dpt[nt][e] = ds;
             }
+        // The warp's tile holds the weights for dv, then dS for dk.
         __syncwarp();
-        tc_accumulate(pw[warp], gs, gv);
-        tc_accumulate(sw[warp], qs, gk);
+        tc_accumulate(w[warp], gs[buf], gv);
         __syncwarp();
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) w[warp][g + (e / 2) * 8][nt * 8 + 2 * t + (e % 2)] = dpt[nt][e];
+        __syncwarp();
+        tc_accumulate(w[warp], qs[buf], gk);
+        // Every warp is done with this buffer before the next iteration refills it.
+        __syncthreads();
     }
     tc_store_rows(gk, dk, dko, b, h, j0, a.tk, a.d, a.scale);
     tc_store_rows(gv, dv, dvo, b, h, j0, a.tk, a.dv, 1.0f);
@@ -326,8 +395,8 @@ extern "C" __global__ void __launch_bounds__(128)
                        const float* __restrict__ v, Op4 vo, const float* __restrict__ mask, Op4 mo,
                        const float* __restrict__ lse, Op4 lo, const float* __restrict__ dout, Op4 go,
                        const float* __restrict__ delta, float* __restrict__ dq, Op4 dqo, AttnArgs a) {
-    __shared__ float ks[TC_BK][TC_KLD];
-    __shared__ float vs[TC_BK][TC_KLD];
+    __shared__ __align__(16) float ks[2][TC_BK][TC_KLD];
+    __shared__ __align__(16) float vs[2][TC_BK][TC_KLD];
     __shared__ float sw[4][16][TC_PLD];
     const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
     const int blk0 = (gridDim.y - 1 - blockIdx.y) * 64;
@@ -350,14 +419,25 @@ extern "C" __global__ void __launch_bounds__(128)
         for (int e = 0; e < 4; ++e) gq[nt][e] = 0.0f;
     int kend = a.tk;
     if (a.causal) kend = min(kend, blk0 + 64);
-    for (int j0 = 0; j0 < kend; j0 += TC_BK) {
-        __syncthreads();
-        tc_load_tile(k, ko, b, h, j0, a.tk, a.d, ks);
-        tc_load_tile(v, vo, b, h, j0, a.tk, a.dv, vs);
-        __syncthreads();
+    const int tiles = (kend + TC_BK - 1) / TC_BK;
+    if (tiles > 0) {
+        tc_issue_tile(k, ko, b, h, 0, a.tk, a.d, ks[0]);
+        tc_issue_tile(v, vo, b, h, 0, a.tk, a.dv, vs[0]);
+    }
+    cp_async_commit();
+    for (int it = 0; it < tiles; ++it) {
+        const int j0 = it * TC_BK, buf = it & 1;
+        if (it + 1 < tiles) {
+            tc_issue_tile(k, ko, b, h, j0 + TC_BK, a.tk, a.d, ks[buf ^ 1]);
+            tc_issue_tile(v, vo, b, h, j0 + TC_BK, a.tk, a.dv, vs[buf ^ 1]);
+            cp_async_commit();
+            cp_async_wait_all_but<1>();
+        } else {
+            cp_async_wait_all_but<0>();
+        }
         float s[4][4], dp[4][4];
-        tc_times_rows(qa, ks, s);
-        tc_times_rows(ga, vs, dp);
+        tc_times_rows(qa, ks[buf], s);
+        tc_times_rows(ga, vs[buf], dp);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -374,8 +454,9 @@ extern "C" __global__ void __launch_bounds__(128)
                 sw[warp][row][col] = ds;
             }
         __syncwarp();
-        tc_accumulate(sw[warp], ks, gq);
-        __syncwarp();
+        tc_accumulate(sw[warp], ks[buf], gq);
+        // Every warp is done with this buffer before the next iteration refills it.
+        __syncthreads();
     }
     tc_store_rows(gq, dq, dqo, b, h, i0, a.tq, a.d, a.scale);
 }
