@@ -1,7 +1,7 @@
 //! Views: a shape, strides and an offset over a buffer's elements.
 //!
 //! Every primitive takes its operands as a buffer plus a [`Layout`]. Movement operations
-//! (permute, transpose, broadcast, narrow, flip, step, reshape of a contiguous view) only build a
+//! (permute, transpose, broadcast, narrow, flip, step, reshape where strides allow) only build a
 //! new `Layout`; no data moves until a primitive reads through it.
 
 use crate::{Error, Result};
@@ -405,8 +405,10 @@ impl Layout {
         Ok(out)
     }
 
-    /// A new shape over the same elements. Only a contiguous view can be reshaped without a
-    /// copy; otherwise this fails and the caller makes the view contiguous first.
+    /// A new shape over the same elements, without a copy: a contiguous view always, a strided
+    /// one where each group of dimensions that the new shape splits or merges is contiguous
+    /// within itself (a narrowed last axis split into heads, say; PyTorch's `view` rule).
+    /// Otherwise this fails and the caller makes the view contiguous first.
     pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
         if numel(shape) != self.numel() {
             return Err(Error::ShapeMismatch {
@@ -417,16 +419,61 @@ impl Layout {
             });
         }
         if !self.is_contiguous() {
-            return Err(Error::InvalidArgument {
-                op: "reshape",
-                detail: format!("view {self:?} is not contiguous; copy it first"),
-            });
+            return match self.strides_for(shape) {
+                Some(strides) => Ok(Self {
+                    shape: shape.to_vec(),
+                    strides,
+                    offset: self.offset,
+                }),
+                None => Err(Error::InvalidArgument {
+                    op: "reshape",
+                    detail: format!("view {self:?} cannot take shape {shape:?} without a copy"),
+                }),
+            };
         }
         Ok(Self {
             shape: shape.to_vec(),
             strides: contiguous_strides(shape),
             offset: self.offset,
         })
+    }
+
+    /// Strides that lay `shape` (of this view's element count) over this view's elements in
+    /// row-major order, where some do. The old dimensions fall into chunks, each a run whose
+    /// strides nest (`strides[d] == shape[d + 1] * strides[d + 1]`); a new dimension may not
+    /// straddle two chunks. Size-1 dimensions take any stride. (ATen's `computeStride`.)
+    fn strides_for(&self, shape: &[usize]) -> Option<Vec<isize>> {
+        let mut out = vec![0isize; shape.len()];
+        if self.numel() == 0 {
+            return Some(contiguous_strides(shape));
+        }
+        let (old, olds) = (&self.shape, &self.strides);
+        let mut view_d = shape.len();
+        let mut chunk_stride = *olds.last()?;
+        let (mut tensor_numel, mut view_numel) = (1usize, 1usize);
+        for d in (0..old.len()).rev() {
+            tensor_numel = tensor_numel.checked_mul(old[d])?;
+            let chunk_ends = d == 0
+                || (old[d - 1] != 1
+                    && olds[d - 1] != (tensor_numel as isize).checked_mul(chunk_stride)?);
+            if !chunk_ends {
+                continue;
+            }
+            while view_d > 0 && (view_numel < tensor_numel || shape[view_d - 1] == 1) {
+                out[view_d - 1] = (view_numel as isize).checked_mul(chunk_stride)?;
+                view_numel = view_numel.checked_mul(shape[view_d - 1])?;
+                view_d -= 1;
+            }
+            if view_numel != tensor_numel {
+                return None;
+            }
+            if d > 0 {
+                chunk_stride = olds[d - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+        (view_d == 0).then_some(out)
     }
 
     /// Fixes dimension `axis` at `index`, dropping it (one matrix of a batch).
@@ -516,6 +563,20 @@ mod tests {
         assert_eq!(b.strides, vec![0, 1, 0]);
         assert!(Layout::contiguous(&[3, 2]).broadcast_to(&[3, 3]).is_err());
         assert!(t.reshape(&[24]).is_err());
+        // A narrowed last axis splits into heads as a view; merging across the cut cannot.
+        let qkv = Layout::contiguous(&[2, 5, 12]).narrow(2, 4, 4).unwrap();
+        let heads = qkv.reshape(&[2, 5, 2, 2]).unwrap();
+        assert_eq!(
+            (heads.strides.clone(), heads.offset),
+            (vec![60, 12, 2, 1], 4)
+        );
+        assert_eq!(heads.index_of(&[1, 3, 1, 0]), 4 + 60 + 36 + 2);
+        assert!(qkv.reshape(&[10, 4]).is_ok());
+        assert!(qkv.reshape(&[2, 20]).is_err());
+        // Size-1 dimensions come and go anywhere.
+        let unit = t.reshape(&[4, 1, 3, 2, 1]).unwrap();
+        assert_eq!(unit.strides[0], 1);
+        assert_eq!((unit.strides[2], unit.strides[3]), (4, 12));
         assert_eq!(l.step(2, 3).unwrap().shape, vec![2, 3, 2]);
     }
 

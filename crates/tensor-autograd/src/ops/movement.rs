@@ -18,8 +18,8 @@ impl<B: Backend> Tensor<B> {
         Tensor::from_op(out, name, &[self], move |g| Ok(vec![Some(backward(g)?)]))
     }
 
-    /// The same elements in row-major order with another shape. A view when the tensor is
-    /// contiguous, else a copy.
+    /// The same elements in row-major order with another shape. A view where the strides
+    /// allow one ([`hal::Layout::reshape`]: always for a contiguous tensor), else a copy.
     pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
         if hal::numel(shape) != self.numel() {
             return Err(shape_error(
@@ -32,12 +32,15 @@ impl<B: Backend> Tensor<B> {
         if self.shape() == shape {
             return Ok(self.clone());
         }
-        let src = if self.is_contiguous() {
-            self.clone()
-        } else {
-            self.contiguous()?
+        // A view where the strides allow one (a narrowed axis split into heads), else a copy.
+        let (src, layout) = match self.layout().reshape(shape) {
+            Ok(layout) => (self.clone(), layout),
+            Err(_) => {
+                let src = self.contiguous()?;
+                let layout = src.layout().reshape(shape)?;
+                (src, layout)
+            }
         };
-        let layout = src.layout().reshape(shape)?;
         let in_shape = self.shape().to_vec();
         Ok(src.view_as(layout, "reshape", move |g| g.reshape(&in_shape)))
     }
