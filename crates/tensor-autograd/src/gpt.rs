@@ -253,12 +253,6 @@ impl<B: Backend> Gpt<B> {
         let (batch, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
         let (h, d) = (self.config.n_head, c / self.config.n_head);
         let qkv = x.linear(&b.c_attn.weight, b.c_attn.bias.as_ref())?;
-        let heads = |k: usize| -> Result<Tensor<B>> {
-            qkv.narrow(2, k * c, c)?
-                .reshape(&[batch, t, h, d])?
-                .permute(&[0, 2, 1, 3])
-        };
-        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
         if self.fused_attention {
             let (dropout, offset) = self.next_dropout().unwrap_or((0.0, 0));
             let options = AttentionOptions {
@@ -268,12 +262,15 @@ impl<B: Backend> Gpt<B> {
                 offset,
                 ..AttentionOptions::default()
             };
-            let y = q
-                .scaled_dot_product_attention(&k, &v, &options)?
-                .permute(&[0, 2, 1, 3])?
-                .reshape(&[batch, t, c])?;
+            let y = qkv.qkv_attention(h, &options)?;
             return self.dropout(&y.linear(&b.attn_proj.weight, b.attn_proj.bias.as_ref())?);
         }
+        let heads = |k: usize| -> Result<Tensor<B>> {
+            qkv.narrow(2, k * c, c)?
+                .reshape(&[batch, t, h, d])?
+                .permute(&[0, 2, 1, 3])
+        };
+        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
         let mask = self.causal.narrow(0, 0, t)?.narrow(1, 0, t)?;
         let scores = q
             .matmul(&k.transpose(-2, -1)?)?

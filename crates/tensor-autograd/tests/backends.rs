@@ -82,6 +82,16 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
         v[0].mse_loss(&v[1])?.add(&v[0].bce_with_logits(&p)?)
     });
     cases.run("dropout", &[(&[33, 7], Tr)], &|v| v[0].dropout(0.25, 11, 5));
+    // Three gradients written into one buffer; heads read where they lie.
+    cases.run("packed qkv attention", &[(&[2, 7, 24], C)], &|v| {
+        let options = tensor_autograd::AttentionOptions {
+            causal: true,
+            dropout: 0.2,
+            seed: 3,
+            ..Default::default()
+        };
+        v[0].qkv_attention(2, &options)
+    });
     let mut init = Init::new(dev, 5);
     let ln = LayerNorm::new(&mut init, 7).unwrap();
     let bn = BatchNorm2d::new(&mut init, 3).unwrap();

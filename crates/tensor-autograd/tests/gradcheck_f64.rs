@@ -215,6 +215,20 @@ fn check_all<B: Backend>(dev: &B) {
             }),
         ),
         (
+            "packed qkv attention: causal, dropout, two heads",
+            vec![input(&dev, &mut s, &[2, 5, 18], -1.5, 1.5)],
+            Box::new(|x| {
+                let options = AttentionOptions {
+                    causal: true,
+                    dropout: 0.3,
+                    seed: 5,
+                    ..AttentionOptions::default()
+                };
+                let y = x[0].qkv_attention(2, &options)?;
+                y.mul(&y)
+            }),
+        ),
+        (
             "fused layer_norm over two trailing dims, transposed input, weight and bias",
             vec![
                 input(&dev, &mut s, &[3, 4, 5], -2.0, 2.0),
@@ -233,7 +247,13 @@ fn check_all<B: Backend>(dev: &B) {
             Box::new(|x| {
                 let v = x[0].transpose(0, 1)?.reshape(&[3, 8])?;
                 let w = v.narrow(1, 2, 5)?.flip(0)?;
-                w.mul(&w)
+                // A narrowed tensor split as a view, then merged across the cut (a copy).
+                let n = x[0].narrow(1, 1, 4)?.reshape(&[4, 2, 2])?;
+                let m = n.reshape(&[2, 8])?;
+                w.mul(&w)?
+                    .sum_all()?
+                    .add(&n.mul(&n)?.sum_all()?)?
+                    .add(&m.sin()?.sum_all()?)
             }),
         ),
     ];

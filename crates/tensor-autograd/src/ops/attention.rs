@@ -45,24 +45,27 @@ fn heads_last(shape: &[usize]) -> Layout {
         .expect("rank 4")
 }
 
-impl<B: Backend> Tensor<B> {
-    /// `softmax(q k^T scale + mask) v` over `q: [b, h, tq, d]`, `k: [b, h, tk, d]`,
-    /// `v: [b, h, tk, dv]` (any strides), as PyTorch's `scaled_dot_product_attention`, fused:
-    /// one kernel forward and one backward on the GPUs, nothing `tq x tk` stored. The result
-    /// `[b, h, tq, dv]` is laid out heads-last in memory. A row with every key masked gives 0
-    /// (PyTorch's composed form gives NaN). f32 or f64 (all operands one dtype).
-    pub fn scaled_dot_product_attention(
-        &self,
-        k: &Tensor<B>,
-        v: &Tensor<B>,
+/// One fused attention call's operands and settings, kept for its backward pass.
+struct Fused<B: Backend> {
+    q: Tensor<B>,
+    k: Tensor<B>,
+    v: Tensor<B>,
+    mask: Option<Tensor<B>>,
+    p: AttentionParams,
+}
+
+impl<B: Backend> Fused<B> {
+    /// Checks the operands (rank 4, one dtype f32 or f64, a mask without a gradient) and
+    /// fixes the parameters.
+    fn new(
+        op: &'static str,
+        [q, k, v]: [&Tensor<B>; 3],
         options: &AttentionOptions<B>,
-    ) -> Result<Tensor<B>> {
-        const OP: &str = "scaled_dot_product_attention";
-        let q = self;
+    ) -> Result<Self> {
         for (t, what) in [(q, "q"), (k, "k"), (v, "v")] {
             if t.rank() != 4 {
                 return Err(shape_error(
-                    OP,
+                    op,
                     t.shape(),
                     &[0, 0, 0, 0],
                     format!("{what} must be [batch, heads, t, width]"),
@@ -76,7 +79,7 @@ impl<B: Backend> Tensor<B> {
             || options.mask.as_ref().is_some_and(|m| m.dtype() != dtype)
         {
             return Err(invalid(
-                OP,
+                op,
                 format!(
                     "q, k, v (and the mask) must share one dtype, f32 or f64; got {}, {}, {}",
                     q.dtype(),
@@ -91,67 +94,145 @@ impl<B: Backend> Tensor<B> {
             .is_some_and(|m| m.requires_grad_flag())
         {
             return Err(invalid(
-                OP,
+                op,
                 "the mask gets no gradient here; detach it (or compose the attention by hand)",
             ));
         }
-        let (b, h, tq, dv) = (q.shape()[0], q.shape()[1], q.shape()[2], v.shape()[3]);
         let d = q.shape()[3];
-        let p = AttentionParams {
-            scale: options.scale.unwrap_or(1.0 / (d.max(1) as f32).sqrt()),
-            causal: options.causal,
-            dropout: options.dropout,
-            seed: options.seed,
-            offset: options.offset,
-        };
-        let backend = q.backend().clone();
-        let out = Tensor::for_write_as(&backend, heads_last(&[b, h, tq, dv]), dtype)?;
-        let lse = Tensor::for_write(&backend, &[b, h, tq], dtype)?;
-        let mask = options.mask.clone();
-        backend.attention(
-            AttentionInputs {
-                q: q.view(),
-                k: k.view(),
-                v: v.view(),
-                mask: mask.as_ref().map(|m| m.view()),
+        Ok(Self {
+            q: q.clone(),
+            k: k.clone(),
+            v: v.clone(),
+            mask: options.mask.clone(),
+            p: AttentionParams {
+                scale: options.scale.unwrap_or(1.0 / (d.max(1) as f32).sqrt()),
+                causal: options.causal,
+                dropout: options.dropout,
+                seed: options.seed,
+                offset: options.offset,
             },
+        })
+    }
+
+    fn inputs(&self) -> AttentionInputs<'_, B::Buffer> {
+        AttentionInputs {
+            q: self.q.view(),
+            k: self.k.view(),
+            v: self.v.view(),
+            mask: self.mask.as_ref().map(|m| m.view()),
+        }
+    }
+
+    /// The result `[b, h, tq, dv]`, laid out heads-last, and the rows' log-sum-exps.
+    fn forward(&self) -> Result<(Tensor<B>, Tensor<B>)> {
+        let (q, v) = (&self.q, &self.v);
+        let (b, h, tq, dv) = (q.shape()[0], q.shape()[1], q.shape()[2], v.shape()[3]);
+        let backend = q.backend();
+        let out = Tensor::for_write_as(backend, heads_last(&[b, h, tq, dv]), q.dtype())?;
+        let lse = Tensor::for_write(backend, &[b, h, tq], q.dtype())?;
+        backend.attention(self.inputs(), out.view(), lse.view(), &self.p)?;
+        Ok((out, lse))
+    }
+
+    /// Writes the gradients of q, k and v into `grads` (views of their shapes) from the
+    /// forward pass's `out` and `lse` and the result's gradient `g`.
+    fn backward(
+        &self,
+        (out, lse): (&Tensor<B>, &Tensor<B>),
+        g: &Tensor<B>,
+        [dq, dk, dv]: [&Tensor<B>; 3],
+    ) -> Result<()> {
+        let dtype = self.q.dtype();
+        let cast;
+        let g = if g.dtype() == dtype {
+            g
+        } else {
+            cast = g.to_dtype(dtype)?;
+            &cast
+        };
+        self.q.backend().attention_backward(
+            self.inputs(),
             out.view(),
             lse.view(),
-            &p,
+            g.view(),
+            AttentionGrads {
+                dq: dq.view(),
+                dk: dk.view(),
+                dv: dv.view(),
+            },
+            &self.p,
         )?;
-        let (qs, ks, vs, saved_out) = (q.clone(), k.clone(), v.clone(), out.clone());
-        Ok(Tensor::from_op(out, "attention", &[q, k, v], move |g| {
-            let be = qs.backend();
-            let cast;
-            let g = if g.dtype() == dtype {
-                g
-            } else {
-                cast = g.to_dtype(dtype)?;
-                &cast
-            };
-            let grads = [
-                Tensor::for_write_as(be, heads_last(qs.shape()), dtype)?,
-                Tensor::for_write_as(be, heads_last(ks.shape()), dtype)?,
-                Tensor::for_write_as(be, heads_last(vs.shape()), dtype)?,
-            ];
-            be.attention_backward(
-                AttentionInputs {
-                    q: qs.view(),
-                    k: ks.view(),
-                    v: vs.view(),
-                    mask: mask.as_ref().map(|m| m.view()),
-                },
-                saved_out.view(),
-                lse.view(),
-                g.view(),
-                AttentionGrads {
-                    dq: grads[0].view(),
-                    dk: grads[1].view(),
-                    dv: grads[2].view(),
-                },
-                &p,
-            )?;
+        Ok(())
+    }
+}
+
+impl<B: Backend> Tensor<B> {
+    /// `softmax(q k^T scale + mask) v` over `q: [b, h, tq, d]`, `k: [b, h, tk, d]`,
+    /// `v: [b, h, tk, dv]` (any strides), as PyTorch's `scaled_dot_product_attention`, fused:
+    /// one kernel forward and one backward on the GPUs, nothing `tq x tk` stored. The result
+    /// `[b, h, tq, dv]` is laid out heads-last in memory. A row with every key masked gives 0
+    /// (PyTorch's composed form gives NaN). f32 or f64 (all operands one dtype).
+    pub fn scaled_dot_product_attention(
+        &self,
+        k: &Tensor<B>,
+        v: &Tensor<B>,
+        options: &AttentionOptions<B>,
+    ) -> Result<Tensor<B>> {
+        let fused = Fused::new("scaled_dot_product_attention", [self, k, v], options)?;
+        let (out, lse) = fused.forward()?;
+        let saved = out.clone();
+        Ok(Tensor::from_op(out, "attention", &[self, k, v], move |g| {
+            let be = fused.q.backend();
+            let dtype = fused.q.dtype();
+            let grads = [&fused.q, &fused.k, &fused.v]
+                .map(|t| Tensor::for_write_as(be, heads_last(t.shape()), dtype));
+            let [dq, dk, dv] = grads;
+            let grads = [dq?, dk?, dv?];
+            fused.backward((&saved, &lse), g, [&grads[0], &grads[1], &grads[2]])?;
             Ok(grads.into_iter().map(Some).collect())
+        }))
+    }
+
+    /// Causal-or-masked self-attention over packed projections, as a GPT block computes it:
+    /// `self` is `[b, t, 3 c]` holding q, k and v side by side on the last axis (nanoGPT's
+    /// `c_attn` output), each split into `heads` heads of `c / heads`; the result is
+    /// `[b, t, c]` with the heads merged. The same as narrowing out q, k and v, splitting
+    /// heads and calling [`Tensor::scaled_dot_product_attention`], without the copies: the
+    /// kernels read the heads where they lie, the result is written heads-merged, and the
+    /// backward pass writes all three gradients into one `[b, t, 3 c]` tensor.
+    pub fn qkv_attention(&self, heads: usize, options: &AttentionOptions<B>) -> Result<Tensor<B>> {
+        const OP: &str = "qkv_attention";
+        let shape = self.shape().to_vec();
+        if shape.len() != 3 || heads == 0 || shape[2] % (3 * heads) != 0 {
+            return Err(shape_error(
+                OP,
+                &shape,
+                &[0, 0, 3 * heads.max(1)],
+                format!("expects [batch, t, 3 c] with c a multiple of heads ({heads})"),
+            ));
+        }
+        let (b, t, c) = (shape[0], shape[1], shape[2] / 3);
+        let split = move |x: &Tensor<B>| -> Result<[Tensor<B>; 3]> {
+            let part = |i: usize| {
+                x.narrow(2, i * c, c)?
+                    .reshape(&[b, t, heads, c / heads])?
+                    .permute(&[0, 2, 1, 3])
+            };
+            Ok([part(0)?, part(1)?, part(2)?])
+        };
+        let [q, k, v] = split(&self.detach())?;
+        let fused = Fused::new(OP, [&q, &k, &v], options)?;
+        let (out, lse) = fused.forward()?;
+        // Heads-last [b, h, t, d] is [b, t, c] in memory.
+        let merged = out.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?;
+        Ok(Tensor::from_op(merged, OP, &[self], move |g| {
+            let dx = Tensor::for_write(fused.q.backend(), &[b, t, 3 * c], fused.q.dtype())?;
+            let [dq, dk, dv] = split(&dx)?;
+            let gh = g
+                .reshape(&[b, t, heads, c / heads])?
+                .permute(&[0, 2, 1, 3])?;
+            fused.backward((&out, &lse), &gh, [&dq, &dk, &dv])?;
+            Ok(vec![Some(dx)])
         }))
     }
 }
