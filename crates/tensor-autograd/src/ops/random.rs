@@ -17,7 +17,7 @@ impl<B: Backend> Tensor<B> {
         if p == 0.0 {
             return Ok(self.clone());
         }
-        let u = self.new_output(self.shape(), hal::DType::F32)?;
+        let u = self.new_output_like(hal::DType::F32)?;
         self.backend().random(
             u.view(),
             Distribution::Uniform {
@@ -28,16 +28,22 @@ impl<B: Backend> Tensor<B> {
             offset,
         )?;
         let scale = 1.0 / (1.0 - p);
-        let mask = fused("dropout_mask", &[&u], self.shape(), self.dtype(), |b, v| {
-            let ty = b.type_of(v[0]).unwrap_or(hal::ir::ScalarType::F32);
-            let (pp, s, zero) = (
-                b.const_float(ty, p as f64),
-                b.const_float(ty, scale as f64),
-                b.const_float(ty, 0.0),
-            );
-            let keep = b.cmp(IrCmp::Ge, v[0], pp);
-            b.select(keep, s, zero)
-        })?;
-        self.mul(&mask)
+        // x times the mask value (1 / (1 - p) where u >= p, else 0), one kernel each way; the
+        // uniforms are kept for the backward pass instead of a mask.
+        let masked = move |name: &str, x: &Tensor<B>, u: &Tensor<B>| {
+            fused(name, &[x, u], x.shape(), x.dtype(), |b, v| {
+                let ty = b.type_of(v[0]).unwrap_or(hal::ir::ScalarType::F32);
+                let uty = b.type_of(v[1]).unwrap_or(hal::ir::ScalarType::F32);
+                let pp = b.const_float(uty, p as f64);
+                let (s, zero) = (b.const_float(ty, scale as f64), b.const_float(ty, 0.0));
+                let keep = b.cmp(IrCmp::Ge, v[1], pp);
+                let factor = b.select(keep, s, zero);
+                b.mul(v[0], factor)
+            })
+        };
+        let out = masked("dropout", self, &u)?;
+        Ok(Tensor::from_op(out, "dropout", &[self], move |g| {
+            Ok(vec![Some(masked("dropout_grad", g, &u)?)])
+        }))
     }
 }
