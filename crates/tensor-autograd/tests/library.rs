@@ -258,6 +258,88 @@ fn clipping_and_schedules() {
     assert!(c.learning_rate(110).abs() < 1e-6);
 }
 
+/// Clipping over more parameters than one grouped launch takes (sizes from empty to large,
+/// one parameter without a gradient, two whose gradients are one buffer) against a float64
+/// reference, on the CPU and on wgpu.
+#[test]
+fn clipping_many_parameters_matches_a_float64_reference() {
+    fn check<B: hal::Backend>(dev: &B) {
+        let mut seed = 0x5eedu64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0
+        };
+        for shared in [false, true] {
+            let sizes = [
+                0usize, 1, 7, 300, 5, 4097, 64, 3, 2, 1, 999, 12, 40, 8, 1, 77,
+            ];
+            let params: Vec<Tensor<B>> = sizes
+                .iter()
+                .map(|&n| {
+                    let v: Vec<f32> = (0..n).map(|_| next() as f32).collect();
+                    Tensor::from_slice(dev, &v, &[n]).unwrap().requires_grad()
+                })
+                .collect();
+            let weights: Vec<Vec<f32>> = sizes
+                .iter()
+                .map(|&n| (0..n).map(|_| (next() * 3.0) as f32).collect())
+                .collect();
+            // loss = sum_k <w_k, p_k> (gradient w_k), skipping parameter 2; with `shared`,
+            // parameters 9 and 14 (one element each) enter only through their sum, so both
+            // get one gradient tensor.
+            let mut loss = Tensor::from_slice(dev, &[0.0f32], &[]).unwrap();
+            for (k, p) in params.iter().enumerate() {
+                if k == 2 || (shared && (k == 9 || k == 14)) {
+                    continue;
+                }
+                let w = Tensor::from_slice(dev, &weights[k], &[sizes[k]]).unwrap();
+                loss = loss.add(&p.mul(&w).unwrap().sum_all().unwrap()).unwrap();
+            }
+            if shared {
+                let x = params[9].add(&params[14]).unwrap();
+                loss = loss.add(&x.sum_all().unwrap()).unwrap();
+            }
+            loss.backward().unwrap();
+            let mut expect: Vec<Vec<f64>> = weights
+                .iter()
+                .map(|w| w.iter().map(|&x| x as f64).collect())
+                .collect();
+            expect[2].clear();
+            if shared {
+                expect[9] = vec![1.0];
+                expect[14] = vec![1.0];
+            }
+            let norm_ref: f64 = expect.iter().flatten().map(|x| x * x).sum::<f64>().sqrt();
+            let norm = clip_grad_norm(&params, 4.0)
+                .unwrap()
+                .unwrap()
+                .item()
+                .unwrap() as f64;
+            assert!(
+                (norm - norm_ref).abs() < 1e-5 * norm_ref,
+                "{norm} vs {norm_ref}"
+            );
+            let scale = (4.0 / (norm_ref + 1e-6)).min(1.0);
+            for (k, p) in params.iter().enumerate() {
+                let Some(g) = p.grad() else {
+                    assert_eq!(k, 2, "only parameter 2 has no gradient");
+                    continue;
+                };
+                for (a, e) in g.to_vec().unwrap().iter().zip(&expect[k]) {
+                    assert!(
+                        ((*a as f64) - e * scale).abs() < 1e-5 * (1.0 + e.abs()),
+                        "{k}"
+                    );
+                }
+            }
+        }
+    }
+    check(&CpuBackend::new());
+    check(&backend_wgpu::WgpuBackend::new().expect("wgpu is required (lavapipe in CI)"));
+}
+
 #[test]
 fn loader_covers_every_item_once_and_is_seeded() {
     let dev = CpuBackend::new();

@@ -7,7 +7,10 @@
 //! A parameter listed more than once (a weight tied between two modules, say) is one
 //! parameter: it is updated once a step, and positions count first appearances only.
 
+mod clip;
 mod state_file;
+
+pub use clip::clip_grad_norm;
 
 use crate::error::{Result, invalid};
 use crate::tensor::Tensor;
@@ -711,38 +714,4 @@ impl Schedule for Cosine {
         let t = ((step - self.warmup) as f32 / span as f32).min(1.0);
         self.min + 0.5 * (self.base - self.min) * (1.0 + (std::f32::consts::PI * t).cos())
     }
-}
-
-/// Scales the parameters' gradients so their joint L2 norm is at most `max_norm` and returns
-/// the norm before clipping (a one-element device tensor: nothing is read back).
-pub fn clip_grad_norm<B: Backend>(
-    params: &[Tensor<B>],
-    max_norm: f32,
-) -> Result<Option<Tensor<B>>> {
-    crate::no_grad(|| {
-        let grads: Vec<(Tensor<B>, Tensor<B>)> = unique_params(params)
-            .iter()
-            .filter_map(|p| p.grad().map(|g| (p.clone(), g)))
-            .collect();
-        let mut total: Option<Tensor<B>> = None;
-        for (_, g) in &grads {
-            let s = g.square()?.sum_all()?;
-            total = Some(match total {
-                Some(t) => t.add(&s)?,
-                None => s,
-            });
-        }
-        let Some(total) = total else { return Ok(None) };
-        let norm = total.sqrt()?;
-        // scale = min(1, max_norm / (norm + 1e-6)), computed on the device.
-        let scale = norm
-            .add_scalar(1e-6)?
-            .recip()?
-            .mul_scalar(max_norm)?
-            .clamp(0.0, 1.0)?;
-        for (p, g) in grads {
-            p.set_grad(Some(g.mul(&scale)?.dense()?));
-        }
-        Ok(Some(norm))
-    })
 }
