@@ -71,6 +71,10 @@ struct Cli {
     /// nanoGPT's folder (its model.py), for the gpt suite's PyTorch peer.
     #[arg(long)]
     nanogpt: Option<PathBuf>,
+    /// The gpt suite's dropout instead of the recipe's (ours only: the peer keeps the recipe's,
+    /// so no ratio is printed). For measuring what dropout costs.
+    #[arg(long)]
+    gpt_dropout: Option<f32>,
     /// The vlc suite's data folder.
     #[arg(long, default_value = "data/vlc")]
     vlc_data: PathBuf,
@@ -161,6 +165,7 @@ pub(crate) fn parse() -> Result<Args, String> {
             reps: 9,
             configs: c.gpt_config,
             nanogpt: c.nanogpt,
+            dropout: c.gpt_dropout,
         },
         vlc: crate::vlc::VlcArgs {
             reps: 9,

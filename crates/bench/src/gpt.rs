@@ -21,6 +21,8 @@ pub struct GptArgs {
     /// shakespeare-char or gpt2 (or both, comma-separated on the command line).
     pub configs: Vec<String>,
     pub nanogpt: Option<PathBuf>,
+    /// Overrides the recipe's dropout (and skips the peer).
+    pub dropout: Option<f32>,
 }
 
 fn recipe(name: &str) -> Result<(GptConfig, usize), String> {
@@ -66,7 +68,10 @@ fn gpt_under<B: Backend>(b: &B, args: &GptArgs, policy: hal::Precision) -> Resul
         _ => "f32",
     };
     for name in &args.configs {
-        let (cfg, batch) = recipe(name)?;
+        let (mut cfg, batch) = recipe(name)?;
+        if let Some(p) = args.dropout {
+            cfg.dropout = p;
+        }
         let mut init = Init::new(b, 1);
         let model = Gpt::new(&mut init, cfg).map_err(e)?;
         let params = model.parameters();
@@ -125,14 +130,15 @@ fn gpt_under<B: Backend>(b: &B, args: &GptArgs, policy: hal::Precision) -> Resul
         let ours = crate::median(times) * 1e3;
         let tokens = (batch * cfg.block_size) as f64;
         println!(
-            "gpt {name} ({} layers, {} wide, block {}, batch {batch}), {label}: {ours:.2} ms per iteration, {:.0} tokens/s (loss {first:.3} -> {last:.3})",
+            "gpt {name} ({} layers, {} wide, block {}, batch {batch}, dropout {}), {label}: {ours:.2} ms per iteration, {:.0} tokens/s (loss {first:.3} -> {last:.3})",
             cfg.n_layer,
             cfg.n_embd,
             cfg.block_size,
+            cfg.dropout,
             tokens / (ours / 1e3)
         );
-        // The peer once, after the last policy.
-        if Some(policy) != last_policy(b) {
+        // The peer once, after the last policy, with the recipe as it is.
+        if Some(policy) != last_policy(b) || args.dropout.is_some() {
             continue;
         }
         // The peer on the same device: CUDA (eager, then torch.compile) or the CPU (eager).
