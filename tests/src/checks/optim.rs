@@ -82,10 +82,14 @@ pub(super) fn optimizers<B: Backend>(s: &mut Suite<'_, B>) {
             decoupled_weight_decay: c % 3 == 0,
             step: 1,
         };
-        let exact: Vec<f64> = (0..n)
+        // The float64 result and each element's conditioning: the f32 rounding of the
+        // (decayed) gradient, about u (|g| + wd |p|), moves the step m^ / (sqrt(v^) + eps) by
+        // that over sqrt(v^) + eps, which is large where weight decay nearly cancels the
+        // gradient (v^ tiny): the largest such ratio over the steps.
+        let (exact, conditioning): (Vec<f64>, Vec<f64>) = (0..n)
             .map(|i| {
                 let (mut pi, gi0) = (p[i] as f64, g[i] as f64);
-                let (mut m, mut v) = (0f64, 0f64);
+                let (mut m, mut v, mut worst) = (0f64, 0f64, 0f64);
                 for step in 1..=3 {
                     let mut gi = gi0;
                     if a.decoupled_weight_decay {
@@ -97,13 +101,16 @@ pub(super) fn optimizers<B: Backend>(s: &mut Suite<'_, B>) {
                     v = a.beta2 as f64 * v + (1.0 - a.beta2 as f64) * gi * gi;
                     let mh = m / (1.0 - (a.beta1 as f64).powi(step));
                     let vh = v / (1.0 - (a.beta2 as f64).powi(step));
+                    let rounding = gi0.abs() + (a.weight_decay as f64 * pi).abs();
+                    worst = worst.max(rounding / (vh.sqrt() + a.eps as f64));
                     pi -= a.lr as f64 * mh / (vh.sqrt() + a.eps as f64);
                 }
-                pi
+                (pi, worst)
             })
-            .collect();
+            .unzip();
         // Adam's update has magnitude ~lr; allow a relative 2^-14 of it (its sqrt and division
-        // in f32 amplify tiny v), plus rounding of the parameter.
+        // in f32 amplify tiny v), plus rounding of the parameter, plus 16 roundings of the
+        // gradient carried through the step's conditioning (three steps, each moving m and v).
         match both!(s, run_adam(&p, &g, &a)) {
             Ok((cv, t)) => s.judge(
                 "adam_step",
@@ -111,7 +118,11 @@ pub(super) fn optimizers<B: Backend>(s: &mut Suite<'_, B>) {
                 &cv,
                 t.as_deref(),
                 &exact,
-                &|_, w| 16.0 * U32F * w.abs() + 3.0 * a.lr as f64 * 2f64.powi(-14),
+                &|i, w| {
+                    16.0 * U32F * w.abs()
+                        + 3.0 * a.lr as f64 * 2f64.powi(-14)
+                        + 16.0 * U32F * a.lr as f64 * conditioning[i]
+                },
             ),
             Err(e) => s.fail("adam_step", format!("n={n}: {e}")),
         }
