@@ -179,6 +179,15 @@ __device__ __forceinline__ void philox(u32 c[4], u32 k0, u32 k1) {
     }
 }
 
+// Word 0 of Philox at stream position offset + index under seed (hal::random::philox_words),
+// for the IR's RandomBits.
+__device__ __forceinline__ u32 random_bits(u32 seed_lo, u32 seed_hi, u64 offset, u32 index) {
+    u64 at = offset + (u64)index;
+    u32 c[4] = {(u32)at, (u32)(at >> 32), 0u, 0u};
+    philox(c, seed_lo, seed_hi);
+    return c[0];
+}
+
 __device__ __forceinline__ float erf_approx(float x) {
     float t = 1.0f / (1.0f + 0.3275911f * fabsf(x));
     float poly = t * (0.2548296f + t * (-0.28449674f + t * (1.4214137f + t * (-1.4531521f + t * 1.0614054f))));

@@ -350,6 +350,16 @@ fn run_block(
                 let (xc, xa, xb) = (regs[op(cond)], regs[op(a)], regs[op(bv)]);
                 regs[dst] = std::array::from_fn(|l| if xc[l] != 0 { xa[l] } else { xb[l] });
             }
+            Inst::RandomBits {
+                seed,
+                offset,
+                index,
+            } => {
+                let ix = regs[op(index)];
+                regs[dst] = std::array::from_fn(|l| {
+                    hal::random::philox_words(seed, offset.wrapping_add(ix[l] as u64))[0]
+                });
+            }
             Inst::Cast { to, x } => {
                 let from = k.types[x.0 as usize].expect("typed");
                 let files = Files {

@@ -205,6 +205,14 @@ impl Dialect for CudaC {
         format!("{cond} ? {a} : {b}")
     }
 
+    fn random_bits(&self, seed: u64, offset: u64, index: &str) -> String {
+        format!(
+            "random_bits({}u, {}u, {offset}ull, {index})",
+            seed as u32,
+            (seed >> 32) as u32
+        )
+    }
+
     fn cast(&self, from: ScalarType, to: ScalarType, a: &str) -> String {
         use ScalarType::*;
         match (from, to) {

@@ -202,6 +202,16 @@ impl Dialect for Wgsl {
         format!("select({b}, {a}, {cond})")
     }
 
+    fn random_bits(&self, seed: u64, offset: u64, index: &str) -> String {
+        format!(
+            "random_bits({index}, vec2<u32>({}u, {}u), vec2<u32>({}u, {}u))",
+            offset as u32,
+            (offset >> 32) as u32,
+            seed as u32,
+            (seed >> 32) as u32
+        )
+    }
+
     fn cast(&self, from: ScalarType, to: ScalarType, a: &str) -> String {
         use ScalarType::*;
         match (from, to) {

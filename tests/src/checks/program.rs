@@ -198,9 +198,36 @@ pub(super) fn run_masked<B: Backend>(b: &B, x: &[f32]) -> Result<Vec<f64>> {
     Ok(b.read::<f32>(&yb)?.into_iter().map(f64::from).collect())
 }
 
+/// `y[i] = random_bits(seed, offset, i)`: word 0 of the random stream at `offset + i`.
+pub(super) fn random_bits_program(seed: u64, offset: u64) -> hal::ir::Program {
+    let mut b = ProgramBuilder::new("ir_random_bits");
+    let y = b.buffer(DType::U32, Access::Write);
+    let i = b.index();
+    let bits = b.random_bits(seed, offset, i);
+    b.store(y, i, bits);
+    b.build().expect("a valid program")
+}
+
+pub(super) fn run_random_bits<B: Backend>(
+    b: &B,
+    n: usize,
+    seed: u64,
+    offset: u64,
+) -> Result<Vec<f64>> {
+    let k = b.compile(&random_bits_program(seed, offset))?;
+    let yb = b.alloc(DType::U32, n)?;
+    b.launch(&k, &[&yb], n)?;
+    Ok(b.read::<u32>(&yb)?.into_iter().map(f64::from).collect())
+}
+
 /// The IR programs the suite runs, for tools that check their lowering (`cargo xtask wgsl`).
 pub fn sample_programs() -> Vec<hal::ir::Program> {
-    vec![edge_program(), math_program(), masked_program()]
+    vec![
+        edge_program(),
+        math_program(),
+        masked_program(),
+        random_bits_program(0x0123_4567_89ab_cdef, 0xffff_fff0),
+    ]
 }
 
 pub(super) fn programs<B: Backend>(s: &mut Suite<'_, B>) {
@@ -303,6 +330,27 @@ pub(super) fn programs<B: Backend>(s: &mut Suite<'_, B>) {
                 &|_, _| 0.0,
             ),
             Err(e) => s.fail("ir program (conditional store)", format!("n={n}: {e}")),
+        }
+        // The random stream's words, bit for bit; offsets whose low word carries into the
+        // high one within the launch.
+        let seed = s.rng().next_u64();
+        let offset = match c % 2 {
+            0 => (s.rng().next_u64() >> 1) | 0xffff_ff00,
+            _ => s.rng().next_u64() >> 1,
+        };
+        let exact: Vec<f64> = (0..n)
+            .map(|i| hal::random::philox_words(seed, offset.wrapping_add(i as u64))[0] as f64)
+            .collect();
+        match both!(s, run_random_bits(n, seed, offset)) {
+            Ok((cv, t)) => s.judge(
+                "ir program (random bits)",
+                &format!("n={n} seed {seed} offset {offset}"),
+                &cv,
+                t.as_deref(),
+                &exact,
+                &|_, _| 0.0,
+            ),
+            Err(e) => s.fail("ir program (random bits)", format!("n={n}: {e}")),
         }
     }
 }

@@ -243,6 +243,16 @@ pub enum Inst {
         value: Value,
         when: Option<Value>,
     },
+    /// Word 0 of Philox4x32-10 at stream position `offset + index` (64-bit, wrapping) under
+    /// `seed` (`U32`; `index` is `U32`): [`crate::random::philox_words`]`(seed, offset +
+    /// index)[0]`, the bits [`crate::Backend::random`] draws a uniform from. So a program can
+    /// make the random stream's decisions (a dropout mask, say) where it uses them, bit for
+    /// bit as the `random` primitive would have.
+    RandomBits {
+        seed: u64,
+        offset: u64,
+        index: Value,
+    },
     /// Atomically adds `value` to element `index` of an `F32`, `F64`, `I32` or `U32` buffer
     /// (`F64` where the device has 64-bit float atomics). Defines no value.
     AtomicAdd {
@@ -259,6 +269,7 @@ impl Inst {
             Inst::Index | Inst::Const(_) => [None, None, None],
             Inst::Load { index, .. } => [Some(index), None, None],
             Inst::Unary { x, .. } | Inst::Cast { x, .. } => [Some(x), None, None],
+            Inst::RandomBits { index, .. } => [Some(index), None, None],
             Inst::Binary { a, b, .. } | Inst::Cmp { a, b, .. } => [Some(a), Some(b), None],
             Inst::Fma { a, b, c } => [Some(a), Some(b), Some(c)],
             Inst::Select { cond, a, b } => [Some(cond), Some(a), Some(b)],
@@ -395,6 +406,12 @@ impl Program {
                 Some(ty(a))
             }
             Inst::Cast { to, .. } => Some(to),
+            Inst::RandomBits { index, .. } => {
+                if ty(index) != U32 {
+                    return Err("random bits take a u32 index".into());
+                }
+                Some(U32)
+            }
             Inst::Store { .. } | Inst::AtomicAdd { .. } => {
                 self.check_store(inst, ty)?;
                 None
@@ -646,6 +663,14 @@ impl ProgramBuilder {
     }
     pub fn cast(&mut self, to: ScalarType, x: Value) -> Value {
         self.push(Inst::Cast { to, x })
+    }
+    /// Word 0 of the random stream `(seed, offset)` at position `index` ([`Inst::RandomBits`]).
+    pub fn random_bits(&mut self, seed: u64, offset: u64, index: Value) -> Value {
+        self.push(Inst::RandomBits {
+            seed,
+            offset,
+            index,
+        })
     }
     pub fn store(&mut self, buffer: BufferId, index: Value, value: Value) {
         self.push(Inst::Store {
