@@ -263,7 +263,7 @@ impl<B: Backend> Gpt<B> {
                 ..AttentionOptions::default()
             };
             let y = qkv.qkv_attention(h, &options)?;
-            return self.dropout(&y.linear(&b.attn_proj.weight, b.attn_proj.bias.as_ref())?);
+            return y.linear(&b.attn_proj.weight, b.attn_proj.bias.as_ref());
         }
         let heads = |k: usize| -> Result<Tensor<B>> {
             qkv.narrow(2, k * c, c)?
@@ -281,12 +281,20 @@ impl<B: Backend> Gpt<B> {
             .matmul(&v)?
             .permute(&[0, 2, 1, 3])?
             .reshape(&[batch, t, c])?;
-        self.dropout(&y.linear(&b.attn_proj.weight, b.attn_proj.bias.as_ref())?)
+        y.linear(&b.attn_proj.weight, b.attn_proj.bias.as_ref())
     }
 
     fn mlp(&self, b: &Block<B>, x: &Tensor<B>) -> Result<Tensor<B>> {
         let hidden = x.linear(&b.c_fc.weight, b.c_fc.bias.as_ref())?.gelu()?;
-        self.dropout(&hidden.linear(&b.mlp_proj.weight, b.mlp_proj.bias.as_ref())?)
+        hidden.linear(&b.mlp_proj.weight, b.mlp_proj.bias.as_ref())
+    }
+
+    /// `x + dropout(branch)`: a block's residual connection, in one kernel when training.
+    fn residual(&self, x: &Tensor<B>, branch: &Tensor<B>) -> Result<Tensor<B>> {
+        match self.next_dropout() {
+            Some((p, offset)) => branch.dropout_add(x, p, self.seed, offset),
+            None => x.add(branch),
+        }
     }
 
     /// Logits `[batch, t, vocab]` of token ids `[batch, t]`.
@@ -311,8 +319,8 @@ impl<B: Backend> Gpt<B> {
         let pos = self.wpe.index_select(0, &self.positions.narrow(0, 0, t)?)?;
         let mut x = self.dropout(&tok.add(&pos)?)?;
         for b in &self.blocks {
-            x = x.add(&self.attention(b, &b.ln_1.forward(&x)?)?)?;
-            x = x.add(&self.mlp(b, &b.ln_2.forward(&x)?)?)?;
+            x = self.residual(&x, &self.attention(b, &b.ln_1.forward(&x)?)?)?;
+            x = self.residual(&x, &self.mlp(b, &b.ln_2.forward(&x)?)?)?;
         }
         let x = self.ln_f.forward(&x)?;
         // The head is the token embedding (tied weights): logits = x wte^T.

@@ -82,6 +82,9 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
         v[0].mse_loss(&v[1])?.add(&v[0].bce_with_logits(&p)?)
     });
     cases.run("dropout", &[(&[33, 7], Tr)], &|v| v[0].dropout(0.25, 11, 5));
+    cases.run("dropout_add", &[(&[33, 7], Tr), (&[33, 7], C)], &|v| {
+        v[0].dropout_add(&v[1], 0.25, 11, 5)
+    });
     // Three gradients written into one buffer; heads read where they lie.
     cases.run("packed qkv attention", &[(&[2, 7, 24], C)], &|v| {
         let options = tensor_autograd::AttentionOptions {

@@ -215,6 +215,19 @@ fn check_all<B: Backend>(dev: &B) {
             }),
         ),
         (
+            "dropout_add against dropout then add, transposed input",
+            vec![
+                input(&dev, &mut s, &[6, 5], -1.0, 1.0),
+                input(&dev, &mut s, &[5, 6], -1.0, 1.0),
+            ],
+            Box::new(|x| {
+                let t = x[0].transpose(0, 1)?;
+                let fused = t.dropout_add(&x[1], 0.4, 9, 3)?;
+                let composed = x[1].add(&t.dropout(0.4, 9, 3)?)?;
+                fused.mul(&fused)?.add(&composed.sin()?)
+            }),
+        ),
+        (
             "packed qkv attention: causal, dropout, two heads",
             vec![input(&dev, &mut s, &[2, 5, 18], -1.5, 1.5)],
             Box::new(|x| {

@@ -488,3 +488,41 @@ fn fused_cross_entropy_matches_its_composition() {
         "{err}"
     );
 }
+
+/// `dropout_add` is `residual + dropout(x)` bit for bit, and refuses mismatched shapes.
+#[test]
+fn dropout_add_is_dropout_then_add() {
+    let dev = CpuBackend::new();
+    let x = T::from_slice(
+        &dev,
+        &(0..60).map(|i| i as f32 * 0.37 - 9.0).collect::<Vec<_>>(),
+        &[6, 10],
+    )
+    .unwrap();
+    let r = T::from_slice(
+        &dev,
+        &(0..60).map(|i| (i as f32).sin()).collect::<Vec<_>>(),
+        &[6, 10],
+    )
+    .unwrap();
+    let fused = x
+        .t()
+        .unwrap()
+        .dropout_add(&r.t().unwrap(), 0.3, 4, 77)
+        .unwrap();
+    let composed = r
+        .t()
+        .unwrap()
+        .add(&x.t().unwrap().dropout(0.3, 4, 77).unwrap())
+        .unwrap();
+    assert_eq!(fused.to_vec().unwrap(), composed.to_vec().unwrap());
+    let kept = fused
+        .to_vec()
+        .unwrap()
+        .iter()
+        .zip(r.t().unwrap().to_vec().unwrap())
+        .filter(|(f, r)| *f != r)
+        .count();
+    assert!((20..60).contains(&kept), "{kept} of 60 kept");
+    assert!(x.dropout_add(&r.t().unwrap(), 0.3, 4, 77).is_err());
+}
