@@ -52,6 +52,7 @@ pub(crate) fn capabilities() -> Capabilities {
         subgroups: false,
         matrix_units: false,
         graph_capture: false,
+        program_buffers: usize::MAX,
         fast_precision: false,
         compensated_precision: false,
         fused_gradient_products: false,

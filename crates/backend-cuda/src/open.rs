@@ -31,6 +31,7 @@ pub(crate) fn capabilities(gpu: &CudaBackend) -> Capabilities {
         subgroups: true,
         matrix_units: true,
         graph_capture: true,
+        program_buffers: crate::program::MAX_BUFFERS,
         fast_precision: true,
         compensated_precision: false,
         fused_gradient_products: false,

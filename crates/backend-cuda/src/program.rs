@@ -432,10 +432,23 @@ fn emit_store_run(src: &mut String, run: &StoreRun, longest: usize) {
     let _ = writeln!(src, "    }}\n  }}");
 }
 
+/// The most buffers a program declares: each takes a pointer and a length (16 bytes) of a
+/// kernel's 4 KiB of parameters, after the count and the fault words.
+pub(crate) const MAX_BUFFERS: usize = 240;
+
 /// CUDA C source of `program`, whose kernel is named `program` (what `compile` hands NVRTC;
 /// public as `backend_cuda::cuda_source`, for inspection without a GPU).
 pub fn lower(program: &Program) -> Result<String> {
     let types = program.validate()?;
+    if program.buffers.len() > MAX_BUFFERS {
+        return Err(Error::InvalidProgram {
+            program: program.name.clone(),
+            detail: format!(
+                "{} buffers; a CUDA kernel's parameters hold at most {MAX_BUFFERS}",
+                program.buffers.len()
+            ),
+        });
+    }
     let (runs, run_of) = store_runs(program, &types);
     let mut src = String::from(PRELUDE);
     if types.contains(&Some(ScalarType::F64)) {

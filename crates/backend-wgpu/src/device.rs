@@ -141,6 +141,7 @@ pub(crate) fn capabilities(gpu: &WgpuBackend) -> Capabilities {
         subgroups: gpu.0.features.contains(wgpu::Features::SUBGROUP),
         matrix_units: gpu.0.coop.is_some(),
         graph_capture: capture::enabled(),
+        program_buffers: crate::program::MAX_BUFFERS,
         fast_precision: gpu.0.coop.is_some(),
         compensated_precision: gpu.0.coop.is_some(),
         fused_gradient_products: fused_epilogues(),

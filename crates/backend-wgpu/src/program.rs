@@ -273,15 +273,19 @@ impl Dialect for Wgsl {
     }
 }
 
+/// The most buffers a program binds (with its sizes buffer and fault words, within the
+/// storage bindings a stage may use).
+pub(crate) const MAX_BUFFERS: usize = 14;
+
 /// WGSL source for `program` (already validated).
 pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
     let types = program.validate()?;
     refuse_f64(program, &types, features.f64)?;
     let k = program.buffers.len();
-    if k > 14 {
+    if k > MAX_BUFFERS {
         return Err(Error::InvalidProgram {
             program: program.name.clone(),
-            detail: format!("{k} buffers; the wgpu backend binds at most 14"),
+            detail: format!("{k} buffers; the wgpu backend binds at most {MAX_BUFFERS}"),
         });
     }
     let atomic_target: Vec<bool> = (0..k)

@@ -53,6 +53,9 @@ pub struct Capabilities {
     /// `record`/`replay` capture launches (into a device graph on CUDA, a list of encoded
     /// dispatches on wgpu) rather than re-running the calls.
     pub graph_capture: bool,
+    /// The most buffers one IR program may declare ([`Backend::compile`](crate::Backend::compile)
+    /// refuses more): what a caller batching many tensors into one launch sizes its groups by.
+    pub program_buffers: usize,
     /// [`Precision::Fast`](crate::Precision::Fast) has its own, faster path (otherwise it runs
     /// exactly).
     pub fast_precision: bool,
