@@ -310,3 +310,67 @@ fn wgpu_poisoned_results_read_as_nan() {
         assert!(got[3..].iter().all(|v| v.is_nan()), "{got:?}");
     }
 }
+
+/// Eager AdamW steps over many parameters of odd sizes (CUDA groups them into a few
+/// launches) against the CPU's per-parameter steps, on gradients both compute exactly
+/// (`loss = sum_k <w_k, p_k>`), with the learning rate changing between steps.
+fn adam_matches_cpu<B: Backend>(dev: &B) {
+    use tensor_autograd::optim::{Adam, Optimizer};
+    let sizes = [
+        1usize, 7, 300, 5, 4097, 64, 3, 2, 999, 12, 40, 8, 77, 513, 9, 33, 1, 6,
+    ];
+    let mut rng = Rng::new(seed());
+    let init: Vec<Vec<f64>> = sizes.iter().map(|&n| rng.vec(n, -1.0, 1.0)).collect();
+    let weights: Vec<Vec<f64>> = sizes.iter().map(|&n| rng.vec(n, -2.0, 2.0)).collect();
+    fn run<D: Backend>(d: &D, init: &[Vec<f64>], weights: &[Vec<f64>]) -> Vec<Vec<f32>> {
+        let f = |v: &Vec<f64>| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        let params: Vec<Tensor<D>> = init
+            .iter()
+            .map(|v| {
+                Tensor::from_slice(d, &f(v), &[v.len()])
+                    .unwrap()
+                    .requires_grad()
+            })
+            .collect();
+        let mut opt = Adam::adamw(1e-2).weight_decay(0.1);
+        for step in 0..4 {
+            for p in &params {
+                p.zero_grad();
+            }
+            let mut loss = Tensor::from_slice(d, &[0.0f32], &[]).unwrap();
+            for (p, w) in params.iter().zip(weights) {
+                let w = Tensor::from_slice(d, &f(w), &[w.len()]).unwrap();
+                loss = loss.add(&p.mul(&w).unwrap().sum_all().unwrap()).unwrap();
+            }
+            loss.backward().unwrap();
+            opt.set_learning_rate(1e-2 * (1.0 + step as f32));
+            opt.step(&params).unwrap();
+        }
+        params.iter().map(|p| p.to_vec().unwrap()).collect()
+    }
+    let want = run(&CpuBackend::new(), &init, &weights);
+    let got = run(dev, &init, &weights);
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        for (i, (a, b)) in g.iter().zip(w).enumerate() {
+            assert!(
+                (a - b).abs() <= 4.0 * f32::EPSILON * b.abs() + 1e-7,
+                "parameter {k} element {i}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn wgpu_adam_matches_cpu() {
+    let wgpu = backend_wgpu::WgpuBackend::new()
+        .expect("the wgpu backend is required here (install mesa-vulkan-drivers for lavapipe)");
+    adam_matches_cpu(&wgpu);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU; run with --ignored on a GPU host"]
+fn cuda_adam_matches_cpu() {
+    let cuda =
+        backend_cuda::CudaBackend::new().expect("the CUDA backend is required for this test");
+    adam_matches_cpu(&cuda);
+}

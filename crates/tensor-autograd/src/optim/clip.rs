@@ -7,16 +7,17 @@ use hal::ir::expr::{Expr, Scope};
 use hal::ir::{Access, BufferId};
 use hal::{Backend, DType, DeviceBuffer};
 
-/// Gradients per grouped launch: with the accumulator (or the scale) they stay within the 14
-/// buffers an IR program may bind on wgpu.
-const CLIP_GROUP: usize = 12;
+/// Gradients per grouped launch at most; with the accumulator (or the scale) they also stay
+/// within the backend's [`hal::Capabilities::program_buffers`].
+const CLIP_GROUP: usize = 64;
 
 /// Scales the parameters' gradients so their joint L2 norm is at most `max_norm` and returns
 /// the norm before clipping (a one-element device tensor: nothing is read back).
 ///
-/// One pass over the gradients: launches over groups of gradients add each element's square
-/// into a per-position accumulator (the group's shorter gradients end early), one reduction
-/// sums it, and grouped launches multiply every gradient in place by
+/// One pass over the gradients: launches over groups of gradients (as many as a program may
+/// bind, up to 64) add each element's square into a per-position accumulator (the group's
+/// shorter gradients end early), one reduction sums it, and grouped launches multiply every
+/// gradient in place by
 /// `min(1, max_norm / (norm + 1e-6))`, computed on the device. The sums run in a fixed
 /// order, so a run is repeatable. Gradients are made dense f32 (and set back) first. Where a
 /// parameter is not a dense f32 tensor, or two gradients share memory, each gradient is
@@ -55,7 +56,10 @@ pub fn clip_grad_norm<B: Backend>(
             squares.backend().fill(squares.view(), 0.0)?;
         }
         let nonempty: Vec<&Tensor<B>> = grads.iter().copied().filter(|g| g.numel() > 0).collect();
-        for (k, group) in nonempty.chunks(CLIP_GROUP).enumerate() {
+        let per_launch = CLIP_GROUP
+            .min(b.capabilities().program_buffers.saturating_sub(1))
+            .max(1);
+        for (k, group) in nonempty.chunks(per_launch).enumerate() {
             let lens: Vec<usize> = group.iter().map(|g| g.numel()).collect();
             let kernel = b.compile(&sum_squares_program(&lens, longest, k == 0)?)?;
             let mut args: Vec<&B::Buffer> = group.iter().map(|g| g.buffer()).collect();
@@ -64,7 +68,7 @@ pub fn clip_grad_norm<B: Backend>(
         }
         let norm = squares.sum_all()?.sqrt()?;
         let scale = clip_scale(&norm, max_norm)?;
-        for group in nonempty.chunks(CLIP_GROUP) {
+        for group in nonempty.chunks(per_launch) {
             let lens: Vec<usize> = group.iter().map(|g| g.numel()).collect();
             let kernel = b.compile(&scale_program(&lens)?)?;
             let mut args: Vec<&B::Buffer> = group.iter().map(|g| g.buffer()).collect();

@@ -8,6 +8,7 @@
 //! parameter: it is updated once a step, and positions count first appearances only.
 
 mod clip;
+mod grouped;
 mod state_file;
 
 pub use clip::clip_grad_norm;
@@ -251,6 +252,8 @@ pub struct Adam<B: Backend> {
     recorded: Recorded<B>,
     /// Use the device values on every backend, not only capturing ones.
     force_device_values: bool,
+    /// Eager steps' grouped update launches, once built ([`grouped`]).
+    eager: Option<grouped::EagerGroups<B>>,
 }
 
 /// How [`Adam`] updates inside recorded steps.
@@ -328,6 +331,7 @@ impl<B: Backend> Adam<B> {
             state: State::new(),
             recorded: Recorded::No,
             force_device_values: false,
+            eager: None,
         }
     }
     /// AdamW with PyTorch's defaults (weight decay 0.01).
@@ -357,6 +361,9 @@ impl<B: Backend> Adam<B> {
 
 impl<B: Backend> Optimizer<B> for Adam<B> {
     fn step(&mut self, params: &[Tensor<B>]) -> Result<()> {
+        if self.grouped_step(params)? {
+            return Ok(());
+        }
         let p = self.hyper;
         self.state
             .step("Adam::step", params, 2, |param, g, state, step| {
@@ -379,6 +386,7 @@ impl<B: Backend> Optimizer<B> for Adam<B> {
     fn to_device(&mut self, device: &B) -> Result<()> {
         // A recording's device values belong to the old device: record again there.
         self.recorded = Recorded::No;
+        self.eager = None;
         self.state.move_to(device)
     }
 
