@@ -179,12 +179,10 @@ __device__ __forceinline__ void philox(u32 c[4], u32 k0, u32 k1) {
     }
 }
 
-// Word 0 of Philox at stream position offset + index under seed (hal::random::philox_words),
-// for the IR's RandomBits.
-__device__ __forceinline__ u32 random_bits(u32 seed_lo, u32 seed_hi, u64 offset, u32 index) {
-    u64 at = offset + (u64)index;
-    u32 c[4] = {(u32)at, (u32)(at >> 32), 0u, 0u};
-    philox(c, seed_lo, seed_hi);
+// Word 0 of Philox under key (k0, k1) at counter (c0, c1, 0, 0), for the IR's RandomBits.
+__device__ __forceinline__ u32 random_bits(u32 k0, u32 k1, u32 c0, u32 c1) {
+    u32 c[4] = {c0, c1, 0u, 0u};
+    philox(c, k0, k1);
     return c[0];
 }
 

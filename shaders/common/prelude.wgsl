@@ -250,13 +250,6 @@ fn philox(ctr: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
     }
     return c;
 }
-// Word 0 of Philox at stream position offset + index (64-bit: offset's low and high words)
-// under seed: hal::random::philox_words(seed, offset + index)[0], for IR RandomBits.
-fn random_bits(index: u32, offset: vec2<u32>, seed: vec2<u32>) -> u32 {
-    let lo = offset.x + index;
-    let hi = offset.y + select(0u, 1u, lo < index);
-    return philox(vec4<u32>(lo, hi, 0u, 0u), seed).x;
-}
 // C's fmod. WGSL's `%` is a - b * trunc(a / b) with an approximate division: when a / b is
 // (nearly) an integer the truncated quotient can be one off, leaving a remainder of b, or one
 // of the wrong sign. Two fix-ups bring it back into (-|b|, |b|) with the sign of a.

@@ -350,14 +350,11 @@ fn run_block(
                 let (xc, xa, xb) = (regs[op(cond)], regs[op(a)], regs[op(bv)]);
                 regs[dst] = std::array::from_fn(|l| if xc[l] != 0 { xa[l] } else { xb[l] });
             }
-            Inst::RandomBits {
-                seed,
-                offset,
-                index,
-            } => {
-                let ix = regs[op(index)];
+            Inst::RandomBits { key, counter } => {
+                let (k0, k1) = (regs[op(key[0])], regs[op(key[1])]);
+                let (c0, c1) = (regs[op(counter[0])], regs[op(counter[1])]);
                 regs[dst] = std::array::from_fn(|l| {
-                    hal::random::philox_words(seed, offset.wrapping_add(ix[l] as u64))[0]
+                    hal::random::philox4x32_10([c0[l], c1[l], 0, 0], [k0[l], k1[l]])[0]
                 });
             }
             Inst::Cast { to, x } => {

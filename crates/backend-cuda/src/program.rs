@@ -205,12 +205,8 @@ impl Dialect for CudaC {
         format!("{cond} ? {a} : {b}")
     }
 
-    fn random_bits(&self, seed: u64, offset: u64, index: &str) -> String {
-        format!(
-            "random_bits({}u, {}u, {offset}ull, {index})",
-            seed as u32,
-            (seed >> 32) as u32
-        )
+    fn random_bits(&self, [k0, k1]: [&str; 2], [c0, c1]: [&str; 2]) -> String {
+        format!("random_bits({k0}, {k1}, {c0}, {c1})")
     }
 
     fn cast(&self, from: ScalarType, to: ScalarType, a: &str) -> String {

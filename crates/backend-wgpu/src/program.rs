@@ -202,14 +202,8 @@ impl Dialect for Wgsl {
         format!("select({b}, {a}, {cond})")
     }
 
-    fn random_bits(&self, seed: u64, offset: u64, index: &str) -> String {
-        format!(
-            "random_bits({index}, vec2<u32>({}u, {}u), vec2<u32>({}u, {}u))",
-            offset as u32,
-            (offset >> 32) as u32,
-            seed as u32,
-            (seed >> 32) as u32
-        )
+    fn random_bits(&self, [k0, k1]: [&str; 2], [c0, c1]: [&str; 2]) -> String {
+        format!("philox(vec4<u32>({c0}, {c1}, 0u, 0u), vec2<u32>({k0}, {k1})).x")
     }
 
     fn cast(&self, from: ScalarType, to: ScalarType, a: &str) -> String {

@@ -93,6 +93,40 @@ pub fn random_value_f64(dist: Distribution, seed: u64, index: u64) -> f64 {
     }
 }
 
+/// A stream `(seed, offset)` as the four words a program reads it from ([`stream_bits`]):
+/// `seed`'s low and high words, then `offset`'s.
+pub fn stream_words(seed: u64, offset: u64) -> [u32; 4] {
+    [
+        seed as u32,
+        (seed >> 32) as u32,
+        offset as u32,
+        (offset >> 32) as u32,
+    ]
+}
+
+/// Emits, into `p`, word 0 of the stream held in `stream` (a `U32` buffer of at least four
+/// elements, [`stream_words`]) at position `offset + index` (`index` a `U32` value; the
+/// 64-bit sum carries): `philox_words(seed, offset + index)[0]`, as element `index` of a
+/// [`Backend::random`](crate::Backend::random) call on that stream draws it.
+pub fn stream_bits(
+    p: &mut crate::ir::ProgramBuilder,
+    stream: crate::ir::BufferId,
+    index: crate::ir::Value,
+) -> crate::ir::Value {
+    use crate::ir::{IrBinary, IrCmp};
+    let word = |p: &mut crate::ir::ProgramBuilder, k: u32| {
+        let at = p.const_u32(k);
+        p.load(stream, at)
+    };
+    let (k0, k1, o0, o1) = (word(p, 0), word(p, 1), word(p, 2), word(p, 3));
+    let lo = p.add(o0, index);
+    let carried = p.cmp(IrCmp::Lt, lo, index);
+    let (one, zero) = (p.const_u32(1), p.const_u32(0));
+    let carry = p.select(carried, one, zero);
+    let hi = p.binary(IrBinary::Add, o1, carry);
+    p.random_bits([k0, k1], [lo, hi])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

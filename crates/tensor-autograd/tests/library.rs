@@ -526,3 +526,32 @@ fn dropout_add_is_dropout_then_add() {
     assert!((20..60).contains(&kept), "{kept} of 60 kept");
     assert!(x.dropout_add(&r.t().unwrap(), 0.3, 4, 77).is_err());
 }
+
+/// Dropout's stream travels as data: calls with new seeds and offsets (every training step
+/// makes them) reuse one compiled program per shape and dtype instead of compiling anew.
+#[test]
+fn dropout_compiles_once_for_every_stream() {
+    let dev = CpuBackend::new();
+    let x = T::from_slice(&dev, &[1.0f32; 40], &[5, 8])
+        .unwrap()
+        .requires_grad();
+    let step = |k: u64| {
+        let y = x.dropout(0.3, 7 + k, k << 32).unwrap();
+        y.dropout_add(&x, 0.1, 9, k)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+    };
+    step(0);
+    let compiled = dev.cached_kernels();
+    for k in 1..6 {
+        step(k);
+    }
+    assert_eq!(
+        dev.cached_kernels(),
+        compiled,
+        "a new stream compiled a new program"
+    );
+}

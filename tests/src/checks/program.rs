@@ -198,12 +198,13 @@ pub(super) fn run_masked<B: Backend>(b: &B, x: &[f32]) -> Result<Vec<f64>> {
     Ok(b.read::<f32>(&yb)?.into_iter().map(f64::from).collect())
 }
 
-/// `y[i] = random_bits(seed, offset, i)`: word 0 of the random stream at `offset + i`.
-pub(super) fn random_bits_program(seed: u64, offset: u64) -> hal::ir::Program {
+/// `y[i]` = word 0 of the stream in `stream` ([`hal::random::stream_words`]) at `offset + i`.
+pub(super) fn random_bits_program() -> hal::ir::Program {
     let mut b = ProgramBuilder::new("ir_random_bits");
+    let stream = b.buffer(DType::U32, Access::Read);
     let y = b.buffer(DType::U32, Access::Write);
     let i = b.index();
-    let bits = b.random_bits(seed, offset, i);
+    let bits = hal::random::stream_bits(&mut b, stream, i);
     b.store(y, i, bits);
     b.build().expect("a valid program")
 }
@@ -214,9 +215,10 @@ pub(super) fn run_random_bits<B: Backend>(
     seed: u64,
     offset: u64,
 ) -> Result<Vec<f64>> {
-    let k = b.compile(&random_bits_program(seed, offset))?;
+    let k = b.compile(&random_bits_program())?;
+    let stream = b.upload(&hal::random::stream_words(seed, offset))?;
     let yb = b.alloc(DType::U32, n)?;
-    b.launch(&k, &[&yb], n)?;
+    b.launch(&k, &[&stream, &yb], n)?;
     Ok(b.read::<u32>(&yb)?.into_iter().map(f64::from).collect())
 }
 
@@ -226,7 +228,7 @@ pub fn sample_programs() -> Vec<hal::ir::Program> {
         edge_program(),
         math_program(),
         masked_program(),
-        random_bits_program(0x0123_4567_89ab_cdef, 0xffff_fff0),
+        random_bits_program(),
     ]
 }
 

@@ -243,15 +243,16 @@ pub enum Inst {
         value: Value,
         when: Option<Value>,
     },
-    /// Word 0 of Philox4x32-10 at stream position `offset + index` (64-bit, wrapping) under
-    /// `seed` (`U32`; `index` is `U32`): [`crate::random::philox_words`]`(seed, offset +
-    /// index)[0]`, the bits [`crate::Backend::random`] draws a uniform from. So a program can
-    /// make the random stream's decisions (a dropout mask, say) where it uses them, bit for
-    /// bit as the `random` primitive would have.
+    /// Word 0 of Philox4x32-10 with counter `(counter[0], counter[1], 0, 0)` and key `key`
+    /// (all `U32`; the result `U32`): [`crate::random::philox_words`]`(seed, position)[0]`
+    /// for `key` = `seed`'s low and high words and `counter` = `position`'s, the bits
+    /// [`crate::Backend::random`] draws a uniform from. So a program can make the random
+    /// stream's decisions (a dropout mask, say) where it uses them, bit for bit as the
+    /// `random` primitive would have. Key and counter are values (loaded from a buffer, say),
+    /// not constants, so one compiled program serves every seed and position.
     RandomBits {
-        seed: u64,
-        offset: u64,
-        index: Value,
+        key: [Value; 2],
+        counter: [Value; 2],
     },
     /// Atomically adds `value` to element `index` of an `F32`, `F64`, `I32` or `U32` buffer
     /// (`F64` where the device has 64-bit float atomics). Defines no value.
@@ -269,7 +270,8 @@ impl Inst {
             Inst::Index | Inst::Const(_) => [None, None, None],
             Inst::Load { index, .. } => [Some(index), None, None],
             Inst::Unary { x, .. } | Inst::Cast { x, .. } => [Some(x), None, None],
-            Inst::RandomBits { index, .. } => [Some(index), None, None],
+            // The fourth operand is chained on below.
+            Inst::RandomBits { key, counter } => [Some(key[0]), Some(key[1]), Some(counter[0])],
             Inst::Binary { a, b, .. } | Inst::Cmp { a, b, .. } => [Some(a), Some(b), None],
             Inst::Fma { a, b, c } => [Some(a), Some(b), Some(c)],
             Inst::Select { cond, a, b } => [Some(cond), Some(a), Some(b)],
@@ -278,7 +280,11 @@ impl Inst {
             } => [Some(index), Some(value), when],
             Inst::AtomicAdd { index, value, .. } => [Some(index), Some(value), None],
         };
-        ops.into_iter().flatten()
+        let fourth = match *self {
+            Inst::RandomBits { counter, .. } => Some(counter[1]),
+            _ => None,
+        };
+        ops.into_iter().flatten().chain(fourth)
     }
 }
 
@@ -406,9 +412,9 @@ impl Program {
                 Some(ty(a))
             }
             Inst::Cast { to, .. } => Some(to),
-            Inst::RandomBits { index, .. } => {
-                if ty(index) != U32 {
-                    return Err("random bits take a u32 index".into());
+            Inst::RandomBits { key, counter } => {
+                if key.iter().chain(&counter).any(|&v| ty(v) != U32) {
+                    return Err("random bits take a u32 key and counter".into());
                 }
                 Some(U32)
             }
@@ -664,13 +670,9 @@ impl ProgramBuilder {
     pub fn cast(&mut self, to: ScalarType, x: Value) -> Value {
         self.push(Inst::Cast { to, x })
     }
-    /// Word 0 of the random stream `(seed, offset)` at position `index` ([`Inst::RandomBits`]).
-    pub fn random_bits(&mut self, seed: u64, offset: u64, index: Value) -> Value {
-        self.push(Inst::RandomBits {
-            seed,
-            offset,
-            index,
-        })
+    /// Word 0 of Philox under `key` at `counter` (low and high words: [`Inst::RandomBits`]).
+    pub fn random_bits(&mut self, key: [Value; 2], counter: [Value; 2]) -> Value {
+        self.push(Inst::RandomBits { key, counter })
     }
     pub fn store(&mut self, buffer: BufferId, index: Value, value: Value) {
         self.push(Inst::Store {

@@ -36,8 +36,9 @@ pub trait Dialect {
     }
     /// `cond ? a : b`.
     fn select(&self, cond: &str, a: &str, b: &str) -> String;
-    /// Word 0 of Philox at position `offset + index` under `seed` ([`Inst::RandomBits`]).
-    fn random_bits(&self, seed: u64, offset: u64, index: &str) -> String;
+    /// Word 0 of Philox under key `(k0, k1)` at counter `(c0, c1, 0, 0)`
+    /// ([`Inst::RandomBits`]).
+    fn random_bits(&self, key: [&str; 2], counter: [&str; 2]) -> String;
     /// `a` converted from `from` to `to` (never the same type).
     fn cast(&self, from: ScalarType, to: ScalarType, a: &str) -> String;
     /// The statement that defines `name`, of type `t`, as `expr`.
@@ -106,11 +107,9 @@ pub fn render_body(
                     Inst::Select { cond, a, b } => d.select(&v(cond), &v(a), &v(b)),
                     Inst::Cast { to, x } if ty(x) == to => v(x),
                     Inst::Cast { to, x } => d.cast(ty(x), to, &v(x)),
-                    Inst::RandomBits {
-                        seed,
-                        offset,
-                        index,
-                    } => d.random_bits(seed, offset, &v(index)),
+                    Inst::RandomBits { key, counter } => {
+                        d.random_bits([&v(key[0]), &v(key[1])], [&v(counter[0]), &v(counter[1])])
+                    }
                     Inst::Load { .. } | Inst::Store { .. } | Inst::AtomicAdd { .. } => {
                         unreachable!("handled above")
                     }

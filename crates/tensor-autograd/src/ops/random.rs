@@ -1,10 +1,9 @@
 //! Dropout, from the backends' counter-based random stream, drawn inside its kernels.
 
-use super::fused;
 use crate::error::{Result, invalid};
 use crate::tensor::Tensor;
-use hal::Backend;
-use hal::ir::{IrBinary, IrCmp};
+use hal::ir::{Access, IrBinary, IrCmp, ProgramBuilder, ScalarType};
+use hal::{Backend, BackendExt, DType, Layout};
 
 /// One dropout call's mask: element `i` (row-major) is kept where the stream's word at
 /// `offset + i`, as a 24-bit uniform `(w >> 8) 2^-24`, is at least `p`, that is where
@@ -33,47 +32,56 @@ impl Mask {
     }
 
     /// `x * mask / (1 - p)`, plus `residual` where given (of `x`'s shape), in one kernel over
-    /// row-major operands (so the launch index is the element's position).
+    /// row-major operands (so the launch index is the element's position). The stream
+    /// `(seed, offset)` travels in a four-word buffer, so one compiled program serves every
+    /// call of a shape and dtype.
     fn apply<B: Backend>(
         self,
         name: &str,
         x: &Tensor<B>,
         residual: Option<&Tensor<B>>,
     ) -> Result<Tensor<B>> {
+        let backend = x.backend();
+        let layout = Layout::contiguous(x.shape());
+        let x = x.stored_as(&layout)?;
+        let residual = residual.map(|r| r.stored_as(&layout)).transpose()?;
+        let stream = backend.upload(&hal::random::stream_words(self.seed, self.offset))?;
         let threshold = (self.p as f64 * 16_777_216.0).ceil() as u32;
         let scale = 1.0 / (1.0 - self.p);
-        let mut inputs = vec![x];
-        inputs.extend(residual);
-        fused(name, &inputs, x.shape(), x.dtype(), |b, v| {
-            let ty = b.type_of(v[0]).unwrap_or(hal::ir::ScalarType::F32);
-            let i = b.index();
-            let bits = b.random_bits(self.seed, self.offset, i);
-            let eight = b.const_u32(8);
-            let top = b.binary(IrBinary::Shr, bits, eight);
-            let at_least = b.const_u32(threshold);
-            let keep = b.cmp(IrCmp::Ge, top, at_least);
-            let (s, zero) = (b.const_float(ty, scale as f64), b.const_float(ty, 0.0));
-            let factor = b.select(keep, s, zero);
-            let dropped = b.mul(v[0], factor);
-            match v.get(1) {
-                Some(&r) => {
-                    let r = match b.type_of(r) {
-                        Some(t) if t != ty => b.cast(ty, r),
-                        _ => r,
-                    };
-                    b.add(dropped, r)
-                }
-                None => dropped,
-            }
-        })
-    }
-}
-
-/// `t` itself where row-major, else a row-major copy.
-fn row_major<B: Backend>(t: &Tensor<B>) -> Result<Tensor<B>> {
-    match t.is_contiguous() {
-        true => Ok(t.clone()),
-        false => t.contiguous(),
+        let mut b = ProgramBuilder::new(name);
+        let xb = b.buffer(x.dtype(), Access::Read);
+        let rb = residual.as_ref().map(|r| b.buffer(r.dtype(), Access::Read));
+        let sb = b.buffer(DType::U32, Access::Read);
+        let out_id = b.buffer(x.dtype(), Access::Write);
+        let i = b.index();
+        let v = b.load(xb, i);
+        let ty = b.type_of(v).unwrap_or(ScalarType::F32);
+        let bits = hal::random::stream_bits(&mut b, sb, i);
+        let eight = b.const_u32(8);
+        let top = b.binary(IrBinary::Shr, bits, eight);
+        let at_least = b.const_u32(threshold);
+        let keep = b.cmp(IrCmp::Ge, top, at_least);
+        let (s, zero) = (b.const_float(ty, scale as f64), b.const_float(ty, 0.0));
+        let factor = b.select(keep, s, zero);
+        let mut y = b.mul(v, factor);
+        if let Some(rb) = rb {
+            let r = b.load(rb, i);
+            let r = match b.type_of(r) {
+                Some(t) if t != ty => b.cast(ty, r),
+                _ => r,
+            };
+            y = b.add(y, r);
+        }
+        b.store(out_id, i, y);
+        let kernel = backend.compile(&b.build()?)?;
+        let out = Tensor::for_write_as(backend, layout, x.dtype())?;
+        let mut args = vec![x.buffer()];
+        args.extend(residual.as_ref().map(|r| r.buffer()));
+        args.extend([&stream, out.buffer()]);
+        if out.numel() > 0 {
+            backend.launch(&kernel, &args, out.numel())?;
+        }
+        Ok(out)
     }
 }
 
@@ -87,14 +95,9 @@ impl<B: Backend> Tensor<B> {
         if p == 0.0 {
             return Ok(self.clone());
         }
-        let x = row_major(self)?;
-        let out = mask.apply("dropout", &x, None)?;
-        Ok(Tensor::from_op(out, "dropout", &[&x], move |g| {
-            Ok(vec![Some(mask.apply(
-                "dropout_grad",
-                &row_major(g)?,
-                None,
-            )?)])
+        let out = mask.apply("dropout", self, None)?;
+        Ok(Tensor::from_op(out, "dropout", &[self], move |g| {
+            Ok(vec![Some(mask.apply("dropout_grad", g, None)?)])
         }))
     }
 
@@ -120,7 +123,7 @@ impl<B: Backend> Tensor<B> {
         if p == 0.0 {
             return residual.add(self);
         }
-        let (x, r) = (row_major(self)?, row_major(residual)?);
+        let (x, r) = (self.clone(), residual.clone());
         let dtype = super::promote(x.dtype(), r.dtype());
         let x = match x.dtype() == dtype {
             true => x,
@@ -129,12 +132,11 @@ impl<B: Backend> Tensor<B> {
         let out = mask.apply("dropout_add", &x, Some(&r))?;
         let r_dtype = r.dtype();
         Ok(Tensor::from_op(out, "dropout_add", &[&x, &r], move |g| {
-            let g = row_major(g)?;
             let gr = match g.dtype() == r_dtype {
                 true => g.clone(),
                 false => g.to_dtype(r_dtype)?,
             };
-            Ok(vec![Some(mask.apply("dropout_grad", &g, None)?), Some(gr)])
+            Ok(vec![Some(mask.apply("dropout_grad", g, None)?), Some(gr)])
         }))
     }
 }
