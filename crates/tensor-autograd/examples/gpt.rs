@@ -299,6 +299,10 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
     let mut eval_state = args.seed ^ 0xe7a1;
     let mut best = f32::INFINITY;
     let mut times = Vec::new();
+    // Iterations are timed per log interval: the host queues steps ahead of the device, so one
+    // step's own wall time would include the queue it waits behind. The clock restarts after
+    // evaluations (not training time) and at each log line (a synchronizing loss read).
+    let mut since: Option<(Instant, usize)> = None;
     for iter in first_iter..=args.iters {
         if args.eval_interval > 0 && (iter % args.eval_interval == 0 || iter == args.iters) {
             let t = estimate(
@@ -318,6 +322,7 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
                 batch,
             )?;
             println!("step {iter}: train loss {t:.4}, val loss {v:.4}");
+            since = None;
             if v < best {
                 best = v;
                 if iter > first_iter {
@@ -333,7 +338,10 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         let lr = schedule.learning_rate(iter as u64);
         opt_decay.set_learning_rate(lr);
         opt_plain.set_learning_rate(lr);
-        let start = Instant::now();
+        if since.is_none() {
+            backend.synchronize().map_err(|x| x.to_string())?;
+            since = Some((Instant::now(), iter));
+        }
         for p in &params {
             p.zero_grad();
         }
@@ -362,10 +370,13 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         opt_decay.step(&decay).map_err(e)?;
         opt_plain.step(&plain).map_err(e)?;
         if iter % args.log_interval == 0 {
-            // Reading the loss waits for the step: the time is the step's.
+            // Reading the loss waits for the step, and so for every step queued since the clock
+            // started: their mean time.
             let l = loss.item().map_err(e)?;
-            let ms = start.elapsed().as_secs_f64() * 1e3;
+            let (start, from) = since.take().expect("started above");
+            let ms = start.elapsed().as_secs_f64() * 1e3 / (iter + 1 - from) as f64;
             times.push(ms);
+            since = Some((Instant::now(), iter + 1));
             println!(
                 "iter {iter}: loss {l:.4}, {ms:.2} ms, {:.0} tokens/s, lr {lr:.2e}",
                 tokens_per_iter as f64 / (ms / 1e3)
