@@ -34,7 +34,7 @@ pub fn output<B: DeviceBuffer>(op: &'static str, v: View<'_, B>) -> Result<()> {
 }
 
 /// An input that an output must not overlap: a different buffer, addresses outside the
-/// output's range, or interleaved slices that provably never meet ([`interleaved_apart`]:
+/// output's range, or interleaved slices that provably never meet (`interleaved_apart`:
 /// the q, k and v columns of one packed buffer). With `in_place`, a view identical to the
 /// output's is allowed too (an elementwise primitive reads each element before it writes it).
 pub fn disjoint<B: DeviceBuffer>(
