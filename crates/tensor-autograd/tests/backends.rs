@@ -77,6 +77,13 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
         &[(&[6, 5], Tr)],
         &move |v| v[0].index_select(0, &it)?.cross_entropy(&ct),
     );
+    let wide: Vec<u32> = (0..9).map(|k| (k * 7 % 40) as u32).collect();
+    let wt = Tensor::from_elements(dev, &wide, &[9]).unwrap();
+    cases.run(
+        "cross_entropy over 40 classes",
+        &[(&[9, 40], Tr)],
+        &move |v| v[0].mul_scalar(4.0)?.cross_entropy(&wt),
+    );
     cases.run("losses", &[(&[7, 4], Tr), (&[7, 4], C)], &|v| {
         let p = v[1].sigmoid()?.detach();
         v[0].mse_loss(&v[1])?.add(&v[0].bce_with_logits(&p)?)

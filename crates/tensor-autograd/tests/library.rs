@@ -555,3 +555,35 @@ fn dropout_compiles_once_for_every_stream() {
         "a new stream compiled a new program"
     );
 }
+
+/// Cross-entropy over many classes (its wide path) gives the composition's loss bit for bit
+/// and its gradient to rounding, with an infinite logit row-maximum and i32 labels; a label
+/// out of range is an error.
+#[test]
+fn wide_cross_entropy_matches_the_composition() {
+    let dev = CpuBackend::new();
+    let (n, c) = (6usize, 37usize);
+    let mut v: Vec<f32> = (0..n * c)
+        .map(|i| ((i * 7919) % 113) as f32 * 0.09 - 5.0)
+        .collect();
+    v[c + 3] = f32::NEG_INFINITY;
+    let x = T::from_slice(&dev, &v, &[n, c]).unwrap().requires_grad();
+    let labels: Vec<i32> = vec![0, 36, 5, 17, 2, 30];
+    let t = T::from_elements(&dev, &labels, &[n]).unwrap();
+    let fused = x.cross_entropy(&t).unwrap();
+    fused.backward().unwrap();
+    let g_fused = x.grad().unwrap().to_vec().unwrap();
+    x.zero_grad();
+    let composed = x.log_softmax(1).unwrap().nll_loss(&t).unwrap();
+    composed.backward().unwrap();
+    let g_composed = x.grad().unwrap().to_vec().unwrap();
+    assert_eq!(
+        fused.item().unwrap().to_bits(),
+        composed.item().unwrap().to_bits()
+    );
+    for (a, b) in g_fused.iter().zip(&g_composed) {
+        assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+    let bad = T::from_elements(&dev, &[0i32, 1, 37, 0, 0, 0], &[n]).unwrap();
+    assert!(x.cross_entropy(&bad).is_err());
+}

@@ -47,7 +47,10 @@ impl<B: Backend> Tensor<B> {
     /// `nll_loss(log_softmax(self))`. For f32 logits of at most 32 classes it
     /// runs as two IR kernels forward (each row's log-sum-exp and loss in one thread, then
     /// their mean) and one backward (`(softmax - onehot) g / N` per element), instead of the
-    /// dozen or so launches of the composition each way.
+    /// dozen or so launches of the composition each way. With more classes (a language
+    /// model's vocabulary) the forward pass is the composition's arithmetic over the rows
+    /// (max, shifted exp in one kernel, sum, log) and the backward one kernel: the `[N, C]`
+    /// logits are read four times and written twice, not the composition's dozen times.
     pub fn cross_entropy(&self, target: &Tensor<B>) -> Result<Self> {
         if self.rank() != 2 {
             return Err(shape_error(
@@ -67,6 +70,14 @@ impl<B: Backend> Tensor<B> {
             && n * c < u32::MAX as usize
         {
             return fused_cross_entropy(self, target);
+        }
+        if fits
+            && self.dtype() == DType::F32
+            && matches!(target.dtype(), DType::U32 | DType::I32)
+            && n > 0
+            && n * c < u32::MAX as usize
+        {
+            return wide_cross_entropy(self, target);
         }
         self.log_softmax(1)?.nll_loss(target)
     }
@@ -177,6 +188,71 @@ fn fused_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Re
             Ok(vec![Some(grad)])
         },
     ))
+}
+
+/// [`Tensor::cross_entropy`] for f32 `logits [N, C]` with more classes than one thread
+/// keeps (checked by the caller): `lse = log(sum exp(x - m)) + m` with `m` the row maximum
+/// (0 where infinite, as the composition's), the loss `mean(lse - x[label])`, the gradient
+/// [`gradient_program`]'s.
+fn wide_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Result<Tensor<B>> {
+    let (n, c) = (logits.shape()[0], logits.shape()[1]);
+    let b = logits.backend().clone();
+    let x = logits.materialize(&[n, c])?.detach();
+    let labels = target.materialize(&[n])?.detach();
+    let (loss, lse) = crate::no_grad(|| -> Result<(Tensor<B>, Tensor<B>)> {
+        let m = x.max(1, false)?;
+        let inf = Tensor::full(&b, &[], f64::INFINITY, DType::F32)?;
+        let zero = Tensor::zeros(&b, &[], DType::F32)?;
+        let m = m.abs()?.lt(&inf)?.where_cond(&m, &zero)?;
+        let shifted = Tensor::for_write(&b, &[n, c], DType::F32)?;
+        let kernel = b.compile(&shifted_exp_program(c)?)?;
+        b.launch(&kernel, &[x.buffer(), m.buffer(), shifted.buffer()], n * c)?;
+        let lse = shifted.sum(&[1], false)?.log()?.add(&m)?;
+        // gather checks every label against C (an error names the bad one).
+        let picked = x.gather(1, &labels.reshape(&[n, 1])?)?.reshape(&[n])?;
+        Ok((lse.sub(&picked)?.mean_all()?, lse))
+    })?;
+    let label_dtype = target.dtype();
+    Ok(Tensor::from_op(
+        loss,
+        "cross_entropy",
+        &[logits],
+        move |g| {
+            let g = g.materialize(&[])?;
+            let grad = Tensor::for_write(&b, &[n, c], DType::F32)?;
+            let kernel = b.compile(&gradient_program(n, c, label_dtype)?)?;
+            b.launch(
+                &kernel,
+                &[
+                    x.buffer(),
+                    labels.buffer(),
+                    lse.buffer(),
+                    g.buffer(),
+                    grad.buffer(),
+                ],
+                n * c,
+            )?;
+            Ok(vec![Some(grad)])
+        },
+    ))
+}
+
+/// One thread per element `(i, k)` of `x [N, C]`: `out = exp(x - m[i])`. Buffers `[x, m,
+/// out]`.
+fn shifted_exp_program(c: usize) -> Result<hal::ir::Program> {
+    let mut p = ProgramBuilder::new("cross_entropy_shifted_exp");
+    let x = p.buffer(DType::F32, Access::Read);
+    let m = p.buffer(DType::F32, Access::Read);
+    let out = p.buffer(DType::F32, Access::Write);
+    let t = p.index();
+    let cc = p.const_u32(c as u32);
+    let i = p.div(t, cc);
+    let xv = p.load(x, t);
+    let mv = p.load(m, i);
+    let shifted = p.sub(xv, mv);
+    let e = p.unary(IrUnary::Exp, shifted);
+    p.store(out, t, e);
+    Ok(p.build()?)
 }
 
 /// Loads label `i` as u32 (an i32 label below zero becomes a huge index, which the range
