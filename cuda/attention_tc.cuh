@@ -61,6 +61,23 @@ __device__ __forceinline__ void tc_issue_tile(const float* __restrict__ x, const
     }
 }
 
+// The double-buffered pipeline over `tiles` tiles: `tc_pipeline_start` starts tile 0's copy
+// into buffer 0; `tc_pipeline_step(it, ...)` starts tile it + 1's into the other buffer and
+// waits for tile it's. `issue(tile, buffer)` starts one tile's copies.
+template <typename Issue> __device__ __forceinline__ void tc_pipeline_start(int tiles, Issue issue) {
+    if (tiles > 0) issue(0, 0);
+    cp_async_commit();
+}
+template <typename Issue> __device__ __forceinline__ void tc_pipeline_step(int it, int tiles, Issue issue) {
+    if (it + 1 < tiles) {
+        issue(it + 1, (it + 1) & 1);
+        cp_async_commit();
+        cp_async_wait_all_but<1>();
+    } else {
+        cp_async_wait_all_but<0>();
+    }
+}
+
 // Scores of rows (g, g+8) x columns (2t, 2t+1) of each of a tile's four 8-key groups: scaled
 // (q was), masked, causal; -inf where a key is past tk.
 __device__ __forceinline__ void tc_mask(const AttnArgs& a, const float* mask, const Op4& mo, int b, int h, int i0,
@@ -128,21 +145,14 @@ extern "C" __global__ void __launch_bounds__(128)
     int kend = a.tk;
     if (a.causal) kend = min(kend, blk0 + 64);
     const int tiles = (kend + TC_BK - 1) / TC_BK;
-    if (tiles > 0) {
-        tc_issue_tile(k, ko, b, h, 0, a.tk, a.d, ks[0]);
-        tc_issue_tile(v, vo, b, h, 0, a.tk, a.dv, vs[0]);
-    }
-    cp_async_commit();
+    auto issue = [&](int tile, int buf) {
+        tc_issue_tile(k, ko, b, h, tile * TC_BK, a.tk, a.d, ks[buf]);
+        tc_issue_tile(v, vo, b, h, tile * TC_BK, a.tk, a.dv, vs[buf]);
+    };
+    tc_pipeline_start(tiles, issue);
     for (int it = 0; it < tiles; ++it) {
         const int j0 = it * TC_BK, buf = it & 1;
-        if (it + 1 < tiles) {
-            tc_issue_tile(k, ko, b, h, j0 + TC_BK, a.tk, a.d, ks[buf ^ 1]);
-            tc_issue_tile(v, vo, b, h, j0 + TC_BK, a.tk, a.dv, vs[buf ^ 1]);
-            cp_async_commit();
-            cp_async_wait_all_but<1>();
-        } else {
-            cp_async_wait_all_but<0>();
-        }
+        tc_pipeline_step(it, tiles, issue);
         float s[4][4];
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
@@ -335,9 +345,10 @@ extern "C" __global__ void __launch_bounds__(128, 3)
         for (int e = 0; e < 4; ++e) gk[nt][e] = gv[nt][e] = 0.0f;
     const int istart = a.causal ? (blk0 / TC_BK) * TC_BK : 0;
     const int tiles = a.tq > istart ? (a.tq - istart + TC_BK - 1) / TC_BK : 0;
-    // Query tile `i0` into buffer `buf`: q, dout, and the rows' log-sum-exps and deltas (rows
-    // past tq read as 0; no weight of theirs is formed).
-    auto issue = [&](int i0, int buf) {
+    // Query tile `tile` (rows from istart + tile TC_BK) into buffer `buf`: q, dout, and the
+    // rows' log-sum-exps and deltas (rows past tq read as 0; no weight of theirs is formed).
+    auto issue = [&](int tile, int buf) {
+        const int i0 = istart + tile * TC_BK;
         tc_issue_tile(q, qo, b, h, i0, a.tq, a.d, qs[buf]);
         tc_issue_tile(dout, go, b, h, i0, a.tq, a.dv, gs[buf]);
         if (threadIdx.x < TC_BK) {
@@ -347,17 +358,10 @@ extern "C" __global__ void __launch_bounds__(128, 3)
             cp_async4(&dls[buf][threadIdx.x], ok ? delta + (i64)bh * a.tq + i : delta, ok);
         }
     };
-    if (tiles > 0) issue(istart, 0);
-    cp_async_commit();
+    tc_pipeline_start(tiles, issue);
     for (int it = 0; it < tiles; ++it) {
         const int i0 = istart + it * TC_BK, buf = it & 1;
-        if (it + 1 < tiles) {
-            issue(i0 + TC_BK, buf ^ 1);
-            cp_async_commit();
-            cp_async_wait_all_but<1>();
-        } else {
-            cp_async_wait_all_but<0>();
-        }
+        tc_pipeline_step(it, tiles, issue);
         float st[4][4], dpt[4][4];
         tc_times_rows(ka, qs[buf], st);
         tc_times_rows(va, gs[buf], dpt);
@@ -430,21 +434,14 @@ extern "C" __global__ void __launch_bounds__(128)
     int kend = a.tk;
     if (a.causal) kend = min(kend, blk0 + 64);
     const int tiles = (kend + TC_BK - 1) / TC_BK;
-    if (tiles > 0) {
-        tc_issue_tile(k, ko, b, h, 0, a.tk, a.d, ks[0]);
-        tc_issue_tile(v, vo, b, h, 0, a.tk, a.dv, vs[0]);
-    }
-    cp_async_commit();
+    auto issue = [&](int tile, int buf) {
+        tc_issue_tile(k, ko, b, h, tile * TC_BK, a.tk, a.d, ks[buf]);
+        tc_issue_tile(v, vo, b, h, tile * TC_BK, a.tk, a.dv, vs[buf]);
+    };
+    tc_pipeline_start(tiles, issue);
     for (int it = 0; it < tiles; ++it) {
         const int j0 = it * TC_BK, buf = it & 1;
-        if (it + 1 < tiles) {
-            tc_issue_tile(k, ko, b, h, j0 + TC_BK, a.tk, a.d, ks[buf ^ 1]);
-            tc_issue_tile(v, vo, b, h, j0 + TC_BK, a.tk, a.dv, vs[buf ^ 1]);
-            cp_async_commit();
-            cp_async_wait_all_but<1>();
-        } else {
-            cp_async_wait_all_but<0>();
-        }
+        tc_pipeline_step(it, tiles, issue);
         float s[4][4], dp[4][4];
         tc_times_rows(qa, ks[buf], s);
         tc_times_rows(ga, vs[buf], dp);

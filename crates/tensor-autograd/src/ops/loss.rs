@@ -171,21 +171,12 @@ fn fused_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Re
                     return Ok(vec![Some(gradient)]);
                 }
             }
-            let g = g.materialize(&[])?;
-            let grad = Tensor::for_write(&b, &[n, c], DType::F32)?;
-            let kernel = b.compile(&gradient_program(n, c, label_dtype)?)?;
-            b.launch(
-                &kernel,
-                &[
-                    x.buffer(),
-                    labels.buffer(),
-                    lse.buffer(),
-                    g.buffer(),
-                    grad.buffer(),
-                ],
-                n * c,
-            )?;
-            Ok(vec![Some(grad)])
+            Ok(vec![Some(gradient(
+                &b,
+                [&x, &labels, &lse],
+                g,
+                label_dtype,
+            )?)])
         },
     ))
 }
@@ -218,21 +209,12 @@ fn wide_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Res
         "cross_entropy",
         &[logits],
         move |g| {
-            let g = g.materialize(&[])?;
-            let grad = Tensor::for_write(&b, &[n, c], DType::F32)?;
-            let kernel = b.compile(&gradient_program(n, c, label_dtype)?)?;
-            b.launch(
-                &kernel,
-                &[
-                    x.buffer(),
-                    labels.buffer(),
-                    lse.buffer(),
-                    g.buffer(),
-                    grad.buffer(),
-                ],
-                n * c,
-            )?;
-            Ok(vec![Some(grad)])
+            Ok(vec![Some(gradient(
+                &b,
+                [&x, &labels, &lse],
+                g,
+                label_dtype,
+            )?)])
         },
     ))
 }
@@ -253,6 +235,32 @@ fn shifted_exp_program(c: usize) -> Result<hal::ir::Program> {
     let e = p.unary(IrUnary::Exp, shifted);
     p.store(out, t, e);
     Ok(p.build()?)
+}
+
+/// The cross-entropy gradient `(softmax - onehot) g / N` over logits `x [N, C]` from the
+/// rows' log-sum-exps ([`gradient_program`], one launch).
+fn gradient<B: Backend>(
+    b: &B,
+    [x, labels, lse]: [&Tensor<B>; 3],
+    g: &Tensor<B>,
+    label_dtype: DType,
+) -> Result<Tensor<B>> {
+    let (n, c) = (x.shape()[0], x.shape()[1]);
+    let g = g.materialize(&[])?;
+    let grad = Tensor::for_write(b, &[n, c], DType::F32)?;
+    let kernel = b.compile(&gradient_program(n, c, label_dtype)?)?;
+    b.launch(
+        &kernel,
+        &[
+            x.buffer(),
+            labels.buffer(),
+            lse.buffer(),
+            g.buffer(),
+            grad.buffer(),
+        ],
+        n * c,
+    )?;
+    Ok(grad)
 }
 
 /// Loads label `i` as u32 (an i32 label below zero becomes a huge index, which the range
