@@ -1,5 +1,6 @@
 //! Gradient clipping by the global norm, over every gradient in a few launches.
 
+use super::grouped::size_groups;
 use super::{dense_grad, unique_params};
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -14,10 +15,10 @@ const CLIP_GROUP: usize = 64;
 /// Scales the parameters' gradients so their joint L2 norm is at most `max_norm` and returns
 /// the norm before clipping (a one-element device tensor: nothing is read back).
 ///
-/// One pass over the gradients: launches over groups of gradients (as many as a program may
-/// bind, up to 64) add each element's square into a per-position accumulator (the group's
-/// shorter gradients end early), one reduction sums it, and grouped launches multiply every
-/// gradient in place by
+/// One pass over the gradients: launches over groups of gradients of similar lengths (as many
+/// as a program may bind, up to 64) add each element's square into a per-position
+/// accumulator (the group's shorter gradients end early), one reduction sums it, and grouped
+/// launches multiply every gradient in place by
 /// `min(1, max_norm / (norm + 1e-6))`, computed on the device. The sums run in a fixed
 /// order, so a run is repeatable. Gradients are made dense f32 (and set back) first. Where a
 /// parameter is not a dense f32 tensor, or two gradients share memory, each gradient is
@@ -55,25 +56,29 @@ pub fn clip_grad_norm<B: Backend>(
         if longest == 0 {
             squares.backend().fill(squares.view(), 0.0)?;
         }
-        let nonempty: Vec<&Tensor<B>> = grads.iter().copied().filter(|g| g.numel() > 0).collect();
         let per_launch = CLIP_GROUP
             .min(b.capabilities().program_buffers.saturating_sub(1))
             .max(1);
-        for (k, group) in nonempty.chunks(per_launch).enumerate() {
-            let lens: Vec<usize> = group.iter().map(|g| g.numel()).collect();
-            let kernel = b.compile(&sum_squares_program(&lens, longest, k == 0)?)?;
-            let mut args: Vec<&B::Buffer> = group.iter().map(|g| g.buffer()).collect();
+        // Groups of similar lengths, the longest first: the first launch writes every
+        // position of `squares`, later ones add over their own longest member's length.
+        let lens: Vec<usize> = grads.iter().map(|g| g.numel()).collect();
+        let groups = size_groups(&lens, per_launch);
+        for (k, group) in groups.iter().enumerate() {
+            let group_lens: Vec<usize> = group.iter().map(|&i| lens[i]).collect();
+            let reach = group_lens[0];
+            let kernel = b.compile(&sum_squares_program(&group_lens, reach, k == 0)?)?;
+            let mut args: Vec<&B::Buffer> = group.iter().map(|&i| grads[i].buffer()).collect();
             args.push(squares.buffer());
-            b.launch(&kernel, &args, longest)?;
+            b.launch(&kernel, &args, reach)?;
         }
         let norm = squares.sum_all()?.sqrt()?;
         let scale = clip_scale(&norm, max_norm)?;
-        for group in nonempty.chunks(per_launch) {
-            let lens: Vec<usize> = group.iter().map(|g| g.numel()).collect();
-            let kernel = b.compile(&scale_program(&lens)?)?;
-            let mut args: Vec<&B::Buffer> = group.iter().map(|g| g.buffer()).collect();
+        for group in &groups {
+            let group_lens: Vec<usize> = group.iter().map(|&i| lens[i]).collect();
+            let kernel = b.compile(&scale_program(&group_lens)?)?;
+            let mut args: Vec<&B::Buffer> = group.iter().map(|&i| grads[i].buffer()).collect();
             args.push(scale.buffer());
-            b.launch(&kernel, &args, lens.iter().copied().max().unwrap_or(0))?;
+            b.launch(&kernel, &args, group_lens[0])?;
         }
         for (p, g) in pairs {
             p.set_grad(Some(g));
