@@ -1,7 +1,7 @@
 // hal::layer_norm: a warp per row for the statistics, the output and dx (the row read twice
 // forward, both sums in one pass backward); the parameter gradients sum rows per column in
-// fixed chunks, then the chunks in order, so every result is deterministic. Templates over
-// float and double.
+// fixed chunks, then the chunks in a fixed order (a warp a column), so every result is
+// deterministic. Templates over float and double.
 #include "common.cuh"
 
 // A rank-2 operand [rows, n] (or rank 1, s1 unused): its element offset and strides.
@@ -97,18 +97,23 @@ __device__ void layer_norm_bwd_partial(const T* __restrict__ x, Op2 xo, const T*
     pb[chunk * n + c] = sb;
 }
 
-// The chunks' partials summed in order per column into dweight and dbias (where wanted).
+// The chunks' partials summed per column into dweight and dbias (where wanted): a warp a
+// column, lane l adding chunks l, l + 32, ... in order, then the lanes' sums in a fixed tree.
 template <typename T>
 __device__ void layer_norm_bwd_params(const T* __restrict__ pw, const T* __restrict__ pb, i64 chunks, i64 n,
                                       T* __restrict__ dw, Op2 dwo, int want_w, T* __restrict__ db, Op2 dbo,
                                       int want_b) {
-    const i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const i64 c = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
     if (c >= n) return;
     T sw = (T)0, sb = (T)0;
-    for (i64 k = 0; k < chunks; ++k) {
+    for (i64 k = lane; k < chunks; k += 32) {
         sw += pw[k * n + c];
         sb += pb[k * n + c];
     }
+    sw = warp_total(sw);
+    sb = warp_total(sb);
+    if (lane != 0) return;
     if (want_w) dw[dwo.off + c * dwo.s0] = sw;
     if (want_b) db[dbo.off + c * dbo.s0] = sb;
 }

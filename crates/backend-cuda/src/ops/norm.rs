@@ -149,8 +149,9 @@ pub(crate) fn layer_norm_backward(
             "layer_norm_bwd_params_f32",
             "layer_norm_bwd_params_f64",
         ))?,
-        (cols, 1, 1),
-        128,
+        // A warp a column, eight a block.
+        (n.div_ceil(8).max(1) as u32, 1, 1),
+        256,
         a,
     )
 }
