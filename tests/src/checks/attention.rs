@@ -223,6 +223,11 @@ fn exact(c: &Case) -> Exact {
             }
             let g = |e: usize| at(&c.dout, bh, tq, dv, i, e);
             let delta: f64 = (0..dv).map(|e| g(e) * out[r * dv + e]).sum();
+            // What moves delta: its terms' magnitudes and the error of the output it is
+            // formed from (which can dwarf delta itself where its terms cancel).
+            let delta_mag: f64 = (0..dv)
+                .map(|e| g(e).abs() * (out[r * dv + e].abs() + out_mag[r * dv + e]))
+                .sum();
             for j in 0..tk {
                 if p[j] == 0.0 {
                     continue;
@@ -232,7 +237,7 @@ fn exact(c: &Case) -> Exact {
                     .map(|e| (g(e) * at(&c.v, bh, tk, dv, j, e)).abs())
                     .sum();
                 let ds = scale * p[j] * (z(j) * dp - delta);
-                let ds_mag = scale * p[j] * (z(j) * dp_mag + delta.abs()) * moved(j);
+                let ds_mag = scale * p[j] * (z(j) * dp_mag + delta_mag) * moved(j);
                 let kr = bh * tk + j;
                 for e in 0..d {
                     let kv = at(&c.k, bh, tk, d, j, e);
