@@ -61,6 +61,21 @@ __device__ __forceinline__ void tc_issue_tile(const float* __restrict__ x, const
     }
 }
 
+// The key/value tiles a query block starting at row blk0 visits (causal: none past its last
+// row), and tile `tile`'s copies of k and v into the given buffers (the forward pass's value
+// tile has its own leading dimension).
+__device__ __forceinline__ int tc_key_tiles(const AttnArgs& a, int blk0) {
+    const int kend = a.causal ? min(a.tk, blk0 + 64) : a.tk;
+    return (kend + TC_BK - 1) / TC_BK;
+}
+template <int LDV>
+__device__ __forceinline__ void tc_issue_kv(const float* __restrict__ k, const Op4& ko, const float* __restrict__ v,
+                                            const Op4& vo, const AttnArgs& a, int b, int h, int tile,
+                                            float (*ks)[TC_KLD], float (*vs)[LDV]) {
+    tc_issue_tile(k, ko, b, h, tile * TC_BK, a.tk, a.d, ks);
+    tc_issue_tile(v, vo, b, h, tile * TC_BK, a.tk, a.dv, vs);
+}
+
 // The double-buffered pipeline over `tiles` tiles: `tc_pipeline_start` starts tile 0's copy
 // into buffer 0; `tc_pipeline_step(it, ...)` starts tile it + 1's into the other buffer and
 // waits for tile it's. `issue(tile, buffer)` starts one tile's copies.
@@ -142,13 +157,8 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    int kend = a.tk;
-    if (a.causal) kend = min(kend, blk0 + 64);
-    const int tiles = (kend + TC_BK - 1) / TC_BK;
-    auto issue = [&](int tile, int buf) {
-        tc_issue_tile(k, ko, b, h, tile * TC_BK, a.tk, a.d, ks[buf]);
-        tc_issue_tile(v, vo, b, h, tile * TC_BK, a.tk, a.dv, vs[buf]);
-    };
+    const int tiles = tc_key_tiles(a, blk0);
+    auto issue = [&](int tile, int buf) { tc_issue_kv(k, ko, v, vo, a, b, h, tile, ks[buf], vs[buf]); };
     tc_pipeline_start(tiles, issue);
     for (int it = 0; it < tiles; ++it) {
         const int j0 = it * TC_BK, buf = it & 1;
@@ -431,13 +441,8 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) gq[nt][e] = 0.0f;
-    int kend = a.tk;
-    if (a.causal) kend = min(kend, blk0 + 64);
-    const int tiles = (kend + TC_BK - 1) / TC_BK;
-    auto issue = [&](int tile, int buf) {
-        tc_issue_tile(k, ko, b, h, tile * TC_BK, a.tk, a.d, ks[buf]);
-        tc_issue_tile(v, vo, b, h, tile * TC_BK, a.tk, a.dv, vs[buf]);
-    };
+    const int tiles = tc_key_tiles(a, blk0);
+    auto issue = [&](int tile, int buf) { tc_issue_kv(k, ko, v, vo, a, b, h, tile, ks[buf], vs[buf]); };
     tc_pipeline_start(tiles, issue);
     for (int it = 0; it < tiles; ++it) {
         const int j0 = it * TC_BK, buf = it & 1;

@@ -56,7 +56,7 @@ impl AttentionParams {
     /// The 32-bit threshold at and above which a Philox word keeps its weight: a weight is
     /// kept where `unit_uniform(word) >= dropout`, i.e. where `word >> 8 >= ceil(dropout * 2^24)`.
     pub fn keep_threshold(&self) -> u32 {
-        (self.dropout as f64 * 16_777_216.0).ceil() as u32
+        crate::random::keep_threshold(self.dropout)
     }
 }
 

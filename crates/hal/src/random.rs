@@ -48,6 +48,14 @@ pub fn unit_uniform(word: u32) -> f32 {
     (word >> 8) as f32 * (1.0 / 16_777_216.0)
 }
 
+/// Dropout's keep rule: a word `w` survives dropout `p` where `(w >> 8) >= keep_threshold(p)`,
+/// which is `unit_uniform(w) >= p` in integers (`ceil(p 2^24)`). Tensor dropout and the fused
+/// attention's both decide by it, so a composed attention drops the fused one's weights.
+#[inline]
+pub fn keep_threshold(p: f32) -> u32 {
+    (p as f64 * 16_777_216.0).ceil() as u32
+}
+
 /// The value at stream position `index` for `dist` under `seed`.
 ///
 /// Uniform: `low + (high - low) * u` with `u = unit_uniform(w0)`.

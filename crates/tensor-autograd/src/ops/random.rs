@@ -46,7 +46,7 @@ impl Mask {
         let x = x.stored_as(&layout)?;
         let residual = residual.map(|r| r.stored_as(&layout)).transpose()?;
         let stream = backend.upload(&hal::random::stream_words(self.seed, self.offset))?;
-        let threshold = (self.p as f64 * 16_777_216.0).ceil() as u32;
+        let threshold = hal::random::keep_threshold(self.p);
         let scale = 1.0 / (1.0 - self.p);
         let mut b = ProgramBuilder::new(name);
         let xb = b.buffer(x.dtype(), Access::Read);

@@ -9,14 +9,15 @@
 //! fused `adam_step`'s, rounding for rounding, with the bias corrections from the same f32
 //! powers the backends compute on the host.
 
-use super::{ADAM_GROUP, Adam, GroupRole, adam_group_program, dense_grad, unique_params};
+use super::{Adam, GroupRole, adam_group_program, dense_grad, unique_params};
 use crate::error::Result;
 use crate::tensor::Tensor;
 use hal::{AdamParams, Backend, BackendExt, DType};
 
-/// Parameters per eager launch at most: the backend's [`hal::Capabilities::program_buffers`]
-/// (four buffers a parameter and the values) decides below this.
-const EAGER_GROUP: usize = 4 * ADAM_GROUP;
+/// Parameters per eager launch at most (each thread visits every member): the backend's
+/// [`hal::Capabilities::program_buffers`] (four buffers a parameter and the values) decides
+/// below this.
+const EAGER_GROUP: usize = 12;
 
 /// Tensors of `lens` elements in groups of at most `per_launch`, for launches over each
 /// group's longest member: sorted by length (longest first, then by position), a group takes
