@@ -98,7 +98,13 @@ impl<B: Backend> Tensor<B> {
     /// The matrix product over the last two dimensions. Rank 2 and 3 operands combine with
     /// batch broadcasting; a rank-2 right operand multiplies any number of leading dimensions
     /// (`[.., k] @ [k, n]`); higher ranks need equal leading dimensions.
+    /// Under [`crate::autocast`], f32 operands are cast to the autocast dtype and the result
+    /// is stored in it.
     pub fn matmul(&self, other: &Tensor<B>) -> Result<Self> {
+        if crate::autocast_dtype().is_some() {
+            let (a, b) = (self.autocast_narrow()?, other.autocast_narrow()?);
+            return crate::autocast::outside(|| a.matmul_under(&b, None));
+        }
         self.matmul_under(other, None)
     }
 
@@ -157,17 +163,25 @@ impl<B: Backend> Tensor<B> {
     /// product's kernel (the wgpu backend does for products it splits over k, in the sum
     /// pass, and for small thin ones it runs whole: a training step's forward pass then
     /// launches one or two kernels a layer instead of four); the pre-activation values are
-    /// never stored. Otherwise the same as the separate operations.
+    /// never stored. Otherwise the same as the separate operations. Under
+    /// [`crate::autocast`], as `matmul` (the bias is cast too).
     pub fn linear_activation(
         &self,
         weight: &Tensor<B>,
         bias: Option<&Tensor<B>>,
         activation: Option<UnaryOp>,
     ) -> Result<Self> {
+        if crate::autocast_dtype().is_some() {
+            let (x, w) = (self.autocast_narrow()?, weight.autocast_narrow()?);
+            let b = bias.map(|b| b.autocast_narrow()).transpose()?;
+            return crate::autocast::outside(|| x.linear_activation(&w, b.as_ref(), activation));
+        }
         let fusable = self.rank() == 2
             && weight.rank() == 2
             && self.shape()[1] == weight.shape()[1]
             && self.dtype().is_float()
+            // The backends' fused epilogues have no f64 form: f64 takes the separate calls.
+            && self.dtype() != hal::DType::F64
             && weight.dtype() == self.dtype()
             && bias.is_none_or(|b| {
                 b.rank() == 1 && b.shape()[0] == weight.shape()[0] && b.dtype() == self.dtype()
@@ -296,13 +310,19 @@ impl<B: Backend> Tensor<B> {
     }
 
     /// 2-D convolution (cross-correlation, as PyTorch) of NCHW `self` with
-    /// `weight: [out, in / groups, kh, kw]`, plus `bias: [out]`.
+    /// `weight: [out, in / groups, kh, kw]`, plus `bias: [out]`. Under [`crate::autocast`],
+    /// as `matmul`.
     pub fn conv2d(
         &self,
         weight: &Tensor<B>,
         bias: Option<&Tensor<B>>,
         options: Conv2dOptions,
     ) -> Result<Self> {
+        if crate::autocast_dtype().is_some() {
+            let (x, w) = (self.autocast_narrow()?, weight.autocast_narrow()?);
+            let b = bias.map(|b| b.autocast_narrow()).transpose()?;
+            return crate::autocast::outside(|| x.conv2d(&w, b.as_ref(), options));
+        }
         if weight.rank() != 4 {
             return Err(invalid(
                 "conv2d",
