@@ -3,6 +3,8 @@
 //! `bench.py` times them, beside nanoGPT's own model in PyTorch in the same run where the
 //! host has PyTorch and nanoGPT's code (`--nanogpt DIR`, the folder holding its `model.py`):
 //! on CUDA eager and torch.compile with bf16 autocast, on the CPU eager f32 with 2 threads.
+//! Ours in f32, then, on devices with matrix units, with TF32 products and under bf16
+//! autocast.
 //! Configs: shakespeare-char, gpt2 (124M), small (the CPU test's model).
 
 use hal::Backend;
@@ -49,23 +51,34 @@ fn recipe(name: &str) -> Result<(GptConfig, usize), String> {
 }
 
 pub fn gpt<B: Backend>(b: &B, args: &GptArgs) -> Result<(), String> {
-    // Exact f32 products, then TF32 ones (`Precision::Fast`: nanoGPT's `allow_tf32`) where
-    // the device has them.
-    let mut policies = vec![hal::Precision::Exact];
-    if b.capabilities().fast_precision {
-        policies.push(hal::Precision::Fast);
-    }
-    for &policy in &policies {
-        gpt_under(&b.with_precision(policy), args, policy)?;
+    // Exact f32 products, then TF32 ones (`Precision::Fast`: nanoGPT's `allow_tf32`) and bf16
+    // autocast (nanoGPT's default where the GPU has bf16) where the device has matrix units.
+    for &(policy, mixed) in &variants(b) {
+        gpt_under(&b.with_precision(policy), args, (policy, mixed))?;
     }
     Ok(())
 }
 
-fn gpt_under<B: Backend>(b: &B, args: &GptArgs, policy: hal::Precision) -> Result<(), String> {
+/// The precision policies and autocast dtypes the suite times on `b`'s device, in order.
+fn variants<B: Backend>(b: &B) -> Vec<(hal::Precision, Option<hal::DType>)> {
+    let mut v = vec![(hal::Precision::Exact, None)];
+    if b.capabilities().fast_precision {
+        v.push((hal::Precision::Fast, None));
+        v.push((hal::Precision::Fast, Some(hal::DType::BF16)));
+    }
+    v
+}
+
+fn gpt_under<B: Backend>(
+    b: &B,
+    args: &GptArgs,
+    (policy, mixed): (hal::Precision, Option<hal::DType>),
+) -> Result<(), String> {
     let e = |e: tensor_autograd::Error| e.to_string();
-    let label = match policy {
-        hal::Precision::Fast => "f32, TF32 products",
-        _ => "f32",
+    let label = match (policy, mixed) {
+        (_, Some(dt)) => format!("{dt} autocast"),
+        (hal::Precision::Fast, None) => "f32, TF32 products".to_string(),
+        _ => "f32".to_string(),
     };
     for name in &args.configs {
         let (mut cfg, batch) = recipe(name)?;
@@ -102,7 +115,10 @@ fn gpt_under<B: Backend>(b: &B, args: &GptArgs, policy: hal::Precision) -> Resul
             for p in &params {
                 p.zero_grad();
             }
-            let loss = model.loss(x, y)?;
+            let loss = match mixed {
+                Some(dt) => tensor_autograd::autocast(dt, || model.loss(x, y))??,
+                None => model.loss(x, y)?,
+            };
             loss.backward()?;
             clip_grad_norm(&params, 1.0)?;
             od.step(&decay)?;
@@ -137,8 +153,8 @@ fn gpt_under<B: Backend>(b: &B, args: &GptArgs, policy: hal::Precision) -> Resul
             cfg.dropout,
             tokens / (ours / 1e3)
         );
-        // The peer once, after the last policy, with the recipe as it is.
-        if Some(policy) != last_policy(b) || args.dropout.is_some() {
+        // The peer once, after the last variant, with the recipe as it is.
+        if variants(b).last() != Some(&(policy, mixed)) || args.dropout.is_some() {
             continue;
         }
         // The peer on the same device: CUDA (eager, then torch.compile) or the CPU (eager).
@@ -178,13 +194,4 @@ fn gpt_under<B: Backend>(b: &B, args: &GptArgs, policy: hal::Precision) -> Resul
         }
     }
     Ok(())
-}
-
-/// The last policy `gpt` times on `b`'s device.
-fn last_policy<B: Backend>(b: &B) -> Option<hal::Precision> {
-    Some(if b.capabilities().fast_precision {
-        hal::Precision::Fast
-    } else {
-        hal::Precision::Exact
-    })
 }

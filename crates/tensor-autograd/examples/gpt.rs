@@ -20,9 +20,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 use tensor_autograd::gpt::{Gpt, GptConfig};
 use tensor_autograd::nn::Init;
-use tensor_autograd::optim::{Adam, Cosine, Optimizer, Schedule, clip_grad_norm};
+use tensor_autograd::optim::{Adam, Cosine, GradScaler, Optimizer, Schedule, clip_grad_norm};
 use tensor_autograd::text::{CharTokenizer, Gpt2Tokenizer, TokenStream, Tokenizer, write_tokens};
-use tensor_autograd::{Tensor, no_grad};
+use tensor_autograd::{Tensor, autocast, no_grad};
 
 #[derive(Parser, Debug)]
 #[command(about = "Train a GPT with nanoGPT's recipes")]
@@ -75,6 +75,11 @@ struct Args {
     /// sets `allow_tf32`) or `exact` (f32)
     #[arg(long, default_value = "fast")]
     precision: String,
+    /// Mixed precision: `none` (f32), `bf16` (nanoGPT's default on GPUs that have it) or
+    /// `f16` (with a loss scaler): products in that dtype, norms, attention and the loss in
+    /// f32, f32 master weights
+    #[arg(long, default_value = "none")]
+    autocast: String,
     /// Where the best checkpoint goes (safetensors, nanoGPT's names), with the optimiser's
     /// state beside it (`.adam-decay` and `.adam-plain` before the extension)
     #[arg(long, default_value = "target/gpt/ckpt.safetensors")]
@@ -98,7 +103,10 @@ fn main() -> ExitCode {
     unsafe { backends::quiet_headless_start() };
     let args = Args::parse();
     let choice = backends::resolve(&args.backend).to_string();
-    println!("gpt: backend {choice}, recipe {}", args.config);
+    println!(
+        "gpt: backend {choice}, recipe {}, autocast {}",
+        args.config, args.autocast
+    );
     match backends::on_backend!(choice.as_str(), with_policy(&args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -215,8 +223,8 @@ fn estimate<B: Backend>(
     backend: &B,
     stream: &TokenStream,
     state: &mut u64,
-    iters: usize,
-    batch: usize,
+    (iters, batch): (usize, usize),
+    mixed: Option<hal::DType>,
 ) -> Result<f32, String> {
     model.set_training(false);
     let block = model.config.block_size;
@@ -224,13 +232,24 @@ fn estimate<B: Backend>(
         let mut sum = 0.0;
         for _ in 0..iters {
             let (x, y) = stream.random_batch_tensors(backend, state, batch, block)?;
-            sum += model.loss(&x, &y)?.item()?;
+            sum += loss_under(mixed, || model.loss(&x, &y))?.item()?;
         }
         Ok(sum)
     })
     .map_err(|e| e.to_string())?;
     model.set_training(true);
     Ok(total / iters.max(1) as f32)
+}
+
+/// `f` under autocast to `mixed` where given.
+fn loss_under<R>(
+    mixed: Option<hal::DType>,
+    f: impl FnOnce() -> tensor_autograd::Result<R>,
+) -> tensor_autograd::Result<R> {
+    match mixed {
+        Some(dt) => autocast(dt, f)?,
+        None => f(),
+    }
 }
 
 fn with_policy<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
@@ -248,6 +267,13 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
     let (train, val, tok) = data(args, &work)?;
     let vocab = tok.as_ref().map_or(50304, |t| t.vocab_size());
     let cfg = config(args, vocab)?;
+    let mixed = match args.autocast.as_str() {
+        "none" => None,
+        "bf16" => Some(hal::DType::BF16),
+        "f16" => Some(hal::DType::F16),
+        a => return Err(format!("unknown autocast {a} (none, bf16 or f16)")),
+    };
+    let mut scaler = (mixed == Some(hal::DType::F16)).then(GradScaler::new);
     let batch = args
         .batch
         .unwrap_or(if args.config == "gpt2" { 12 } else { 64 });
@@ -310,16 +336,16 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
                 backend,
                 &train,
                 &mut eval_state,
-                args.eval_iters,
-                batch,
+                (args.eval_iters, batch),
+                mixed,
             )?;
             let v = estimate(
                 &mut model,
                 backend,
                 &val,
                 &mut eval_state,
-                args.eval_iters,
-                batch,
+                (args.eval_iters, batch),
+                mixed,
             )?;
             println!("step {iter}: train loss {t:.4}, val loss {v:.4}");
             since = None;
@@ -356,19 +382,31 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
                 .map_err(e)?;
             // Each micro-batch's mean loss divided by their number: the gradients sum to the
             // gradient of the whole step's mean.
-            let l = model.loss(&x, &y).map_err(e)?;
-            l.mul_scalar(1.0 / micro as f32)
+            let l = loss_under(mixed, || model.loss(&x, &y)).map_err(e)?;
+            let scaled = match &scaler {
+                Some(s) => s.scale_loss(&l).map_err(e)?,
+                None => l.clone(),
+            };
+            scaled
+                .mul_scalar(1.0 / micro as f32)
                 .map_err(e)?
                 .backward()
                 .map_err(e)?;
             loss = Some(l.detach());
         }
         let loss = loss.expect("at least one micro-batch");
-        if args.grad_clip > 0.0 {
-            clip_grad_norm(&params, args.grad_clip).map_err(e)?;
+        let clip = (args.grad_clip > 0.0).then_some(args.grad_clip);
+        if let Some(s) = &mut scaler {
+            s.unscale(&params, clip).map_err(e)?;
+            s.step(&mut [(&mut opt_decay, &decay), (&mut opt_plain, &plain)])
+                .map_err(e)?;
+        } else {
+            if let Some(max) = clip {
+                clip_grad_norm(&params, max).map_err(e)?;
+            }
+            opt_decay.step(&decay).map_err(e)?;
+            opt_plain.step(&plain).map_err(e)?;
         }
-        opt_decay.step(&decay).map_err(e)?;
-        opt_plain.step(&plain).map_err(e)?;
         if iter % args.log_interval == 0 {
             // Reading the loss waits for the step, and so for every step queued since the clock
             // started: their mean time.
@@ -394,6 +432,13 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
             "gpt on {}: median {median:.2} ms per iteration ({:.0} tokens/s){val}",
             backend.info().name,
             tokens_per_iter as f64 / (median / 1e3)
+        );
+    }
+    if let Some(s) = &scaler {
+        println!(
+            "gpt: loss scale {} at the end, {} steps skipped for overflow",
+            s.scale(),
+            s.skipped_steps()
         );
     }
     if best.is_finite() && args.out.exists() {

@@ -157,38 +157,49 @@ impl<B: Backend> Tensor<B> {
         let order = topological_order(self);
         let mut grads: HashMap<u64, Tensor<B>> = HashMap::new();
         grads.insert(self.id(), grad.clone());
-        no_grad(|| {
-            for t in order.iter().rev() {
-                let Some(g) = grads.remove(&t.id()) else {
-                    continue;
-                };
-                let Some(node) = &t.inner.node else {
-                    accumulate_leaf(t, g)?;
-                    continue;
-                };
-                let input_grads = (node.backward)(&g)?;
-                debug_assert_eq!(input_grads.len(), node.inputs.len(), "{}", node.name);
-                for (input, ig) in node.inputs.iter().zip(input_grads) {
-                    let Some(ig) = ig else { continue };
-                    if !input.requires_grad_flag() {
+        // Each backward computes in the dtypes its forward pass chose, whatever autocast
+        // scope the caller is in.
+        crate::autocast::outside(|| {
+            no_grad(|| {
+                for t in order.iter().rev() {
+                    let Some(g) = grads.remove(&t.id()) else {
                         continue;
-                    }
-                    if ig.shape() != input.shape() {
-                        return Err(Error::Autograd(format!(
-                            "internal: backward of {} gave a gradient of shape {:?} for an input of shape {:?}",
-                            node.name,
-                            ig.shape(),
-                            input.shape()
-                        )));
-                    }
-                    let sum = match grads.remove(&input.id()) {
-                        Some(prev) => prev.add(&ig)?,
-                        None => ig,
                     };
-                    grads.insert(input.id(), sum);
+                    let Some(node) = &t.inner.node else {
+                        accumulate_leaf(t, g)?;
+                        continue;
+                    };
+                    let input_grads = (node.backward)(&g)?;
+                    debug_assert_eq!(input_grads.len(), node.inputs.len(), "{}", node.name);
+                    for (input, ig) in node.inputs.iter().zip(input_grads) {
+                        let Some(ig) = ig else { continue };
+                        if !input.requires_grad_flag() {
+                            continue;
+                        }
+                        if ig.shape() != input.shape() {
+                            return Err(Error::Autograd(format!(
+                                "internal: backward of {} gave a gradient of shape {:?} for an input of shape {:?}",
+                                node.name,
+                                ig.shape(),
+                                input.shape()
+                            )));
+                        }
+                        // A gradient has its tensor's dtype (PyTorch's rule): a 16-bit
+                        // operand of a wider result gets its gradient rounded once, here.
+                        let ig = if ig.dtype() != input.dtype() && input.dtype().is_float() {
+                            ig.to_dtype(input.dtype())?
+                        } else {
+                            ig
+                        };
+                        let sum = match grads.remove(&input.id()) {
+                            Some(prev) => prev.add(&ig)?,
+                            None => ig,
+                        };
+                        grads.insert(input.id(), sum);
+                    }
                 }
-            }
-            Ok(())
+                Ok(())
+            })
         })
     }
 }

@@ -9,6 +9,8 @@
 //! - [`Tensor`] (`tensor.rs`): a buffer, a [`hal::Layout`] and, for results of differentiable
 //!   operations, the node that made it. Constructors, host transfer (`to_vec`, `item`), dtype
 //!   casts and device moves.
+//! - `autocast.rs`: mixed precision, [`autocast`] (products in bf16 or f16, norms, attention
+//!   and losses in f32, f32 master weights), as `torch.autocast`.
 //! - `autograd.rs`: the tape-free graph (each tensor holds its node), [`Tensor::backward`],
 //!   [`no_grad`].
 //! - `ops/`: every operation and its backward: `elementwise.rs` (arithmetic, math functions,
@@ -47,6 +49,7 @@
 //! the host unless asked (`to_vec`, `item`, a loss printed by the caller); backward runs on the
 //! device the forward ran on, with the backends' race-free reductions and scatter-adds.
 
+mod autocast;
 mod autograd;
 pub mod data;
 mod error;
@@ -60,6 +63,7 @@ pub mod optim;
 mod tensor;
 pub mod text;
 
+pub use autocast::{autocast, autocast_dtype};
 pub use autograd::{is_grad_enabled, no_grad};
 pub use error::{Error, Result};
 pub use gradcheck::{GradcheckOptions, GradcheckReport, gradcheck};

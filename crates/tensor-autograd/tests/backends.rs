@@ -112,6 +112,29 @@ fn suite<B: Backend>(dev: &B, seed: u64) -> Vec<(String, Vec<f32>)> {
             .exp()?
             .mul(&v[0].to_dtype(DType::F16)?)
     });
+    // Mixed precision: bf16 products (their rounding differs between devices by an ulp of
+    // bf16), f32 norm, attention and loss.
+    let labels: Vec<u32> = (0..14).map(|k| (k * 5 % 11) as u32).collect();
+    let lt = Tensor::from_elements(dev, &labels, &[14]).unwrap();
+    cases.run(
+        "bf16 autocast block",
+        &[
+            (&[2, 7, 12], C),
+            (&[36, 12], Tr),
+            (&[12], C),
+            (&[11, 12], C),
+        ],
+        &move |v| {
+            tensor_autograd::autocast(DType::BF16, || {
+                let qkv = v[0]
+                    .layer_norm(1, Some(&v[2]), None, 1e-5)?
+                    .linear(&v[1], None)?;
+                let a = qkv.qkv_attention(3, &Default::default())?.gelu()?;
+                let logits = v[0].add(&a)?.linear(&v[3], None)?.reshape(&[14, 11])?;
+                logits.cross_entropy(&lt)
+            })?
+        },
+    );
     cases.results
 }
 
@@ -240,9 +263,16 @@ fn compare(name: &str, reference: &[(String, Vec<f32>)], got: &[(String, Vec<f32
         assert_eq!(case, case2);
         assert_eq!(r.len(), g.len(), "{case}: sizes differ");
         // f32 math differs by ulps between devices, and sums are ordered differently; each
-        // value must agree within 1e-4 of the case's largest magnitude (1e-2 for f16 storage).
+        // value must agree within 1e-4 of the case's largest magnitude (1e-2 for f16 storage,
+        // 3e-2 for bf16 products).
         let scale = r.iter().fold(1e-3f64, |m, &v| m.max(v.abs() as f64));
-        let tol = if case.starts_with("f16") { 1e-2 } else { 1e-4 };
+        let tol = if case.starts_with("f16") {
+            1e-2
+        } else if case.starts_with("bf16") {
+            3e-2
+        } else {
+            1e-4
+        };
         for (i, (&a, &b)) in r.iter().zip(g).enumerate() {
             let err = (a as f64 - b as f64).abs() / scale;
             assert!(

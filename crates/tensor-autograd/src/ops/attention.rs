@@ -171,13 +171,24 @@ impl<B: Backend> Tensor<B> {
     /// `v: [b, h, tk, dv]` (any strides), as PyTorch's `scaled_dot_product_attention`, fused:
     /// one kernel forward and one backward on the GPUs, nothing `tq x tk` stored. The result
     /// `[b, h, tq, dv]` is laid out heads-last in memory. A row with every key masked gives 0
-    /// (PyTorch's composed form gives NaN). f32 or f64 (all operands one dtype).
+    /// (PyTorch's composed form gives NaN). f32 or f64 (all operands one dtype); under
+    /// [`crate::autocast`], 16-bit operands are widened to f32 first.
     pub fn scaled_dot_product_attention(
         &self,
         k: &Tensor<B>,
         v: &Tensor<B>,
         options: &AttentionOptions<B>,
     ) -> Result<Tensor<B>> {
+        if crate::autocast_dtype().is_some() {
+            let (q, k, v) = (
+                self.autocast_wide()?,
+                k.autocast_wide()?,
+                v.autocast_wide()?,
+            );
+            let mut options = options.clone();
+            options.mask = options.mask.map(|m| m.autocast_wide()).transpose()?;
+            return crate::autocast::outside(|| q.scaled_dot_product_attention(&k, &v, &options));
+        }
         let fused = Fused::new("scaled_dot_product_attention", [self, k, v], options)?;
         let (out, lse) = fused.forward()?;
         let saved = out.clone();
@@ -199,9 +210,16 @@ impl<B: Backend> Tensor<B> {
     /// `[b, t, c]` with the heads merged. The same as narrowing out q, k and v, splitting
     /// heads and calling [`Tensor::scaled_dot_product_attention`], without the copies: the
     /// kernels read the heads where they lie, the result is written heads-merged, and the
-    /// backward pass writes all three gradients into one `[b, t, 3 c]` tensor.
+    /// backward pass writes all three gradients into one `[b, t, 3 c]` tensor. Under
+    /// [`crate::autocast`], a 16-bit input is widened to f32 first.
     pub fn qkv_attention(&self, heads: usize, options: &AttentionOptions<B>) -> Result<Tensor<B>> {
         const OP: &str = "qkv_attention";
+        if crate::autocast_dtype().is_some() {
+            let x = self.autocast_wide()?;
+            let mut options = options.clone();
+            options.mask = options.mask.map(|m| m.autocast_wide()).transpose()?;
+            return crate::autocast::outside(|| x.qkv_attention(heads, &options));
+        }
         let shape = self.shape().to_vec();
         if shape.len() != 3 || heads == 0 || shape[2] % (3 * heads) != 0 {
             return Err(shape_error(

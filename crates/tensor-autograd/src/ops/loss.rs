@@ -11,6 +11,9 @@ pub(crate) const FUSED_CLASSES: usize = 32;
 impl<B: Backend> Tensor<B> {
     /// Mean squared error `mean((self - target)^2)`; the shapes must be equal.
     pub fn mse_loss(&self, target: &Tensor<B>) -> Result<Self> {
+        if crate::autocast::widens(self) || crate::autocast::widens(target) {
+            return self.autocast_wide()?.mse_loss(&target.autocast_wide()?);
+        }
         if self.shape() != target.shape() {
             return Err(shape_error(
                 "mse_loss",
@@ -25,6 +28,9 @@ impl<B: Backend> Tensor<B> {
     /// Negative log-likelihood of class `target[i]` (`u32` or `i32`, shape `[N]`) under
     /// log-probabilities `self: [N, C]`, averaged over the batch.
     pub fn nll_loss(&self, target: &Tensor<B>) -> Result<Self> {
+        if crate::autocast::widens(self) {
+            return self.autocast_wide()?.nll_loss(target);
+        }
         if self.rank() != 2 || target.rank() != 1 || target.shape()[0] != self.shape()[0] {
             return Err(shape_error(
                 "nll_loss",
@@ -51,6 +57,9 @@ impl<B: Backend> Tensor<B> {
     /// model's vocabulary) the forward pass is the composition's arithmetic over the rows
     /// (max, shifted exp in one kernel, sum, log) and the backward one kernel: the `[N, C]`
     /// logits are read four times and written twice, not the composition's dozen times.
+    /// That path also takes 16-bit logits as they are (no widened copy; the sums in f32, the
+    /// loss f32, the logits' gradient in their dtype), which is how it runs under
+    /// [`crate::autocast`].
     pub fn cross_entropy(&self, target: &Tensor<B>) -> Result<Self> {
         if self.rank() != 2 {
             return Err(shape_error(
@@ -72,14 +81,14 @@ impl<B: Backend> Tensor<B> {
             return fused_cross_entropy(self, target);
         }
         if fits
-            && self.dtype() == DType::F32
+            && matches!(self.dtype(), DType::F32 | DType::BF16 | DType::F16)
             && matches!(target.dtype(), DType::U32 | DType::I32)
             && n > 0
             && n * c < u32::MAX as usize
         {
             return wide_cross_entropy(self, target);
         }
-        self.log_softmax(1)?.nll_loss(target)
+        self.autocast_wide()?.log_softmax(1)?.nll_loss(target)
     }
 
     /// Binary cross-entropy of logits against targets in `[0, 1]` of the same shape, in the
@@ -87,6 +96,11 @@ impl<B: Backend> Tensor<B> {
     /// exact one, `(sigmoid(x) - y) / n` for the logits and `-x / n` for the targets, also at
     /// `x = 0` (where the stable form's pieces have no derivative).
     pub fn bce_with_logits(&self, target: &Tensor<B>) -> Result<Self> {
+        if crate::autocast::widens(self) || crate::autocast::widens(target) {
+            return self
+                .autocast_wide()?
+                .bce_with_logits(&target.autocast_wide()?);
+        }
         if self.shape() != target.shape() {
             return Err(shape_error(
                 "bce_with_logits",
@@ -181,8 +195,8 @@ fn fused_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Re
     ))
 }
 
-/// [`Tensor::cross_entropy`] for f32 `logits [N, C]` with more classes than one thread
-/// keeps (checked by the caller): `lse = log(sum exp(x - m)) + m` with `m` the row maximum
+/// [`Tensor::cross_entropy`] for f32 or 16-bit `logits [N, C]` with more classes than one
+/// thread keeps (checked by the caller): `lse = log(sum exp(x - m)) + m` with `m` the row maximum
 /// (0 where infinite, as the composition's), the loss `mean(lse - x[label])`, the gradient
 /// [`gradient_program`]'s.
 fn wide_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Result<Tensor<B>> {
@@ -194,9 +208,13 @@ fn wide_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Res
         let m = x.max(1, false)?;
         let inf = Tensor::full(&b, &[], f64::INFINITY, DType::F32)?;
         let zero = Tensor::zeros(&b, &[], DType::F32)?;
-        let m = m.abs()?.lt(&inf)?.where_cond(&m, &zero)?;
+        let m = m
+            .abs()?
+            .lt(&inf)?
+            .where_cond(&m, &zero)?
+            .to_dtype(DType::F32)?;
         let shifted = Tensor::for_write(&b, &[n, c], DType::F32)?;
-        let kernel = b.compile(&shifted_exp_program(c)?)?;
+        let kernel = b.compile(&shifted_exp_program(c, x.dtype())?)?;
         b.launch(&kernel, &[x.buffer(), m.buffer(), shifted.buffer()], n * c)?;
         let lse = shifted.sum(&[1], false)?.log()?.add(&m)?;
         // gather checks every label against C (an error names the bad one).
@@ -219,11 +237,11 @@ fn wide_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Res
     ))
 }
 
-/// One thread per element `(i, k)` of `x [N, C]`: `out = exp(x - m[i])`. Buffers `[x, m,
-/// out]`.
-fn shifted_exp_program(c: usize) -> Result<hal::ir::Program> {
+/// One thread per element `(i, k)` of `x [N, C]` (of `x_dtype`): `out = exp(x - m[i])`.
+/// Buffers `[x, m, out]`.
+fn shifted_exp_program(c: usize, x_dtype: DType) -> Result<hal::ir::Program> {
     let mut p = ProgramBuilder::new("cross_entropy_shifted_exp");
-    let x = p.buffer(DType::F32, Access::Read);
+    let x = p.buffer(x_dtype, Access::Read);
     let m = p.buffer(DType::F32, Access::Read);
     let out = p.buffer(DType::F32, Access::Write);
     let t = p.index();
@@ -238,7 +256,7 @@ fn shifted_exp_program(c: usize) -> Result<hal::ir::Program> {
 }
 
 /// The cross-entropy gradient `(softmax - onehot) g / N` over logits `x [N, C]` from the
-/// rows' log-sum-exps ([`gradient_program`], one launch).
+/// rows' log-sum-exps ([`gradient_program`], one launch), in the logits' dtype.
 fn gradient<B: Backend>(
     b: &B,
     [x, labels, lse]: [&Tensor<B>; 3],
@@ -246,9 +264,9 @@ fn gradient<B: Backend>(
     label_dtype: DType,
 ) -> Result<Tensor<B>> {
     let (n, c) = (x.shape()[0], x.shape()[1]);
-    let g = g.materialize(&[])?;
-    let grad = Tensor::for_write(b, &[n, c], DType::F32)?;
-    let kernel = b.compile(&gradient_program(n, c, label_dtype)?)?;
+    let g = g.materialize(&[])?.to_dtype(DType::F32)?;
+    let grad = Tensor::for_write(b, &[n, c], x.dtype())?;
+    let kernel = b.compile(&gradient_program(n, c, [x.dtype(), label_dtype])?)?;
     b.launch(
         &kernel,
         &[
@@ -362,14 +380,18 @@ fn gradient_element(
 }
 
 /// One thread per element `(i, k)` of the logits: `(exp(x - lse[i]) - [k == label[i]]) *
-/// g / N`. Buffers `[x, labels, lse, g, grad]`.
-fn gradient_program(n: usize, c: usize, label_dtype: DType) -> Result<hal::ir::Program> {
+/// g / N`. Buffers `[x, labels, lse, g, grad]`, `x` and `grad` of `x_dtype`.
+fn gradient_program(
+    n: usize,
+    c: usize,
+    [x_dtype, label_dtype]: [DType; 2],
+) -> Result<hal::ir::Program> {
     let mut p = ProgramBuilder::new("cross_entropy_gradient");
-    let x = p.buffer(DType::F32, Access::Read);
+    let x = p.buffer(x_dtype, Access::Read);
     let labels = p.buffer(label_dtype, Access::Read);
     let lse = p.buffer(DType::F32, Access::Read);
     let g = p.buffer(DType::F32, Access::Read);
-    let grad = p.buffer(DType::F32, Access::Write);
+    let grad = p.buffer(x_dtype, Access::Write);
     let t = p.index();
     let cc = p.const_u32(c as u32);
     let i = p.div(t, cc);

@@ -10,7 +10,8 @@ impl<B: Backend> Tensor<B> {
     /// Layer normalisation over the last `dims` dimensions (PyTorch's `layer_norm` with
     /// `normalized_shape` the trailing `dims` sizes): each slice is shifted to mean 0 and
     /// scaled to variance 1 (biased, plus `eps`), then scaled by `weight` and shifted by `bias`
-    /// (both shaped as the normalised dimensions) where given. f32 or f64, one dtype throughout.
+    /// (both shaped as the normalised dimensions) where given. f32 or f64, one dtype throughout;
+    /// under [`crate::autocast`], 16-bit operands are widened to f32 first.
     pub fn layer_norm(
         &self,
         dims: usize,
@@ -19,6 +20,12 @@ impl<B: Backend> Tensor<B> {
         eps: f32,
     ) -> Result<Tensor<B>> {
         const OP: &str = "layer_norm";
+        if crate::autocast_dtype().is_some() {
+            let x = self.autocast_wide()?;
+            let w = weight.map(|w| w.autocast_wide()).transpose()?;
+            let b = bias.map(|b| b.autocast_wide()).transpose()?;
+            return crate::autocast::outside(|| x.layer_norm(dims, w.as_ref(), b.as_ref(), eps));
+        }
         if dims == 0 || dims > self.rank() {
             return Err(invalid(
                 OP,

@@ -183,6 +183,9 @@ impl<B: Backend> Tensor<B> {
     /// A slice whose elements are all `-inf` gives `-inf` (the log of an empty sum; its
     /// gradient there is NaN, as PyTorch's); a slice holding `+inf` gives `+inf`.
     pub fn logsumexp(&self, axis: isize, keepdim: bool) -> Result<Self> {
+        if crate::autocast::widens(self) {
+            return self.autocast_wide()?.logsumexp(axis, keepdim);
+        }
         // The shift is a constant for the gradient (it cancels), so it is detached. An
         // infinite maximum shifts by 0 instead: `-inf - -inf` would be NaN.
         let m = self.max(axis, true)?.detach();
@@ -202,6 +205,9 @@ impl<B: Backend> Tensor<B> {
 
     /// `exp(x) / sum(exp(x))` along `axis`.
     pub fn softmax(&self, axis: isize) -> Result<Self> {
+        if crate::autocast::widens(self) {
+            return self.autocast_wide()?.softmax(axis);
+        }
         let m = self.max(axis, true)?.detach();
         let e = self.sub(&m)?.exp()?;
         e.div(&e.sum(&[axis], true)?)
@@ -209,6 +215,9 @@ impl<B: Backend> Tensor<B> {
 
     /// `x - logsumexp(x)` along `axis`.
     pub fn log_softmax(&self, axis: isize) -> Result<Self> {
+        if crate::autocast::widens(self) {
+            return self.autocast_wide()?.log_softmax(axis);
+        }
         self.sub(&self.logsumexp(axis, true)?)
     }
 }

@@ -27,13 +27,23 @@ pub fn clip_grad_norm<B: Backend>(
     params: &[Tensor<B>],
     max_norm: f32,
 ) -> Result<Option<Tensor<B>>> {
+    scale_by_norm(params, &|norm| clip_scale(norm, max_norm))
+}
+
+/// The passes of [`clip_grad_norm`] with the factor the gradients are multiplied by computed
+/// on the device from their joint norm by `factor` (a one-element tensor); returns the norm
+/// before scaling.
+pub(super) fn scale_by_norm<B: Backend>(
+    params: &[Tensor<B>],
+    factor: &dyn Fn(&Tensor<B>) -> Result<Tensor<B>>,
+) -> Result<Option<Tensor<B>>> {
     crate::no_grad(|| {
         let params = unique_params(params);
         if params
             .iter()
             .any(|p| p.dtype() != DType::F32 || !p.is_dense())
         {
-            return clip_each(&params, max_norm);
+            return scale_each(&params, factor);
         }
         let mut pairs = Vec::new();
         for p in params.iter() {
@@ -49,7 +59,7 @@ pub fn clip_grad_norm<B: Backend>(
         let shared = (0..grads.len())
             .any(|i| (0..i).any(|j| grads[i].buffer().same_memory(grads[j].buffer())));
         if shared {
-            return clip_each(&params, max_norm);
+            return scale_each(&params, factor);
         }
         let longest = grads.iter().map(|g| g.numel()).max().unwrap_or(0);
         let squares = Tensor::for_write(&b, &[longest.max(1)], DType::F32)?;
@@ -72,7 +82,7 @@ pub fn clip_grad_norm<B: Backend>(
             b.launch(&kernel, &args, reach)?;
         }
         let norm = squares.sum_all()?.sqrt()?;
-        let scale = clip_scale(&norm, max_norm)?;
+        let scale = factor(&norm)?;
         for group in &groups {
             let group_lens: Vec<usize> = group.iter().map(|&i| lens[i]).collect();
             let kernel = b.compile(&scale_program(&group_lens)?)?;
@@ -95,9 +105,12 @@ fn clip_scale<B: Backend>(norm: &Tensor<B>, max_norm: f32) -> Result<Tensor<B>> 
         .clamp(0.0, 1.0)
 }
 
-/// [`clip_grad_norm`] a gradient at a time, in any dtype: each one's squares summed, the sums
+/// [`scale_by_norm`] a gradient at a time, in any dtype: each one's squares summed, the sums
 /// added, and each gradient scaled into a fresh tensor.
-fn clip_each<B: Backend>(params: &[Tensor<B>], max_norm: f32) -> Result<Option<Tensor<B>>> {
+fn scale_each<B: Backend>(
+    params: &[Tensor<B>],
+    factor: &dyn Fn(&Tensor<B>) -> Result<Tensor<B>>,
+) -> Result<Option<Tensor<B>>> {
     let grads: Vec<(Tensor<B>, Tensor<B>)> = params
         .iter()
         .filter_map(|p| p.grad().map(|g| (p.clone(), g)))
@@ -112,7 +125,7 @@ fn clip_each<B: Backend>(params: &[Tensor<B>], max_norm: f32) -> Result<Option<T
     }
     let Some(total) = total else { return Ok(None) };
     let norm = total.sqrt()?;
-    let scale = clip_scale(&norm, max_norm)?;
+    let scale = factor(&norm)?;
     for (p, g) in grads {
         p.set_grad(Some(g.mul(&scale)?.dense()?));
     }

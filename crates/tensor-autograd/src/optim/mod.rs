@@ -1,5 +1,6 @@
 //! Optimisers on the backends' fused step kernels (one launch per parameter, state on the
-//! device, nothing read back), learning-rate schedules, and gradient clipping.
+//! device, nothing read back), learning-rate schedules, gradient clipping, and loss scaling
+//! for f16 training ([`GradScaler`]).
 //!
 //! An optimiser does not hold the parameters: `step(&params)` takes them (in a fixed order,
 //! as [`crate::nn::ModuleExt::parameters`] returns them), and its state is per position. So a
@@ -9,9 +10,11 @@
 
 mod clip;
 mod grouped;
+mod scaler;
 mod state_file;
 
 pub use clip::clip_grad_norm;
+pub use scaler::GradScaler;
 
 use crate::error::{Result, invalid};
 use crate::tensor::Tensor;
