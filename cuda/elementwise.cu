@@ -162,6 +162,83 @@ extern "C" __global__ void binary_f32_vec4(i64 n, float* out, const float* a, co
     }
 }
 
+// Contiguous float operands of any narrow dtype (f32, f16, bf16), each view starting on a
+// four-element boundary: four elements per load and store (16 bytes of f32, 8 of a 16-bit
+// type), converted through f32 as `load_f`/`store_f` do. The tail is done by the first block.
+__device__ __forceinline__ float4 load4(const void* p, int dt, i64 q) {
+    if (dt == DT_F32) return ((const float4*)p)[q];
+    uint2 h = ((const uint2*)p)[q];
+    if (dt == DT_BF16)
+        return make_float4(bf16_to_f32(h.x & 0xffff), bf16_to_f32(h.x >> 16), bf16_to_f32(h.y & 0xffff),
+                           bf16_to_f32(h.y >> 16));
+    return make_float4(f16_to_f32(h.x & 0xffff), f16_to_f32(h.x >> 16), f16_to_f32(h.y & 0xffff),
+                       f16_to_f32(h.y >> 16));
+}
+
+__device__ __forceinline__ void store4(void* p, int dt, i64 q, float4 v) {
+    if (dt == DT_F32) {
+        ((float4*)p)[q] = v;
+        return;
+    }
+    u32 a, b, c, d;
+    if (dt == DT_BF16) {
+        a = f32_to_bf16(v.x), b = f32_to_bf16(v.y), c = f32_to_bf16(v.z), d = f32_to_bf16(v.w);
+    } else {
+        a = f32_to_f16(v.x), b = f32_to_f16(v.y), c = f32_to_f16(v.z), d = f32_to_f16(v.w);
+    }
+    ((uint2*)p)[q] = make_uint2(a | (b << 16), c | (d << 16));
+}
+
+extern "C" __global__ void unary_narrow_vec4(i64 n, void* out, int odt, const void* x, int xdt, int op, float p0,
+                                             float p1) {
+    GRID_DEPENDENCY();
+    i64 quads = n / 4;
+    GRID_STRIDE(q, quads) {
+        float4 v = load4(x, xdt, q);
+        v.x = unary_apply(op, v.x, p0, p1);
+        v.y = unary_apply(op, v.y, p0, p1);
+        v.z = unary_apply(op, v.z, p0, p1);
+        v.w = unary_apply(op, v.w, p0, p1);
+        store4(out, odt, q, v);
+    }
+    if (blockIdx.x == 0 && threadIdx.x < n - quads * 4) {
+        i64 i = quads * 4 + threadIdx.x;
+        store_f(out, odt, i, unary_apply(op, load_f(x, xdt, i), p0, p1));
+    }
+}
+
+extern "C" __global__ void binary_narrow_vec4(i64 n, void* out, int odt, const void* a, int adt, const void* b,
+                                              int bdt, int op) {
+    GRID_DEPENDENCY();
+    i64 quads = n / 4;
+    GRID_STRIDE(q, quads) {
+        float4 u = load4(a, adt, q);
+        float4 v = load4(b, bdt, q);
+        u.x = binary_apply(op, u.x, v.x);
+        u.y = binary_apply(op, u.y, v.y);
+        u.z = binary_apply(op, u.z, v.z);
+        u.w = binary_apply(op, u.w, v.w);
+        store4(out, odt, q, u);
+    }
+    if (blockIdx.x == 0 && threadIdx.x < n - quads * 4) {
+        i64 i = quads * 4 + threadIdx.x;
+        store_f(out, odt, i, binary_apply(op, load_f(a, adt, i), load_f(b, bdt, i)));
+    }
+}
+
+// A dtype conversion between contiguous narrow float views (same-dtype copies keep their bits
+// in `copy_kernel`).
+extern "C" __global__ void convert_narrow_vec4(i64 n, void* out, int odt, const void* x, int xdt) {
+    GRID_DEPENDENCY();
+    i64 quads = n / 4;
+    GRID_STRIDE(q, quads) { store4(out, odt, q, load4(x, xdt, q)); }
+    if (blockIdx.x == 0 && threadIdx.x < n - quads * 4) {
+        i64 i = quads * 4 + threadIdx.x;
+        store_f(out, odt, i, load_f(x, xdt, i));
+    }
+}
+
+
 // The f64 forms (any operand f64): the same op codes computed in double, operands widened
 // exactly, the result rounded once on store (hal's apply_f64).
 __device__ __forceinline__ double unary_apply_d(int op, double x, double p0, double p1) {

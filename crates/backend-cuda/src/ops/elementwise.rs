@@ -44,6 +44,14 @@ pub(crate) fn vec4_ready(v: V<'_>) -> bool {
     v.dtype() == DType::F32 && v.layout.is_contiguous() && v.layout.offset % 4 == 0
 }
 
+/// The address of a contiguous f32, f16 or bf16 view's first element where it starts on a
+/// four-element boundary (the `*_narrow_vec4` kernels' operands), else `None`.
+fn narrow_vec4(v: V<'_>) -> Option<u64> {
+    let narrow = matches!(v.dtype(), DType::F32 | DType::F16 | DType::BF16);
+    (narrow && v.layout.is_contiguous() && v.layout.offset % 4 == 0)
+        .then(|| v.buffer.ptr() + (v.layout.offset * v.dtype().size_in_bytes()) as u64)
+}
+
 pub(crate) fn fill(gpu: &CudaBackend, out: V<'_>, value: f64) -> Result<()> {
     validate::fill(out)?;
     gpu.dev.bind()?;
@@ -92,6 +100,24 @@ pub(crate) fn unary(gpu: &CudaBackend, op: UnaryOp, x: V<'_>, out: V<'_>) -> Res
                 .arg(p1),
         );
     }
+    if let (Some(o), Some(xa)) = (
+        narrow_vec4(View::new(out.buffer, &ol)),
+        narrow_vec4(View::new(x.buffer, &xl)),
+    ) {
+        return gpu.dev.launch(
+            "unary_narrow_vec4",
+            n.div_ceil(4),
+            Args::new()
+                .arg(n as i64)
+                .arg(o)
+                .arg(crate::dtype_code(out.dtype()))
+                .arg(xa)
+                .arg(crate::dtype_code(x.dtype()))
+                .arg(code)
+                .arg(p0)
+                .arg(p1),
+        );
+    }
     let w = Walk::of("unary", &ol.shape, &[&ol, &xl])?;
     gpu.dev.launch(
         kernel_for("unary_kernel", wide(&[x, out])),
@@ -130,6 +156,25 @@ pub(crate) fn binary(
                 .arg(out.buffer.ptr() + out.layout.offset as u64 * 4)
                 .arg(a.buffer.ptr() + al.offset as u64 * 4)
                 .arg(b.buffer.ptr() + bl.offset as u64 * 4)
+                .arg(code),
+        );
+    }
+    if let (Some(o), Some(aa), Some(ba)) = (
+        narrow_vec4(View::new(out.buffer, &ol)),
+        narrow_vec4(View::new(a.buffer, &al)),
+        narrow_vec4(View::new(b.buffer, &bl)),
+    ) {
+        return gpu.dev.launch(
+            "binary_narrow_vec4",
+            n.div_ceil(4),
+            Args::new()
+                .arg(n as i64)
+                .arg(o)
+                .arg(crate::dtype_code(out.dtype()))
+                .arg(aa)
+                .arg(crate::dtype_code(a.dtype()))
+                .arg(ba)
+                .arg(crate::dtype_code(b.dtype()))
                 .arg(code),
         );
     }
@@ -193,6 +238,26 @@ impl CudaBackend {
 
     pub(crate) fn copy_view(&self, src: V<'_>, out: V<'_>) -> Result<()> {
         let (ol, [sl]) = hal::in_memory_order(out.layout, [src.layout]);
+        // A conversion between contiguous narrow floats, four elements a thread (a copy
+        // within one dtype keeps its bits in `copy_kernel`).
+        if src.dtype() != out.dtype()
+            && let (Some(o), Some(x)) = (
+                narrow_vec4(View::new(out.buffer, &ol)),
+                narrow_vec4(View::new(src.buffer, &sl)),
+            )
+        {
+            let n = ol.numel();
+            return self.dev.launch(
+                "convert_narrow_vec4",
+                n.div_ceil(4),
+                Args::new()
+                    .arg(n as i64)
+                    .arg(o)
+                    .arg(crate::dtype_code(out.dtype()))
+                    .arg(x)
+                    .arg(crate::dtype_code(src.dtype())),
+            );
+        }
         let w = Walk::of("copy", &ol.shape, &[&ol, &sl])?;
         self.dev.launch(
             kernel_for("copy_kernel", wide(&[src, out])),
