@@ -39,6 +39,7 @@ pub(super) fn run_copy<B: Backend>(b: &B, src: &HostTensor, out: &HostTensor) ->
 }
 
 pub(super) fn copy<B: Backend>(s: &mut Suite<'_, B>) {
+    let mut cases = Vec::new();
     for (i, shape) in s.shapes(0..=4, 1 << 18).into_iter().enumerate() {
         // Every other case keeps the dtype (a strided copy), the rest cast.
         let f = s.rng().below(5);
@@ -48,7 +49,19 @@ pub(super) fn copy<B: Backend>(s: &mut Suite<'_, B>) {
         } else {
             DType::NARROW[(f + 1 + s.rng().below(4)) % 5]
         };
-        let kind = s.kind();
+        cases.push((shape, from, to, s.kind()));
+    }
+    // Contiguous float casts with ragged tails (autocast's casts; backends may convert four at
+    // a time).
+    let (f, b16, h16) = (DType::F32, DType::BF16, DType::F16);
+    for (shape, from, to) in [
+        (vec![2, 999], f, b16),
+        (vec![1031], b16, f),
+        (vec![4, 257], h16, b16),
+    ] {
+        cases.push((shape, from, to, ViewKind::Contiguous));
+    }
+    for (shape, from, to, kind) in cases {
         let src = random_tensor(s.rng(), &shape, from, kind, |r| r.range(-300.0, 300.0));
         let out = output_tensor(s.rng(), &shape, to);
         let exact: Vec<f64> = src
@@ -163,9 +176,28 @@ pub(super) fn is_exact_unary(op: UnaryOp) -> bool {
 pub(super) fn unary<B: Backend>(s: &mut Suite<'_, B>) {
     let ops = UnaryOp::all();
     let shapes = s.shapes(0..=4, 1 << 17);
+    let mut cases = Vec::new();
     for (i, shape) in shapes.iter().enumerate() {
         for op in [ops[i % ops.len()], ops[(i * 7 + 3) % ops.len()]] {
-            let (din, dout, kind) = (s.float_dtype(), s.float_dtype(), s.kind());
+            cases.push((
+                shape.clone(),
+                op,
+                s.float_dtype(),
+                s.float_dtype(),
+                s.kind(),
+            ));
+        }
+    }
+    // Contiguous 16-bit operands with a ragged tail (the pattern backends may read four at a
+    // time, converting as they go).
+    let (b16, h16, f) = (DType::BF16, DType::F16, DType::F32);
+    let contiguous = ViewKind::Contiguous;
+    cases.push((vec![3, 1001], UnaryOp::Gelu, b16, b16, contiguous));
+    cases.push((vec![1027], UnaryOp::Exp, f, h16, contiguous));
+    cases.push((vec![2, 515], UnaryOp::Tanh, h16, f, contiguous));
+    for (shape, op, din, dout, kind) in cases {
+        let shape = &shape;
+        {
             let (lo, hi) = match op {
                 UnaryOp::Log | UnaryOp::Log2 | UnaryOp::Sqrt | UnaryOp::Rsqrt => (0.05, 8.0),
                 UnaryOp::Exp | UnaryOp::Exp2 => (-6.0, 6.0),
@@ -294,6 +326,16 @@ pub(super) fn binary<B: Backend>(s: &mut Suite<'_, B>) {
         (vec![3, 12, 10], vec![12, 1], BinaryOp::Sub),
     ] {
         cases.push((shape, bshape, op, [f, f, f], ViewKind::Contiguous));
+    }
+    // Contiguous mixed and 16-bit operands of one shape, ragged tails: a 16-bit branch added
+    // to an f32 residual, a bf16 product.
+    let (b16, h16) = (DType::BF16, DType::F16);
+    for (shape, op, dtypes) in [
+        (vec![5, 403], BinaryOp::Add, [b16, f, f]),
+        (vec![1029], BinaryOp::Mul, [b16, b16, b16]),
+        (vec![3, 7, 9], BinaryOp::Sub, [f, h16, b16]),
+    ] {
+        cases.push((shape.clone(), shape, op, dtypes, ViewKind::Contiguous));
     }
     for (shape, bshape, op, [da, db, dout], kind) in cases {
         let shape = &shape;
