@@ -5,7 +5,7 @@
 use super::elementwise::{gradient_from_output, unary_backward};
 use crate::error::{Result, invalid, shape_error};
 use crate::tensor::Tensor;
-use hal::{Backend, Conv2dGeometry, Epilogue, Gate, Layout, Precision, UnaryOp, View};
+use hal::{Backend, Conv2dGeometry, DType, Epilogue, Gate, Layout, Precision, UnaryOp, View};
 
 /// Stride, padding, dilation and groups of a 2-D convolution (PyTorch's defaults: 1, 0, 1, 1),
 /// and the precision policy of its matrix products.
@@ -171,7 +171,18 @@ impl<B: Backend> Tensor<B> {
         bias: Option<&Tensor<B>>,
         activation: Option<UnaryOp>,
     ) -> Result<Self> {
-        if crate::autocast_dtype().is_some() {
+        if let Some(dt) = crate::autocast_dtype() {
+            let plain = |t: &Tensor<B>| matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16);
+            if activation.is_none()
+                && weight.rank() == 2
+                && self.rank() >= 2
+                && self.shape()[self.rank() - 1] == weight.shape()[1]
+                && plain(self)
+                && plain(weight)
+                && bias.is_none_or(|b| plain(b) && b.shape() == [weight.shape()[0]])
+            {
+                return autocast_linear(self, weight, bias, dt);
+            }
             let (x, w) = (self.autocast_narrow()?, weight.autocast_narrow()?);
             let b = bias.map(|b| b.autocast_narrow()).transpose()?;
             return crate::autocast::outside(|| x.linear_activation(&w, b.as_ref(), activation));
@@ -444,6 +455,71 @@ fn fused_linear_gradients<B: Backend>(
     Ok(grads)
 }
 
+/// `x @ weight^T + bias` under autocast to `dt` (`x: [.., k]`, `weight: [n, k]`, all of f32,
+/// f16 or bf16): the product of `x` and `weight` cast to `dt`, stored in `dt`, as the casts
+/// then `linear` compute it, but one node whose backward pass writes each gradient in its own
+/// tensor's dtype straight from the narrow products (accumulated in f32, rounded once): the
+/// f32 master weight's gradient is never rounded to `dt`, and no cast launches.
+fn autocast_linear<B: Backend>(
+    x: &Tensor<B>,
+    weight: &Tensor<B>,
+    bias: Option<&Tensor<B>>,
+    dt: DType,
+) -> Result<Tensor<B>> {
+    let (n, k) = (weight.shape()[0], weight.shape()[1]);
+    let lead = x.shape()[..x.rank() - 1].to_vec();
+    let m: usize = lead.iter().product();
+    let (x16, w16, b16) = crate::no_grad(|| -> Result<_> {
+        let x2 = x.detach().reshape(&[m, k])?;
+        Ok((
+            x2.to_dtype(dt)?,
+            weight.detach().to_dtype(dt)?,
+            bias.map(|b| b.detach().to_dtype(dt)).transpose()?,
+        ))
+    })?;
+    let y = crate::autocast::outside(|| crate::no_grad(|| x16.linear(&w16, b16.as_ref())))?;
+    let mut shape = lead;
+    shape.push(n);
+    let y = y.reshape(&shape)?;
+    let (x_dtype, w_dtype, b_dtype) = (x.dtype(), weight.dtype(), bias.map(|b| b.dtype()));
+    let x_shape = x.shape().to_vec();
+    let needs = [
+        x.requires_grad_flag(),
+        weight.requires_grad_flag(),
+        bias.is_some_and(|b| b.requires_grad_flag()),
+    ];
+    let mut inputs = vec![x, weight];
+    inputs.extend(bias);
+    Ok(Tensor::from_op(y, "linear", &inputs, move |g| {
+        let be = g.backend();
+        let g = g.to_dtype(dt)?.reshape(&[m, n])?;
+        let gx = match needs[0] {
+            true => {
+                let gx = product_output_as(&g, &[m, k], n, x_dtype)?;
+                be.matmul(g.view(), w16.view(), gx.view(), 1.0, 0.0)?;
+                Some(gx.reshape(&x_shape)?)
+            }
+            false => None,
+        };
+        let gw = match needs[1] {
+            true => {
+                let gw = product_output_as(&g, &[n, k], m, w_dtype)?;
+                be.matmul(g.t()?.view(), x16.view(), gw.view(), 1.0, 0.0)?;
+                Some(gw)
+            }
+            false => None,
+        };
+        let mut grads = vec![gx, gw];
+        if let Some(b_dtype) = b_dtype {
+            grads.push(match needs[2] {
+                true => Some(g.to_dtype(b_dtype)?.sum(&[0], false)?),
+                false => None,
+            });
+        }
+        Ok(grads)
+    }))
+}
+
 /// The gradients of `a @ b` (rank 2 or 3, batch-broadcast) for the operands `needs` marks,
 /// each in its operand's shape.
 fn matmul_gradients<B: Backend>(
@@ -486,9 +562,19 @@ pub(super) fn cols_shape(geometry: &Conv2dGeometry) -> Result<[usize; 3]> {
 /// not zero-filled first, except when `k = 0` (an empty sum: zeros, which a backend may or may
 /// not store).
 fn product_output<B: Backend>(a: &Tensor<B>, shape: &[usize], k: usize) -> Result<Tensor<B>> {
+    product_output_as(a, shape, k, a.dtype())
+}
+
+/// [`product_output`] in `dtype`.
+fn product_output_as<B: Backend>(
+    a: &Tensor<B>,
+    shape: &[usize],
+    k: usize,
+    dtype: DType,
+) -> Result<Tensor<B>> {
     if k == 0 {
-        a.new_zeros(shape, a.dtype())
+        a.new_zeros(shape, dtype)
     } else {
-        a.new_output(shape, a.dtype())
+        a.new_output(shape, dtype)
     }
 }
