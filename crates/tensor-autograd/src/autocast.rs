@@ -10,8 +10,8 @@
 //!   the autocast dtype (a cast is one elementwise launch; its gradient is cast back), the
 //!   product accumulates in f32 and is stored in the autocast dtype.
 //! - **f32** (`layer_norm`, `scaled_dot_product_attention`, `qkv_attention`, `softmax`,
-//!   `log_softmax`, `logsumexp` and every loss): 16-bit operands are widened to f32 first, the
-//!   result is f32. (PyTorch runs attention in the narrow dtype; ours stays f32 until the
+//!   `log_softmax`, `logsumexp`, `sum`, `pow`, `exp`, `log`, `log2`, `rsqrt`, `recip` and every
+//!   loss): 16-bit operands are widened to f32 first, the result is f32. (PyTorch runs attention in the narrow dtype; ours stays f32 until the
 //!   backends' attention kernels read 16-bit operands.) Cross-entropy reads 16-bit logits
 //!   where they lie (no widened copy of the `[N, C]` logits) and computes in f32.
 //! - everything else (elementwise, reductions, movement, dropout) runs in its operands' dtype,

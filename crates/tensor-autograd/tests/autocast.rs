@@ -49,6 +49,15 @@ fn the_policy_narrows_products_and_widens_norms_and_losses() {
         let m = x.matmul(&w.t().unwrap()).unwrap();
         let labels = Tensor::from_elements(&dev, &[0u32, 4, 2, 1, 3, 0], &[6]).unwrap();
         let l = y.cross_entropy(&labels).unwrap();
+        // PyTorch's f32 list beyond norms and losses; the rest keeps the operand's dtype.
+        assert_eq!(y.exp().unwrap().dtype(), DType::F32);
+        assert_eq!(y.recip().unwrap().dtype(), DType::F32);
+        assert_eq!(y.sum_all().unwrap().dtype(), DType::F32);
+        assert_eq!(y.powf(2.0).unwrap().dtype(), DType::F32);
+        assert_eq!(y.relu().unwrap().dtype(), DType::BF16);
+        assert_eq!(y.gelu().unwrap().dtype(), DType::BF16);
+        assert_eq!(y.mean_all().unwrap().dtype(), DType::BF16);
+        assert_eq!(y.softmax(1).unwrap().dtype(), DType::F32);
         // Nested scopes: the innermost wins; f64 is never narrowed.
         let inner = autocast(DType::F16, || x.linear(&w, None).unwrap()).unwrap();
         assert_eq!(inner.dtype(), DType::F16);

@@ -11,6 +11,14 @@ use hal::{Backend, BinaryOp, DType, TernaryOp, UnaryOp};
 impl<B: Backend> Tensor<B> {
     /// `op` applied to every element, with its derivative for backward.
     pub fn unary(&self, op: UnaryOp) -> Result<Self> {
+        // PyTorch's autocast runs these in f32 (their range or accuracy suffers in 16 bits).
+        let f32_policy = matches!(
+            op,
+            UnaryOp::Exp | UnaryOp::Log | UnaryOp::Log2 | UnaryOp::Rsqrt | UnaryOp::Recip
+        );
+        if f32_policy && crate::autocast::widens(self) {
+            return self.autocast_wide()?.unary(op);
+        }
         if !self.dtype().is_float() {
             return Err(invalid(
                 "unary",
@@ -155,7 +163,11 @@ impl<B: Backend> Tensor<B> {
     pub fn rem(&self, other: &Self) -> Result<Self> {
         self.binary(BinaryOp::Rem, other)
     }
+    /// Under [`crate::autocast`], in f32 (as PyTorch's).
     pub fn pow(&self, other: &Self) -> Result<Self> {
+        if crate::autocast::widens(self) || crate::autocast::widens(other) {
+            return self.autocast_wide()?.pow(&other.autocast_wide()?);
+        }
         self.binary(BinaryOp::Pow, other)
     }
     /// Elementwise maximum (ties split the gradient evenly, as PyTorch does).

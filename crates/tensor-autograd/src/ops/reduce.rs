@@ -67,7 +67,12 @@ impl<B: Backend> Tensor<B> {
     }
 
     /// The sum over `axes` (negative axes count from the end).
+    /// Under [`crate::autocast`], 16-bit tensors are summed in f32 with an f32 result (as
+    /// PyTorch's).
     pub fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Self> {
+        if crate::autocast::widens(self) {
+            return self.autocast_wide()?.sum(axes, keepdim);
+        }
         self.sum_or_mean(ReduceOp::Sum, axes, keepdim)
     }
 
