@@ -1,5 +1,7 @@
-// Attention on TF32 tensor cores (hal::Precision::Fast, f32, rows of at most 64): flash
-// attention 2's plan with mma.m16n8k8 (tf32.cuh gives the fragment layouts). A block of four
+// Attention on TF32 tensor cores (hal::Precision::Fast, rows of at most 64): flash attention
+// 2's plan with mma.m16n8k8 (tf32.cuh gives the fragment layouts). Operands f32, or bf16 or
+// f16 (autocast's), whose values TF32 holds exactly, so their fragments need no rounding and
+// their tiles take half the shared memory; every sum stays f32. A block of four
 // warps owns 64 query rows (16 a warp); key and value tiles of 32 rows stream through shared
 // memory, double-buffered (cp.async copies the next tile during this one's products). Scores,
 // weights and the output accumulate in registers in the C layout, where each lane holds two
@@ -11,9 +13,37 @@
 
 #define TC_D 64
 #define TC_BK 32
-#define TC_KLD (TC_D + 4)   // K rows: b0 (t, g) reads K[g][t]: banks 4g + t, all distinct
-#define TC_VLD (TC_D + 8)   // V rows: b0 (t, g) reads V[t][g]: banks 8t + g, all distinct
 #define TC_PLD (TC_BK + 4)  // a warp's weights: a0 (g, t) reads P[g][t]: banks 4g + t
+
+// The element types: f32, and the 16-bit floats as structs of their bits. `tc_f32` widens,
+// `tc_frag` gives a TF32 fragment register (a shift for bf16: no rounding), `tc_put` rounds
+// a result into the type.
+struct bf16_t {
+    u16 bits;
+};
+struct f16_t {
+    u16 bits;
+};
+__device__ __forceinline__ float tc_f32(float v) { return v; }
+__device__ __forceinline__ float tc_f32(bf16_t v) { return bf16_to_f32(v.bits); }
+__device__ __forceinline__ float tc_f32(f16_t v) { return f16_to_f32(v.bits); }
+__device__ __forceinline__ u32 tc_frag(float v) { return to_tf32(v); }
+__device__ __forceinline__ u32 tc_frag(bf16_t v) { return (u32)v.bits << 16; }
+__device__ __forceinline__ u32 tc_frag(f16_t v) { return __float_as_uint(f16_to_f32(v.bits)); }
+__device__ __forceinline__ void tc_put(float* p, float v) { *p = v; }
+__device__ __forceinline__ void tc_put(bf16_t* p, float v) { p->bits = (u16)f32_to_bf16(v); }
+__device__ __forceinline__ void tc_put(f16_t* p, float v) { p->bits = (u16)f32_to_f16(v); }
+
+// Leading dimensions of the shared tiles, per element type. f32: K rows D + 4 (b0 (t, g) reads
+// K[g][t]: banks 4g + t, all distinct), V rows D + 8 (b0 reads V[t][g]: banks 8t + g). 16-bit:
+// D + 8 for both (rows stay 16-byte aligned for cp.async; a bank holds two elements, and the
+// lanes' words fall in distinct banks).
+template <typename In> struct TcLd {
+    static const int K = TC_D + 8, V = TC_D + 8;
+};
+template <> struct TcLd<float> {
+    static const int K = TC_D + 4, V = TC_D + 8;
+};
 
 // Tiles stream through shared memory double-buffered: cp.async (sm_80) copies the next tile
 // while the block computes on this one. A copy of `valid == false` zero-fills its bytes and
@@ -39,16 +69,18 @@ template <int pending> __device__ __forceinline__ void cp_async_wait_all_but() {
 
 // Starts copying rows r0.. (TC_BK of them, columns up to TC_D, zero past `rows` and `width`)
 // of a rank-4 operand into a shared tile of leading dimension LD: 16 bytes a copy where the
-// rows are contiguous and 16-byte aligned, else 4.
-template <int LD>
-__device__ __forceinline__ void tc_issue_tile(const float* __restrict__ x, const Op4& xo, int b, int h, int r0,
-                                              int rows, int width, float (*tile)[LD]) {
-    const float* base = x + xo.off + (i64)b * xo.sb + (i64)h * xo.sh;
-    const bool wide = xo.sc == 1 && ((xo.off | xo.sb | xo.sh | xo.st) & 3) == 0 && (width & 3) == 0 &&
+// rows are contiguous and 16-byte aligned; else an element a copy (4-byte cp.async for f32,
+// plain loads and stores for the 16-bit types, visible after the pipeline's barrier).
+template <typename In, int LD>
+__device__ __forceinline__ void tc_issue_tile(const In* __restrict__ x, const Op4& xo, int b, int h, int r0,
+                                              int rows, int width, In (*tile)[LD]) {
+    constexpr int V = 16 / sizeof(In);  // elements a 16-byte copy moves
+    const In* base = x + xo.off + (i64)b * xo.sb + (i64)h * xo.sh;
+    const bool wide = xo.sc == 1 && ((xo.off | xo.sb | xo.sh | xo.st) & (V - 1)) == 0 && (width & (V - 1)) == 0 &&
                       ((u64)x & 15) == 0;
     if (wide) {
-        for (int e = threadIdx.x; e < TC_BK * TC_D / 4; e += blockDim.x) {
-            int r = e / (TC_D / 4), c = (e % (TC_D / 4)) * 4, rr = r0 + r;
+        for (int e = threadIdx.x; e < TC_BK * TC_D / V; e += blockDim.x) {
+            int r = e / (TC_D / V), c = (e % (TC_D / V)) * V, rr = r0 + r;
             bool ok = rr < rows && c < width;
             cp_async16(&tile[r][c], ok ? base + (i64)rr * xo.st + c : x, ok);
         }
@@ -56,7 +88,14 @@ __device__ __forceinline__ void tc_issue_tile(const float* __restrict__ x, const
         for (int e = threadIdx.x; e < TC_BK * TC_D; e += blockDim.x) {
             int r = e / TC_D, c = e % TC_D, rr = r0 + r;
             bool ok = rr < rows && c < width;
-            cp_async4(&tile[r][c], ok ? base + (i64)rr * xo.st + (i64)c * xo.sc : x, ok);
+            const In* src = ok ? base + (i64)rr * xo.st + (i64)c * xo.sc : x;
+            if constexpr (sizeof(In) == 4) {
+                cp_async4(&tile[r][c], src, ok);
+            } else {
+                In zero;
+                zero.bits = 0;
+                tile[r][c] = ok ? *src : zero;
+            }
         }
     }
 }
@@ -68,10 +107,10 @@ __device__ __forceinline__ int tc_key_tiles(const AttnArgs& a, int blk0) {
     const int kend = a.causal ? min(a.tk, blk0 + 64) : a.tk;
     return (kend + TC_BK - 1) / TC_BK;
 }
-template <int LDV>
-__device__ __forceinline__ void tc_issue_kv(const float* __restrict__ k, const Op4& ko, const float* __restrict__ v,
+template <typename In, int LDK, int LDV>
+__device__ __forceinline__ void tc_issue_kv(const In* __restrict__ k, const Op4& ko, const In* __restrict__ v,
                                             const Op4& vo, const AttnArgs& a, int b, int h, int tile,
-                                            float (*ks)[TC_KLD], float (*vs)[LDV]) {
+                                            In (*ks)[LDK], In (*vs)[LDV]) {
     tc_issue_tile(k, ko, b, h, tile * TC_BK, a.tk, a.d, ks);
     tc_issue_tile(v, vo, b, h, tile * TC_BK, a.tk, a.dv, vs);
 }
@@ -130,12 +169,13 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-    attention_fwd_tc(const float* __restrict__ q, Op4 qo, const float* __restrict__ k, Op4 ko,
-                     const float* __restrict__ v, Op4 vo, const float* __restrict__ mask, Op4 mo,
-                     float* __restrict__ out, Op4 oo, float* __restrict__ lse, Op4 lo, AttnArgs a) {
-    __shared__ __align__(16) float ks[2][TC_BK][TC_KLD];
-    __shared__ __align__(16) float vs[2][TC_BK][TC_VLD];
+template <typename In>
+__device__ __forceinline__ void attention_fwd_tc_body(const In* __restrict__ q, Op4 qo, const In* __restrict__ k,
+                                                      Op4 ko, const In* __restrict__ v, Op4 vo,
+                                                      const float* __restrict__ mask, Op4 mo, In* __restrict__ out,
+                                                      Op4 oo, float* __restrict__ lse, Op4 lo, AttnArgs a) {
+    __shared__ __align__(16) In ks[2][TC_BK][TcLd<In>::K];
+    __shared__ __align__(16) In vs[2][TC_BK][TcLd<In>::V];
     __shared__ float ps[4][16][TC_PLD];
     const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
     const int blk0 = (gridDim.y - 1 - blockIdx.y) * 64;
@@ -148,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             int i = i0 + g + (e % 2) * 8, c = kk * 8 + t + (e / 2) * 4;
-            float x = (i < a.tq && c < a.d) ? q[at(qo, b, h, i, c)] * a.scale : 0.0f;
+            float x = (i < a.tq && c < a.d) ? tc_f32(q[at(qo, b, h, i, c)]) * a.scale : 0.0f;
             qa[kk][e] = to_tf32(x);
         }
     float o[8][4];
@@ -170,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(128)
             for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < 8; ++kk) {
-                u32 kb[2] = {to_tf32(ks[buf][nt * 8 + g][kk * 8 + t]), to_tf32(ks[buf][nt * 8 + g][kk * 8 + t + 4])};
+                u32 kb[2] = {tc_frag(ks[buf][nt * 8 + g][kk * 8 + t]), tc_frag(ks[buf][nt * 8 + g][kk * 8 + t + 4])};
                 mma_tf32(s[nt], qa[kk], kb);
             }
         }
@@ -222,7 +262,7 @@ extern "C" __global__ void __launch_bounds__(128)
                          to_tf32(ps[warp][g][kk * 8 + t + 4]), to_tf32(ps[warp][g + 8][kk * 8 + t + 4])};
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
-                u32 vb[2] = {to_tf32(vs[buf][kk * 8 + t][nt * 8 + g]), to_tf32(vs[buf][kk * 8 + t + 4][nt * 8 + g])};
+                u32 vb[2] = {tc_frag(vs[buf][kk * 8 + t][nt * 8 + g]), tc_frag(vs[buf][kk * 8 + t + 4][nt * 8 + g])};
                 mma_tf32(o[nt], pa, vb);
             }
         }
@@ -239,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 int col = nt * 8 + 2 * t + c;
-                if (col < a.dv) out[at(oo, b, h, i, col)] = o[nt][2 * r + c] * inv;
+                if (col < a.dv) tc_put(&out[at(oo, b, h, i, col)], o[nt][2 * r + c] * inv);
             }
         if (t == 0) lse[at(lo, b, h, i, 0)] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
     }
@@ -247,21 +287,23 @@ extern "C" __global__ void __launch_bounds__(128)
 
 // delta = dout . out for each query row (a warp a row), into a contiguous scratch [bh * tq]
 // that both tensor-core gradient kernels read.
-extern "C" __global__ void attention_delta_tc(const float* __restrict__ out, Op4 oo, const float* __restrict__ dout,
-                                              Op4 go, float* __restrict__ delta, i64 rows, AttnArgs a) {
+template <typename In>
+__device__ __forceinline__ void attention_delta_tc_body(const In* __restrict__ out, Op4 oo, const In* __restrict__ dout,
+                                                        Op4 go, float* __restrict__ delta, i64 rows, AttnArgs a) {
     const i64 r = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (r >= rows) return;
     const int i = (int)(r % a.tq), bh = (int)(r / a.tq), b = bh / a.heads, h = bh % a.heads;
     float s = 0.0f;
-    for (int c = lane; c < a.dv; c += 32) s = fmaf(dout[at(go, b, h, i, c)], out[at(oo, b, h, i, c)], s);
+    for (int c = lane; c < a.dv; c += 32) s = fmaf(tc_f32(dout[at(go, b, h, i, c)]), tc_f32(out[at(oo, b, h, i, c)]), s);
     s = warp_sum(s);
     if (lane == 0) delta[r] = s;
 }
 
 // A warp's 16 rows x 64 columns of a row-major operand as A fragments (eight 8-wide steps),
 // scaled by `by` (0 past `rows` or `width`).
-__device__ __forceinline__ void tc_rows_a(const float* __restrict__ x, const Op4& xo, int b, int h, int r0, int rows,
+template <typename In>
+__device__ __forceinline__ void tc_rows_a(const In* __restrict__ x, const Op4& xo, int b, int h, int r0, int rows,
                                           int width, float by, u32 (&frag)[8][4]) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -269,14 +311,14 @@ __device__ __forceinline__ void tc_rows_a(const float* __restrict__ x, const Op4
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             int r = r0 + g + (e % 2) * 8, c = kk * 8 + t + (e / 2) * 4;
-            frag[kk][e] = to_tf32((r < rows && c < width) ? x[at(xo, b, h, r, c)] * by : 0.0f);
+            frag[kk][e] = to_tf32((r < rows && c < width) ? tc_f32(x[at(xo, b, h, r, c)]) * by : 0.0f);
         }
 }
 
 // acc[nt] += A (16 x 64, fragments) . B^T where B's rows are tile rows nt*8.. of `tile`
-// (row-major, leading dimension TC_KLD): the 16 x 32 product of a warp's rows with a tile.
-__device__ __forceinline__ void tc_times_rows(const u32 (&frag)[8][4], const float (*tile)[TC_KLD],
-                                              float (&acc)[4][4]) {
+// (row-major, leading dimension LD): the 16 x 32 product of a warp's rows with a tile.
+template <typename In, int LD>
+__device__ __forceinline__ void tc_times_rows(const u32 (&frag)[8][4], const In (*tile)[LD], float (&acc)[4][4]) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
@@ -284,16 +326,16 @@ __device__ __forceinline__ void tc_times_rows(const u32 (&frag)[8][4], const flo
         for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
-            u32 bb[2] = {to_tf32(tile[nt * 8 + g][kk * 8 + t]), to_tf32(tile[nt * 8 + g][kk * 8 + t + 4])};
+            u32 bb[2] = {tc_frag(tile[nt * 8 + g][kk * 8 + t]), tc_frag(tile[nt * 8 + g][kk * 8 + t + 4])};
             mma_tf32(acc[nt], frag[kk], bb);
         }
     }
 }
 
 // acc (16 x 64) += W (a warp's 16 x 32 tile in shared memory, leading dimension TC_PLD) . tile
-// (32 x 64, row-major, leading dimension TC_KLD).
-__device__ __forceinline__ void tc_accumulate(const float (*w)[TC_PLD], const float (*tile)[TC_KLD],
-                                              float (&acc)[8][4]) {
+// (32 x 64, row-major, leading dimension LD).
+template <typename In, int LD>
+__device__ __forceinline__ void tc_accumulate(const float (*w)[TC_PLD], const In (*tile)[LD], float (&acc)[8][4]) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int kk = 0; kk < TC_BK / 8; ++kk) {
@@ -301,7 +343,7 @@ __device__ __forceinline__ void tc_accumulate(const float (*w)[TC_PLD], const fl
                      to_tf32(w[g + 8][kk * 8 + t + 4])};
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
-            u32 bb[2] = {to_tf32(tile[kk * 8 + t][nt * 8 + g]), to_tf32(tile[kk * 8 + t + 4][nt * 8 + g])};
+            u32 bb[2] = {tc_frag(tile[kk * 8 + t][nt * 8 + g]), tc_frag(tile[kk * 8 + t + 4][nt * 8 + g])};
             mma_tf32(acc[nt], wa, bb);
         }
     }
@@ -309,8 +351,9 @@ __device__ __forceinline__ void tc_accumulate(const float (*w)[TC_PLD], const fl
 
 // Stores a warp's 16 x 64 accumulator (C layout) times `by` into rows r0.. of a rank-4
 // operand, skipping rows past `rows` and columns past `width`.
-__device__ __forceinline__ void tc_store_rows(const float (&acc)[8][4], float* __restrict__ x, const Op4& xo, int b,
-                                              int h, int r0, int rows, int width, float by) {
+template <typename In>
+__device__ __forceinline__ void tc_store_rows(const float (&acc)[8][4], In* __restrict__ x, const Op4& xo, int b, int h,
+                                              int r0, int rows, int width, float by) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -321,7 +364,7 @@ __device__ __forceinline__ void tc_store_rows(const float (&acc)[8][4], float* _
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 int col = nt * 8 + 2 * t + c;
-                if (col < width) x[at(xo, b, h, row, col)] = acc[nt][2 * r + c] * by;
+                if (col < width) tc_put(&x[at(xo, b, h, row, col)], acc[nt][2 * r + c] * by);
             }
     }
 }
@@ -331,14 +374,16 @@ __device__ __forceinline__ void tc_store_rows(const float (&acc)[8][4], float* _
 // through shared memory. Per tile a warp forms S^T and dP^T (16 x 32) on tensor cores, the
 // weights and dS^T elementwise, then dv += P~^T dout and dk += dS^T q. Three blocks an SM:
 // a few spilled registers cost less than the third block's latency hiding gains (measured).
-extern "C" __global__ void __launch_bounds__(128, 3)
-    attention_bwd_kv_tc(const float* __restrict__ q, Op4 qo, const float* __restrict__ k, Op4 ko,
-                        const float* __restrict__ v, Op4 vo, const float* __restrict__ mask, Op4 mo,
-                        const float* __restrict__ lse, Op4 lo, const float* __restrict__ dout, Op4 go,
-                        const float* __restrict__ delta, float* __restrict__ dk, Op4 dko, float* __restrict__ dv,
-                        Op4 dvo, AttnArgs a) {
-    __shared__ __align__(16) float qs[2][TC_BK][TC_KLD];
-    __shared__ __align__(16) float gs[2][TC_BK][TC_KLD];
+template <typename In>
+__device__ __forceinline__ void attention_bwd_kv_tc_body(const In* __restrict__ q, Op4 qo, const In* __restrict__ k,
+                                                         Op4 ko, const In* __restrict__ v, Op4 vo,
+                                                         const float* __restrict__ mask, Op4 mo,
+                                                         const float* __restrict__ lse, Op4 lo,
+                                                         const In* __restrict__ dout, Op4 go,
+                                                         const float* __restrict__ delta, In* __restrict__ dk, Op4 dko,
+                                                         In* __restrict__ dv, Op4 dvo, AttnArgs a) {
+    __shared__ __align__(16) In qs[2][TC_BK][TcLd<In>::K];
+    __shared__ __align__(16) In gs[2][TC_BK][TcLd<In>::K];
     __shared__ float ls[2][TC_BK], dls[2][TC_BK];
     __shared__ float w[4][16][TC_PLD];
     const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
@@ -414,13 +459,16 @@ extern "C" __global__ void __launch_bounds__(128, 3)
 
 // dq: a block of four warps owns 64 query rows (q and dout as A fragments, dq accumulated in
 // registers); tiles of 32 key rows (k, v) stream through shared memory.
-extern "C" __global__ void __launch_bounds__(128)
-    attention_bwd_q_tc(const float* __restrict__ q, Op4 qo, const float* __restrict__ k, Op4 ko,
-                       const float* __restrict__ v, Op4 vo, const float* __restrict__ mask, Op4 mo,
-                       const float* __restrict__ lse, Op4 lo, const float* __restrict__ dout, Op4 go,
-                       const float* __restrict__ delta, float* __restrict__ dq, Op4 dqo, AttnArgs a) {
-    __shared__ __align__(16) float ks[2][TC_BK][TC_KLD];
-    __shared__ __align__(16) float vs[2][TC_BK][TC_KLD];
+template <typename In>
+__device__ __forceinline__ void attention_bwd_q_tc_body(const In* __restrict__ q, Op4 qo, const In* __restrict__ k,
+                                                        Op4 ko, const In* __restrict__ v, Op4 vo,
+                                                        const float* __restrict__ mask, Op4 mo,
+                                                        const float* __restrict__ lse, Op4 lo,
+                                                        const In* __restrict__ dout, Op4 go,
+                                                        const float* __restrict__ delta, In* __restrict__ dq, Op4 dqo,
+                                                        AttnArgs a) {
+    __shared__ __align__(16) In ks[2][TC_BK][TcLd<In>::K];
+    __shared__ __align__(16) In vs[2][TC_BK][TcLd<In>::K];
     __shared__ float sw[4][16][TC_PLD];
     const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
     const int blk0 = (gridDim.y - 1 - blockIdx.y) * 64;
@@ -472,3 +520,33 @@ extern "C" __global__ void __launch_bounds__(128)
     }
     tc_store_rows(gq, dq, dqo, b, h, i0, a.tq, a.d, a.scale);
 }
+
+// The kernels, per element type: f32 (the names unsuffixed), bf16 and f16. The dk/dv kernel
+// runs three blocks an SM: a few spilled registers cost less than the third block's latency
+// hiding gains (measured on f32).
+#define TC_KERNELS(In, SUFFIX)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128)                                                                  \
+        attention_fwd_tc##SUFFIX(const In* q, Op4 qo, const In* k, Op4 ko, const In* v, Op4 vo, const float* mask,    \
+                                 Op4 mo, In* out, Op4 oo, float* lse, Op4 lo, AttnArgs a) {                           \
+        attention_fwd_tc_body<In>(q, qo, k, ko, v, vo, mask, mo, out, oo, lse, lo, a);                                 \
+    }                                                                                                                  \
+    extern "C" __global__ void attention_delta_tc##SUFFIX(const In* out, Op4 oo, const In* dout, Op4 go, float* delta, \
+                                                          i64 rows, AttnArgs a) {                                      \
+        attention_delta_tc_body<In>(out, oo, dout, go, delta, rows, a);                                                \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128, 3)                                                               \
+        attention_bwd_kv_tc##SUFFIX(const In* q, Op4 qo, const In* k, Op4 ko, const In* v, Op4 vo, const float* mask, \
+                                    Op4 mo, const float* lse, Op4 lo, const In* dout, Op4 go, const float* delta,     \
+                                    In* dk, Op4 dko, In* dv, Op4 dvo, AttnArgs a) {                                   \
+        attention_bwd_kv_tc_body<In>(q, qo, k, ko, v, vo, mask, mo, lse, lo, dout, go, delta, dk, dko, dv, dvo, a);     \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128)                                                                  \
+        attention_bwd_q_tc##SUFFIX(const In* q, Op4 qo, const In* k, Op4 ko, const In* v, Op4 vo, const float* mask,  \
+                                   Op4 mo, const float* lse, Op4 lo, const In* dout, Op4 go, const float* delta,      \
+                                   In* dq, Op4 dqo, AttnArgs a) {                                                     \
+        attention_bwd_q_tc_body<In>(q, qo, k, ko, v, vo, mask, mo, lse, lo, dout, go, delta, dq, dqo, a);               \
+    }
+
+TC_KERNELS(float, )
+TC_KERNELS(bf16_t, _bf16)
+TC_KERNELS(f16_t, _f16)

@@ -101,3 +101,114 @@ impl<Buf> Clone for AttentionGrads<'_, Buf> {
     }
 }
 impl<Buf> Copy for AttentionGrads<'_, Buf> {}
+
+/// A view widened to f32 for [`attention_widened`]: the view itself where it is f32 (or
+/// f64), else a contiguous f32 copy (exact: every 16-bit value is an f32).
+struct Widened<B: crate::Backend> {
+    buffer: Option<B::Buffer>,
+    layout: crate::Layout,
+}
+
+impl<B: crate::Backend> Widened<B> {
+    fn of(backend: &B, v: View<'_, B::Buffer>) -> crate::Result<Self> {
+        if v.dtype().size_in_bytes() != 2 {
+            return Ok(Self {
+                buffer: None,
+                layout: v.layout.clone(),
+            });
+        }
+        let layout = crate::Layout::contiguous(&v.layout.shape);
+        let buffer = backend.alloc_for_write(crate::DType::F32, layout.numel().max(1))?;
+        backend.copy(v, View::new(&buffer, &layout))?;
+        Ok(Self {
+            buffer: Some(buffer),
+            layout,
+        })
+    }
+
+    /// A fresh f32 output shaped as `v` where `v` is 16-bit (its result is copied back by
+    /// [`Widened::store`]).
+    fn output(backend: &B, v: View<'_, B::Buffer>) -> crate::Result<Self> {
+        if v.dtype().size_in_bytes() != 2 {
+            return Self::of(backend, v);
+        }
+        let layout = crate::Layout::contiguous(&v.layout.shape);
+        let buffer = backend.alloc_for_write(crate::DType::F32, layout.numel().max(1))?;
+        Ok(Self {
+            buffer: Some(buffer),
+            layout,
+        })
+    }
+
+    fn view<'a>(&'a self, original: View<'a, B::Buffer>) -> View<'a, B::Buffer> {
+        match &self.buffer {
+            Some(b) => View::new(b, &self.layout),
+            None => original,
+        }
+    }
+
+    /// Rounds the f32 result into `out` (nothing where `out` was used directly).
+    fn store(&self, backend: &B, out: View<'_, B::Buffer>) -> crate::Result<()> {
+        match &self.buffer {
+            Some(b) => backend.copy(View::new(b, &self.layout), out),
+            None => Ok(()),
+        }
+    }
+}
+
+/// [`crate::Backend::attention`] of 16-bit operands through f32 copies, for a backend without
+/// 16-bit attention kernels: the operands widened (exactly), the f32 call, the output rounded
+/// once into `out`. Validates first.
+pub fn attention_widened<B: crate::Backend>(
+    backend: &B,
+    x: AttentionInputs<'_, B::Buffer>,
+    out: View<'_, B::Buffer>,
+    lse: View<'_, B::Buffer>,
+    p: &AttentionParams,
+) -> crate::Result<()> {
+    crate::validate::attention(x, out, lse, p)?;
+    let [q, k, v] = [x.q, x.k, x.v].map(|v| Widened::of(backend, v));
+    let (q, k, v) = (q?, k?, v?);
+    let mask = x.mask.map(|m| Widened::of(backend, m)).transpose()?;
+    let o = Widened::output(backend, out)?;
+    let wide = AttentionInputs {
+        q: q.view(x.q),
+        k: k.view(x.k),
+        v: v.view(x.v),
+        mask: mask.as_ref().zip(x.mask).map(|(w, m)| w.view(m)),
+    };
+    backend.attention(wide, o.view(out), lse, p)?;
+    o.store(backend, out)
+}
+
+/// [`crate::Backend::attention_backward`] of 16-bit operands through f32 copies, as
+/// [`attention_widened`].
+pub fn attention_backward_widened<B: crate::Backend>(
+    backend: &B,
+    x: AttentionInputs<'_, B::Buffer>,
+    [out, lse, dout]: [View<'_, B::Buffer>; 3],
+    g: AttentionGrads<'_, B::Buffer>,
+    p: &AttentionParams,
+) -> crate::Result<()> {
+    crate::validate::attention_backward(x, out, lse, dout, g, p)?;
+    let [q, k, v, o, d] = [x.q, x.k, x.v, out, dout].map(|v| Widened::of(backend, v));
+    let (q, k, v, o, d) = (q?, k?, v?, o?, d?);
+    let mask = x.mask.map(|m| Widened::of(backend, m)).transpose()?;
+    let [dq, dk, dv] = [g.dq, g.dk, g.dv].map(|v| Widened::output(backend, v));
+    let (dq, dk, dv) = (dq?, dk?, dv?);
+    let wide = AttentionInputs {
+        q: q.view(x.q),
+        k: k.view(x.k),
+        v: v.view(x.v),
+        mask: mask.as_ref().zip(x.mask).map(|(w, m)| w.view(m)),
+    };
+    let grads = AttentionGrads {
+        dq: dq.view(g.dq),
+        dk: dk.view(g.dk),
+        dv: dv.view(g.dv),
+    };
+    backend.attention_backward(wide, o.view(out), lse, d.view(dout), grads, p)?;
+    dq.store(backend, g.dq)?;
+    dk.store(backend, g.dk)?;
+    dv.store(backend, g.dv)
+}

@@ -356,16 +356,20 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Scaled dot-product attention, fused: `out = softmax(scale q k^T + mask) v` per batch
     /// and head, with optional causal masking and dropout, as [`crate::attention`] specifies;
     /// also writes each row's log-sum-exp `lse: [b, h, tq]` for the backward pass. No
-    /// `tq x tk` matrix is stored on the GPU backends. All operands share one dtype (`f32` or
-    /// `f64`); a GPU backend may refuse widths `d`, `dv` above what its kernels hold
-    /// ([`Error::Unsupported`] naming the limit).
+    /// `tq x tk` matrix is stored on the GPU backends. `q`, `k`, `v` and `out` share one
+    /// dtype: `f32`, `f64`, or a 16-bit float (computed in f32 from its exact values, the
+    /// output rounded once; a backend without 16-bit kernels runs
+    /// [`attention_widened`](crate::attention::attention_widened)); `lse` is f32 for 16-bit
+    /// operands ([`validate::lse_dtype`](crate::validate::lse_dtype)), else their dtype; the
+    /// mask has the operands' dtype, or f32 with 16-bit operands. A GPU backend may refuse
+    /// widths `d`, `dv` above what its kernels hold ([`Error::Unsupported`] naming the limit).
     ///
     /// Tolerance: with `sigma_ij = scale sum_c |q_ic k_jc| + |mask_ij|` (a score's own
     /// rounding moves its weight by about `d u sigma_ij`) and `sigma_i = max_j sigma_ij`, each
     /// output within `(8 + log2 tk + d) u sum_j |p~_ij v_j| (1 + sigma_ij + sigma_i)`, and
     /// `lse` within `(8 + log2 tk + d) u (1 + |lse_i| + sigma_i)`. Under [`Precision::Fast`]
     /// the products may round their operands to TF32, as `matmul`'s do: `u` is then `2^-11`
-    /// (both passes).
+    /// (both passes). For 16-bit operands `u` is their unit roundoff.
     fn attention(
         &self,
         x: AttentionInputs<'_, Self::Buffer>,
@@ -376,8 +380,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
 
     /// The gradients of [`Backend::attention`] with respect to `q`, `k` and `v` given `dout`
     /// (the gradient of `out`), recomputing the weights from `out` and `lse`
-    /// ([`crate::attention`] gives the formulas); `dq`, `dk`, `dv` are overwritten.
-    /// Deterministic on a given backend (no atomics).
+    /// ([`crate::attention`] gives the formulas); `dq`, `dk`, `dv` are overwritten, in the
+    /// operands' dtype (`dout` too). Deterministic on a given backend (no atomics).
     ///
     /// Tolerance: each gradient within `(16 + 2 log2 t + d + dv) u` times the sum of its terms'
     /// magnitudes, each weight's term scaled by `1 + sigma_ij + sigma_i` as in

@@ -6,14 +6,15 @@
 //! gradient reaches them in f32 through the casts' own backward passes.
 //!
 //! The policy (PyTorch's lists, per family):
-//! - **narrow** (`matmul`, `linear`, `linear_activation`, `conv2d`): f32 operands are cast to
-//!   the autocast dtype (a cast is one elementwise launch; its gradient is cast back), the
-//!   product accumulates in f32 and is stored in the autocast dtype.
-//! - **f32** (`layer_norm`, `scaled_dot_product_attention`, `qkv_attention`, `softmax`,
-//!   `log_softmax`, `logsumexp`, `sum`, `pow`, `exp`, `log`, `log2`, `rsqrt`, `recip` and every
-//!   loss): 16-bit operands are widened to f32 first, the result is f32. (PyTorch runs attention in the narrow dtype; ours stays f32 until the
-//!   backends' attention kernels read 16-bit operands.) Cross-entropy reads 16-bit logits
-//!   where they lie (no widened copy of the `[N, C]` logits) and computes in f32.
+//! - **narrow** (`matmul`, `linear`, `linear_activation`, `conv2d`,
+//!   `scaled_dot_product_attention`, `qkv_attention`): f32 operands are cast to the autocast
+//!   dtype (a cast is one elementwise launch; its gradient is cast back), the products
+//!   accumulate in f32 and the result is stored in the autocast dtype. A Linear layer's
+//!   weight gradient is written in f32 straight from the narrow products.
+//! - **f32** (`layer_norm`, `softmax`, `log_softmax`, `logsumexp`, `sum`, `pow`, `exp`, `log`,
+//!   `log2`, `rsqrt`, `recip` and every loss): 16-bit operands are widened to f32 first, the
+//!   result is f32. Cross-entropy reads 16-bit logits where they lie (no widened copy of the
+//!   `[N, C]` logits) and computes in f32.
 //! - everything else (elementwise, reductions, movement, dropout) runs in its operands' dtype,
 //!   promoted as usual (a 16-bit branch added to an f32 residual stream gives f32).
 //!

@@ -58,6 +58,13 @@ fn the_policy_narrows_products_and_widens_norms_and_losses() {
         assert_eq!(y.gelu().unwrap().dtype(), DType::BF16);
         assert_eq!(y.mean_all().unwrap().dtype(), DType::BF16);
         assert_eq!(y.softmax(1).unwrap().dtype(), DType::F32);
+        // Attention is a narrow-list operation (as PyTorch's): bf16 in, bf16 out.
+        let x3 = x.reshape(&[2, 3, 8]).unwrap();
+        let packed = Tensor::cat(&[&x3, &x3, &x3], 2).unwrap();
+        let a = packed
+            .qkv_attention(2, &AttentionOptions::default())
+            .unwrap();
+        assert_eq!(a.dtype(), DType::BF16);
         // Nested scopes: the innermost wins; f64 is never narrowed.
         let inner = autocast(DType::F16, || x.linear(&w, None).unwrap()).unwrap();
         assert_eq!(inner.dtype(), DType::F16);

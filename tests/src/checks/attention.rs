@@ -3,6 +3,7 @@
 //! masked whole), dropout, against a float64 host reference that recomputes each weight.
 
 use super::*;
+use crate::host::bytes_of;
 use hal::attention::keeps;
 use hal::{AttentionGrads, AttentionInputs, AttentionParams};
 
@@ -19,9 +20,12 @@ struct Case {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
-    /// Additive `[tq, tk]`, broadcast over batch and heads.
+    /// Additive `[tq, tk]`, broadcast over batch and heads (f32 whatever `dtype` is).
     mask: Option<Vec<f32>>,
     dout: Vec<f32>,
+    /// The dtype of q, k, v, dout and the results (lse is f32 for the 16-bit ones); the
+    /// values above are already rounded to it.
+    dtype: DType,
 }
 
 /// The device operands: q and out live permuted inside `[b, t, h, c]` buffers, v is stored
@@ -90,13 +94,18 @@ fn operands<B: Backend>(bk: &B, c: &Case) -> Result<Operands<B>> {
         None,
     ];
     let mut buffers = Vec::new();
-    for (l, d) in layouts.iter().zip(data) {
+    for (i, (l, d)) in layouts.iter().zip(data).enumerate() {
         let host = match d {
             Some(values) => scatter(values, l, n(l)),
             // Outputs start as NaN: an element a backend fails to write shows.
             None => vec![f32::NAN; n(l).max(1)],
         };
-        buffers.push(bk.upload(&host)?);
+        let dtype = match i {
+            MASK => DType::F32,
+            LSE => hal::validate::lse_dtype(c.dtype),
+            _ => c.dtype,
+        };
+        buffers.push(bk.upload_bytes(dtype, &bytes_of(dtype, &host))?);
     }
     Ok(Operands { buffers, layouts })
 }
@@ -278,7 +287,19 @@ const SIZES: [(usize, usize, usize, usize, usize, usize); 9] = [
 ];
 
 pub(super) fn attention<B: Backend>(s: &mut Suite<'_, B>) {
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        attention_in(s, dtype);
+    }
+}
+
+/// [`attention`]'s cases with operands of `dtype` (16-bit ones take every other size, their
+/// values rounded to the dtype before the reference sees them).
+fn attention_in<B: Backend>(s: &mut Suite<'_, B>, dtype: DType) {
+    let narrow = dtype != DType::F32;
     for n in 0..SIZES.len() + s.cfg.cases {
+        if narrow && n % 2 == (dtype == DType::F16) as usize {
+            continue;
+        }
         let (b, h, tq, tk, d, dv) = match SIZES.get(n) {
             Some(&sz) => sz,
             None => {
@@ -304,7 +325,7 @@ pub(super) fn attention<B: Backend>(s: &mut Suite<'_, B>) {
             p.offset = 1 << 33;
         }
         let mut draw = |len: usize, lo: f32, hi: f32| -> Vec<f32> {
-            (0..len).map(|_| r.range(lo, hi)).collect()
+            (0..len).map(|_| round_to(dtype, r.range(lo, hi))).collect()
         };
         let mask = masked.then(|| {
             let mut m = draw(tq * tk, -2.0, 2.0);
@@ -329,24 +350,33 @@ pub(super) fn attention<B: Backend>(s: &mut Suite<'_, B>) {
             v: draw(b * h * tk * dv, -1.0, 1.0),
             mask,
             dout: draw(b * h * tq * dv, -1.0, 1.0),
+            dtype,
         };
         let e = exact(&c);
         let name = format!(
-            "[{b}, {h}, {tq}/{tk}, {d}/{dv}] causal={} mask={} dropout={}",
+            "[{b}, {h}, {tq}/{tk}, {d}/{dv}] {dtype} causal={} mask={} dropout={}",
             c.p.causal, masked, c.p.dropout
         );
         let lg = (tq.max(tk).max(2) as f64).log2();
-        // Under Precision::Fast the products may round to TF32 (10 explicit bits).
-        let (u, rows) = if s.policy == hal::Precision::Fast {
-            (
-                2f64.powi(-11),
-                [
-                    "attention (Precision::Fast)",
-                    "attention_backward (Precision::Fast)",
-                ],
-            )
-        } else {
-            (U32F, ["attention", "attention_backward"])
+        // Under Precision::Fast the products may round to TF32 (10 explicit bits); 16-bit
+        // results round to their dtype.
+        let fast = s.policy == hal::Precision::Fast;
+        let u = match (narrow, fast) {
+            (true, _) => dtype.unit_roundoff().max(2f64.powi(-11)),
+            (false, true) => 2f64.powi(-11),
+            (false, false) => U32F,
+        };
+        let rows = match (narrow, fast) {
+            (false, false) => ["attention", "attention_backward"],
+            (false, true) => [
+                "attention (Precision::Fast)",
+                "attention_backward (Precision::Fast)",
+            ],
+            (true, false) => ["attention (16-bit)", "attention_backward (16-bit)"],
+            (true, true) => [
+                "attention (16-bit, Precision::Fast)",
+                "attention_backward (16-bit, Precision::Fast)",
+            ],
         };
         match both!(s, run_forward(&c)) {
             Ok((cv, t)) => s.judge(rows[0], &name, &cv, t.as_deref(), &e.fwd, &|i, _| {

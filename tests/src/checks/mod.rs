@@ -130,7 +130,7 @@ impl<B: Backend> Suite<'_, B> {
 const INDEX_ELEMENTS: usize = 1 << 20;
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 44] = [
+pub(crate) const EXPECTED_ROWS: [&str; 46] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -173,6 +173,8 @@ pub(crate) const EXPECTED_ROWS: [&str; 44] = [
     "record/replay",
     "attention",
     "attention_backward",
+    "attention (16-bit)",
+    "attention_backward (16-bit)",
     "layer_norm",
     "layer_norm_backward",
 ];

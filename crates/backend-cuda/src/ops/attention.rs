@@ -158,6 +158,10 @@ pub(crate) fn attention(
     p: &AttentionParams,
 ) -> Result<()> {
     let (s, mask) = validate::attention(x, out, lse, p)?;
+    let tc = tensor_cores(gpu, &s, &x);
+    if x.q.dtype().size_in_bytes() == 2 && tc.is_none() {
+        return hal::attention::attention_widened(gpu, x, out, lse, p);
+    }
     let plan = plan(&s, x.q.dtype(), mask.is_some(), p)?;
     let bh = s.batch * s.heads;
     if bh == 0 || s.tq == 0 {
@@ -170,10 +174,9 @@ pub(crate) fn attention(
         .arg(lse.buffer.ptr())
         .arg(op4(lse.layout))
         .arg(plan.args);
-    let (f, threads) = if tensor_cores(gpu, &s, x.q.dtype()) {
-        ("attention_fwd_tc", 128)
-    } else {
-        (plan.fwd, 64)
+    let (f, threads) = match tc {
+        Some(names) => (names.fwd, 128),
+        None => (plan.fwd, 64),
     };
     gpu.dev.launch_raw(
         gpu.dev.function(f)?,
@@ -193,14 +196,19 @@ pub(crate) fn attention_backward(
     p: &AttentionParams,
 ) -> Result<()> {
     let (s, mask) = validate::attention_backward(x, out, lse, dout, g, p)?;
+    let tc = tensor_cores(gpu, &s, &x);
+    if x.q.dtype().size_in_bytes() == 2 && tc.is_none() {
+        return hal::attention::attention_backward_widened(gpu, x, [out, lse, dout], g, p);
+    }
     let plan = plan(&s, x.q.dtype(), mask.is_some(), p)?;
     let bh = s.batch * s.heads;
     if bh == 0 {
         return Ok(());
     }
     gpu.dev.bind()?;
-    if tensor_cores(gpu, &s, x.q.dtype()) {
-        return backward_tc(gpu, x, mask.as_ref(), (out, lse, dout), g, &s, plan.args);
+    if let Some(names) = tc {
+        let io = (out, lse, dout);
+        return backward_tc(gpu, (x, mask.as_ref()), io, g, (&s, names), plan.args);
     }
     // Threads per block: one owned row each, as many as keep the owned rows' shared memory
     // near 16 KiB a matrix (`BK`/`BQ` in cuda/attention.cu).
@@ -241,20 +249,59 @@ pub(crate) fn attention_backward(
     Ok(())
 }
 
-/// Whether the TF32 tensor-core kernels take this call: `Precision::Fast` (TF32 products
-/// allowed, as for matmul), f32, rows of at most 64.
-fn tensor_cores(gpu: &CudaBackend, s: &AttentionShape, dtype: DType) -> bool {
-    gpu.precision == Precision::Fast && dtype == DType::F32 && s.d <= 64 && s.dv <= 64
+/// The tensor-core kernels of one element type (`cuda/attention_tc.cuh`).
+#[derive(Clone, Copy)]
+struct TcKernels {
+    fwd: &'static str,
+    delta: &'static str,
+    bwd_kv: &'static str,
+    bwd_q: &'static str,
+}
+
+/// The TF32 tensor-core kernels that take this call, if any: `Precision::Fast` (TF32 products
+/// allowed, as for matmul), f32, bf16 or f16 operands (an f32 mask, if any), rows of at most
+/// 64.
+fn tensor_cores(
+    gpu: &CudaBackend,
+    s: &AttentionShape,
+    x: &AttentionInputs<'_, crate::CudaBuffer>,
+) -> Option<TcKernels> {
+    let fits = gpu.precision == Precision::Fast
+        && s.d <= 64
+        && s.dv <= 64
+        && x.mask
+            .is_none_or(|m| m.dtype() == DType::F32 || x.q.dtype() == DType::F32);
+    let names = match x.q.dtype() {
+        DType::F32 => TcKernels {
+            fwd: "attention_fwd_tc",
+            delta: "attention_delta_tc",
+            bwd_kv: "attention_bwd_kv_tc",
+            bwd_q: "attention_bwd_q_tc",
+        },
+        DType::BF16 => TcKernels {
+            fwd: "attention_fwd_tc_bf16",
+            delta: "attention_delta_tc_bf16",
+            bwd_kv: "attention_bwd_kv_tc_bf16",
+            bwd_q: "attention_bwd_q_tc_bf16",
+        },
+        DType::F16 => TcKernels {
+            fwd: "attention_fwd_tc_f16",
+            delta: "attention_delta_tc_f16",
+            bwd_kv: "attention_bwd_kv_tc_f16",
+            bwd_q: "attention_bwd_q_tc_f16",
+        },
+        _ => return None,
+    };
+    fits.then_some(names)
 }
 
 /// The tensor-core backward pass: delta per query row, then dk/dv and dq.
 fn backward_tc(
     gpu: &CudaBackend,
-    x: AttentionInputs<'_, crate::CudaBuffer>,
-    mask: Option<&Layout>,
+    (x, mask): (AttentionInputs<'_, crate::CudaBuffer>, Option<&Layout>),
     (out, lse, dout): (V<'_>, V<'_>, V<'_>),
     g: AttentionGrads<'_, crate::CudaBuffer>,
-    s: &AttentionShape,
+    (s, names): (&AttentionShape, TcKernels),
     args: AttnArgs,
 ) -> Result<()> {
     let bh = s.batch * s.heads;
@@ -262,7 +309,7 @@ fn backward_tc(
     let delta = gpu.new_buffer(DType::F32, rows.max(1))?;
     if rows > 0 {
         gpu.dev.launch_raw(
-            gpu.dev.function("attention_delta_tc")?,
+            gpu.dev.function(names.delta)?,
             (rows.div_ceil(8) as u32, 1, 1),
             256,
             Args::new()
@@ -285,7 +332,7 @@ fn backward_tc(
     };
     if s.tk > 0 {
         gpu.dev.launch_raw(
-            gpu.dev.function("attention_bwd_kv_tc")?,
+            gpu.dev.function(names.bwd_kv)?,
             (bh as u32, s.tk.div_ceil(64) as u32, 1),
             128,
             common(Args::new())
@@ -298,7 +345,7 @@ fn backward_tc(
     }
     if s.tq > 0 {
         gpu.dev.launch_raw(
-            gpu.dev.function("attention_bwd_q_tc")?,
+            gpu.dev.function(names.bwd_q)?,
             (bh as u32, s.tq.div_ceil(64) as u32, 1),
             128,
             common(Args::new())

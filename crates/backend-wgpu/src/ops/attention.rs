@@ -107,6 +107,10 @@ pub(crate) fn attention(
 ) -> Result<()> {
     const OP: &str = "attention";
     let (s, mask) = validate::attention(x, out, lse, p)?;
+    if x.q.dtype().size_in_bytes() == 2 {
+        // The shaders read f32: 16-bit operands go through f32 copies.
+        return hal::attention::attention_widened(gpu, x, out, lse, p);
+    }
     gpu.f64_offered(OP, &[x.q.dtype()])?;
     if s.batch * s.heads == 0 || s.tq == 0 {
         return Ok(());
@@ -142,6 +146,9 @@ pub(crate) fn attention_backward(
 ) -> Result<()> {
     const OP: &str = "attention_backward";
     let (s, mask) = validate::attention_backward(x, out, lse, dout, g, p)?;
+    if x.q.dtype().size_in_bytes() == 2 {
+        return hal::attention::attention_backward_widened(gpu, x, [out, lse, dout], g, p);
+    }
     gpu.f64_offered(OP, &[x.q.dtype()])?;
     let bh = s.batch * s.heads;
     if bh == 0 {

@@ -51,9 +51,8 @@ pub fn attention<B: DeviceBuffer>(
         &lse.layout.shape,
         "lse is [b, h, tq]",
     )?;
-    for v in [out, lse] {
-        one_dtype(OP, x.q.dtype(), v.dtype())?;
-    }
+    one_dtype(OP, x.q.dtype(), out.dtype())?;
+    one_dtype(OP, lse_dtype(x.q.dtype()), lse.dtype())?;
     Ok((shape, mask))
 }
 
@@ -70,25 +69,33 @@ pub fn attention_backward<B: DeviceBuffer>(
     const OP: &str = "attention_backward";
     let (shape, mask) = inputs(OP, x, p)?;
     let s = shape;
-    for (v, want, what) in [
+    let (dt, lse_dt) = (x.q.dtype(), lse_dtype(x.q.dtype()));
+    for (v, want, what, dtype) in [
         (
             out,
             vec![s.batch, s.heads, s.tq, s.dv],
             "out is [b, h, tq, dv]",
+            dt,
         ),
         (
             dout,
             vec![s.batch, s.heads, s.tq, s.dv],
             "dout is shaped as out",
+            dt,
         ),
-        (lse, vec![s.batch, s.heads, s.tq], "lse is [b, h, tq]"),
-        (g.dq, x.q.layout.shape.clone(), "dq is shaped as q"),
-        (g.dk, x.k.layout.shape.clone(), "dk is shaped as k"),
-        (g.dv, x.v.layout.shape.clone(), "dv is shaped as v"),
+        (
+            lse,
+            vec![s.batch, s.heads, s.tq],
+            "lse is [b, h, tq]",
+            lse_dt,
+        ),
+        (g.dq, x.q.layout.shape.clone(), "dq is shaped as q", dt),
+        (g.dk, x.k.layout.shape.clone(), "dk is shaped as k", dt),
+        (g.dv, x.v.layout.shape.clone(), "dv is shaped as v", dt),
     ] {
         fits(OP, v)?;
         same_shape(OP, &want, &v.layout.shape, what)?;
-        one_dtype(OP, x.q.dtype(), v.dtype())?;
+        one_dtype(OP, dtype, v.dtype())?;
     }
     let grads = [g.dq, g.dk, g.dv];
     outputs(OP, x, &grads)?;
@@ -98,6 +105,15 @@ pub fn attention_backward<B: DeviceBuffer>(
         }
     }
     Ok((shape, mask))
+}
+
+/// The dtype of the rows' log-sum-exps for operands of `dtype`: f32 for the 16-bit floats
+/// (which the kernels compute in f32), else the operands' own.
+pub fn lse_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    }
 }
 
 fn one_dtype(op: &'static str, expected: DType, got: DType) -> Result<()> {
@@ -135,15 +151,21 @@ fn inputs<B: DeviceBuffer>(
         rank(op, v, 4, what)?;
     }
     let dtype = x.q.dtype();
-    if !matches!(dtype, DType::F32 | DType::F64) {
+    if !dtype.is_float() {
         return Err(Error::UnsupportedDType {
             op,
             dtype,
-            detail: " (attention computes in f32 or f64)".into(),
+            detail: " (attention takes f32, f64, f16 or bf16 operands)".into(),
         });
     }
-    for v in [x.k, x.v].into_iter().chain(x.mask) {
+    for v in [x.k, x.v] {
         one_dtype(op, dtype, v.dtype())?;
+    }
+    if let Some(m) = x.mask
+        && m.dtype() != dtype
+        && !(m.dtype() == DType::F32 && dtype.size_in_bytes() == 2)
+    {
+        one_dtype(op, dtype, m.dtype())?;
     }
     let (q, k, v) = (&x.q.layout.shape, &x.k.layout.shape, &x.v.layout.shape);
     let s = AttentionShape {

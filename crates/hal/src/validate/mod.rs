@@ -16,7 +16,7 @@ mod matmul;
 mod norm;
 mod operand;
 
-pub use attention::{AttentionShape, attention, attention_backward};
+pub use attention::{AttentionShape, attention, attention_backward, lse_dtype};
 pub use norm::{layer_norm, layer_norm_backward};
 
 pub use matmul::{MatrixView, csr_structure, matmul, matmul_epilogue, spmv_csr};

@@ -55,8 +55,8 @@ struct Fused<B: Backend> {
 }
 
 impl<B: Backend> Fused<B> {
-    /// Checks the operands (rank 4, one dtype f32 or f64, a mask without a gradient) and
-    /// fixes the parameters.
+    /// Checks the operands (rank 4, one float dtype, a mask without a gradient in that dtype
+    /// or f32) and fixes the parameters.
     fn new(
         op: &'static str,
         [q, k, v]: [&Tensor<B>; 3],
@@ -73,15 +73,18 @@ impl<B: Backend> Fused<B> {
             }
         }
         let dtype = q.dtype();
-        if !matches!(dtype, DType::F32 | DType::F64)
+        let mask_ok = |m: &Tensor<B>| {
+            m.dtype() == dtype || (m.dtype() == DType::F32 && dtype.size_in_bytes() == 2)
+        };
+        if !dtype.is_float()
             || k.dtype() != dtype
             || v.dtype() != dtype
-            || options.mask.as_ref().is_some_and(|m| m.dtype() != dtype)
+            || options.mask.as_ref().is_some_and(|m| !mask_ok(m))
         {
             return Err(invalid(
                 op,
                 format!(
-                    "q, k, v (and the mask) must share one dtype, f32 or f64; got {}, {}, {}",
+                    "q, k, v must share one float dtype (the mask theirs, or f32 with 16-bit ones); got {}, {}, {}",
                     q.dtype(),
                     k.dtype(),
                     v.dtype()
@@ -129,7 +132,7 @@ impl<B: Backend> Fused<B> {
         let (b, h, tq, dv) = (q.shape()[0], q.shape()[1], q.shape()[2], v.shape()[3]);
         let backend = q.backend();
         let out = Tensor::for_write_as(backend, heads_last(&[b, h, tq, dv]), q.dtype())?;
-        let lse = Tensor::for_write(backend, &[b, h, tq], q.dtype())?;
+        let lse = Tensor::for_write(backend, &[b, h, tq], hal::validate::lse_dtype(q.dtype()))?;
         backend.attention(self.inputs(), out.view(), lse.view(), &self.p)?;
         Ok((out, lse))
     }
@@ -171,8 +174,9 @@ impl<B: Backend> Tensor<B> {
     /// `v: [b, h, tk, dv]` (any strides), as PyTorch's `scaled_dot_product_attention`, fused:
     /// one kernel forward and one backward on the GPUs, nothing `tq x tk` stored. The result
     /// `[b, h, tq, dv]` is laid out heads-last in memory. A row with every key masked gives 0
-    /// (PyTorch's composed form gives NaN). f32 or f64 (all operands one dtype); under
-    /// [`crate::autocast`], 16-bit operands are widened to f32 first.
+    /// (PyTorch's composed form gives NaN). Any float dtype, one for q, k and v (16-bit ones
+    /// computed in f32, the result rounded once); under [`crate::autocast`], f32 operands are
+    /// cast to the autocast dtype first, as PyTorch's autocast does.
     pub fn scaled_dot_product_attention(
         &self,
         k: &Tensor<B>,
@@ -181,13 +185,11 @@ impl<B: Backend> Tensor<B> {
     ) -> Result<Tensor<B>> {
         if crate::autocast_dtype().is_some() {
             let (q, k, v) = (
-                self.autocast_wide()?,
-                k.autocast_wide()?,
-                v.autocast_wide()?,
+                self.autocast_narrow()?,
+                k.autocast_narrow()?,
+                v.autocast_narrow()?,
             );
-            let mut options = options.clone();
-            options.mask = options.mask.map(|m| m.autocast_wide()).transpose()?;
-            return crate::autocast::outside(|| q.scaled_dot_product_attention(&k, &v, &options));
+            return crate::autocast::outside(|| q.scaled_dot_product_attention(&k, &v, options));
         }
         let fused = Fused::new("scaled_dot_product_attention", [self, k, v], options)?;
         let (out, lse) = fused.forward()?;
@@ -211,14 +213,12 @@ impl<B: Backend> Tensor<B> {
     /// heads and calling [`Tensor::scaled_dot_product_attention`], without the copies: the
     /// kernels read the heads where they lie, the result is written heads-merged, and the
     /// backward pass writes all three gradients into one `[b, t, 3 c]` tensor. Under
-    /// [`crate::autocast`], a 16-bit input is widened to f32 first.
+    /// [`crate::autocast`], an f32 input is cast to the autocast dtype first.
     pub fn qkv_attention(&self, heads: usize, options: &AttentionOptions<B>) -> Result<Tensor<B>> {
         const OP: &str = "qkv_attention";
         if crate::autocast_dtype().is_some() {
-            let x = self.autocast_wide()?;
-            let mut options = options.clone();
-            options.mask = options.mask.map(|m| m.autocast_wide()).transpose()?;
-            return crate::autocast::outside(|| x.qkv_attention(heads, &options));
+            let x = self.autocast_narrow()?;
+            return crate::autocast::outside(|| x.qkv_attention(heads, options));
         }
         let shape = self.shape().to_vec();
         if shape.len() != 3 || heads == 0 || shape[2] % (3 * heads) != 0 {
