@@ -609,3 +609,42 @@ fn wgpu_nearest_answers_like_the_reference_on_near_ties() {
     );
     assert!(got_bits == want_bits, "distances differ from the reference");
 }
+
+/// lavapipe stops a shader's loops after 65535 iterations in all and carries on with wrong
+/// values: attention past the lengths its kernels fit is refused there (an error naming the
+/// cap), never computed wrong; within them, and on a GPU at any length, it runs.
+#[test]
+fn attention_past_a_cpu_adapters_loop_cap_is_refused() {
+    use hal::{AttentionInputs, AttentionParams};
+    let gpu = gpu();
+    let run = |t: usize| -> hal::Result<()> {
+        let d = 64;
+        let values: Vec<f32> = (0..t * d).map(|i| (i % 17) as f32 / 17.0 - 0.5).collect();
+        let l = Layout::contiguous(&[1, 1, t, d]);
+        let ll = Layout::contiguous(&[1, 1, t]);
+        let q = gpu.upload(&values)?;
+        let out = gpu.alloc(DType::F32, t * d)?;
+        let lse = gpu.alloc(DType::F32, t)?;
+        let x = AttentionInputs {
+            q: View::new(&q, &l),
+            k: View::new(&q, &l),
+            v: View::new(&q, &l),
+            mask: None,
+        };
+        gpu.attention(
+            x,
+            View::new(&out, &l),
+            View::new(&lse, &ll),
+            &AttentionParams::new(d),
+        )?;
+        gpu.synchronize()
+    };
+    run(320).expect("within the cap");
+    match (gpu.info().kind, run(1024)) {
+        (hal::DeviceKind::Software, Err(hal::Error::Unsupported { detail, .. })) => {
+            assert!(detail.contains("loop"), "{detail}")
+        }
+        (hal::DeviceKind::Software, other) => panic!("a CPU adapter ran tk = 1024: {other:?}"),
+        (_, r) => r.expect("a GPU runs any length"),
+    }
+}

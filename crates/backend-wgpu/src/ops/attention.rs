@@ -57,6 +57,27 @@ fn plan(
                 s.d, s.dv
             ),
         })?;
+    // A CPU adapter (lavapipe) stops each invocation's loops after 65535 iterations in all
+    // and carries on with wrong values; these kernels' loops over the other side's rows
+    // (unrolled by its compiler at width 32, not at 64 or 128) reach that beyond these
+    // lengths (measured on lavapipe: forward and backward exact up to them, wrong past 352 at
+    // width 64 and 192 at 128). Refused there rather than computed wrong.
+    if gpu.0.info.device_type == wgpu::DeviceType::Cpu {
+        let limit = match dmax {
+            32 => 4096,
+            64 => 320,
+            _ => 160,
+        };
+        if s.tq.max(s.tk) > limit {
+            return Err(Error::Unsupported {
+                op,
+                detail: format!(
+                    "this CPU adapter ({}) caps a shader's loop iterations: attention over rows of width {dmax} runs to {limit} queries and keys here, got tq = {}, tk = {}",
+                    gpu.0.info.name, s.tq, s.tk
+                ),
+            });
+        }
+    }
     let max = gpu.0.limits.max_compute_workgroups_per_dimension as usize;
     let tiles = s.tq.max(s.tk).div_ceil(ROWS);
     if s.batch * s.heads > max || tiles > max || s.batch * s.heads * s.tq > u32::MAX as usize {
