@@ -330,3 +330,34 @@ fn the_loss_scaler_unscales_skips_overflow_and_adapts() {
     assert!(GradScaler::new().init_scale(0.0).is_err());
     assert!(GradScaler::new().growth_interval(0).is_err());
 }
+
+#[test]
+fn a_narrow_branch_joins_the_f32_residual_without_a_cast() {
+    let dev = CpuBackend::new();
+    let mut rng = Rng::new(seed());
+    let r = tensor(&dev, &mut rng, &[7, 33], 1.0).requires_grad();
+    let x16 = tensor(&dev, &mut rng, &[7, 33], 1.0)
+        .to_dtype(DType::BF16)
+        .unwrap()
+        .detach()
+        .requires_grad();
+    let y = x16.dropout_add(&r, 0.3, 5, 9).unwrap();
+    assert_eq!(y.dtype(), DType::F32);
+    // The same mask and values as widening first: bf16 widens exactly.
+    let want = x16
+        .to_dtype(DType::F32)
+        .unwrap()
+        .dropout(0.3, 5, 9)
+        .unwrap()
+        .add(&r)
+        .unwrap();
+    assert_eq!(y.to_vec().unwrap(), want.to_vec().unwrap());
+    let w = tensor(&dev, &mut rng, &[7, 33], 1.0);
+    y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    let gx = x16.grad().unwrap();
+    assert_eq!(gx.dtype(), DType::BF16);
+    assert_eq!(r.grad().unwrap().dtype(), DType::F32);
+    // The branch's gradient: the weights through the same mask, rounded to bf16 once.
+    let kept = w.dropout(0.3, 5, 9).unwrap().to_dtype(DType::BF16).unwrap();
+    assert_eq!(gx.to_vec().unwrap(), kept.to_vec().unwrap());
+}

@@ -32,14 +32,16 @@ impl Mask {
     }
 
     /// `x * mask / (1 - p)`, plus `residual` where given (of `x`'s shape), in one kernel over
-    /// row-major operands (so the launch index is the element's position). The stream
+    /// row-major operands (so the launch index is the element's position), stored as
+    /// `out_dtype` (the operands are read in their own dtypes and computed in the result's
+    /// width: a 16-bit branch added to an f32 residual is not cast first). The stream
     /// `(seed, offset)` travels in a four-word buffer, so one compiled program serves every
     /// call of a shape and dtype.
     fn apply<B: Backend>(
         self,
         name: &str,
-        x: &Tensor<B>,
-        residual: Option<&Tensor<B>>,
+        (x, residual): (&Tensor<B>, Option<&Tensor<B>>),
+        out_dtype: DType,
     ) -> Result<Tensor<B>> {
         let backend = x.backend();
         let layout = Layout::contiguous(x.shape());
@@ -52,10 +54,17 @@ impl Mask {
         let xb = b.buffer(x.dtype(), Access::Read);
         let rb = residual.as_ref().map(|r| b.buffer(r.dtype(), Access::Read));
         let sb = b.buffer(DType::U32, Access::Read);
-        let out_id = b.buffer(x.dtype(), Access::Write);
+        let out_id = b.buffer(out_dtype, Access::Write);
         let i = b.index();
+        let ty = match out_dtype {
+            DType::F64 => ScalarType::F64,
+            _ => ScalarType::F32,
+        };
         let v = b.load(xb, i);
-        let ty = b.type_of(v).unwrap_or(ScalarType::F32);
+        let v = match b.type_of(v) {
+            Some(t) if t != ty => b.cast(ty, v),
+            _ => v,
+        };
         let bits = hal::random::stream_bits(&mut b, sb, i);
         let eight = b.const_u32(8);
         let top = b.binary(IrBinary::Shr, bits, eight);
@@ -74,7 +83,7 @@ impl Mask {
         }
         b.store(out_id, i, y);
         let kernel = backend.compile(&b.build()?)?;
-        let out = Tensor::for_write_as(backend, layout, x.dtype())?;
+        let out = Tensor::for_write_as(backend, layout, out_dtype)?;
         let mut args = vec![x.buffer()];
         args.extend(residual.as_ref().map(|r| r.buffer()));
         args.extend([&stream, out.buffer()]);
@@ -95,9 +104,10 @@ impl<B: Backend> Tensor<B> {
         if p == 0.0 {
             return Ok(self.clone());
         }
-        let out = mask.apply("dropout", self, None)?;
+        let dtype = self.dtype();
+        let out = mask.apply("dropout", (self, None), dtype)?;
         Ok(Tensor::from_op(out, "dropout", &[self], move |g| {
-            Ok(vec![Some(mask.apply("dropout_grad", g, None)?)])
+            Ok(vec![Some(mask.apply("dropout_grad", (g, None), dtype)?)])
         }))
     }
 
@@ -123,20 +133,22 @@ impl<B: Backend> Tensor<B> {
         if p == 0.0 {
             return residual.add(self);
         }
-        let (x, r) = (self.clone(), residual.clone());
-        let dtype = super::promote(x.dtype(), r.dtype());
-        let x = match x.dtype() == dtype {
-            true => x,
-            false => x.to_dtype(dtype)?,
-        };
-        let out = mask.apply("dropout_add", &x, Some(&r))?;
-        let r_dtype = r.dtype();
-        Ok(Tensor::from_op(out, "dropout_add", &[&x, &r], move |g| {
-            let gr = match g.dtype() == r_dtype {
-                true => g.clone(),
-                false => g.to_dtype(r_dtype)?,
-            };
-            Ok(vec![Some(mask.apply("dropout_grad", g, None)?), Some(gr)])
-        }))
+        let (x_dtype, r_dtype) = (self.dtype(), residual.dtype());
+        let dtype = super::promote(x_dtype, r_dtype);
+        let out = mask.apply("dropout_add", (self, Some(residual)), dtype)?;
+        Ok(Tensor::from_op(
+            out,
+            "dropout_add",
+            &[self, residual],
+            move |g| {
+                let gr = match g.dtype() == r_dtype {
+                    true => g.clone(),
+                    false => g.to_dtype(r_dtype)?,
+                };
+                // The branch's gradient in its own dtype, straight from the kernel.
+                let gx = mask.apply("dropout_grad", (g, None), x_dtype)?;
+                Ok(vec![Some(gx), Some(gr)])
+            },
+        ))
     }
 }
