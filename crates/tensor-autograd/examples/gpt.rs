@@ -6,7 +6,7 @@
 //! nanoGPT's `prepare.py` writes them (`--bin-dir`); `small` (2 x 4 x 64, block 64) for a
 //! quick run. Prints loss, milliseconds per iteration and tokens per second, evaluates on
 //! held-back batches, keeps the best checkpoint (nanoGPT's names: its `GPT` loads it) and ends
-//! with a sample.
+//! with a sample from it.
 //!
 //! ```sh
 //! cargo run --release -p tensor-autograd --example gpt -- --config small --iters 200
@@ -324,6 +324,8 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
     let tokens_per_iter = batch * cfg.block_size * args.grad_accum.max(1);
     let mut eval_state = args.seed ^ 0xe7a1;
     let mut best = f32::INFINITY;
+    // Whether this run saved a checkpoint (the file may be an older run's otherwise).
+    let mut saved = false;
     let mut times = Vec::new();
     // Iterations are timed per log interval: the host queues steps ahead of the device, so one
     // step's own wall time would include the queue it waits behind. The clock restarts after
@@ -353,6 +355,7 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
                 best = v;
                 if iter > first_iter {
                     model.save(&args.out).map_err(e)?;
+                    saved = true;
                     opt_decay.save_state(&decay, &decay_state).map_err(e)?;
                     opt_plain.save_state(&plain, &plain_state).map_err(e)?;
                 }
@@ -448,6 +451,11 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         dump_logits(&mut model, backend, &val, path)?;
     }
     if let (Some(tok), true) = (&tok, args.sample > 0) {
+        // From the best checkpoint, as nanoGPT's sample.py samples from its ckpt.pt (the
+        // final weights of a long run are overfit).
+        if saved {
+            model.load(&args.out).map_err(e)?;
+        }
         model.set_training(false);
         let prompt = tok.encode("\n").map_err(e)?;
         let out = model
