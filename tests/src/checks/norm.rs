@@ -129,8 +129,11 @@ fn exact(c: &Case) -> [(Vec<f64>, Vec<f64>); 2] {
     [(fwd, fwd_m), (bwd, bwd_m)]
 }
 
-const SIZES: [(usize, usize); 8] = [
+const SIZES: [(usize, usize); 10] = [
     (0, 5),
+    // GPT-2's width, and one past the widest row CUDA's one-pass backward holds (1024).
+    (130, 768),
+    (9, 1500),
     (1, 1),
     (7, 3),
     (33, 384),
