@@ -111,12 +111,8 @@ pub(crate) fn layer_norm_backward(
     {
         let (pw, pb) = partials()?;
         let a = optional(view(Args::new(), x.x), x.weight, x.x.buffer);
-        let a = view(view(view(view(a, mean), rstd), dout), g.dx)
-            .arg(pw.ptr())
-            .arg(pb.ptr())
-            .arg(rows as i64)
-            .arg(n as i64)
-            .arg(per as i64);
+        let a = view(view(view(view(a, mean), rstd), dout), g.dx);
+        let a = chunk_args(a, (&pw, &pb), [rows, n, per]);
         gpu.dev.launch_raw(
             gpu.dev.function(kernel)?,
             (chunks as u32, 1, 1),
@@ -144,12 +140,8 @@ pub(crate) fn layer_norm_backward(
     let (pw, pb) = partials()?;
     let cols = n.div_ceil(128) as u32;
     if rows > 0 {
-        let a = view(view(view(view(Args::new(), x.x), mean), rstd), dout)
-            .arg(pw.ptr())
-            .arg(pb.ptr())
-            .arg(rows as i64)
-            .arg(n as i64)
-            .arg(per as i64);
+        let a = view(view(view(view(Args::new(), x.x), mean), rstd), dout);
+        let a = chunk_args(a, (&pw, &pb), [rows, n, per]);
         gpu.dev.launch_raw(
             gpu.dev.function(name(
                 wide,
@@ -163,6 +155,16 @@ pub(crate) fn layer_norm_backward(
     }
     let used = if rows > 0 { chunks } else { 0 };
     sum_partials(gpu, (&pw, &pb), (used, n), g, wide)
+}
+
+/// The partials' buffers and the chunking, as the partial and fused kernels end their
+/// parameter lists.
+fn chunk_args(a: Args, (pw, pb): (&CudaBuffer, &CudaBuffer), [rows, n, per]: [usize; 3]) -> Args {
+    a.arg(pw.ptr())
+        .arg(pb.ptr())
+        .arg(rows as i64)
+        .arg(n as i64)
+        .arg(per as i64)
 }
 
 /// `layer_norm_bwd_fused_f32_k*` by `k`: rows of at most `32 k` elements.
