@@ -442,7 +442,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Tolerance: each distance as [`Backend::nearest_centroid`]'s; where two rows' keys lie
     /// within what that allows, a backend may pick either (and the steps after it then differ).
     /// Under [`Precision::Reproducible`] the distances follow `nearest_centroid`'s reference
-    /// order, so every backend picks the same rows. Deterministic on a given backend.
+    /// order and, on a backend that runs f64 programs with their math
+    /// ([`F64Support::program_math`](crate::F64Support::program_math)), each key is computed
+    /// in f64 and rounded to f32 once, so every such backend picks the same rows (unless a
+    /// key lies within about 2^-50 of an f32 rounding boundary; backends' f32 logarithms and
+    /// divisions differ in their last bits, which picked other rows at near-ties).
+    /// Deterministic on a given backend.
     ///
     /// The default runs it as a few calls of other primitives and IR kernels per anchor
     /// ([`crate::seeding`]); a backend may fuse it.

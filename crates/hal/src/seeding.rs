@@ -22,7 +22,9 @@
 //! row, so the stream is the same as one draw of `n` per step at offset `step * n`. Nothing is
 //! read back.
 
-use crate::ir::{Access, BufferId, IrBinary, IrCmp, IrUnary, Program, ProgramBuilder, Value};
+use crate::ir::{
+    Access, BufferId, IrBinary, IrCmp, IrUnary, Program, ProgramBuilder, ScalarType, Value,
+};
 use crate::{ArgReduceOp, Backend, DType, Distribution, Layout, Precision, Result, View, validate};
 
 /// The lanes the fused forms (CUDA's, wgpu's) give each point's distance: a power of two up
@@ -217,7 +219,12 @@ impl<B: Backend> Steps<B> {
             winner: b.alloc(DType::U32, 1)?,
             newest: b.alloc(DType::F32, d)?,
             counters: [b.alloc(DType::U32, 1)?, b.alloc(DType::U32, 1)?],
-            race: b.compile(&race_program(n, block, slices.unwrap_or(1))?)?,
+            race: b.compile(&race_program(
+                n,
+                block,
+                slices.unwrap_or(1),
+                b.capabilities().f64.program_math,
+            )?)?,
             commit: b.compile(&commit_program(d)?)?,
             distances: match slices {
                 Some(slices) => {
@@ -331,8 +338,11 @@ impl<B: Backend> Steps<B> {
 /// `part[q n + i]` in order of `q` (one slice: the distance itself): `d2[i] = min(d2[i],
 /// near[i])`, then `key[i] = -ln(u[t n + i]) / d2[i]` with `t = s mod block` (infinite where
 /// `d2 = 0`: a point on an anchor never wins; `u = 0` is mapped to the smallest positive float
-/// so the key stays finite).
-fn race_program(n: usize, block: usize, slices: usize) -> Result<Program> {
+/// so the key stays finite). With `wide` the key is computed in f64 and rounded to f32 once:
+/// backends' f32 logarithms and divisions differ in their last bits (WGSL's are approximate),
+/// and a near-tie then picked different rows; f64's errors (an ulp or two of f64) move the
+/// rounded key only where it lies within about 2^-50 of an f32 rounding boundary.
+fn race_program(n: usize, block: usize, slices: usize, wide: bool) -> Result<Program> {
     let mut p = ProgramBuilder::new("vlc_kmeanspp_race");
     let u = p.buffer(DType::F32, Access::Read);
     let part = p.buffer(DType::F32, Access::Read);
@@ -360,9 +370,18 @@ fn race_program(n: usize, block: usize, slices: usize) -> Result<Program> {
     p.store(d2, i, dv);
     let tiny = p.const_f32(f32::MIN_POSITIVE);
     let safe_u = p.binary(IrBinary::Max, uv, tiny);
-    let ln = p.unary(IrUnary::Log, safe_u);
-    let e = p.unary(IrUnary::Neg, ln);
-    let k = p.div(e, dv);
+    let k = if wide {
+        let u64 = p.cast(ScalarType::F64, safe_u);
+        let ln = p.unary(IrUnary::Log, u64);
+        let e = p.unary(IrUnary::Neg, ln);
+        let d64 = p.cast(ScalarType::F64, dv);
+        let k = p.div(e, d64);
+        p.cast(ScalarType::F32, k)
+    } else {
+        let ln = p.unary(IrUnary::Log, safe_u);
+        let e = p.unary(IrUnary::Neg, ln);
+        p.div(e, dv)
+    };
     let zero = p.const_f32(0.0);
     let inf = p.const_f32(f32::INFINITY);
     let empty = p.cmp(IrCmp::Le, dv, zero);

@@ -15,7 +15,9 @@
 //!
 //! Every per-point step runs on a [`hal::Backend`]; the crate depends on `hal` only (the `vlc`
 //! binary in `crates/vlc-cli` picks the backend). [`Mode::Exact`] gives identical results on
-//! CPU, wgpu and CUDA.
+//! CPU, wgpu and CUDA (on a wgpu adapter with `shader-f64`: the k-means++ race keys are
+//! computed in f64 so that backends' f32 logarithms cannot split a near-tie; see
+//! [`hal::Backend::kmeans_pp`]).
 //!
 //! ```
 //! use vlc_anneal::{Config, Matrix, compress};
