@@ -1,8 +1,7 @@
 // hal::layer_norm: a warp per row for the statistics, the output and dx (the row read twice
 // forward, both sums in one pass backward); the parameter gradients sum rows per column in
 // fixed chunks, then the chunks in a fixed order (a warp a column), so every result is
-// deterministic. Templates over float and double; f32 rows of at most 1024 elements also have
-// a backward that writes dx and the chunks' partials in one pass over the rows.
+// deterministic. Templates over float and double.
 #include "common.cuh"
 
 // A rank-2 operand [rows, n] (or rank 1, s1 unused): its element offset and strides.
@@ -118,89 +117,6 @@ __device__ void layer_norm_bwd_params(const T* __restrict__ pw, const T* __restr
     if (want_w) dw[dwo.off + c * dwo.s0] = sw;
     if (want_b) db[dbo.off + c * dbo.s0] = sb;
 }
-
-// dx and the parameter partials in one pass over f32 rows of at most 32 K elements: a block
-// of warps owns a chunk of `per` rows (warp w takes rows w, w + warps, ...); each row is read
-// once into registers (K elements a lane: lane + 32 k), its dx written as layer_norm_bwd_dx
-// writes it, and each lane adds g xhat and g for its columns over its warp's rows. The
-// block's warps then add their sums into partials[chunk, n] in warp order (deterministic).
-template <int K>
-__device__ __forceinline__ void layer_norm_bwd_fused(const float* __restrict__ x, Op2 xo, const float* __restrict__ w,
-                                                     Op2 wo, int has_w, const float* __restrict__ mean, Op2 mo,
-                                                     const float* __restrict__ rstd, Op2 ro,
-                                                     const float* __restrict__ g, Op2 go, float* __restrict__ dx,
-                                                     Op2 dxo, float* __restrict__ pw, float* __restrict__ pb, i64 rows,
-                                                     i64 n, i64 per) {
-    __shared__ float acc_w[32 * K], acc_b[32 * K];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    const i64 chunk = blockIdx.x, start = chunk * per, end = min(rows, start + per);
-    float sw[K], sb[K], wc[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        const i64 c = lane + 32 * k;
-        sw[k] = 0.0f;
-        sb[k] = 0.0f;
-        wc[k] = (has_w && c < n) ? w[wo.off + c * wo.s0] : 1.0f;
-    }
-    for (i64 r = start + warp; r < end; r += warps) {
-        const float m = mean[mo.off + r * mo.s0], rs = rstd[ro.off + r * ro.s0];
-        float gv[K], xh[K], a = 0.0f, bs = 0.0f;
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const i64 c = lane + 32 * k;
-            float gg = 0.0f, xx = 0.0f;
-            if (c < n) {
-                gg = g[go.off + r * go.s0 + c * go.s1];
-                xx = (x[xo.off + r * xo.s0 + c * xo.s1] - m) * rs;
-            }
-            gv[k] = gg;
-            xh[k] = xx;
-            const float gw = gg * wc[k];
-            a += gw;
-            bs = fmaf(gw, xx, bs);
-            sw[k] = fmaf(gg, xx, sw[k]);
-            sb[k] += gg;
-        }
-        a = warp_total(a) / (float)n;
-        bs = warp_total(bs) / (float)n;
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const i64 c = lane + 32 * k;
-            if (c < n) dx[dxo.off + r * dxo.s0 + c * dxo.s1] = rs * (gv[k] * wc[k] - a - xh[k] * bs);
-        }
-    }
-    for (int wi = 0; wi < warps; ++wi) {
-        if (warp == wi) {
-#pragma unroll
-            for (int k = 0; k < K; ++k) {
-                const int c = lane + 32 * k;
-                if (c < n) {
-                    acc_w[c] = wi == 0 ? sw[k] : acc_w[c] + sw[k];
-                    acc_b[c] = wi == 0 ? sb[k] : acc_b[c] + sb[k];
-                }
-            }
-        }
-        __syncthreads();
-    }
-    for (i64 c = threadIdx.x; c < n; c += blockDim.x) {
-        pw[chunk * n + c] = acc_w[c];
-        pb[chunk * n + c] = acc_b[c];
-    }
-}
-
-#define NORM_FUSED(K)                                                                                               \
-    extern "C" __global__ void layer_norm_bwd_fused_f32_k##K(                                                       \
-        const float* x, Op2 xo, const float* w, Op2 wo, int has_w, const float* mean, Op2 mo, const float* rstd,    \
-        Op2 ro, const float* g, Op2 go, float* dx, Op2 dxo, float* pw, float* pb, i64 rows, i64 n, i64 per) {       \
-        layer_norm_bwd_fused<K>(x, xo, w, wo, has_w, mean, mo, rstd, ro, g, go, dx, dxo, pw, pb, rows, n, per);     \
-    }
-
-NORM_FUSED(4)
-NORM_FUSED(8)
-NORM_FUSED(12)
-NORM_FUSED(16)
-NORM_FUSED(24)
-NORM_FUSED(32)
 
 #define NORM_KERNELS(T, NAME)                                                                                       \
     extern "C" __global__ void layer_norm_fwd_##NAME(const T* x, Op2 xo, const T* w, Op2 wo, int has_w, const T* b, \

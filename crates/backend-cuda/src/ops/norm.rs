@@ -1,6 +1,5 @@
 //! Layer normalisation: `cuda/norm.cu`'s warp-per-row forward and dx kernels, and the
-//! parameter gradients in fixed row chunks; f32 rows of at most 1024 take dx and the chunks'
-//! partials in one pass (`layer_norm_bwd_fused_f32_k*`).
+//! parameter gradients in fixed row chunks.
 
 use crate::device::Args;
 use crate::{CudaBackend, CudaBuffer, V};
@@ -92,35 +91,6 @@ pub(crate) fn layer_norm_backward(
     let (rows, n) = validate::layer_norm_backward(x, mean, rstd, dout, g)?;
     gpu.dev.bind()?;
     let wide = x.x.dtype() == DType::F64;
-    let params = (g.dweight.is_some() || g.dbias.is_some()) && n > 0;
-    // Fixed chunks of rows (a function of the row count only: deterministic).
-    let chunks = rows.div_ceil(PARTIAL_ROWS).clamp(1, 4096);
-    let per = rows.div_ceil(chunks).max(1);
-    let dtype = x.x.dtype();
-    // Written whole by the partial (or fused) kernel before the sum reads them.
-    let partials = || -> Result<(CudaBuffer, CudaBuffer)> {
-        Ok((
-            gpu.new_buffer(dtype, chunks * n)?,
-            gpu.new_buffer(dtype, chunks * n)?,
-        ))
-    };
-    // f32 rows of at most 1024: dx and the partials in one pass (each row read once).
-    if let Some((_, kernel)) = FUSED.iter().find(|(k, _)| n <= 32 * k).filter(|_| !wide)
-        && params
-        && rows > 0
-    {
-        let (pw, pb) = partials()?;
-        let a = optional(view(Args::new(), x.x), x.weight, x.x.buffer);
-        let a = view(view(view(view(a, mean), rstd), dout), g.dx);
-        let a = chunk_args(a, (&pw, &pb), [rows, n, per]);
-        gpu.dev.launch_raw(
-            gpu.dev.function(kernel)?,
-            (chunks as u32, 1, 1),
-            (ROWS_PER_BLOCK * 32) as u32,
-            a,
-        )?;
-        return sum_partials(gpu, (&pw, &pb), (chunks, n), g, wide);
-    }
     if rows > 0 {
         let a = optional(view(Args::new(), x.x), x.weight, x.x.buffer);
         let a = view(view(view(view(a, mean), rstd), dout), g.dx)
@@ -134,14 +104,26 @@ pub(crate) fn layer_norm_backward(
             a,
         )?;
     }
-    if !params {
+    if (g.dweight.is_none() && g.dbias.is_none()) || n == 0 {
         return Ok(());
     }
-    let (pw, pb) = partials()?;
+    // Fixed chunks of rows (a function of the row count only: deterministic).
+    let chunks = rows.div_ceil(PARTIAL_ROWS).clamp(1, 4096);
+    let per = rows.div_ceil(chunks).max(1);
+    let dtype = x.x.dtype();
+    // Written whole by the partial kernel before the sum reads them.
+    let (pw, pb) = (
+        gpu.new_buffer(dtype, chunks * n)?,
+        gpu.new_buffer(dtype, chunks * n)?,
+    );
     let cols = n.div_ceil(128) as u32;
     if rows > 0 {
-        let a = view(view(view(view(Args::new(), x.x), mean), rstd), dout);
-        let a = chunk_args(a, (&pw, &pb), [rows, n, per]);
+        let a = view(view(view(view(Args::new(), x.x), mean), rstd), dout)
+            .arg(pw.ptr())
+            .arg(pb.ptr())
+            .arg(rows as i64)
+            .arg(n as i64)
+            .arg(per as i64);
         gpu.dev.launch_raw(
             gpu.dev.function(name(
                 wide,
@@ -154,44 +136,13 @@ pub(crate) fn layer_norm_backward(
         )?;
     }
     let used = if rows > 0 { chunks } else { 0 };
-    sum_partials(gpu, (&pw, &pb), (used, n), g, wide)
-}
-
-/// The partials' buffers and the chunking, as the partial and fused kernels end their
-/// parameter lists.
-fn chunk_args(a: Args, (pw, pb): (&CudaBuffer, &CudaBuffer), [rows, n, per]: [usize; 3]) -> Args {
-    a.arg(pw.ptr())
-        .arg(pb.ptr())
-        .arg(rows as i64)
-        .arg(n as i64)
-        .arg(per as i64)
-}
-
-/// `layer_norm_bwd_fused_f32_k*` by `k`: rows of at most `32 k` elements.
-const FUSED: [(usize, &str); 6] = [
-    (4, "layer_norm_bwd_fused_f32_k4"),
-    (8, "layer_norm_bwd_fused_f32_k8"),
-    (12, "layer_norm_bwd_fused_f32_k12"),
-    (16, "layer_norm_bwd_fused_f32_k16"),
-    (24, "layer_norm_bwd_fused_f32_k24"),
-    (32, "layer_norm_bwd_fused_f32_k32"),
-];
-
-/// The chunks' partials (`used` of them) summed per column into `dweight` and `dbias`.
-fn sum_partials(
-    gpu: &CudaBackend,
-    (pw, pb): (&CudaBuffer, &CudaBuffer),
-    (used, n): (usize, usize),
-    g: NormGrads<'_, CudaBuffer>,
-    wide: bool,
-) -> Result<()> {
     let a = Args::new()
         .arg(pw.ptr())
         .arg(pb.ptr())
         .arg(used as i64)
         .arg(n as i64);
-    let a = optional(a, g.dweight, pw);
-    let a = optional(a, g.dbias, pw);
+    let a = optional(a, g.dweight, &pw);
+    let a = optional(a, g.dbias, &pw);
     gpu.dev.launch_raw(
         gpu.dev.function(name(
             wide,

@@ -205,7 +205,7 @@ fn wide_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Res
     let x = logits.materialize(&[n, c])?.detach();
     let labels = target.materialize(&[n])?.detach();
     let (loss, lse) = crate::no_grad(|| -> Result<(Tensor<B>, Tensor<B>)> {
-        let m = x.max_detached(1, false)?;
+        let m = x.max(1, false)?;
         let inf = Tensor::full(&b, &[], f64::INFINITY, DType::F32)?;
         let zero = Tensor::zeros(&b, &[], DType::F32)?;
         let m = m

@@ -129,20 +129,6 @@ impl<B: Backend> Tensor<B> {
         }
     }
 
-    /// The largest values along `axis` without a gradient, in one reduction (no index pass):
-    /// the shift of a stable softmax or log-sum-exp, which the gradient does not see.
-    pub(crate) fn max_detached(&self, axis: isize, keepdim: bool) -> Result<Self> {
-        let a = self.axis(axis)?;
-        let kept = self.kept_shape(&[a]);
-        let out = self.new_output(&kept, self.dtype())?;
-        self.backend()
-            .reduce(ReduceOp::Max, self.view(), &[a], out.view())?;
-        match keepdim {
-            true => Ok(out),
-            false => out.reshape(&self.dropped_shape(&[a])),
-        }
-    }
-
     /// The largest value along `axis`.
     pub fn max(&self, axis: isize, keepdim: bool) -> Result<Self> {
         self.extremum(ArgReduceOp::ArgMax, axis, keepdim)
@@ -207,7 +193,7 @@ impl<B: Backend> Tensor<B> {
         }
         // The shift is a constant for the gradient (it cancels), so it is detached. An
         // infinite maximum shifts by 0 instead: `-inf - -inf` would be NaN.
-        let m = self.max_detached(axis, true)?;
+        let m = self.max(axis, true)?.detach();
         let m = crate::no_grad(|| -> Result<Self> {
             let inf = Tensor::full(self.backend(), &[], f64::INFINITY, m.dtype())?;
             let zero = Tensor::zeros(self.backend(), &[], m.dtype())?;
@@ -227,7 +213,7 @@ impl<B: Backend> Tensor<B> {
         if crate::autocast::widens(self) {
             return self.autocast_wide()?.softmax(axis);
         }
-        let m = self.max_detached(axis, true)?;
+        let m = self.max(axis, true)?.detach();
         let e = self.sub(&m)?.exp()?;
         e.div(&e.sum(&[axis], true)?)
     }
