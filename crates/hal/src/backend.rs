@@ -369,7 +369,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// output within `(8 + log2 tk + d) u sum_j |p~_ij v_j| (1 + sigma_ij + sigma_i)`, and
     /// `lse` within `(8 + log2 tk + d) u (1 + |lse_i| + sigma_i)`. Under [`Precision::Fast`]
     /// the products may round their operands to TF32, as `matmul`'s do: `u` is then `2^-11`
-    /// (both passes). For 16-bit operands `u` is their unit roundoff.
+    /// (both passes). 16-bit operands are exact in f32 and TF32: `u` stays the policy's, and
+    /// each result (and the output the backward pass reads) adds one rounding to the dtype,
+    /// its unit roundoff times the result's magnitude (and f16's subnormal spacing).
     fn attention(
         &self,
         x: AttentionInputs<'_, Self::Buffer>,
