@@ -9,8 +9,9 @@
 //! - [`Tensor`] (`tensor.rs`): a buffer, a [`hal::Layout`] and, for results of differentiable
 //!   operations, the node that made it. Constructors, host transfer (`to_vec`, `item`), dtype
 //!   casts and device moves.
-//! - `autocast.rs`: mixed precision, [`autocast`] (products in bf16 or f16, norms, attention
-//!   and losses in f32, f32 master weights), as `torch.autocast`.
+//! - `autocast.rs`: mixed precision, [`autocast`] (products and attention in bf16 or f16,
+//!   norms and losses in f32, f32 master weights), as `torch.autocast`;
+//!   [`optim::GradScaler`] scales f16 losses.
 //! - `autograd.rs`: the tape-free graph (each tensor holds its node), [`Tensor::backward`],
 //!   [`no_grad`].
 //! - `ops/`: every operation and its backward: `elementwise.rs` (arithmetic, math functions,
@@ -27,9 +28,9 @@
 //! - [`data`]: datasets and a [`data::DataLoader`] that prepares the next batch on a thread;
 //!   [`idx`]: the IDX files of real MNIST (`cargo xtask fetch mnist` downloads them);
 //!   [`text`]: character and GPT-2 tokenizers, nanoGPT's `.bin` token files as random batches.
-//! - [`gpt`]: nanoGPT's GPT (causal self-attention composed from matmul, an additive mask
-//!   and softmax; tied head; nanoGPT's state names, so its `GPT` loads our checkpoints) with
-//!   `generate` (temperature, top-k).
+//! - [`gpt`]: nanoGPT's GPT (fused causal self-attention over the packed qkv projection, or
+//!   composed from matmul, an additive mask and softmax for comparison; tied head; nanoGPT's
+//!   state names, so its `GPT` loads our checkpoints) with `generate` (temperature, top-k).
 //! - [`models`]: the reference MLP and LeNet-style CNN, the training loop the examples and the
 //!   bench share ([`models::train_step`], and [`models::RecordedStep`], the same step recorded
 //!   once and replayed: one device-graph launch a step on CUDA), and the digits / synthetic
