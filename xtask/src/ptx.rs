@@ -191,7 +191,7 @@ fn build_all(srcs: &[PathBuf]) -> ExitCode {
 fn build_one(nvcc: &str, cu: &Path, arch: &str, out: &Path) -> Result<(), String> {
     let tmp = out.with_extension("ptx.tmp");
     let status = Command::new(nvcc)
-        .args(["-ptx", &format!("-arch={arch}"), "-O3", "-lineinfo"])
+        .args(["-ptx", &format!("-arch={arch}"), "-O3"])
         .arg(format!("-I{}", root().join("cuda").display()))
         .arg(cu)
         .arg("-o")
