@@ -121,6 +121,8 @@ pub struct CompiledProblem<B: Backend> {
     pub precision: Precision,
     kernels: Vec<GroupKernel<B>>,
     pub rows: usize,
+    /// Jacobian columns ([`crate::TangentSpace::cols`]): the problem's parameters where none
+    /// is on a manifold.
     pub cols: usize,
     pub nnz: usize,
     pub blocks: usize,
@@ -134,6 +136,8 @@ pub struct CompiledProblem<B: Backend> {
     /// The same structures on the host (the sparse Cholesky path builds `J^T J` from them).
     pub host_row_offsets: Vec<u32>,
     pub host_col_indices: Vec<u32>,
+    /// The columns: parameters, or tangent coordinates of blocks on manifolds.
+    pub tangent: crate::TangentSpace,
     pub report: CompileReport,
 }
 
@@ -159,7 +163,7 @@ impl<B: Backend> CompiledProblem<B> {
             use rayon::prelude::*;
             groups
                 .par_iter()
-                .map(|g| SlotRuns::of(&g.param_index, g.params_per_instance()))
+                .map(|g| SlotRuns::of(&g.param_index, g.slots_per_instance()))
                 .collect()
         };
         let mut kernels: Vec<Option<B::Kernel>> = groups
@@ -189,7 +193,8 @@ impl<B: Backend> CompiledProblem<B> {
         let compile_seconds = started.elapsed().as_secs_f64();
 
         let started = Instant::now();
-        let cols = problem.parameters().len();
+        let tangent = problem.tangent_space()?;
+        let cols = tangent.cols;
         let mut rows = 0usize;
         let mut nnz = 0usize;
         let mut cost_first = 0usize;
@@ -211,7 +216,7 @@ impl<B: Backend> CompiledProblem<B> {
                     u32::MAX
                 )));
             }
-            push_rows(g, &mut row_offsets, &mut col_indices);
+            push_rows(g, &tangent, &mut row_offsets, &mut col_indices);
             let upload_started = Instant::now();
             let constants = upload_floats(backend, precision, &g.constants)?;
             group_kernels.push(GroupKernel {
@@ -254,6 +259,7 @@ impl<B: Backend> CompiledProblem<B> {
             transpose_perm: backend.upload(&perm)?,
             host_row_offsets: row_offsets,
             host_col_indices: col_indices,
+            tangent,
             report,
         };
         compiled.report.structure_seconds =
@@ -339,15 +345,24 @@ fn upload_floats<B: Backend>(
 }
 
 /// Appends the Jacobian rows of group `g` to a CSR structure: each instance's `r` rows, each
-/// holding its `p` parameters' columns.
-fn push_rows(g: &ResidualGroup, row_offsets: &mut Vec<u32>, col_indices: &mut Vec<u32>) {
+/// holding its `p` differentiated slots' columns.
+fn push_rows(
+    g: &ResidualGroup,
+    tangent: &crate::TangentSpace,
+    row_offsets: &mut Vec<u32>,
+    col_indices: &mut Vec<u32>,
+) {
     let (p, r, n) = (g.params_per_instance(), g.residuals_per_instance(), g.len());
+    let s = g.slots_per_instance();
     row_offsets.reserve(n * r);
     col_indices.reserve(n * r * p);
+    let mut cols_of = vec![0u32; p];
     for i in 0..n {
-        let cols_of = &g.param_index[i * p..(i + 1) * p];
+        for (c, &index) in cols_of.iter_mut().zip(&g.param_index[i * s..i * s + p]) {
+            *c = tangent.col(index);
+        }
         for _ in 0..r {
-            col_indices.extend_from_slice(cols_of);
+            col_indices.extend_from_slice(&cols_of);
             let last = *row_offsets.last().expect("starts with 0");
             row_offsets.push(last + p as u32);
         }

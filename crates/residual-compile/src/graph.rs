@@ -6,13 +6,16 @@ use crate::trace::{Binary, Cmp, Node, Unary};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-/// A residual function of `n_params` scalar parameters and `n_consts` per-instance constants:
-/// nodes in topological order and the ids of the residual outputs.
+/// A residual function of `n_params` differentiated slots (its Jacobian columns: parameters
+/// and manifold tangent coordinates), `n_ambient` further slots read but not differentiated
+/// (manifold blocks' stored values, slots `n_params..n_params + n_ambient`) and `n_consts`
+/// per-instance constants: nodes in topological order and the ids of the residual outputs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Graph {
     pub nodes: Vec<Node>,
     pub outputs: Vec<u32>,
     pub n_params: u32,
+    pub n_ambient: u32,
     pub n_consts: u32,
 }
 
@@ -62,20 +65,29 @@ impl Hasher for Fnv {
 
 /// [`Graph::signature`] of the graph these parts would make, without building it (tracing
 /// computes it for every instance from the tape).
-pub fn signature_of(nodes: &[Node], outputs: &[u32], n_params: u32, n_consts: u32) -> u64 {
+pub fn signature_of(
+    nodes: &[Node],
+    outputs: &[u32],
+    n_params: u32,
+    n_ambient: u32,
+    n_consts: u32,
+) -> u64 {
     let mut h = Fnv::default();
     nodes.hash(&mut h);
     outputs.hash(&mut h);
     n_params.hash(&mut h);
+    n_ambient.hash(&mut h);
     n_consts.hash(&mut h);
     h.finish()
 }
 
-/// The value of one node given the values of the nodes before it.
+/// The value of one node given the values of the nodes before it; `params` holds every slot
+/// (a [`Node::Delta`] is 0 whatever its slot holds).
 pub fn eval_node(node: Node, vals: &[f64], params: &[f64], consts: &[f64]) -> f64 {
     let v = |i: u32| vals[i as usize];
     match node {
-        Node::Param(k) => params[k as usize],
+        Node::Param(k) | Node::Ambient(k) => params[k as usize],
+        Node::Delta(_) => 0.0,
         Node::Const(k) => consts[k as usize],
         Node::Lit(bits) => f64::from_bits(bits),
         Node::Unary(op, x) => unary_f64(op, v(x)),
@@ -128,7 +140,13 @@ impl Graph {
     /// outputs and the slot counts. Per-instance constants and parameter values are not part of
     /// it, so every instance of one residual shape has the same signature.
     pub fn signature(&self) -> u64 {
-        signature_of(&self.nodes, &self.outputs, self.n_params, self.n_consts)
+        signature_of(
+            &self.nodes,
+            &self.outputs,
+            self.n_params,
+            self.n_ambient,
+            self.n_consts,
+        )
     }
 
     /// Every node's value in `f64`.
@@ -159,8 +177,8 @@ impl Graph {
         let mut live = vec![false; pool.nodes.len()];
         for (id, &n) in pool.nodes.iter().enumerate() {
             live[id] = match n {
-                Node::Param(_) => true,
-                Node::Const(_) | Node::Lit(_) => false,
+                Node::Param(_) | Node::Delta(_) => true,
+                Node::Const(_) | Node::Lit(_) | Node::Ambient(_) => false,
                 Node::Unary(_, x) => live[x as usize],
                 Node::Binary(_, a, b) => live[a as usize] || live[b as usize],
                 Node::Select { t, f, .. } => live[t as usize] || live[f as usize],
@@ -183,11 +201,11 @@ impl Graph {
                 let y = id as u32;
                 let mut contributions: [(u32, u32); 2] = [(u32::MAX, 0); 2];
                 match node {
-                    Node::Param(k) => {
+                    Node::Param(k) | Node::Delta(k) => {
                         let slot = &mut jacobian[r * p + k as usize];
                         *slot = pool.binary(Binary::Add, *slot, g);
                     }
-                    Node::Const(_) | Node::Lit(_) => {}
+                    Node::Const(_) | Node::Lit(_) | Node::Ambient(_) => {}
                     Node::Unary(op, x) => {
                         contributions[0] = (x, pool.unary_adjoint(op, x, y, g));
                     }
@@ -212,15 +230,17 @@ impl Graph {
                 }
             }
         }
-        Derivatives {
+        let derivatives = Derivatives {
             graph: Graph {
                 nodes: pool.nodes,
                 outputs: outputs.clone(),
                 n_params: self.n_params,
+                n_ambient: self.n_ambient,
                 n_consts: self.n_consts,
             },
             jacobian,
-        }
+        };
+        derivatives.at_zero_deltas()
     }
 }
 
@@ -234,6 +254,33 @@ pub struct Derivatives {
 }
 
 impl Derivatives {
+    /// The same values with every [`Node::Delta`] replaced by the literal 0 it evaluates to
+    /// and the literals folded again: what differentiating needed the tangent coordinates
+    /// for is done, and a manifold block's kernel then does no arithmetic on them.
+    fn at_zero_deltas(self) -> Derivatives {
+        if !self.graph.nodes.iter().any(|n| matches!(n, Node::Delta(_))) {
+            return self;
+        }
+        let mut pool = Pool::default();
+        let mut remap: Vec<u32> = Vec::with_capacity(self.graph.nodes.len());
+        for &n in &self.graph.nodes {
+            let id = match n {
+                Node::Delta(_) => pool.lit(0.0),
+                other => pool.add_traced(other, &remap),
+            };
+            remap.push(id);
+        }
+        let m = |ids: &[u32]| ids.iter().map(|&i| remap[i as usize]).collect::<Vec<u32>>();
+        Derivatives {
+            graph: Graph {
+                outputs: m(&self.graph.outputs),
+                nodes: pool.nodes,
+                ..self.graph
+            },
+            jacobian: m(&self.jacobian),
+        }
+    }
+
     /// The Jacobian in `f64`, row-major `[residual][param]`.
     pub fn eval_jacobian(&self, params: &[f64], consts: &[f64]) -> Vec<f64> {
         let vals = self.graph.eval_nodes(params, consts);
@@ -263,7 +310,9 @@ impl Pool {
     /// Adds a node whose operands are already pool ids.
     fn add(&mut self, node: Node) -> u32 {
         let node = self.simplify(node);
-        if let Node::Lit(_) | Node::Param(_) | Node::Const(_) = node {
+        if let Node::Lit(_) | Node::Param(_) | Node::Const(_) | Node::Delta(_) | Node::Ambient(_) =
+            node
+        {
         } else if let Some(id) = self.forward_alias(node) {
             return id;
         }

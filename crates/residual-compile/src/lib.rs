@@ -45,6 +45,7 @@ pub mod compile;
 pub mod graph;
 pub mod icosphere;
 pub mod lower;
+pub mod manifold;
 pub mod problem;
 pub mod solve;
 mod supernodal;
@@ -52,6 +53,7 @@ pub mod trace;
 
 pub use compile::{CompileReport, CompiledProblem, Evaluation, GroupReport, KernelCache};
 pub use graph::{Derivatives, Graph};
+pub use manifold::{Manifold, TangentSpace};
 pub use problem::{Loss, Problem, ResidualGroup};
 pub use solve::{
     AUTO_CG_MIN_PARAMETERS, CRAWL_ITERATIONS, CRAWL_RADIUS, IterationSummary, LinearSolver, Method,

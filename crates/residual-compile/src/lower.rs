@@ -12,7 +12,7 @@
 //! | 2 `constants` | float | `[instance * C + k]` (a 1-element dummy when `C = 0`) |
 //! | 3 `offsets` | u32 | `[first residual row, first Jacobian entry, first cost entry]` |
 //! | 4 `residuals` | float | row `first + instance * R + r` |
-//! | 5 `jacobian` | float | entry `first + (instance * R + r) * P + k`: the CSR values |
+//! | 5 `jacobian` | float | entry `first + (instance * R + r) * P + k`: the CSR values (`P` differentiated slots) |
 //! | 6 `cost` | float | `first + instance`: `rho(|f|^2) / 2`, NaN where a Jacobian entry is not finite |
 //!
 //! "float" is the solve's [`crate::Precision`]: `f64` (the default; literals and constants
@@ -112,7 +112,11 @@ pub fn lower(
         graph.n_consts.max(1),
         graph.outputs.len() as u32,
     );
-    assert_eq!(runs.run.len(), p as usize, "a run for every slot");
+    assert_eq!(
+        runs.run.len(),
+        (p + graph.n_ambient) as usize,
+        "a run for every slot"
+    );
     let mut b = ProgramBuilder::new(name);
     let params = b.buffer(dtype, Access::Read);
     let param_index = b.buffer(hal::DType::U32, Access::Read);
@@ -149,7 +153,9 @@ pub fn lower(
         }
         let v = |k: u32| value[k as usize].expect("operands precede their users");
         let out = match node {
-            Node::Param(k) => reads.param(&mut b, k),
+            Node::Param(k) | Node::Ambient(k) => reads.param(&mut b, k),
+            // `Graph::derivatives` folds tangent coordinates to their value, 0.
+            Node::Delta(_) => b.const_float(ft, 0.0),
             Node::Const(k) => {
                 let kk = b.const_u32(k);
                 let at = b.add(const_base, kk);

@@ -3,6 +3,7 @@
 
 use crate::Error;
 use crate::graph::Graph;
+use crate::manifold::{Manifold, TangentSpace};
 use crate::trace::{Node, Tape, Var};
 use std::collections::HashMap;
 
@@ -62,7 +63,9 @@ pub struct ResidualGroup {
     pub graph: Graph,
     pub signature: u64,
     pub loss: Loss,
-    /// `[instance * P + k]`: the problem parameter in slot `k`.
+    /// `[instance * S + k]`: the problem parameter slot `k` reads, `S` the graph's slots
+    /// ([`ResidualGroup::slots_per_instance`]). A manifold block's tangent slot `j` holds its
+    /// block's parameter `j` (a placeholder: it reads nothing, but names its column).
     pub param_index: Vec<u32>,
     /// `[instance * C + k]`.
     pub constants: Vec<f64>,
@@ -77,9 +80,14 @@ impl ResidualGroup {
     pub fn is_empty(&self) -> bool {
         self.block_ids.is_empty()
     }
-    /// Scalar parameters per instance.
+    /// Jacobian columns per instance: scalar parameters and manifold tangent coordinates.
     pub fn params_per_instance(&self) -> usize {
         self.graph.n_params as usize
+    }
+    /// Parameter indices stored per instance: the differentiated slots, then the manifold
+    /// blocks' stored values.
+    pub fn slots_per_instance(&self) -> usize {
+        (self.graph.n_params + self.graph.n_ambient) as usize
     }
     /// Residuals per instance.
     pub fn residuals_per_instance(&self) -> usize {
@@ -116,6 +124,12 @@ pub struct Problem {
     rows: usize,
     /// The group of the last block added.
     last_group: Option<usize>,
+    /// Blocks on manifolds: first parameter and manifold.
+    manifolds: Vec<(usize, Manifold)>,
+    /// Per parameter: the entry of `manifolds` it belongs to (`u32::MAX`: Euclidean).
+    manifold_of: Vec<u32>,
+    /// Per parameter: read by a residual block already.
+    referenced: Vec<bool>,
 }
 
 impl Problem {
@@ -130,7 +144,73 @@ impl Problem {
         self.fixed.resize(self.params.len(), false);
         self.lower.resize(self.params.len(), f64::NEG_INFINITY);
         self.upper.resize(self.params.len(), f64::INFINITY);
+        self.manifold_of.resize(self.params.len(), u32::MAX);
+        self.referenced.resize(self.params.len(), false);
         first
+    }
+
+    /// Puts parameters `first..first + manifold.ambient_size()` on `manifold` (Ceres's
+    /// `SetManifold`): solves step in its tangent space and move the block by its `plus`
+    /// (see [`crate::manifold`]). A residual block must then read the whole block, in order
+    /// (`&[q, q + 1, q + 2, q + 3]` for a quaternion at `q`). Refused for parameters that are
+    /// out of range, already on a manifold, bounded, or already read by a residual block
+    /// (their kernels were traced Euclidean).
+    pub fn set_manifold(&mut self, first: usize, manifold: Manifold) -> Result<(), Error> {
+        let a = manifold.ambient_size();
+        let range = first..first + a;
+        let bad = |detail: String| {
+            Err(Error::InvalidProblem(format!(
+                "set_manifold({first}, {manifold:?}): {detail}"
+            )))
+        };
+        if range.end > self.params.len() {
+            return bad(format!(
+                "the block needs parameters {first}..{} and the problem has {}",
+                range.end,
+                self.params.len()
+            ));
+        }
+        if let Some(i) = range.clone().find(|&i| self.manifold_of[i] != u32::MAX) {
+            return bad(format!("parameter {i} is on a manifold already"));
+        }
+        if let Some(i) = range.clone().find(|&i| self.referenced[i]) {
+            return bad(format!(
+                "parameter {i} is read by a residual block already; set manifolds before \
+                 adding the residuals that read them"
+            ));
+        }
+        if let Some(i) = range
+            .clone()
+            .find(|&i| self.lower[i].is_finite() || self.upper[i].is_finite())
+        {
+            return bad(format!(
+                "parameter {i} has a bound; a manifold block cannot"
+            ));
+        }
+        let id = self.manifolds.len() as u32;
+        self.manifolds.push((first, manifold));
+        for i in range {
+            self.manifold_of[i] = id;
+        }
+        Ok(())
+    }
+
+    /// The manifold parameter `index`'s block lives on, with the block's first parameter.
+    pub fn manifold(&self, index: usize) -> Option<(usize, Manifold)> {
+        let id = *self.manifold_of.get(index)?;
+        (id != u32::MAX).then(|| self.manifolds[id as usize])
+    }
+
+    fn manifold_map(&self) -> ManifoldMap<'_> {
+        ManifoldMap {
+            manifold_of: &self.manifold_of,
+            manifolds: &self.manifolds,
+        }
+    }
+
+    /// The solver's columns for this problem's parameters (see [`TangentSpace`]).
+    pub fn tangent_space(&self) -> Result<TangentSpace, Error> {
+        TangentSpace::new(self.params.len(), &self.manifolds, &self.fixed)
     }
 
     /// Keeps parameter `index` at or above `bound` during solves (Ceres's
@@ -151,6 +231,12 @@ impl Problem {
         if bound.is_nan() {
             return Err(Error::InvalidProblem(format!(
                 "set_{what}_bound: the bound of parameter {index} is NaN"
+            )));
+        }
+        if let Some((first, m)) = self.manifold(index) {
+            return Err(Error::InvalidProblem(format!(
+                "set_{what}_bound: parameter {index} is in the {m:?} block at {first}; a \
+                 manifold block cannot be bounded"
             )));
         }
         let slot = if lower {
@@ -221,8 +307,9 @@ impl Problem {
         &mut self.params
     }
 
-    pub(crate) fn fixed_mask(&self) -> &[bool] {
-        &self.fixed
+    /// Whether any parameter block is on a manifold.
+    pub fn has_manifolds(&self) -> bool {
+        !self.manifolds.is_empty()
     }
 
     pub fn groups(&self) -> &[ResidualGroup] {
@@ -263,16 +350,20 @@ impl Problem {
     {
         let block = self.blocks.len();
         check_block(name, block, params, constants, loss, self.params.len())?;
+        let plan = self
+            .manifold_map()
+            .plan(params)
+            .map_err(|detail| block_error(name, block, detail))?;
         // The tape is taken out while its nodes are looked up, so they need no copy.
         let tape = std::mem::take(&mut self.tape);
-        let group = trace_block(&tape, params.len(), constants.len(), &f).map(|outputs| {
+        let group = trace_block(&tape, &plan, constants.len(), &f).map(|outputs| {
             let nodes = tape.nodes();
-            self.group_for(name, &nodes, &outputs, params.len(), constants.len(), loss)
+            self.group_for(name, &nodes, &outputs, &plan, constants.len(), loss)
         });
         self.tape = tape;
         let group = group.map_err(|detail| block_error(name, block, detail))?;
         let name_id = self.name_id(name);
-        self.push_instances(group, name_id, params, constants, 1);
+        self.push_instances(group, name_id, &plan.slots, constants, 1);
         Ok(block)
     }
 
@@ -312,11 +403,15 @@ impl Problem {
             )));
         }
         let n_total = self.params.len();
+        let map = self.manifold_map();
         // Runs of consecutive blocks with one graph, per chunk of blocks; each chunk on its
         // own tape.
         struct Run {
             nodes: Vec<Node>,
             outputs: Vec<u32>,
+            plan: SlotPlan,
+            /// The blocks' slots, flattened.
+            slots: Vec<u32>,
             blocks: std::ops::Range<usize>,
         }
         const CHUNK: usize = 4096;
@@ -329,16 +424,22 @@ impl Problem {
                     let bp = &params[i * params_per_block..(i + 1) * params_per_block];
                     let bc = &constants[i * constants_per_block..(i + 1) * constants_per_block];
                     check_block(name, first + i, bp, bc, loss, n_total)?;
-                    let outputs = trace_block(&tape, bp.len(), bc.len(), &f)
+                    let plan = map
+                        .plan(bp)
+                        .map_err(|detail| block_error(name, first + i, detail))?;
+                    let outputs = trace_block(&tape, &plan, bc.len(), &f)
                         .map_err(|detail| block_error(name, first + i, detail))?;
                     let nodes = tape.nodes();
                     match runs.last_mut() {
                         Some(r) if r.outputs == outputs && r.nodes == *nodes => {
-                            r.blocks.end = i + 1
+                            r.blocks.end = i + 1;
+                            r.slots.extend_from_slice(&plan.slots);
                         }
                         _ => runs.push(Run {
                             nodes: nodes.clone(),
                             outputs,
+                            slots: plan.slots.clone(),
+                            plan,
                             blocks: i..i + 1,
                         }),
                     }
@@ -356,7 +457,7 @@ impl Problem {
                 name,
                 &run.nodes,
                 &run.outputs,
-                params_per_block,
+                &run.plan,
                 constants_per_block,
                 loss,
             );
@@ -364,7 +465,7 @@ impl Problem {
             self.push_instances(
                 group,
                 name_id,
-                &params[lo * params_per_block..hi * params_per_block],
+                &run.slots,
                 &constants[lo * constants_per_block..hi * constants_per_block],
                 hi - lo,
             );
@@ -379,13 +480,14 @@ impl Problem {
         name: &str,
         nodes: &[Node],
         outputs: &[u32],
-        n_params: usize,
+        plan: &SlotPlan,
         n_consts: usize,
         loss: Loss,
     ) -> usize {
-        let (n_params, n_consts) = (n_params as u32, n_consts as u32);
+        let (n_params, n_ambient, n_consts) = (plan.n_params, plan.n_ambient, n_consts as u32);
         let same_graph = |graph: &Graph| {
             graph.n_params == n_params
+                && graph.n_ambient == n_ambient
                 && graph.n_consts == n_consts
                 && graph.outputs == outputs
                 && graph.nodes == nodes
@@ -396,7 +498,7 @@ impl Problem {
         {
             return g;
         }
-        let signature = crate::graph::signature_of(nodes, outputs, n_params, n_consts);
+        let signature = crate::graph::signature_of(nodes, outputs, n_params, n_ambient, n_consts);
         let candidates = self.lookup.entry((signature, loss.key())).or_default();
         let group = match candidates
             .iter()
@@ -411,6 +513,7 @@ impl Problem {
                         nodes: nodes.to_vec(),
                         outputs: outputs.to_vec(),
                         n_params,
+                        n_ambient,
                         n_consts,
                     },
                     signature,
@@ -442,20 +545,23 @@ impl Problem {
         id
     }
 
-    /// Appends `count` instances of `group` (their parameter indices and constants flattened)
-    /// as the next blocks.
+    /// Appends `count` instances of `group` (their slots' parameter indices and constants
+    /// flattened) as the next blocks.
     fn push_instances(
         &mut self,
         group: usize,
         name_id: u32,
-        params: &[usize],
+        slots: &[u32],
         constants: &[f64],
         count: usize,
     ) {
+        for &p in slots {
+            self.referenced[p as usize] = true;
+        }
         let g = &mut self.groups[group];
         let first_instance = g.block_ids.len() as u32;
         let first_block = self.blocks.len() as u32;
-        g.param_index.extend(params.iter().map(|&p| p as u32));
+        g.param_index.extend_from_slice(slots);
         g.constants.extend_from_slice(constants);
         g.block_ids
             .extend((0..count as u32).map(|i| first_block + i));
@@ -468,7 +574,7 @@ impl Problem {
     pub fn cost_f64(&self, params: &[f64]) -> f64 {
         let mut total = 0.0;
         for g in &self.groups {
-            let (p, c) = (g.params_per_instance(), g.graph.n_consts as usize);
+            let (p, c) = (g.slots_per_instance(), g.graph.n_consts as usize);
             let mut x = vec![0.0; p];
             for i in 0..g.len() {
                 for (k, slot) in x.iter_mut().enumerate() {
@@ -549,9 +655,150 @@ fn check_block(
     }
 }
 
-/// Traces `f` on `tape` (cleared first) over `np` parameter and `nc` constant slots; returns
-/// the output node ids.
-fn trace_block<F>(tape: &Tape, np: usize, nc: usize, f: &F) -> Result<Vec<u32>, String>
+/// How a block's parameter indices become graph slots: a Euclidean parameter is a
+/// differentiated slot; a manifold block of ambient size `a` and tangent size `t` is `t`
+/// tangent slots (differentiated, value 0) and `a` stored-value slots after all the
+/// differentiated ones, and the closure sees its `plus` of the two.
+#[derive(Clone, Debug)]
+pub(crate) struct SlotPlan {
+    /// Per slot, the parameter index stored for it (`n_params + n_ambient` of them).
+    slots: Vec<u32>,
+    n_params: u32,
+    n_ambient: u32,
+    /// Per manifold block read: where it starts among the block's parameters, its first
+    /// tangent slot, its first stored-value slot, and the manifold. Empty for a Euclidean
+    /// block.
+    manifolds: Vec<(usize, u32, u32, Manifold)>,
+}
+
+/// Which manifold block each parameter is in (`Problem::manifold_of`) and the blocks.
+#[derive(Clone, Copy)]
+struct ManifoldMap<'a> {
+    manifold_of: &'a [u32],
+    manifolds: &'a [(usize, Manifold)],
+}
+
+impl ManifoldMap<'_> {
+    fn manifold(&self, index: usize) -> Option<(usize, Manifold)> {
+        let id = self.manifold_of[index];
+        (id != u32::MAX).then(|| self.manifolds[id as usize])
+    }
+
+    /// The slots of a block reading `params` (checked in range and distinct); a manifold
+    /// block must be read whole and in order.
+    fn plan(&self, params: &[usize]) -> Result<SlotPlan, String> {
+        let trivial = params.iter().all(|&p| self.manifold_of[p] == u32::MAX);
+        if trivial {
+            return Ok(SlotPlan {
+                slots: params.iter().map(|&p| p as u32).collect(),
+                n_params: params.len() as u32,
+                n_ambient: 0,
+                manifolds: Vec::new(),
+            });
+        }
+        let mut differentiated = Vec::with_capacity(params.len());
+        let mut ambient = Vec::new();
+        let mut manifolds = Vec::new();
+        let mut k = 0;
+        while k < params.len() {
+            let p = params[k];
+            let Some((first, m)) = self.manifold(p) else {
+                differentiated.push(p as u32);
+                k += 1;
+                continue;
+            };
+            let a = m.ambient_size();
+            let whole =
+                p == first && params.len() >= k + a && (0..a).all(|j| params[k + j] == first + j);
+            if !whole {
+                return Err(format!(
+                    "parameter {p} is in the {m:?} block at parameters {first}..{}; a block \
+                     on a manifold is read whole and in order",
+                    first + a
+                ));
+            }
+            manifolds.push((k, differentiated.len() as u32, ambient.len() as u32, m));
+            differentiated.extend((0..m.tangent_size()).map(|j| (first + j) as u32));
+            ambient.extend((0..a).map(|j| (first + j) as u32));
+            k += a;
+        }
+        let n_params = differentiated.len() as u32;
+        for entry in &mut manifolds {
+            entry.2 += n_params;
+        }
+        let n_ambient = ambient.len() as u32;
+        differentiated.extend(ambient);
+        Ok(SlotPlan {
+            slots: differentiated,
+            n_params,
+            n_ambient,
+            manifolds,
+        })
+    }
+}
+
+/// Traces `f` on `tape` (cleared first) over the slots of `plan` and `nc` constant slots;
+/// returns the output node ids.
+fn trace_block<F>(tape: &Tape, plan: &SlotPlan, nc: usize, f: &F) -> Result<Vec<u32>, String>
+where
+    F: for<'t> Fn(&[Var<'t>], &[Var<'t>]) -> Vec<Var<'t>>,
+{
+    if plan.manifolds.is_empty() {
+        return trace_euclidean(tape, plan.n_params as usize, nc, f);
+    }
+    tape.clear();
+    let (np, na) = (plan.n_params, plan.n_ambient);
+    let is_tangent = |k: u32| {
+        plan.manifolds
+            .iter()
+            .any(|&(_, t0, _, m)| (t0..t0 + m.tangent_size() as u32).contains(&k))
+    };
+    for k in 0..np {
+        tape.push(if is_tangent(k) {
+            Node::Delta(k)
+        } else {
+            Node::Param(k)
+        });
+    }
+    for k in np..np + na {
+        tape.push(Node::Ambient(k));
+    }
+    for k in 0..nc {
+        tape.push(Node::Const(k as u32));
+    }
+    let consts: Vec<Var<'_>> = (0..nc).map(|k| tape.var(np + na + k as u32)).collect();
+    // The closure's view: Euclidean slots as they are, manifold blocks as `plus`.
+    let mut vars: Vec<Var<'_>> = Vec::new();
+    let mut next_param = 0u32;
+    let mut manifolds = plan.manifolds.iter().peekable();
+    while let Some(&&(at, t0, a0, m)) = manifolds.peek() {
+        while vars.len() < at {
+            vars.push(tape.var(next_param));
+            next_param += 1;
+        }
+        let x: Vec<Var<'_>> = (0..m.ambient_size() as u32)
+            .map(|j| tape.var(a0 + j))
+            .collect();
+        let d: Vec<Var<'_>> = (0..m.tangent_size() as u32)
+            .map(|j| tape.var(t0 + j))
+            .collect();
+        vars.extend(m.trace_plus(&x, &d));
+        next_param = t0 + m.tangent_size() as u32;
+        manifolds.next();
+    }
+    while next_param < np {
+        vars.push(tape.var(next_param));
+        next_param += 1;
+    }
+    let outputs: Vec<u32> = f(&vars, &consts).iter().map(|v| v.id()).collect();
+    if outputs.is_empty() {
+        return Err("the closure returned no residuals".into());
+    }
+    Ok(outputs)
+}
+
+/// [`trace_block`] of a block with no manifold: slots are the closure's variables.
+fn trace_euclidean<F>(tape: &Tape, np: usize, nc: usize, f: &F) -> Result<Vec<u32>, String>
 where
     F: for<'t> Fn(&[Var<'t>], &[Var<'t>]) -> Vec<Var<'t>>,
 {

@@ -74,8 +74,15 @@ impl Cmp {
 /// One recorded operation. Operands are ids of earlier nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Node {
-    /// The `k`-th scalar parameter of the residual block (its parameter blocks, flattened).
+    /// The `k`-th scalar parameter of the residual block (its parameter blocks, flattened):
+    /// read from the problem's parameters and differentiated (Jacobian column `k`).
     Param(u32),
+    /// Jacobian column `k` of a block on a manifold: a tangent coordinate, differentiated,
+    /// whose value is 0 (see [`crate::manifold`]).
+    Delta(u32),
+    /// Slot `k` (after the differentiated slots) of a block on a manifold: a stored parameter
+    /// read but not differentiated (its block moves through its [`Node::Delta`]s).
+    Ambient(u32),
     /// The `k`-th per-instance constant (data that differs between instances of one topology).
     Const(u32),
     /// A literal written in the closure (`2.0 * x`): part of the topology signature. Stored as

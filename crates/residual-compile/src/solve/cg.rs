@@ -216,6 +216,8 @@ pub(super) struct DeviceEngine<B: Backend> {
     /// Per parameter, its bounds (in f32 rounded inwards), where any parameter has a finite
     /// one: steps are projected onto them.
     bounds: Option<(B::Buffer, B::Buffer)>,
+    /// The problem's parameters (the columns, but for manifold blocks).
+    ambient: usize,
 }
 
 impl<B: Backend> DeviceEngine<B> {
@@ -239,15 +241,21 @@ impl<B: Backend> DeviceEngine<B> {
         let (n, rows, nnz) = (compiled.cols.max(1), compiled.rows, compiled.nnz);
         let vec_n = || b.alloc(dtype, n);
         let x = problem.parameters();
-        let mask: Vec<f64> = problem
-            .fixed_mask()
+        if !compiled.tangent.is_identity() && problem.has_bounds() {
+            return Err(Error::InvalidOptions(
+                "bounds together with manifold blocks need LinearSolver::SparseCholesky".into(),
+            ));
+        }
+        let mask: Vec<f64> = compiled
+            .tangent
+            .fixed
             .iter()
             .map(|&f| if f { 0.0 } else { 1.0 })
             .collect();
         // The start goes in as the candidate: `start` evaluates it and makes it current.
         let start = compiled.upload_floats(x)?;
         let mut engine = Self {
-            it: Iterates::new(&compiled, vec_n()?, start)?,
+            it: Iterates::new(&compiled, b.alloc(dtype, x.len().max(1))?, start)?,
             jt_values: b.alloc(dtype, nnz.max(1))?,
             jt_squared: b.alloc(dtype, nnz.max(1))?,
             ones: {
@@ -290,6 +298,7 @@ impl<B: Backend> DeviceEngine<B> {
             },
             options: options.clone(),
             kernels,
+            ambient: x.len(),
             compiled,
         };
         engine.start(problem)?;
@@ -300,6 +309,17 @@ impl<B: Backend> DeviceEngine<B> {
     /// made the projected step.
     fn place_candidate(&self) -> Result<(), Error> {
         let be = &self.compiled.backend;
+        if !self.compiled.tangent.is_identity() {
+            // Manifold blocks move by their `plus`, on the host (no bounds here: `new`).
+            let x = be.read_f64(&self.it.x)?;
+            let delta = be.read_f64(&self.delta)?;
+            let mut candidate = x.clone();
+            let cols = self.compiled.cols;
+            self.compiled
+                .tangent
+                .plus(&x, &delta[..cols], &mut candidate);
+            return self.write_floats(&self.it.x_candidate, &candidate);
+        }
         let l = Layout::contiguous(&[self.compiled.cols]);
         let v = |b| View::new(b, &l);
         let candidate = &self.it.x_candidate;
@@ -547,7 +567,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         self.dot_into(&self.t, &self.t, rows, slot::JD2)?;
         self.dot_into(&self.gradient, &self.delta, n, slot::GD)?;
         self.dot_into(&self.delta, &self.delta, n, slot::PQ)?;
-        self.dot_into(&self.it.x, &self.it.x, n, slot::ALPHA)?;
+        self.dot_into(&self.it.x, &self.it.x, self.ambient, slot::ALPHA)?;
         let s = be.read_f64(&self.scalars)?;
         self.it.times.linear_solve += t.elapsed().as_secs_f64();
         let (jd2, gd) = (s[slot::JD2 as usize], s[slot::GD as usize]);
@@ -570,6 +590,9 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             View::new(&self.delta, &l),
             View::new(&self.delta, &l),
         )?;
+        if !self.compiled.tangent.is_identity() {
+            return self.place_candidate();
+        }
         be.binary(
             BinaryOp::Add,
             View::new(&self.it.x, &l),
@@ -585,7 +608,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
 
     fn parameters(&self) -> Result<Vec<f64>, Error> {
         let mut x = self.compiled.backend.read_f64(&self.it.x)?;
-        x.truncate(self.compiled.cols);
+        x.truncate(self.ambient);
         Ok(x)
     }
 }

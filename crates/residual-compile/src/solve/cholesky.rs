@@ -20,7 +20,8 @@ pub(super) struct CholeskyEngine<B: Backend> {
     it: Iterates<B, Vec<f64>>,
     /// The damped normal matrix's values, rewritten each solve.
     damped: Vec<f64>,
-    /// Problem parameter -> index among free parameters (`u32::MAX` when fixed).
+    /// Column (a parameter, or a manifold block's tangent coordinate) -> index among free
+    /// columns (`u32::MAX` when fixed).
     free_index: Vec<u32>,
     /// `J^T J` over the free parameters: lower triangle, CSC.
     normal: SymbolicSparseColMat<u32>,
@@ -42,16 +43,20 @@ pub(super) struct CholeskyEngine<B: Backend> {
     peak: Vec<f64>,
     scaling: super::Scaling,
     delta: Vec<f64>,
+    /// The step over every column (0 where fixed), for the tangent space's `plus`.
+    step: Vec<f64>,
     problem_groups: Vec<(usize, usize, usize)>,
-    /// Per parameter, its bounds, where any parameter has a finite one: steps are projected.
+    /// Per column, its bounds (infinite on a manifold), where any parameter has a finite one:
+    /// steps are projected.
     bounds: Option<Vec<(f64, f64)>>,
 }
 
 impl<B: Backend> CholeskyEngine<B> {
     pub(super) fn new(compiled: CompiledProblem<B>, problem: &Problem) -> Result<Self, Error> {
         let x = problem.parameters().to_vec();
-        let fixed = problem.fixed_mask();
-        let mut free_index = vec![u32::MAX; x.len()];
+        let tangent = &compiled.tangent;
+        let fixed = &tangent.fixed;
+        let mut free_index = vec![u32::MAX; tangent.cols];
         let mut free = 0u32;
         for (i, f) in fixed.iter().enumerate() {
             if !f {
@@ -63,13 +68,14 @@ impl<B: Backend> CholeskyEngine<B> {
         // The pattern of J^T J: for each instance, every pair of its free parameters.
         let mut columns: Vec<Vec<u32>> = vec![Vec::new(); n];
         let mut problem_groups = Vec::new();
+        let free_of = |index: u32| free_index[tangent.col(index) as usize];
         for g in problem.groups() {
-            let p = g.params_per_instance();
+            let (p, s) = (g.params_per_instance(), g.slots_per_instance());
             problem_groups.push((g.len(), g.residuals_per_instance(), p));
-            for inst in g.param_index.chunks_exact(p) {
-                for &a in inst {
-                    for &b in inst {
-                        let (fa, fb) = (free_index[a as usize], free_index[b as usize]);
+            for inst in g.param_index.chunks_exact(s) {
+                for &a in &inst[..p] {
+                    for &b in &inst[..p] {
+                        let (fa, fb) = (free_of(a), free_of(b));
                         if fa != u32::MAX && fb != u32::MAX && fa >= fb {
                             columns[fb as usize].push(fa);
                         }
@@ -98,12 +104,12 @@ impl<B: Backend> CholeskyEngine<B> {
         };
         let mut pair_slots = Vec::new();
         for g in problem.groups() {
-            let p = g.params_per_instance();
+            let (p, s) = (g.params_per_instance(), g.slots_per_instance());
             let mut slots = Vec::with_capacity(g.len() * p * (p + 1) / 2);
-            for inst in g.param_index.chunks_exact(p) {
+            for inst in g.param_index.chunks_exact(s) {
                 for a in 0..p {
                     for b in 0..=a {
-                        let (fa, fb) = (free_index[inst[a] as usize], free_index[inst[b] as usize]);
+                        let (fa, fb) = (free_of(inst[a]), free_of(inst[b]));
                         slots.push(if fa == u32::MAX || fb == u32::MAX {
                             u32::MAX
                         } else {
@@ -155,10 +161,14 @@ impl<B: Backend> CholeskyEngine<B> {
             peak: Vec::new(),
             scaling: super::Scaling::Ceres,
             delta: vec![0.0; n],
+            step: vec![0.0; tangent.cols],
             problem_groups,
             bounds: problem.has_bounds().then(|| {
-                (0..problem.parameters().len())
-                    .map(|i| problem.bounds(i))
+                (0..tangent.cols)
+                    .map(|c| match tangent.param_of_col(c) {
+                        Some(i) => problem.bounds(i),
+                        None => (f64::NEG_INFINITY, f64::INFINITY),
+                    })
                     .collect()
             }),
             compiled,
@@ -177,11 +187,18 @@ impl<B: Backend> CholeskyEngine<B> {
             return self.gradient.iter().fold(0.0, |m, g| m.max(g.abs()));
         };
         let mut max = 0.0f64;
-        for (i, &fi) in self.free_index.iter().enumerate() {
-            if fi != u32::MAX {
-                let (x, (lo, hi)) = (self.it.x[i], bounds[i]);
-                max = max.max((x - (x - self.gradient[fi as usize]).clamp(lo, hi)).abs());
+        for (c, &fi) in self.free_index.iter().enumerate() {
+            if fi == u32::MAX {
+                continue;
             }
+            let g = self.gradient[fi as usize];
+            max = max.max(match self.compiled.tangent.param_of_col(c) {
+                Some(i) => {
+                    let (x, (lo, hi)) = (self.it.x[i], bounds[c]);
+                    (x - (x - g).clamp(lo, hi)).abs()
+                }
+                None => g.abs(),
+            });
         }
         max
     }
@@ -190,19 +207,28 @@ impl<B: Backend> CholeskyEngine<B> {
     /// there are any, and `delta` made the projected step (what the model and the step norm
     /// then measure).
     fn place_candidate(&mut self) {
-        self.it.x_candidate.copy_from_slice(&self.it.x);
-        for (i, &fi) in self.free_index.iter().enumerate() {
+        let tangent = &self.compiled.tangent;
+        for (c, &fi) in self.free_index.iter().enumerate() {
             if fi == u32::MAX {
+                self.step[c] = 0.0;
                 continue;
             }
             let d = &mut self.delta[fi as usize];
-            let mut v = self.it.x[i] + *d;
-            if let Some(bounds) = &self.bounds {
-                let (lo, hi) = bounds[i];
-                v = v.clamp(lo, hi);
-                *d = v - self.it.x[i];
+            if let (Some(bounds), Some(i)) = (&self.bounds, tangent.param_of_col(c)) {
+                let (lo, hi) = bounds[c];
+                let x = self.it.x[i];
+                *d = (x + *d).clamp(lo, hi) - x;
             }
-            self.it.x_candidate[i] = v;
+            self.step[c] = *d;
+        }
+        tangent.plus(&self.it.x, &self.step, &mut self.it.x_candidate);
+        if let Some(bounds) = &self.bounds {
+            // `x + (clamp(x + d) - x)` can round past the bound by an ulp.
+            for (c, &(lo, hi)) in bounds.iter().enumerate() {
+                if let Some(i) = tangent.param_of_col(c) {
+                    self.it.x_candidate[i] = self.it.x_candidate[i].clamp(lo, hi);
+                }
+            }
         }
     }
 }

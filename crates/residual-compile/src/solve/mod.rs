@@ -501,6 +501,9 @@ pub fn solve<B: Backend>(
         LinearSolver::Auto if !cg_runs_in(backend, options.precision) => {
             LinearSolver::SparseCholesky
         }
+        LinearSolver::Auto if problem.has_manifolds() && problem.has_bounds() => {
+            LinearSolver::SparseCholesky
+        }
         LinearSolver::Auto if problem.parameters().len() < AUTO_CG_MIN_PARAMETERS => {
             LinearSolver::SparseCholesky
         }
