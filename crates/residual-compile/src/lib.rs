@@ -46,6 +46,7 @@ pub mod graph;
 pub mod icosphere;
 pub mod lower;
 pub mod manifold;
+pub mod pose_graph;
 pub mod problem;
 pub mod solve;
 mod supernodal;
