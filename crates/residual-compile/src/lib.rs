@@ -41,6 +41,7 @@
 //! evaluation ([`Graph::eval`], [`Derivatives::eval_jacobian`], [`Problem::cost_f64`]) is the
 //! reference the tests hold the kernels to.
 
+pub mod bal;
 pub mod compile;
 pub mod graph;
 pub mod icosphere;

@@ -1,0 +1,119 @@
+//! `bundle_adjuster`: solve a BAL bundle-adjustment problem with the residual of Ceres's
+//! `bundle_adjuster` (`snavely_reprojection_error.h`), print a Ceres-style summary, and write
+//! the optimised scene as a PLY point cloud.
+//!
+//! ```sh
+//! cargo run --release -p residual-compile --example bundle_adjuster -- \
+//!     crates/residual-compile/data/bal-ladybug-problem-49-7776-pre-shrink-1800.txt --out /tmp/ba.ply
+//! ```
+
+use clap::Parser;
+use hal::Backend;
+use residual_compile::bal::BalProblem;
+use residual_compile::{KernelCache, LinearSolver, Loss, SolveOptions, solve};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(about = "Solve a BAL bundle-adjustment problem (Ceres's bundle_adjuster residual)")]
+struct Args {
+    /// The BAL file.
+    input: PathBuf,
+    /// A robust loss on each observation: none, huber or cauchy (scale 1, as Ceres's
+    /// `-robustify` uses Huber(1)).
+    #[arg(long, default_value = "none")]
+    loss: String,
+    /// cpu, wgpu, cuda, or auto.
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// auto, cholesky (sparse Cholesky on the host) or cg (conjugate gradients on the device).
+    #[arg(long, default_value = "auto")]
+    linear_solver: String,
+    /// The most iterations (Ceres's examples stop at 100).
+    #[arg(long, default_value_t = 100)]
+    max_iterations: usize,
+    /// Ceres's default tolerances (function 1e-6, gradient 1e-10, parameter 1e-8) rather than
+    /// the library's tighter ones.
+    #[arg(long)]
+    ceres_tolerances: bool,
+    /// Writes the optimised points and camera centres as a PLY file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// No per-iteration lines.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn main() -> ExitCode {
+    // SAFETY: the first line of main: no other thread exists yet.
+    unsafe { backends::quiet_headless_start() };
+    let args = Args::parse();
+    let choice = backends::resolve(&args.backend).to_string();
+    match backends::on_backend!(choice.as_str(), run(&args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bundle_adjuster: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
+    let linear_solver = match args.linear_solver.as_str() {
+        "auto" => LinearSolver::Auto,
+        "cholesky" => LinearSolver::SparseCholesky,
+        "cg" => LinearSolver::ConjugateGradient,
+        other => return Err(format!("--linear-solver {other}: use auto, cholesky or cg")),
+    };
+    let loss = match args.loss.as_str() {
+        "none" => Loss::Trivial,
+        "huber" => Loss::Huber(1.0),
+        "cauchy" => Loss::Cauchy(1.0),
+        other => return Err(format!("--loss {other}: use none, huber or cauchy")),
+    };
+    // Refuse a missing output folder now, not after the solve.
+    if let Some(out) = &args.out {
+        let dir = out.parent().filter(|p| !p.as_os_str().is_empty());
+        if let Some(dir) = dir.filter(|d| !d.is_dir()) {
+            return Err(format!(
+                "--out: the folder {} does not exist",
+                dir.display()
+            ));
+        }
+    }
+    let bal = BalProblem::read(&args.input).map_err(|e| e.to_string())?;
+    println!(
+        "{}: {} cameras, {} points, {} observations",
+        args.input.display(),
+        bal.num_cameras(),
+        bal.num_points(),
+        bal.observations.len()
+    );
+    let mut problem = bal.problem(loss).map_err(|e| e.to_string())?;
+    let defaults = SolveOptions::default();
+    let options = SolveOptions {
+        linear_solver,
+        max_iterations: args.max_iterations,
+        verbose: !args.quiet,
+        function_tolerance: if args.ceres_tolerances {
+            1e-6
+        } else {
+            defaults.function_tolerance
+        },
+        parameter_tolerance: if args.ceres_tolerances {
+            1e-8
+        } else {
+            defaults.parameter_tolerance
+        },
+        ..defaults
+    };
+    let summary =
+        solve(backend, &mut problem, &options, &KernelCache::new()).map_err(|e| e.to_string())?;
+    println!("{summary}");
+    if let Some(out) = &args.out {
+        bal.write_ply(problem.parameters(), out)
+            .map_err(|e| format!("{}: {e}", out.display()))?;
+        println!("wrote {}", out.display());
+    }
+    Ok(())
+}
