@@ -19,8 +19,8 @@ use std::process::ExitCode;
 struct Args {
     /// The BAL file.
     input: PathBuf,
-    /// A robust loss on each observation: none, huber or cauchy (scale 1, as Ceres's
-    /// `-robustify` uses Huber(1)).
+    /// A robust loss on each observation: none, huber, cauchy, softl1 or tukey (scale 1 pixel;
+    /// Ceres's `bundle_adjuster -robustify` uses huber).
     #[arg(long, default_value = "none")]
     loss: String,
     /// cpu, wgpu, cuda, or auto.
@@ -69,7 +69,13 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         "none" => Loss::Trivial,
         "huber" => Loss::Huber(1.0),
         "cauchy" => Loss::Cauchy(1.0),
-        other => return Err(format!("--loss {other}: use none, huber or cauchy")),
+        "softl1" => Loss::SoftLOne(1.0),
+        "tukey" => Loss::Tukey(1.0),
+        other => {
+            return Err(format!(
+                "--loss {other}: use none, huber, cauchy, softl1 or tukey"
+            ));
+        }
     };
     // Refuse a missing output folder now, not after the solve.
     if let Some(out) = &args.out {

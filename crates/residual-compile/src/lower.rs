@@ -289,6 +289,36 @@ fn robust_loss(
             let inv = b.unary(IrUnary::Rsqrt, q);
             (b.mul(half, rho), Some(inv))
         }
+        Loss::SoftLOne(delta) => {
+            let inv_d2 = b.const_float(ft, 1.0 / (delta * delta));
+            let two_d2 = b.const_float(ft, 2.0 * delta * delta);
+            let one = b.const_float(ft, 1.0);
+            let q = b.fma(s, inv_d2, one);
+            let root = b.unary(IrUnary::Sqrt, q);
+            let excess = b.sub(root, one);
+            let rho = b.mul(two_d2, excess);
+            // sqrt(rho') = q^(-1/4).
+            let inv = b.unary(IrUnary::Rsqrt, q);
+            let scale = b.unary(IrUnary::Sqrt, inv);
+            (b.mul(half, rho), Some(scale))
+        }
+        Loss::Tukey(delta) => {
+            let d2 = b.const_float(ft, delta * delta);
+            let inv_d2 = b.const_float(ft, 1.0 / (delta * delta));
+            let third = b.const_float(ft, delta * delta / 3.0);
+            let one = b.const_float(ft, 1.0);
+            let zero = b.const_float(ft, 0.0);
+            let inside = b.cmp(IrCmp::Le, s, d2);
+            // u = 1 - s / delta^2, clamped at 0 outside.
+            let neg = b.mul(s, inv_d2);
+            let u = b.sub(one, neg);
+            let u = b.select(inside, u, zero);
+            let u2 = b.mul(u, u);
+            let u3 = b.mul(u2, u);
+            let gap = b.sub(one, u3);
+            let rho = b.mul(third, gap);
+            (b.mul(half, rho), Some(u))
+        }
     }
 }
 

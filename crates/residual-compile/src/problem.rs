@@ -21,6 +21,11 @@ pub enum Loss {
     Huber(f64),
     /// `rho(s) = delta^2 ln(1 + s / delta^2)`.
     Cauchy(f64),
+    /// Ceres's `SoftLOneLoss`: `rho(s) = 2 delta^2 (sqrt(1 + s / delta^2) - 1)`.
+    SoftLOne(f64),
+    /// Ceres's `TukeyLoss`: `rho(s) = delta^2 / 3 (1 - (1 - s / delta^2)^3)` for
+    /// `s <= delta^2`, else `delta^2 / 3` (observations that far contribute no gradient).
+    Tukey(f64),
 }
 
 impl Loss {
@@ -30,6 +35,8 @@ impl Loss {
             Loss::Trivial => (0, 0),
             Loss::Huber(d) => (1, d.to_bits()),
             Loss::Cauchy(d) => (2, d.to_bits()),
+            Loss::SoftLOne(d) => (3, d.to_bits()),
+            Loss::Tukey(d) => (4, d.to_bits()),
         }
     }
 
@@ -40,6 +47,9 @@ impl Loss {
             Loss::Huber(d) if s <= d * d => s,
             Loss::Huber(d) => 2.0 * d * s.sqrt() - d * d,
             Loss::Cauchy(d) => d * d * (s / (d * d)).ln_1p(),
+            Loss::SoftLOne(d) => 2.0 * d * d * ((1.0 + s / (d * d)).sqrt() - 1.0),
+            Loss::Tukey(d) if s <= d * d => d * d / 3.0 * (1.0 - (1.0 - s / (d * d)).powi(3)),
+            Loss::Tukey(d) => d * d / 3.0,
         }
     }
 
@@ -50,6 +60,9 @@ impl Loss {
             Loss::Huber(d) if s <= d * d => 1.0,
             Loss::Huber(d) => (d / s.sqrt()).sqrt(),
             Loss::Cauchy(d) => (1.0 / (1.0 + s / (d * d))).sqrt(),
+            Loss::SoftLOne(d) => (1.0 + s / (d * d)).powf(-0.25),
+            Loss::Tukey(d) if s <= d * d => 1.0 - s / (d * d),
+            Loss::Tukey(_) => 0.0,
         }
     }
 }
@@ -648,7 +661,9 @@ fn check_block(
         return Err(bad(format!("constant {c} is not finite")));
     }
     match loss {
-        Loss::Huber(d) | Loss::Cauchy(d) if !(d.is_finite() && d > 0.0) => {
+        Loss::Huber(d) | Loss::Cauchy(d) | Loss::SoftLOne(d) | Loss::Tukey(d)
+            if !(d.is_finite() && d > 0.0) =>
+        {
             Err(bad(format!("loss scale {d} must be finite and positive")))
         }
         _ => Ok(()),

@@ -221,7 +221,24 @@ fn f64_kernels_keep_data_exact() {
 #[test]
 fn robust_losses_scale_residuals_and_rows() {
     let cpu = CpuBackend::new();
-    for loss in [Loss::Huber(0.5), Loss::Cauchy(0.7)] {
+    let losses = [
+        Loss::Huber(0.5),
+        Loss::Cauchy(0.7),
+        Loss::SoftLOne(0.9),
+        Loss::Tukey(4.0),
+        Loss::Tukey(2.0),
+    ];
+    for loss in losses {
+        // The host's scale is sqrt(rho'), against a central difference of rho.
+        for s in [0.3, 3.9, 13.0, 17.0] {
+            let h = 1e-6;
+            let slope = (loss.rho(s + h) - loss.rho(s - h)) / (2.0 * h);
+            assert!(
+                (loss.scale(s).powi(2) - slope).abs() < 1e-7,
+                "{loss:?} at {s}: scale^2 {} vs rho' {slope}",
+                loss.scale(s).powi(2)
+            );
+        }
         let mut p = Problem::new();
         p.add_parameters(&[2.0, -1.0]);
         p.add_residual("r", &[0, 1], &[], loss, |v, _| {
