@@ -4,7 +4,7 @@ use clap::Parser;
 use std::path::PathBuf;
 
 /// The suites this build has.
-pub(crate) const SUITES: [&str; 10] = [
+pub(crate) const SUITES: [&str; 11] = [
     "train",
     "gpt",
     "gemm",
@@ -14,6 +14,7 @@ pub(crate) const SUITES: [&str; 10] = [
     "launch",
     "memory",
     "nlls",
+    "real",
     "vlc",
 ];
 
@@ -24,8 +25,8 @@ struct Cli {
     /// cpu, wgpu or cuda.
     #[arg(long, default_value = "cpu")]
     backend: String,
-    /// Suites to run, comma-separated: train, gemm, elementwise, nearest, skinny, launch,
-    /// memory, nlls, vlc.
+    /// Suites to run, comma-separated: train, gpt, gemm, elementwise, nearest, skinny,
+    /// launch, memory, nlls, real, vlc.
     #[arg(
         long = "suite",
         value_delimiter = ',',
@@ -75,6 +76,12 @@ struct Cli {
     /// so no ratio is printed). For measuring what dropout costs.
     #[arg(long)]
     gpt_dropout: Option<f32>,
+    /// The real suite's data folder (BAL and g2o files).
+    #[arg(long, default_value = "../shared/data/real")]
+    real_data: PathBuf,
+    /// The real suite's problems whose names contain one of these, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    real_only: Vec<String>,
     /// The vlc suite's data folder.
     #[arg(long, default_value = "data/vlc")]
     vlc_data: PathBuf,
@@ -109,6 +116,7 @@ pub(crate) struct Args {
     pub train: crate::train::TrainArgs,
     pub gpt: crate::gpt::GptArgs,
     pub vlc: crate::vlc::VlcArgs,
+    pub real: crate::real::RealArgs,
 }
 
 /// The command line as [`Args`]; clap itself answers `--help` and malformed flags.
@@ -171,6 +179,10 @@ pub(crate) fn parse() -> Result<Args, String> {
             reps: 9,
             data_dir: c.vlc_data,
             speed_only: c.vlc_speed_only,
+        },
+        real: crate::real::RealArgs {
+            data: c.real_data,
+            only: c.real_only,
         },
     })
 }

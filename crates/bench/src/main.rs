@@ -2,7 +2,8 @@
 //! machine, the peer in the same run, and prints medians with ratios.
 //!
 //! ```text
-//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,train,gpt,vlc] [--reps N] [--gemm-size N]
+//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,real,train,gpt,vlc] [--reps N]
+//!       [--gemm-size N] [--real-data DIR] [--real-only NAME,...]
 //!       [--gpt-config shakespeare-char,gpt2] [--nanogpt DIR]
 //!       [--levels 4,5] [--edges N] [--compile-level L] [--no-break-even]
 //!       [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]
@@ -38,6 +39,7 @@ mod gpt;
 mod launch;
 mod nearest;
 mod nlls;
+mod real;
 mod train;
 mod vlc;
 
@@ -261,6 +263,10 @@ fn run<B: Backend>(b: &B, args: &Args, hooks: Hooks<'_, B>) -> ExitCode {
                     detail: e,
                 })
             }
+            "real" => real::real(b, &args.real).map_err(|e| hal::Error::Backend {
+                backend: "real",
+                detail: e,
+            }),
             "vlc" => vlc::vlc(
                 b,
                 &vlc::VlcArgs {
