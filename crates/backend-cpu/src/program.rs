@@ -274,7 +274,18 @@ fn run_block(
                 let (m, ix) = (mems[buffer.0 as usize], regs[op(index)]);
                 let fault = |at| record_fault(buffer.0, at);
                 if m.dtype == DType::F64 {
-                    wide[dst] = lanes_of(&ix, lanes, m.len, &fault, |i| m.load64(i));
+                    // Straight into the destination: no copy of the lanes (the index lives
+                    // in the other register file).
+                    let out = &mut wide[dst];
+                    for l in 0..lanes {
+                        let i = ix[l] as usize;
+                        out[l] = if i < m.len {
+                            m.load64(i)
+                        } else {
+                            fault(ix[l]);
+                            0
+                        };
+                    }
                 } else {
                     regs[dst] = lanes_of(&ix, lanes, m.len, &fault, |i| m.load(i));
                 }
@@ -304,20 +315,14 @@ fn run_block(
                 let fault = |at| record_fault(buffer.0, at);
                 store_lanes(m, &regs[op(index)], value, when, atomic, lanes, &fault);
             }
-            Inst::Unary { op: u, x } if wide_operand(x) => {
-                let xs = wide[op(x)];
-                wide[dst] = std::array::from_fn(|l| unary64(u, f64::from_bits(xs[l])).to_bits());
-            }
+            Inst::Unary { op: u, x } if wide_operand(x) => unary64(wide, u, dst, op(x)),
             Inst::Unary { op: u, x } => {
                 let xs = regs[op(x)];
                 let t = ty.expect("typed");
                 regs[dst] = unary(u, t, &xs);
             }
             Inst::Binary { op: o, a, b: bv } if wide_operand(a) => {
-                let (xa, xb) = (wide[op(a)], wide[op(bv)]);
-                wide[dst] = std::array::from_fn(|l| {
-                    binary64(o, f64::from_bits(xa[l]), f64::from_bits(xb[l])).to_bits()
-                });
+                binary64(wide, o, dst, op(a), op(bv))
             }
             Inst::Binary { op: o, a, b: bv } => {
                 let (xa, xb) = (regs[op(a)], regs[op(bv)]);
@@ -334,17 +339,32 @@ fn run_block(
                 regs[dst] = compare(c, t, &xa, &xb);
             }
             Inst::Fma { a, b: bv, c } if is_wide(ty) => {
-                let (xa, xb, xc) = (wide[op(a)], wide[op(bv)], wide[op(c)]);
-                let g = f64::from_bits;
-                wide[dst] = std::array::from_fn(|l| g(xa[l]).mul_add(g(xb[l]), g(xc[l])).to_bits());
+                let slots = [op(a), op(bv), op(c), dst];
+                assert!(slots.iter().all(|&s| s < wide.len()), "slots in the file");
+                let base = wide.as_mut_ptr() as *mut u64;
+                // SAFETY: every slot is in the file (asserted) and `Wide` is `[u64; LANES]`;
+                // raw reads and writes, no references, so the destination may be an operand's
+                // slot (lane `l` of every operand is read before lane `l` is written).
+                let g = |s: usize, l: usize| f64::from_bits(unsafe { *base.add(s * LANES + l) });
+                for l in 0..LANES {
+                    let v = g(slots[0], l).mul_add(g(slots[1], l), g(slots[2], l));
+                    // SAFETY: as above.
+                    unsafe { *base.add(dst * LANES + l) = v.to_bits() };
+                }
             }
             Inst::Fma { a, b: bv, c } => {
                 let (xa, xb, xc) = (regs[op(a)], regs[op(bv)], regs[op(c)]);
                 regs[dst] = std::array::from_fn(|l| b(f(xa[l]).mul_add(f(xb[l]), f(xc[l]))));
             }
             Inst::Select { cond, a, b: bv } if is_wide(ty) => {
-                let (xc, xa, xb) = (regs[op(cond)], wide[op(a)], wide[op(bv)]);
-                wide[dst] = std::array::from_fn(|l| if xc[l] != 0 { xa[l] } else { xb[l] });
+                let xc = &regs[op(cond)];
+                lanes64(
+                    wide,
+                    dst,
+                    op(a),
+                    op(bv),
+                    |l, p, q| if xc[l] != 0 { p } else { q },
+                );
             }
             Inst::Select { cond, a, b: bv } => {
                 let (xc, xa, xb) = (regs[op(cond)], regs[op(a)], regs[op(bv)]);
@@ -479,39 +499,82 @@ fn cast_to64(from: ScalarType, x: u32) -> u64 {
     v.to_bits()
 }
 
-fn unary64(op: IrUnary, v: f64) -> f64 {
-    match op {
-        IrUnary::Neg => -v,
-        IrUnary::Abs => v.abs(),
-        IrUnary::Sqrt => v.sqrt(),
-        IrUnary::Rsqrt => 1.0 / v.sqrt(),
-        IrUnary::Recip => 1.0 / v,
-        IrUnary::Exp => v.exp(),
-        IrUnary::Exp2 => v.exp2(),
-        IrUnary::Log => v.ln(),
-        IrUnary::Log2 => v.log2(),
-        IrUnary::Sin => v.sin(),
-        IrUnary::Cos => v.cos(),
-        IrUnary::Tan => v.tan(),
-        IrUnary::Tanh => v.tanh(),
-        IrUnary::Floor => v.floor(),
-        IrUnary::Ceil => v.ceil(),
-        IrUnary::Not => unreachable!("validated: not a float op"),
+/// `wide[dst][l] = g(l, wide[a][l], wide[b][l])` (as `f64` bits) for every lane, in place:
+/// `dst` may be `a` or `b` (slots are reused by the instruction that frees them), so the lanes
+/// go through raw pointers, each read before it is written; no operand is copied.
+#[inline(always)]
+fn lanes64(wide: &mut [Wide], dst: usize, a: usize, b: usize, g: impl Fn(usize, u64, u64) -> u64) {
+    assert!(
+        dst < wide.len() && a < wide.len() && b < wide.len(),
+        "slots in the file"
+    );
+    let base = wide.as_mut_ptr() as *mut u64;
+    // SAFETY: the three slots are in bounds (asserted) and `Wide` is `[u64; LANES]`, so lane
+    // `l` of slot `s` is element `s * LANES + l`; no references are formed, so the
+    // destination may alias an operand.
+    unsafe {
+        let (pa, pb, pd) = (
+            base.add(a * LANES),
+            base.add(b * LANES),
+            base.add(dst * LANES),
+        );
+        for l in 0..LANES {
+            *pd.add(l) = g(l, *pa.add(l), *pb.add(l));
+        }
     }
 }
 
-fn binary64(op: IrBinary, p: f64, q: f64) -> f64 {
+/// One `f64` binary operation over every lane, the operation chosen once per instruction.
+fn binary64(wide: &mut [Wide], op: IrBinary, dst: usize, a: usize, b: usize) {
+    macro_rules! go {
+        (|$p:ident, $q:ident| $e:expr) => {
+            lanes64(wide, dst, a, b, |_, x, y| {
+                let ($p, $q) = (f64::from_bits(x), f64::from_bits(y));
+                ($e).to_bits()
+            })
+        };
+    }
     match op {
-        IrBinary::Add => p + q,
-        IrBinary::Sub => p - q,
-        IrBinary::Mul => p * q,
-        IrBinary::Div => p / q,
-        IrBinary::Rem => p % q,
-        IrBinary::Min => p.min(q),
-        IrBinary::Max => p.max(q),
-        IrBinary::Pow => p.powf(q),
-        IrBinary::Atan2 => p.atan2(q),
+        IrBinary::Add => go!(|p, q| p + q),
+        IrBinary::Sub => go!(|p, q| p - q),
+        IrBinary::Mul => go!(|p, q| p * q),
+        IrBinary::Div => go!(|p, q| p / q),
+        IrBinary::Rem => go!(|p, q| p % q),
+        IrBinary::Min => go!(|p, q| p.min(q)),
+        IrBinary::Max => go!(|p, q| p.max(q)),
+        IrBinary::Pow => go!(|p, q| p.powf(q)),
+        IrBinary::Atan2 => go!(|p, q| p.atan2(q)),
         _ => unreachable!("validated: not a float op"),
+    }
+}
+
+/// One `f64` unary operation over every lane (see [`binary64`]).
+fn unary64(wide: &mut [Wide], op: IrUnary, dst: usize, x: usize) {
+    macro_rules! go {
+        (|$v:ident| $e:expr) => {
+            lanes64(wide, dst, x, x, |_, a, _| {
+                let $v = f64::from_bits(a);
+                ($e).to_bits()
+            })
+        };
+    }
+    match op {
+        IrUnary::Neg => go!(|v| -v),
+        IrUnary::Abs => go!(|v| v.abs()),
+        IrUnary::Sqrt => go!(|v| v.sqrt()),
+        IrUnary::Rsqrt => go!(|v| 1.0 / v.sqrt()),
+        IrUnary::Recip => go!(|v| 1.0 / v),
+        IrUnary::Exp => go!(|v| v.exp()),
+        IrUnary::Exp2 => go!(|v| v.exp2()),
+        IrUnary::Log => go!(|v| v.ln()),
+        IrUnary::Log2 => go!(|v| v.log2()),
+        IrUnary::Sin => go!(|v| v.sin()),
+        IrUnary::Cos => go!(|v| v.cos()),
+        IrUnary::Tan => go!(|v| v.tan()),
+        IrUnary::Tanh => go!(|v| v.tanh()),
+        IrUnary::Floor => go!(|v| v.floor()),
+        IrUnary::Ceil => go!(|v| v.ceil()),
+        IrUnary::Not => unreachable!("validated: not a float op"),
     }
 }
 
