@@ -183,8 +183,9 @@ impl BalProblem {
         self.points.len() / POINT_LEN
     }
 
-    /// The least-squares problem: cameras first (9 parameters each), then points (3 each);
-    /// one residual block of 2 per observation, all one compiled kernel.
+    /// The least-squares problem: cameras first (9 parameters each), then points (3 each,
+    /// declared for elimination: [`Problem::set_eliminated`]); one residual block of 2 per
+    /// observation, all one compiled kernel.
     pub fn problem(&self, loss: Loss) -> Result<Problem, Error> {
         let mut problem = Problem::new();
         problem.add_parameters(&self.cameras);
@@ -195,6 +196,7 @@ impl BalProblem {
             params.extend(c * CAMERA_LEN..(c + 1) * CAMERA_LEN);
             params.extend(first_point + p * POINT_LEN..first_point + (p + 1) * POINT_LEN);
         }
+        problem.set_eliminated(first_point, POINT_LEN, self.num_points())?;
         let constants: Vec<f64> = self.measurements.iter().flatten().copied().collect();
         problem.add_residuals(
             "reprojection",

@@ -143,6 +143,8 @@ pub struct Problem {
     manifold_of: Vec<u32>,
     /// Per parameter: read by a residual block already.
     referenced: Vec<bool>,
+    /// Blocks the Schur engine eliminates: first parameter, block size, count.
+    eliminated: Option<(usize, usize, usize)>,
 }
 
 impl Problem {
@@ -212,6 +214,33 @@ impl Problem {
     pub fn manifold(&self, index: usize) -> Option<(usize, Manifold)> {
         let id = *self.manifold_of.get(index)?;
         (id != u32::MAX).then(|| self.manifolds[id as usize])
+    }
+
+    /// Declares `count` blocks of `size` parameters from `first` on (a bundle adjustment's
+    /// points) as the blocks [`crate::LinearSolver::DenseSchur`] eliminates (Ceres's
+    /// elimination group 0): each is solved for in closed form given the rest, so only the
+    /// reduced system of the other parameters is factorised. The blocks must be free,
+    /// Euclidean and unbounded when solved, and no residual block may read two of them.
+    /// `size` is 1 to 16.
+    pub fn set_eliminated(&mut self, first: usize, size: usize, count: usize) -> Result<(), Error> {
+        let end = size
+            .checked_mul(count)
+            .and_then(|n| n.checked_add(first))
+            .filter(|&end| end <= self.params.len() && (1..=16).contains(&size) && count > 0);
+        if end.is_none() {
+            return Err(Error::InvalidProblem(format!(
+                "set_eliminated({first}, {size}, {count}): blocks of 1 to 16 parameters, at \
+                 least one, inside the problem's {} parameters",
+                self.params.len()
+            )));
+        }
+        self.eliminated = Some((first, size, count));
+        Ok(())
+    }
+
+    /// The blocks [`Problem::set_eliminated`] declared: first parameter, size, count.
+    pub fn eliminated(&self) -> Option<(usize, usize, usize)> {
+        self.eliminated
     }
 
     fn manifold_map(&self) -> ManifoldMap<'_> {

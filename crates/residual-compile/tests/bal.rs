@@ -5,7 +5,7 @@ mod common;
 
 use backend_cpu::CpuBackend;
 use residual_compile::bal::{BalProblem, angle_axis_rotate};
-use residual_compile::{KernelCache, Loss, Problem, SolveOptions, Vec3, solve};
+use residual_compile::{KernelCache, LinearSolver, Loss, Problem, SolveOptions, Vec3, solve};
 use std::path::PathBuf;
 
 fn data(name: &str) -> PathBuf {
@@ -116,4 +116,75 @@ fn malformed_files_are_refused_with_their_line() {
         assert_eq!(err.line, line, "{text:?}: {err}");
         assert!(err.to_string().contains(message), "{text:?}: {err}");
     }
+}
+
+/// The Schur complement's step equals the one from the full normal equations (sparse
+/// Cholesky) at the same damping: one iteration each from the same start.
+#[test]
+fn schur_and_full_normal_equations_take_the_same_step() {
+    let bal = BalProblem::read(&data("bal-ladybug-problem-49-7776-pre-shrink-1800.txt")).unwrap();
+    let mut steps = Vec::new();
+    for solver in [LinearSolver::DenseSchur, LinearSolver::SparseCholesky] {
+        let mut problem = bal.problem(Loss::Trivial).unwrap();
+        let options = SolveOptions {
+            linear_solver: solver,
+            max_iterations: 2,
+            ..Default::default()
+        };
+        let summary = solve(
+            &CpuBackend::new(),
+            &mut problem,
+            &options,
+            &KernelCache::new(),
+        )
+        .unwrap();
+        assert_eq!(summary.linear_solver, solver);
+        steps.push((problem.parameters().to_vec(), summary));
+    }
+    let ((a, sa), (b, sb)) = (&steps[0], &steps[1]);
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-7 * (1.0 + y.abs()),
+            "parameter {i}: Schur {x}, Cholesky {y}"
+        );
+    }
+    let (ca, cb) = (sa.final_cost, sb.final_cost);
+    assert!((ca - cb).abs() <= 1e-9 * cb, "costs {ca} and {cb}");
+    assert!(ca < 0.02 * sa.initial_cost, "two steps moved little: {sa}");
+}
+
+#[test]
+fn elimination_is_declared_and_checked() {
+    let mut p = Problem::new();
+    p.add_parameters(&[1.0; 7]);
+    for (first, size, count) in [(0, 0, 2), (0, 17, 1), (0, 3, 3), (5, 3, 1), (0, 2, 0)] {
+        let err = p.set_eliminated(first, size, count).unwrap_err();
+        assert!(err.to_string().contains("blocks of 1 to 16"), "{err}");
+    }
+    // Blocks {1,2} and {3,4}; one residual reads both.
+    p.set_eliminated(1, 2, 2).unwrap();
+    assert_eq!(p.eliminated(), Some((1, 2, 2)));
+    p.add_residual("link", &[0, 1, 3], &[], Loss::Trivial, |v, _| {
+        vec![v[0] + v[1] - v[2] - 1.0]
+    })
+    .unwrap();
+    for k in 0..5 {
+        p.add_residual("prior", &[k], &[k as f64], Loss::Trivial, |v, c| {
+            vec![v[0] - c[0]]
+        })
+        .unwrap();
+    }
+    let cpu = CpuBackend::new();
+    let schur = SolveOptions {
+        linear_solver: LinearSolver::DenseSchur,
+        ..Default::default()
+    };
+    let err = solve(&cpu, &mut p, &schur, &KernelCache::new()).unwrap_err();
+    assert!(
+        err.to_string().contains("reads two eliminated blocks"),
+        "{err}"
+    );
+    // Auto takes the full normal equations instead.
+    let summary = solve(&cpu, &mut p, &SolveOptions::default(), &KernelCache::new()).unwrap();
+    assert_eq!(summary.linear_solver, LinearSolver::SparseCholesky);
 }

@@ -36,12 +36,8 @@ pub(super) struct CholeskyEngine<B: Backend> {
     pair_slots: Vec<Vec<u32>>,
     normal_values: Vec<f64>,
     gradient: Vec<f64>,
-    /// The damping's scaling `D` (see `Scaling`), and the floor under it.
-    diagonal: Vec<f64>,
-    floor: Vec<f64>,
-    /// The largest clamped diagonal seen, per parameter: the monotone scaling.
-    peak: Vec<f64>,
-    scaling: super::Scaling,
+    /// The damping's scaling `D` (see `Scaling`).
+    damping: super::damping::Damping,
     delta: Vec<f64>,
     /// The step over every column (0 where fixed), for the tangent space's `plus`.
     step: Vec<f64>,
@@ -156,10 +152,7 @@ impl<B: Backend> CholeskyEngine<B> {
             pair_slots,
             normal_values: vec![0.0; nnz_normal],
             gradient: vec![0.0; n],
-            diagonal: vec![0.0; n],
-            floor: Vec::new(),
-            peak: Vec::new(),
-            scaling: super::Scaling::Ceres,
+            damping: Default::default(),
             delta: vec![0.0; n],
             step: vec![0.0; tangent.cols],
             problem_groups,
@@ -317,25 +310,10 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
         // The damping's scaling (see `Scaling`). Each column's first stored row is the
         // diagonal (rows are sorted, and every column holds its diagonal).
         let col_ptr = self.normal.col_ptr();
-        let first = self.floor.is_empty();
-        if first {
-            self.floor = vec![0.0; self.diagonal.len()];
-            self.peak = vec![0.0; self.diagonal.len()];
-        }
-        let monotone = self.scaling == super::Scaling::Monotone;
-        for (i, &start) in col_ptr.iter().take(self.diagonal.len()).enumerate() {
-            let v = self.normal_values[start as usize];
-            if first {
-                self.floor[i] = super::Scaling::first_floor(v);
-            }
-            let clamped = v.clamp(1e-6, 1e32);
-            self.peak[i] = self.peak[i].max(clamped);
-            self.diagonal[i] = if monotone {
-                self.peak[i]
-            } else {
-                clamped.max(self.floor[i])
-            };
-        }
+        let diagonal = col_ptr[..self.gradient.len()]
+            .iter()
+            .map(|&start| self.normal_values[start as usize]);
+        self.damping.update(diagonal);
         self.it.times.linearize += t.elapsed().as_secs_f64();
         Ok(self.projected_gradient_max())
     }
@@ -344,7 +322,7 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
         let t = Instant::now();
         self.damped.copy_from_slice(&self.normal_values);
         let col_ptr = self.normal.col_ptr();
-        for (&start, &d) in col_ptr.iter().zip(&self.diagonal) {
+        for (&start, &d) in col_ptr.iter().zip(&self.damping.diagonal) {
             self.damped[start as usize] += lambda * d;
         }
         let not_positive = |what: String| {
@@ -413,7 +391,7 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
     }
 
     fn set_scaling(&mut self, scaling: super::Scaling) {
-        self.scaling = scaling;
+        self.damping.scaling = scaling;
     }
 }
 

@@ -30,6 +30,8 @@ use std::time::Instant;
 
 mod cg;
 mod cholesky;
+mod damping;
+mod schur;
 
 use cg::DeviceEngine;
 use cholesky::CholeskyEngine;
@@ -51,12 +53,17 @@ pub enum LinearSolver {
     Auto,
     SparseCholesky,
     ConjugateGradient,
+    /// The Schur complement of the blocks the problem declares
+    /// ([`Problem::set_eliminated`]), formed dense and factorised on the host (Ceres's
+    /// `DENSE_SCHUR`): bundle adjustment with up to a few thousand camera parameters.
+    DenseSchur,
 }
 
 /// How the damping `D` in `J^T J + lambda D` is scaled (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Scaling {
-    /// Ceres's: the current `diag(J^T J)`, clamped to `[1e-6, 1e32]` in the space Ceres's
+    #[default]
+    /// Ceres's (the default): the current `diag(J^T J)`, clamped to `[1e-6, 1e32]` in the space Ceres's
     /// Jacobi scaling (fixed at the start) makes, which is a floor of `1e-6 (1 + sqrt(d0))^2`
     /// per parameter, `d0` its diagonal at the start.
     Ceres,
@@ -142,7 +149,10 @@ impl SolveOptions {
                 "it must be finite and greater than 0",
             );
         }
-        let uses_cg = self.linear_solver != LinearSolver::SparseCholesky;
+        let uses_cg = matches!(
+            self.linear_solver,
+            LinearSolver::Auto | LinearSolver::ConjugateGradient
+        );
         if uses_cg && !(self.cg_tolerance.is_finite() && self.cg_tolerance > 0.0) {
             return bad(
                 "cg_tolerance",
@@ -495,6 +505,7 @@ pub fn solve<B: Backend>(
         + compiled.report.upload_seconds
         + compiled.report.structure_seconds;
     let linear_solver = match options.linear_solver {
+        LinearSolver::Auto if dense_schur_fits(problem) => LinearSolver::DenseSchur,
         LinearSolver::Auto if backend.info().kind == hal::DeviceKind::Cpu => {
             LinearSolver::SparseCholesky
         }
@@ -539,6 +550,11 @@ pub fn solve<B: Backend>(
             options,
             &mut summary,
         ),
+        LinearSolver::DenseSchur => drive(
+            schur::SchurEngine::new(compiled, problem),
+            options,
+            &mut summary,
+        ),
         _ => drive(
             DeviceEngine::new(compiled, problem, options),
             options,
@@ -562,6 +578,19 @@ pub fn solve<B: Backend>(
             })
         }
     }
+}
+
+/// `LinearSolver::Auto` takes the dense Schur complement where the problem declares blocks to
+/// eliminate and the other parameters number at most this many (the dense reduced system's
+/// factorisation grows with their cube).
+pub const AUTO_DENSE_SCHUR_MAX_REDUCED: usize = 2500;
+
+fn dense_schur_fits(problem: &Problem) -> bool {
+    let Some((_, size, count)) = problem.eliminated() else {
+        return false;
+    };
+    schur::applies(problem).is_ok()
+        && problem.parameters().len() - size * count <= AUTO_DENSE_SCHUR_MAX_REDUCED
 }
 
 /// `LinearSolver::Auto` on a GPU backend factorises on the host below this many parameters:
