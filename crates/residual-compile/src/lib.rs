@@ -16,9 +16,15 @@
 //!    100,000 residuals of 3 shapes compile 3 kernels, on the CPU, in WGSL or through NVRTC;
 //!    [`KernelCache`] keeps them across problems.
 //! 4. **Solve.** [`solve()`] runs Levenberg-Marquardt (Ceres's trust-region update) or
-//!    Gauss-Newton, with the normal equations solved by sparse Cholesky on the host (`faer`)
-//!    or by Jacobi-preconditioned conjugate gradients on the device, matrix-free, and reports
-//!    a Ceres-like [`Summary`].
+//!    Gauss-Newton, with the normal equations solved by sparse Cholesky on the host (`faer`),
+//!    by the dense Schur complement of declared elimination blocks (bundle adjustment's
+//!    points), or by Jacobi-preconditioned conjugate gradients on the device, matrix-free,
+//!    and reports a Ceres-like [`Summary`].
+//!
+//! Parameter blocks can live on manifolds ([`Manifold`]: quaternions, angles, SE(2), SE(3)):
+//! the kernels then write Jacobians in the tangent space and the solver steps there.
+//! [`bal`] and [`pose_graph`] read the standard bundle-adjustment and pose-graph files into
+//! problems with Ceres's residuals (`examples/bundle_adjuster.rs`, `examples/pose_graph.rs`).
 //!
 //! ```
 //! use residual_compile::{Problem, Loss, KernelCache, SolveOptions, solve};
