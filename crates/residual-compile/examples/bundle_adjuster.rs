@@ -8,9 +8,13 @@
 //! ```
 
 use clap::Parser;
+
+#[path = "common/solve_args.rs"]
+mod solve_args;
+
 use hal::Backend;
 use residual_compile::bal::BalProblem;
-use residual_compile::{KernelCache, LinearSolver, Loss, SolveOptions, solve};
+use residual_compile::{KernelCache, Loss, solve};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -23,32 +27,18 @@ struct Args {
     /// Ceres's `bundle_adjuster -robustify` uses huber).
     #[arg(long, default_value = "none")]
     loss: String,
-    /// cpu, wgpu, cuda, or auto.
-    #[arg(long, default_value = "cpu")]
-    backend: String,
-    /// auto, cholesky (sparse Cholesky on the host) or cg (conjugate gradients on the device).
-    #[arg(long, default_value = "auto")]
-    linear_solver: String,
-    /// The most iterations (Ceres's examples stop at 100).
-    #[arg(long, default_value_t = 100)]
-    max_iterations: usize,
-    /// Ceres's default tolerances (function 1e-6, gradient 1e-10, parameter 1e-8) rather than
-    /// the library's tighter ones.
-    #[arg(long)]
-    ceres_tolerances: bool,
     /// Writes the optimised points and camera centres as a PLY file.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// No per-iteration lines.
-    #[arg(long)]
-    quiet: bool,
+    #[command(flatten)]
+    solve: solve_args::SolveArgs,
 }
 
 fn main() -> ExitCode {
     // SAFETY: the first line of main: no other thread exists yet.
     unsafe { backends::quiet_headless_start() };
     let args = Args::parse();
-    let choice = backends::resolve(&args.backend).to_string();
+    let choice = backends::resolve(&args.solve.backend).to_string();
     match backends::on_backend!(choice.as_str(), run(&args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -59,12 +49,7 @@ fn main() -> ExitCode {
 }
 
 fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
-    let linear_solver = match args.linear_solver.as_str() {
-        "auto" => LinearSolver::Auto,
-        "cholesky" => LinearSolver::SparseCholesky,
-        "cg" => LinearSolver::ConjugateGradient,
-        other => return Err(format!("--linear-solver {other}: use auto, cholesky or cg")),
-    };
+    let options = args.solve.options()?;
     let loss = match args.loss.as_str() {
         "none" => Loss::Trivial,
         "huber" => Loss::Huber(1.0),
@@ -77,16 +62,7 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
             ));
         }
     };
-    // Refuse a missing output folder now, not after the solve.
-    if let Some(out) = &args.out {
-        let dir = out.parent().filter(|p| !p.as_os_str().is_empty());
-        if let Some(dir) = dir.filter(|d| !d.is_dir()) {
-            return Err(format!(
-                "--out: the folder {} does not exist",
-                dir.display()
-            ));
-        }
-    }
+    solve_args::check_out(args.out.as_deref())?;
     let bal = BalProblem::read(&args.input).map_err(|e| e.to_string())?;
     println!(
         "{}: {} cameras, {} points, {} observations",
@@ -96,23 +72,6 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         bal.observations.len()
     );
     let mut problem = bal.problem(loss).map_err(|e| e.to_string())?;
-    let defaults = SolveOptions::default();
-    let options = SolveOptions {
-        linear_solver,
-        max_iterations: args.max_iterations,
-        verbose: !args.quiet,
-        function_tolerance: if args.ceres_tolerances {
-            1e-6
-        } else {
-            defaults.function_tolerance
-        },
-        parameter_tolerance: if args.ceres_tolerances {
-            1e-8
-        } else {
-            defaults.parameter_tolerance
-        },
-        ..defaults
-    };
     let summary =
         solve(backend, &mut problem, &options, &KernelCache::new()).map_err(|e| e.to_string())?;
     println!("{summary}");

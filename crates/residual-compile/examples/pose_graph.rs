@@ -8,9 +8,13 @@
 //! ```
 
 use clap::Parser;
+
+#[path = "common/solve_args.rs"]
+mod solve_args;
+
 use hal::Backend;
 use residual_compile::pose_graph::{PoseGraph, g2o};
-use residual_compile::{KernelCache, LinearSolver, SolveOptions, solve};
+use residual_compile::{KernelCache, solve};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -19,32 +23,18 @@ use std::process::ExitCode;
 struct Args {
     /// The g2o file.
     input: PathBuf,
-    /// cpu, wgpu, cuda, or auto.
-    #[arg(long, default_value = "cpu")]
-    backend: String,
-    /// auto, cholesky (sparse Cholesky on the host) or cg (conjugate gradients on the device).
-    #[arg(long, default_value = "auto")]
-    linear_solver: String,
-    /// The most iterations (Ceres's examples stop at 100).
-    #[arg(long, default_value_t = 100)]
-    max_iterations: usize,
-    /// Ceres's default tolerances (function 1e-6, gradient 1e-10, parameter 1e-8) rather than
-    /// the library's tighter ones.
-    #[arg(long)]
-    ceres_tolerances: bool,
     /// Writes `<out>.g2o` (the optimised graph) and `<out>.obj` (the trajectory).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// No per-iteration lines.
-    #[arg(long)]
-    quiet: bool,
+    #[command(flatten)]
+    solve: solve_args::SolveArgs,
 }
 
 fn main() -> ExitCode {
     // SAFETY: the first line of main: no other thread exists yet.
     unsafe { backends::quiet_headless_start() };
     let args = Args::parse();
-    let choice = backends::resolve(&args.backend).to_string();
+    let choice = backends::resolve(&args.solve.backend).to_string();
     match backends::on_backend!(choice.as_str(), run(&args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -55,22 +45,8 @@ fn main() -> ExitCode {
 }
 
 fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
-    let linear_solver = match args.linear_solver.as_str() {
-        "auto" => LinearSolver::Auto,
-        "cholesky" => LinearSolver::SparseCholesky,
-        "cg" => LinearSolver::ConjugateGradient,
-        other => return Err(format!("--linear-solver {other}: use auto, cholesky or cg")),
-    };
-    // Refuse a missing output folder now, not after the solve.
-    if let Some(out) = &args.out {
-        let dir = out.parent().filter(|p| !p.as_os_str().is_empty());
-        if let Some(dir) = dir.filter(|d| !d.is_dir()) {
-            return Err(format!(
-                "--out: the folder {} does not exist",
-                dir.display()
-            ));
-        }
-    }
+    let options = args.solve.options()?;
+    solve_args::check_out(args.out.as_deref())?;
     let graph = PoseGraph::read(&args.input).map_err(|e| e.to_string())?;
     println!(
         "{}: {} poses ({:?}), {} edges",
@@ -80,23 +56,6 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         graph.edges.len()
     );
     let mut problem = graph.problem().map_err(|e| e.to_string())?;
-    let defaults = SolveOptions::default();
-    let options = SolveOptions {
-        linear_solver,
-        max_iterations: args.max_iterations,
-        verbose: !args.quiet,
-        function_tolerance: if args.ceres_tolerances {
-            1e-6
-        } else {
-            defaults.function_tolerance
-        },
-        parameter_tolerance: if args.ceres_tolerances {
-            1e-8
-        } else {
-            defaults.parameter_tolerance
-        },
-        ..defaults
-    };
     let summary =
         solve(backend, &mut problem, &options, &KernelCache::new()).map_err(|e| e.to_string())?;
     println!("{summary}");

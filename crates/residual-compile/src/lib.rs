@@ -55,6 +55,7 @@ pub mod lower;
 pub mod manifold;
 pub mod pose_graph;
 pub mod problem;
+mod slots;
 pub mod solve;
 mod supernodal;
 pub mod trace;
@@ -146,6 +147,12 @@ pub enum Error {
     },
     #[error("solver: {0}")]
     Solver(String),
+    /// The damped normal equations could not be factorised (a negative or zero pivot: a
+    /// direction no residual constrains, with too little damping to make up for it).
+    /// Levenberg-Marquardt treats it as a rejected step and damps more, as Ceres does; it
+    /// stops a solve only where the damping cannot grow (Gauss-Newton).
+    #[error("solver: {0}")]
+    NotPositiveDefinite(String),
     /// A [`SolveOptions`] value that cannot be used (a negative or NaN tolerance, a trust
     /// radius that is not positive, ...).
     #[error("invalid solve options: {0}")]

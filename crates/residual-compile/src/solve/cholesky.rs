@@ -2,9 +2,9 @@
 //! Cholesky (`crate::supernodal`) over faer's symbolic analysis, solved by faer.
 
 use super::{Engine, Iterates, Step, norm};
+use crate::Error;
 use crate::compile::CompiledProblem;
 use crate::problem::Problem;
-use crate::{Error, Precision};
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::sparse::linalg::cholesky::{
     LltRef, SymbolicCholesky, SymmetricOrdering, factorize_symbolic_cholesky,
@@ -37,7 +37,7 @@ pub(super) struct CholeskyEngine<B: Backend> {
     normal_values: Vec<f64>,
     gradient: Vec<f64>,
     /// The damping's scaling `D` (see `Scaling`).
-    damping: super::damping::Damping,
+    damping: super::host::Damping,
     delta: Vec<f64>,
     /// The step over every column (0 where fixed), for the tangent space's `plus`.
     step: Vec<f64>,
@@ -242,22 +242,14 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
         &self.compiled
     }
 
-    /// The cost summed in f64 on the host from the per-block costs.
     fn evaluate_candidate(&mut self) -> Result<f64, Error> {
-        let b = &self.compiled.backend;
-        let xs = &self.it.x_candidate;
-        if !xs.is_empty() {
-            match self.compiled.precision {
-                Precision::F64 => b.write(&self.params_buf, xs)?,
-                Precision::F32 => {
-                    let narrow: Vec<f32> = xs.iter().map(|&v| v as f32).collect();
-                    b.write(&self.params_buf, &narrow)?
-                }
-            }
-        }
-        self.compiled
-            .evaluate(&self.params_buf, &self.it.candidate)?;
-        Ok(b.read_f64(&self.it.candidate.cost)?.iter().sum())
+        let it = &self.it;
+        super::host::evaluate_at(
+            &self.compiled,
+            &self.params_buf,
+            &it.x_candidate,
+            &it.candidate,
+        )
     }
 
     fn linearize(&mut self) -> Result<f64, Error> {
@@ -326,7 +318,7 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
             self.damped[start as usize] += lambda * d;
         }
         let not_positive = |what: String| {
-            Error::Solver(format!(
+            Error::NotPositiveDefinite(format!(
                 "sparse Cholesky failed ({what}): J^T J + lambda D is not positive definite (lambda = {lambda:e}); a parameter no residual constrains? fix it with Problem::set_fixed"
             ))
         };

@@ -11,11 +11,11 @@
 //! factorised by faer's dense Cholesky, then `de = V^-1 (-g_e - W' dc)`. Everything is `f64`
 //! on the host, from the Jacobian the kernels wrote.
 
-use super::damping::Damping;
+use super::host::Damping;
 use super::{Engine, Iterates, Step, norm};
+use crate::Error;
 use crate::compile::CompiledProblem;
 use crate::problem::Problem;
-use crate::{Error, Precision};
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor::{LltError, cholesky_in_place, cholesky_in_place_scratch};
 use faer::{MatMut, Par};
@@ -329,18 +329,13 @@ impl<B: Backend> Engine for SchurEngine<B> {
     }
 
     fn evaluate_candidate(&mut self) -> Result<f64, Error> {
-        let b = &self.compiled.backend;
-        let xs = &self.it.x_candidate;
-        match self.compiled.precision {
-            Precision::F64 => b.write(&self.params_buf, xs)?,
-            Precision::F32 => {
-                let narrow: Vec<f32> = xs.iter().map(|&v| v as f32).collect();
-                b.write(&self.params_buf, &narrow)?
-            }
-        }
-        self.compiled
-            .evaluate(&self.params_buf, &self.it.candidate)?;
-        Ok(b.read_f64(&self.it.candidate.cost)?.iter().sum())
+        let it = &self.it;
+        super::host::evaluate_at(
+            &self.compiled,
+            &self.params_buf,
+            &it.x_candidate,
+            &it.candidate,
+        )
     }
 
     fn linearize(&mut self) -> Result<f64, Error> {
@@ -432,7 +427,7 @@ impl<B: Backend> Engine for SchurEngine<B> {
         // Per block: V + lambda D_e's Cholesky factor (kept for the back substitution).
         let mut factors = vec![0.0; self.blocks * size * size];
         let not_positive = |what: String| {
-            Error::Solver(format!(
+            Error::NotPositiveDefinite(format!(
                 "Schur complement failed ({what}): the damped normal matrix is not positive \
                  definite (lambda = {lambda:e}); a parameter no residual constrains?"
             ))

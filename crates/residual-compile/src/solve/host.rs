@@ -1,7 +1,33 @@
-//! The damping's scaling `D` of the host engines (see [`super::Scaling`]), from the diagonal of
-//! `J^T J` at each linearization.
+//! What the host engines (sparse Cholesky, dense Schur) share: evaluating a point held on the
+//! host, and the damping's scaling `D` (see [`super::Scaling`]) from the diagonal of `J^T J`
+//! at each linearization.
 
 use super::Scaling;
+use crate::compile::{CompiledProblem, Evaluation};
+use crate::{Error, Precision};
+use hal::{Backend, BackendExt};
+
+/// Evaluates at the host point `x` (written to `params` in the solve's precision) into `out`;
+/// the cost summed in `f64` from the per-block costs.
+pub(super) fn evaluate_at<B: Backend>(
+    compiled: &CompiledProblem<B>,
+    params: &B::Buffer,
+    x: &[f64],
+    out: &Evaluation<B>,
+) -> Result<f64, Error> {
+    let b = &compiled.backend;
+    if !x.is_empty() {
+        match compiled.precision {
+            Precision::F64 => b.write(params, x)?,
+            Precision::F32 => {
+                let narrow: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+                b.write(params, &narrow)?
+            }
+        }
+    }
+    compiled.evaluate(params, out)?;
+    Ok(b.read_f64(&out.cost)?.iter().sum())
+}
 
 /// `D` per free column, with the floor the first linearization sets and the peaks the
 /// monotone scaling keeps.
