@@ -270,6 +270,31 @@ fn cholesky(a: &mut [f64], n: usize, scratch: &mut MemBuffer) -> Result<(), usiz
     }
 }
 
+/// `S[rows, cols] -= Y_A W_B'` for one pair of 9-column runs and 3-value blocks: `at` is the
+/// block's (first column, first row) in `s` (column-major, leading dimension `ld`); on the
+/// diagonal (`diagonal`) only the lower triangle.
+#[inline(always)]
+fn block_9x3(
+    s: &mut [f64],
+    ld: usize,
+    at: (usize, usize),
+    ya: &[f64; 27],
+    wb: &[f64; 27],
+    diagonal: bool,
+) {
+    let (col0, row0) = at;
+    for j in 0..9 {
+        let (w0, w1, w2) = (wb[3 * j], wb[3 * j + 1], wb[3 * j + 2]);
+        let col: &mut [f64; 9] = (&mut s[(col0 + j) * ld + row0..(col0 + j) * ld + row0 + 9])
+            .try_into()
+            .expect("9");
+        let first = if diagonal { j } else { 0 };
+        for i in first..9 {
+            col[i] -= ya[3 * i] * w0 + ya[3 * i + 1] * w1 + ya[3 * i + 2] * w2;
+        }
+    }
+}
+
 /// [`cholesky`] for the small blocks, without faer's per-call overhead.
 fn small_cholesky(a: &mut [f64], n: usize) -> Result<(), usize> {
     for j in 0..n {
@@ -535,6 +560,7 @@ impl<B: Backend> SchurEngine<B> {
     ) {
         let (size, reduced) = (self.size, self.reduced);
         let mut yt: Vec<f64> = Vec::new();
+        let mut yr: Vec<f64> = Vec::new();
         let mut row = [0.0f64; 16];
         let mut runs: Vec<(usize, usize, usize)> = Vec::new();
         for e in blocks {
@@ -544,14 +570,18 @@ impl<B: Backend> SchurEngine<B> {
             let g = &self.gradient[reduced + e * size..reduced + (e + 1) * size];
             let m = list.len();
             // Y = W V^-1, stored transposed (`yt[k * m + a]`).
+            // Also row-major (`yr[a * size + k]`) for the blocked path.
             yt.clear();
             yt.resize(size * m, 0.0);
+            yr.clear();
+            yr.resize(size * m, 0.0);
             for a in 0..m {
                 row[..size].copy_from_slice(&w[a * size..(a + 1) * size]);
                 cholesky_solve(f, size, &mut row[..size]);
                 let mut dot = 0.0;
                 for k in 0..size {
                     yt[k * m + a] = row[k];
+                    yr[a * size + k] = row[k];
                     dot += row[k] * g[k];
                 }
                 rhs[list[a] as usize] += dot;
@@ -563,6 +593,17 @@ impl<B: Backend> SchurEngine<B> {
                     Some((a0, c0, len)) if *c0 + *len == c as usize && *a0 + *len == a => *len += 1,
                     _ => runs.push((a, c as usize, 1)),
                 }
+            }
+            if size == 3 && runs.iter().all(|r| r.2 == 9) {
+                // Points and 9-parameter cameras (BAL): fixed 9 x 9 blocks, unrolled.
+                for (bi, &(b0, cb0, _)) in runs.iter().enumerate() {
+                    let wb: &[f64; 27] = w[b0 * 3..b0 * 3 + 27].try_into().expect("27");
+                    for &(a0, ca0, _) in &runs[bi..] {
+                        let ya: &[f64; 27] = yr[a0 * 3..a0 * 3 + 27].try_into().expect("27");
+                        block_9x3(s, reduced, (cb0, ca0), ya, wb, a0 == b0);
+                    }
+                }
+                continue;
             }
             for (bi, &(b0, cb0, lb)) in runs.iter().enumerate() {
                 for j in 0..lb {

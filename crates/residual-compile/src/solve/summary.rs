@@ -70,7 +70,7 @@ pub struct Summary {
     /// on the gradient or parameter tolerance, are not in it).
     pub history: Vec<IterationSummary>,
     /// The iteration from which the damping's scaling was monotone, if the solve crawled
-    /// ([`Scaling`]).
+    /// ([`Scaling`](super::Scaling)).
     pub monotone_scaling_from: Option<usize>,
 }
 
