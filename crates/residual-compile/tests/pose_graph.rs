@@ -252,6 +252,13 @@ fn malformed_files_are_refused_with_their_line() {
         assert_eq!(err.line, line, "{text:?}: {err}");
         assert!(err.to_string().contains(message), "{text:?}: {err}");
     }
+    // Huge quaternion entries normalise without overflowing.
+    let huge = g2o::parse("VERTEX_SE3:QUAT 0 0 0 0 1e308 1e308 1e308 1e308\n").unwrap();
+    assert!(
+        huge.poses[3..].iter().all(|&v| (v - 0.5).abs() < 1e-15),
+        "{:?}",
+        huge.poses
+    );
     let missing = PoseGraph::read(&data("no-such-file.g2o")).unwrap_err();
     assert!(missing.to_string().contains("cannot read"), "{missing}");
 }

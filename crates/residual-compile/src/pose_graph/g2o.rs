@@ -176,10 +176,13 @@ impl PoseKind {
         match self {
             PoseKind::Se2 => pose[2] = wrap_angle(pose[2]),
             PoseKind::Se3 => {
-                let norm = pose[3..7].iter().map(|v| v * v).sum::<f64>().sqrt();
-                if !(norm > 0.0 && norm.is_finite()) {
+                // Scaled by the largest entry first, so 1e308 entries do not overflow.
+                let largest = pose[3..7].iter().fold(0.0f64, |m, v| m.max(v.abs()));
+                if largest == 0.0 {
                     return Err(error(line, "the quaternion is zero"));
                 }
+                pose[3..7].iter_mut().for_each(|v| *v /= largest);
+                let norm = pose[3..7].iter().map(|v| v * v).sum::<f64>().sqrt();
                 pose[3..7].iter_mut().for_each(|v| *v /= norm);
             }
         }

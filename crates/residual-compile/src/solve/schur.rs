@@ -38,7 +38,8 @@ struct Instance {
     entry: u32,
     rows: u8,
     cols: u8,
-    block: u32,
+    /// Where its columns' places start in `SchurEngine::places`.
+    first_place: u32,
 }
 
 pub(super) struct SchurEngine<B: Backend> {
@@ -47,6 +48,9 @@ pub(super) struct SchurEngine<B: Backend> {
     it: Iterates<B, Vec<f64>>,
     cols: Vec<Col>,
     instances: Vec<Instance>,
+    /// Per instance column: its place, and for a reduced column of an instance with an
+    /// eliminated block, its position in that block's list (`block_cols`).
+    places: Vec<(Col, u16)>,
     /// Size of the eliminated blocks, their number, and the reduced system's size.
     size: usize,
     blocks: usize,
@@ -182,7 +186,7 @@ impl<B: Backend> SchurEngine<B> {
                     entry: entry as u32,
                     rows: r as u8,
                     cols: p as u8,
-                    block,
+                    first_place: block,
                 });
                 row += r;
             }
@@ -203,6 +207,28 @@ impl<B: Backend> SchurEngine<B> {
             list.dedup();
             w_start.push(w_start.last().unwrap() + list.len() * size);
         }
+        // Each instance's places (its `first_place` held its block until here).
+        let mut places = Vec::new();
+        for inst in &mut instances {
+            let (block, entry) = (inst.first_place, inst.entry as usize);
+            inst.first_place = places.len() as u32;
+            for &c in &col_index[entry..entry + inst.cols as usize] {
+                let place = cols[c as usize];
+                let local = match (place, block) {
+                    (Col::Reduced(rc), b) if b != u32::MAX => block_cols[b as usize]
+                        .binary_search(&rc)
+                        .expect("listed above"),
+                    _ => 0,
+                };
+                if local > u16::MAX as usize {
+                    return Err(Error::InvalidProblem(format!(
+                        "eliminated block {block} is read with more than {} other columns",
+                        u16::MAX
+                    )));
+                }
+                places.push((place, local as u16));
+            }
+        }
         let x = problem.parameters().to_vec();
         let n_free = reduced + blocks * size;
         let backend = compiled.backend.clone();
@@ -218,6 +244,7 @@ impl<B: Backend> SchurEngine<B> {
             it: Iterates::new(&compiled, x.clone(), x)?,
             cols,
             instances,
+            places,
             size,
             blocks,
             reduced,
@@ -368,58 +395,59 @@ impl<B: Backend> Engine for SchurEngine<B> {
         let b = &self.compiled.backend;
         let residuals = b.read_f64(&self.it.current.residuals)?;
         let jacobian = b.read_f64(&self.it.current.jacobian)?;
-        let cols = &self.compiled.host_col_indices;
         let (reduced, size) = (self.reduced, self.size);
         self.u.iter_mut().for_each(|v| *v = 0.0);
         self.v.iter_mut().for_each(|v| *v = 0.0);
         self.w.iter_mut().for_each(|v| *v = 0.0);
         self.gradient.iter_mut().for_each(|v| *v = 0.0);
-        let mut places = [Col::Fixed; 256];
-        // Per instance column: its position in its block's reduced list.
-        let mut local = [0usize; 256];
+        // Per instance: its Gram matrix J_i' J_i and J_i' f_i (dense, p x p), then each entry
+        // added where its pair of columns belongs (U, W or V).
+        let mut gram = vec![0.0f64; 256 * 256];
+        let mut grad = [0.0f64; 256];
         for inst in &self.instances {
             let (p, entry) = (inst.cols as usize, inst.entry as usize);
-            for k in 0..p {
-                places[k] = self.cols[cols[entry + k] as usize];
-                if let (Col::Reduced(rc), true) = (places[k], inst.block != u32::MAX) {
-                    let list = &self.block_cols[inst.block as usize];
-                    local[k] = list.binary_search(&rc).expect("listed at setup");
+            let places = &self.places[inst.first_place as usize..inst.first_place as usize + p];
+            let gram = &mut gram[..p * p];
+            gram.iter_mut().for_each(|v| *v = 0.0);
+            grad[..p].iter_mut().for_each(|v| *v = 0.0);
+            for r in 0..inst.rows as usize {
+                let f = residuals[inst.row as usize + r];
+                let js = &jacobian[entry + r * p..entry + (r + 1) * p];
+                for (a, &ja) in js.iter().enumerate() {
+                    grad[a] += ja * f;
+                    for (out, &jb) in gram[a * p..(a + 1) * p].iter_mut().zip(js) {
+                        *out += ja * jb;
+                    }
                 }
             }
-            for r in 0..inst.rows as usize {
-                let row = inst.row as usize + r;
-                let f = residuals[row];
-                let js = &jacobian[entry + r * p..entry + (r + 1) * p];
-                for a in 0..p {
-                    let ja = js[a];
-                    match places[a] {
-                        Col::Fixed => continue,
-                        Col::Reduced(ra) => {
-                            self.gradient[ra as usize] += ja * f;
-                            for bb in 0..p {
-                                match places[bb] {
-                                    // U, lower triangle: row >= column.
-                                    Col::Reduced(rb) if rb <= ra => {
-                                        self.u[rb as usize * reduced + ra as usize] += ja * js[bb]
-                                    }
-                                    Col::Eliminated(e, kb) => {
-                                        let at = self.w_start[e as usize]
-                                            + local[a] * size
-                                            + kb as usize;
-                                        self.w[at] += ja * js[bb];
-                                    }
-                                    _ => {}
+            for (a, &(place_a, local_a)) in places.iter().enumerate() {
+                let row = &gram[a * p..(a + 1) * p];
+                match place_a {
+                    Col::Fixed => {}
+                    Col::Reduced(ra) => {
+                        self.gradient[ra as usize] += grad[a];
+                        for (&(place_b, _), &v) in places.iter().zip(row) {
+                            match place_b {
+                                // U, lower triangle: row >= column.
+                                Col::Reduced(rb) if rb <= ra => {
+                                    self.u[rb as usize * reduced + ra as usize] += v
                                 }
+                                Col::Eliminated(e, kb) => {
+                                    let at = self.w_start[e as usize]
+                                        + local_a as usize * size
+                                        + kb as usize;
+                                    self.w[at] += v;
+                                }
+                                _ => {}
                             }
                         }
-                        Col::Eliminated(e, ka) => {
-                            let e = e as usize;
-                            self.gradient[reduced + e * size + ka as usize] += ja * f;
-                            for bb in 0..p {
-                                if let Col::Eliminated(_, kb) = places[bb] {
-                                    self.v[(e * size + ka as usize) * size + kb as usize] +=
-                                        ja * js[bb];
-                                }
+                    }
+                    Col::Eliminated(e, ka) => {
+                        let base = e as usize * size + ka as usize;
+                        self.gradient[reduced + base] += grad[a];
+                        for (&(place_b, _), &v) in places.iter().zip(row) {
+                            if let Col::Eliminated(_, kb) = place_b {
+                                self.v[base * size + kb as usize] += v;
                             }
                         }
                     }
