@@ -3,16 +3,11 @@
 
 mod common;
 
+use common::data;
+
 use backend_cpu::CpuBackend;
 use residual_compile::bal::{BalProblem, angle_axis_rotate};
 use residual_compile::{KernelCache, LinearSolver, Loss, Problem, SolveOptions, Vec3, solve};
-use std::path::PathBuf;
-
-fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("data")
-        .join(name)
-}
 
 /// Ladybug's 1800-point subset (49 cameras, 10,863 observations): C++ Ceres 2.1's
 /// `bundle_adjuster` goes 2.345198e5 -> 3.001359e3 (dense Schur, 14 iterations; the issue's

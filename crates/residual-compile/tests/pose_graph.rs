@@ -4,18 +4,11 @@
 mod common;
 
 use backend_cpu::CpuBackend;
-use common::seed;
+use common::{data, seed};
 use residual_compile::icosphere::SplitMix64;
 use residual_compile::manifold::quaternion_product;
 use residual_compile::pose_graph::{PoseGraph, PoseKind, g2o};
 use residual_compile::{KernelCache, LinearSolver, SolveOptions, solve};
-use std::path::PathBuf;
-
-fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("data")
-        .join(name)
-}
 
 /// Intel Research Lab (1728 poses, 2512 edges): the cost at the file's poses and after the
 /// solve, against C++ Ceres 2.1's `pose_graph_2d` on the same file (2.799889e2 -> 2.293880e1,

@@ -29,6 +29,42 @@ pub(super) fn evaluate_at<B: Backend>(
     Ok(b.read_f64(&out.cost)?.iter().sum())
 }
 
+/// The [`super::Engine`] methods every host engine has alike: its iterates in `it`, its
+/// compiled problem in `compiled`, the parameter buffer it evaluates from in `params_buf`.
+macro_rules! host_engine_common {
+    () => {
+        type B = B;
+        type Point = Vec<f64>;
+
+        fn state(&self) -> &super::Iterates<B, Vec<f64>> {
+            &self.it
+        }
+
+        fn state_mut(&mut self) -> &mut super::Iterates<B, Vec<f64>> {
+            &mut self.it
+        }
+
+        fn compiled(&self) -> &crate::compile::CompiledProblem<B> {
+            &self.compiled
+        }
+
+        fn evaluate_candidate(&mut self) -> Result<f64, crate::Error> {
+            let it = &self.it;
+            super::host::evaluate_at(
+                &self.compiled,
+                &self.params_buf,
+                &it.x_candidate,
+                &it.candidate,
+            )
+        }
+
+        fn parameters(&self) -> Result<Vec<f64>, crate::Error> {
+            Ok(self.it.x.clone())
+        }
+    };
+}
+pub(super) use host_engine_common;
+
 /// `D` per free column, with the floor the first linearization sets and the peaks the
 /// monotone scaling keeps.
 #[derive(Default)]

@@ -365,30 +365,7 @@ fn cholesky_solve(l: &[f64], n: usize, b: &mut [f64]) {
 }
 
 impl<B: Backend> Engine for SchurEngine<B> {
-    type B = B;
-    type Point = Vec<f64>;
-
-    fn state(&self) -> &Iterates<B, Vec<f64>> {
-        &self.it
-    }
-
-    fn state_mut(&mut self) -> &mut Iterates<B, Vec<f64>> {
-        &mut self.it
-    }
-
-    fn compiled(&self) -> &CompiledProblem<B> {
-        &self.compiled
-    }
-
-    fn evaluate_candidate(&mut self) -> Result<f64, Error> {
-        let it = &self.it;
-        super::host::evaluate_at(
-            &self.compiled,
-            &self.params_buf,
-            &it.x_candidate,
-            &it.candidate,
-        )
-    }
+    super::host::host_engine_common!();
 
     fn linearize(&mut self) -> Result<f64, Error> {
         let t = Instant::now();
@@ -564,10 +541,6 @@ impl<B: Backend> Engine for SchurEngine<B> {
         self.delta.iter_mut().for_each(|d| *d *= factor);
         self.place_candidate();
         Ok(())
-    }
-
-    fn parameters(&self) -> Result<Vec<f64>, Error> {
-        Ok(self.it.x.clone())
     }
 
     fn set_scaling(&mut self, scaling: super::Scaling) {

@@ -5,6 +5,14 @@ pub mod mgh;
 #[allow(dead_code)] // Not every test file uses it.
 pub mod nist;
 
+/// A file of the crate's committed `data/` folder.
+#[allow(dead_code)] // Not every test file uses it.
+pub fn data(name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("data")
+        .join(name)
+}
+
 /// A fresh seed per run, printed so a failure can be replayed with `RC_SEED`.
 #[allow(dead_code)] // Not every test file uses it.
 pub fn seed() -> u64 {
