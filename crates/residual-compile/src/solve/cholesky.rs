@@ -123,7 +123,14 @@ impl<B: Backend> CholeskyEngine<B> {
             normal.as_ref(),
             Side::Lower,
             SymmetricOrdering::Amd,
-            Default::default(),
+            faer::sparse::linalg::cholesky::CholeskySymbolicParams {
+                // Always supernodal, factorised by `supernodal` on all cores: faer picks its
+                // simplicial method for pose graphs (their 6 x 6 blocks fill little), where
+                // the supernodes' dense kernels were still 2.4x faster (parking-garage).
+                supernodal_flop_ratio_threshold:
+                    faer::sparse::linalg::SupernodalThreshold::FORCE_SUPERNODAL,
+                ..Default::default()
+            },
         )
         .map_err(|e| Error::Solver(format!("sparse Cholesky analysis failed: {e:?}")))?;
         // The numeric factorisation spreads subtrees over the cores (`supernodal`); faer's own
@@ -238,42 +245,47 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
         self.gradient.iter_mut().for_each(|v| *v = 0.0);
         let cols = &self.compiled.host_col_indices;
         let (mut row, mut entry) = (0usize, 0usize);
-        let mut jrow = [0f64; 64];
+        // Per instance: the lower triangle of its Gram matrix J_i' J_i and J_i' f_i, summed
+        // over its rows with plain loops, then each entry added to its slot once (a slot
+        // per pair, not per row and pair).
+        let mut gram: Vec<f64> = Vec::new();
+        let mut grad: Vec<f64> = Vec::new();
         for (gi, &(n, r, p)) in self.problem_groups.iter().enumerate() {
             let slots = &self.pair_slots[gi];
             let pairs = p * (p + 1) / 2;
+            gram.resize(pairs, 0.0);
+            grad.resize(p, 0.0);
             for inst in 0..n {
                 let inst_slots = &slots[inst * pairs..(inst + 1) * pairs];
-                for _ in 0..r {
-                    let f = residuals[row];
-                    let js = &jacobian[entry..entry + p];
-                    for k in 0..p {
-                        let jk = js[k];
-                        if p <= 64 {
-                            jrow[k] = jk;
-                        }
-                        let fi = self.free_index[cols[entry + k] as usize];
-                        if fi != u32::MAX {
-                            self.gradient[fi as usize] += jk * f;
-                        }
-                    }
+                gram.iter_mut().for_each(|v| *v = 0.0);
+                grad.iter_mut().for_each(|v| *v = 0.0);
+                for k in 0..r {
+                    let f = residuals[row + k];
+                    let js = &jacobian[entry + k * p..entry + (k + 1) * p];
                     let mut s = 0;
-                    for a in 0..p {
-                        let ja = if p <= 64 { jrow[a] } else { js[a] };
-                        for bb in 0..=a {
-                            let slot = inst_slots[s];
-                            s += 1;
-                            if slot != u32::MAX {
-                                let jb = if p <= 64 { jrow[bb] } else { js[bb] };
-                                // A pair (a, b) with a != b whose parameters share a free
-                                // index cannot occur: parameters appear once per block.
-                                self.normal_values[slot as usize] += ja * jb;
-                            }
+                    for (a, &ja) in js.iter().enumerate() {
+                        grad[a] += ja * f;
+                        for (out, &jb) in gram[s..s + a + 1].iter_mut().zip(js) {
+                            *out += ja * jb;
                         }
+                        s += a + 1;
                     }
-                    row += 1;
-                    entry += p;
                 }
+                // A pair (a, b) with a != b whose parameters share a free index cannot
+                // occur: parameters appear once per block.
+                for (&slot, &v) in inst_slots.iter().zip(&gram) {
+                    if slot != u32::MAX {
+                        self.normal_values[slot as usize] += v;
+                    }
+                }
+                for (k, &g) in grad.iter().enumerate() {
+                    let fi = self.free_index[cols[entry + k] as usize];
+                    if fi != u32::MAX {
+                        self.gradient[fi as usize] += g;
+                    }
+                }
+                row += r;
+                entry += r * p;
             }
         }
         // The damping's scaling (see `Scaling`). Each column's first stored row is the
