@@ -563,6 +563,7 @@ impl<B: Backend> SchurEngine<B> {
         let mut yt: Vec<f64> = Vec::new();
         let mut yr: Vec<f64> = Vec::new();
         let mut row = [0.0f64; 16];
+        let mut vinv = vec![0.0f64; size * size];
         let mut runs: Vec<(usize, usize, usize)> = Vec::new();
         for e in blocks {
             let f = &factors[e * size * size..(e + 1) * size * size];
@@ -576,15 +577,27 @@ impl<B: Backend> SchurEngine<B> {
             yt.resize(size * m, 0.0);
             yr.clear();
             yr.resize(size * m, 0.0);
+            // V^-1 once per block (symmetric), and V^-1 g_e: then each row of Y is a small
+            // product rather than a triangular solve.
+            for k in 0..size {
+                let col = &mut vinv[k * size..(k + 1) * size];
+                col.iter_mut()
+                    .enumerate()
+                    .for_each(|(i, v)| *v = (i == k) as u8 as f64);
+                cholesky_solve(f, size, col);
+            }
+            row[..size].copy_from_slice(g);
+            cholesky_solve(f, size, &mut row[..size]);
+            let vinv_g = row;
             for a in 0..m {
-                row[..size].copy_from_slice(&w[a * size..(a + 1) * size]);
-                cholesky_solve(f, size, &mut row[..size]);
-                let mut dot = 0.0;
+                let wa = &w[a * size..(a + 1) * size];
                 for k in 0..size {
-                    yt[k * m + a] = row[k];
-                    yr[a * size + k] = row[k];
-                    dot += row[k] * g[k];
+                    let vk = &vinv[k * size..(k + 1) * size];
+                    let y: f64 = wa.iter().zip(vk).map(|(p, q)| p * q).sum();
+                    yt[k * m + a] = y;
+                    yr[a * size + k] = y;
                 }
+                let dot: f64 = wa.iter().zip(&vinv_g[..size]).map(|(p, q)| p * q).sum();
                 rhs[list[a] as usize] += dot;
             }
             // Runs of consecutive reduced columns: (first local index, first column, length).
