@@ -192,7 +192,12 @@ fn an_alignment_solve_finds_the_rotation_on_the_sphere() {
             ..Default::default()
         };
         let summary = solve(&cpu, &mut p, &options, &KernelCache::new()).unwrap();
-        assert_eq!(summary.parameters, 7);
+        assert_eq!((summary.parameters, summary.columns), (7, 6));
+        assert!(
+            summary
+                .to_string()
+                .contains("7 parameters (6 tangent columns)")
+        );
         let x = p.parameters();
         let sign = if x[0] * truth[0] < 0.0 { -1.0 } else { 1.0 };
         for k in 0..4 {

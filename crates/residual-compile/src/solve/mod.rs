@@ -356,6 +356,7 @@ pub fn solve<B: Backend>(
         linear_solver,
         precision: options.precision,
         parameters: problem.parameters().len(),
+        columns: compiled.cols,
         residual_blocks: problem.num_blocks(),
         residuals: rows,
         jacobian_entries: nnz,

@@ -54,7 +54,11 @@ pub struct Summary {
     pub linear_solver: LinearSolver,
     /// What the solve evaluated and solved in.
     pub precision: Precision,
+    /// Stored parameter values.
     pub parameters: usize,
+    /// Jacobian columns: the parameters, but for manifold blocks, which count their tangent
+    /// size (a quaternion 3, not 4).
+    pub columns: usize,
     pub residual_blocks: usize,
     pub residuals: usize,
     pub jacobian_entries: usize,
@@ -117,8 +121,16 @@ impl fmt::Display for Summary {
         writeln!(f, "Solver summary ({})", self.backend)?;
         writeln!(
             f,
-            "  problem: {} parameters, {} residual blocks, {} residuals, {} Jacobian entries",
-            self.parameters, self.residual_blocks, self.residuals, self.jacobian_entries
+            "  problem: {} parameters{}, {} residual blocks, {} residuals, {} Jacobian entries",
+            self.parameters,
+            if self.columns == self.parameters {
+                String::new()
+            } else {
+                format!(" ({} tangent columns)", self.columns)
+            },
+            self.residual_blocks,
+            self.residuals,
+            self.jacobian_entries
         )?;
         writeln!(
             f,
