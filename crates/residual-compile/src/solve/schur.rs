@@ -552,7 +552,41 @@ impl<B: Backend> SchurEngine<B> {
     /// Adds the blocks' `-W V^-1 W'` to `s` (lower triangle) and `W V^-1 g_e` to `rhs`, given
     /// each block's factor of `V + lambda D`. A block's reduced columns come in runs of
     /// consecutive columns (a camera's), so each column of `s` takes a contiguous update.
+    ///
+    /// On x86-64 CPUs with AVX2 and FMA (checked at run time) the loops are compiled for them.
     fn eliminate(
+        &self,
+        blocks: std::ops::Range<usize>,
+        factors: &[f64],
+        s: &mut [f64],
+        rhs: &mut [f64],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has AVX2 and FMA (just checked).
+            unsafe { self.eliminate_avx2(blocks, factors, s, rhs) };
+            return;
+        }
+        self.eliminate_body(blocks, factors, s, rhs)
+    }
+
+    /// [`SchurEngine::eliminate_body`] compiled for AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn eliminate_avx2(
+        &self,
+        blocks: std::ops::Range<usize>,
+        factors: &[f64],
+        s: &mut [f64],
+        rhs: &mut [f64],
+    ) {
+        self.eliminate_body(blocks, factors, s, rhs)
+    }
+
+    /// The work of [`SchurEngine::eliminate`].
+    #[inline(always)]
+    fn eliminate_body(
         &self,
         blocks: std::ops::Range<usize>,
         factors: &[f64],
