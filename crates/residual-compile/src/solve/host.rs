@@ -30,7 +30,8 @@ pub(super) fn evaluate_at<B: Backend>(
 }
 
 /// The [`super::Engine`] methods every host engine has alike: its iterates in `it`, its
-/// compiled problem in `compiled`, the parameter buffer it evaluates from in `params_buf`.
+/// compiled problem in `compiled`, the parameter buffer it evaluates from in `params_buf`,
+/// its step in `delta` placed by `place_candidate`, its damping in `damping`.
 macro_rules! host_engine_common {
     () => {
         type B = B;
@@ -60,6 +61,16 @@ macro_rules! host_engine_common {
 
         fn parameters(&self) -> Result<Vec<f64>, crate::Error> {
             Ok(self.it.x.clone())
+        }
+
+        fn scale_step(&mut self, factor: f64) -> Result<(), crate::Error> {
+            self.delta.iter_mut().for_each(|d| *d *= factor);
+            self.place_candidate();
+            Ok(())
+        }
+
+        fn set_scaling(&mut self, scaling: super::Scaling) {
+            self.damping.scaling = scaling;
         }
     };
 }

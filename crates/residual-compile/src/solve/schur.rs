@@ -536,16 +536,6 @@ impl<B: Backend> Engine for SchurEngine<B> {
             cg_iterations: 0,
         })
     }
-
-    fn scale_step(&mut self, factor: f64) -> Result<(), Error> {
-        self.delta.iter_mut().for_each(|d| *d *= factor);
-        self.place_candidate();
-        Ok(())
-    }
-
-    fn set_scaling(&mut self, scaling: super::Scaling) {
-        self.damping.scaling = scaling;
-    }
 }
 
 impl<B: Backend> SchurEngine<B> {
