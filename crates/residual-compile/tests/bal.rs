@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::data;
+use common::{data, seed};
 
 use backend_cpu::CpuBackend;
 use residual_compile::bal::{BalProblem, angle_axis_rotate};
@@ -205,4 +205,43 @@ fn a_failed_factorisation_is_a_rejected_step() {
     assert_eq!(summary.linear_solver, LinearSolver::DenseSchur);
     // Huber(1) from the file's start: 4.06e4 to 2.34e3.
     assert!(summary.final_cost < 0.1 * summary.initial_cost, "{summary}");
+}
+
+/// A synthetic scene with Gaussian pixel noise: the solve's cost lands on the noise floor the
+/// statistics predict, within 5 standard deviations, and the angle-axis the generator wrote
+/// reproduces its rotations (the truth's measurements are its projections plus the noise).
+#[test]
+fn a_synthetic_scene_solves_to_its_noise_floor() {
+    let scene = residual_compile::bal::Synthetic::new(20, 1500, 4, 0.5, seed());
+    let truth_cost = scene
+        .truth
+        .problem(Loss::Trivial)
+        .unwrap()
+        .cost_f64(&[&scene.truth.cameras[..], &scene.truth.points].concat());
+    // At the truth every residual is noise alone: sigma^2 / 2 per residual on average.
+    let per_residual = truth_cost / (2.0 * scene.truth.observations.len() as f64);
+    assert!(
+        (per_residual - 0.125).abs() < 0.01,
+        "cost per residual at the truth {per_residual} (noise 0.5 px: 0.125)"
+    );
+    let mut problem = scene.start.problem(Loss::Trivial).unwrap();
+    let summary = solve(
+        &CpuBackend::new(),
+        &mut problem,
+        &SolveOptions::default(),
+        &KernelCache::new(),
+    )
+    .unwrap();
+    let gap = (summary.final_cost - scene.expected_cost).abs();
+    assert!(
+        gap < 5.0 * scene.cost_std,
+        "final cost {} against the floor {} +- {}\n{summary}",
+        summary.final_cost,
+        scene.expected_cost,
+        scene.cost_std
+    );
+    assert!(
+        summary.final_cost < truth_cost,
+        "below the truth's own cost"
+    );
 }
