@@ -226,18 +226,20 @@ impl ParallelCholesky {
         failed: &'s AtomicUsize,
         scope: &rayon::Scope<'s>,
     ) {
-        SCRATCH.with(|scratch| {
-            let mut scratch = scratch.borrow_mut();
-            for &s in &self.task_members[self.task_ptr[task]..self.task_ptr[task + 1]] {
-                // SAFETY: see `SharedValues`; this task is the only writer of `s`, and every
-                // descendant of `s` belongs to this task (earlier) or to one already finished.
-                if let Err(column) =
-                    unsafe { self.factor_supernode(s as usize, values, &mut scratch) }
-                {
-                    failed.fetch_min(column, Ordering::Relaxed);
-                }
+        // The thread's scratch is taken out for the task and put back after, not borrowed
+        // across it: a large supernode's dense work runs on rayon, and a thread waiting
+        // there may run another task of this factorisation (which then finds the slot
+        // empty and grows its own scratch), where a held borrow would panic.
+        let mut scratch = SCRATCH.with(|slot| std::mem::take(&mut *slot.borrow_mut()));
+        for &s in &self.task_members[self.task_ptr[task]..self.task_ptr[task + 1]] {
+            // SAFETY: see `SharedValues`; this task is the only writer of `s`, and every
+            // descendant of `s` belongs to this task (earlier) or to one already finished.
+            if let Err(column) = unsafe { self.factor_supernode(s as usize, values, &mut scratch) }
+            {
+                failed.fetch_min(column, Ordering::Relaxed);
             }
-        });
+        }
+        SCRATCH.with(|slot| *slot.borrow_mut() = scratch);
         let parent = self.task_parent[task];
         if parent != u32::MAX && waiting[parent as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
             scope
@@ -702,6 +704,45 @@ mod tests {
             .zip(&theirs)
             .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
         assert!(gap < 1e-10, "solutions differ by {gap:e}");
+    }
+
+    /// Supernodes wide enough that their dense work runs on rayon (`dense_par`), on more
+    /// threads than tasks can keep busy: a thread waiting inside faer's parallel product
+    /// runs another task of the factorisation. It once found its scratch still borrowed
+    /// there and panicked (seen on a 16-core host with sphere2500).
+    #[test]
+    fn nested_tasks_on_a_waiting_thread_do_not_panic() {
+        // Four disconnected grids: their wide supernodes are in flight at once, so a thread
+        // in one's parallel product has the others' tasks to steal.
+        let (one, one_values) = grid_matrix(60, 0xfeed, 1.0);
+        let (n1, nnz1) = (one.nrows(), one.row_idx().len());
+        let (mut col_ptr, mut rows, mut values) = (vec![0u32], Vec::new(), Vec::new());
+        for copy in 0..4u32 {
+            for c in 0..n1 {
+                for k in one.col_ptr()[c] as usize..one.col_ptr()[c + 1] as usize {
+                    rows.push(one.row_idx()[k] + copy * n1 as u32);
+                }
+                values.extend_from_slice(
+                    &one_values[one.col_ptr()[c] as usize..one.col_ptr()[c + 1] as usize],
+                );
+                col_ptr.push(col_ptr.last().unwrap() + (one.col_ptr()[c + 1] - one.col_ptr()[c]));
+            }
+        }
+        assert_eq!(rows.len(), 4 * nnz1);
+        let pattern = SymbolicSparseColMat::new_checked(4 * n1, 4 * n1, col_ptr, None, rows);
+        let symbolic = analyse(&pattern);
+        let mut parallel =
+            ParallelCholesky::new(pattern.as_ref(), &symbolic).expect("a supernodal analysis");
+        assert!(
+            parallel.max_width.pow(3) / 3 >= PARALLEL_DENSE_MIN,
+            "the widest supernode ({}) should take the parallel dense path",
+            parallel.max_width
+        );
+        let first = factor_on(8, &mut parallel, &values, symbolic.len_val()).unwrap();
+        for _ in 0..4 {
+            let again = factor_on(8, &mut parallel, &values, symbolic.len_val()).unwrap();
+            assert!(again == first, "the factor changed between runs");
+        }
     }
 
     #[test]
