@@ -498,10 +498,9 @@ fn trust_region(
             Ok(step) => step,
             // As Ceres: a factorisation that fails is a rejected step; damp more.
             Err(Error::NotPositiveDefinite(_)) if options.method == Method::LevenbergMarquardt => {
-                let cost = engine.cost();
-                summary.history.push(IterationSummary {
+                let record = IterationSummary {
                     iteration,
-                    cost,
+                    cost: engine.cost(),
                     candidate_cost: f64::NAN,
                     cost_change: f64::NAN,
                     gradient_max_norm: max_gradient,
@@ -511,7 +510,12 @@ fn trust_region(
                     linear_solver_iterations: 0,
                     step_is_successful: false,
                     cumulative_time: started.elapsed().as_secs_f64(),
-                });
+                };
+                if options.verbose {
+                    let previous = summary.history.last().map_or(0.0, |r| r.cumulative_time);
+                    println!("{}", record.line(record.cumulative_time - previous));
+                }
+                summary.history.push(record);
                 radius /= nu;
                 nu *= 2.0;
                 if radius < 1e-32 {
