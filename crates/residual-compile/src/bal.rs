@@ -240,16 +240,18 @@ impl BalProblem {
     }
 }
 
+/// `a x b`.
+fn cross(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
+    [
+        a[1] * b[2] - a[2] * b[1],
+        a[2] * b[0] - a[0] * b[2],
+        a[0] * b[1] - a[1] * b[0],
+    ]
+}
+
 /// `p` rotated by the angle-axis `w` (Rodrigues), in `f64`.
 fn rotate_f64(w: [f64; 3], p: [f64; 3]) -> [f64; 3] {
     let theta = (w[0] * w[0] + w[1] * w[1] + w[2] * w[2]).sqrt();
-    let cross = |a: [f64; 3], b: [f64; 3]| {
-        [
-            a[1] * b[2] - a[2] * b[1],
-            a[2] * b[0] - a[0] * b[2],
-            a[0] * b[1] - a[1] * b[0],
-        ]
-    };
     if theta < 1e-12 {
         let c = cross(w, p);
         return [p[0] + c[0], p[1] + c[1], p[2] + c[2]];
@@ -336,13 +338,6 @@ impl Synthetic {
             let norm = |v: [f64; 3]| {
                 let n = (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt();
                 v.map(|x| x / n)
-            };
-            let cross = |a: [f64; 3], b: [f64; 3]| {
-                [
-                    a[1] * b[2] - a[2] * b[1],
-                    a[2] * b[0] - a[0] * b[2],
-                    a[0] * b[1] - a[1] * b[0],
-                ]
             };
             let z = norm(c);
             let x = norm(cross([0.0, 1.0, 0.0], z));

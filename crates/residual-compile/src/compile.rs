@@ -294,6 +294,22 @@ impl<B: Backend> CompiledProblem<B> {
         upload_floats(&self.backend, self.precision, values)
     }
 
+    /// Writes `values` over `dst` (of the precision's dtype, at least as long), rounded to
+    /// `f32` in [`Precision::F32`].
+    pub fn write_floats(&self, dst: &B::Buffer, values: &[f64]) -> Result<(), Error> {
+        if values.is_empty() {
+            return Ok(());
+        }
+        match self.precision {
+            Precision::F64 => self.backend.write(dst, values)?,
+            Precision::F32 => {
+                let narrow: Vec<f32> = values.iter().map(|&v| v as f32).collect();
+                self.backend.write(dst, &narrow)?
+            }
+        }
+        Ok(())
+    }
+
     /// Evaluates residuals, Jacobian and cost at `params` (of the precision's dtype, one per
     /// problem parameter) into `out`. Enqueued: nothing is read back.
     pub fn evaluate(&self, params: &B::Buffer, out: &Evaluation<B>) -> Result<(), Error> {

@@ -49,6 +49,7 @@
 
 pub mod bal;
 pub mod compile;
+mod dense;
 pub mod graph;
 pub mod icosphere;
 pub mod lower;

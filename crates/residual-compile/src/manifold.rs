@@ -258,6 +258,11 @@ impl TangentSpace {
         })
     }
 
+    /// The problem's parameters (stored values; `cols` but for manifold blocks).
+    pub fn parameters(&self) -> usize {
+        self.col_of.len()
+    }
+
     /// Whether every parameter is Euclidean (columns are parameters).
     pub fn is_identity(&self) -> bool {
         self.blocks.is_empty()

@@ -202,17 +202,12 @@ fn lower_cholesky(upper: &[f64], d: usize) -> Option<Vec<f64>> {
             k += 1;
         }
     }
+    crate::dense::small_cholesky(&mut a, d).ok()?;
+    // `a` is symmetric, so its column-major factor is the lower factor; read it row-major.
     let mut l = vec![0.0f64; d * d];
-    for j in 0..d {
-        let diag = a[j * d + j] - (0..j).map(|k| l[j * d + k].powi(2)).sum::<f64>();
-        if diag.is_nan() || diag <= 0.0 {
-            return None;
-        }
-        let ljj = diag.sqrt();
-        l[j * d + j] = ljj;
-        for i in j + 1..d {
-            let s = a[i * d + j] - (0..j).map(|k| l[i * d + k] * l[j * d + k]).sum::<f64>();
-            l[i * d + j] = s / ljj;
+    for i in 0..d {
+        for j in 0..=i {
+            l[i * d + j] = a[j * d + i];
         }
     }
     Some(l)

@@ -216,8 +216,6 @@ pub(super) struct DeviceEngine<B: Backend> {
     /// Per parameter, its bounds (in f32 rounded inwards), where any parameter has a finite
     /// one: steps are projected onto them.
     bounds: Option<(B::Buffer, B::Buffer)>,
-    /// The problem's parameters (the columns, but for manifold blocks).
-    ambient: usize,
 }
 
 impl<B: Backend> DeviceEngine<B> {
@@ -298,7 +296,6 @@ impl<B: Backend> DeviceEngine<B> {
             },
             options: options.clone(),
             kernels,
-            ambient: x.len(),
             compiled,
         };
         engine.start(problem)?;
@@ -318,7 +315,7 @@ impl<B: Backend> DeviceEngine<B> {
             self.compiled
                 .tangent
                 .plus(&x, &delta[..cols], &mut candidate);
-            return self.write_floats(&self.it.x_candidate, &candidate);
+            return self.compiled.write_floats(&self.it.x_candidate, &candidate);
         }
         let l = Layout::contiguous(&[self.compiled.cols]);
         let v = |b| View::new(b, &l);
@@ -328,19 +325,6 @@ impl<B: Backend> DeviceEngine<B> {
             be.binary(BinaryOp::Max, v(candidate), v(lo), v(candidate))?;
             be.binary(BinaryOp::Min, v(candidate), v(hi), v(candidate))?;
             be.binary(BinaryOp::Sub, v(candidate), v(&self.it.x), v(&self.delta))?;
-        }
-        Ok(())
-    }
-
-    /// Writes `values` over `dst`, in the solve's precision.
-    fn write_floats(&self, dst: &B::Buffer, values: &[f64]) -> Result<(), Error> {
-        let be = &self.compiled.backend;
-        match self.compiled.precision {
-            Precision::F64 => be.write(dst, values)?,
-            Precision::F32 => {
-                let narrow: Vec<f32> = values.iter().map(|&v| v as f32).collect();
-                be.write(dst, &narrow)?
-            }
         }
         Ok(())
     }
@@ -487,7 +471,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         let mut scalars_init = [0.0; slot::LEN];
         scalars_init[slot::LAMBDA as usize] = lambda;
         scalars_init[slot::MONOTONE as usize] = self.monotone as u8 as f64;
-        self.write_floats(&self.scalars, &scalars_init)?;
+        self.compiled.write_floats(&self.scalars, &scalars_init)?;
         be.launch(
             &k.start,
             &[
@@ -567,7 +551,12 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         self.dot_into(&self.t, &self.t, rows, slot::JD2)?;
         self.dot_into(&self.gradient, &self.delta, n, slot::GD)?;
         self.dot_into(&self.delta, &self.delta, n, slot::PQ)?;
-        self.dot_into(&self.it.x, &self.it.x, self.ambient, slot::ALPHA)?;
+        self.dot_into(
+            &self.it.x,
+            &self.it.x,
+            self.compiled.tangent.parameters(),
+            slot::ALPHA,
+        )?;
         let s = be.read_f64(&self.scalars)?;
         self.it.times.linear_solve += t.elapsed().as_secs_f64();
         let (jd2, gd) = (s[slot::JD2 as usize], s[slot::GD as usize]);
@@ -608,7 +597,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
 
     fn parameters(&self) -> Result<Vec<f64>, Error> {
         let mut x = self.compiled.backend.read_f64(&self.it.x)?;
-        x.truncate(self.ambient);
+        x.truncate(self.compiled.tangent.parameters());
         Ok(x)
     }
 }

@@ -3,8 +3,8 @@
 //! at each linearization.
 
 use super::Scaling;
+use crate::Error;
 use crate::compile::{CompiledProblem, Evaluation};
-use crate::{Error, Precision};
 use hal::{Backend, BackendExt};
 
 /// Evaluates at the host point `x` (written to `params` in the solve's precision) into `out`;
@@ -15,18 +15,9 @@ pub(super) fn evaluate_at<B: Backend>(
     x: &[f64],
     out: &Evaluation<B>,
 ) -> Result<f64, Error> {
-    let b = &compiled.backend;
-    if !x.is_empty() {
-        match compiled.precision {
-            Precision::F64 => b.write(params, x)?,
-            Precision::F32 => {
-                let narrow: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-                b.write(params, &narrow)?
-            }
-        }
-    }
+    compiled.write_floats(params, x)?;
     compiled.evaluate(params, out)?;
-    Ok(b.read_f64(&out.cost)?.iter().sum())
+    Ok(compiled.backend.read_f64(&out.cost)?.iter().sum())
 }
 
 /// The [`super::Engine`] methods every host engine has alike: its iterates in `it`, its

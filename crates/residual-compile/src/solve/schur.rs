@@ -15,6 +15,7 @@ use super::host::Damping;
 use super::{Engine, Iterates, Step, norm};
 use crate::Error;
 use crate::compile::CompiledProblem;
+use crate::dense::{cholesky_solve, small_cholesky};
 use crate::problem::Problem;
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor::{LltError, cholesky_in_place, cholesky_in_place_scratch};
@@ -77,6 +78,9 @@ pub(super) struct SchurEngine<B: Backend> {
     jacobian: Vec<f64>,
     /// Per extra thread: its share of `S` and of the right-hand side.
     partial: Vec<(Vec<f64>, Vec<f64>)>,
+    /// Per eliminated block, the Cholesky factor of `V + lambda D` (rewritten each solve,
+    /// read again by the back substitution).
+    factors: Vec<f64>,
 }
 
 /// The free column index of `c` in the engine's ordering: reduced first, then eliminated.
@@ -151,6 +155,15 @@ impl<B: Backend> SchurEngine<B> {
             });
         }
         let reduced = reduced as usize;
+        if problem.groups().iter().any(|g| {
+            g.params_per_instance() > u8::MAX as usize
+                || g.residuals_per_instance() > u8::MAX as usize
+        }) {
+            return Err(Error::InvalidProblem(
+                "the Schur engine takes residual blocks of at most 255 residuals and columns"
+                    .into(),
+            ));
+        }
         let offsets = &compiled.host_row_offsets;
         let col_index = &compiled.host_col_indices;
         let mut instances = Vec::new();
@@ -158,22 +171,16 @@ impl<B: Backend> SchurEngine<B> {
         let mut row = 0usize;
         for g in problem.groups() {
             let (p, r) = (g.params_per_instance(), g.residuals_per_instance());
-            for i in 0..g.len() {
+            for _ in 0..g.len() {
                 let entry = offsets[row] as usize;
-                let mut block = u32::MAX;
-                for &c in &col_index[entry..entry + p] {
-                    if let Col::Eliminated(e, _) = cols[c as usize] {
-                        if block != u32::MAX && block != e {
-                            return Err(Error::InvalidProblem(format!(
-                                "residual block {} reads two eliminated blocks ({block} and \
-                                 {e}); the Schur complement needs each block to read at most \
-                                 one",
-                                g.block_ids[i]
-                            )));
-                        }
-                        block = e;
-                    }
-                }
+                // At most one eliminated block (`applies` checked).
+                let block = col_index[entry..entry + p]
+                    .iter()
+                    .find_map(|&c| match cols[c as usize] {
+                        Col::Eliminated(e, _) => Some(e),
+                        _ => None,
+                    })
+                    .unwrap_or(u32::MAX);
                 if block != u32::MAX {
                     for &c in &col_index[entry..entry + p] {
                         if let Col::Reduced(rc) = cols[c as usize] {
@@ -190,15 +197,6 @@ impl<B: Backend> SchurEngine<B> {
                 });
                 row += r;
             }
-        }
-        if problem.groups().iter().any(|g| {
-            g.params_per_instance() > u8::MAX as usize
-                || g.residuals_per_instance() > u8::MAX as usize
-        }) {
-            return Err(Error::InvalidProblem(
-                "the Schur engine takes residual blocks of at most 255 residuals and columns"
-                    .into(),
-            ));
         }
         let mut w_start = Vec::with_capacity(blocks + 1);
         w_start.push(0);
@@ -261,6 +259,7 @@ impl<B: Backend> SchurEngine<B> {
             step: vec![0.0; tangent.cols],
             jacobian: Vec::new(),
             partial: Vec::new(),
+            factors: vec![0.0; blocks * size * size],
             compiled,
         };
         engine.start(problem)?;
@@ -319,48 +318,6 @@ fn block_9x3(
         for i in first..9 {
             col[i] -= ya[3 * i] * w0 + ya[3 * i + 1] * w1 + ya[3 * i + 2] * w2;
         }
-    }
-}
-
-/// [`cholesky`] for the small blocks, without faer's per-call overhead.
-fn small_cholesky(a: &mut [f64], n: usize) -> Result<(), usize> {
-    for j in 0..n {
-        let mut d = a[j * n + j];
-        for k in 0..j {
-            d -= a[k * n + j] * a[k * n + j];
-        }
-        if d.is_nan() || d <= 0.0 {
-            return Err(j);
-        }
-        let d = d.sqrt();
-        a[j * n + j] = d;
-        for i in j + 1..n {
-            let mut v = a[j * n + i];
-            for k in 0..j {
-                v -= a[k * n + i] * a[k * n + j];
-            }
-            a[j * n + i] = v / d;
-        }
-    }
-    Ok(())
-}
-
-/// Solves `L L^T x = b` in place for the lower Cholesky factor in `l` (`n x n`,
-/// column-major).
-fn cholesky_solve(l: &[f64], n: usize, b: &mut [f64]) {
-    for i in 0..n {
-        let mut v = b[i];
-        for k in 0..i {
-            v -= l[k * n + i] * b[k];
-        }
-        b[i] = v / l[i * n + i];
-    }
-    for i in (0..n).rev() {
-        let mut v = b[i];
-        for k in i + 1..n {
-            v -= l[i * n + k] * b[k];
-        }
-        b[i] = v / l[i * n + i];
     }
 }
 
@@ -455,14 +412,13 @@ impl<B: Backend> Engine for SchurEngine<B> {
         }
         let mut rhs: Vec<f64> = self.gradient[..reduced].iter().map(|g| -g).collect();
         // Per block: V + lambda D_e's Cholesky factor (kept for the back substitution).
-        let mut factors = vec![0.0; self.blocks * size * size];
         let not_positive = |what: String| {
             Error::NotPositiveDefinite(format!(
                 "Schur complement failed ({what}): the damped normal matrix is not positive \
                  definite (lambda = {lambda:e}); a parameter no residual constrains?"
             ))
         };
-        for (e, f) in factors.chunks_exact_mut(size * size).enumerate() {
+        for (e, f) in self.factors.chunks_exact_mut(size * size).enumerate() {
             f.copy_from_slice(&self.v[e * size * size..(e + 1) * size * size]);
             // V is stored row-major with both triangles; symmetric, so column-major too.
             for k in 0..size {
@@ -487,7 +443,7 @@ impl<B: Backend> Engine for SchurEngine<B> {
             let mut rest = parts.iter_mut();
             for t in 1..threads {
                 let (ps, pr) = rest.next().expect("a partial per extra thread");
-                let factors = &factors;
+                let factors = &this.factors;
                 scope.spawn(move |_| {
                     ps.iter_mut().for_each(|v| *v = 0.0);
                     pr.iter_mut().for_each(|v| *v = 0.0);
@@ -495,7 +451,7 @@ impl<B: Backend> Engine for SchurEngine<B> {
                     this.eliminate(blocks, factors, ps, pr);
                 });
             }
-            this.eliminate(0..per.min(this.blocks), &factors, &mut own_s, &mut rhs);
+            this.eliminate(0..per.min(this.blocks), &this.factors, &mut own_s, &mut rhs);
         });
         for (ps, pr) in parts.iter().take(threads - 1) {
             own_s.iter_mut().zip(ps).for_each(|(a, b)| *a += b);
@@ -507,24 +463,25 @@ impl<B: Backend> Engine for SchurEngine<B> {
             .map_err(|k| not_positive(format!("reduced system, pivot {k}")))?;
         cholesky_solve(&self.s, reduced, &mut rhs);
         self.delta[..reduced].copy_from_slice(&rhs);
-        // de = V^-1 (-g_e - W' dc).
+        // de = V^-1 (-g_e - W' dc), in place in the step.
         for e in 0..self.blocks {
             let list = &self.block_cols[e];
             let w = &self.w[self.w_start[e]..self.w_start[e + 1]];
-            let mut b: Vec<f64> = (0..size)
-                .map(|k| -self.gradient[reduced + e * size + k])
-                .collect();
+            let at = reduced + e * size..reduced + (e + 1) * size;
+            let b = &mut self.delta[at.clone()];
+            for (out, &g) in b.iter_mut().zip(&self.gradient[at]) {
+                *out = -g;
+            }
             for (a, &ra) in list.iter().enumerate() {
                 for k in 0..size {
                     b[k] -= w[a * size + k] * rhs[ra as usize];
                 }
             }
             cholesky_solve(
-                &factors[e * size * size..(e + 1) * size * size],
+                &self.factors[e * size * size..(e + 1) * size * size],
                 size,
-                &mut b,
+                b,
             );
-            self.delta[reduced + e * size..reduced + (e + 1) * size].copy_from_slice(&b);
         }
         self.place_candidate();
         let model_reduction = self.model_reduction();
