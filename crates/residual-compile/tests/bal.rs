@@ -113,13 +113,18 @@ fn malformed_files_are_refused_with_their_line() {
     }
 }
 
-/// The Schur complement's step equals the one from the full normal equations (sparse
-/// Cholesky) at the same damping: one iteration each from the same start.
+/// The Schur complement's step (formed on the host, and on the device) equals the one from
+/// the full normal equations (sparse Cholesky) at the same damping: two iterations each from
+/// the same start.
 #[test]
 fn schur_and_full_normal_equations_take_the_same_step() {
     let bal = BalProblem::read(&data("bal-ladybug-problem-49-7776-pre-shrink-1800.txt")).unwrap();
     let mut steps = Vec::new();
-    for solver in [LinearSolver::DenseSchur, LinearSolver::SparseCholesky] {
+    for solver in [
+        LinearSolver::SparseCholesky,
+        LinearSolver::DenseSchur,
+        LinearSolver::DeviceSchur,
+    ] {
         let mut problem = bal.problem(Loss::Trivial).unwrap();
         let options = SolveOptions {
             linear_solver: solver,
@@ -136,16 +141,98 @@ fn schur_and_full_normal_equations_take_the_same_step() {
         assert_eq!(summary.linear_solver, solver);
         steps.push((problem.parameters().to_vec(), summary));
     }
-    let ((a, sa), (b, sb)) = (&steps[0], &steps[1]);
+    let (b, sb) = &steps[0];
+    for (a, sa) in &steps[1..] {
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-7 * (1.0 + y.abs()),
+                "parameter {i}: {:?} {x}, Cholesky {y}",
+                sa.linear_solver
+            );
+        }
+        let (ca, cb) = (sa.final_cost, sb.final_cost);
+        assert!((ca - cb).abs() <= 1e-9 * cb, "costs {ca} and {cb}");
+        assert!(ca < 0.02 * sa.initial_cost, "two steps moved little: {sa}");
+    }
+}
+
+/// The device Schur engine on a scene with four residual shapes (reprojections; a focal
+/// length and a point together, which pairs with the reprojections across shapes; a prior on
+/// one camera, which reads no point; a prior on points, which reads nothing else), a fixed
+/// camera parameter and a point read twice by one camera: each step equals the full normal
+/// equations' at the same damping.
+#[test]
+fn device_schur_takes_the_full_step_on_mixed_shapes() {
+    let scene = residual_compile::bal::Synthetic::new(6, 40, 3, 0.5, seed());
+    let build = || {
+        let mut p = scene.start.problem(Loss::Trivial).unwrap();
+        let first_point = scene.start.cameras.len();
+        // Point k seen again by camera 0's focal length: depth-like, smooth.
+        for k in [0usize, 7, 7, 19] {
+            let pt = first_point + 3 * k;
+            p.add_residual(
+                "focal_point",
+                &[6, pt, pt + 1, pt + 2],
+                &[k as f64],
+                Loss::Trivial,
+                |v, c| vec![(v[0] * 1e-3) * (v[1] + v[2] * v[3]) - c[0] * 1e-2],
+            )
+            .unwrap();
+        }
+        // A prior on two points, which reads no reduced column.
+        for k in [3usize, 7] {
+            let pt = first_point + 3 * k;
+            p.add_residual(
+                "point_prior",
+                &[pt, pt + 1, pt + 2],
+                &scene.start.points[3 * k..3 * k + 3],
+                Loss::Trivial,
+                |v, c| (0..3).map(|j| (v[j] - c[j]) * 0.5).collect(),
+            )
+            .unwrap();
+        }
+        p.add_residual(
+            "prior",
+            &(9..18).collect::<Vec<_>>(),
+            &scene.start.cameras[9..18],
+            Loss::Trivial,
+            |v, c| (0..9).map(|j| (v[j] - c[j]) * 0.1).collect(),
+        )
+        .unwrap();
+        p.set_fixed(2, true).unwrap();
+        p
+    };
+    let mut results = Vec::new();
+    for solver in [LinearSolver::SparseCholesky, LinearSolver::DeviceSchur] {
+        let mut problem = build();
+        let options = SolveOptions {
+            linear_solver: solver,
+            max_iterations: 3,
+            ..Default::default()
+        };
+        let summary = solve(
+            &CpuBackend::new(),
+            &mut problem,
+            &options,
+            &KernelCache::new(),
+        )
+        .unwrap_or_else(|e| panic!("{solver:?}: {e}"));
+        assert_eq!(summary.linear_solver, solver);
+        results.push((problem.parameters().to_vec(), summary));
+    }
+    let ((a, sa), (b, sb)) = (&results[1], &results[0]);
+    assert_eq!(a[2], scene.start.cameras[2], "the fixed parameter moved");
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         assert!(
             (x - y).abs() <= 1e-7 * (1.0 + y.abs()),
-            "parameter {i}: Schur {x}, Cholesky {y}"
+            "parameter {i}: device Schur {x}, Cholesky {y}"
         );
     }
-    let (ca, cb) = (sa.final_cost, sb.final_cost);
-    assert!((ca - cb).abs() <= 1e-9 * cb, "costs {ca} and {cb}");
-    assert!(ca < 0.02 * sa.initial_cost, "two steps moved little: {sa}");
+    assert!(
+        (sa.final_cost - sb.final_cost).abs() <= 1e-9 * sb.final_cost,
+        "{sa}\n{sb}"
+    );
+    assert!(sa.final_cost < 0.5 * sa.initial_cost, "{sa}");
 }
 
 #[test]
@@ -190,21 +277,32 @@ fn elimination_is_declared_and_checked() {
 #[test]
 fn a_failed_factorisation_is_a_rejected_step() {
     let bal = BalProblem::read(&data("bal-ladybug-problem-49-7776-pre-shrink-1800.txt")).unwrap();
-    let mut problem = bal.problem(Loss::Huber(1.0)).unwrap();
-    let options = SolveOptions {
-        max_iterations: 40,
-        ..Default::default()
-    };
-    let summary = solve(
-        &CpuBackend::new(),
-        &mut problem,
-        &options,
-        &KernelCache::new(),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(summary.linear_solver, LinearSolver::DenseSchur);
-    // Huber(1) from the file's start: 4.06e4 to 2.34e3.
-    assert!(summary.final_cost < 0.1 * summary.initial_cost, "{summary}");
+    for solver in [LinearSolver::Auto, LinearSolver::DeviceSchur] {
+        let mut problem = bal.problem(Loss::Huber(1.0)).unwrap();
+        let options = SolveOptions {
+            max_iterations: 40,
+            linear_solver: solver,
+            ..Default::default()
+        };
+        let summary = solve(
+            &CpuBackend::new(),
+            &mut problem,
+            &options,
+            &KernelCache::new(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        if solver == LinearSolver::Auto {
+            assert_eq!(summary.linear_solver, LinearSolver::DenseSchur);
+        }
+        let rejected = summary
+            .history
+            .iter()
+            .filter(|it| !it.step_is_successful)
+            .count();
+        assert!(rejected > 0, "no step was rejected\n{summary}");
+        // Huber(1) from the file's start: 4.06e4 to 2.34e3.
+        assert!(summary.final_cost < 0.1 * summary.initial_cost, "{summary}");
+    }
 }
 
 /// A synthetic scene with Gaussian pixel noise: the solve's cost lands on the noise floor the

@@ -9,7 +9,8 @@ pub struct SolveArgs {
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// auto, cholesky (sparse Cholesky on the host), schur (dense Schur complement, where
-    /// the problem declares blocks to eliminate) or cg (conjugate gradients on the device).
+    /// the problem declares blocks to eliminate), device-schur (the same complement formed on
+    /// the device) or cg (conjugate gradients on the device).
     #[arg(long, default_value = "auto")]
     pub linear_solver: String,
     /// The most iterations (Ceres's examples stop at 100 for BA, 200 for pose graphs).
@@ -30,10 +31,11 @@ impl SolveArgs {
             "auto" => LinearSolver::Auto,
             "cholesky" => LinearSolver::SparseCholesky,
             "schur" => LinearSolver::DenseSchur,
+            "device-schur" => LinearSolver::DeviceSchur,
             "cg" => LinearSolver::ConjugateGradient,
             other => {
                 return Err(format!(
-                    "--linear-solver {other}: use auto, cholesky, schur or cg"
+                    "--linear-solver {other}: use auto, cholesky, schur, device-schur or cg"
                 ));
             }
         };

@@ -2,13 +2,13 @@
 //! mat-vecs on `J` and `J^T` and small IR kernels that keep the CG scalars on the device,
 //! in the solve's precision (every vector and scalar `f64` or `f32`).
 
+use super::kernel::Kernel;
 use super::{Engine, Iterates, SolveOptions, Step};
 use crate::compile::CompiledProblem;
 use crate::problem::Problem;
 use crate::{Error, Precision};
-use hal::ir::expr::{Expr, Scope};
-use hal::ir::{Access, BufferId, Program, ScalarType};
-use hal::{Backend, BackendExt, BinaryOp, Csr, DType, Layout, ReduceOp, UnaryOp, View};
+use hal::ir::Program;
+use hal::{Backend, BackendExt, BinaryOp, Csr, Layout, ReduceOp, UnaryOp, View};
 use std::time::Instant;
 
 /// Scalars the CG kernels share, in one small device buffer.
@@ -44,42 +44,6 @@ fn cg_programs(p: Precision) -> hal::Result<[Program; 6]> {
         cg_beta(p)?,
         cg_direction(p)?,
     ])
-}
-
-/// A scope whose buffers are of `p`'s dtype.
-struct Kernel {
-    s: Scope,
-    dtype: DType,
-    ft: ScalarType,
-}
-
-impl Kernel {
-    fn new(name: &str, p: Precision) -> Self {
-        Kernel {
-            s: Scope::new(name),
-            dtype: p.dtype(),
-            ft: p.scalar(),
-        }
-    }
-    fn read(&self) -> BufferId {
-        self.s.buffer(self.dtype, Access::Read)
-    }
-    fn write(&self) -> BufferId {
-        self.s.buffer(self.dtype, Access::Write)
-    }
-    fn read_write(&self) -> BufferId {
-        self.s.buffer(self.dtype, Access::ReadWrite)
-    }
-    fn float(&self, v: f64) -> Expr<'_> {
-        self.s.float(self.ft, v)
-    }
-    /// `scal[num] / scal[den]` where the denominator is positive, 0 otherwise.
-    fn safe_ratio(&self, scal: BufferId, num: u32, den: u32) -> Expr<'_> {
-        let s = &self.s;
-        let (n, d) = (s.load(scal, s.u32(num)), s.load(scal, s.u32(den)));
-        let zero = self.float(0.0);
-        d.gt(zero).select(n / d, zero)
-    }
 }
 
 /// dd = max(clamp(diag, 1e-6, 1e32), floor), `floor` Ceres's (from the first call's

@@ -1,12 +1,16 @@
 //! Levenberg-Marquardt (Ceres-style trust region) and Gauss-Newton over a compiled problem.
 //!
-//! Two ways to solve the normal equations `(J^T J + lambda D) delta = -J^T f`:
+//! Four ways to solve the normal equations `(J^T J + lambda D) delta = -J^T f`:
 //! - [`LinearSolver::SparseCholesky`]: `J^T J` assembled on the host in `f64` and factorised
 //!   by `faer`'s supernodal sparse Cholesky (the symbolic analysis once, the numeric
 //!   factorisation per iteration). Exact; the CPU backend's default.
+//! - [`LinearSolver::DenseSchur`]: for problems that declare blocks to eliminate (bundle
+//!   adjustment's points), the Schur complement formed and factorised dense on the host.
+//! - [`LinearSolver::DeviceSchur`]: the same complement formed on the device by kernels per
+//!   residual shape, factorised on the host; the GPU backends' default for such problems.
 //! - [`LinearSolver::ConjugateGradient`]: matrix-free preconditioned conjugate gradients on the
 //!   device (Jacobi preconditioner, `J` and `J^T` as CSR mat-vecs), reading back a few
-//!   scalars per check. The GPU backends' default.
+//!   scalars per check. The GPU backends' default for large problems without manifolds.
 //!
 //! The trust region follows Ceres: `lambda = 1 / radius`; a step is accepted when the actual
 //! cost decrease is at least `1e-3` of the decrease the linear model predicts; then
@@ -29,6 +33,8 @@ use std::time::Instant;
 
 mod cg;
 mod cholesky;
+mod device_schur;
+mod kernel;
 mod summary;
 
 pub use summary::{IterationSummary, PhaseTimes, Summary};
@@ -62,6 +68,12 @@ pub enum LinearSolver {
     /// ([`Problem::set_eliminated`]), formed dense and factorised on the host (Ceres's
     /// `DENSE_SCHUR`): bundle adjustment with up to a few thousand camera parameters.
     DenseSchur,
+    /// The same Schur complement formed on the device (one kernel per residual shape adding
+    /// its instances' products atomically) and factorised on the host; the point, the step and
+    /// the back substitution stay on the device, and only the reduced system crosses the bus.
+    /// For problems without manifolds or bounds, on backends with atomics in the solve's
+    /// precision; what `Auto` takes for [`LinearSolver::DenseSchur`]'s problems on a GPU.
+    DeviceSchur,
 }
 
 /// How the damping `D` in `J^T J + lambda D` is scaled (see the module docs).
@@ -329,11 +341,17 @@ pub fn solve<B: Backend>(
     let compile_seconds = compiled.report.compile_seconds
         + compiled.report.upload_seconds
         + compiled.report.structure_seconds;
+    let on_cpu = backend.info().kind == hal::DeviceKind::Cpu;
     let linear_solver = match options.linear_solver {
-        LinearSolver::Auto if dense_schur_fits(problem) => LinearSolver::DenseSchur,
-        LinearSolver::Auto if backend.info().kind == hal::DeviceKind::Cpu => {
-            LinearSolver::SparseCholesky
+        LinearSolver::Auto
+            if dense_schur_fits(problem)
+                && !on_cpu
+                && device_schur::applies(backend, problem, options.precision).is_ok() =>
+        {
+            LinearSolver::DeviceSchur
         }
+        LinearSolver::Auto if dense_schur_fits(problem) => LinearSolver::DenseSchur,
+        LinearSolver::Auto if on_cpu => LinearSolver::SparseCholesky,
         LinearSolver::Auto if !cg_runs_in(backend, options.precision) => {
             LinearSolver::SparseCholesky
         }
@@ -380,6 +398,11 @@ pub fn solve<B: Backend>(
         ),
         LinearSolver::DenseSchur => drive(
             schur::SchurEngine::new(compiled, problem),
+            options,
+            &mut summary,
+        ),
+        LinearSolver::DeviceSchur => drive(
+            device_schur::DeviceSchurEngine::new(compiled, problem),
             options,
             &mut summary,
         ),
@@ -456,7 +479,8 @@ fn drive<E: Engine>(
             return (Err(e), None);
         }
     };
-    engine.state_mut().times.compile = summary.times.compile;
+    // Engines that compile kernels of their own have counted them already.
+    engine.state_mut().times.compile += summary.times.compile;
     let run = trust_region(&mut engine, options, summary);
     summary.times = engine.state().times.clone();
     // On an error the loop stopped early: the current point is the last accepted one.

@@ -282,7 +282,7 @@ impl<B: Backend> SchurEngine<B> {
 
 /// Cholesky of the `n x n` column-major matrix `a` in place (lower triangle); the pivot that
 /// failed otherwise.
-fn cholesky(a: &mut [f64], n: usize, scratch: &mut MemBuffer) -> Result<(), usize> {
+pub(super) fn cholesky(a: &mut [f64], n: usize, scratch: &mut MemBuffer) -> Result<(), usize> {
     let par = if n >= 256 { Par::rayon(0) } else { Par::Seq };
     match cholesky_in_place(
         MatMut::from_column_major_slice_mut(a, n, n),
