@@ -534,22 +534,35 @@ impl<K> Default for KernelCache<K> {
 }
 
 impl<K: Clone> KernelCache<K> {
-    /// The cached kernel for `program`, or the one `compile` makes (then cached).
+    /// The cached kernel for `program`, or the one `compile` makes (then cached). The cache
+    /// is not locked while `compile` runs, so threads compile different programs at once (two
+    /// threads compiling one program both compile it; the first to finish is kept).
     pub fn get_or_compile(
         &self,
         program: &Program,
         compile: impl FnOnce(&Program) -> Result<K>,
     ) -> Result<K> {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let bucket = entries.entry(program.structural_hash()).or_default();
-        if let Some((_, k)) = bucket
-            .iter()
-            .find(|(p, _)| p.buffers == program.buffers && p.insts == program.insts)
-        {
-            return Ok(k.clone());
+        let hash = program.structural_hash();
+        let find = |entries: &std::collections::HashMap<u64, Vec<(Program, K)>>| {
+            entries.get(&hash).and_then(|bucket| {
+                bucket
+                    .iter()
+                    .find(|(p, _)| p.buffers == program.buffers && p.insts == program.insts)
+                    .map(|(_, k)| k.clone())
+            })
+        };
+        if let Some(k) = find(&self.entries.lock().unwrap_or_else(|p| p.into_inner())) {
+            return Ok(k);
         }
         let kernel = compile(program)?;
-        bucket.push((program.clone(), kernel.clone()));
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = find(&entries) {
+            return Ok(k);
+        }
+        entries
+            .entry(hash)
+            .or_default()
+            .push((program.clone(), kernel.clone()));
         Ok(kernel)
     }
 
