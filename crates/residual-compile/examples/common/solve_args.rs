@@ -10,7 +10,8 @@ pub struct SolveArgs {
     pub backend: String,
     /// auto, cholesky (sparse Cholesky on the host), schur (dense Schur complement, where
     /// the problem declares blocks to eliminate), device-schur (the same complement formed on
-    /// the device) or cg (conjugate gradients on the device).
+    /// the device), iterative-schur (conjugate gradients on it on the device, unformed) or cg
+    /// (conjugate gradients on the device).
     #[arg(long, default_value = "auto")]
     pub linear_solver: String,
     /// The most iterations (Ceres's examples stop at 100 for BA, 200 for pose graphs).
@@ -32,10 +33,11 @@ impl SolveArgs {
             "cholesky" => LinearSolver::SparseCholesky,
             "schur" => LinearSolver::DenseSchur,
             "device-schur" => LinearSolver::DeviceSchur,
+            "iterative-schur" => LinearSolver::IterativeSchur,
             "cg" => LinearSolver::ConjugateGradient,
             other => {
                 return Err(format!(
-                    "--linear-solver {other}: use auto, cholesky, schur, device-schur or cg"
+                    "--linear-solver {other}: use auto, cholesky, schur, device-schur, iterative-schur or cg"
                 ));
             }
         };

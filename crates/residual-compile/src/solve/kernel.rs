@@ -45,3 +45,25 @@ impl Kernel {
         d.gt(zero).select(n / d, zero)
     }
 }
+
+/// Compiles `programs` on `backend`, each on a thread of its own: the larger unrolled kernels
+/// take NVRTC a fraction of a second each, which one after another added up to seconds.
+pub(super) fn compile_all<B: hal::Backend>(
+    backend: &B,
+    programs: &[hal::ir::Program],
+) -> Result<Vec<B::Kernel>, crate::Error> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = programs
+            .iter()
+            .map(|p| s.spawn(move || backend.compile(p)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .expect("a compile thread panicked")
+                    .map_err(Into::into)
+            })
+            .collect()
+    })
+}

@@ -1,6 +1,6 @@
 //! Levenberg-Marquardt (Ceres-style trust region) and Gauss-Newton over a compiled problem.
 //!
-//! Four ways to solve the normal equations `(J^T J + lambda D) delta = -J^T f`:
+//! Five ways to solve the normal equations `(J^T J + lambda D) delta = -J^T f`:
 //! - [`LinearSolver::SparseCholesky`]: `J^T J` assembled on the host in `f64` and factorised
 //!   by `faer`'s supernodal sparse Cholesky (the symbolic analysis once, the numeric
 //!   factorisation per iteration). Exact; the CPU backend's default.
@@ -8,6 +8,8 @@
 //!   adjustment's points), the Schur complement formed and factorised dense on the host.
 //! - [`LinearSolver::DeviceSchur`]: the same complement formed on the device by kernels per
 //!   residual shape, factorised on the host; the GPU backends' default for such problems.
+//!   [`LinearSolver::IterativeSchur`]: conjugate gradients on it on the device, without
+//!   forming it (the default where it is too large to form).
 //! - [`LinearSolver::ConjugateGradient`]: matrix-free preconditioned conjugate gradients on the
 //!   device (Jacobi preconditioner, `J` and `J^T` as CSR mat-vecs), reading back a few
 //!   scalars per check. The GPU backends' default for large problems without manifolds.
@@ -74,6 +76,11 @@ pub enum LinearSolver {
     /// For problems without manifolds or bounds, on backends with atomics in the solve's
     /// precision; what `Auto` takes for [`LinearSolver::DenseSchur`]'s problems on a GPU.
     DeviceSchur,
+    /// Ceres's `ITERATIVE_SCHUR`: conjugate gradients on the device on the reduced system
+    /// without forming it, preconditioned by the inverses of its diagonal blocks (Schur-Jacobi:
+    /// a camera's columns), for the problems [`LinearSolver::DeviceSchur`] takes; what `Auto`
+    /// takes on a GPU where the reduced system is too large to form dense.
+    IterativeSchur,
 }
 
 /// How the damping `D` in `J^T J + lambda D` is scaled (see the module docs).
@@ -168,7 +175,7 @@ impl SolveOptions {
         }
         let uses_cg = matches!(
             self.linear_solver,
-            LinearSolver::Auto | LinearSolver::ConjugateGradient
+            LinearSolver::Auto | LinearSolver::ConjugateGradient | LinearSolver::IterativeSchur
         );
         if uses_cg && !(self.cg_tolerance.is_finite() && self.cg_tolerance > 0.0) {
             return bad(
@@ -342,14 +349,13 @@ pub fn solve<B: Backend>(
         + compiled.report.upload_seconds
         + compiled.report.structure_seconds;
     let on_cpu = backend.info().kind == hal::DeviceKind::Cpu;
+    let device_schur =
+        !on_cpu && device_schur::applies(backend, problem, options.precision).is_ok();
     let linear_solver = match options.linear_solver {
-        LinearSolver::Auto
-            if dense_schur_fits(problem)
-                && !on_cpu
-                && device_schur::applies(backend, problem, options.precision).is_ok() =>
-        {
+        LinearSolver::Auto if device_schur && dense_schur_fits(problem) => {
             LinearSolver::DeviceSchur
         }
+        LinearSolver::Auto if device_schur => LinearSolver::IterativeSchur,
         LinearSolver::Auto if dense_schur_fits(problem) => LinearSolver::DenseSchur,
         LinearSolver::Auto if on_cpu => LinearSolver::SparseCholesky,
         LinearSolver::Auto if !cg_runs_in(backend, options.precision) => {
@@ -401,8 +407,13 @@ pub fn solve<B: Backend>(
             options,
             &mut summary,
         ),
-        LinearSolver::DeviceSchur => drive(
-            device_schur::DeviceSchurEngine::new(compiled, problem),
+        LinearSolver::DeviceSchur | LinearSolver::IterativeSchur => drive(
+            device_schur::DeviceSchurEngine::new(
+                compiled,
+                problem,
+                options,
+                linear_solver == LinearSolver::IterativeSchur,
+            ),
             options,
             &mut summary,
         ),

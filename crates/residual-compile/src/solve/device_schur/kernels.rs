@@ -111,14 +111,15 @@ fn dot<'s>(a: &[Expr<'s>], b: &[Expr<'s>]) -> Expr<'s> {
     acc
 }
 
-/// Per instance (one thread each): its Gram matrix's reduced part added into `U` (lower
-/// triangle of `S`'s shape), its eliminated part into its block of `V` (`m x m`, both
-/// triangles), and `W_i` stored. Buffers: `meta`, `jacobian`, `rcol`, `u`, and where the
-/// shape reads an eliminated block `block`, `v`, `w`.
-pub(super) fn gram(precision: Precision, l: &Layout) -> Result<Program> {
+/// Per instance (one thread each): with `dense`, its Gram matrix's reduced part added into
+/// `U` (lower triangle of `S`'s shape); its eliminated part into its block of `V` (`m x m`,
+/// both triangles), and `W_i` stored. Buffers: `meta`, `jacobian`, `rcol`, `u` (with
+/// `dense`), and where the shape reads an eliminated block `block`, `v`, `w`.
+pub(super) fn gram(precision: Precision, l: &Layout, dense: bool) -> Result<Program> {
     let k = Kernel::new("schur_gram", precision);
     let s = &k.s;
-    let (meta_buf, jac, rcol, u) = (k.indices(), k.read(), k.indices(), k.read_write());
+    let (meta_buf, jac, rcol) = (k.indices(), k.read(), k.indices());
+    let u = dense.then(|| k.read_write());
     let m = l.eliminated.len();
     let nr = l.reduced.len();
     let i = s.index();
@@ -134,7 +135,7 @@ pub(super) fn gram(precision: Precision, l: &Layout) -> Result<Program> {
         .collect();
     let cols = reduced_cols(&k, rcol, i, nr);
     let zero = k.float(0.0);
-    for a in 0..nr {
+    for a in (0..nr).filter(|_| dense) {
         for b in a..nr {
             let value = dot(&column[l.reduced[a]], &column[l.reduced[b]]);
             let (ca, cb) = (cols[a], cols[b]);
@@ -145,6 +146,7 @@ pub(super) fn gram(precision: Precision, l: &Layout) -> Result<Program> {
                 ca.eq(cb).select(value * 2.0, value)
             };
             let (valid, at) = lower_entry(&k, ca, cb, n);
+            let u = u.expect("dense");
             s.atomic_add(u, at, valid.select(value, zero));
         }
     }
@@ -172,31 +174,17 @@ pub(super) fn gram(precision: Precision, l: &Layout) -> Result<Program> {
     k.s.build()
 }
 
-/// Per eliminated block (`m` columns): `(V_e + lambda D_e)^-1` by an unrolled Cholesky
-/// factorisation, and `y_e = (V_e + lambda D_e)^-1 g_e`; where a pivot is not positive (or not
-/// finite) it stores 1 at `rhs[n]`, the failure flag. Buffers: `meta`, `v`, `dd` (the damping
-/// per column), `gradient` (per column), `lambda` (`[1]`), `minv`, `y`, `rhs`.
-pub(super) fn invert(precision: Precision, m: usize) -> Result<Program> {
-    let k = Kernel::new("schur_invert", precision);
+/// The inverse of the symmetric `m x m` matrix whose entries `entry(a, b)` gives (lower
+/// triangle read, `a >= b`), by an unrolled Cholesky factorisation `L L'`, and whether every
+/// pivot was positive (where one is not, 1 stands in for it, so what follows stays finite and
+/// is discarded by the caller).
+pub(super) fn spd_inverse<'s>(
+    k: &'s Kernel,
+    m: usize,
+    entry: impl Fn(usize, usize) -> Expr<'s>,
+) -> (Vec<Vec<Expr<'s>>>, Expr<'s>) {
     let s = &k.s;
-    let (meta_buf, v, dd, gradient, lam) = (k.indices(), k.read(), k.read(), k.read(), k.read());
-    let (minv, y, rhs) = (k.write(), k.write(), k.write());
-    let e = s.index();
-    let n = s.load(meta_buf, s.u32(meta::REDUCED));
-    let first = s.load(meta_buf, s.u32(meta::FIRST_COL)) + e * c(&k, m);
-    let lambda = s.load(lam, s.u32(0));
-    let vb = e * c(&k, m * m);
-    let entry = |a: usize, b: usize| {
-        let value = s.load(v, vb + c(&k, a * m + b));
-        if a == b {
-            lambda.fma(s.load(dd, first + c(&k, a)), value)
-        } else {
-            value
-        }
-    };
     let (zero, one) = (k.float(0.0), k.float(1.0));
-    // L L' = M, lower; `ok` false once a pivot is not positive (then 1 stands in for it, so
-    // what follows stays finite and is discarded).
     let mut l: Vec<Vec<Expr>> = vec![Vec::new(); m];
     let mut inv_diag = Vec::with_capacity(m);
     let mut ok = s.bool(true);
@@ -235,7 +223,6 @@ pub(super) fn invert(precision: Precision, m: usize) -> Result<Program> {
             li[i][j] = -acc * inv_diag[i];
         }
     }
-    let g: Vec<Expr> = (0..m).map(|j| s.load(gradient, first + c(&k, j))).collect();
     let mut mi: Vec<Vec<Expr>> = vec![vec![zero; m]; m];
     for a in 0..m {
         for b in a..m {
@@ -248,40 +235,70 @@ pub(super) fn invert(precision: Precision, m: usize) -> Result<Program> {
             mi[b][a] = acc;
         }
     }
+    (mi, ok)
+}
+
+/// Per eliminated block (`m` columns): `(V_e + lambda D_e)^-1` by an unrolled Cholesky
+/// factorisation, and `y_e = (V_e + lambda D_e)^-1 g_e`; where a pivot is not positive (or not
+/// finite) it stores 1 at `rhs[n]`, the failure flag. Buffers: `meta`, `v`, `dd` (the damping
+/// per column), `gradient` (per column), `lambda` (`[1]`), `minv`, `y`, `rhs`.
+pub(super) fn invert(precision: Precision, m: usize) -> Result<Program> {
+    let k = Kernel::new("schur_invert", precision);
+    let s = &k.s;
+    let (meta_buf, v, dd, gradient, lam) = (k.indices(), k.read(), k.read(), k.read(), k.read());
+    let (minv, y, rhs) = (k.write(), k.write(), k.write());
+    let e = s.index();
+    let n = s.load(meta_buf, s.u32(meta::REDUCED));
+    let first = s.load(meta_buf, s.u32(meta::FIRST_COL)) + e * c(&k, m);
+    let lambda = s.load(lam, s.u32(0));
+    let vb = e * c(&k, m * m);
+    let entry = |a: usize, b: usize| {
+        let value = s.load(v, vb + c(&k, a * m + b));
+        if a == b {
+            lambda.fma(s.load(dd, first + c(&k, a)), value)
+        } else {
+            value
+        }
+    };
+    let (mi, ok) = spd_inverse(&k, m, entry);
+    let g: Vec<Expr> = (0..m).map(|j| s.load(gradient, first + c(&k, j))).collect();
     for a in 0..m {
         for b in 0..m {
             s.store(minv, vb + c(&k, a * m + b), mi[a][b]);
         }
         s.store(y, e * c(&k, m) + c(&k, a), dot(&mi[a], &g));
     }
-    s.store_if(!ok, rhs, n, one);
+    s.store_if(!ok, rhs, n, k.float(1.0));
     k.s.build()
 }
 
-/// Per reduced column `i` (column `rmap[i]` of the problem): `S_ii += lambda D`, `rhs_i =
-/// -g`; thread 0 clears the failure flag `rhs[n]`. Buffers: `meta`, `rmap`, `dd`, `gradient`,
-/// `lambda`, `s`, `rhs`.
-pub(super) fn damp(precision: Precision) -> Result<Program> {
+/// Per reduced column `i` (column `rmap[i]` of the problem): `rhs_i = -g`, with `dense` also
+/// `S_ii += lambda D`; thread 0 clears the failure flag `rhs[n]`. Buffers: `meta`, `rmap`,
+/// `dd`, `gradient`, `lambda`, `rhs`, `s` (with `dense`).
+pub(super) fn damp(precision: Precision, dense: bool) -> Result<Program> {
     let k = Kernel::new("schur_damp", precision);
     let s = &k.s;
     let (meta_buf, rmap, dd, gradient, lam) =
         (k.indices(), k.indices(), k.read(), k.read(), k.read());
-    let (sm, rhs) = (k.read_write(), k.write());
+    let rhs = k.write();
     let i = s.index();
     let n = s.load(meta_buf, s.u32(meta::REDUCED));
     let col = s.load(rmap, i);
-    let at = i * n + i;
-    let lambda = s.load(lam, s.u32(0));
-    s.store(sm, at, lambda.fma(s.load(dd, col), s.load(sm, at)));
+    if dense {
+        let sm = k.read_write();
+        let at = i * n + i;
+        let lambda = s.load(lam, s.u32(0));
+        s.store(sm, at, lambda.fma(s.load(dd, col), s.load(sm, at)));
+    }
     s.store(rhs, i, -s.load(gradient, col));
     s.store_if(i.eq(s.u32(0)), rhs, n, k.float(0.0));
     k.s.build()
 }
 
-/// Per instance reading an eliminated block `e`: `rhs += W_i y_e` and `S -= W_i M_e^-1 W_i'`
-/// (its own pairs of columns). Buffers: `meta`, `rcol`, `block`, `w`, `minv`, `y`, `s`,
-/// `rhs`.
-pub(super) fn eliminate(precision: Precision, l: &Layout) -> Result<Program> {
+/// Per instance reading an eliminated block `e`: `rhs += W_i y_e`, and with `dense` `S -= W_i
+/// M_e^-1 W_i'` (its own pairs of columns). Buffers: `meta`, `rcol`, `block`, `w`, `minv`,
+/// `y`, `rhs`, `s` (with `dense`).
+pub(super) fn eliminate(precision: Precision, l: &Layout, dense: bool) -> Result<Program> {
     let k = Kernel::new("schur_eliminate", precision);
     let s = &k.s;
     let (meta_buf, rcol, block, w, minv, y) = (
@@ -292,7 +309,8 @@ pub(super) fn eliminate(precision: Precision, l: &Layout) -> Result<Program> {
         k.read(),
         k.read(),
     );
-    let (sm, rhs) = (k.read_write(), k.read_write());
+    let rhs = k.read_write();
+    let sm = dense.then(|| k.read_write());
     let (m, nr) = (l.eliminated.len(), l.reduced.len());
     let i = s.index();
     let n = s.load(meta_buf, s.u32(meta::REDUCED));
@@ -308,6 +326,9 @@ pub(super) fn eliminate(precision: Precision, l: &Layout) -> Result<Program> {
         let at = valid.select(cols[a], c(&k, 0));
         s.atomic_add(rhs, at, valid.select(dot(&wi[a], &ye), zero));
     }
+    let Some(sm) = sm else {
+        return k.s.build();
+    };
     // H = W_i M^-1.
     let h: Vec<Vec<Expr>> = (0..nr)
         .map(|a| {
