@@ -498,9 +498,6 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
         });
     }
     let source = lower(program)?;
-    let csrc = CString::new(source.clone()).expect("generated source has no NUL");
-    let prog = rtc::create_program(&csrc, None)
-        .map_err(|e| nvrtc_error(program, "create", format!("{e:?}")))?;
     let (major, minor) = dev.compute_capability;
     let opts = [
         format!("--gpu-architecture=sm_{major}{minor}"),
@@ -509,6 +506,27 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
         // Fma): NVRTC must not contract a multiply and an add on its own.
         "--fmad=false".to_string(),
     ];
+    // The on-disk cache's identity: the source, the options, NVRTC's version.
+    let identity = crate::cubin_cache::folder().map(|_| {
+        let (mut v0, mut v1) = (0i32, 0i32);
+        // SAFETY: writes two integers.
+        let _ = unsafe { rtc_sys::nvrtcVersion(&mut v0, &mut v1) };
+        let version = format!("nvrtc {v0}.{v1}");
+        let mut parts: Vec<&[u8]> = vec![source.as_bytes(), version.as_bytes()];
+        parts.extend(opts.iter().map(|o| o.as_bytes()));
+        crate::cubin_cache::identity(&parts)
+    });
+    if let (Some(dir), Some(id)) = (crate::cubin_cache::folder(), &identity) {
+        if let Some(cubin) = crate::cubin_cache::load(dir, id) {
+            // An image the driver refuses is compiled again below.
+            if let Ok(kernel) = load_cubin(program, &source, &cubin) {
+                return Ok(kernel);
+            }
+        }
+    }
+    let csrc = CString::new(source.clone()).expect("generated source has no NUL");
+    let prog = rtc::create_program(&csrc, None)
+        .map_err(|e| nvrtc_error(program, "create", format!("{e:?}")))?;
     // SAFETY: a live program; options are plain strings.
     let compiled = unsafe { rtc::compile_program(prog, &opts) };
     if let Err(e) = compiled {
@@ -542,6 +560,14 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
         let _ = rtc::destroy_program(prog);
     }
     let cubin = cubin.map_err(|e| nvrtc_error(program, "CUBIN", format!("{e:?}")))?;
+    if let (Some(dir), Some(id)) = (crate::cubin_cache::folder(), &identity) {
+        crate::cubin_cache::store(dir, id, &cubin);
+    }
+    load_cubin(program, &source, &cubin)
+}
+
+/// Loads a CUBIN compiled from `source` (the lowering of `program`) as its kernel.
+fn load_cubin(program: &Program, source: &str, cubin: &[u8]) -> Result<CudaKernel> {
     // SAFETY: a CUBIN image for this device; the module is never unloaded (kernels are cached
     // for the backend's lifetime).
     let module = unsafe { drv::module::load_data(cubin.as_ptr() as *const c_void) }
@@ -553,7 +579,7 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
     Ok(CudaKernel {
         program: Arc::new(program.clone()),
         function: Func::plain(function, profile_name(&program.name)),
-        source: Arc::new(source),
+        source: Arc::new(source.to_string()),
     })
 }
 
