@@ -82,7 +82,9 @@ impl Matrix {
     }
 }
 
-/// Parses a `.npy` file held in memory.
+/// Parses a `.npy` file held in memory: a two-dimensional array of float16, float32 or
+/// float64 (either byte order, C or Fortran order), converted to float32 row-major (a float64
+/// beyond float32's range is an error naming the vector).
 pub fn parse_npy(bytes: &[u8], name: &str) -> Result<Matrix> {
     let bad = |d: String| format_error(name, d);
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
@@ -135,22 +137,21 @@ pub fn parse_npy(bytes: &[u8], name: &str) -> Result<Matrix> {
         .map(|s| s.parse::<usize>())
         .collect::<std::result::Result<_, _>>()
         .map_err(|_| bad(format!("shape ({shape_text}) is not a list of sizes")))?;
-    if fortran {
-        return Err(bad(
-            "Fortran-order arrays are not supported: save the array in C order".into(),
-        ));
-    }
     let [rows, cols] = shape[..] else {
         return Err(bad(format!(
             "expected a two-dimensional array of vectors, found shape {shape:?}"
         )));
     };
-    let width = match descr {
-        "<f4" | "|f4" => 4,
-        "<f2" | "|f2" => 2,
-        other => {
+    // Floats of 2, 4 or 8 bytes in either byte order ('=' is native: little-endian here);
+    // converted to f32.
+    let (big, width) = match descr.as_bytes() {
+        [order @ (b'<' | b'>' | b'='), b'f', w @ (b'2' | b'4' | b'8')] => {
+            (*order == b'>', (w - b'0') as usize)
+        }
+        _ => {
             return Err(bad(format!(
-                "dtype {other} is not supported: vectors must be little-endian float32 (<f4) or float16 (<f2)"
+                "dtype {descr} is not supported: vectors must be floats (float16, float32 or \
+                 float64, either byte order)"
             )));
         }
     };
@@ -165,15 +166,48 @@ pub fn parse_npy(bytes: &[u8], name: &str) -> Result<Matrix> {
             body.len(),
         )));
     }
-    let data: Vec<f32> = if width == 4 {
-        body.chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    } else {
-        body.chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32())
-            .collect()
+    let word = |c: &[u8]| -> [u8; 8] {
+        let mut w = [0u8; 8];
+        w[..c.len()].copy_from_slice(c);
+        if big {
+            w[..c.len()].reverse();
+        }
+        w
     };
+    let mut data: Vec<f32> = Vec::with_capacity(rows * cols);
+    for (i, c) in body.chunks_exact(width).enumerate() {
+        let w = word(c);
+        data.push(match width {
+            2 => half::f16::from_le_bytes([w[0], w[1]]).to_f32(),
+            4 => f32::from_le_bytes([w[0], w[1], w[2], w[3]]),
+            _ => {
+                let v = f64::from_le_bytes(w);
+                let narrow = v as f32;
+                if v.is_finite() && !narrow.is_finite() {
+                    // The stored order: Fortran files hold columns one after another.
+                    let (r, c) = if fortran {
+                        (i % rows.max(1), i / rows.max(1))
+                    } else {
+                        (i / cols.max(1), i % cols.max(1))
+                    };
+                    return Err(bad(format!(
+                        "vector {r} has {v:e} at dimension {c}, outside float32's range"
+                    )));
+                }
+                narrow
+            }
+        });
+    }
+    if fortran {
+        // Column-major: element (r, c) is at c * rows + r.
+        let mut rowwise = vec![0.0f32; data.len()];
+        for c in 0..cols {
+            for r in 0..rows {
+                rowwise[r * cols + c] = data[c * rows + r];
+            }
+        }
+        data = rowwise;
+    }
     Matrix::new(rows, cols, data).map_err(|e| match e {
         Error::Input(d) => bad(d),
         other => other,

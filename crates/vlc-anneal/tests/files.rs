@@ -54,6 +54,65 @@ fn npy_round_trips_and_reads_version_2_and_f16() {
     );
 }
 
+/// float64, big-endian and Fortran-order arrays (numpy's defaults for some producers: the
+/// GloVe package ships Fortran order) are converted, not refused.
+#[test]
+fn npy_converts_f64_big_endian_and_fortran_order() {
+    let m = Matrix::new(3, 2, vec![1.0, -2.5, 3.0, 4.0, 0.125, -6.0]).unwrap();
+    let as_f64 = |v: &[f32], big: bool| -> Vec<u8> {
+        v.iter()
+            .flat_map(|&x| {
+                let x = x as f64;
+                if big {
+                    x.to_be_bytes()
+                } else {
+                    x.to_le_bytes()
+                }
+            })
+            .collect()
+    };
+    let columns: Vec<f32> = (0..2)
+        .flat_map(|c| (0..3).map(move |r| (r, c)))
+        .map(|(r, c)| m.row(r)[c])
+        .collect();
+    for (descr, fortran, body) in [
+        ("<f8", false, as_f64(&m.data, false)),
+        (">f8", false, as_f64(&m.data, true)),
+        ("<f8", true, as_f64(&columns, false)),
+        ("=f8", false, as_f64(&m.data, false)),
+        (
+            ">f4",
+            false,
+            m.data.iter().flat_map(|v| v.to_be_bytes()).collect(),
+        ),
+        (
+            "<f4",
+            true,
+            columns.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ),
+        (
+            ">f2",
+            true,
+            columns
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_be_bytes())
+                .collect(),
+        ),
+    ] {
+        let got = parse_npy(&npy_with(descr, fortran, "(3, 2)", &body, 1), "t")
+            .unwrap_or_else(|e| panic!("{descr} fortran={fortran}: {e}"));
+        assert_eq!(got, m, "{descr} fortran={fortran}");
+    }
+    // f64 values round to the nearest f32.
+    let fine = 0.1f64;
+    let got = parse_npy(
+        &npy_with("<f8", false, "(1, 1)", &fine.to_le_bytes(), 1),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(got.data, vec![0.1f32]);
+}
+
 #[test]
 fn the_committed_samples_load() {
     let glove = Matrix::load(sample_dir().join("glove-sample.npy")).unwrap();
@@ -70,15 +129,18 @@ fn bad_npy_files_are_clear_errors() {
     let body = vec![0u8; 24];
     assert!(format_error(parse_npy(b"not numpy", "t")).contains("magic"));
     assert!(
-        format_error(parse_npy(&npy_with("<f4", true, "(3, 2)", &body, 1), "t"))
-            .contains("Fortran")
+        format_error(parse_npy(&npy_with("<i4", false, "(3, 2)", &body, 1), "t")).contains("<i4")
     );
     assert!(
-        format_error(parse_npy(&npy_with(">f4", false, "(3, 2)", &body, 1), "t")).contains(">f4")
+        format_error(parse_npy(&npy_with("<c8", false, "(3, 1)", &body, 1), "t")).contains("<c8")
     );
-    assert!(
-        format_error(parse_npy(&npy_with("<f8", false, "(3, 1)", &body, 1), "t")).contains("<f8")
-    );
+    // f64 beyond f32's range names the vector and dimension, in either order.
+    let mut wide = 0f64.to_le_bytes().repeat(6);
+    wide[32..40].copy_from_slice(&1e300f64.to_le_bytes());
+    let e = format_error(parse_npy(&npy_with("<f8", false, "(3, 2)", &wide, 1), "t"));
+    assert!(e.contains("vector 2") && e.contains("dimension 0"), "{e}");
+    let e = format_error(parse_npy(&npy_with("<f8", true, "(3, 2)", &wide, 1), "t"));
+    assert!(e.contains("vector 1") && e.contains("dimension 1"), "{e}");
     assert!(
         format_error(parse_npy(
             &npy_with("<f4", false, "(2, 1, 3)", &body, 1),

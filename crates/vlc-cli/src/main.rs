@@ -9,7 +9,8 @@
 //! vlc demo [--backend auto]
 //! ```
 //!
-//! Vectors are read from `.npy` (f32 or f16) or `.fvecs`. `--backend auto` takes CUDA if
+//! Vectors are read from `.npy` (float16, float32 or float64, either byte order, C or Fortran
+//! order; converted to float32) or `.fvecs`. `--backend auto` takes CUDA if
 //! present, else wgpu on a hardware GPU, else the CPU.
 
 use clap::{Args, Parser, Subcommand};
