@@ -260,20 +260,24 @@ pub fn parse_fvecs(bytes: &[u8], name: &str) -> Result<Matrix> {
 
 /// The bytes of a version-1 `.npy` file of `<f4`.
 pub fn npy_bytes(m: &Matrix) -> Vec<u8> {
-    let mut header = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}",
-        m.rows, m.cols
-    );
+    npy_array_bytes("<f4", m.rows, m.cols, bytemuck::cast_slice(&m.data))
+}
+
+/// A C-order `rows x cols` `.npy` file of dtype `descr` (`<f4`, `<i8`, ...) whose elements
+/// are `body`, little-endian (version 1.0; the data starts on a 64-byte boundary).
+pub fn npy_array_bytes(descr: &str, rows: usize, cols: usize, body: &[u8]) -> Vec<u8> {
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
     // Pad so that the data starts on a 64-byte boundary, ending the header with a newline.
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');
     }
     header.push('\n');
-    let mut out = Vec::with_capacity(10 + header.len() + m.data.len() * 4);
+    let mut out = Vec::with_capacity(10 + header.len() + body.len());
     out.extend_from_slice(b"\x93NUMPY\x01\x00");
     out.extend_from_slice(&(header.len() as u16).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(bytemuck::cast_slice(&m.data));
+    out.extend_from_slice(body);
     out
 }
 

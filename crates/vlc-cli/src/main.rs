@@ -3,7 +3,7 @@
 //! ```text
 //! vlc compress IN -o OUT --anchors M --bytes B [--backend auto] [--iterations N] [--exact]
 //! vlc info INDEX
-//! vlc search INDEX QUERIES [-k 10] [--nprobe 16]
+//! vlc search INDEX QUERIES [-k 10] [--nprobe 16] [--ids IDS.npy] [--distances D.npy]
 //! vlc eval INDEX DATA [--queries 1000] [--nprobe 16]
 //! vlc decompress INDEX -o OUT.npy
 //! vlc demo [--backend auto]
@@ -28,6 +28,10 @@ use vlc_anneal::{Config, Index, Matrix, Mode, compress, exact_knn, recall_at};
     about = "Annealed k-means compression of embedding vectors, with search"
 )]
 struct Cli {
+    /// CPU threads for the work that runs on the host (search, coding, the CPU backend);
+    /// 0 takes every core.
+    #[arg(long, global = true, default_value_t = 0)]
+    threads: usize,
     #[command(subcommand)]
     command: Command,
 }
@@ -38,17 +42,32 @@ enum Command {
     Compress(CompressArgs),
     /// Prints an index's header.
     Info { index: PathBuf },
-    /// Prints the k nearest indexed vectors of each query.
+    /// The k nearest indexed vectors of each query (squared L2 distances from the codes),
+    /// printed as `query<TAB>id:distance ...`, or written as .npy files.
     Search {
+        /// An index written by `vlc compress`.
         index: PathBuf,
+        /// Query vectors (.npy or .fvecs) of the index's dimension.
         queries: PathBuf,
+        /// Neighbours per query (at most the number indexed; fewer where the probed lists
+        /// hold fewer, which is reported).
         #[arg(short, default_value_t = 10)]
         k: usize,
+        /// Anchors (lists) probed per query: more finds more true neighbours, slower.
         #[arg(long, default_value_t = 16)]
         nprobe: usize,
+        /// Writes the ids as a `queries x k` int64 .npy here (-1 where fewer were found)
+        /// instead of printing.
+        #[arg(long)]
+        ids: Option<PathBuf>,
+        /// Writes the squared distances as a `queries x k` float32 .npy here (infinity where
+        /// fewer were found).
+        #[arg(long)]
+        distances: Option<PathBuf>,
     },
     /// Energy, reconstruction MSE, recall@10 against exact search, compression ratio, time.
     Eval {
+        /// An index written by `vlc compress`.
         index: PathBuf,
         /// The vectors the index was built from.
         data: PathBuf,
@@ -60,6 +79,7 @@ enum Command {
     },
     /// Writes every vector's reconstruction as .npy or .fvecs.
     Decompress {
+        /// An index written by `vlc compress`.
         index: PathBuf,
         #[arg(short, long)]
         output: PathBuf,
@@ -88,10 +108,14 @@ struct CompressArgs {
     /// Bytes of residual code per vector.
     #[arg(long, default_value_t = 8)]
     bytes: usize,
+    /// cpu, wgpu, cuda, or auto (CUDA if present, else wgpu on a hardware GPU, else the CPU).
     #[arg(long, default_value = "auto")]
     backend: String,
+    /// Annealing iterations (k-means steps at a falling temperature).
     #[arg(long, default_value_t = 25)]
     iterations: usize,
+    /// Seed of the k-means++ seeding and every random choice after it: the same seed, data
+    /// and options give the same index.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Identical results on every backend (slower).
@@ -109,6 +133,15 @@ fn main() -> ExitCode {
     // SAFETY: the first line of main: no other thread exists yet.
     unsafe { backends::quiet_headless_start() };
     let cli = Cli::parse();
+    if cli.threads > 0 {
+        if let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(cli.threads)
+            .build_global()
+        {
+            eprintln!("vlc: --threads {}: {e}", cli.threads);
+            return ExitCode::FAILURE;
+        }
+    }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -133,7 +166,12 @@ fn run(command: Command) -> Res<()> {
             queries,
             k,
             nprobe,
+            ids,
+            distances,
         } => {
+            for out in ids.iter().chain(&distances) {
+                writable_output(out, &[&index, &queries])?;
+            }
             let index = Index::open(&index).map_err(err)?;
             let queries = Matrix::load(&queries).map_err(err)?;
             if k > index.header.n {
@@ -143,11 +181,24 @@ fn run(command: Command) -> Res<()> {
                 );
             }
             let hits = index.search(&queries, k, nprobe).map_err(err)?;
-            for (q, row) in hits.iter().enumerate() {
-                let line: Vec<String> = row.iter().map(|(i, d)| format!("{i}:{d:.5}")).collect();
-                println!("{q}\t{}", line.join(" "));
+            let k = k.min(index.header.n);
+            let short: Vec<usize> = hits.iter().map(Vec::len).filter(|&l| l < k).collect();
+            if let Some(fewest) = short.iter().min() {
+                eprintln!(
+                    "vlc: {} of {} queries found fewer than {k} vectors in their {nprobe} probed \
+                     lists (the fewest {fewest}); raise --nprobe for more",
+                    short.len(),
+                    hits.len()
+                );
             }
-            Ok(())
+            if ids.is_none() && distances.is_none() {
+                for (q, row) in hits.iter().enumerate() {
+                    let line: Vec<String> =
+                        row.iter().map(|(i, d)| format!("{i}:{d:.5}")).collect();
+                    println!("{q}\t{}", line.join(" "));
+                }
+            }
+            write_hits(&hits, k, ids.as_deref(), distances.as_deref())
         }
         Command::Eval {
             index,
@@ -216,6 +267,17 @@ fn compress_command(args: CompressArgs) -> Res<()> {
     let index = backends::on_backend!(name, compress_with(&data, &cfg, quiet))?;
     index.save(&output).map_err(err)?;
     let h = &index.header;
+    if index.file_size() as f64 >= f32_bytes(h) {
+        eprintln!(
+            "vlc: note: the index ({} bytes) is not smaller than the vectors as float32 ({} \
+             bytes): {} vectors are too few for {anchors} anchors of dimension {} and {bytes}-byte \
+             codes (the anchors and codebooks are stored whole)",
+            index.file_size(),
+            f32_bytes(h),
+            h.n,
+            h.d
+        );
+    }
     println!(
         "wrote {}: {} bytes, ratio {:.1}x against f32, energy {:.6}, reconstruction MSE {:.6}",
         output.display(),
@@ -224,6 +286,41 @@ fn compress_command(args: CompressArgs) -> Res<()> {
         h.energy,
         h.mse
     );
+    Ok(())
+}
+
+/// Writes search results as `queries x k` .npy files: ids as int64 (-1 past the hits a
+/// query found), squared distances as float32 (infinity there), each atomically.
+fn write_hits(
+    hits: &[Vec<(u32, f32)>],
+    k: usize,
+    ids: Option<&std::path::Path>,
+    distances: Option<&std::path::Path>,
+) -> Res<()> {
+    fn padded(row: &[(u32, f32)], k: usize) -> impl Iterator<Item = Option<(u32, f32)>> + '_ {
+        (0..k).map(move |j| row.get(j).copied())
+    }
+    let write = |path: &std::path::Path, descr: &str, body: Vec<u8>| -> Res<()> {
+        let bytes = vlc_anneal::vectors::npy_array_bytes(descr, hits.len(), k, &body);
+        hal::durable::write_bytes_atomic(path, &bytes)
+            .map_err(|e| format!("writing {}: {e}", path.display()))
+    };
+    if let Some(path) = ids {
+        let body: Vec<u8> = hits
+            .iter()
+            .flat_map(|row| padded(row, k))
+            .flat_map(|h| h.map_or(-1i64, |(i, _)| i as i64).to_le_bytes())
+            .collect();
+        write(path, "<i8", body)?;
+    }
+    if let Some(path) = distances {
+        let body: Vec<u8> = hits
+            .iter()
+            .flat_map(|row| padded(row, k))
+            .flat_map(|h| h.map_or(f32::INFINITY, |(_, d)| d).to_le_bytes())
+            .collect();
+        write(path, "<f4", body)?;
+    }
     Ok(())
 }
 

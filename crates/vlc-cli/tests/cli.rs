@@ -128,6 +128,93 @@ fn absurd_search_arguments_get_answers_not_aborts() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The body of a version-1 `.npy` file and its header's text.
+fn npy_body(bytes: &[u8]) -> (String, &[u8]) {
+    let len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    (
+        String::from_utf8_lossy(&bytes[10..10 + len]).into_owned(),
+        &bytes[10 + len..],
+    )
+}
+
+/// `--ids` and `--distances` write what the text output prints, as `queries x k` .npy files
+/// padded with -1 and infinity; queries whose probed lists hold fewer than `k` vectors are
+/// reported.
+#[test]
+fn search_writes_ids_and_distances_as_npy() {
+    let dir = scratch("npy-out");
+    let (npy, index) = fixture(&dir);
+    let (ids, dist) = (dir.join("ids.npy"), dir.join("d.npy"));
+    let args = ["-k", "60", "--nprobe", "1"];
+    let printed = vlc(&[&["search", &index, &npy][..], &args].concat());
+    assert!(printed.status.success(), "{}", text(&printed));
+    let o = vlc(&[
+        &["search", &index, &npy][..],
+        &args,
+        &[
+            "--ids",
+            ids.to_str().unwrap(),
+            "--distances",
+            dist.to_str().unwrap(),
+        ],
+    ]
+    .concat());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.stdout.is_empty(), "printed as well: {}", text(&o));
+    assert!(text(&o).contains("fewer than 60"), "{}", text(&o));
+    let (id_bytes, d_bytes) = (std::fs::read(&ids).unwrap(), std::fs::read(&dist).unwrap());
+    let ((ih, ib), (dh, db)) = (npy_body(&id_bytes), npy_body(&d_bytes));
+    assert!(ih.contains("'<i8'") && ih.contains("(200, 60)"), "{ih}");
+    assert!(dh.contains("'<f4'") && dh.contains("(200, 60)"), "{dh}");
+    let id_at = |q: usize, j: usize| {
+        i64::from_le_bytes(
+            ib[(q * 60 + j) * 8..(q * 60 + j + 1) * 8]
+                .try_into()
+                .unwrap(),
+        )
+    };
+    let d_at = |q: usize, j: usize| {
+        f32::from_le_bytes(
+            db[(q * 60 + j) * 4..(q * 60 + j + 1) * 4]
+                .try_into()
+                .unwrap(),
+        )
+    };
+    let mut padded = 0;
+    for (q, line) in String::from_utf8_lossy(&printed.stdout).lines().enumerate() {
+        let hits: Vec<&str> = line.split_whitespace().skip(1).collect();
+        for (j, hit) in hits.iter().enumerate() {
+            let (i, d) = hit.split_once(':').unwrap();
+            assert_eq!(id_at(q, j), i.parse::<i64>().unwrap(), "query {q} hit {j}");
+            assert!(
+                (d_at(q, j) - d.parse::<f32>().unwrap()).abs() <= 1e-5,
+                "query {q}"
+            );
+        }
+        for j in hits.len()..60 {
+            assert_eq!((id_at(q, j), d_at(q, j)), (-1, f32::INFINITY));
+            padded += 1;
+        }
+    }
+    assert!(padded > 0, "no query came up short with nprobe 1");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An index no smaller than its data says so.
+#[test]
+fn an_index_larger_than_its_data_is_noted() {
+    let dir = scratch("tiny");
+    let npy = dir.join("in.npy");
+    vlc_anneal::synthetic::gaussian_mixture(300, 8, 5, 0.1, 2)
+        .save(&npy)
+        .unwrap();
+    let index = dir.join("i.vlc");
+    let o = compress(npy.to_str().unwrap(), index.to_str().unwrap(), "64", "8");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("not smaller"), "{}", text(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_crafted_count_is_refused_at_once() {
     let dir = scratch("crafted");
