@@ -50,7 +50,7 @@ impl Matrix {
         }
     }
 
-    /// Reads `.npy` or `.fvecs`, chosen by the extension.
+    /// Reads `.npy`, `.fvecs` or `.bvecs`, chosen by the extension.
     pub fn load(path: impl AsRef<Path>) -> Result<Matrix> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|e| io_error(path, e))?;
@@ -58,9 +58,10 @@ impl Matrix {
         match path.extension().and_then(|e| e.to_str()) {
             Some("npy") => parse_npy(&bytes, &name),
             Some("fvecs") => parse_fvecs(&bytes, &name),
+            Some("bvecs") => parse_bvecs(&bytes, &name),
             _ => Err(format_error(
                 &name,
-                "unknown extension: vectors are read from .npy or .fvecs",
+                "unknown extension: vectors are read from .npy, .fvecs or .bvecs",
             )),
         }
     }
@@ -82,10 +83,17 @@ impl Matrix {
     }
 }
 
-/// Parses a `.npy` file held in memory: a two-dimensional array of float16, float32 or
-/// float64 (either byte order, C or Fortran order), converted to float32 row-major (a float64
-/// beyond float32's range is an error naming the vector).
-pub fn parse_npy(bytes: &[u8], name: &str) -> Result<Matrix> {
+/// A two-dimensional `.npy` array as stored: its dtype, order, shape and data.
+pub(crate) struct NpyArray<'a> {
+    pub descr: &'a str,
+    pub fortran: bool,
+    pub rows: usize,
+    pub cols: usize,
+    pub body: &'a [u8],
+}
+
+/// Parses a `.npy` file's header (versions 1 to 3) and checks it holds a two-dimensional array.
+pub(crate) fn npy_array<'a>(bytes: &'a [u8], name: &str) -> Result<NpyArray<'a>> {
     let bad = |d: String| format_error(name, d);
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err(bad("not a .npy file (no \\x93NUMPY magic)".into()));
@@ -139,9 +147,50 @@ pub fn parse_npy(bytes: &[u8], name: &str) -> Result<Matrix> {
         .map_err(|_| bad(format!("shape ({shape_text}) is not a list of sizes")))?;
     let [rows, cols] = shape[..] else {
         return Err(bad(format!(
-            "expected a two-dimensional array of vectors, found shape {shape:?}"
+            "expected a two-dimensional array, found shape {shape:?}"
         )));
     };
+    Ok(NpyArray {
+        descr,
+        fortran,
+        rows,
+        cols,
+        body: &bytes[end..],
+    })
+}
+
+/// Checks that an array's data is exactly `rows x cols` elements of `width` bytes.
+pub(crate) fn check_body(a: &NpyArray<'_>, width: usize, name: &str) -> Result<()> {
+    let (rows, cols, descr) = (a.rows, a.cols, a.descr);
+    let expected = rows
+        .checked_mul(cols)
+        .and_then(|count| count.checked_mul(width))
+        .ok_or_else(|| format_error(name, format!("shape ({rows}, {cols}) overflows")))?;
+    if a.body.len() != expected {
+        return Err(format_error(
+            name,
+            format!(
+                "{} bytes of data for shape ({rows}, {cols}) of {descr}: expected {expected} (truncated or padded file)",
+                a.body.len(),
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a `.npy` file held in memory: a two-dimensional array of float16, float32 or
+/// float64 (either byte order, C or Fortran order), converted to float32 row-major (a float64
+/// beyond float32's range is an error naming the vector).
+pub fn parse_npy(bytes: &[u8], name: &str) -> Result<Matrix> {
+    let bad = |d: String| format_error(name, d);
+    let array = npy_array(bytes, name)?;
+    let NpyArray {
+        descr,
+        fortran,
+        rows,
+        cols,
+        body,
+    } = array;
     // Floats of 2, 4 or 8 bytes in either byte order ('=' is native: little-endian here);
     // converted to f32.
     let (big, width) = match descr.as_bytes() {
@@ -155,17 +204,7 @@ pub fn parse_npy(bytes: &[u8], name: &str) -> Result<Matrix> {
             )));
         }
     };
-    let expected = rows
-        .checked_mul(cols)
-        .and_then(|count| count.checked_mul(width))
-        .ok_or_else(|| bad(format!("shape ({rows}, {cols}) overflows")))?;
-    let body = &bytes[end..];
-    if body.len() != expected {
-        return Err(bad(format!(
-            "{} bytes of data for shape ({rows}, {cols}) of {descr}: expected {expected} (truncated or padded file)",
-            body.len(),
-        )));
-    }
+    check_body(&array, width, name)?;
     let word = |c: &[u8]| -> [u8; 8] {
         let mut w = [0u8; 8];
         w[..c.len()].copy_from_slice(c);
@@ -214,8 +253,14 @@ pub fn parse_npy(bytes: &[u8], name: &str) -> Result<Matrix> {
     })
 }
 
-/// Parses an `.fvecs` file held in memory.
-pub fn parse_fvecs(bytes: &[u8], name: &str) -> Result<Matrix> {
+/// The records of a texmex file (`.fvecs`, `.bvecs`, `.ivecs`: each a little-endian int32
+/// dimension, then that many elements of `width` bytes), all of one dimension: the dimension
+/// and the records' elements.
+fn vecs_records<'a>(
+    bytes: &'a [u8],
+    name: &str,
+    width: usize,
+) -> Result<(usize, impl Iterator<Item = &'a [u8]>)> {
     let bad = |d: String| format_error(name, d);
     if bytes.is_empty() {
         return Err(bad("empty file: no vectors".into()));
@@ -230,15 +275,13 @@ pub fn parse_fvecs(bytes: &[u8], name: &str) -> Result<Matrix> {
         )));
     }
     let d = d as usize;
-    let record = 4 + 4 * d;
+    let record = 4 + width * d;
     if bytes.len() % record != 0 {
         return Err(bad(format!(
             "{} bytes is not a whole number of {record}-byte records of dimension {d} (truncated?)",
             bytes.len()
         )));
     }
-    let rows = bytes.len() / record;
-    let mut data = Vec::with_capacity(rows * d);
     for (r, rec) in bytes.chunks_exact(record).enumerate() {
         let di = i32::from_le_bytes(rec[..4].try_into().unwrap());
         if di as i64 != d as i64 {
@@ -246,16 +289,108 @@ pub fn parse_fvecs(bytes: &[u8], name: &str) -> Result<Matrix> {
                 "record {r} has dimension {di}, the first had {d}"
             )));
         }
-        data.extend(
-            rec[4..]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap())),
-        );
     }
-    Matrix::new(rows, d, data).map_err(|e| match e {
-        Error::Input(d) => bad(d),
+    Ok((d, bytes.chunks_exact(record).map(|rec| &rec[4..])))
+}
+
+/// Parses an `.fvecs` file (float32 vectors) held in memory.
+pub fn parse_fvecs(bytes: &[u8], name: &str) -> Result<Matrix> {
+    let (d, records) = vecs_records(bytes, name, 4)?;
+    let data: Vec<f32> = records
+        .flat_map(|r| r.chunks_exact(4))
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    Matrix::new(data.len() / d, d, data).map_err(|e| match e {
+        Error::Input(detail) => format_error(name, detail),
         other => other,
     })
+}
+
+/// Parses a `.bvecs` file (unsigned byte vectors, as SIFT1B's) held in memory, as float32.
+pub fn parse_bvecs(bytes: &[u8], name: &str) -> Result<Matrix> {
+    let (d, records) = vecs_records(bytes, name, 1)?;
+    let data: Vec<f32> = records.flatten().map(|&b| b as f32).collect();
+    Matrix::new(data.len() / d, d, data).map_err(|e| match e {
+        Error::Input(detail) => format_error(name, detail),
+        other => other,
+    })
+}
+
+/// Neighbour lists by query (ground truth): `.ivecs` (FAISS's and texmex's format) or a
+/// two-dimensional `.npy` of int32, int64, uint32 or uint64 (C or Fortran order). Ids must be
+/// indices of the data: non-negative and below `2^32`.
+pub fn load_neighbors(path: impl AsRef<Path>) -> Result<Vec<Vec<u32>>> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|e| io_error(path, e))?;
+    let name = path.display().to_string();
+    let id = |v: i128, q: usize, j: usize| -> Result<u32> {
+        u32::try_from(v).map_err(|_| {
+            format_error(
+                &name,
+                format!("query {q} has neighbour id {v} at rank {j}: not an index of the data"),
+            )
+        })
+    };
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("ivecs") => {
+            let (_, records) = vecs_records(&bytes, &name, 4)?;
+            records
+                .enumerate()
+                .map(|(q, r)| {
+                    r.chunks_exact(4)
+                        .enumerate()
+                        .map(|(j, c)| id(i32::from_le_bytes(c.try_into().unwrap()) as i128, q, j))
+                        .collect()
+                })
+                .collect()
+        }
+        Some("npy") => {
+            let a = npy_array(&bytes, &name)?;
+            let (signed, width) = match a.descr {
+                "<i4" => (true, 4),
+                "<i8" => (true, 8),
+                "<u4" => (false, 4),
+                "<u8" => (false, 8),
+                other => {
+                    return Err(format_error(
+                        &name,
+                        format!(
+                            "dtype {other} is not supported for neighbour ids: int32, int64, \
+                             uint32 or uint64, little-endian"
+                        ),
+                    ));
+                }
+            };
+            check_body(&a, width, &name)?;
+            let value = |k: usize| -> i128 {
+                let c = &a.body[k * width..(k + 1) * width];
+                match (signed, width) {
+                    (true, 4) => i32::from_le_bytes(c.try_into().unwrap()) as i128,
+                    (true, _) => i64::from_le_bytes(c.try_into().unwrap()) as i128,
+                    (false, 4) => u32::from_le_bytes(c.try_into().unwrap()) as i128,
+                    (false, _) => u64::from_le_bytes(c.try_into().unwrap()) as i128,
+                }
+            };
+            (0..a.rows)
+                .map(|q| {
+                    (0..a.cols)
+                        .map(|j| {
+                            let k = if a.fortran {
+                                j * a.rows + q
+                            } else {
+                                q * a.cols + j
+                            };
+                            id(value(k), q, j)
+                        })
+                        .collect()
+                })
+                .collect()
+        }
+        _ => Err(format_error(
+            &name,
+            "unknown extension: neighbour ids are read from .ivecs or .npy",
+        )),
+    }
 }
 
 /// The bytes of a version-1 `.npy` file of `<f4`.

@@ -373,3 +373,73 @@ fn assignments_pack_into_ceil_log2_m_bits() {
         }
     }
 }
+
+/// `.bvecs` reads as float32; neighbour ids come from `.ivecs` or integer `.npy` (either
+/// order), and ids that cannot index the data are errors naming the query.
+#[test]
+fn bvecs_and_neighbour_files() {
+    use vlc_anneal::vectors::{load_neighbors, parse_bvecs};
+    let mut b = Vec::new();
+    for row in [[1u8, 2, 255], [0, 7, 9]] {
+        b.extend_from_slice(&3i32.to_le_bytes());
+        b.extend_from_slice(&row);
+    }
+    let m = parse_bvecs(&b, "t").unwrap();
+    assert_eq!((m.rows, m.cols), (2, 3));
+    assert_eq!(m.data, vec![1.0, 2.0, 255.0, 0.0, 7.0, 9.0]);
+    assert!(parse_bvecs(&b[..b.len() - 1], "t").is_err());
+
+    let dir = std::env::temp_dir().join(format!("vlc-ids-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let want = vec![vec![4u32, 1, 0], vec![2, 3, 9]];
+    let mut iv = Vec::new();
+    for row in &want {
+        iv.extend_from_slice(&3i32.to_le_bytes());
+        row.iter()
+            .for_each(|&v| iv.extend_from_slice(&(v as i32).to_le_bytes()));
+    }
+    std::fs::write(dir.join("gt.ivecs"), &iv).unwrap();
+    assert_eq!(load_neighbors(dir.join("gt.ivecs")).unwrap(), want);
+    let c_order: Vec<u8> = want
+        .iter()
+        .flatten()
+        .flat_map(|&v| (v as i64).to_le_bytes())
+        .collect();
+    std::fs::write(
+        dir.join("gt.npy"),
+        npy_with("<i8", false, "(2, 3)", &c_order, 1),
+    )
+    .unwrap();
+    assert_eq!(load_neighbors(dir.join("gt.npy")).unwrap(), want);
+    let f_order: Vec<u8> = (0..3)
+        .flat_map(|j| want.iter().map(move |r| r[j]))
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    std::fs::write(
+        dir.join("f.npy"),
+        npy_with("<u4", true, "(2, 3)", &f_order, 1),
+    )
+    .unwrap();
+    assert_eq!(load_neighbors(dir.join("f.npy")).unwrap(), want);
+    let mut negative = c_order.clone();
+    negative[32..40].copy_from_slice(&(-1i64).to_le_bytes());
+    std::fs::write(
+        dir.join("neg.npy"),
+        npy_with("<i8", false, "(2, 3)", &negative, 1),
+    )
+    .unwrap();
+    let e = load_neighbors(dir.join("neg.npy")).unwrap_err().to_string();
+    assert!(e.contains("query 1") && e.contains("-1"), "{e}");
+    std::fs::write(
+        dir.join("f.npy"),
+        npy_with("<f4", false, "(2, 3)", &[0; 24], 1),
+    )
+    .unwrap();
+    assert!(
+        load_neighbors(dir.join("f.npy"))
+            .unwrap_err()
+            .to_string()
+            .contains("<f4")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

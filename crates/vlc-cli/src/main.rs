@@ -4,13 +4,14 @@
 //! vlc compress IN -o OUT --anchors M --bytes B [--backend auto] [--iterations N] [--exact]
 //! vlc info INDEX
 //! vlc search INDEX QUERIES [-k 10] [--nprobe 16] [--ids IDS.npy] [--distances D.npy]
-//! vlc eval INDEX DATA [--queries 1000] [--nprobe 16]
+//! vlc eval INDEX DATA [--queries 1000 | --query-file Q [--truth GT.ivecs]] [--nprobe 16]
 //! vlc decompress INDEX -o OUT.npy
 //! vlc demo [--backend auto]
 //! ```
 //!
 //! Vectors are read from `.npy` (float16, float32 or float64, either byte order, C or Fortran
-//! order; converted to float32) or `.fvecs`. `--backend auto` takes CUDA if
+//! order; converted to float32), `.fvecs` or `.bvecs`; ground truth from `.ivecs` or an
+//! integer `.npy`. `--backend auto` takes CUDA if
 //! present, else wgpu on a hardware GPU, else the CPU.
 
 use clap::{Args, Parser, Subcommand};
@@ -71,9 +72,17 @@ enum Command {
         index: PathBuf,
         /// The vectors the index was built from.
         data: PathBuf,
-        /// Queries: this many of the data's vectors, spread evenly.
+        /// Queries: this many of the data's vectors, spread evenly (unless --query-file).
         #[arg(long, default_value_t = 1000)]
         queries: usize,
+        /// Queries of their own (.npy, .fvecs or .bvecs) instead of the data's vectors.
+        #[arg(long)]
+        query_file: Option<PathBuf>,
+        /// The queries' true nearest neighbours (.ivecs or an integer .npy, at least 10 a
+        /// query, nearest first) instead of an exact search here; needs --query-file.
+        #[arg(long, requires = "query_file")]
+        truth: Option<PathBuf>,
+        /// Anchors (lists) probed per query.
         #[arg(long, default_value_t = 16)]
         nprobe: usize,
     },
@@ -204,10 +213,22 @@ fn run(command: Command) -> Res<()> {
             index,
             data,
             queries,
+            query_file,
+            truth,
             nprobe,
         } => {
             let index = Index::open(&index).map_err(err)?;
             let data = Matrix::load(&data).map_err(err)?;
+            let queries = match query_file {
+                Some(path) => Queries::Given {
+                    queries: Matrix::load(&path).map_err(err)?,
+                    truth: match truth {
+                        Some(t) => Some(vlc_anneal::vectors::load_neighbors(&t).map_err(err)?),
+                        None => None,
+                    },
+                },
+                None => Queries::Spread(queries),
+            };
             let report = evaluate(&index, &data, queries, nprobe)?;
             println!("{}", report.text);
             Ok(())
@@ -366,7 +387,7 @@ fn demo(backend: &str, n: usize, quiet: bool) -> Res<()> {
     let index = backends::on_backend!(name, compress_with(&data, &cfg, quiet))?;
     let seconds = start.elapsed().as_secs_f64();
     println!("compressed in {seconds:.2} s");
-    let report = evaluate(&index, &data, 500, 16)?;
+    let report = evaluate(&index, &data, Queries::Spread(500), 16)?;
     println!("{}", report.text);
     // The demo checks itself: residual codes must beat the anchors alone, and search
     // must find most true neighbours.
@@ -458,7 +479,18 @@ struct Report {
     recall: f64,
 }
 
-fn evaluate(index: &Index, data: &Matrix, queries: usize, nprobe: usize) -> Res<Report> {
+/// Where `eval`'s queries come from.
+enum Queries {
+    /// This many of the data's vectors, spread evenly.
+    Spread(usize),
+    /// Queries of their own, with their true neighbours where given.
+    Given {
+        queries: Matrix,
+        truth: Option<Vec<Vec<u32>>>,
+    },
+}
+
+fn evaluate(index: &Index, data: &Matrix, queries: Queries, nprobe: usize) -> Res<Report> {
     let h = &index.header;
     if data.rows != h.n || data.cols != h.d {
         return Err(format!(
@@ -466,24 +498,49 @@ fn evaluate(index: &Index, data: &Matrix, queries: usize, nprobe: usize) -> Res<
             data.rows, data.cols, h.n, h.d
         ));
     }
-    let q = queries.clamp(1, data.rows);
-    let step = data.rows / q;
-    let picks: Vec<f32> = (0..q).flat_map(|i| data.row(i * step).to_vec()).collect();
-    let qm = Matrix {
-        rows: q,
-        cols: data.cols,
-        data: picks,
+    let (qm, given_truth) = match queries {
+        Queries::Spread(count) => {
+            let q = count.clamp(1, data.rows);
+            let step = data.rows / q;
+            let picks: Vec<f32> = (0..q).flat_map(|i| data.row(i * step).to_vec()).collect();
+            let qm = Matrix {
+                rows: q,
+                cols: data.cols,
+                data: picks,
+            };
+            (qm, None)
+        }
+        Queries::Given { queries, truth } => {
+            if queries.cols != h.d {
+                return Err(format!(
+                    "the queries have dimension {}, the index {}",
+                    queries.cols, h.d
+                ));
+            }
+            if let Some(t) = &truth {
+                check_truth(t, queries.rows, h.n)?;
+            }
+            (queries, truth)
+        }
     };
+    let q = qm.rows;
     let t = Instant::now();
-    let truth = exact_knn(data, &qm, 10);
-    let exact_s = t.elapsed().as_secs_f64();
+    let (truth, exact_s) = match given_truth {
+        Some(t) => (t, f64::NAN),
+        None => (exact_knn(data, &qm, 10), t.elapsed().as_secs_f64()),
+    };
     let t = Instant::now();
     let found = index.search(&qm, 10, nprobe).map_err(err)?;
     let search_s = t.elapsed().as_secs_f64();
     let recall = recall_at(&truth, &found, 10);
     let mse = index.reconstruction_mse(data);
+    let exact = if exact_s.is_nan() {
+        "recall against the given ground truth".to_string()
+    } else {
+        format!("exact search {:.3} ms per query", exact_s * 1e3 / q as f64)
+    };
     let text = format!(
-        "energy {:.6}\nreconstruction MSE {:.6} (per vector, sum over dimensions)\nrecall@10 {:.4} ({q} queries, nprobe {nprobe})\ncompression ratio {:.2}x ({} bytes against {} bytes of f32)\nsearch {:.3} ms per query (exact search {:.3} ms per query)",
+        "energy {:.6}\nreconstruction MSE {:.6} (per vector, sum over dimensions)\nrecall@10 {:.4} ({q} queries, nprobe {nprobe})\ncompression ratio {:.2}x ({} bytes against {} bytes of f32)\nsearch {:.3} ms per query ({exact})",
         h.energy,
         mse,
         recall,
@@ -491,7 +548,30 @@ fn evaluate(index: &Index, data: &Matrix, queries: usize, nprobe: usize) -> Res<
         index.file_size(),
         f32_bytes(h),
         search_s * 1e3 / q as f64,
-        exact_s * 1e3 / q as f64,
     );
     Ok(Report { text, mse, recall })
+}
+
+/// Ground truth must have a list per query, at least 10 deep, of ids of the data.
+fn check_truth(truth: &[Vec<u32>], queries: usize, n: usize) -> Res<()> {
+    if truth.len() != queries {
+        return Err(format!(
+            "the ground truth has {} lists for {queries} queries",
+            truth.len()
+        ));
+    }
+    for (q, list) in truth.iter().enumerate() {
+        if list.len() < 10 {
+            return Err(format!(
+                "the ground truth lists {} neighbours for query {q}; recall@10 needs 10",
+                list.len()
+            ));
+        }
+        if let Some(&id) = list.iter().find(|&&id| id as usize >= n) {
+            return Err(format!(
+                "the ground truth names vector {id} for query {q}; the data has {n}"
+            ));
+        }
+    }
+    Ok(())
 }

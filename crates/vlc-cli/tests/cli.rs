@@ -200,6 +200,69 @@ fn search_writes_ids_and_distances_as_npy() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `eval --query-file` with ground truth from a file gives the recall the exact search here
+/// gives; ground truth of the wrong shape is refused.
+#[test]
+fn eval_takes_queries_and_ground_truth_of_its_own() {
+    let dir = scratch("eval");
+    let (npy, index) = fixture(&dir);
+    let data = vlc_anneal::Matrix::load(&npy).unwrap();
+    let queries = vlc_anneal::synthetic::gaussian_mixture(30, 8, 5, 0.1, 9);
+    let qpath = dir.join("q.fvecs");
+    queries.save(&qpath).unwrap();
+    let truth = vlc_anneal::exact_knn(&data, &queries, 10);
+    let mut iv = Vec::new();
+    for row in &truth {
+        iv.extend_from_slice(&10i32.to_le_bytes());
+        row.iter()
+            .for_each(|&v| iv.extend_from_slice(&(v as i32).to_le_bytes()));
+    }
+    let gt = dir.join("gt.ivecs");
+    std::fs::write(&gt, &iv).unwrap();
+    let recall = |o: &Output| {
+        let t = text(o);
+        t.lines()
+            .find(|l| l.starts_with("recall@10"))
+            .unwrap_or_else(|| panic!("{t}"))
+            .to_string()
+    };
+    let q = qpath.to_str().unwrap();
+    let exact = vlc(&["eval", &index, &npy, "--query-file", q]);
+    let given = vlc(&[
+        "eval",
+        &index,
+        &npy,
+        "--query-file",
+        q,
+        "--truth",
+        gt.to_str().unwrap(),
+    ]);
+    assert!(
+        exact.status.success() && given.status.success(),
+        "{}",
+        text(&given)
+    );
+    assert_eq!(recall(&exact), recall(&given));
+    assert!(recall(&given).contains("30 queries"), "{}", recall(&given));
+    // Truth for other queries (one list short) is refused.
+    std::fs::write(&gt, &iv[..iv.len() - 44]).unwrap();
+    let o = vlc(&[
+        "eval",
+        &index,
+        &npy,
+        "--query-file",
+        q,
+        "--truth",
+        gt.to_str().unwrap(),
+    ]);
+    assert!(
+        !o.status.success() && text(&o).contains("29 lists for 30 queries"),
+        "{}",
+        text(&o)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// An index no smaller than its data says so.
 #[test]
 fn an_index_larger_than_its_data_is_noted() {
