@@ -420,7 +420,8 @@ fn code_parts<B: Backend>(
     let batch = |run: &dyn Fn() -> hal::Result<()>| in_loop_ms(&b, reps, run);
     let (t_search, t_sums) = (batch(&search), batch(&member_sums));
     let whole = ms(&|| {
-        vlc_anneal::pq::train_and_encode(&b, &x, n, bytes * width, bytes, 12, 7).expect("training");
+        vlc_anneal::pq::train_and_encode(&b, &x, (n, bytes * width), bytes, 12, 7, &mut |_| {})
+            .expect("training");
         Ok(())
     });
     println!(

@@ -62,19 +62,49 @@ pub struct Timings {
     pub total: f64,
 }
 
+/// What [`compress`] reports as it goes: each phase as it begins (`seeding`, `annealing`,
+/// `coding`) with its number of steps (0 where it is one step, as seeding is), each annealing
+/// iteration (as [`Config::report_each_iteration`] asks: live, or in batches), and the
+/// coding's steps as they finish.
+#[derive(Clone, Copy, Debug)]
+pub enum Progress<'a> {
+    Phase {
+        name: &'static str,
+        steps: usize,
+    },
+    Iteration(&'a IterationReport),
+    /// Steps of the current phase done so far.
+    Step(usize),
+}
+
 /// Compresses `data`: anneals the anchors, rounds them to f16, codes each vector's residual
 /// to its rounded anchor, and returns the index (in memory; [`Index::save`] writes it).
 pub fn compress<B: Backend>(
     backend: &B,
     data: &Matrix,
     cfg: &Config,
-    progress: &mut dyn FnMut(&IterationReport),
+    progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Compressed> {
     cfg.check(data.rows, data.cols)?;
     cfg.check_codes(data.cols)?;
     let start = Instant::now();
     let b = anneal::handle_for(backend, cfg.mode);
-    let (clustering, state) = anneal::anneal_on_device(&b, data, cfg, progress)?;
+    progress(Progress::Phase {
+        name: "seeding",
+        steps: 0,
+    });
+    let mut annealing = false;
+    let (clustering, state) = anneal::anneal_on_device(&b, data, cfg, &mut |r| {
+        // The first report follows seeding (and, batched, some iterations).
+        if !annealing {
+            annealing = true;
+            progress(Progress::Phase {
+                name: "annealing",
+                steps: cfg.iterations,
+            });
+        }
+        progress(Progress::Iteration(r))
+    })?;
     let annealed = start.elapsed().as_secs_f64();
     let (n, d, m) = (data.rows, data.cols, cfg.anchors);
     let anchors16: Vec<half::f16> = clustering
@@ -94,7 +124,19 @@ pub fn compress<B: Backend>(
         let rounded: Vec<f32> = anchors16.iter().map(|v| v.to_f32()).collect();
         let a = b.upload(&rounded)?;
         let res = pq::residuals(&b, &state.pass.x, &a, &state.pass.assign, n, d)?;
-        let e = pq::train_and_encode(&b, &res, n, d, cfg.pq_bytes, cfg.pq_iterations, cfg.seed)?;
+        progress(Progress::Phase {
+            name: "coding",
+            steps: cfg.pq_iterations,
+        });
+        let e = pq::train_and_encode(
+            &b,
+            &res,
+            (n, d),
+            cfg.pq_bytes,
+            cfg.pq_iterations,
+            cfg.seed,
+            &mut |done| progress(Progress::Step(done)),
+        )?;
         (e.pq, e.codes, Some(e.squared_error))
     } else {
         let pq = pq::ProductQuantizer {

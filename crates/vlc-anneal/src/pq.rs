@@ -97,7 +97,8 @@ pub fn residuals<B: Backend>(
 
 /// Learns the codebooks on `residuals` (`n x d`, on the device) and codes every vector:
 /// returns the quantiser, `n * bytes` codes and the squared error they leave. The first
-/// codewords are distinct vectors drawn by a seeded shuffle.
+/// codewords are distinct vectors drawn by a seeded shuffle. `on_step` hears each finished
+/// iteration's count.
 ///
 /// Every subspace trains at once: the residuals are laid out as `n x bytes` rows of `wmax`
 /// values (a subspace's dimensions, then zeros up to the widest subspace's width `wmax`,
@@ -110,11 +111,11 @@ pub fn residuals<B: Backend>(
 pub fn train_and_encode<B: Backend>(
     b: &B,
     residuals: &B::Buffer,
-    n: usize,
-    d: usize,
+    (n, d): (usize, usize),
     bytes: usize,
     iterations: usize,
     seed: u64,
+    on_step: &mut dyn FnMut(usize),
 ) -> Result<Encoded> {
     let bounds = subspace_bounds(d, bytes);
     let k = n.min(256);
@@ -188,8 +189,12 @@ pub fn train_and_encode<B: Backend>(
     if iterations > 0 {
         let recorded = step.clone();
         let graph = b.record(std::sync::Arc::new(move |b: &B| recorded.iterate(b)))?;
-        for _ in 0..iterations {
+        // A step reported is a step finished: one wait an iteration (tens of microseconds
+        // against the iteration's milliseconds).
+        for done in 1..=iterations {
             b.replay(&graph)?;
+            b.synchronize()?;
+            on_step(done);
         }
     }
     // Each subspace's codebook without its padding.

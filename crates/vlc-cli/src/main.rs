@@ -434,33 +434,58 @@ fn writable_output(output: &std::path::Path, inputs: &[&std::path::Path]) -> Res
 }
 
 fn compress_with<B: Backend>(b: &B, data: &Matrix, cfg: &Config, quiet: bool) -> Res<Index> {
-    let bar = if quiet {
-        ProgressBar::hidden()
-    } else {
-        let bar = ProgressBar::new(cfg.iterations as u64 + 1);
+    // One bar a phase: a spinner with the elapsed time for a phase of one step (seeding), a
+    // bar with an estimate of the time left for the others.
+    let new_bar = |name: &str, steps: usize| -> ProgressBar {
+        if quiet {
+            return ProgressBar::hidden();
+        }
+        let (bar, template) = if steps == 0 {
+            (
+                ProgressBar::new_spinner(),
+                "{prefix:>9} {spinner} {elapsed_precise} {msg}",
+            )
+        } else {
+            (
+                ProgressBar::new(steps as u64),
+                "{prefix:>9} [{bar:30}] {pos}/{len} {elapsed_precise}, ETA {eta} {msg}",
+            )
+        };
         bar.set_style(
-            ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            ProgressStyle::with_template(template)
                 .expect("a valid template")
                 .progress_chars("=> "),
         );
-        bar.set_prefix("annealing");
+        bar.set_prefix(name.to_string());
+        bar.enable_steady_tick(std::time::Duration::from_millis(200));
         bar
     };
-    let mut on_iteration = |r: &vlc_anneal::IterationReport| {
-        let mut msg = format!("energy {:.6} T {:.3}", r.energy, r.temperature);
-        if r.merged + r.split + r.reseeded > 0 {
-            msg += &format!(
-                " (merged {}, split {}, re-seeded {})",
-                r.merged, r.split, r.reseeded
-            );
+    let mut bar = ProgressBar::hidden();
+    let mut on_progress = |p: vlc_anneal::Progress<'_>| match p {
+        vlc_anneal::Progress::Phase { name, steps } => {
+            bar.finish_and_clear();
+            bar = new_bar(name, steps);
+            if !quiet && bar.is_hidden() {
+                eprintln!("vlc: {name}");
+            }
         }
-        bar.set_position(r.iteration as u64 + 1);
-        bar.set_message(msg.clone());
-        if !quiet && bar.is_hidden() {
-            eprintln!("iteration {}: {msg}", r.iteration);
+        vlc_anneal::Progress::Iteration(r) => {
+            let mut msg = format!("energy {:.6} T {:.3}", r.energy, r.temperature);
+            if r.merged + r.split + r.reseeded > 0 {
+                msg += &format!(
+                    " (merged {}, split {}, re-seeded {})",
+                    r.merged, r.split, r.reseeded
+                );
+            }
+            bar.set_position(r.iteration as u64 + 1);
+            bar.set_message(msg.clone());
+            if !quiet && bar.is_hidden() {
+                eprintln!("iteration {}: {msg}", r.iteration);
+            }
         }
+        vlc_anneal::Progress::Step(done) => bar.set_position(done as u64),
     };
-    let out = compress(b, data, cfg, &mut on_iteration).map_err(err)?;
+    let out = compress(b, data, cfg, &mut on_progress).map_err(err)?;
     bar.finish_and_clear();
     if !quiet {
         let t = out.seconds;
