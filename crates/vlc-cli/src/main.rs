@@ -57,12 +57,12 @@ enum Command {
         /// Anchors (lists) probed per query: more finds more true neighbours, slower.
         #[arg(long, default_value_t = 16)]
         nprobe: usize,
-        /// Writes the ids as a `queries x k` int64 .npy here (-1 where fewer were found)
-        /// instead of printing.
+        /// Writes the ids as a `queries x k` int64 .npy (or int32 .ivecs) here (-1 where
+        /// fewer were found) instead of printing.
         #[arg(long)]
         ids: Option<PathBuf>,
-        /// Writes the squared distances as a `queries x k` float32 .npy here (infinity where
-        /// fewer were found).
+        /// Writes the squared distances as a `queries x k` float32 .npy (or .fvecs) here
+        /// (infinity where fewer were found).
         #[arg(long)]
         distances: Option<PathBuf>,
     },
@@ -178,8 +178,24 @@ fn run(command: Command) -> Res<()> {
             ids,
             distances,
         } => {
-            for out in ids.iter().chain(&distances) {
+            for (out, texmex) in ids
+                .iter()
+                .map(|p| (p, "ivecs"))
+                .chain(distances.iter().map(|p| (p, "fvecs")))
+            {
                 writable_output(out, &[&index, &queries])?;
+                let ext = out.extension().and_then(|e| e.to_str());
+                if ext != Some("npy") && ext != Some(texmex) {
+                    return Err(format!(
+                        "{}: write {} as .npy or .{texmex}",
+                        out.display(),
+                        if texmex == "ivecs" {
+                            "ids"
+                        } else {
+                            "distances"
+                        }
+                    ));
+                }
             }
             let index = Index::open(&index).map_err(err)?;
             let queries = Matrix::load(&queries).map_err(err)?;
@@ -310,8 +326,9 @@ fn compress_command(args: CompressArgs) -> Res<()> {
     Ok(())
 }
 
-/// Writes search results as `queries x k` .npy files: ids as int64 (-1 past the hits a
-/// query found), squared distances as float32 (infinity there), each atomically.
+/// Writes search results as `queries x k` files, each atomically: ids as int64 `.npy` (or
+/// int32 `.ivecs`), -1 past the hits a query found; squared distances as float32 `.npy` (or
+/// `.fvecs`), infinity there.
 fn write_hits(
     hits: &[Vec<(u32, f32)>],
     k: usize,
@@ -321,26 +338,69 @@ fn write_hits(
     fn padded(row: &[(u32, f32)], k: usize) -> impl Iterator<Item = Option<(u32, f32)>> + '_ {
         (0..k).map(move |j| row.get(j).copied())
     }
-    let write = |path: &std::path::Path, descr: &str, body: Vec<u8>| -> Res<()> {
-        let bytes = vlc_anneal::vectors::npy_array_bytes(descr, hits.len(), k, &body);
+    /// The file's bytes: `.npy` of `descr` (elements of `wide` bytes), or texmex records
+    /// (`.ivecs`/`.fvecs`, elements of 4 bytes) from each element's low four bytes.
+    fn layout(
+        path: &std::path::Path,
+        descr: &str,
+        rows: usize,
+        k: usize,
+        elems: Vec<[u8; 8]>,
+        wide: usize,
+    ) -> Res<Vec<u8>> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("npy") => {
+                let body: Vec<u8> = elems.iter().flat_map(|e| e[..wide].to_vec()).collect();
+                Ok(vlc_anneal::vectors::npy_array_bytes(descr, rows, k, &body))
+            }
+            Some("ivecs" | "fvecs") => {
+                let mut out = Vec::with_capacity(rows * (4 + 4 * k));
+                for row in elems.chunks(k.max(1)).take(rows) {
+                    out.extend_from_slice(&(k as i32).to_le_bytes());
+                    row.iter().for_each(|e| out.extend_from_slice(&e[..4]));
+                }
+                Ok(out)
+            }
+            _ => Err(format!(
+                "{}: search results are written as .npy, .ivecs (ids) or .fvecs (distances)",
+                path.display()
+            )),
+        }
+    }
+    let write = |path: &std::path::Path, bytes: Vec<u8>| -> Res<()> {
         hal::durable::write_bytes_atomic(path, &bytes)
             .map_err(|e| format!("writing {}: {e}", path.display()))
     };
+    let rows = hits.len();
     if let Some(path) = ids {
-        let body: Vec<u8> = hits
+        let texmex = path.extension().is_some_and(|e| e == "ivecs");
+        let elems: Vec<[u8; 8]> = hits
             .iter()
             .flat_map(|row| padded(row, k))
-            .flat_map(|h| h.map_or(-1i64, |(i, _)| i as i64).to_le_bytes())
+            .map(|h| {
+                let id = h.map_or(-1i64, |(i, _)| i as i64);
+                let mut e = [0u8; 8];
+                if texmex {
+                    e[..4].copy_from_slice(&(id as i32).to_le_bytes());
+                } else {
+                    e = id.to_le_bytes();
+                }
+                e
+            })
             .collect();
-        write(path, "<i8", body)?;
+        write(path, layout(path, "<i8", rows, k, elems, 8)?)?;
     }
     if let Some(path) = distances {
-        let body: Vec<u8> = hits
+        let elems: Vec<[u8; 8]> = hits
             .iter()
             .flat_map(|row| padded(row, k))
-            .flat_map(|h| h.map_or(f32::INFINITY, |(_, d)| d).to_le_bytes())
+            .map(|h| {
+                let mut e = [0u8; 8];
+                e[..4].copy_from_slice(&h.map_or(f32::INFINITY, |(_, d)| d).to_le_bytes());
+                e
+            })
             .collect();
-        write(path, "<f4", body)?;
+        write(path, layout(path, "<f4", rows, k, elems, 4)?)?;
     }
     Ok(())
 }

@@ -197,6 +197,45 @@ fn search_writes_ids_and_distances_as_npy() {
         }
     }
     assert!(padded > 0, "no query came up short with nprobe 1");
+    // The texmex formats hold the same results; other extensions are refused before searching.
+    let (iv, fv) = (dir.join("ids.ivecs"), dir.join("d.fvecs"));
+    let o = vlc(&[
+        &["search", &index, &npy][..],
+        &args,
+        &[
+            "--ids",
+            iv.to_str().unwrap(),
+            "--distances",
+            fv.to_str().unwrap(),
+        ],
+    ]
+    .concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let iv_bytes = std::fs::read(&iv).unwrap();
+    assert_eq!(iv_bytes.len(), 200 * (4 + 4 * 60));
+    let fv = vlc_anneal::Matrix::load(&fv)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(fv.contains("non-finite"), "padding is infinity: {fv}");
+    for q in [0usize, 77, 199] {
+        let rec = &iv_bytes[q * 244..(q + 1) * 244];
+        assert_eq!(i32::from_le_bytes(rec[..4].try_into().unwrap()), 60);
+        for j in 0..60 {
+            let v = i32::from_le_bytes(rec[4 + 4 * j..8 + 4 * j].try_into().unwrap());
+            assert_eq!(v as i64, id_at(q, j), "query {q} rank {j}");
+        }
+    }
+    let o = vlc(&[
+        &["search", &index, &npy, "--ids"][..],
+        &[dir.join("x.txt").to_str().unwrap()],
+    ]
+    .concat());
+    assert!(
+        !o.status.success() && text(&o).contains(".ivecs"),
+        "{}",
+        text(&o)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
