@@ -34,6 +34,7 @@
 pub mod anneal;
 mod error;
 pub mod index;
+pub mod metric;
 pub mod pq;
 pub mod synthetic;
 pub mod vectors;
@@ -41,6 +42,7 @@ pub mod vectors;
 pub use anneal::{Clustering, Config, IterationReport, Mode, anneal};
 pub use error::{Error, Result};
 pub use index::{Header, Index, IndexParts, exact_knn, recall_at};
+pub use metric::Metric;
 pub use vectors::Matrix;
 
 use hal::{Backend, BackendExt};
@@ -87,6 +89,9 @@ pub fn compress<B: Backend>(
 ) -> Result<Compressed> {
     cfg.check(data.rows, data.cols)?;
     cfg.check_codes(data.cols)?;
+    // A cosine index compresses the unit vectors.
+    let prepared = cfg.metric.prepare(data)?;
+    let data: &Matrix = &prepared;
     let start = Instant::now();
     let b = anneal::handle_for(backend, cfg.mode);
     progress(Progress::Phase {
@@ -160,6 +165,7 @@ pub fn compress<B: Backend>(
             iterations: cfg.iterations as u32,
             energy: clustering.energy,
             mse: 0.0,
+            metric: cfg.metric,
         },
         anchors: anchors16,
         assignments: clustering.assignments.clone(),

@@ -88,6 +88,7 @@ fn decompressing_more_than_memory_is_an_error_not_an_abort() {
             iterations: 0,
             energy: 0.0,
             mse: 0.0,
+            metric: vlc_anneal::Metric::L2,
         },
         anchors: vec![f16::ZERO; d],
         assignments: vec![0; n],
@@ -198,6 +199,7 @@ fn large_index(version: u8) -> Vec<u8> {
             iterations: 1,
             energy: 1.0,
             mse: 1.0,
+            metric: vlc_anneal::Metric::L2,
         },
         anchors: (0..m * d)
             .map(|_| f16::from_f32((next() % 100) as f32))

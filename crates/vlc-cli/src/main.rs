@@ -86,7 +86,8 @@ enum Command {
         #[arg(long, default_value_t = 16)]
         nprobe: usize,
     },
-    /// Writes every vector's reconstruction as .npy or .fvecs.
+    /// Writes every vector's reconstruction as .npy or .fvecs (unit vectors for a cosine
+    /// index).
     Decompress {
         /// An index written by `vlc compress`.
         index: PathBuf,
@@ -130,6 +131,10 @@ struct CompressArgs {
     /// Identical results on every backend (slower).
     #[arg(long)]
     exact: bool,
+    /// How the index compares vectors: l2 (squared Euclidean) or cosine (the vectors are
+    /// normalised first; search reports 1 - cos).
+    #[arg(long, default_value = "l2")]
+    metric: vlc_anneal::Metric,
     /// Stop when the energy changes by less than this fraction (0: run every iteration).
     #[arg(long, default_value_t = 0.0)]
     tolerance: f64,
@@ -278,6 +283,7 @@ fn compress_command(args: CompressArgs) -> Res<()> {
         iterations,
         seed,
         exact,
+        metric,
         tolerance,
         quiet,
     } = args;
@@ -289,6 +295,7 @@ fn compress_command(args: CompressArgs) -> Res<()> {
     cfg.seed = seed;
     cfg.tolerance = tolerance;
     cfg.mode = if exact { Mode::Exact } else { Mode::Fast };
+    cfg.metric = metric;
     // The progress bar shows each iteration as it finishes.
     cfg.report_each_iteration = !quiet;
     let name = backends::resolve(&backend);
@@ -422,6 +429,7 @@ fn info(index: &std::path::Path) -> Res<()> {
         "mode              {}",
         if h.exact { "exact" } else { "fast" }
     );
+    println!("metric            {}", h.metric.name());
     println!("seed, iterations  {}, {}", h.seed, h.iterations);
     println!("energy            {:.6}", h.energy);
     println!("reconstruction    MSE {:.6}", h.mse);
@@ -612,7 +620,15 @@ fn evaluate(index: &Index, data: &Matrix, queries: Queries, nprobe: usize) -> Re
     let t = Instant::now();
     let (truth, exact_s) = match given_truth {
         Some(t) => (t, f64::NAN),
-        None => (exact_knn(data, &qm, 10), t.elapsed().as_secs_f64()),
+        None => {
+            // Exact neighbours by the index's metric: cosine compares unit vectors.
+            let metric = h.metric;
+            let (pd, pq) = (
+                metric.prepare(data).map_err(err)?,
+                metric.prepare(&qm).map_err(err)?,
+            );
+            (exact_knn(&pd, &pq, 10), t.elapsed().as_secs_f64())
+        }
     };
     let t = Instant::now();
     let found = index.search(&qm, 10, nprobe).map_err(err)?;

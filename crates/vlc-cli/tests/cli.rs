@@ -302,6 +302,48 @@ fn eval_takes_queries_and_ground_truth_of_its_own() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--metric cosine` is kept in the index (info names it) and eval measures recall by cosine.
+#[test]
+fn a_cosine_index_says_so_and_evaluates() {
+    let dir = scratch("cosine");
+    let npy = dir.join("in.npy");
+    vlc_anneal::synthetic::gaussian_mixture(600, 8, 5, 0.1, 3)
+        .save(&npy)
+        .unwrap();
+    let (npy, index) = (npy.to_str().unwrap(), dir.join("c.vlc"));
+    let index = index.to_str().unwrap();
+    let o = vlc(&[
+        "compress",
+        npy,
+        "-o",
+        index,
+        "--anchors",
+        "8",
+        "--bytes",
+        "4",
+        "--backend",
+        "cpu",
+        "--metric",
+        "cosine",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&vlc(&["info", index])).contains("metric            cosine"));
+    let o = vlc(&["eval", index, npy, "--queries", "50"]);
+    assert!(
+        o.status.success() && text(&o).contains("recall@10"),
+        "{}",
+        text(&o)
+    );
+    let o = vlc(&["compress", npy, "-o", index, "--metric", "dot", "--quiet"]);
+    assert!(
+        !o.status.success() && text(&o).contains("l2 or cosine"),
+        "{}",
+        text(&o)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// An index no smaller than its data says so.
 #[test]
 fn an_index_larger_than_its_data_is_noted() {

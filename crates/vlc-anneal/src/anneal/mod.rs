@@ -103,6 +103,9 @@ pub struct Config {
     /// (the tolerance test, maintenance, the end), or every iteration once iterations take
     /// 10 ms or more.
     pub report_each_iteration: bool,
+    /// How the index compares vectors ([`crate::Metric`]): a cosine index normalises the
+    /// vectors before anything else.
+    pub metric: crate::Metric,
 }
 
 impl Config {
@@ -123,6 +126,7 @@ impl Config {
             pq_bytes: 8,
             pq_iterations: 12,
             report_each_iteration: false,
+            metric: crate::Metric::L2,
         }
     }
 

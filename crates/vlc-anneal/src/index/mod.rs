@@ -9,7 +9,8 @@
 //! 8       4     version (1)
 //! 12      4     number of sections S
 //! 16      64    header: n u64, d u32, m u32, pq_bytes u32, codewords u32, assignment_bits u32,
-//!               mode u32 (0 fast, 1 exact), seed u64, iterations u32, reserved u32,
+//!               mode u32 (0 fast, 1 exact), seed u64, iterations u32, metric u32 (0 L2,
+//!               1 cosine: see [`crate::Metric`]; 0 in files written before it existed),
 //!               energy f64, reconstruction MSE f64
 //! 80      24*S  section table: kind u32, reserved u32, offset u64, length u64
 //! ...           sections, each starting on an 8-byte boundary:
@@ -81,6 +82,7 @@ pub struct Header {
     pub iterations: u32,
     pub energy: f64,
     pub mse: f64,
+    pub metric: crate::Metric,
 }
 
 /// Bits per assignment: `ceil(log2 m)` (0 for one anchor).
@@ -240,7 +242,7 @@ impl IndexParts {
         }
         out.extend_from_slice(&h.seed.to_le_bytes());
         out.extend_from_slice(&h.iterations.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&h.metric.code().to_le_bytes());
         out.extend_from_slice(&h.energy.to_le_bytes());
         out.extend_from_slice(&h.mse.to_le_bytes());
         debug_assert_eq!(out.len(), HEADER_END);
@@ -471,8 +473,13 @@ impl Index {
     }
 
     /// Mean squared reconstruction error over `data` (the vectors this index was built from).
+    /// Mean squared error of the reconstructions against `data` (as the index's metric
+    /// prepares it: unit vectors for cosine). Data a cosine index cannot normalise gives NaN.
     pub fn reconstruction_mse(&self, data: &Matrix) -> f64 {
-        mean_squared_error(data, self.header.n, |i, row| self.reconstruct(i, row))
+        match self.header.metric.prepare(data) {
+            Ok(data) => mean_squared_error(&data, self.header.n, |i, row| self.reconstruct(i, row)),
+            Err(_) => f64::NAN,
+        }
     }
 }
 /// Little-endian integers and floats at byte offsets of a file already checked long enough.
@@ -533,6 +540,12 @@ fn read_header(bytes: &[u8], name: &str) -> Result<(Header, usize)> {
         iterations: u32_at(bytes, 56),
         energy: f64_at(bytes, 64),
         mse: f64_at(bytes, 72),
+        metric: crate::Metric::from_code(u32_at(bytes, 60)).ok_or_else(|| {
+            bad(format!(
+                "unknown metric {} (0 is L2, 1 cosine)",
+                u32_at(bytes, 60)
+            ))
+        })?,
     };
     let h = &header;
     if h.d == 0 || h.m == 0 || h.n == 0 || h.m > h.n {

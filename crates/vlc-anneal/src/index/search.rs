@@ -153,7 +153,9 @@ impl Index {
     /// The `k` nearest vectors of each query by asymmetric distance: the query is compared
     /// with the `nprobe` nearest anchors, and those anchors' members are scored on their
     /// residual codes (a per-subspace table of squared distances for each probed anchor).
-    /// Results are `(vector, squared distance)`, nearest first. Queries run in parallel.
+    /// Results are `(vector, distance)`, nearest first: the squared distance, or for a cosine
+    /// index ([`crate::Metric`]) the cosine distance to the (normalised) query. Queries run in
+    /// parallel.
     pub fn search(
         &self,
         queries: &Matrix,
@@ -172,6 +174,9 @@ impl Index {
                 "nprobe must be at least 1 (the number of anchors whose members are scored)",
             ));
         }
+        let metric = self.header.metric;
+        let prepared = metric.prepare(queries)?;
+        let queries: &Matrix = &prepared;
         check_queries(queries, self.reach())?;
         let nprobe = nprobe.min(m);
         // More results than vectors cannot be returned.
@@ -199,7 +204,11 @@ impl Index {
                     best.push(dist, i);
                 }
             }
-            best.into_sorted()
+            let mut found = best.into_sorted();
+            found
+                .iter_mut()
+                .for_each(|(_, d)| *d = metric.from_squared_l2(*d));
+            found
         };
         Ok(parallel_map(queries, &search_one))
     }

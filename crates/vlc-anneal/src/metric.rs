@@ -1,0 +1,85 @@
+//! How an index compares vectors: squared Euclidean distance, or cosine distance (most
+//! sentence embeddings are compared by cosine).
+//!
+//! A cosine index is an L2 index of the vectors scaled to unit length: for unit vectors
+//! `|a - b|^2 = 2 (1 - cos(a, b))`, so the nearest by L2 are the nearest by cosine. Its
+//! vectors are normalised before compression, its queries before search, and its search
+//! reports the cosine distance `1 - cos`; its reconstructions are unit-length vectors.
+
+use crate::error::{Result, input};
+use crate::vectors::Matrix;
+use std::borrow::Cow;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Metric {
+    /// Squared Euclidean distance.
+    #[default]
+    L2,
+    /// `1 - cos(a, b)`.
+    Cosine,
+}
+
+impl Metric {
+    /// The code stored in an index header.
+    pub fn code(self) -> u32 {
+        match self {
+            Metric::L2 => 0,
+            Metric::Cosine => 1,
+        }
+    }
+
+    pub fn from_code(code: u32) -> Option<Self> {
+        match code {
+            0 => Some(Metric::L2),
+            1 => Some(Metric::Cosine),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::L2 => "l2",
+            Metric::Cosine => "cosine",
+        }
+    }
+
+    /// `x` as this metric compares it: unchanged for L2 (borrowed), each row scaled to unit
+    /// length for cosine. A row of zeros has no direction: an error naming it.
+    pub fn prepare(self, x: &Matrix) -> Result<Cow<'_, Matrix>> {
+        match self {
+            Metric::L2 => Ok(Cow::Borrowed(x)),
+            Metric::Cosine => {
+                let mut out = x.clone();
+                for (i, row) in out.data.chunks_exact_mut(x.cols.max(1)).enumerate() {
+                    let norm = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
+                    if norm == 0.0 || !norm.is_finite() {
+                        return Err(input(format!(
+                            "vector {i} has length {norm}: cosine distance needs a direction"
+                        )));
+                    }
+                    row.iter_mut().for_each(|v| *v = (*v as f64 / norm) as f32);
+                }
+                Ok(Cow::Owned(out))
+            }
+        }
+    }
+
+    /// The distance this metric reports for a squared L2 distance between prepared vectors.
+    pub fn from_squared_l2(self, d: f32) -> f32 {
+        match self {
+            Metric::L2 => d,
+            Metric::Cosine => 0.5 * d,
+        }
+    }
+}
+
+impl std::str::FromStr for Metric {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "l2" => Ok(Metric::L2),
+            "cosine" => Ok(Metric::Cosine),
+            other => Err(format!("metric {other}: use l2 or cosine")),
+        }
+    }
+}
