@@ -41,7 +41,7 @@ pub mod vectors;
 
 pub use anneal::{Clustering, Config, IterationReport, Mode, anneal};
 pub use error::{Error, Result};
-pub use index::{Header, Index, IndexParts, exact_knn, recall_at};
+pub use index::{Header, Index, IndexParts, exact_knn, exact_knn_by, recall_at};
 pub use metric::Metric;
 pub use vectors::Matrix;
 

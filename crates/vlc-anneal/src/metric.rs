@@ -1,10 +1,15 @@
-//! How an index compares vectors: squared Euclidean distance, or cosine distance (most
-//! sentence embeddings are compared by cosine).
+//! How an index compares vectors: squared Euclidean distance, cosine distance (most sentence
+//! embeddings are compared by cosine), or inner product.
 //!
 //! A cosine index is an L2 index of the vectors scaled to unit length: for unit vectors
 //! `|a - b|^2 = 2 (1 - cos(a, b))`, so the nearest by L2 are the nearest by cosine. Its
 //! vectors are normalised before compression, its queries before search, and its search
 //! reports the cosine distance `1 - cos`; its reconstructions are unit-length vectors.
+//!
+//! An inner-product index clusters and codes the vectors as an L2 index does (as FAISS's
+//! `IndexIVFPQ` with `METRIC_INNER_PRODUCT`), but probes the anchors with the largest `q . a`
+//! and scores each member by `q . (anchor + decoded residual)`: search reports that inner
+//! product, largest first.
 
 use crate::error::{Result, input};
 use crate::vectors::Matrix;
@@ -17,6 +22,8 @@ pub enum Metric {
     L2,
     /// `1 - cos(a, b)`.
     Cosine,
+    /// `a . b`, the larger the nearer.
+    InnerProduct,
 }
 
 impl Metric {
@@ -25,6 +32,7 @@ impl Metric {
         match self {
             Metric::L2 => 0,
             Metric::Cosine => 1,
+            Metric::InnerProduct => 2,
         }
     }
 
@@ -32,6 +40,7 @@ impl Metric {
         match code {
             0 => Some(Metric::L2),
             1 => Some(Metric::Cosine),
+            2 => Some(Metric::InnerProduct),
             _ => None,
         }
     }
@@ -40,14 +49,16 @@ impl Metric {
         match self {
             Metric::L2 => "l2",
             Metric::Cosine => "cosine",
+            Metric::InnerProduct => "ip",
         }
     }
 
-    /// `x` as this metric compares it: unchanged for L2 (borrowed), each row scaled to unit
-    /// length for cosine. A row of zeros has no direction: an error naming it.
+    /// `x` as this metric compares it: unchanged for L2 and inner product (borrowed), each
+    /// row scaled to unit length for cosine. A row of zeros has no direction: an error naming
+    /// it.
     pub fn prepare(self, x: &Matrix) -> Result<Cow<'_, Matrix>> {
         match self {
-            Metric::L2 => Ok(Cow::Borrowed(x)),
+            Metric::L2 | Metric::InnerProduct => Ok(Cow::Borrowed(x)),
             Metric::Cosine => {
                 let mut out = x.clone();
                 for (i, row) in out.data.chunks_exact_mut(x.cols.max(1)).enumerate() {
@@ -64,11 +75,13 @@ impl Metric {
         }
     }
 
-    /// The distance this metric reports for a squared L2 distance between prepared vectors.
-    pub fn from_squared_l2(self, d: f32) -> f32 {
+    /// What search reports for the score it ranks by (smallest first): a squared L2
+    /// distance between prepared vectors, or for inner product its negation.
+    pub fn reported(self, score: f32) -> f32 {
         match self {
-            Metric::L2 => d,
-            Metric::Cosine => 0.5 * d,
+            Metric::L2 => score,
+            Metric::Cosine => 0.5 * score,
+            Metric::InnerProduct => -score,
         }
     }
 }
@@ -79,7 +92,8 @@ impl std::str::FromStr for Metric {
         match s {
             "l2" => Ok(Metric::L2),
             "cosine" => Ok(Metric::Cosine),
-            other => Err(format!("metric {other}: use l2 or cosine")),
+            "ip" => Ok(Metric::InnerProduct),
+            other => Err(format!("metric {other}: use l2, cosine or ip")),
         }
     }
 }

@@ -20,7 +20,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
-use vlc_anneal::{Config, Index, Matrix, Mode, compress, exact_knn, recall_at};
+use vlc_anneal::{Config, Index, Matrix, Mode, compress, recall_at};
 
 #[derive(Parser)]
 #[command(
@@ -43,8 +43,8 @@ enum Command {
     Compress(CompressArgs),
     /// Prints an index's header.
     Info { index: PathBuf },
-    /// The k nearest indexed vectors of each query (squared L2 distances from the codes),
-    /// printed as `query<TAB>id:distance ...`, or written as .npy files.
+    /// The k nearest indexed vectors of each query (distances from the codes by the index's
+    /// metric), printed as `query<TAB>id:distance ...`, or written as .npy files.
     Search {
         /// An index written by `vlc compress`.
         index: PathBuf,
@@ -61,8 +61,8 @@ enum Command {
         /// fewer were found) instead of printing.
         #[arg(long)]
         ids: Option<PathBuf>,
-        /// Writes the squared distances as a `queries x k` float32 .npy (or .fvecs) here
-        /// (infinity where fewer were found).
+        /// Writes the distances (by the index's metric) as a `queries x k` float32 .npy (or
+        /// .fvecs) here (infinity where fewer were found; minus infinity for inner product).
         #[arg(long)]
         distances: Option<PathBuf>,
     },
@@ -131,8 +131,8 @@ struct CompressArgs {
     /// Identical results on every backend (slower).
     #[arg(long)]
     exact: bool,
-    /// How the index compares vectors: l2 (squared Euclidean) or cosine (the vectors are
-    /// normalised first; search reports 1 - cos).
+    /// How the index compares vectors: l2 (squared Euclidean), cosine (the vectors are
+    /// normalised first; search reports 1 - cos) or ip (inner product, largest first).
     #[arg(long, default_value = "l2")]
     metric: vlc_anneal::Metric,
     /// Stop when the energy changes by less than this fraction (0: run every iteration).
@@ -228,7 +228,11 @@ fn run(command: Command) -> Res<()> {
                     println!("{q}\t{}", line.join(" "));
                 }
             }
-            write_hits(&hits, k, ids.as_deref(), distances.as_deref())
+            let missing = match index.header.metric {
+                vlc_anneal::Metric::InnerProduct => f32::NEG_INFINITY,
+                _ => f32::INFINITY,
+            };
+            write_hits(&hits, k, missing, ids.as_deref(), distances.as_deref())
         }
         Command::Eval {
             index,
@@ -334,11 +338,12 @@ fn compress_command(args: CompressArgs) -> Res<()> {
 }
 
 /// Writes search results as `queries x k` files, each atomically: ids as int64 `.npy` (or
-/// int32 `.ivecs`), -1 past the hits a query found; squared distances as float32 `.npy` (or
-/// `.fvecs`), infinity there.
+/// int32 `.ivecs`), -1 past the hits a query found; distances as float32 `.npy` (or
+/// `.fvecs`), `missing` there.
 fn write_hits(
     hits: &[Vec<(u32, f32)>],
     k: usize,
+    missing: f32,
     ids: Option<&std::path::Path>,
     distances: Option<&std::path::Path>,
 ) -> Res<()> {
@@ -403,7 +408,7 @@ fn write_hits(
             .flat_map(|row| padded(row, k))
             .map(|h| {
                 let mut e = [0u8; 8];
-                e[..4].copy_from_slice(&h.map_or(f32::INFINITY, |(_, d)| d).to_le_bytes());
+                e[..4].copy_from_slice(&h.map_or(missing, |(_, d)| d).to_le_bytes());
                 e
             })
             .collect();
@@ -621,13 +626,9 @@ fn evaluate(index: &Index, data: &Matrix, queries: Queries, nprobe: usize) -> Re
     let (truth, exact_s) = match given_truth {
         Some(t) => (t, f64::NAN),
         None => {
-            // Exact neighbours by the index's metric: cosine compares unit vectors.
-            let metric = h.metric;
-            let (pd, pq) = (
-                metric.prepare(data).map_err(err)?,
-                metric.prepare(&qm).map_err(err)?,
-            );
-            (exact_knn(&pd, &pq, 10), t.elapsed().as_secs_f64())
+            // Exact neighbours by the index's metric.
+            let truth = vlc_anneal::exact_knn_by(data, &qm, 10, h.metric).map_err(err)?;
+            (truth, t.elapsed().as_secs_f64())
         }
     };
     let t = Instant::now();

@@ -337,7 +337,7 @@ fn a_cosine_index_says_so_and_evaluates() {
     );
     let o = vlc(&["compress", npy, "-o", index, "--metric", "dot", "--quiet"]);
     assert!(
-        !o.status.success() && text(&o).contains("l2 or cosine"),
+        !o.status.success() && text(&o).contains("l2, cosine or ip"),
         "{}",
         text(&o)
     );

@@ -10,7 +10,8 @@
 //! 12      4     number of sections S
 //! 16      64    header: n u64, d u32, m u32, pq_bytes u32, codewords u32, assignment_bits u32,
 //!               mode u32 (0 fast, 1 exact), seed u64, iterations u32, metric u32 (0 L2,
-//!               1 cosine: see [`crate::Metric`]; 0 in files written before it existed),
+//!               1 cosine, 2 inner product: see [`crate::Metric`]; 0 in files written before
+//!               it existed),
 //!               energy f64, reconstruction MSE f64
 //! 80      24*S  section table: kind u32, reserved u32, offset u64, length u64
 //! ...           sections, each starting on an 8-byte boundary:
@@ -34,7 +35,7 @@
 
 mod search;
 
-pub use search::{exact_knn, recall_at};
+pub use search::{exact_knn, exact_knn_by, recall_at};
 
 use crate::error::{Result, format_error, io_error};
 use crate::pq::ProductQuantizer;
@@ -542,7 +543,7 @@ fn read_header(bytes: &[u8], name: &str) -> Result<(Header, usize)> {
         mse: f64_at(bytes, 72),
         metric: crate::Metric::from_code(u32_at(bytes, 60)).ok_or_else(|| {
             bad(format!(
-                "unknown metric {} (0 is L2, 1 cosine)",
+                "unknown metric {} (0 is L2, 1 cosine, 2 inner product)",
                 u32_at(bytes, 60)
             ))
         })?,

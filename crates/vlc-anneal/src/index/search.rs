@@ -28,6 +28,10 @@ pub(crate) fn check_queries(queries: &Matrix, reach: f64) -> crate::Result<()> {
     Ok(())
 }
 
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(&x, &y)| x * y).sum()
+}
+
 pub(crate) fn sq(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(&x, &y)| (x - y) * (x - y)).sum()
 }
@@ -124,6 +128,28 @@ pub fn exact_knn(data: &Matrix, queries: &Matrix, k: usize) -> Vec<Vec<u32>> {
     })
 }
 
+/// The exact `k` nearest of each query by `metric` (cosine: of the unit vectors; inner
+/// product: the largest), nearest first.
+pub fn exact_knn_by(
+    data: &Matrix,
+    queries: &Matrix,
+    k: usize,
+    metric: crate::Metric,
+) -> crate::Result<Vec<Vec<u32>>> {
+    if metric != crate::Metric::InnerProduct {
+        let (d, q) = (metric.prepare(data)?, metric.prepare(queries)?);
+        return Ok(exact_knn(&d, &q, k));
+    }
+    let k = k.min(data.rows);
+    Ok(parallel_map(queries, &|q: &[f32]| {
+        let mut best = TopK::new(k);
+        for i in 0..data.rows {
+            best.push(-dot(q, data.row(i)), i as u32);
+        }
+        best.into_sorted().into_iter().map(|(i, _)| i).collect()
+    }))
+}
+
 /// Mean fraction of each query's true `k` nearest found among its returned `k`.
 pub fn recall_at(truth: &[Vec<u32>], found: &[Vec<(u32, f32)>], k: usize) -> f64 {
     if truth.is_empty() {
@@ -153,9 +179,9 @@ impl Index {
     /// The `k` nearest vectors of each query by asymmetric distance: the query is compared
     /// with the `nprobe` nearest anchors, and those anchors' members are scored on their
     /// residual codes (a per-subspace table of squared distances for each probed anchor).
-    /// Results are `(vector, distance)`, nearest first: the squared distance, or for a cosine
-    /// index ([`crate::Metric`]) the cosine distance to the (normalised) query. Queries run in
-    /// parallel.
+    /// Results are `(vector, distance)`, nearest first: the squared distance, for a cosine
+    /// index ([`crate::Metric`]) the cosine distance to the (normalised) query, for an
+    /// inner-product index the inner product (largest first). Queries run in parallel.
     pub fn search(
         &self,
         queries: &Matrix,
@@ -182,7 +208,11 @@ impl Index {
         // More results than vectors cannot be returned.
         let k = k.min(self.header.n);
         let lists = self.lists();
+        let ip = metric == crate::Metric::InnerProduct;
         let search_one = |q: &[f32]| -> Vec<(u32, f32)> {
+            if ip {
+                return self.search_ip(q, k, nprobe, lists);
+            }
             let mut near: Vec<(f32, u32)> =
                 (0..m).map(|a| (sq(q, self.anchor(a)), a as u32)).collect();
             near.select_nth_unstable_by(nprobe - 1, |x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
@@ -205,9 +235,7 @@ impl Index {
                 }
             }
             let mut found = best.into_sorted();
-            found
-                .iter_mut()
-                .for_each(|(_, d)| *d = metric.from_squared_l2(*d));
+            found.iter_mut().for_each(|(_, d)| *d = metric.reported(*d));
             found
         };
         Ok(parallel_map(queries, &search_one))
@@ -241,6 +269,42 @@ impl Index {
 
     /// Fills `table[j * codewords + c] = |rq_j - codeword_jc|^2` and returns the squared
     /// norm of `rq`'s dimensions no subspace covers (all of it without residual codes).
+    /// One query of an inner-product index: the `nprobe` anchors with the largest `q . a`,
+    /// their members scored by `-(q . a + sum_j q_j . c_j)` (smallest first), reported as the
+    /// inner product.
+    fn search_ip(&self, q: &[f32], k: usize, nprobe: usize, lists: &[Vec<u32>]) -> Vec<(u32, f32)> {
+        let m = self.header.m;
+        let mut near: Vec<(f32, u32)> = (0..m)
+            .map(|a| (-dot(q, self.anchor(a)), a as u32))
+            .collect();
+        near.select_nth_unstable_by(nprobe - 1, |x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        near.truncate(nprobe);
+        // The residual's part, -q_j . c for every subspace's codewords: one table a query.
+        let pq = &self.pq;
+        let mut table = vec![0f32; pq.codewords.max(1) * pq.bytes()];
+        for j in 0..pq.bytes() {
+            let (lo, hi) = (pq.bounds[j], pq.bounds[j + 1]);
+            let w = hi - lo;
+            let book = &pq.codebooks[pq.codebook_offset(j)..][..pq.codewords * w];
+            for (c, word) in book.chunks_exact(w).enumerate() {
+                table[j * pq.codewords + c] = -dot(&q[lo..hi], word);
+            }
+        }
+        let mut best = TopK::new(k);
+        for &(base, a) in &near {
+            for &i in &lists[a as usize] {
+                let mut score = base;
+                for (j, &code) in self.code(i as usize).iter().enumerate() {
+                    score += table[j * pq.codewords + code as usize];
+                }
+                best.push(score, i);
+            }
+        }
+        let mut found = best.into_sorted();
+        found.iter_mut().for_each(|(_, s)| *s = -*s);
+        found
+    }
+
     pub(crate) fn fill_table(&self, rq: &[f32], table: &mut [f32]) -> f32 {
         let pq = &self.pq;
         if pq.bytes() == 0 {
