@@ -171,6 +171,7 @@ pub fn compress<B: Backend>(
         assignments: clustering.assignments.clone(),
         pq,
         codes,
+        ids: None,
     };
     let coded = start.elapsed().as_secs_f64();
     // The coder's own error where there are codes (the host's float64 recount differs in the

@@ -92,8 +92,13 @@ pub(crate) struct NpyArray<'a> {
     pub body: &'a [u8],
 }
 
-/// Parses a `.npy` file's header (versions 1 to 3) and checks it holds a two-dimensional array.
-pub(crate) fn npy_array<'a>(bytes: &'a [u8], name: &str) -> Result<NpyArray<'a>> {
+/// Parses a `.npy` file's header (versions 1 to 3) and checks it holds a two-dimensional array
+/// (or, with `one_dimensional`, a one-dimensional one, read as a column).
+pub(crate) fn npy_array<'a>(
+    bytes: &'a [u8],
+    name: &str,
+    one_dimensional: bool,
+) -> Result<NpyArray<'a>> {
     let bad = |d: String| format_error(name, d);
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err(bad("not a .npy file (no \\x93NUMPY magic)".into()));
@@ -145,10 +150,15 @@ pub(crate) fn npy_array<'a>(bytes: &'a [u8], name: &str) -> Result<NpyArray<'a>>
         .map(|s| s.parse::<usize>())
         .collect::<std::result::Result<_, _>>()
         .map_err(|_| bad(format!("shape ({shape_text}) is not a list of sizes")))?;
-    let [rows, cols] = shape[..] else {
-        return Err(bad(format!(
-            "expected a two-dimensional array, found shape {shape:?}"
-        )));
+    let (rows, cols) = match shape[..] {
+        [rows, cols] => (rows, cols),
+        // A vector of values (ids, say) reads as one column.
+        [rows] if one_dimensional => (rows, 1),
+        _ => {
+            return Err(bad(format!(
+                "expected a two-dimensional array, found shape {shape:?}"
+            )));
+        }
     };
     Ok(NpyArray {
         descr,
@@ -183,7 +193,7 @@ pub(crate) fn check_body(a: &NpyArray<'_>, width: usize, name: &str) -> Result<(
 /// beyond float32's range is an error naming the vector).
 pub fn parse_npy(bytes: &[u8], name: &str) -> Result<Matrix> {
     let bad = |d: String| format_error(name, d);
-    let array = npy_array(bytes, name)?;
+    let array = npy_array(bytes, name, false)?;
     let NpyArray {
         descr,
         fortran,
@@ -345,32 +355,8 @@ pub fn load_neighbors(path: impl AsRef<Path>) -> Result<Vec<Vec<u32>>> {
                 .collect()
         }
         Some("npy") => {
-            let a = npy_array(&bytes, &name)?;
-            let (signed, width) = match a.descr {
-                "<i4" => (true, 4),
-                "<i8" => (true, 8),
-                "<u4" => (false, 4),
-                "<u8" => (false, 8),
-                other => {
-                    return Err(format_error(
-                        &name,
-                        format!(
-                            "dtype {other} is not supported for neighbour ids: int32, int64, \
-                             uint32 or uint64, little-endian"
-                        ),
-                    ));
-                }
-            };
-            check_body(&a, width, &name)?;
-            let value = |k: usize| -> i128 {
-                let c = &a.body[k * width..(k + 1) * width];
-                match (signed, width) {
-                    (true, 4) => i32::from_le_bytes(c.try_into().unwrap()) as i128,
-                    (true, _) => i64::from_le_bytes(c.try_into().unwrap()) as i128,
-                    (false, 4) => u32::from_le_bytes(c.try_into().unwrap()) as i128,
-                    (false, _) => u64::from_le_bytes(c.try_into().unwrap()) as i128,
-                }
-            };
+            let a = npy_array(&bytes, &name, false)?;
+            let values = npy_integers(&a, &name)?;
             (0..a.rows)
                 .map(|q| {
                     (0..a.cols)
@@ -380,7 +366,7 @@ pub fn load_neighbors(path: impl AsRef<Path>) -> Result<Vec<Vec<u32>>> {
                             } else {
                                 q * a.cols + j
                             };
-                            id(value(k), q, j)
+                            id(values[k], q, j)
                         })
                         .collect()
                 })
@@ -391,6 +377,68 @@ pub fn load_neighbors(path: impl AsRef<Path>) -> Result<Vec<Vec<u32>>> {
             "unknown extension: neighbour ids are read from .ivecs or .npy",
         )),
     }
+}
+
+/// An integer array's elements in stored order, widened: int32, int64, uint32 or uint64,
+/// little-endian.
+fn npy_integers(a: &NpyArray<'_>, name: &str) -> Result<Vec<i128>> {
+    let (signed, width) = match a.descr {
+        "<i4" => (true, 4),
+        "<i8" => (true, 8),
+        "<u4" => (false, 4),
+        "<u8" => (false, 8),
+        other => {
+            return Err(format_error(
+                name,
+                format!(
+                    "dtype {other} is not supported for ids: int32, int64, uint32 or uint64, \
+                     little-endian"
+                ),
+            ));
+        }
+    };
+    check_body(a, width, name)?;
+    Ok(a.body
+        .chunks_exact(width)
+        .map(|c| match (signed, width) {
+            (true, 4) => i32::from_le_bytes(c.try_into().unwrap()) as i128,
+            (true, _) => i64::from_le_bytes(c.try_into().unwrap()) as i128,
+            (false, 4) => u32::from_le_bytes(c.try_into().unwrap()) as i128,
+            (false, _) => u64::from_le_bytes(c.try_into().unwrap()) as i128,
+        })
+        .collect())
+}
+
+/// The largest id an index holds (ids are int64 in files others read: FAISS's `idx_t`, with
+/// -1 meaning none).
+pub const MAX_ID: u64 = i64::MAX as u64;
+
+/// User ids, one a vector: a one-dimensional (or one-column) integer `.npy`; each from 0 to
+/// [`MAX_ID`].
+pub fn load_ids(path: impl AsRef<Path>) -> Result<Vec<u64>> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|e| io_error(path, e))?;
+    let name = path.display().to_string();
+    if path.extension().and_then(|e| e.to_str()) != Some("npy") {
+        return Err(format_error(&name, "ids are read from a .npy file"));
+    }
+    let a = npy_array(&bytes, &name, true)?;
+    if a.cols != 1 {
+        return Err(format_error(
+            &name,
+            format!("ids must be one column; found ({}, {})", a.rows, a.cols),
+        ));
+    }
+    npy_integers(&a, &name)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            u64::try_from(v)
+                .ok()
+                .filter(|&v| v <= MAX_ID)
+                .ok_or_else(|| format_error(&name, format!("id {v} at {i} is outside 0..=2^63-1")))
+        })
+        .collect()
 }
 
 /// The bytes of a version-1 `.npy` file of `<f4`.

@@ -99,6 +99,7 @@ fn decompressing_more_than_memory_is_an_error_not_an_abort() {
             codebooks: Vec::new(),
         },
         codes: Vec::new(),
+        ids: None,
     };
     let index = Index::from_bytes(parts.to_bytes(), "wide").unwrap();
     let err = index.decompress().unwrap_err();
@@ -212,6 +213,7 @@ fn large_index(version: u8) -> Vec<u8> {
             codebooks: (0..256 * d).map(|_| (next() % 7) as f32).collect(),
         },
         codes: (0..n * b).map(|_| next() as u8).collect(),
+        ids: None,
     };
     parts.to_bytes()
 }

@@ -5,6 +5,8 @@
 //! vlc info INDEX
 //! vlc search INDEX QUERIES [-k 10] [--nprobe 16] [--ids IDS.npy] [--distances D.npy]
 //! vlc eval INDEX DATA [--queries 1000 | --query-file Q [--truth GT.ivecs]] [--nprobe 16]
+//! vlc add INDEX VECTORS -o OUT [--ids IDS.npy]
+//! vlc remove INDEX --ids IDS.npy -o OUT
 //! vlc decompress INDEX -o OUT.npy
 //! vlc demo [--backend auto]
 //! ```
@@ -14,13 +16,17 @@
 //! integer `.npy`. `--backend auto` takes CUDA if
 //! present, else wgpu on a hardware GPU, else the CPU.
 
+mod eval;
+mod hits;
+
 use clap::{Args, Parser, Subcommand};
+use eval::{Queries, evaluate};
 use hal::Backend;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
-use vlc_anneal::{Config, Index, Matrix, Mode, compress, recall_at};
+use vlc_anneal::{Config, Index, Matrix, Mode, compress};
 
 #[derive(Parser)]
 #[command(
@@ -86,6 +92,33 @@ enum Command {
         #[arg(long, default_value_t = 16)]
         nprobe: usize,
     },
+    /// Adds vectors to an index without retraining it (assigned to its anchors, coded with
+    /// its codebooks), writing the grown index.
+    Add {
+        /// An index written by `vlc compress`.
+        index: PathBuf,
+        /// The vectors to add (.npy, .fvecs or .bvecs) of the index's dimension.
+        vectors: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Their ids (a one-dimensional int64 .npy); without it, the ids after the index's.
+        #[arg(long)]
+        ids: Option<PathBuf>,
+        /// cpu, wgpu, cuda, or auto.
+        #[arg(long, default_value = "auto")]
+        backend: String,
+    },
+    /// Removes the vectors with the given ids, writing the smaller index.
+    Remove {
+        /// An index written by `vlc compress`.
+        index: PathBuf,
+        /// The ids to remove (a one-dimensional int64 .npy; ids absent from the index are
+        /// ignored and counted).
+        #[arg(long)]
+        ids: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
     /// Writes every vector's reconstruction as .npy or .fvecs (unit vectors for a cosine
     /// index).
     Decompress {
@@ -135,6 +168,10 @@ struct CompressArgs {
     /// normalised first; search reports 1 - cos) or ip (inner product, largest first).
     #[arg(long, default_value = "l2")]
     metric: vlc_anneal::Metric,
+    /// The vectors' ids (a one-dimensional int64 .npy, one a vector); without it, their
+    /// positions.
+    #[arg(long)]
+    ids: Option<PathBuf>,
     /// Stop when the energy changes by less than this fraction (0: run every iteration).
     #[arg(long, default_value_t = 0.0)]
     tolerance: f64,
@@ -210,7 +247,17 @@ fn run(command: Command) -> Res<()> {
                     index.header.n, index.header.n
                 );
             }
-            let hits = index.search(&queries, k, nprobe).map_err(err)?;
+            // Positions to the index's ids.
+            let hits: Vec<Vec<(u64, f32)>> = index
+                .search(&queries, k, nprobe)
+                .map_err(err)?
+                .into_iter()
+                .map(|row| {
+                    row.into_iter()
+                        .map(|(i, d)| (index.id(i as usize), d))
+                        .collect()
+                })
+                .collect();
             let k = k.min(index.header.n);
             let short: Vec<usize> = hits.iter().map(Vec::len).filter(|&l| l < k).collect();
             if let Some(fewest) = short.iter().min() {
@@ -232,7 +279,7 @@ fn run(command: Command) -> Res<()> {
                 vlc_anneal::Metric::InnerProduct => f32::NEG_INFINITY,
                 _ => f32::INFINITY,
             };
-            write_hits(&hits, k, missing, ids.as_deref(), distances.as_deref())
+            hits::write_hits(&hits, k, missing, ids.as_deref(), distances.as_deref())
         }
         Command::Eval {
             index,
@@ -256,6 +303,49 @@ fn run(command: Command) -> Res<()> {
             };
             let report = evaluate(&index, &data, queries, nprobe)?;
             println!("{}", report.text);
+            Ok(())
+        }
+        Command::Add {
+            index: path,
+            vectors,
+            output,
+            ids,
+            backend,
+        } => {
+            writable_output(&output, &[&path, &vectors])?;
+            let index = Index::open(&path).map_err(err)?;
+            let x = Matrix::load(&vectors).map_err(err)?;
+            let ids = match ids {
+                Some(p) => Some(vlc_anneal::vectors::load_ids(&p).map_err(err)?),
+                None => None,
+            };
+            let name = backends::resolve(&backend);
+            let grown = backends::on_backend!(name, add_with(&index, &x, ids.as_deref()))?;
+            grown.save(&output).map_err(err)?;
+            println!(
+                "wrote {}: {} vectors ({} added)",
+                output.display(),
+                grown.header.n,
+                x.rows
+            );
+            Ok(())
+        }
+        Command::Remove {
+            index: path,
+            ids,
+            output,
+        } => {
+            writable_output(&output, &[&path, &ids])?;
+            let index = Index::open(&path).map_err(err)?;
+            let ids = vlc_anneal::vectors::load_ids(&ids).map_err(err)?;
+            let (smaller, removed) = index.remove(&ids).map_err(err)?;
+            smaller.save(&output).map_err(err)?;
+            println!(
+                "wrote {}: {} vectors ({removed} removed; {} of the ids were not in the index)",
+                output.display(),
+                smaller.header.n,
+                ids.len() - removed.min(ids.len())
+            );
             Ok(())
         }
         Command::Decompress {
@@ -288,11 +378,27 @@ fn compress_command(args: CompressArgs) -> Res<()> {
         seed,
         exact,
         metric,
+        ids,
         tolerance,
         quiet,
     } = args;
     writable_output(&output, &[&input])?;
     let data = Matrix::load(&input).map_err(err)?;
+    let ids = match ids {
+        Some(path) => {
+            let ids = vlc_anneal::vectors::load_ids(&path).map_err(err)?;
+            if ids.len() != data.rows {
+                return Err(format!(
+                    "{}: {} ids for {} vectors",
+                    path.display(),
+                    ids.len(),
+                    data.rows
+                ));
+            }
+            Some(ids)
+        }
+        None => None,
+    };
     let mut cfg = Config::new(anchors);
     cfg.pq_bytes = bytes;
     cfg.iterations = iterations;
@@ -312,7 +418,10 @@ fn compress_command(args: CompressArgs) -> Res<()> {
             if exact { " (exact mode)" } else { "" }
         );
     }
-    let index = backends::on_backend!(name, compress_with(&data, &cfg, quiet))?;
+    let mut index = backends::on_backend!(name, compress_with(&data, &cfg, quiet))?;
+    if let Some(ids) = ids {
+        index = index.with_ids(ids).map_err(err)?;
+    }
     index.save(&output).map_err(err)?;
     let h = &index.header;
     if index.file_size() as f64 >= f32_bytes(h) {
@@ -337,84 +446,8 @@ fn compress_command(args: CompressArgs) -> Res<()> {
     Ok(())
 }
 
-/// Writes search results as `queries x k` files, each atomically: ids as int64 `.npy` (or
-/// int32 `.ivecs`), -1 past the hits a query found; distances as float32 `.npy` (or
-/// `.fvecs`), `missing` there.
-fn write_hits(
-    hits: &[Vec<(u32, f32)>],
-    k: usize,
-    missing: f32,
-    ids: Option<&std::path::Path>,
-    distances: Option<&std::path::Path>,
-) -> Res<()> {
-    fn padded(row: &[(u32, f32)], k: usize) -> impl Iterator<Item = Option<(u32, f32)>> + '_ {
-        (0..k).map(move |j| row.get(j).copied())
-    }
-    /// The file's bytes: `.npy` of `descr` (elements of `wide` bytes), or texmex records
-    /// (`.ivecs`/`.fvecs`, elements of 4 bytes) from each element's low four bytes.
-    fn layout(
-        path: &std::path::Path,
-        descr: &str,
-        rows: usize,
-        k: usize,
-        elems: Vec<[u8; 8]>,
-        wide: usize,
-    ) -> Res<Vec<u8>> {
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("npy") => {
-                let body: Vec<u8> = elems.iter().flat_map(|e| e[..wide].to_vec()).collect();
-                Ok(vlc_anneal::vectors::npy_array_bytes(descr, rows, k, &body))
-            }
-            Some("ivecs" | "fvecs") => {
-                let mut out = Vec::with_capacity(rows * (4 + 4 * k));
-                for row in elems.chunks(k.max(1)).take(rows) {
-                    out.extend_from_slice(&(k as i32).to_le_bytes());
-                    row.iter().for_each(|e| out.extend_from_slice(&e[..4]));
-                }
-                Ok(out)
-            }
-            _ => Err(format!(
-                "{}: search results are written as .npy, .ivecs (ids) or .fvecs (distances)",
-                path.display()
-            )),
-        }
-    }
-    let write = |path: &std::path::Path, bytes: Vec<u8>| -> Res<()> {
-        hal::durable::write_bytes_atomic(path, &bytes)
-            .map_err(|e| format!("writing {}: {e}", path.display()))
-    };
-    let rows = hits.len();
-    if let Some(path) = ids {
-        let texmex = path.extension().is_some_and(|e| e == "ivecs");
-        let elems: Vec<[u8; 8]> = hits
-            .iter()
-            .flat_map(|row| padded(row, k))
-            .map(|h| {
-                let id = h.map_or(-1i64, |(i, _)| i as i64);
-                let mut e = [0u8; 8];
-                if texmex {
-                    e[..4].copy_from_slice(&(id as i32).to_le_bytes());
-                } else {
-                    e = id.to_le_bytes();
-                }
-                e
-            })
-            .collect();
-        write(path, layout(path, "<i8", rows, k, elems, 8)?)?;
-    }
-    if let Some(path) = distances {
-        let elems: Vec<[u8; 8]> = hits
-            .iter()
-            .flat_map(|row| padded(row, k))
-            .map(|h| {
-                let mut e = [0u8; 8];
-                e[..4].copy_from_slice(&h.map_or(missing, |(_, d)| d).to_le_bytes());
-                e
-            })
-            .collect();
-        write(path, layout(path, "<f4", rows, k, elems, 4)?)?;
-    }
-    Ok(())
+fn add_with<B: Backend>(b: &B, index: &Index, x: &Matrix, ids: Option<&[u64]>) -> Res<Index> {
+    index.add(b, x, ids).map_err(err)
 }
 
 /// `vlc info`: the index's header.
@@ -435,6 +468,14 @@ fn info(index: &std::path::Path) -> Res<()> {
         if h.exact { "exact" } else { "fast" }
     );
     println!("metric            {}", h.metric.name());
+    println!(
+        "ids               {}",
+        if index.has_ids() {
+            "stored"
+        } else {
+            "positions"
+        }
+    );
     println!("seed, iterations  {}, {}", h.seed, h.iterations);
     println!("energy            {:.6}", h.energy);
     println!("reconstruction    MSE {:.6}", h.mse);
@@ -568,112 +609,4 @@ fn compress_with<B: Backend>(b: &B, data: &Matrix, cfg: &Config, quiet: bool) ->
         );
     }
     Ok(out.index)
-}
-
-/// The `eval` report: its text and the two figures the demo checks.
-struct Report {
-    text: String,
-    mse: f64,
-    recall: f64,
-}
-
-/// Where `eval`'s queries come from.
-enum Queries {
-    /// This many of the data's vectors, spread evenly.
-    Spread(usize),
-    /// Queries of their own, with their true neighbours where given.
-    Given {
-        queries: Matrix,
-        truth: Option<Vec<Vec<u32>>>,
-    },
-}
-
-fn evaluate(index: &Index, data: &Matrix, queries: Queries, nprobe: usize) -> Res<Report> {
-    let h = &index.header;
-    if data.rows != h.n || data.cols != h.d {
-        return Err(format!(
-            "the data is {} x {}, the index was built from {} x {}",
-            data.rows, data.cols, h.n, h.d
-        ));
-    }
-    let (qm, given_truth) = match queries {
-        Queries::Spread(count) => {
-            let q = count.clamp(1, data.rows);
-            let step = data.rows / q;
-            let picks: Vec<f32> = (0..q).flat_map(|i| data.row(i * step).to_vec()).collect();
-            let qm = Matrix {
-                rows: q,
-                cols: data.cols,
-                data: picks,
-            };
-            (qm, None)
-        }
-        Queries::Given { queries, truth } => {
-            if queries.cols != h.d {
-                return Err(format!(
-                    "the queries have dimension {}, the index {}",
-                    queries.cols, h.d
-                ));
-            }
-            if let Some(t) = &truth {
-                check_truth(t, queries.rows, h.n)?;
-            }
-            (queries, truth)
-        }
-    };
-    let q = qm.rows;
-    let t = Instant::now();
-    let (truth, exact_s) = match given_truth {
-        Some(t) => (t, f64::NAN),
-        None => {
-            // Exact neighbours by the index's metric.
-            let truth = vlc_anneal::exact_knn_by(data, &qm, 10, h.metric).map_err(err)?;
-            (truth, t.elapsed().as_secs_f64())
-        }
-    };
-    let t = Instant::now();
-    let found = index.search(&qm, 10, nprobe).map_err(err)?;
-    let search_s = t.elapsed().as_secs_f64();
-    let recall = recall_at(&truth, &found, 10);
-    let mse = index.reconstruction_mse(data);
-    let exact = if exact_s.is_nan() {
-        "recall against the given ground truth".to_string()
-    } else {
-        format!("exact search {:.3} ms per query", exact_s * 1e3 / q as f64)
-    };
-    let text = format!(
-        "energy {:.6}\nreconstruction MSE {:.6} (per vector, sum over dimensions)\nrecall@10 {:.4} ({q} queries, nprobe {nprobe})\ncompression ratio {:.2}x ({} bytes against {} bytes of f32)\nsearch {:.3} ms per query ({exact})",
-        h.energy,
-        mse,
-        recall,
-        f32_bytes(h) / index.file_size() as f64,
-        index.file_size(),
-        f32_bytes(h),
-        search_s * 1e3 / q as f64,
-    );
-    Ok(Report { text, mse, recall })
-}
-
-/// Ground truth must have a list per query, at least 10 deep, of ids of the data.
-fn check_truth(truth: &[Vec<u32>], queries: usize, n: usize) -> Res<()> {
-    if truth.len() != queries {
-        return Err(format!(
-            "the ground truth has {} lists for {queries} queries",
-            truth.len()
-        ));
-    }
-    for (q, list) in truth.iter().enumerate() {
-        if list.len() < 10 {
-            return Err(format!(
-                "the ground truth lists {} neighbours for query {q}; recall@10 needs 10",
-                list.len()
-            ));
-        }
-        if let Some(&id) = list.iter().find(|&&id| id as usize >= n) {
-            return Err(format!(
-                "the ground truth names vector {id} for query {q}; the data has {n}"
-            ));
-        }
-    }
-    Ok(())
 }

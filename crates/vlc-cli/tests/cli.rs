@@ -344,6 +344,129 @@ fn a_cosine_index_says_so_and_evaluates() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Ids of one's own, given at compression, added and removed, come back from search.
+#[test]
+fn ids_through_compress_add_remove_and_search() {
+    let dir = scratch("ids");
+    let data = vlc_anneal::synthetic::gaussian_mixture(300, 8, 5, 0.1, 4);
+    let (base, extra) = (
+        vlc_anneal::Matrix::new(250, 8, data.data[..250 * 8].to_vec()).unwrap(),
+        vlc_anneal::Matrix::new(50, 8, data.data[250 * 8..].to_vec()).unwrap(),
+    );
+    let p = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    base.save(p("base.npy")).unwrap();
+    extra.save(p("extra.npy")).unwrap();
+    let ids_file = |name: &str, ids: &[i64]| {
+        let body: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = vlc_anneal::vectors::npy_array_bytes("<i8", ids.len(), 1, &body);
+        std::fs::write(p(name), bytes).unwrap();
+        p(name)
+    };
+    let base_ids: Vec<i64> = (0..250).map(|i| 9_000_000_000 + i).collect();
+    let extra_ids: Vec<i64> = (0..50).map(|i| 77 + i).collect();
+    let (bi, ei) = (ids_file("b.npy", &base_ids), ids_file("e.npy", &extra_ids));
+    let args = [
+        "--anchors",
+        "8",
+        "--bytes",
+        "4",
+        "--backend",
+        "cpu",
+        "--quiet",
+        "--ids",
+    ];
+    let o = vlc(&[
+        &["compress", &p("base.npy"), "-o", &p("a.vlc")][..],
+        &args,
+        &[&bi],
+    ]
+    .concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let o = vlc(&[
+        "add",
+        &p("a.vlc"),
+        &p("extra.npy"),
+        "-o",
+        &p("b.vlc"),
+        "--ids",
+        &ei,
+        "--backend",
+        "cpu",
+    ]);
+    assert!(
+        o.status.success() && text(&o).contains("300 vectors (50 added)"),
+        "{}",
+        text(&o)
+    );
+    assert!(text(&vlc(&["info", &p("b.vlc")])).contains("stored"));
+    // Each added vector finds itself, by its own id.
+    let o = vlc(&[
+        "search",
+        &p("b.vlc"),
+        &p("extra.npy"),
+        "-k",
+        "1",
+        "--nprobe",
+        "8",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let firsts: Vec<i64> = out
+        .lines()
+        .map(|l| {
+            l.split('\t')
+                .nth(1)
+                .unwrap()
+                .split(':')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let own = firsts
+        .iter()
+        .zip(&extra_ids)
+        .filter(|(a, b)| a == b)
+        .count();
+    assert!(own >= 45, "{own} of 50 found themselves: {out}");
+    // Removed by id: they no longer come back.
+    let gone = ids_file("gone.npy", &extra_ids[..10]);
+    let o = vlc(&["remove", &p("b.vlc"), "--ids", &gone, "-o", &p("c.vlc")]);
+    assert!(
+        o.status.success() && text(&o).contains("290 vectors (10 removed"),
+        "{}",
+        text(&o)
+    );
+    let o = vlc(&[
+        "search",
+        &p("c.vlc"),
+        &p("extra.npy"),
+        "-k",
+        "3",
+        "--nprobe",
+        "8",
+    ]);
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        for hit in line.split('\t').nth(1).unwrap().split_whitespace() {
+            let id: i64 = hit.split(':').next().unwrap().parse().unwrap();
+            assert!(!extra_ids[..10].contains(&id), "{id} came back");
+        }
+    }
+    // Ids of the wrong count are refused before any work.
+    let o = vlc(&[
+        &["compress", &p("base.npy"), "-o", &p("d.vlc")][..],
+        &args,
+        &[&ei],
+    ]
+    .concat());
+    assert!(
+        !o.status.success() && text(&o).contains("50 ids for 250 vectors"),
+        "{}",
+        text(&o)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// An index no smaller than its data says so.
 #[test]
 fn an_index_larger_than_its_data_is_noted() {

@@ -20,6 +20,8 @@
 //!               3 subspaces      pq_bytes + 1 u32 dimension bounds
 //!               4 codebooks      codewords * d f32 (subspace j's block: codewords x width_j)
 //!               5 codes          n * pq_bytes u8
+//!               6 ids            n u64, each at most 2^63 - 1 (optional: without it a
+//!                                vector's id is its position)
 //! end-8   4     CRC-32 (IEEE) of every byte before it
 //! end-4   4     end magic "VLC!"
 //! ```
@@ -33,6 +35,7 @@
 //! nothing per vector and so may not claim more vectors than that); `m`, `d` and the codebooks
 //! are bounded by their sections' lengths. Reading does work linear in the file's size.
 
+mod edit;
 mod search;
 
 pub use search::{exact_knn, exact_knn_by, recall_at};
@@ -67,6 +70,8 @@ const SUBSPACES: u32 = 3;
 const CODEBOOKS: u32 = 4;
 
 const CODES: u32 = 5;
+
+const IDS: u32 = 6;
 
 /// The header's scalar fields.
 #[derive(Clone, Debug, PartialEq)]
@@ -190,6 +195,8 @@ pub struct IndexParts {
     pub assignments: Vec<u32>,
     pub pq: ProductQuantizer,
     pub codes: Vec<u8>,
+    /// The vectors' ids; `None`: their positions.
+    pub ids: Option<Vec<u64>>,
 }
 
 impl IndexParts {
@@ -226,6 +233,10 @@ impl IndexParts {
             (CODEBOOKS, bytemuck::cast_slice(&self.pq.codebooks).to_vec()),
             (CODES, self.codes.clone()),
         ];
+        let mut sections = sections;
+        if let Some(ids) = &self.ids {
+            sections.push((IDS, ids.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        }
         let mut out = Vec::new();
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
@@ -294,6 +305,7 @@ pub struct Index {
     pub pq: ProductQuantizer,
     assignments: std::ops::Range<usize>,
     codes: std::ops::Range<usize>,
+    ids: Option<std::ops::Range<usize>>,
     lists: OnceLock<Vec<Vec<u32>>>,
     /// [`Index::reach`], computed on first use.
     reach: OnceLock<f64>,
@@ -401,6 +413,16 @@ impl Index {
                 h.codewords
             )));
         }
+        let ids = ranges[IDS as usize].clone();
+        if let Some(r) = &ids
+            && let Some((i, v)) = bytes[r.clone()]
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .enumerate()
+                .find(|&(_, v)| v > crate::vectors::MAX_ID)
+        {
+            return Err(bad(format!("vector {i} has id {v}, above 2^63 - 1")));
+        }
         let pq = ProductQuantizer {
             dim: h.d,
             codewords: h.codewords,
@@ -413,10 +435,28 @@ impl Index {
             pq,
             assignments,
             codes,
+            ids,
             lists: OnceLock::new(),
             reach: OnceLock::new(),
             storage,
         })
+    }
+
+    /// Vector `i`'s id: the one stored, or its position where the index stores none.
+    pub fn id(&self, i: usize) -> u64 {
+        match &self.ids {
+            Some(r) => u64::from_le_bytes(
+                self.storage[r.start + 8 * i..r.start + 8 * i + 8]
+                    .try_into()
+                    .expect("eight bytes"),
+            ),
+            None => i as u64,
+        }
+    }
+
+    /// Whether the index stores ids of its own (otherwise ids are positions).
+    pub fn has_ids(&self) -> bool {
+        self.ids.is_some()
     }
 
     /// The anchor of vector `i`.
@@ -588,7 +628,7 @@ fn section_ranges(
     h: &Header,
     sections: usize,
     name: &str,
-) -> Result<[Option<std::ops::Range<usize>>; 6]> {
+) -> Result<[Option<std::ops::Range<usize>>; 7]> {
     let bad = |d: String| format_error(name, d);
     let end = bytes.len();
     let expected = |kind: u32| -> Option<usize> {
@@ -598,10 +638,11 @@ fn section_ranges(
             SUBSPACES => (h.pq_bytes + 1) * 4,
             CODEBOOKS => h.codewords.checked_mul(h.d)?.checked_mul(4)?,
             CODES => h.n.checked_mul(h.pq_bytes)?,
+            IDS => h.n.checked_mul(8)?,
             _ => return None,
         })
     };
-    let mut ranges: [Option<std::ops::Range<usize>>; 6] = Default::default();
+    let mut ranges: [Option<std::ops::Range<usize>>; 7] = Default::default();
     for s in 0..sections {
         let at = HEADER_END + ENTRY * s;
         let kind = u32_at(bytes, at);
