@@ -42,7 +42,7 @@ pub(super) struct Layout {
     pub eliminated: Vec<usize>,
 }
 
-fn c(k: &Kernel, v: usize) -> Expr<'_> {
+pub(super) fn c(k: &Kernel, v: usize) -> Expr<'_> {
     k.s.u32(v as u32)
 }
 
@@ -56,7 +56,7 @@ fn lower_entry<'s>(k: &'s Kernel, ca: Expr<'s>, cb: Expr<'s>, n: Expr<'s>) -> (E
 }
 
 /// One instance's reduced column indices (`rcol[i * nr + a]`).
-fn reduced_cols<'s>(
+pub(super) fn reduced_cols<'s>(
     k: &'s Kernel,
     rcol: hal::ir::BufferId,
     i: Expr<'s>,
@@ -67,8 +67,33 @@ fn reduced_cols<'s>(
         .collect()
 }
 
+/// One instance's reduced columns (`rcol[i * nr + a]`), whether each is free (not
+/// [`FIXED`]), and an index safe to load at (0 for a fixed one).
+pub(super) struct FreeCols<'s> {
+    pub cols: Vec<Expr<'s>>,
+    pub valid: Vec<Expr<'s>>,
+    pub safe: Vec<Expr<'s>>,
+}
+
+pub(super) fn free_cols<'s>(
+    k: &'s Kernel,
+    rcol: hal::ir::BufferId,
+    i: Expr<'s>,
+    nr: usize,
+) -> FreeCols<'s> {
+    let cols = reduced_cols(k, rcol, i, nr);
+    let fixed = c(k, FIXED as usize);
+    let valid: Vec<Expr> = cols.iter().map(|&ca| ca.ne(fixed)).collect();
+    let safe = cols
+        .iter()
+        .zip(&valid)
+        .map(|(&ca, &v)| v.select(ca, c(k, 0)))
+        .collect();
+    FreeCols { cols, valid, safe }
+}
+
 /// One instance's `W_i = J_reduced' J_eliminated` (`nr x m`, row-major at `i * nr * m`).
-fn w_block<'s>(
+pub(super) fn w_block<'s>(
     k: &'s Kernel,
     w: hal::ir::BufferId,
     i: Expr<'s>,
@@ -86,7 +111,7 @@ fn w_block<'s>(
 }
 
 /// Block `e`'s `(V + lambda D)^-1` (`m x m`).
-fn minv_block<'s>(
+pub(super) fn minv_block<'s>(
     k: &'s Kernel,
     minv: hal::ir::BufferId,
     e: Expr<'s>,
@@ -103,7 +128,7 @@ fn minv_block<'s>(
 }
 
 /// `sum_j a[j] b[j]`, fused.
-fn dot<'s>(a: &[Expr<'s>], b: &[Expr<'s>]) -> Expr<'s> {
+pub(super) fn dot<'s>(a: &[Expr<'s>], b: &[Expr<'s>]) -> Expr<'s> {
     let mut acc = a[0] * b[0];
     for (x, y) in a.iter().zip(b).skip(1) {
         acc = x.fma(*y, acc);
@@ -315,16 +340,15 @@ pub(super) fn eliminate(precision: Precision, l: &Layout, dense: bool) -> Result
     let i = s.index();
     let n = s.load(meta_buf, s.u32(meta::REDUCED));
     let e = s.load(block, i);
-    let cols = reduced_cols(&k, rcol, i, nr);
+    let free = free_cols(&k, rcol, i, nr);
+    let cols = &free.cols;
     let wi = w_block(&k, w, i, nr, m);
     let mi = minv_block(&k, minv, e, m);
     let ye: Vec<Expr> = (0..m).map(|j| s.load(y, e * c(&k, m) + c(&k, j))).collect();
     let zero = k.float(0.0);
-    let fixed = c(&k, FIXED as usize);
     for a in 0..nr {
-        let valid = cols[a].ne(fixed);
-        let at = valid.select(cols[a], c(&k, 0));
-        s.atomic_add(rhs, at, valid.select(dot(&wi[a], &ye), zero));
+        let value = free.valid[a].select(dot(&wi[a], &ye), zero);
+        s.atomic_add(rhs, free.safe[a], value);
     }
     let Some(sm) = sm else {
         return k.s.build();
@@ -406,16 +430,11 @@ pub(super) fn back_sum(precision: Precision, l: &Layout) -> Result<Program> {
     let (m, nr) = (l.eliminated.len(), l.reduced.len());
     let i = s.index();
     let e = s.load(block, i);
-    let cols = reduced_cols(&k, rcol, i, nr);
+    let free = free_cols(&k, rcol, i, nr);
     let wi = w_block(&k, w, i, nr, m);
-    let fixed = c(&k, FIXED as usize);
     let zero = k.float(0.0);
-    let x: Vec<Expr> = cols
-        .iter()
-        .map(|&ca| {
-            let valid = ca.ne(fixed);
-            valid.select(s.load(dc, valid.select(ca, c(&k, 0))), zero)
-        })
+    let x: Vec<Expr> = (0..nr)
+        .map(|a| free.valid[a].select(s.load(dc, free.safe[a]), zero))
         .collect();
     // A shape that reads no reduced column adds nothing.
     for j in (0..m).filter(|_| nr > 0) {

@@ -6,7 +6,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::super::kernel::Kernel;
-use super::kernels::{FIXED, Layout, meta, spd_inverse};
+use super::kernels::{Layout, c, dot, free_cols, meta, minv_block, spd_inverse, w_block};
 use crate::Precision;
 use hal::Result;
 use hal::ir::expr::Expr;
@@ -20,18 +20,6 @@ pub(super) mod slot {
     pub const RZ_NEW: u32 = 3;
     pub const BETA: u32 = 4;
     pub const LEN: usize = 5;
-}
-
-fn c(k: &Kernel, v: usize) -> Expr<'_> {
-    k.s.u32(v as u32)
-}
-
-fn dot<'s>(a: &[Expr<'s>], b: &[Expr<'s>]) -> Expr<'s> {
-    let mut acc = a[0] * b[0];
-    for (x, y) in a.iter().zip(b).skip(1) {
-        acc = x.fma(*y, acc);
-    }
-    acc
 }
 
 /// One instance's Jacobian, by column (`column[col][row]`), at entry `meta[NNZ0] + i r p`.
@@ -51,28 +39,6 @@ fn instance_columns<'s>(
                 .collect()
         })
         .collect()
-}
-
-/// The instance's `W_i` (`nr x m`) and, where it reads block `e`, `M_e^-1`.
-fn w_and_minv<'s>(
-    k: &'s Kernel,
-    w: BufferId,
-    minv: BufferId,
-    i: Expr<'s>,
-    e: Expr<'s>,
-    nr: usize,
-    m: usize,
-) -> (Vec<Vec<Expr<'s>>>, Vec<Vec<Expr<'s>>>) {
-    let s = &k.s;
-    let wb = i * c(k, nr * m);
-    let wi = (0..nr)
-        .map(|a| (0..m).map(|j| s.load(w, wb + c(k, a * m + j))).collect())
-        .collect();
-    let mb = e * c(k, m * m);
-    let mi = (0..m)
-        .map(|a| (0..m).map(|b| s.load(minv, mb + c(k, a * m + b))).collect())
-        .collect();
-    (wi, mi)
 }
 
 /// Per eliminated block: `z_e = M_e^-1 t_e`. Buffers: `minv`, `t`, `z`.
@@ -119,17 +85,9 @@ pub(super) fn schur_apply(precision: Precision, l: &Layout) -> Result<Program> {
     }
     let i = s.index();
     let column = instance_columns(&k, meta_buf, jac, i, l);
-    let fixed = c(&k, FIXED as usize);
     let zero = k.float(0.0);
-    let cols: Vec<Expr> = (0..nr)
-        .map(|a| s.load(rcol, i * c(&k, nr) + c(&k, a)))
-        .collect();
-    let valid: Vec<Expr> = cols.iter().map(|&ca| ca.ne(fixed)).collect();
-    let at: Vec<Expr> = cols
-        .iter()
-        .zip(&valid)
-        .map(|(&ca, &v)| v.select(ca, c(&k, 0)))
-        .collect();
+    let free = free_cols(&k, rcol, i, nr);
+    let (valid, at) = (&free.valid, &free.safe);
     let pv: Vec<Expr> = (0..nr)
         .map(|a| valid[a].select(s.load(p, at[a]), zero))
         .collect();
@@ -172,23 +130,15 @@ pub(super) fn precond_add(precision: Precision, l: &Layout, bs: usize) -> Result
     }
     let i = s.index();
     let column = instance_columns(&k, meta_buf, jac, i, l);
-    let fixed = c(&k, FIXED as usize);
     let zero = k.float(0.0);
-    let cols: Vec<Expr> = (0..nr)
-        .map(|a| s.load(rcol, i * c(&k, nr) + c(&k, a)))
-        .collect();
-    let valid: Vec<Expr> = cols.iter().map(|&ca| ca.ne(fixed)).collect();
-    let safe: Vec<Expr> = cols
-        .iter()
-        .zip(&valid)
-        .map(|(&ca, &v)| v.select(ca, c(&k, 0)))
-        .collect();
+    let free = free_cols(&k, rcol, i, nr);
+    let (valid, safe) = (&free.valid, &free.safe);
     let blk: Vec<Expr> = safe.iter().map(|&ca| s.load(pblock, ca)).collect();
     let loc: Vec<Expr> = safe.iter().map(|&ca| s.load(plocal, ca)).collect();
     let h = if m > 0 {
         let (block, w, minv) = (k.indices(), k.read(), k.read());
         let e = s.load(block, i);
-        let (wi, mi) = w_and_minv(&k, w, minv, i, e, nr, m);
+        let (wi, mi) = (w_block(&k, w, i, nr, m), minv_block(&k, minv, e, m));
         let h: Vec<Vec<Expr>> = (0..nr)
             .map(|a| {
                 (0..m)
