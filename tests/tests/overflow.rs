@@ -52,3 +52,42 @@ fn a_wrapped_fill_touches_no_other_buffer() {
         }
     }
 }
+
+/// A reduction over an empty axis reads nothing, so validation bounds none of the view's
+/// other strides: offsets along them must not be computed (seed 1795745636335858690 found
+/// `2 * 2^62` overflowing in the CPU backend's walk). The result is the empty reduction's.
+#[test]
+fn an_empty_reduction_under_hostile_strides() {
+    let cpu = backend_cpu::CpuBackend::new();
+    let x = cpu.alloc(DType::F32, 4).unwrap();
+    let out = cpu.alloc(DType::F32, 4).unwrap();
+    let xl = Layout::strided(&[2, 2, 0], &[-(1 << 40), 1 << 62, 1], 0).unwrap();
+    let ol = Layout::contiguous(&[2, 2, 1]);
+    cpu.fill(View::new(&out, &ol), 7.0).unwrap();
+    cpu.reduce(
+        hal::ReduceOp::Sum,
+        View::new(&x, &xl),
+        &[2],
+        View::new(&out, &ol),
+    )
+    .unwrap();
+    assert_eq!(cpu.read_f32(&out).unwrap(), vec![0.0; 4]);
+    cpu.reduce(
+        hal::ReduceOp::Mean,
+        View::new(&x, &xl),
+        &[2],
+        View::new(&out, &ol),
+    )
+    .unwrap();
+    assert!(cpu.read_f32(&out).unwrap().iter().all(|v| v.is_nan()));
+    // Max of nothing is refused, as anywhere.
+    let e = cpu
+        .reduce(
+            hal::ReduceOp::Max,
+            View::new(&x, &xl),
+            &[2],
+            View::new(&out, &ol),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("no elements"), "{e}");
+}

@@ -126,6 +126,19 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
     let (kept, red) = split(xl, axes);
     let red_walk = Walk::new(&red.shape, [&red]);
     let count = red_walk.numel();
+    if count == 0 {
+        // An empty reduction: `x` holds no elements, so validation bounded none of its
+        // strides (a hostile view's may overflow an offset), and none is read. The outputs
+        // are the empty reduction's, walked alone.
+        let value = Acc::EMPTY.finish(op, 0);
+        Walk::new(&ol.shape, [ol]).par_runs(|_, [o], [so], len| {
+            for j in 0..len as isize {
+                // SAFETY: output view checked (validate::reduce); disjoint positions per thread.
+                unsafe { out.store_f64(o + j * so, value) };
+            }
+        });
+        return;
+    }
     let out_walk = Walk::new(&ol.shape, [ol, &kept]);
     let n_out = out_walk.numel();
     // Sums along a strided axis (a bias gradient: [batch, features] summed over the batch):
