@@ -71,6 +71,7 @@ pub(crate) fn evaluate(
             (truth, t.elapsed().as_secs_f64())
         }
     };
+    index.prepare_search();
     let t = Instant::now();
     let found = index.search(&qm, 10, nprobe).map_err(err)?;
     let search_s = t.elapsed().as_secs_f64();

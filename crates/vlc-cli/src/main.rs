@@ -185,6 +185,7 @@ fn main() -> ExitCode {
     unsafe { backends::quiet_headless_start() };
     let cli = Cli::parse();
     if cli.threads > 0 {
+        vlc_anneal::index::set_threads(cli.threads);
         if let Err(e) = rayon::ThreadPoolBuilder::new()
             .num_threads(cli.threads)
             .build_global()

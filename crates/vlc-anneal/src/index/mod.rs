@@ -38,7 +38,7 @@
 mod edit;
 mod search;
 
-pub use search::{exact_knn, exact_knn_by, recall_at};
+pub use search::{PRECOMPUTED_MAX_BYTES, exact_knn, exact_knn_by, recall_at, set_threads};
 
 use crate::error::{Result, format_error, io_error};
 use crate::pq::ProductQuantizer;
@@ -306,7 +306,9 @@ pub struct Index {
     assignments: std::ops::Range<usize>,
     codes: std::ops::Range<usize>,
     ids: Option<std::ops::Range<usize>>,
-    lists: OnceLock<Vec<Vec<u32>>>,
+    lists: OnceLock<search::Lists>,
+    /// Search's precomputed tables ([`Index::precomputed`]), computed on first use.
+    precomputed: OnceLock<Option<Vec<f32>>>,
     /// [`Index::reach`], computed on first use.
     reach: OnceLock<f64>,
 }
@@ -437,6 +439,7 @@ impl Index {
             codes,
             ids,
             lists: OnceLock::new(),
+            precomputed: OnceLock::new(),
             reach: OnceLock::new(),
             storage,
         })

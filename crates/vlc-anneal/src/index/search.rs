@@ -28,6 +28,18 @@ pub(crate) fn check_queries(queries: &Matrix, reach: f64) -> crate::Result<()> {
     Ok(())
 }
 
+/// Threads the host-side search and exact k-NN run on; 0 (the default) takes every core.
+static THREADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Sets the threads host-side search and exact k-NN run on (0: every core).
+pub fn set_threads(threads: usize) {
+    THREADS.store(threads, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The most memory search's precomputed tables may take (beyond it, each probed list's table
+/// is computed from the query's residual instead).
+pub const PRECOMPUTED_MAX_BYTES: usize = 256 << 20;
+
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(&x, &y)| x * y).sum()
 }
@@ -97,7 +109,10 @@ impl TopK {
 
 /// `f` of every row of `queries`, spread over the machine's threads.
 pub(crate) fn parallel_map<T: Send>(queries: &Matrix, f: &(dyn Fn(&[f32]) -> T + Sync)) -> Vec<T> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = match THREADS.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
     let per = queries.rows.div_ceil(threads).max(1);
     let mut out: Vec<T> = Vec::with_capacity(queries.rows);
     std::thread::scope(|s| {
@@ -164,16 +179,41 @@ pub fn recall_at(truth: &[Vec<u32>], found: &[Vec<(u32, f32)>], k: usize) -> f64
     total / truth.len() as f64
 }
 
+/// The inverted lists: each anchor's members in ascending order, and their residual codes
+/// laid out list by list, so a probed list's codes stream from one place.
+pub(crate) struct Lists {
+    ids: Vec<Vec<u32>>,
+    codes: Vec<Vec<u8>>,
+}
+
 impl Index {
+    fn inverted(&self) -> &Lists {
+        self.lists.get_or_init(|| {
+            let mut ids = vec![Vec::new(); self.header.m];
+            for i in 0..self.header.n {
+                ids[self.assignment(i) as usize].push(i as u32);
+            }
+            let codes = ids
+                .iter()
+                .map(|list| {
+                    list.iter()
+                        .flat_map(|&i| self.code(i as usize).iter().copied())
+                        .collect()
+                })
+                .collect();
+            Lists { ids, codes }
+        })
+    }
+
+    /// Builds what search builds on first use (the inverted lists, the precomputed tables),
+    /// so that timing a search times the search.
+    pub fn prepare_search(&self) {
+        let _ = (self.inverted(), self.precomputed());
+    }
+
     /// Members of each anchor, in ascending order (built on first use).
     pub fn lists(&self) -> &[Vec<u32>] {
-        self.lists.get_or_init(|| {
-            let mut lists = vec![Vec::new(); self.header.m];
-            for i in 0..self.header.n {
-                lists[self.assignment(i) as usize].push(i as u32);
-            }
-            lists
-        })
+        &self.inverted().ids
     }
 
     /// The `k` nearest vectors of each query by asymmetric distance: the query is compared
@@ -207,7 +247,7 @@ impl Index {
         let nprobe = nprobe.min(m);
         // More results than vectors cannot be returned.
         let k = k.min(self.header.n);
-        let lists = self.lists();
+        let lists = self.inverted();
         let ip = metric == crate::Metric::InnerProduct;
         let search_one = |q: &[f32]| -> Vec<(u32, f32)> {
             if ip {
@@ -219,6 +259,25 @@ impl Index {
             near.truncate(nprobe);
             let mut best = TopK::new(k);
             let mut table = vec![0f32; self.pq.codewords.max(1) * self.pq.bytes()];
+            if let Some(pre) = self.precomputed() {
+                // |q - a - c|^2 = |q - a|^2 + (|c|^2 + 2 a.c) - 2 q.c, subspace by subspace:
+                // the middle term is the anchor's precomputed table, the last the query's,
+                // so each probed list's table is one addition per entry.
+                let qterm = self.query_table(q);
+                let len = qterm.len();
+                for &(base, a) in &near {
+                    let row = &pre[a as usize * len..(a as usize + 1) * len];
+                    for ((t, &p), &qv) in table.iter_mut().zip(row).zip(&qterm) {
+                        *t = p + qv;
+                    }
+                    self.scan(lists, a as usize, base, &table, &mut best);
+                }
+                let mut found = best.into_sorted();
+                found
+                    .iter_mut()
+                    .for_each(|(_, d)| *d = metric.reported(d.max(0.0)));
+                return found;
+            }
             let mut rq = vec![0f32; d];
             for &(_, a) in &near {
                 let c = self.anchor(a as usize);
@@ -226,13 +285,7 @@ impl Index {
                     *r = qv - cv;
                 }
                 let base = self.fill_table(&rq, &mut table);
-                for &i in &lists[a as usize] {
-                    let mut dist = base;
-                    for (j, &code) in self.code(i as usize).iter().enumerate() {
-                        dist += table[j * self.pq.codewords + code as usize];
-                    }
-                    best.push(dist, i);
-                }
+                self.scan(lists, a as usize, base, &table, &mut best);
             }
             let mut found = best.into_sorted();
             found.iter_mut().for_each(|(_, d)| *d = metric.reported(*d));
@@ -272,7 +325,7 @@ impl Index {
     /// One query of an inner-product index: the `nprobe` anchors with the largest `q . a`,
     /// their members scored by `-(q . a + sum_j q_j . c_j)` (smallest first), reported as the
     /// inner product.
-    fn search_ip(&self, q: &[f32], k: usize, nprobe: usize, lists: &[Vec<u32>]) -> Vec<(u32, f32)> {
+    fn search_ip(&self, q: &[f32], k: usize, nprobe: usize, lists: &Lists) -> Vec<(u32, f32)> {
         let m = self.header.m;
         let mut near: Vec<(f32, u32)> = (0..m)
             .map(|a| (-dot(q, self.anchor(a)), a as u32))
@@ -292,17 +345,78 @@ impl Index {
         }
         let mut best = TopK::new(k);
         for &(base, a) in &near {
-            for &i in &lists[a as usize] {
-                let mut score = base;
-                for (j, &code) in self.code(i as usize).iter().enumerate() {
-                    score += table[j * pq.codewords + code as usize];
-                }
-                best.push(score, i);
-            }
+            self.scan(lists, a as usize, base, &table, &mut best);
         }
         let mut found = best.into_sorted();
         found.iter_mut().for_each(|(_, s)| *s = -*s);
         found
+    }
+
+    /// Scores list `a`'s members: `base` plus each subspace's table entry for its code.
+    fn scan(&self, lists: &Lists, a: usize, base: f32, table: &[f32], best: &mut TopK) {
+        let (k, bytes) = (self.pq.codewords, self.header.pq_bytes);
+        if bytes == 0 {
+            lists.ids[a].iter().for_each(|&i| best.push(base, i));
+            return;
+        }
+        for (&i, codes) in lists.ids[a].iter().zip(lists.codes[a].chunks_exact(bytes)) {
+            let mut dist = base;
+            for (j, &code) in codes.iter().enumerate() {
+                dist += table[j * k + code as usize];
+            }
+            best.push(dist, i);
+        }
+    }
+
+    /// Per anchor `a`, subspace `j` and codeword `c`: `|c|^2 + 2 a_j . c`, the part of a
+    /// squared distance to a reconstruction that does not depend on the query (`m x bytes x
+    /// codewords`, FAISS's precomputed tables). Computed on first use; `None` without residual
+    /// codes, or where the tables would take more than [`PRECOMPUTED_MAX_BYTES`].
+    pub(crate) fn precomputed(&self) -> Option<&[f32]> {
+        self.precomputed
+            .get_or_init(|| {
+                let pq = &self.pq;
+                let (m, bytes, k) = (self.header.m, pq.bytes(), pq.codewords);
+                let len = m.checked_mul(bytes)?.checked_mul(k)?;
+                if bytes == 0 || len.saturating_mul(4) > PRECOMPUTED_MAX_BYTES {
+                    return None;
+                }
+                let mut out = vec![0f32; len];
+                out.chunks_mut(bytes * k).enumerate().for_each(|(a, row)| {
+                    let anchor = self.anchor(a);
+                    for j in 0..bytes {
+                        let (lo, hi) = (pq.bounds[j], pq.bounds[j + 1]);
+                        let w = hi - lo;
+                        let book = &pq.codebooks[pq.codebook_offset(j)..][..k * w];
+                        for (c, word) in book.chunks_exact(w).enumerate() {
+                            let (mut norm, mut cross) = (0f32, 0f32);
+                            for (&x, &y) in word.iter().zip(&anchor[lo..hi]) {
+                                norm += x * x;
+                                cross += x * y;
+                            }
+                            row[j * k + c] = norm + 2.0 * cross;
+                        }
+                    }
+                });
+                Some(out)
+            })
+            .as_deref()
+    }
+
+    /// `-2 q_j . c` for every subspace `j` and codeword `c` (`bytes x codewords`).
+    fn query_table(&self, q: &[f32]) -> Vec<f32> {
+        let pq = &self.pq;
+        let k = pq.codewords;
+        let mut out = vec![0f32; pq.bytes() * k];
+        for j in 0..pq.bytes() {
+            let (lo, hi) = (pq.bounds[j], pq.bounds[j + 1]);
+            let w = hi - lo;
+            let book = &pq.codebooks[pq.codebook_offset(j)..][..k * w];
+            for (c, word) in book.chunks_exact(w).enumerate() {
+                out[j * k + c] = -2.0 * dot(&q[lo..hi], word);
+            }
+        }
+        out
     }
 
     pub(crate) fn fill_table(&self, rq: &[f32], table: &mut [f32]) -> f32 {
