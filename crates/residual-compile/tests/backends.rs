@@ -180,3 +180,43 @@ fn cuda_matches_cpu() {
     parity_on(&gpu, 5, Precision::F32, true, true);
     parity_on(&gpu, 5, Precision::F64, true, false);
 }
+
+/// Bundle adjustment on wgpu (lavapipe in CI) in f32: `Auto` takes the device Schur engine
+/// (wgpu adds f32 atomically) and reaches the CPU's dense Schur cost to f32's accuracy; the
+/// iterative engine too.
+#[test]
+fn wgpu_device_schur_solves_a_bundle_adjustment_in_f32() {
+    let gpu = backend_wgpu::WgpuBackend::new()
+        .expect("the wgpu backend is required (install mesa-vulkan-drivers for lavapipe)");
+    let scene = residual_compile::bal::Synthetic::new(6, 150, 3, 0.5, seed());
+    let cpu_cost = {
+        let mut p = scene.start.problem(Loss::Trivial).unwrap();
+        solve(
+            &CpuBackend::new(),
+            &mut p,
+            &SolveOptions::default(),
+            &KernelCache::new(),
+        )
+        .unwrap()
+        .final_cost
+    };
+    for solver in [LinearSolver::Auto, LinearSolver::IterativeSchur] {
+        let mut p = scene.start.problem(Loss::Trivial).unwrap();
+        let options = SolveOptions {
+            precision: Precision::F32,
+            linear_solver: solver,
+            max_iterations: 50,
+            ..Default::default()
+        };
+        let s = solve(&gpu, &mut p, &options, &KernelCache::new())
+            .unwrap_or_else(|e| panic!("{solver:?}: {e}"));
+        if solver == LinearSolver::Auto {
+            assert_eq!(s.linear_solver, LinearSolver::DeviceSchur, "{s}");
+        }
+        assert!(
+            (s.final_cost - cpu_cost).abs() <= 1e-4 * cpu_cost,
+            "{solver:?}: {} against the CPU's {cpu_cost}\n{s}",
+            s.final_cost
+        );
+    }
+}
