@@ -14,6 +14,10 @@ pub struct SolveArgs {
     /// (conjugate gradients on the device).
     #[arg(long, default_value = "auto")]
     pub linear_solver: String,
+    /// f64 (the default) or f32: what the residuals, Jacobians and linear solves are computed
+    /// in.
+    #[arg(long, default_value = "f64")]
+    pub precision: String,
     /// The most iterations (Ceres's examples stop at 100 for BA, 200 for pose graphs).
     #[arg(long, default_value_t = 100)]
     pub max_iterations: usize,
@@ -43,8 +47,14 @@ impl SolveArgs {
         };
         let defaults = SolveOptions::default();
         let ceres = self.ceres_tolerances;
+        let precision = match self.precision.as_str() {
+            "f64" => residual_compile::Precision::F64,
+            "f32" => residual_compile::Precision::F32,
+            other => return Err(format!("--precision {other}: use f64 or f32")),
+        };
         Ok(SolveOptions {
             linear_solver,
+            precision,
             max_iterations: self.max_iterations,
             verbose: !self.quiet,
             function_tolerance: if ceres {
