@@ -163,5 +163,8 @@ fn ids_travel_through_adds_removals_and_the_file() {
             )
             .is_err()
     );
+    let none = Matrix::new(0, 8, Vec::new()).unwrap();
+    let e = index.add(&CpuBackend::new(), &none, None).unwrap_err();
+    assert!(e.to_string().contains("no vectors"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

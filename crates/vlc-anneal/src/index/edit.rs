@@ -45,6 +45,9 @@ impl Index {
             )));
         }
         let n1 = x.rows;
+        if n1 == 0 {
+            return Err(input("there are no vectors to add"));
+        }
         if n0 + n1 > super::MAX_VECTORS {
             return Err(input(format!(
                 "an index holds at most {} vectors",

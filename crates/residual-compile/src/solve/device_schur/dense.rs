@@ -83,6 +83,15 @@ impl<B: Backend> Dense<B> {
             });
         }
         let n = sh.reduced;
+        // The host's copy of S: refused, not an abort, where it cannot be had.
+        let mut s_host: Vec<f64> = Vec::new();
+        s_host.try_reserve_exact(n * n).map_err(|_| {
+            Error::Solver(format!(
+                "the dense Schur complement ({n} x {n} f64) does not fit in memory: use \
+                 LinearSolver::IterativeSchur"
+            ))
+        })?;
+        s_host.resize(n * n, 0.0);
         let scratch = MemBuffer::try_new(cholesky_in_place_scratch::<f64>(
             n,
             Par::rayon(0),
@@ -93,7 +102,7 @@ impl<B: Backend> Dense<B> {
             pairs,
             u: b.alloc(precision.dtype(), n * n)?,
             s: b.alloc(precision.dtype(), n * n)?,
-            s_host: vec![0.0; n * n],
+            s_host,
             scratch,
         })
     }
