@@ -40,12 +40,37 @@ pub fn set_threads(threads: usize) {
 /// is computed from the query's residual instead).
 pub const PRECOMPUTED_MAX_BYTES: usize = 256 << 20;
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(&x, &y)| x * y).sum()
+/// `sum_i f(a_i, b_i)` in eight interleaved partial sums (one SIMD register's lanes: a
+/// single running sum is one dependent add after another, four cycles each, which left the
+/// coarse step of a search at a quarter of the machine's speed), then the tail.
+#[inline(always)]
+fn lanes(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (at, bt) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += f(x[l], y[l]);
+        }
+    }
+    let mut total =
+        ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (&x, &y) in at.iter().zip(bt) {
+        total += f(x, y);
+    }
+    total
 }
 
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    lanes(a, b, |x, y| x * y)
+}
+
+#[inline]
 pub(crate) fn sq(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(&x, &y)| (x - y) * (x - y)).sum()
+    lanes(a, b, |x, y| (x - y) * (x - y))
 }
 
 /// The `k` smallest `(distance, id)` pairs seen (ties to the lower id).
