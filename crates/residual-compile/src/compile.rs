@@ -267,6 +267,28 @@ impl<B: Backend> CompiledProblem<B> {
         Ok(compiled)
     }
 
+    /// The Jacobian as a CSR operator over `values` (its entries, in the structure's order).
+    pub fn jacobian_csr<'a>(&'a self, values: &'a B::Buffer) -> hal::Csr<'a, B::Buffer> {
+        hal::Csr {
+            rows: self.rows,
+            cols: self.cols,
+            row_offsets: &self.row_offsets,
+            col_indices: &self.col_indices,
+            values,
+        }
+    }
+
+    /// Its transpose as a CSR operator over `values` (`jacobian[transpose_perm[k]]`).
+    pub fn transpose_csr<'a>(&'a self, values: &'a B::Buffer) -> hal::Csr<'a, B::Buffer> {
+        hal::Csr {
+            rows: self.cols,
+            cols: self.rows,
+            row_offsets: &self.t_row_offsets,
+            col_indices: &self.t_col_indices,
+            values,
+        }
+    }
+
     /// Buffers for one evaluation's outputs.
     pub fn alloc_evaluation(&self) -> Result<Evaluation<B>, Error> {
         let b = &self.backend;

@@ -3,12 +3,13 @@
 //! in the solve's precision (every vector and scalar `f64` or `f32`).
 
 use super::kernel::Kernel;
+use super::normal::{Transposed, dot_into, sum_into};
 use super::{Engine, Iterates, SolveOptions, Step};
 use crate::compile::CompiledProblem;
 use crate::problem::Problem;
 use crate::{Error, Precision};
 use hal::ir::Program;
-use hal::{Backend, BackendExt, BinaryOp, Csr, Layout, ReduceOp, UnaryOp, View};
+use hal::{Backend, BackendExt, BinaryOp, Layout, ReduceOp, UnaryOp, View};
 use std::time::Instant;
 
 /// Scalars the CG kernels share, in one small device buffer.
@@ -155,9 +156,7 @@ pub(super) struct DeviceEngine<B: Backend> {
     kernels: CgKernels<B>,
     options: SolveOptions,
     it: Iterates<B, B::Buffer>,
-    jt_values: B::Buffer,
-    jt_squared: B::Buffer,
-    ones: B::Buffer,
+    jt: Transposed<B>,
     mask: B::Buffer,
     gradient: B::Buffer,
     diagonal: B::Buffer,
@@ -200,7 +199,7 @@ impl<B: Backend> DeviceEngine<B> {
             beta: b.compile(&programs[4])?,
             direction: b.compile(&programs[5])?,
         };
-        let (n, rows, nnz) = (compiled.cols.max(1), compiled.rows, compiled.nnz);
+        let (n, rows) = (compiled.cols.max(1), compiled.rows);
         let vec_n = || b.alloc(dtype, n);
         let x = problem.parameters();
         if !compiled.tangent.is_identity() && problem.has_bounds() {
@@ -218,13 +217,7 @@ impl<B: Backend> DeviceEngine<B> {
         let start = compiled.upload_floats(x)?;
         let mut engine = Self {
             it: Iterates::new(&compiled, b.alloc(dtype, x.len().max(1))?, start)?,
-            jt_values: b.alloc(dtype, nnz.max(1))?,
-            jt_squared: b.alloc(dtype, nnz.max(1))?,
-            ones: {
-                let o = b.alloc(dtype, rows.max(1))?;
-                b.fill(View::new(&o, &Layout::contiguous(&[rows.max(1)])), 1.0)?;
-                o
-            },
+            jt: Transposed::new(&compiled)?,
             mask: compiled.upload_floats(&mask)?,
             gradient: vec_n()?,
             diagonal: vec_n()?,
@@ -293,49 +286,20 @@ impl<B: Backend> DeviceEngine<B> {
         Ok(())
     }
 
-    fn csr<'a>(&'a self, values: &'a B::Buffer) -> Csr<'a, B::Buffer> {
-        Csr {
-            rows: self.compiled.rows,
-            cols: self.compiled.cols,
-            row_offsets: &self.compiled.row_offsets,
-            col_indices: &self.compiled.col_indices,
-            values,
-        }
-    }
-
-    fn csr_t<'a>(&'a self, values: &'a B::Buffer) -> Csr<'a, B::Buffer> {
-        Csr {
-            rows: self.compiled.cols,
-            cols: self.compiled.rows,
-            row_offsets: &self.compiled.t_row_offsets,
-            col_indices: &self.compiled.t_col_indices,
-            values,
-        }
-    }
-
     /// `scalars[at] = sum(a * b)` over `len` elements (`parts` as scratch).
     fn dot_into(&self, a: &B::Buffer, b: &B::Buffer, len: usize, at: u32) -> Result<(), Error> {
         let be = &self.compiled.backend;
-        let l = Layout::contiguous(&[len]);
-        be.binary(
-            BinaryOp::Mul,
-            View::new(a, &l),
-            View::new(b, &l),
-            View::new(&self.parts, &l),
-        )?;
-        self.sum_parts_into(len, at)
+        dot_into(be, (a, b), len, &self.parts, &self.scalars, at as usize)
     }
 
     fn sum_parts_into(&self, len: usize, at: u32) -> Result<(), Error> {
-        let l = Layout::contiguous(&[len]);
-        let out = Layout::strided(&[1], &[1], at as usize)?;
-        self.compiled.backend.reduce(
-            ReduceOp::Sum,
-            View::new(&self.parts, &l),
-            &[0],
-            View::new(&self.scalars, &out),
-        )?;
-        Ok(())
+        sum_into(
+            &self.compiled.backend,
+            &self.parts,
+            len,
+            &self.scalars,
+            at as usize,
+        )
     }
 }
 
@@ -365,34 +329,10 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     fn linearize(&mut self) -> Result<f64, Error> {
         let t = Instant::now();
         let be = self.compiled.backend.clone();
-        let (n, nnz) = (self.compiled.cols, self.compiled.nnz);
-        let ln = Layout::contiguous(&[nnz]);
-        let lp = Layout::contiguous(&[self.compiled.nnz]);
-        be.gather(
-            View::new(&self.it.current.jacobian, &ln),
-            0,
-            View::new(&self.compiled.transpose_perm, &lp),
-            View::new(&self.jt_values, &ln),
-        )?;
-        be.unary(
-            UnaryOp::Square,
-            View::new(&self.jt_values, &ln),
-            View::new(&self.jt_squared, &ln),
-        )?;
-        be.spmv_csr(
-            self.csr_t(&self.jt_values),
-            &self.it.current.residuals,
-            &self.gradient,
-            1.0,
-            0.0,
-        )?;
-        be.spmv_csr(
-            self.csr_t(&self.jt_squared),
-            &self.ones,
-            &self.diagonal,
-            1.0,
-            0.0,
-        )?;
+        let n = self.compiled.cols;
+        let it = &self.it;
+        self.jt
+            .linearize(&self.compiled, &it.current, &self.gradient, &self.diagonal)?;
         // max |g| over the free parameters; with bounds, Ceres's projected form
         // max |x - P(x - g)| (`P` the projection onto the bounds: 0 at a minimum on a bound).
         let l = Layout::contiguous(&[n]);
@@ -462,13 +402,19 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         if rz0 > 0.0 {
             while iterations < self.options.max_cg_iterations {
                 be.spmv_csr(
-                    self.csr(&self.it.current.jacobian),
+                    self.compiled.jacobian_csr(&self.it.current.jacobian),
                     &self.p,
                     &self.t,
                     1.0,
                     0.0,
                 )?;
-                be.spmv_csr(self.csr_t(&self.jt_values), &self.t, &self.q, 1.0, 0.0)?;
+                be.spmv_csr(
+                    self.compiled.transpose_csr(&self.jt.values),
+                    &self.t,
+                    &self.q,
+                    1.0,
+                    0.0,
+                )?;
                 be.launch(
                     &k.q,
                     &[&self.q, &self.p, &self.damp, &self.mask, &self.parts],
@@ -506,7 +452,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         // The model reduction -g.delta - |J delta|^2 / 2, and the norms, from one read (of
         // the step as projected onto the bounds, where there are any).
         be.spmv_csr(
-            self.csr(&self.it.current.jacobian),
+            self.compiled.jacobian_csr(&self.it.current.jacobian),
             &self.delta,
             &self.t,
             1.0,

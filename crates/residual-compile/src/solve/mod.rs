@@ -37,6 +37,7 @@ mod cg;
 mod cholesky;
 mod device_schur;
 mod kernel;
+mod normal;
 mod summary;
 
 pub use summary::{IterationSummary, PhaseTimes, Summary};

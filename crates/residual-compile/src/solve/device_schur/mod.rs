@@ -27,11 +27,12 @@ mod pcg_kernels;
 
 use super::host::Damping;
 use super::kernel::compile_all;
+use super::normal::{Transposed, dot_into};
 use super::{Engine, Iterates, SolveOptions, Step};
 use crate::compile::CompiledProblem;
 use crate::problem::Problem;
 use crate::{Error, Precision};
-use hal::{Backend, BackendExt, BinaryOp, Csr, Layout, ReduceOp, UnaryOp, View};
+use hal::{Backend, BackendExt, BinaryOp, Layout, UnaryOp, View};
 use kernels::{FIXED, Layout as Shape, meta};
 use layout::GroupLayout;
 use std::time::Instant;
@@ -91,10 +92,9 @@ struct Shared<B: Backend> {
     rhs: B::Buffer,
     dc: B::Buffer,
     t: B::Buffer,
-    /// Per column: the gradient `J' f`, `diag(J' J)`, the damping, the step; `lambda`.
-    jt_values: B::Buffer,
-    jt_squared: B::Buffer,
-    ones: B::Buffer,
+    /// `J'` on the device; per column the gradient `J' f`, `diag(J' J)`, the damping, the
+    /// step; `lambda`.
+    jt: Transposed<B>,
     gradient: B::Buffer,
     diagonal: B::Buffer,
     dd: B::Buffer,
@@ -239,7 +239,7 @@ impl<B: Backend> DeviceSchurEngine<B> {
             });
             nnz0 += instances * g.residuals_per_instance() * g.params_per_instance();
         }
-        let (rows, nnz) = (compiled.rows, compiled.nnz);
+        let rows = compiled.rows;
         let vec = |len: usize| b.alloc(dtype, len.max(1));
         let x = problem.parameters();
         let start = compiled.upload_floats(x)?;
@@ -261,13 +261,7 @@ impl<B: Backend> DeviceSchurEngine<B> {
             rhs: vec(reduced + 1)?,
             dc: vec(reduced)?,
             t: vec(blocks * size)?,
-            jt_values: vec(nnz)?,
-            jt_squared: vec(nnz)?,
-            ones: {
-                let o = vec(rows)?;
-                b.fill(View::new(&o, &Layout::contiguous(&[rows.max(1)])), 1.0)?;
-                o
-            },
+            jt: Transposed::new(&compiled)?,
             gradient: vec(n)?,
             diagonal: vec(n)?,
             dd: vec(n)?,
@@ -300,58 +294,9 @@ impl<B: Backend> Shared<B> {
         &self.compiled.backend
     }
 
-    fn csr<'a>(&'a self, values: &'a B::Buffer, transposed: bool) -> Csr<'a, B::Buffer> {
-        let c = &self.compiled;
-        if transposed {
-            Csr {
-                rows: c.cols,
-                cols: c.rows,
-                row_offsets: &c.t_row_offsets,
-                col_indices: &c.t_col_indices,
-                values,
-            }
-        } else {
-            Csr {
-                rows: c.rows,
-                cols: c.cols,
-                row_offsets: &c.row_offsets,
-                col_indices: &c.col_indices,
-                values,
-            }
-        }
-    }
-
     fn zero(&self, buffer: &B::Buffer, len: usize) -> Result<(), Error> {
         let l = Layout::contiguous(&[len.max(1)]);
         Ok(self.backend().fill(View::new(buffer, &l), 0.0)?)
-    }
-
-    /// `scalars[at] = sum(a * b)` over `len` elements (`parts` as scratch).
-    fn dot_into(
-        &self,
-        a: &B::Buffer,
-        b: &B::Buffer,
-        len: usize,
-        parts: &B::Buffer,
-        scalars: &B::Buffer,
-        at: usize,
-    ) -> Result<(), Error> {
-        let be = self.backend();
-        let l = Layout::contiguous(&[len]);
-        be.binary(
-            BinaryOp::Mul,
-            View::new(a, &l),
-            View::new(b, &l),
-            View::new(parts, &l),
-        )?;
-        let out = Layout::strided(&[1], &[1], at)?;
-        be.reduce(
-            ReduceOp::Sum,
-            View::new(parts, &l),
-            &[0],
-            View::new(scalars, &out),
-        )?;
-        Ok(())
     }
 
     /// The right-hand side `-g_c + W V^-1 g_e` and the blocks' damped inverses for the
@@ -436,18 +381,13 @@ impl<B: Backend> Shared<B> {
     fn step(&self, linear_iterations: usize) -> Result<Step, Error> {
         let be = self.backend();
         let (cols, rows) = (self.compiled.cols, self.compiled.rows);
-        be.spmv_csr(
-            self.csr(&self.it.current.jacobian, false),
-            &self.delta,
-            &self.jd,
-            1.0,
-            0.0,
-        )?;
+        let jacobian = self.compiled.jacobian_csr(&self.it.current.jacobian);
+        be.spmv_csr(jacobian, &self.delta, &self.jd, 1.0, 0.0)?;
         let (p, sc) = (&self.parts, &self.scalars);
-        self.dot_into(&self.jd, &self.jd, rows, p, sc, slot::JD2)?;
-        self.dot_into(&self.gradient, &self.delta, cols, p, sc, slot::GD)?;
-        self.dot_into(&self.delta, &self.delta, cols, p, sc, slot::DD)?;
-        self.dot_into(&self.it.x, &self.it.x, cols, p, sc, slot::XX)?;
+        dot_into(be, (&self.jd, &self.jd), rows, p, sc, slot::JD2)?;
+        dot_into(be, (&self.gradient, &self.delta), cols, p, sc, slot::GD)?;
+        dot_into(be, (&self.delta, &self.delta), cols, p, sc, slot::DD)?;
+        dot_into(be, (&self.it.x, &self.it.x), cols, p, sc, slot::XX)?;
         let s = be.read_f64(&self.scalars)?;
         Ok(Step {
             model_reduction: -s[slot::GD] - 0.5 * s[slot::JD2],
@@ -491,7 +431,7 @@ impl<B: Backend> Engine for DeviceSchurEngine<B> {
         let t = Instant::now();
         let sh = &mut self.sh;
         let be = sh.compiled.backend.clone();
-        let (n, nnz) = (sh.compiled.cols, sh.compiled.nnz);
+        let n = sh.compiled.cols;
         let u = match &self.reduced {
             Reduced::Dense(d) => {
                 sh.zero(&d.u, sh.reduced * sh.reduced)?;
@@ -509,33 +449,8 @@ impl<B: Backend> Engine for DeviceSchurEngine<B> {
             }
             be.launch(&g.gram, &args, g.instances)?;
         }
-        let ln = Layout::contiguous(&[nnz]);
-        be.gather(
-            View::new(jac, &ln),
-            0,
-            View::new(&sh.compiled.transpose_perm, &ln),
-            View::new(&sh.jt_values, &ln),
-        )?;
-        be.unary(
-            UnaryOp::Square,
-            View::new(&sh.jt_values, &ln),
-            View::new(&sh.jt_squared, &ln),
-        )?;
-        let residuals = &sh.it.current.residuals;
-        be.spmv_csr(
-            sh.csr(&sh.jt_values, true),
-            residuals,
-            &sh.gradient,
-            1.0,
-            0.0,
-        )?;
-        be.spmv_csr(
-            sh.csr(&sh.jt_squared, true),
-            &sh.ones,
-            &sh.diagonal,
-            1.0,
-            0.0,
-        )?;
+        sh.jt
+            .linearize(&sh.compiled, &sh.it.current, &sh.gradient, &sh.diagonal)?;
         let gradient = be.read_f64(&sh.gradient)?;
         let diagonal = be.read_f64(&sh.diagonal)?;
         let fixed = &sh.compiled.tangent.fixed;

@@ -5,6 +5,7 @@
 //! The loop reads one scalar every `cg_check_every` iterations.
 
 use super::super::kernel::compile_all;
+use super::super::normal::dot_into;
 use super::layout::{GroupLayout, partition};
 use super::pcg_kernels::{self as kernels, slot};
 use super::{Shared, SolveOptions};
@@ -164,7 +165,7 @@ impl<B: Backend> Pcg<B> {
         self.apply_preconditioner(sh)?;
         be.copy(View::new(&self.z, &l), View::new(&self.p, &l))?;
         let (parts, scalars) = (&self.parts, &self.scalars);
-        sh.dot_into(&self.r, &self.z, n, parts, scalars, slot::RZ as usize)?;
+        dot_into(be, (&self.r, &self.z), n, parts, scalars, slot::RZ as usize)?;
         let rz0 = be.read_f64(&self.scalars)?[slot::RZ as usize];
         let target = rz0 * self.tolerance * self.tolerance;
         let mut iterations = 0;
@@ -174,7 +175,7 @@ impl<B: Backend> Pcg<B> {
         }
         while iterations < self.max_iterations {
             self.apply_schur(sh)?;
-            sh.dot_into(&self.p, &self.q, n, parts, scalars, slot::PQ as usize)?;
+            dot_into(be, (&self.p, &self.q), n, parts, scalars, slot::PQ as usize)?;
             be.launch(&self.alpha, &[&self.scalars], 1)?;
             be.launch(
                 &self.update,
@@ -182,7 +183,14 @@ impl<B: Backend> Pcg<B> {
                 n,
             )?;
             self.apply_preconditioner(sh)?;
-            sh.dot_into(&self.r, &self.z, n, parts, scalars, slot::RZ_NEW as usize)?;
+            dot_into(
+                be,
+                (&self.r, &self.z),
+                n,
+                parts,
+                scalars,
+                slot::RZ_NEW as usize,
+            )?;
             be.launch(&self.beta, &[&self.scalars], 1)?;
             be.launch(&self.direction, &[&self.scalars, &self.z, &self.p], n)?;
             iterations += 1;
