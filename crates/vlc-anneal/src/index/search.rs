@@ -278,17 +278,14 @@ impl Index {
             if ip {
                 return self.search_ip(q, k, nprobe, lists);
             }
-            let mut near: Vec<(f32, u32)> =
-                (0..m).map(|a| (sq(q, self.anchor(a)), a as u32)).collect();
-            near.select_nth_unstable_by(nprobe - 1, |x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
-            near.truncate(nprobe);
+            let near = self.probe(nprobe, |a| sq(q, a));
             let mut best = TopK::new(k);
             let mut table = vec![0f32; self.pq.codewords.max(1) * self.pq.bytes()];
             if let Some(pre) = self.precomputed() {
                 // |q - a - c|^2 = |q - a|^2 + (|c|^2 + 2 a.c) - 2 q.c, subspace by subspace:
                 // the middle term is the anchor's precomputed table, the last the query's,
                 // so each probed list's table is one addition per entry.
-                let qterm = self.query_table(q);
+                let qterm = self.query_table(q, -2.0);
                 let len = qterm.len();
                 for &(base, a) in &near {
                     let row = &pre[a as usize * len..(a as usize + 1) * len];
@@ -351,23 +348,9 @@ impl Index {
     /// their members scored by `-(q . a + sum_j q_j . c_j)` (smallest first), reported as the
     /// inner product.
     fn search_ip(&self, q: &[f32], k: usize, nprobe: usize, lists: &Lists) -> Vec<(u32, f32)> {
-        let m = self.header.m;
-        let mut near: Vec<(f32, u32)> = (0..m)
-            .map(|a| (-dot(q, self.anchor(a)), a as u32))
-            .collect();
-        near.select_nth_unstable_by(nprobe - 1, |x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
-        near.truncate(nprobe);
+        let near = self.probe(nprobe, |a| -dot(q, a));
         // The residual's part, -q_j . c for every subspace's codewords: one table a query.
-        let pq = &self.pq;
-        let mut table = vec![0f32; pq.codewords.max(1) * pq.bytes()];
-        for j in 0..pq.bytes() {
-            let (lo, hi) = (pq.bounds[j], pq.bounds[j + 1]);
-            let w = hi - lo;
-            let book = &pq.codebooks[pq.codebook_offset(j)..][..pq.codewords * w];
-            for (c, word) in book.chunks_exact(w).enumerate() {
-                table[j * pq.codewords + c] = -dot(&q[lo..hi], word);
-            }
-        }
+        let table = self.query_table(q, -1.0);
         let mut best = TopK::new(k);
         for &(base, a) in &near {
             self.scan(lists, a as usize, base, &table, &mut best);
@@ -428,8 +411,19 @@ impl Index {
             .as_deref()
     }
 
-    /// `-2 q_j . c` for every subspace `j` and codeword `c` (`bytes x codewords`).
-    fn query_table(&self, q: &[f32]) -> Vec<f32> {
+    /// The `nprobe` anchors of least `score(anchor)` (ties to the lower index), with their
+    /// scores.
+    fn probe(&self, nprobe: usize, score: impl Fn(&[f32]) -> f32) -> Vec<(f32, u32)> {
+        let mut near: Vec<(f32, u32)> = (0..self.header.m)
+            .map(|a| (score(self.anchor(a)), a as u32))
+            .collect();
+        near.select_nth_unstable_by(nprobe - 1, |x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        near.truncate(nprobe);
+        near
+    }
+
+    /// `scale q_j . c` for every subspace `j` and codeword `c` (`bytes x codewords`).
+    fn query_table(&self, q: &[f32], scale: f32) -> Vec<f32> {
         let pq = &self.pq;
         let k = pq.codewords;
         let mut out = vec![0f32; pq.bytes() * k];
@@ -438,7 +432,7 @@ impl Index {
             let w = hi - lo;
             let book = &pq.codebooks[pq.codebook_offset(j)..][..k * w];
             for (c, word) in book.chunks_exact(w).enumerate() {
-                out[j * k + c] = -2.0 * dot(&q[lo..hi], word);
+                out[j * k + c] = scale * dot(&q[lo..hi], word);
             }
         }
         out
