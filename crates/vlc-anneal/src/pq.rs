@@ -95,6 +95,60 @@ pub fn residuals<B: Backend>(
     Ok(out)
 }
 
+impl ProductQuantizer {
+    /// Codes `n` residual rows (`residuals`, row-major, `dim` wide) with these codebooks on
+    /// `b`, every subspace at once: one byte per subspace per row (point-major), and the
+    /// squared error they leave, summed over the rows.
+    pub fn encode<B: Backend>(&self, b: &B, residuals: &[f32], n: usize) -> Result<(Vec<u8>, f64)> {
+        let (pq, d) = (self, self.dim);
+        let bytes = pq.bytes();
+        if bytes == 0 || n == 0 {
+            let e = residuals.iter().map(|&v| v as f64 * v as f64).sum();
+            return Ok((Vec::new(), e));
+        }
+        // Every subspace at once, zero padded to the widest (zeros add nothing to a
+        // distance): `bytes x n x wmax` rows against `bytes x k x wmax` codebooks.
+        let k = pq.codewords;
+        let wmax = (0..bytes)
+            .map(|j| pq.bounds[j + 1] - pq.bounds[j])
+            .max()
+            .unwrap_or(0);
+        let mut rows = vec![0f32; bytes * n * wmax];
+        let mut books = vec![0f32; bytes * k * wmax];
+        for j in 0..bytes {
+            let (lo, hi) = (pq.bounds[j], pq.bounds[j + 1]);
+            let w = hi - lo;
+            for i in 0..n {
+                rows[(j * n + i) * wmax..][..w].copy_from_slice(&residuals[i * d + lo..i * d + hi]);
+            }
+            let book = &pq.codebooks[pq.codebook_offset(j)..][..k * w];
+            for c in 0..k {
+                books[(j * k + c) * wmax..][..w].copy_from_slice(&book[c * w..(c + 1) * w]);
+            }
+        }
+        let (xs, cb) = (b.upload(&rows)?, b.upload(&books)?);
+        let (code, dist) = (
+            b.alloc(DType::U32, bytes * n)?,
+            b.alloc(DType::F32, bytes * n)?,
+        );
+        b.nearest_centroid(
+            View::new(&xs, &Layout::contiguous(&[bytes, n, wmax])),
+            View::new(&cb, &Layout::contiguous(&[bytes, k, wmax])),
+            View::new(&code, &Layout::contiguous(&[bytes, n])),
+            View::new(&dist, &Layout::contiguous(&[bytes, n])),
+        )?;
+        let (code, dist) = (b.read::<u32>(&code)?, b.read::<f32>(&dist)?);
+        // Point-major: vector i's byte for subspace j.
+        let mut codes = vec![0u8; n * bytes];
+        for j in 0..bytes {
+            for i in 0..n {
+                codes[i * bytes + j] = code[j * n + i] as u8;
+            }
+        }
+        Ok((codes, dist.iter().map(|&e| e as f64).sum()))
+    }
+}
+
 /// Learns the codebooks on `residuals` (`n x d`, on the device) and codes every vector:
 /// returns the quantiser, `n * bytes` codes and the squared error they leave. The first
 /// codewords are distinct vectors drawn by a seeded shuffle. `on_step` hears each finished

@@ -1,6 +1,7 @@
 //! Changing an index without retraining it: vectors added (assigned to the current anchors,
-//! coded with the current codebooks), vectors removed by id, ids set. Each gives a new index;
-//! the one it came from is untouched (save the new one over its file: the write is atomic).
+//! coded with the current codebooks by [`crate::pq::ProductQuantizer::encode`]), vectors
+//! removed by id, ids set. Each gives a new index; the one it came from is untouched (save the
+//! new one over its file: the write is atomic).
 
 use super::{Header, Index, IndexParts};
 use crate::error::{Result, input};
@@ -109,58 +110,13 @@ impl Index {
         assignments: &[u32],
     ) -> Result<(Vec<u8>, f64)> {
         let (n, d) = (x.rows, x.cols);
-        let pq = &self.pq;
-        let bytes = pq.bytes();
         let mut residuals = x.data.clone();
         for (row, &a) in residuals.chunks_exact_mut(d).zip(assignments) {
             for (r, c) in row.iter_mut().zip(self.anchor(a as usize)) {
                 *r -= c;
             }
         }
-        if bytes == 0 || n == 0 {
-            let e = residuals.iter().map(|&v| v as f64 * v as f64).sum();
-            return Ok((Vec::new(), e));
-        }
-        // Every subspace at once, zero padded to the widest (zeros add nothing to a
-        // distance): `bytes x n x wmax` rows against `bytes x k x wmax` codebooks.
-        let k = pq.codewords;
-        let wmax = (0..bytes)
-            .map(|j| pq.bounds[j + 1] - pq.bounds[j])
-            .max()
-            .unwrap_or(0);
-        let mut rows = vec![0f32; bytes * n * wmax];
-        let mut books = vec![0f32; bytes * k * wmax];
-        for j in 0..bytes {
-            let (lo, hi) = (pq.bounds[j], pq.bounds[j + 1]);
-            let w = hi - lo;
-            for i in 0..n {
-                rows[(j * n + i) * wmax..][..w].copy_from_slice(&residuals[i * d + lo..i * d + hi]);
-            }
-            let book = &pq.codebooks[pq.codebook_offset(j)..][..k * w];
-            for c in 0..k {
-                books[(j * k + c) * wmax..][..w].copy_from_slice(&book[c * w..(c + 1) * w]);
-            }
-        }
-        let (xs, cb) = (b.upload(&rows)?, b.upload(&books)?);
-        let (code, dist) = (
-            b.alloc(DType::U32, bytes * n)?,
-            b.alloc(DType::F32, bytes * n)?,
-        );
-        b.nearest_centroid(
-            View::new(&xs, &Layout::contiguous(&[bytes, n, wmax])),
-            View::new(&cb, &Layout::contiguous(&[bytes, k, wmax])),
-            View::new(&code, &Layout::contiguous(&[bytes, n])),
-            View::new(&dist, &Layout::contiguous(&[bytes, n])),
-        )?;
-        let (code, dist) = (b.read::<u32>(&code)?, b.read::<f32>(&dist)?);
-        // Point-major: vector i's byte for subspace j.
-        let mut codes = vec![0u8; n * bytes];
-        for j in 0..bytes {
-            for i in 0..n {
-                codes[i * bytes + j] = code[j * n + i] as u8;
-            }
-        }
-        Ok((codes, dist.iter().map(|&e| e as f64).sum()))
+        self.pq.encode(b, &residuals, n)
     }
 
     /// The index without the vectors whose ids are in `ids` (and how many went). An index
