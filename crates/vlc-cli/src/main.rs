@@ -592,7 +592,7 @@ fn compress_with<B: Backend>(b: &B, data: &Matrix, cfg: &Config, quiet: bool) ->
                     r.merged, r.split, r.reseeded
                 );
             }
-            bar.set_position(r.iteration as u64 + 1);
+            bar.set_position(r.iteration as u64);
             bar.set_message(msg.clone());
             if !quiet && bar.is_hidden() {
                 eprintln!("iteration {}: {msg}", r.iteration);
