@@ -1,0 +1,121 @@
+//! The backend a call names (`cpu`, `wgpu`, `cuda`, `auto`), started once per process.
+//!
+//! Starting a GPU backend costs a context and a device (tenths of a second); a Python session
+//! calls `compress`, `add` and `search` many times, so each backend is kept once started.
+//! Work is a [`Job`], generic over the backend, so that each runs monomorphised.
+
+use crate::py_err;
+use backends::{backend_cpu::CpuBackend, backend_cuda::CudaBackend, backend_wgpu::WgpuBackend};
+use hal::Backend;
+use pyo3::PyResult;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use std::sync::OnceLock;
+
+/// Work to run on whichever backend a call names.
+pub(crate) trait Job {
+    type Out;
+    fn run<B: Backend>(self, backend: &B) -> vlc_anneal::Result<Self::Out>;
+}
+
+/// The backend started once, or why it could not start (kept, so that `auto` does not retry
+/// an absent GPU on every call). `OnceLock` runs one start even when threads race to it.
+struct Slot<B>(OnceLock<Result<B, String>>);
+
+impl<B: Clone> Slot<B> {
+    const fn new() -> Self {
+        Self(OnceLock::new())
+    }
+
+    fn get(&self, start: impl FnOnce() -> Result<B, String>) -> Result<B, String> {
+        self.0.get_or_init(start).clone()
+    }
+}
+
+static CUDA: Slot<CudaBackend> = Slot::new();
+static WGPU: Slot<WgpuBackend> = Slot::new();
+
+fn cuda() -> Result<CudaBackend, String> {
+    CUDA.get(|| CudaBackend::new().map_err(|e| e.to_string()))
+}
+
+fn wgpu() -> Result<WgpuBackend, String> {
+    WGPU.get(|| WgpuBackend::new().map_err(|e| e.to_string()))
+}
+
+/// The backends that start here, best first.
+pub(crate) fn present() -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if cuda().is_ok() {
+        out.push("cuda");
+    }
+    if wgpu().is_ok() {
+        out.push("wgpu");
+    }
+    out.push("cpu");
+    out
+}
+
+/// What `auto` picks: CUDA where it starts, else wgpu on a hardware GPU (not a software
+/// rasteriser such as lavapipe), else the CPU.
+fn resolve(name: &str) -> &str {
+    if name != "auto" {
+        return name;
+    }
+    if cuda().is_ok() {
+        "cuda"
+    } else if wgpu().is_ok_and(|b| b.info().kind.is_hardware_gpu()) {
+        "wgpu"
+    } else {
+        "cpu"
+    }
+}
+
+/// Runs `job` on the backend `name` names; a backend that does not start is a `RuntimeError`
+/// with the reason, an unknown name a `ValueError`.
+pub(crate) fn run<J: Job>(name: &str, job: J) -> PyResult<J::Out> {
+    let unavailable = |which: &str, e: String| {
+        PyRuntimeError::new_err(format!("the {which} backend is not available here: {e}"))
+    };
+    match resolve(name) {
+        "cpu" => job.run(&CpuBackend::new()).map_err(py_err),
+        "wgpu" => {
+            let b = wgpu().map_err(|e| unavailable("wgpu", e))?;
+            job.run(&b).map_err(py_err)
+        }
+        "cuda" => {
+            let b = cuda().map_err(|e| unavailable("cuda", e))?;
+            job.run(&b).map_err(py_err)
+        }
+        other => Err(PyValueError::new_err(format!(
+            "unknown backend {other:?} (expected \"cpu\", \"wgpu\", \"cuda\" or \"auto\")"
+        ))),
+    }
+}
+
+/// A compression.
+pub(crate) struct Compress<'a> {
+    pub data: &'a vlc_anneal::Matrix,
+    pub cfg: &'a vlc_anneal::Config,
+    pub progress: &'a mut dyn FnMut(vlc_anneal::Progress<'_>),
+}
+
+impl Job for Compress<'_> {
+    type Out = vlc_anneal::Index;
+    fn run<B: Backend>(self, backend: &B) -> vlc_anneal::Result<vlc_anneal::Index> {
+        Ok(vlc_anneal::compress(backend, self.data, self.cfg, self.progress)?.index)
+    }
+}
+
+/// Vectors added to an index.
+pub(crate) struct Add<'a> {
+    pub index: &'a vlc_anneal::Index,
+    pub data: &'a vlc_anneal::Matrix,
+    pub ids: Option<&'a [u64]>,
+}
+
+impl Job for Add<'_> {
+    type Out = vlc_anneal::Index;
+    fn run<B: Backend>(self, backend: &B) -> vlc_anneal::Result<vlc_anneal::Index> {
+        self.index.add(backend, self.data, self.ids)
+    }
+}

@@ -1,0 +1,225 @@
+//! `vlc._vlc.Index`: an index held by Python, searched, grown and shrunk in place.
+
+use crate::{backend, py_err, rows};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::exceptions::PyIndexError;
+use pyo3::prelude::*;
+
+/// A compressed, searchable index (see the `vlc` package for the documented API).
+#[pyclass(name = "Index", module = "vlc._vlc")]
+pub struct PyIndex {
+    inner: vlc_anneal::Index,
+}
+
+impl PyIndex {
+    pub(crate) fn new(inner: vlc_anneal::Index) -> Self {
+        Self { inner }
+    }
+}
+
+type Hits<'py> = (Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<i64>>);
+
+#[pymethods]
+impl PyIndex {
+    /// Maps and validates an index file.
+    #[staticmethod]
+    fn load(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Self> {
+        let inner = py
+            .detach(|| vlc_anneal::Index::open(&path))
+            .map_err(py_err)?;
+        Ok(Self::new(inner))
+    }
+
+    /// Writes the index to `path` atomically.
+    fn save(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        py.detach(|| self.inner.save(&path)).map_err(py_err)
+    }
+
+    /// `(distances, ids)`, each `queries x k`; rows a query's probed lists could not fill are
+    /// padded with id -1 and distance `missing`.
+    fn search<'py>(
+        &self,
+        py: Python<'py>,
+        queries: PyReadonlyArray2<'_, f32>,
+        k: usize,
+        nprobe: usize,
+    ) -> PyResult<Hits<'py>> {
+        let (nq, d, data) = rows(&queries, "the queries")?;
+        let index = &self.inner;
+        let missing = match index.header.metric {
+            vlc_anneal::Metric::InnerProduct => f32::NEG_INFINITY,
+            _ => f32::INFINITY,
+        };
+        let (dist, ids) = py.detach(|| -> PyResult<(Vec<f32>, Vec<i64>)> {
+            let q = vlc_anneal::Matrix::new(nq, d, data.to_vec()).map_err(py_err)?;
+            let hits = index.search(&q, k, nprobe).map_err(py_err)?;
+            let len = nq.checked_mul(k).ok_or_else(|| {
+                pyo3::exceptions::PyValueError::new_err(format!("{nq} x {k} results overflow"))
+            })?;
+            let mut dist = vec![missing; len];
+            let mut ids = vec![-1i64; len];
+            for (row, found) in hits.iter().enumerate() {
+                for (j, &(i, dv)) in found.iter().enumerate() {
+                    dist[row * k + j] = dv;
+                    ids[row * k + j] = index.id(i as usize) as i64;
+                }
+            }
+            Ok((dist, ids))
+        })?;
+        Ok((
+            dist.into_pyarray(py).reshape([nq, k])?,
+            ids.into_pyarray(py).reshape([nq, k])?,
+        ))
+    }
+
+    /// Adds `x`'s vectors (assigned to the current anchors, residuals coded with the current
+    /// codebooks) on `backend`.
+    #[pyo3(signature = (x, ids, backend))]
+    fn add(
+        &mut self,
+        py: Python<'_>,
+        x: PyReadonlyArray2<'_, f32>,
+        ids: Option<PyReadonlyArray1<'_, i64>>,
+        backend: &str,
+    ) -> PyResult<()> {
+        let ids = ids.as_ref().map(crate::ids).transpose()?;
+        let (n, d, data) = rows(&x, "the vectors")?;
+        let index = &self.inner;
+        let grown = py.detach(|| {
+            let data = vlc_anneal::Matrix::new(n, d, data.to_vec()).map_err(py_err)?;
+            backend::run(
+                backend,
+                backend::Add {
+                    index,
+                    data: &data,
+                    ids: ids.as_deref(),
+                },
+            )
+        })?;
+        self.inner = grown;
+        Ok(())
+    }
+
+    /// Removes the vectors whose ids are given; returns how many went.
+    fn remove(&mut self, py: Python<'_>, ids: PyReadonlyArray1<'_, i64>) -> PyResult<usize> {
+        let ids = crate::ids(&ids)?;
+        let index = &self.inner;
+        let (smaller, removed) = py.detach(|| index.remove(&ids)).map_err(py_err)?;
+        self.inner = smaller;
+        Ok(removed)
+    }
+
+    /// Every vector reconstructed, `n x d` float32.
+    fn decompress<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let index = &self.inner;
+        let m = py.detach(|| index.decompress()).map_err(py_err)?;
+        m.data.into_pyarray(py).reshape([m.rows, m.cols])
+    }
+
+    /// Vector `i`'s reconstruction (by position, 0 to n - 1).
+    fn reconstruct<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let n = self.inner.header.n;
+        if i >= n {
+            return Err(PyIndexError::new_err(format!(
+                "position {i} is out of range for {n} vectors"
+            )));
+        }
+        let mut out = vec![0f32; self.inner.header.d];
+        self.inner.reconstruct(i, &mut out);
+        Ok(out.into_pyarray(py))
+    }
+
+    /// The vectors' ids in position order (positions where the index stores none).
+    #[getter]
+    fn ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        let index = &self.inner;
+        let ids: Vec<i64> = (0..index.header.n).map(|i| index.id(i) as i64).collect();
+        ids.into_pyarray(py)
+    }
+
+    /// Each vector's anchor, in position order.
+    #[getter]
+    fn assignments<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        let index = &self.inner;
+        let a: Vec<u32> = (0..index.header.n).map(|i| index.assignment(i)).collect();
+        a.into_pyarray(py)
+    }
+
+    /// The anchors, `anchors x d` float32 (stored as float16).
+    #[getter]
+    fn anchor_vectors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let h = &self.inner.header;
+        self.inner
+            .anchors
+            .clone()
+            .into_pyarray(py)
+            .reshape([h.m, h.d])
+    }
+
+    #[getter]
+    fn ntotal(&self) -> usize {
+        self.inner.header.n
+    }
+
+    #[getter]
+    fn d(&self) -> usize {
+        self.inner.header.d
+    }
+
+    #[getter]
+    fn anchors(&self) -> usize {
+        self.inner.header.m
+    }
+
+    #[getter]
+    fn bytes(&self) -> usize {
+        self.inner.header.pq_bytes
+    }
+
+    #[getter]
+    fn metric(&self) -> &'static str {
+        self.inner.header.metric.name()
+    }
+
+    #[getter]
+    fn energy(&self) -> f64 {
+        self.inner.header.energy
+    }
+
+    #[getter]
+    fn mse(&self) -> f64 {
+        self.inner.header.mse
+    }
+
+    #[getter]
+    fn exact(&self) -> bool {
+        self.inner.header.exact
+    }
+
+    #[getter]
+    fn has_ids(&self) -> bool {
+        self.inner.has_ids()
+    }
+
+    #[getter]
+    fn file_size(&self) -> usize {
+        self.inner.file_size()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.header.n
+    }
+
+    fn __repr__(&self) -> String {
+        let h = &self.inner.header;
+        format!(
+            "vlc.Index({} vectors of dimension {}, {} anchors, {} bytes per vector, metric {}, {} bytes)",
+            h.n,
+            h.d,
+            h.m,
+            h.pq_bytes,
+            h.metric.name(),
+            self.inner.file_size()
+        )
+    }
+}
