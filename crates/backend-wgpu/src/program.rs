@@ -40,7 +40,76 @@ impl std::fmt::Debug for WgpuKernel {
 }
 
 /// WGSL's spelling of the IR (see [`hal::ir::render`]).
-struct Wgsl;
+struct Wgsl {
+    /// IEEE f32 arithmetic ([`IEEE_F32`]): where the device's `fma()` is fused.
+    ieee: bool,
+}
+
+/// IEEE f32 arithmetic for IR programs on devices whose `fma()` is fused (probed:
+/// `WgpuBackend::fma_is_fused`), so that they agree bit for bit with the CPU reference and
+/// CUDA where the IR asks for exact arithmetic (vlc's exact mode: means of cluster members,
+/// Huber weights, anchor updates). A GPU's WGSL may compute `a / b` and `sqrt(x)` a few ulps
+/// off (WGSL allows 2.5 and more) and may fuse a multiply into the add that consumes it.
+///
+/// - `div_rn`, `sqrt_rn`: the device's result refined by one Newton step to within an ulp,
+///   whose residual (`a - q b`, `x - s^2`) an `fma` then computes exactly; the sign of the
+///   residual at the midpoint between that result and its neighbour toward the true value
+///   picks the correctly rounded one (neither a quotient nor a square root of floats is ever
+///   a midpoint). Outside `2^-50 <= |a|, |b| <= 2^50` and `2^-60 <= x <= 2^60` (where a
+///   residual could underflow or a product overflow), and for zeros, infinities and NaN,
+///   the device's result stands; a huge divisor is scaled first, as `BinaryOp::Div` does (a
+///   reciprocal of `|b| > 2^126` flushes to zero).
+/// - `keep_ir`: every f32 product passes through an XOR with scalar 15 (always 0 in IR
+///   launches), which no compiler can see through, so it is rounded before any add.
+///
+/// Where `fma()` is not fused (lavapipe: a multiply and an add) residuals are not exact, and
+/// the plain operations are kept: lavapipe's arithmetic is the CPU's, correctly rounded.
+const IEEE_F32: &str = "
+fn keep_ir(v: f32) -> f32 { return bitcast<f32>(bitcast<u32>(v) ^ s(15u)); }
+fn div_rn(a: f32, b: f32) -> f32 {
+    let q0 = select(a / b, (a * 0.25) / (b * 0.25), abs(b) > 8.507059e37);
+    let aa = abs(a);
+    let ab = abs(b);
+    if (!(aa >= 8.881784e-16 && aa <= 1.1258999e15 && ab >= 8.881784e-16 && ab <= 1.1258999e15)) {
+        return q0;
+    }
+    let q1 = fma(fma(-q0, b, a), 1.0 / b, q0);
+    let r1 = fma(-q1, b, a);
+    if (r1 == 0.0) { return q1; }
+    // a / b lies beyond |q1| (away from zero) when r1 / b has q1's sign.
+    let away = ((r1 > 0.0) == (b > 0.0)) == (q1 > 0.0);
+    let bits = bitcast<u32>(q1);
+    let n = bitcast<f32>(select(bits - 1u, bits + 1u, away));
+    let h = (n - q1) * 0.5;
+    // a / b - (q1 + h) = (r1 - h b) / b: past the midpoint when that has h's sign.
+    let t = fma(-h, b, r1);
+    return select(q1, n, ((t > 0.0) == (b > 0.0)) == (h > 0.0));
+}
+fn sqrt_rn(x: f32) -> f32 {
+    let s0 = sqrt(x);
+    if (!(x >= 8.6736174e-19 && x <= 1.1529215e18)) { return s0; }
+    let s1 = fma(fma(-s0, s0, x), 0.5 / s0, s0);
+    let r1 = fma(-s1, s1, x);
+    if (r1 == 0.0) { return s1; }
+    let bits = bitcast<u32>(s1);
+    let n = bitcast<f32>(select(bits - 1u, bits + 1u, r1 > 0.0));
+    let h = (n - s1) * 0.5;
+    // x - (s1 + h)^2 = (r1 - 2 h s1) - h^2; the first difference is exact wherever the
+    // second could change its sign (Sterbenz), so the sign is right.
+    let u = fma(-h, h, fma(-2.0 * h, s1, r1));
+    return select(s1, n, (u > 0.0) == (h > 0.0));
+}
+";
+
+/// Whether `program` multiplies, divides or takes a square root or reciprocal: operations
+/// lowered differently once the device's `fma()` is known to be fused.
+fn uses_ieee(program: &Program) -> bool {
+    program.insts.iter().any(|i| match i {
+        Inst::Binary { op, .. } => matches!(op, IrBinary::Mul | IrBinary::Div),
+        Inst::Unary { op, .. } => matches!(op, IrUnary::Sqrt | IrUnary::Rsqrt | IrUnary::Recip),
+        _ => false,
+    })
+}
 
 fn zero(t: ScalarType) -> &'static str {
     match t {
@@ -131,6 +200,9 @@ impl Dialect for Wgsl {
             (IrUnary::Abs, _) => format!("abs({a})"),
             (IrUnary::Not, ScalarType::Bool) => format!("!{a}"),
             (IrUnary::Not, _) => format!("~{a}"),
+            (IrUnary::Sqrt, _) if self.ieee => format!("sqrt_rn({a})"),
+            (IrUnary::Rsqrt, _) if self.ieee => format!("div_rn(1.0, sqrt_rn({a}))"),
+            (IrUnary::Recip, _) if self.ieee => format!("div_rn(1.0, {a})"),
             (IrUnary::Sqrt, _) => format!("sqrt({a})"),
             (IrUnary::Rsqrt, _) => format!("1.0 / sqrt({a})"),
             (IrUnary::Recip, _) => format!("1.0 / {a}"),
@@ -153,9 +225,11 @@ impl Dialect for Wgsl {
         match op {
             IrBinary::Add => format!("{x} + {y}"),
             IrBinary::Sub => format!("{x} - {y}"),
+            IrBinary::Mul if self.ieee && t == ScalarType::F32 => format!("keep_ir({x} * {y})"),
             IrBinary::Mul => format!("{x} * {y}"),
             IrBinary::Div if int => format!("select({x} / {y}, {zero}, {y} == {zero})"),
             IrBinary::Div if t == ScalarType::F64 => format!("div_f64({x}, {y})"),
+            IrBinary::Div if self.ieee => format!("div_rn({x}, {y})"),
             // As BinaryOp::Div in wgsl/ops.rs: a huge divisor is scaled first.
             IrBinary::Div => {
                 format!("select({x} / {y}, ({x} * 0.25) / ({y} * 0.25), abs({y}) > 8.507059e37)")
@@ -306,6 +380,10 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
     if types.contains(&Some(ScalarType::F64)) {
         src += wgsl::file("math_wide.wgsl").text;
     }
+    let ieee = features.fused_fma == Some(true) && uses_ieee(program);
+    if ieee {
+        src += IEEE_F32;
+    }
     let f = k + 1;
     let _ = writeln!(
         src,
@@ -314,7 +392,7 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
     // The first fault claims the record; op code 0 says an IR program's (see lib.rs).
     src += "fn fault(b: u32, i: u32) { if (atomicExchange(&F[0], 1u) == 0u) { atomicStore(&F[1], i); atomicStore(&F[2], s(b)); atomicStore(&F[3], 0u); } }\n";
     let mut body = wgsl::touch(k) + "    _ = arrayLength(&F);\n";
-    body += &render_body(program, &types, &Wgsl, "    ", |_| false);
+    body += &render_body(program, &types, &Wgsl { ieee }, "    ", |_| false);
     src += &wgsl::entry(&body);
     // Enable directives come before everything else.
     src.insert_str(0, wgsl::enable_directives(&src));
@@ -322,6 +400,11 @@ pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
 }
 
 pub(crate) fn compile(gpu: &WgpuBackend, program: &Program) -> Result<WgpuKernel> {
+    if uses_ieee(program) {
+        // These operations are lowered by whether the device's fma() is fused (IEEE_F32):
+        // probe it first (once per device; the probe program uses none of them).
+        gpu.fma_is_fused()?;
+    }
     gpu.0.kernels.get_or_compile(program, |program| {
         let features = gpu.module_features();
         let words = features.immediate_words;

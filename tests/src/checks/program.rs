@@ -222,6 +222,84 @@ pub(super) fn run_random_bits<B: Backend>(
     Ok(b.read::<u32>(&yb)?.into_iter().map(f64::from).collect())
 }
 
+/// `y[i] = a[i] / b[i]` and `z[i] = sqrt(|a[i]|)` in f32.
+pub(super) fn div_program() -> hal::ir::Program {
+    let mut b = ProgramBuilder::new("ir_div_sqrt");
+    let x = b.buffer(DType::F32, Access::Read);
+    let z = b.buffer(DType::F32, Access::Read);
+    let y = b.buffer(DType::F32, Access::Write);
+    let root = b.buffer(DType::F32, Access::Write);
+    let i = b.index();
+    let (xv, zv) = (b.load(x, i), b.load(z, i));
+    let q = b.div(xv, zv);
+    b.store(y, i, q);
+    let m = b.unary(hal::ir::IrUnary::Abs, xv);
+    let r = b.unary(hal::ir::IrUnary::Sqrt, m);
+    b.store(root, i, r);
+    b.build().expect("a valid program")
+}
+
+/// The quotients, then the square roots.
+pub(super) fn run_div<B: Backend>(b: &B, x: &[f32], z: &[f32]) -> Result<Vec<f64>> {
+    let k = b.compile(&div_program())?;
+    let (xb, zb) = (b.upload(x)?, b.upload(z)?);
+    let (yb, rb) = (b.alloc(DType::F32, x.len())?, b.alloc(DType::F32, x.len())?);
+    b.launch(&k, &[&xb, &zb, &yb, &rb], x.len())?;
+    let mut out: Vec<f64> = b.read::<f32>(&yb)?.into_iter().map(f64::from).collect();
+    out.extend(b.read::<f32>(&rb)?.into_iter().map(f64::from));
+    Ok(out)
+}
+
+/// Operands for the division row: `(a, b, in_range)`. Where both magnitudes lie in
+/// `[2^-50, 2^50]` the quotient must be correctly rounded; half of those are drawn so that
+/// `a / b` falls next to a midpoint between two floats. The rest: magnitudes to 2^±60 (quotients stay normal),
+/// zeros, infinities, NaN.
+fn division_operands(r: &mut impl RngCoreExt, n: usize) -> (Vec<f32>, Vec<f32>, Vec<bool>) {
+    let float = |r: &mut dyn FnMut() -> f32, lo: i32, hi: i32| -> f32 {
+        let sign = if r() < 0.5 { -1.0 } else { 1.0 };
+        let e = lo + ((hi - lo + 1) as f32 * r()).floor().min((hi - lo) as f32) as i32;
+        sign * (1.0 + r()) * 2f32.powi(e)
+    };
+    let (mut a, mut b, mut inside) = (vec![0f32; n], vec![0f32; n], vec![true; n]);
+    for i in 0..n {
+        let mut u = || r.range(0.0, 1.0);
+        match i % 8 {
+            0..=2 => {
+                a[i] = float(&mut u, -49, 48);
+                b[i] = float(&mut u, -49, 48);
+            }
+            3..=5 => {
+                // Drawn until the quotient lies within 2^-8 ulp of a midpoint between two
+                // floats (where a quotient an ulp off rounds the wrong way).
+                for _ in 0..100_000 {
+                    a[i] = float(&mut u, -20, 20);
+                    b[i] = float(&mut u, -20, 20);
+                    let q = a[i] as f64 / b[i] as f64;
+                    let near = q as f32;
+                    let ulp = (f32::from_bits(near.abs().to_bits() + 1) - near.abs()) as f64;
+                    if (q - near as f64).abs() / ulp > 0.5 - 2f64.powi(-8) {
+                        break;
+                    }
+                }
+            }
+            6 => {
+                a[i] = float(&mut u, -60, 60);
+                b[i] = float(&mut u, -60, 60);
+                inside[i] = false;
+            }
+            _ => {
+                let specials = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.5];
+                a[i] = specials[(6.0 * u()) as usize % 6];
+                b[i] = specials[(6.0 * u()) as usize % 6];
+                inside[i] = false;
+            }
+        }
+        let m = |v: f32| v.abs() >= 2f32.powi(-50) && v.abs() <= 2f32.powi(50);
+        inside[i] = inside[i] && m(a[i]) && m(b[i]);
+    }
+    (a, b, inside)
+}
+
 /// The IR programs the suite runs, for tools that check their lowering (`cargo xtask wgsl`).
 pub fn sample_programs() -> Vec<hal::ir::Program> {
     vec![
@@ -229,6 +307,7 @@ pub fn sample_programs() -> Vec<hal::ir::Program> {
         math_program(),
         masked_program(),
         random_bits_program(),
+        div_program(),
     ]
 }
 
@@ -353,6 +432,33 @@ pub(super) fn programs<B: Backend>(s: &mut Suite<'_, B>) {
                 &|_, _| 0.0,
             ),
             Err(e) => s.fail("ir program (random bits)", format!("n={n}: {e}")),
+        }
+        // f32 division and square root, correctly rounded where the operands lie in
+        // [2^-50, 2^50] (the f64 result rounded to f32 is: 53 >= 2 * 24 + 2 bits make the
+        // double rounding innocuous); elsewhere within the 2-ulp bound `binary` allows.
+        let (a, d, inside) = division_operands(s.rng(), n);
+        let mut exact: Vec<f64> = a
+            .iter()
+            .zip(&d)
+            .map(|(&x, &y)| ((x as f64) / (y as f64)) as f32 as f64)
+            .collect();
+        exact.extend(a.iter().map(|&x| (x.abs() as f64).sqrt() as f32 as f64));
+        match both!(s, run_div(&a, &d)) {
+            Ok((cv, t)) => s.judge(
+                "ir program (f32 division, sqrt)",
+                &format!("n={n}"),
+                &cv,
+                t.as_deref(),
+                &exact,
+                &|i, w| {
+                    if inside[i % n.max(1)] {
+                        0.0
+                    } else {
+                        2.0 * f32::EPSILON as f64 * w.abs()
+                    }
+                },
+            ),
+            Err(e) => s.fail("ir program (f32 division, sqrt)", format!("n={n}: {e}")),
         }
     }
 }
