@@ -193,7 +193,7 @@ impl<B: Backend> State<B> {
     /// anchors has work (its verdict comes back with the next energies); false where there is
     /// no check (the round then always reads the state back).
     pub(crate) fn check_maintenance(&self) -> Result<bool> {
-        let Some((kernel, flags)) = &self.check else {
+        let Some((kernel, flags, limits)) = &self.check else {
             return Ok(false);
         };
         let b = &self.b;
@@ -205,6 +205,7 @@ impl<B: Backend> State<B> {
                 &self.pass.anchors,
                 &self.pass.counts,
                 &self.pass.total,
+                limits,
                 flags,
             ],
             self.pass.m * self.pass.m,

@@ -52,7 +52,7 @@ use crate::vectors::Matrix;
 use hal::{Backend, BackendExt, DType, Layout, Precision, View};
 use programs::{
     DEVICE_CHECK_ANCHORS, huber_program, keep_total_program, maintenance_check_program,
-    take_row_program, update_program,
+    maintenance_limits, take_row_program, update_program,
 };
 use state::{Pass, State};
 use std::time::Instant;
@@ -500,15 +500,11 @@ impl<B: Backend> State<B> {
             && cfg.maintain_every > 0
             && m <= DEVICE_CHECK_ANCHORS
         {
-            true => {
-                let merge = cfg.merge_distance as f64;
-                let scale = (merge * merge / n as f64 * (1.0 + 2f64.powi(-8))) as f32;
-                let floor = n as f32 * f32::MIN_POSITIVE;
-                Some((
-                    b.compile(&maintenance_check_program(m, d, scale, floor)?)?,
-                    b.alloc(DType::F32, 1025)?,
-                ))
-            }
+            true => Some((
+                b.compile(&maintenance_check_program(m, d)?)?,
+                b.alloc(DType::F32, 1025)?,
+                b.upload(&maintenance_limits(n, cfg.merge_distance))?,
+            )),
             false => None,
         };
         let pass = Pass {

@@ -50,22 +50,20 @@ pub(crate) fn update_program(d: usize) -> Result<hal::ir::Program> {
 /// round that would change nothing reads nothing back. Over `m * m` threads, thread `t = i m + j`
 /// flags (adds 1 to `flags[0]`) when anchor `i` has no members (`i = j`, `counts[i] = 0`) or
 /// when `i < j` and the squared distance between anchors `i` and `j` (in f32, `d` baked in) is
-/// at most `scale * max(total[0], floor)`; every other thread adds 0 to one of 1,024 spare
-/// slots (`flags` has 1,025), so that only flagging threads contend for `flags[0]`.
-/// `scale = merge_distance^2 / n * (1 + 2^-8)` and `floor = n * f32::MIN_POSITIVE` make the
-/// test conservative: whatever [`State::maintain`] would merge (squared distance below
+/// at most `scale * max(total[0], floor)` with `[scale, floor] = limits[0..2]`; every other
+/// thread adds 0 to one of 1,024 spare slots (`flags` has 1,025), so that only flagging
+/// threads contend for `flags[0]`. [`maintenance_limits`] gives `limits`, which make the test
+/// conservative: whatever [`State::maintain`] would merge (squared distance below
 /// `merge_distance^2 * max(total / n, f64::MIN_POSITIVE)`, summed in f64) is flagged, whatever
-/// the f32 rounding.
-pub(crate) fn maintenance_check_program(
-    m: usize,
-    d: usize,
-    scale: f32,
-    floor: f32,
-) -> Result<hal::ir::Program> {
+/// the f32 rounding. The limits are a buffer, not constants, so that one compiled program
+/// serves every `n` (the unrolled distance makes its compilation cost seconds at `d` in the
+/// hundreds).
+pub(crate) fn maintenance_check_program(m: usize, d: usize) -> Result<hal::ir::Program> {
     let mut p = ProgramBuilder::new("vlc_maintenance_check");
     let anchors = p.buffer(DType::F32, Access::Read);
     let counts = p.buffer(DType::F32, Access::Read);
     let total = p.buffer(DType::F32, Access::Read);
+    let limits = p.buffer(DType::F32, Access::Read);
     let flags = p.buffer(DType::F32, Access::ReadWrite);
     let t = p.index();
     let mm = p.const_u32(m as u32);
@@ -87,9 +85,10 @@ pub(crate) fn maintenance_check_program(
     }
     let zero_u = p.const_u32(0);
     let sum = p.load(total, zero_u);
-    let floor = p.const_f32(floor);
+    let one_u = p.const_u32(1);
+    let floor = p.load(limits, one_u);
     let sum = p.binary(hal::ir::IrBinary::Max, sum, floor);
-    let scale = p.const_f32(scale);
+    let scale = p.load(limits, zero_u);
     let limit = p.mul(scale, sum);
     let below = p.cmp(IrCmp::Le, d2, limit);
     let later = p.cmp(IrCmp::Lt, i, j);
@@ -104,11 +103,18 @@ pub(crate) fn maintenance_check_program(
     let value = p.select(flagged, one, zero);
     let spread = p.const_u32(1023);
     let spare = p.binary(hal::ir::IrBinary::And, t, spread);
-    let one_u = p.const_u32(1);
     let spare = p.add(spare, one_u);
     let at = p.select(flagged, zero_u, spare);
     p.atomic_add(flags, at, value);
     Ok(p.build()?)
+}
+
+/// `[scale, floor]` of [`maintenance_check_program`] for `n` points: `scale =
+/// merge_distance^2 / n * (1 + 2^-8)`, `floor = n * f32::MIN_POSITIVE`.
+pub(crate) fn maintenance_limits(n: usize, merge_distance: f32) -> [f32; 2] {
+    let merge = merge_distance as f64;
+    let scale = (merge * merge / n as f64 * (1.0 + 2f64.powi(-8))) as f32;
+    [scale, n as f32 * f32::MIN_POSITIVE]
 }
 
 /// Anchors up to which a GPU decides on the device whether a maintenance round has work

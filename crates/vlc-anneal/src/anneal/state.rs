@@ -8,10 +8,10 @@ pub(crate) struct State<B: Backend> {
     pub(crate) b: B,
     /// Assignments enqueued so far (the device's `Pass::slot` counter holds the same).
     pub(crate) assignments: usize,
-    /// On a GPU, the maintenance check and its flags (see [`maintenance_check_program`]);
-    /// the verdict is copied into the last slot of `totals`, so it comes back with the
-    /// energies.
-    pub(crate) check: Option<(B::Kernel, B::Buffer)>,
+    /// On a GPU, the maintenance check, its flags and its limits (see
+    /// [`maintenance_check_program`]); the verdict is copied into the last slot of `totals`,
+    /// so it comes back with the energies.
+    pub(crate) check: Option<(B::Kernel, B::Buffer, B::Buffer)>,
     /// The slot of `totals` that holds the check's verdict (after every assignment's).
     pub(crate) verdict_slot: usize,
     /// The schedule's temperatures on the host, for the reports.

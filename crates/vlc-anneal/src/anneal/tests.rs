@@ -8,11 +8,10 @@ use super::*;
 fn maintenance_check_flags_what_the_host_would_merge_or_refill() {
     let b = backend_cpu::CpuBackend::new();
     let (n, d, m, merge) = (1000usize, 7, 19, 0.05f64);
-    let scale = (merge * merge / n as f64 * (1.0 + 2f64.powi(-8))) as f32;
-    let floor = n as f32 * f32::MIN_POSITIVE;
     let kernel = b
-        .compile(&maintenance_check_program(m, d, scale, floor).unwrap())
+        .compile(&maintenance_check_program(m, d).unwrap())
         .unwrap();
+    let limits = b.upload(&maintenance_limits(n, merge as f32)).unwrap();
     let mut rng = 0x1234_5678_9abc_def0u64;
     let mut uniform = || {
         rng = crate::splitmix(rng);
@@ -52,8 +51,12 @@ fn maintenance_check_flags_what_the_host_would_merge_or_refill() {
             b.upload(&counts).unwrap(),
             b.upload(&[total]).unwrap(),
         ];
-        b.launch(&kernel, &[&args[0], &args[1], &args[2], &flags], m * m)
-            .unwrap();
+        b.launch(
+            &kernel,
+            &[&args[0], &args[1], &args[2], &limits, &flags],
+            m * m,
+        )
+        .unwrap();
         let flagged = b.read::<f32>(&flags).unwrap()[0] > 0.0;
         assert_eq!(flagged, host_work, "case {case}");
         seen[host_work as usize] += 1;
