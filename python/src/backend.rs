@@ -100,9 +100,10 @@ pub(crate) struct Compress<'a> {
 }
 
 impl Job for Compress<'_> {
-    type Out = vlc_anneal::Index;
-    fn run<B: Backend>(self, backend: &B) -> vlc_anneal::Result<vlc_anneal::Index> {
-        Ok(vlc_anneal::compress(backend, self.data, self.cfg, self.progress)?.index)
+    type Out = (vlc_anneal::Index, vlc_anneal::Timings);
+    fn run<B: Backend>(self, backend: &B) -> vlc_anneal::Result<Self::Out> {
+        let out = vlc_anneal::compress(backend, self.data, self.cfg, self.progress)?;
+        Ok((out.index, out.seconds))
     }
 }
 

@@ -4,16 +4,22 @@ use crate::{backend, py_err, rows};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 /// A compressed, searchable index (see the `vlc` package for the documented API).
 #[pyclass(name = "Index", module = "vlc._vlc")]
 pub struct PyIndex {
     inner: vlc_anneal::Index,
+    /// The compression's phases, for an index this process compressed.
+    pub(crate) seconds: Option<vlc_anneal::Timings>,
 }
 
 impl PyIndex {
     pub(crate) fn new(inner: vlc_anneal::Index) -> Self {
-        Self { inner }
+        Self {
+            inner,
+            seconds: None,
+        }
     }
 }
 
@@ -154,6 +160,21 @@ impl PyIndex {
             .clone()
             .into_pyarray(py)
             .reshape([h.m, h.d])
+    }
+
+    /// Seconds the compression spent seeding, annealing, coding and in all (`None` for an
+    /// index loaded from a file).
+    #[getter]
+    fn seconds<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(t) = self.seconds else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("seeding", t.seeding)?;
+        d.set_item("annealing", t.annealing)?;
+        d.set_item("coding", t.coding)?;
+        d.set_item("total", t.total)?;
+        Ok(Some(d))
     }
 
     #[getter]

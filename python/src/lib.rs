@@ -110,43 +110,49 @@ fn compress(
     cfg.report_each_iteration = progress.is_some();
     // The callback's first exception, raised once the work is done.
     let mut raised: Option<PyErr> = None;
-    let index = py.detach(|| -> PyResult<vlc_anneal::Index> {
-        let matrix = vlc_anneal::Matrix::new(n, d, data.to_vec()).map_err(py_err)?;
-        let mut report = |p: vlc_anneal::Progress<'_>| {
-            let Some(cb) = &progress else { return };
-            if raised.is_some() {
-                return;
-            }
-            Python::attach(|py| {
-                let args = match p {
-                    vlc_anneal::Progress::Phase { name, steps } => (name, 0, steps, None),
-                    vlc_anneal::Progress::Iteration(r) => {
-                        ("annealing", r.iteration, cfg.iterations, Some(r.energy))
-                    }
-                    vlc_anneal::Progress::Step(done) => ("coding", done, cfg.pq_iterations, None),
-                };
-                if let Err(e) = cb.call1(py, args) {
-                    raised = Some(e);
+    let (index, seconds) =
+        py.detach(|| -> PyResult<(vlc_anneal::Index, vlc_anneal::Timings)> {
+            let matrix = vlc_anneal::Matrix::new(n, d, data.to_vec()).map_err(py_err)?;
+            let mut report = |p: vlc_anneal::Progress<'_>| {
+                let Some(cb) = &progress else { return };
+                if raised.is_some() {
+                    return;
                 }
-            });
-        };
-        let out = backend::run(
-            backend,
-            backend::Compress {
-                data: &matrix,
-                cfg: &cfg,
-                progress: &mut report,
-            },
-        )?;
-        match ids {
-            Some(ids) => out.with_ids(ids).map_err(py_err),
-            None => Ok(out),
-        }
-    })?;
+                Python::attach(|py| {
+                    let args = match p {
+                        vlc_anneal::Progress::Phase { name, steps } => (name, 0, steps, None),
+                        vlc_anneal::Progress::Iteration(r) => {
+                            ("annealing", r.iteration, cfg.iterations, Some(r.energy))
+                        }
+                        vlc_anneal::Progress::Step(done) => {
+                            ("coding", done, cfg.pq_iterations, None)
+                        }
+                    };
+                    if let Err(e) = cb.call1(py, args) {
+                        raised = Some(e);
+                    }
+                });
+            };
+            let (index, seconds) = backend::run(
+                backend,
+                backend::Compress {
+                    data: &matrix,
+                    cfg: &cfg,
+                    progress: &mut report,
+                },
+            )?;
+            let index = match ids {
+                Some(ids) => index.with_ids(ids).map_err(py_err)?,
+                None => index,
+            };
+            Ok((index, seconds))
+        })?;
     if let Some(e) = raised {
         return Err(e);
     }
-    Ok(PyIndex::new(index))
+    let mut index = PyIndex::new(index);
+    index.seconds = Some(seconds);
+    Ok(index)
 }
 
 /// Sets how many threads search and the CPU backend use (0: one per core). Rayon's pool is

@@ -3,7 +3,8 @@ metrics, conversions, and the exceptions bad input raises.
 
 Run with `pytest python/tests` after installing the module (`pip install ./python`). The wgpu
 tests need a Vulkan driver (lavapipe: Debian `mesa-vulkan-drivers libvulkan1`); without one
-they fail rather than skip.
+they fail rather than skip. `VLC_PY_BACKEND=cuda` (or `wgpu`) compresses and adds on that
+backend instead of the CPU; `VLC_PY_SEED` replays a run's data (pytest -s prints it).
 """
 
 import os
@@ -15,6 +16,8 @@ import pytest
 import vlc
 
 SEED = int(os.environ.get("VLC_PY_SEED", np.random.SeedSequence().entropy % 2**32))
+# The backend the tests compress and add on (`cuda` on a GPU host); the CPU by default.
+BACKEND = os.environ.get("VLC_PY_BACKEND", "cpu")
 
 
 def mixture(n, d, centres, spread, seed):
@@ -26,13 +29,13 @@ def mixture(n, d, centres, spread, seed):
 
 @pytest.fixture(scope="module")
 def data():
-    print(f"VLC_PY_SEED={SEED}")
+    print(f"VLC_PY_SEED={SEED} VLC_PY_BACKEND={BACKEND}")
     return mixture(3001, 24, 40, 0.5, SEED)
 
 
 @pytest.fixture(scope="module")
 def index(data):
-    return vlc.compress(data, anchors=48, bytes=8, backend="cpu", seed=SEED % 1000)
+    return vlc.compress(data, anchors=48, bytes=8, backend=BACKEND, seed=SEED % 1000)
 
 
 def exact_topk(x, q, k):
@@ -78,7 +81,7 @@ def test_one_dimensional_query_is_one_row(index, data):
 
 
 def test_results_are_padded_past_the_vectors_found(data):
-    small = vlc.compress(data[:200], anchors=20, bytes=4, backend="cpu", seed=1)
+    small = vlc.compress(data[:200], anchors=20, bytes=4, backend=BACKEND, seed=1)
     dist, ids = small.search(data[:3], k=500, nprobe=1)
     assert ids.shape == (3, 500)
     for row in range(3):
@@ -96,6 +99,11 @@ def test_save_and_load_round_trip(index, data, tmp_path):
     back = vlc.Index.load(str(path))
     assert back.ntotal == index.ntotal and back.d == 24 and back.anchors == 48
     assert back.bytes == 8 and back.metric == "l2" and back.file_size == os.path.getsize(path)
+    assert back.seconds is None
+    t = index.seconds
+    assert set(t) == {"seeding", "annealing", "coding", "total"}
+    assert 0 <= t["seeding"] and 0 <= t["annealing"] and 0 <= t["coding"]
+    assert t["seeding"] + t["annealing"] + t["coding"] <= t["total"] * 1.001 + 1e-6
     np.testing.assert_array_equal(back.decompress(), index.decompress())
     np.testing.assert_array_equal(back.assignments, index.assignments)
     a = index.search(data[:30], k=5, nprobe=3)
@@ -111,7 +119,7 @@ def test_save_and_load_round_trip(index, data, tmp_path):
 
 
 def test_add_assigns_ids_and_finds_new_vectors(data):
-    base = vlc.compress(data[:2000], anchors=32, bytes=8, backend="cpu", seed=2)
+    base = vlc.compress(data[:2000], anchors=32, bytes=8, backend=BACKEND, seed=2)
     assert not base.has_ids
     base.add(data[2000:2100])
     assert base.ntotal == 2100
@@ -138,7 +146,7 @@ def test_add_assigns_ids_and_finds_new_vectors(data):
 
 def test_remove_by_id(data):
     ids = np.arange(len(data), dtype=np.int64) * 3 + 5
-    ix = vlc.compress(data, anchors=30, bytes=8, backend="cpu", ids=ids, seed=3)
+    ix = vlc.compress(data, anchors=30, bytes=8, backend=BACKEND, ids=ids, seed=3)
     np.testing.assert_array_equal(ix.ids, ids)
     gone = ids[::2]
     assert ix.remove(np.concatenate([gone, [-0, 4, 10**15]])) == len(gone)
@@ -152,7 +160,7 @@ def test_remove_by_id(data):
 
 
 def test_metrics(data):
-    cos = vlc.compress(data, anchors=32, bytes=8, backend="cpu", metric="cosine", seed=4)
+    cos = vlc.compress(data, anchors=32, bytes=8, backend=BACKEND, metric="cosine", seed=4)
     assert cos.metric == "cosine"
     q = data[:20]
     d1, i1 = cos.search(q, k=5, nprobe=8)
@@ -160,7 +168,7 @@ def test_metrics(data):
     np.testing.assert_array_equal(i1, i2)
     np.testing.assert_allclose(d1, d2, rtol=1e-4, atol=1e-5)
     assert (d1 >= -1e-4).all() and (d1 <= 2 + 1e-4).all()
-    ip = vlc.compress(data, anchors=32, bytes=8, backend="cpu", metric="ip", seed=4)
+    ip = vlc.compress(data, anchors=32, bytes=8, backend=BACKEND, metric="ip", seed=4)
     d, ids = ip.search(q, k=6, nprobe=8)
     assert (np.diff(d, axis=1) <= 1e-4).all()
     rec = np.stack([ip.reconstruct(int(i)) for i in ids[0]])
@@ -168,19 +176,21 @@ def test_metrics(data):
 
 
 def test_input_conversions_give_the_same_index(data):
+    # Exact mode: the same input gives the same index on every backend and run.
     x = data[:1500]
-    a = vlc.compress(x, anchors=16, bytes=4, backend="cpu", seed=5)
-    b = vlc.compress(x.astype(np.float64), anchors=16, bytes=4, backend="cpu", seed=5)
-    c = vlc.compress(np.asfortranarray(x), anchors=16, bytes=4, backend="cpu", seed=5)
-    d = vlc.compress(x.tolist(), anchors=16, bytes=4, backend="cpu", seed=5)
+    opts = dict(anchors=16, bytes=4, backend=BACKEND, seed=5, exact=True)
+    a = vlc.compress(x, **opts)
+    b = vlc.compress(x.astype(np.float64), **opts)
+    c = vlc.compress(np.asfortranarray(x), **opts)
+    d = vlc.compress(x.tolist(), **opts)
     for other in (b, c, d):
         np.testing.assert_array_equal(other.decompress(), a.decompress())
     # A strided view is read as the values it shows.
     wide = np.zeros((1500, 48), np.float32)
     wide[:, ::2] = x
-    e = vlc.compress(wide[:, ::2], anchors=16, bytes=4, backend="cpu", seed=5)
+    e = vlc.compress(wide[:, ::2], **opts)
     np.testing.assert_array_equal(e.decompress(), a.decompress())
-    h = vlc.compress(x.astype(np.float16), anchors=16, bytes=4, backend="cpu", seed=5)
+    h = vlc.compress(x.astype(np.float16), **opts)
     assert h.ntotal == 1500
 
 
@@ -196,23 +206,23 @@ def test_bad_input_raises_python_exceptions(index, data, tmp_path):
     bad = data[:100].copy()
     bad[17, 3] = np.nan
     with pytest.raises(ValueError, match="non-finite"):
-        vlc.compress(bad, anchors=4, backend="cpu")
+        vlc.compress(bad, anchors=4, backend=BACKEND)
     with pytest.raises(ValueError):
-        vlc.compress(data[:10], anchors=11, backend="cpu")
+        vlc.compress(data[:10], anchors=11, backend=BACKEND)
     with pytest.raises(ValueError, match="at least 1"):
         vlc.compress(data, anchors=0)
     with pytest.raises(ValueError):
-        vlc.compress(data[:100], anchors=4, metric="manhattan", backend="cpu")
+        vlc.compress(data[:100], anchors=4, metric="manhattan", backend=BACKEND)
     with pytest.raises(ValueError, match="unknown backend"):
         vlc.compress(data[:100], anchors=4, backend="tpu")
     with pytest.raises(ValueError, match="ids for"):
-        vlc.compress(data[:100], anchors=4, backend="cpu", ids=np.arange(99))
+        vlc.compress(data[:100], anchors=4, backend=BACKEND, ids=np.arange(99))
     with pytest.raises(ValueError, match="outside"):
-        vlc.compress(data[:100], anchors=4, backend="cpu", ids=np.arange(100) - 1)
+        vlc.compress(data[:100], anchors=4, backend=BACKEND, ids=np.arange(100) - 1)
     with pytest.raises(ValueError, match="outside"):
-        vlc.compress(data[:100], anchors=4, backend="cpu", ids=np.full(100, 2**64 - 1, np.uint64))
+        vlc.compress(data[:100], anchors=4, backend=BACKEND, ids=np.full(100, 2**64 - 1, np.uint64))
     with pytest.raises(TypeError, match="integers"):
-        vlc.compress(data[:100], anchors=4, backend="cpu", ids=np.zeros(100))
+        vlc.compress(data[:100], anchors=4, backend=BACKEND, ids=np.zeros(100))
     with pytest.raises(ValueError, match="dimension"):
         index.search(data[:2, :5], k=3)
     with pytest.raises(ValueError, match="at least 1"):
@@ -254,7 +264,7 @@ def test_progress_reports_phases_and_raises_what_the_callback_raises(data):
         data[:800],
         anchors=8,
         bytes=4,
-        backend="cpu",
+        backend=BACKEND,
         iterations=6,
         progress=lambda *a: seen.append(a),
     )
@@ -268,7 +278,7 @@ def test_progress_reports_phases_and_raises_what_the_callback_raises(data):
         raise KeyError("stop")
 
     with pytest.raises(KeyError, match="stop"):
-        vlc.compress(data[:800], anchors=8, bytes=4, backend="cpu", progress=fail)
+        vlc.compress(data[:800], anchors=8, bytes=4, backend=BACKEND, progress=fail)
 
 
 def test_long_calls_release_the_gil(data):
@@ -284,7 +294,7 @@ def test_long_calls_release_the_gil(data):
     t.start()
     try:
         before = count[0]
-        vlc.compress(big, anchors=64, bytes=8, backend="cpu", iterations=10)
+        vlc.compress(big, anchors=64, bytes=8, backend=BACKEND, iterations=10)
         during = count[0] - before
     finally:
         done.set()

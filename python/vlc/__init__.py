@@ -159,6 +159,12 @@ class Index:
         return self._inner.reconstruct(_count(position, "position", 0))
 
     @property
+    def seconds(self):
+        """The compression's time by phase, ``{"seeding", "annealing", "coding", "total"}`` in
+        seconds, for an index this process compressed (``None`` for one loaded from a file)."""
+        return self._inner.seconds
+
+    @property
     def ntotal(self):
         """Number of vectors indexed."""
         return self._inner.ntotal

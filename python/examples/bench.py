@@ -1,0 +1,126 @@
+"""Times vlc from Python: one compression, then batched search at several nprobe, with
+recall@10 against exact neighbours (brute force with PyTorch on a GPU where there is one, else
+numpy in chunks).
+
+    python python/examples/bench.py --synthetic 1000000,384 --anchors 1024 --bytes 16
+    python python/examples/bench.py --data vectors.npy --queries-file q.npy --backend cpu
+
+Synthetic data is a Gaussian mixture (as many centres as anchors), queries drawn from the
+same mixture and not indexed. Prints one line per phase; with --json, the figures as JSON.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+import vlc
+
+
+def mixture(n, d, centres, seed):
+    rng = np.random.default_rng(seed)
+    c = rng.standard_normal((centres, d), dtype=np.float32)
+    out = np.empty((n, d), np.float32)
+    step = 65536
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        out[lo:hi] = c[rng.integers(0, centres, hi - lo)]
+        out[lo:hi] += 0.35 * rng.standard_normal((hi - lo, d), dtype=np.float32)
+    return out
+
+
+def exact_top(x, q, k):
+    """Indices of each query's k nearest rows of x (squared L2)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            dev = torch.device("cuda")
+            xt = torch.from_numpy(x).to(dev)
+            xn = (xt * xt).sum(1)
+            out = []
+            for lo in range(0, len(q), 1024):
+                qt = torch.from_numpy(q[lo : lo + 1024]).to(dev)
+                d = xn[None, :] - 2 * qt @ xt.T
+                out.append(d.topk(k, dim=1, largest=False).indices.cpu().numpy())
+            return np.concatenate(out)
+    except ImportError:
+        pass
+    xn = (x * x).sum(1)
+    out = []
+    for lo in range(0, len(q), 256):
+        d = xn[None, :] - 2 * q[lo : lo + 256] @ x.T
+        part = np.argpartition(d, k, axis=1)[:, :k]
+        order = np.take_along_axis(d, part, 1).argsort(1)
+        out.append(np.take_along_axis(part, order, 1))
+    return np.concatenate(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", help=".npy of vectors (float, n x d)")
+    ap.add_argument("--queries-file", help=".npy of queries (default: the last --queries rows, not indexed)")
+    ap.add_argument("--synthetic", help="N,D: a Gaussian mixture instead of --data")
+    ap.add_argument("--queries", type=int, default=10000)
+    ap.add_argument("--anchors", type=int, default=1024)
+    ap.add_argument("--bytes", type=int, default=16)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--nprobe", default="1,4,16,64")
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=3, help="searches timed per nprobe (median)")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    if a.threads:
+        vlc.set_threads(a.threads)
+    t = time.perf_counter()
+    if a.synthetic:
+        n, d = (int(v) for v in a.synthetic.split(","))
+        x = mixture(n + a.queries, d, a.anchors, a.seed)
+        x, q = x[:n], x[n:]
+    elif a.data:
+        x = np.load(a.data, mmap_mode="r")
+        if a.queries_file:
+            q = np.ascontiguousarray(np.load(a.queries_file), dtype=np.float32)
+        else:
+            x, q = x[: -a.queries], x[-a.queries :]
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        q = np.ascontiguousarray(q, dtype=np.float32)
+    else:
+        ap.error("give --data or --synthetic")
+    print(f"data: {x.shape[0]} x {x.shape[1]}, {len(q)} queries ({time.perf_counter() - t:.1f} s)", file=sys.stderr)
+    t = time.perf_counter()
+    truth = exact_top(x, q, a.k)
+    print(f"exact top-{a.k}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
+
+    out = {"n": int(x.shape[0]), "d": int(x.shape[1]), "queries": int(len(q)),
+           "anchors": a.anchors, "bytes": a.bytes, "backend": a.backend, "search": []}
+    # A small compression first, so that the timed one does not include starting the backend
+    # or compiling its kernels.
+    vlc.compress(x[: max(4 * a.anchors, 20000)], anchors=a.anchors, bytes=a.bytes, backend=a.backend, iterations=2)
+    t = time.perf_counter()
+    index = vlc.compress(x, anchors=a.anchors, bytes=a.bytes, backend=a.backend, seed=a.seed)
+    out["compress_s"] = time.perf_counter() - t
+    out["energy"], out["mse"], out["file_bytes"] = index.energy, index.mse, index.file_size
+    out["phases_s"] = index.seconds
+    print(f"compress: {out['compress_s']:.2f} s ({index}); energy {index.energy:.5f}, MSE {index.mse:.5f}; phases {index.seconds}", file=sys.stderr)
+    index.search(q[:100], a.k, 1)
+    for nprobe in (int(v) for v in a.nprobe.split(",")):
+        times = []
+        for _ in range(a.reps):
+            t = time.perf_counter()
+            _, ids = index.search(q, a.k, nprobe)
+            times.append(time.perf_counter() - t)
+        sec = float(np.median(times))
+        recall = float(np.mean([len(set(t_) & set(f)) / a.k for t_, f in zip(truth, ids)]))
+        out["search"].append({"nprobe": nprobe, "qps": len(q) / sec, "recall": recall})
+        print(f"nprobe {nprobe:4}: {len(q) / sec:10.0f} queries/s, recall@{a.k} {recall:.4f}", file=sys.stderr)
+    if a.json:
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
