@@ -122,12 +122,40 @@ impl Args {
     }
 }
 
+/// A file of `cuda/` as this device runs it: its PTX (the `HOPPER_MODULES` build where one
+/// applies) and, once one of its kernels is first asked for, the module the driver made of
+/// it. Modules load on first use because the driver compiles PTX to machine code as it
+/// loads it: all eleven files take about 25 s on a fresh H200 (the driver's cache spares
+/// later processes on that machine), where a workload uses a few.
+struct ModuleSlot {
+    name: &'static str,
+    ptx: &'static str,
+    hopper: bool,
+    /// Loaded under `Device::functions`' lock; never unloaded before the device drops.
+    loaded: Option<sys::CUmodule>,
+}
+
+/// The modules, and each kernel name's module (from the PTX's `.entry` lines).
+struct Modules {
+    slots: Vec<ModuleSlot>,
+    entries: HashMap<&'static str, usize>,
+    functions: HashMap<&'static str, Func>,
+}
+
+/// The kernel names a PTX file defines (`.entry NAME(`).
+fn entry_names(ptx: &'static str) -> impl Iterator<Item = &'static str> {
+    ptx.split(".entry ").skip(1).filter_map(|rest| {
+        let rest = rest.trim_start();
+        let end = rest.find(|c: char| c == '(' || c.is_whitespace())?;
+        Some(&rest[..end])
+    })
+}
+
 pub(crate) struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: sys::CUstream,
-    /// Each loaded module, and whether it is a `HOPPER_MODULES` build.
-    modules: Vec<(&'static str, sys::CUmodule, bool)>,
-    functions: Mutex<HashMap<&'static str, Func>>,
+    /// The kernel modules (loaded on first use) and the functions found so far.
+    modules: Mutex<Modules>,
     pub pool: Arc<Pool>,
     pub cublas: Mutex<blas_sys::cublasHandle_t>,
     /// cuBLAS's workspace, set once so a captured GEMM allocates nothing.
@@ -217,21 +245,35 @@ impl Device {
         }
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| driver_error("stream", e))?;
-        let mut modules = Vec::new();
         // BACKEND_CUDA_NO_PDL=1 keeps the compute_80 builds (to compare, or to rule the
         // overlapped launches out when chasing a fault).
         let hopper = cc.0 >= 9 && std::env::var_os("BACKEND_CUDA_NO_PDL").is_none();
-        for (name, ptx) in MODULES {
-            let hopper_ptx = HOPPER_MODULES
-                .iter()
-                .find(|(n, _)| hopper && *n == name)
-                .map(|(_, p)| *p);
-            let image = CString::new(hopper_ptx.unwrap_or(ptx)).expect("PTX has no NUL bytes");
-            // SAFETY: a NUL-terminated PTX image; the context is current.
-            let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
-                .map_err(|e| driver_error(&format!("loading the PTX of cuda/{name}.cu"), e))?;
-            modules.push((name, module, hopper_ptx.is_some()));
+        let slots: Vec<ModuleSlot> = MODULES
+            .iter()
+            .map(|&(name, ptx)| {
+                let hopper_ptx = HOPPER_MODULES
+                    .iter()
+                    .find(|(n, _)| hopper && *n == name)
+                    .map(|(_, p)| *p);
+                ModuleSlot {
+                    name,
+                    ptx: hopper_ptx.unwrap_or(ptx),
+                    hopper: hopper_ptx.is_some(),
+                    loaded: None,
+                }
+            })
+            .collect();
+        let mut entries = HashMap::new();
+        for (i, slot) in slots.iter().enumerate() {
+            for name in entry_names(slot.ptx) {
+                entries.entry(name).or_insert(i);
+            }
         }
+        let modules = Mutex::new(Modules {
+            slots,
+            entries,
+            functions: HashMap::new(),
+        });
         let pool = Pool::new(stream);
         let handle = blas::create_handle().map_err(|e| blas_error("cublasCreate", e))?;
         // SAFETY: a fresh handle and the backend's stream.
@@ -250,7 +292,6 @@ impl Device {
             ctx,
             stream,
             modules,
-            functions: Mutex::new(HashMap::new()),
             pool,
             cublas: Mutex::new(handle),
             _blas_workspace: workspace,
@@ -279,27 +320,41 @@ impl Device {
     }
 
     pub fn function(&self, name: &'static str) -> Result<Func> {
-        let mut map = self.functions.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = map.get(name) {
+        let mut guard = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let modules = &mut *guard;
+        if let Some(f) = modules.functions.get(name) {
             return Ok(*f);
         }
-        let cname = CString::new(name).expect("kernel names have no NUL");
-        for &(_, module, grid_dependency) in &self.modules {
-            // SAFETY: the module is loaded; a missing name is an error, not UB.
-            if let Ok(raw) = unsafe { result::module::get_function(module, cname.clone()) } {
-                let f = Func {
-                    raw,
-                    name,
-                    grid_dependency,
-                };
-                map.insert(name, f);
-                return Ok(f);
-            }
-        }
-        Err(Error::Backend {
+        let missing = || Error::Backend {
             backend: "cuda",
             detail: format!("kernel {name} is not in the committed PTX (run cargo xtask ptx)"),
-        })
+        };
+        let &index = modules.entries.get(name).ok_or_else(missing)?;
+        let slot = &mut modules.slots[index];
+        let module = match slot.loaded {
+            Some(m) => m,
+            None => {
+                self.bind()?;
+                let image = CString::new(slot.ptx).expect("PTX has no NUL bytes");
+                // SAFETY: a NUL-terminated PTX image; the context is current.
+                let m = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+                    .map_err(|e| {
+                        driver_error(&format!("loading the PTX of cuda/{}.cu", slot.name), e)
+                    })?;
+                slot.loaded = Some(m);
+                m
+            }
+        };
+        let cname = CString::new(name).expect("kernel names have no NUL");
+        // SAFETY: the module is loaded; a missing name is an error, not UB.
+        let raw = unsafe { result::module::get_function(module, cname) }.map_err(|_| missing())?;
+        let f = Func {
+            raw,
+            name,
+            grid_dependency: slot.hopper,
+        };
+        modules.functions.insert(name, f);
+        Ok(f)
     }
 
     /// Launches `f` on the backend's stream.
@@ -506,9 +561,47 @@ impl Drop for Device {
         // SAFETY: the handle and modules are ours and no longer used.
         unsafe {
             let _ = blas::destroy_handle(handle);
-            for (_, m, _) in &self.modules {
-                let _ = result::module::unload(*m);
+            let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+            for m in modules.slots.iter().filter_map(|s| s.loaded) {
+                let _ = result::module::unload(m);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every committed PTX file names its kernels in `.entry` lines that `entry_names`
+    /// finds, and no kernel name is in two files (a name picks one module to load).
+    #[test]
+    fn each_kernel_name_belongs_to_one_module() {
+        let sample = ".visible .entry row_norms(\n\t.param .u64 a\n)\n.weak .entry pick_one (\n";
+        assert_eq!(
+            entry_names(sample).collect::<Vec<_>>(),
+            ["row_norms", "pick_one"]
+        );
+        let mut owner: HashMap<&str, &str> = HashMap::new();
+        for (file, ptx) in MODULES {
+            let names: Vec<&str> = entry_names(ptx).collect();
+            assert!(!names.is_empty(), "{file}.ptx defines no kernel");
+            for name in names {
+                if let Some(other) = owner.insert(name, file) {
+                    panic!("kernel {name} is in both {other}.ptx and {file}.ptx");
+                }
+            }
+        }
+        for (file, ptx) in HOPPER_MODULES {
+            let plain = MODULES
+                .iter()
+                .find(|(n, _)| *n == file)
+                .expect("a plain build");
+            let mut a: Vec<&str> = entry_names(ptx).collect();
+            let mut b: Vec<&str> = entry_names(plain.1).collect();
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "{file}: the sm90 build defines other kernels");
         }
     }
 }
