@@ -57,7 +57,7 @@ impl PyIndex {
             _ => f32::INFINITY,
         };
         let (dist, ids) = py.detach(|| -> PyResult<(Vec<f32>, Vec<i64>)> {
-            let q = vlc_anneal::Matrix::new(nq, d, data.to_vec()).map_err(py_err)?;
+            let q = vlc_anneal::Matrix::from_slice(nq, d, data).map_err(py_err)?;
             let hits = index.search(&q, k, nprobe).map_err(py_err)?;
             let len = nq.checked_mul(k).ok_or_else(|| {
                 pyo3::exceptions::PyValueError::new_err(format!("{nq} x {k} results overflow"))
@@ -92,7 +92,7 @@ impl PyIndex {
         let (n, d, data) = rows(&x, "the vectors")?;
         let index = &self.inner;
         let grown = py.detach(|| {
-            let data = vlc_anneal::Matrix::new(n, d, data.to_vec()).map_err(py_err)?;
+            let data = vlc_anneal::Matrix::from_slice(n, d, data).map_err(py_err)?;
             backend::run(
                 backend,
                 backend::Add {

@@ -112,7 +112,7 @@ fn compress(
     let mut raised: Option<PyErr> = None;
     let (index, seconds) =
         py.detach(|| -> PyResult<(vlc_anneal::Index, vlc_anneal::Timings)> {
-            let matrix = vlc_anneal::Matrix::new(n, d, data.to_vec()).map_err(py_err)?;
+            let matrix = vlc_anneal::Matrix::from_slice(n, d, data).map_err(py_err)?;
             let mut report = |p: vlc_anneal::Progress<'_>| {
                 let Some(cb) = &progress else { return };
                 if raised.is_some() {

@@ -36,6 +36,54 @@ impl Matrix {
         Ok(Self { rows, cols, data })
     }
 
+    /// [`Matrix::new`] of a copy of `data`, copied and checked on every core in parts of at
+    /// least a million values: a million 384-d vectors handed over from Python are 1.5 GB,
+    /// which one thread copies and scans in about a second.
+    pub fn from_slice(rows: usize, cols: usize, data: &[f32]) -> Result<Self> {
+        if rows.checked_mul(cols) != Some(data.len()) {
+            return Err(input(format!(
+                "{} values cannot form {rows} x {cols} vectors",
+                data.len()
+            )));
+        }
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let part = data.len().div_ceil(threads).max(1 << 20);
+        // Zeroed pages come from the system untouched: each thread faults in its own part.
+        let mut out = vec![0f32; data.len()];
+        let first_bad = std::thread::scope(|s| {
+            let parts: Vec<_> = out
+                .chunks_mut(part)
+                .zip(data.chunks(part))
+                .enumerate()
+                .map(|(k, (dst, src))| {
+                    s.spawn(move || {
+                        dst.copy_from_slice(src);
+                        src.iter()
+                            .position(|v| !v.is_finite())
+                            .map(|i| k * part + i)
+                    })
+                })
+                .collect();
+            parts
+                .into_iter()
+                .filter_map(|h| h.join().expect("copying threads do not panic"))
+                .min()
+        });
+        if let Some(i) = first_bad {
+            return Err(input(format!(
+                "vector {} has a non-finite value ({}) at dimension {}",
+                i / cols.max(1),
+                data[i],
+                i % cols.max(1)
+            )));
+        }
+        Ok(Self {
+            rows,
+            cols,
+            data: out,
+        })
+    }
+
     pub fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.cols..(i + 1) * self.cols]
     }

@@ -218,6 +218,35 @@ fn bad_parameters_are_clear_errors() {
     );
 }
 
+/// `Matrix::from_slice` copies on several threads (parts of 2^20 values) and reports the
+/// first non-finite value as `Matrix::new` does, whichever part holds it.
+#[test]
+fn from_slice_copies_in_parts_and_finds_the_first_bad_value() {
+    let (rows, cols) = (3 << 18, 5); // 3.75 * 2^20 values: four parts where cores allow
+    let data: Vec<f32> = (0..rows * cols).map(|i| (i % 977) as f32 - 300.5).collect();
+    let m = Matrix::from_slice(rows, cols, &data).unwrap();
+    assert_eq!((m.rows, m.cols), (rows, cols));
+    assert!(m.data == data);
+    for bad in [rows * cols - 1, 3 << 20, (1 << 20) + 7, 2] {
+        let mut d = data.clone();
+        d[bad] = f32::INFINITY;
+        if bad > 5 {
+            d[bad + 1 - (bad % 2)] = f32::NAN;
+        }
+        let first = d.iter().position(|v| !v.is_finite()).unwrap();
+        let want = Matrix::new(rows, cols, d.clone()).unwrap_err().to_string();
+        let got = Matrix::from_slice(rows, cols, &d).unwrap_err().to_string();
+        assert_eq!(got, want);
+        assert!(got.contains(&format!("vector {}", first / cols)), "{got}");
+    }
+    assert!(
+        Matrix::from_slice(2, 3, &[0.0; 5])
+            .unwrap_err()
+            .to_string()
+            .contains("cannot form 2 x 3")
+    );
+}
+
 fn small_index() -> (Matrix, Vec<u8>) {
     let cpu = backend_cpu::CpuBackend::new();
     let data = vlc_anneal::synthetic::gaussian_mixture(600, 12, 10, 0.1, 3);
