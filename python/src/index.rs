@@ -23,6 +23,10 @@ impl PyIndex {
     }
 }
 
+/// Queries from which search runs its coarse step and tables as matrix products
+/// (`Index::search_batch`); fewer go one at a time.
+const BATCH_FROM: usize = 32;
+
 type Hits<'py> = (Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<i64>>);
 
 #[pymethods]
@@ -58,7 +62,14 @@ impl PyIndex {
         };
         let (dist, ids) = py.detach(|| -> PyResult<(Vec<f32>, Vec<i64>)> {
             let q = vlc_anneal::Matrix::from_slice(nq, d, data).map_err(py_err)?;
-            let hits = index.search(&q, k, nprobe).map_err(py_err)?;
+            // Many queries: the coarse step and the tables as products on the CPU's GEMM.
+            let hits = match nq >= BATCH_FROM {
+                true => {
+                    index.search_batch(&backends::backend_cpu::CpuBackend::new(), &q, k, nprobe)
+                }
+                false => index.search(&q, k, nprobe),
+            }
+            .map_err(py_err)?;
             let len = nq.checked_mul(k).ok_or_else(|| {
                 pyo3::exceptions::PyValueError::new_err(format!("{nq} x {k} results overflow"))
             })?;

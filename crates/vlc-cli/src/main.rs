@@ -249,8 +249,10 @@ fn run(command: Command) -> Res<()> {
                 );
             }
             // Positions to the index's ids.
+            // The coarse step and the query tables as products on the CPU's GEMM.
+            let cpu = backends::backend_cpu::CpuBackend::new();
             let hits: Vec<Vec<(u64, f32)>> = index
-                .search(&queries, k, nprobe)
+                .search_batch(&cpu, &queries, k, nprobe)
                 .map_err(err)?
                 .into_iter()
                 .map(|row| {

@@ -35,6 +35,7 @@
 //! nothing per vector and so may not claim more vectors than that); `m`, `d` and the codebooks
 //! are bounded by their sections' lengths. Reading does work linear in the file's size.
 
+mod batch;
 mod edit;
 mod search;
 

@@ -64,7 +64,7 @@ fn lanes(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
 }
 
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes(a, b, |x, y| x * y)
 }
 
@@ -134,18 +134,23 @@ impl TopK {
 
 /// `f` of every row of `queries`, spread over the machine's threads.
 pub(crate) fn parallel_map<T: Send>(queries: &Matrix, f: &(dyn Fn(&[f32]) -> T + Sync)) -> Vec<T> {
+    parallel_indices(queries.rows, &|i| f(queries.row(i)))
+}
+
+/// `f(i)` for `i` in `0..count`, in order, spread over the threads [`set_threads`] allows.
+pub(crate) fn parallel_indices<T: Send>(count: usize, f: &(dyn Fn(usize) -> T + Sync)) -> Vec<T> {
     let threads = match THREADS.load(std::sync::atomic::Ordering::Relaxed) {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
-    let per = queries.rows.div_ceil(threads).max(1);
-    let mut out: Vec<T> = Vec::with_capacity(queries.rows);
+    let per = count.div_ceil(threads).max(1);
+    let mut out: Vec<T> = Vec::with_capacity(count);
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..queries.rows)
+        let handles: Vec<_> = (0..count)
             .step_by(per)
             .map(|start| {
-                let end = (start + per).min(queries.rows);
-                s.spawn(move || (start..end).map(|i| f(queries.row(i))).collect::<Vec<T>>())
+                let end = (start + per).min(count);
+                s.spawn(move || (start..end).map(f).collect::<Vec<T>>())
             })
             .collect();
         for h in handles {
@@ -212,7 +217,7 @@ pub(crate) struct Lists {
 }
 
 impl Index {
-    fn inverted(&self) -> &Lists {
+    pub(super) fn inverted(&self) -> &Lists {
         self.lists.get_or_init(|| {
             let mut ids = vec![Vec::new(); self.header.m];
             for i in 0..self.header.n {
@@ -279,27 +284,11 @@ impl Index {
                 return self.search_ip(q, k, nprobe, lists);
             }
             let near = self.probe(nprobe, |a| sq(q, a));
+            if let Some(pre) = self.precomputed() {
+                return self.scan_l2(lists, &near, pre, &self.query_table(q, -2.0), k);
+            }
             let mut best = TopK::new(k);
             let mut table = vec![0f32; self.pq.codewords.max(1) * self.pq.bytes()];
-            if let Some(pre) = self.precomputed() {
-                // |q - a - c|^2 = |q - a|^2 + (|c|^2 + 2 a.c) - 2 q.c, subspace by subspace:
-                // the middle term is the anchor's precomputed table, the last the query's,
-                // so each probed list's table is one addition per entry.
-                let qterm = self.query_table(q, -2.0);
-                let len = qterm.len();
-                for &(base, a) in &near {
-                    let row = &pre[a as usize * len..(a as usize + 1) * len];
-                    for ((t, &p), &qv) in table.iter_mut().zip(row).zip(&qterm) {
-                        *t = p + qv;
-                    }
-                    self.scan(lists, a as usize, base, &table, &mut best);
-                }
-                let mut found = best.into_sorted();
-                found
-                    .iter_mut()
-                    .for_each(|(_, d)| *d = metric.reported(d.max(0.0)));
-                return found;
-            }
             let mut rq = vec![0f32; d];
             for &(_, a) in &near {
                 let c = self.anchor(a as usize);
@@ -350,13 +339,56 @@ impl Index {
     fn search_ip(&self, q: &[f32], k: usize, nprobe: usize, lists: &Lists) -> Vec<(u32, f32)> {
         let near = self.probe(nprobe, |a| -dot(q, a));
         // The residual's part, -q_j . c for every subspace's codewords: one table a query.
-        let table = self.query_table(q, -1.0);
+        self.scan_ip(lists, &near, &self.query_table(q, -1.0), k)
+    }
+
+    /// The `k` best members of the probed lists `near` (`(-q . a, anchor)`) of an
+    /// inner-product index, scored with the query's table `-q_j . c`; reported as the inner
+    /// product, largest first.
+    pub(crate) fn scan_ip(
+        &self,
+        lists: &Lists,
+        near: &[(f32, u32)],
+        table: &[f32],
+        k: usize,
+    ) -> Vec<(u32, f32)> {
         let mut best = TopK::new(k);
-        for &(base, a) in &near {
-            self.scan(lists, a as usize, base, &table, &mut best);
+        for &(base, a) in near {
+            self.scan(lists, a as usize, base, table, &mut best);
         }
         let mut found = best.into_sorted();
         found.iter_mut().for_each(|(_, s)| *s = -*s);
+        found
+    }
+
+    /// The `k` nearest members of the probed lists `near` (`(|q - a|^2, anchor)`), by
+    /// `|q - a - c|^2 = |q - a|^2 + (|c|^2 + 2 a.c) - 2 q.c` subspace by subspace: the middle
+    /// term is the anchor's row of the precomputed tables `pre`, the last the query's
+    /// `qterm`, so each probed list's table is one addition per entry. Reported as the
+    /// index's metric reports distances.
+    pub(crate) fn scan_l2(
+        &self,
+        lists: &Lists,
+        near: &[(f32, u32)],
+        pre: &[f32],
+        qterm: &[f32],
+        k: usize,
+    ) -> Vec<(u32, f32)> {
+        let mut best = TopK::new(k);
+        let len = qterm.len();
+        let mut table = vec![0f32; len];
+        for &(base, a) in near {
+            let row = &pre[a as usize * len..(a as usize + 1) * len];
+            for ((t, &p), &qv) in table.iter_mut().zip(row).zip(qterm) {
+                *t = p + qv;
+            }
+            self.scan(lists, a as usize, base, &table, &mut best);
+        }
+        let mut found = best.into_sorted();
+        let metric = self.header.metric;
+        found
+            .iter_mut()
+            .for_each(|(_, d)| *d = metric.reported(d.max(0.0)));
         found
     }
 

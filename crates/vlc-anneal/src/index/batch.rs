@@ -1,0 +1,152 @@
+//! Search of many queries at once: the coarse step (every query against every anchor) and the
+//! queries' distance tables (every query against every subspace's codewords) as matrix
+//! products on a backend, then the probed lists scanned on the host as [`Index::search`]
+//! scans them. One query at a time, those two steps are `m d + 256 d` multiply-adds in
+//! dot products (over 0.4 million at 1,024 anchors of 384 dimensions), which dominate a
+//! search that probes few lists; as products over thousands of queries they run at the
+//! backend's GEMM speed.
+
+use super::Index;
+use super::search::{check_queries, dot, parallel_indices, sq};
+use crate::vectors::Matrix;
+use hal::{Backend, BackendExt, DType, Layout, View};
+
+/// Queries per round of products: bounds the coarse scores and tables held at once (4,096
+/// queries against 4,096 anchors are 64 MiB of scores).
+const ROUND: usize = 4096;
+
+impl Index {
+    /// [`Index::search`] of every query at once, its matrix products on `backend` (the CPU
+    /// backend's GEMM, say): the same lists are probed and scored, and the results agree with
+    /// [`Index::search`]'s up to f32 rounding (a product sums in another order than a dot
+    /// product; each probed anchor's own distance is recomputed exactly). Falls back to
+    /// [`Index::search`] for an index without residual codes or whose precomputed tables
+    /// would be too large ([`super::search::PRECOMPUTED_MAX_BYTES`]).
+    pub fn search_batch<B: Backend>(
+        &self,
+        backend: &B,
+        queries: &Matrix,
+        k: usize,
+        nprobe: usize,
+    ) -> crate::Result<Vec<Vec<(u32, f32)>>> {
+        let (d, m) = (self.header.d, self.header.m);
+        let ip = self.header.metric == crate::Metric::InnerProduct;
+        let pre = self.precomputed();
+        if queries.cols != d || nprobe == 0 || self.pq.bytes() == 0 || (pre.is_none() && !ip) {
+            // The checks and their errors, or the per-query path.
+            return self.search(queries, k, nprobe);
+        }
+        let prepared = self.header.metric.prepare(queries)?;
+        let queries: &Matrix = &prepared;
+        check_queries(queries, self.reach())?;
+        let nprobe = nprobe.min(m);
+        let k = k.min(self.header.n);
+        let lists = self.inverted();
+        let pq = &self.pq;
+        let len = pq.bytes() * pq.codewords;
+        let anchors = backend.upload(&self.anchors)?;
+        let books = backend.upload(&pq.codebooks)?;
+        let norms: Vec<f32> = (0..m)
+            .map(|a| dot(self.anchor(a), self.anchor(a)))
+            .collect();
+        let mut out = Vec::with_capacity(queries.rows);
+        for start in (0..queries.rows).step_by(ROUND) {
+            let rows = ROUND.min(queries.rows - start);
+            let q = backend.upload(&queries.data[start * d..(start + rows) * d])?;
+            let (scores, tables) = self.products(backend, &q, rows, [&anchors, &books])?;
+            let (scores, tables) = (backend.read::<f32>(&scores)?, backend.read::<f32>(&tables)?);
+            out.extend(parallel_indices(rows, &|r| {
+                let qv = queries.row(start + r);
+                let s = &scores[r * m..(r + 1) * m];
+                let t = &tables[r * len..(r + 1) * len];
+                // The coarse ranking from the product (|q|^2 is common to a query's anchors),
+                // ties to the lower anchor as `probe` breaks them; then each probed anchor's
+                // distance exactly.
+                let rank = |a: usize| match ip {
+                    true => -s[a],
+                    false => norms[a] - 2.0 * s[a],
+                };
+                let mut near: Vec<(f32, u32)> = (0..m).map(|a| (rank(a), a as u32)).collect();
+                near.select_nth_unstable_by(nprobe - 1, |x, y| {
+                    x.0.total_cmp(&y.0).then(x.1.cmp(&y.1))
+                });
+                near.truncate(nprobe);
+                for (base, a) in near.iter_mut() {
+                    let anchor = self.anchor(*a as usize);
+                    *base = if ip { -dot(qv, anchor) } else { sq(qv, anchor) };
+                }
+                if ip {
+                    let table: Vec<f32> = t.iter().map(|v| -v).collect();
+                    self.scan_ip(lists, &near, &table, k)
+                } else {
+                    let qterm: Vec<f32> = t.iter().map(|v| -2.0 * v).collect();
+                    let pre = pre.expect("L2 and cosine indexes here have precomputed tables");
+                    self.scan_l2(lists, &near, pre, &qterm, k)
+                }
+            }));
+        }
+        Ok(out)
+    }
+
+    /// `rows` queries' products on the device: `q . a` for every anchor (`rows x m`), and
+    /// `q_j . c` for every subspace `j` and codeword `c` (`rows x (bytes * codewords)`),
+    /// one batched product per run of subspaces of one width.
+    fn products<B: Backend>(
+        &self,
+        b: &B,
+        q: &B::Buffer,
+        rows: usize,
+        [anchors, books]: [&B::Buffer; 2],
+    ) -> crate::Result<(B::Buffer, B::Buffer)> {
+        let (d, m) = (self.header.d, self.header.m);
+        let pq = &self.pq;
+        let (bytes, kc) = (pq.bytes(), pq.codewords);
+        let scores = b.alloc(DType::F32, rows * m)?;
+        let a_t = Layout {
+            shape: vec![d, m],
+            strides: vec![1, d as isize],
+            offset: 0,
+        };
+        b.matmul(
+            View::new(q, &Layout::contiguous(&[rows, d])),
+            View::new(anchors, &a_t),
+            View::new(&scores, &Layout::contiguous(&[rows, m])),
+            1.0,
+            0.0,
+        )?;
+        let tables = b.alloc(DType::F32, rows * bytes * kc)?;
+        let mut j = 0;
+        while j < bytes {
+            let w = pq.bounds[j + 1] - pq.bounds[j];
+            let count = (j..bytes)
+                .take_while(|&i| pq.bounds[i + 1] - pq.bounds[i] == w)
+                .count();
+            // Subspaces j..j+count: the queries' columns [bounds[j] + i w, + w) against each
+            // codebook (`kc x w`, one after another), into columns (j + i) kc + c.
+            let qs = Layout {
+                shape: vec![count, rows, w],
+                strides: vec![w as isize, d as isize, 1],
+                offset: pq.bounds[j],
+            };
+            let cs = Layout {
+                shape: vec![count, w, kc],
+                strides: vec![(kc * w) as isize, 1, w as isize],
+                offset: pq.codebook_offset(j),
+            };
+            let ts = Layout {
+                shape: vec![count, rows, kc],
+                strides: vec![kc as isize, (bytes * kc) as isize, 1],
+                offset: j * kc,
+            };
+            b.matmul(
+                View::new(q, &qs),
+                View::new(books, &cs),
+                View::new(&tables, &ts),
+                1.0,
+                0.0,
+            )?;
+            j += count;
+        }
+        Ok((scores, tables))
+    }
+}
