@@ -146,6 +146,22 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn write_bytes(&self, dst: &Self::Buffer, bytes: &[u8]) -> Result<()>;
     /// Waits for pending work and returns the buffer's contents.
     fn read_bytes(&self, src: &Self::Buffer) -> Result<Vec<u8>>;
+    /// [`Backend::read_bytes`] into `dst`, which must be exactly the buffer's size: a caller
+    /// that reads results round after round keeps one host buffer (a backend whose memory is
+    /// the host's copies once, into pages already touched).
+    fn read_bytes_into(&self, src: &Self::Buffer, dst: &mut [u8]) -> Result<()> {
+        let bytes = self.read_bytes(src)?;
+        if bytes.len() != dst.len() {
+            return Err(Error::ShapeMismatch {
+                op: "read_bytes_into",
+                expected: vec![bytes.len()],
+                got: vec![dst.len()],
+                detail: "bytes of the buffer, bytes of the destination".into(),
+            });
+        }
+        dst.copy_from_slice(&bytes);
+        Ok(())
+    }
 
     // ----- elementwise -----
 
@@ -622,6 +638,18 @@ pub trait BackendExt: Backend {
         }
         let bytes = self.read_bytes(src)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// [`BackendExt::read`] into `dst`, which must hold exactly the buffer's elements.
+    fn read_into<T: Element>(&self, src: &Self::Buffer, dst: &mut [T]) -> Result<()> {
+        if src.dtype() != T::DTYPE {
+            return Err(Error::DTypeMismatch {
+                op: "read_into",
+                expected: src.dtype(),
+                got: T::DTYPE,
+            });
+        }
+        self.read_bytes_into(src, bytemuck::cast_slice_mut(dst))
     }
 
     /// Reads any float or integer buffer as `f32` (`f64`, and integers beyond 2^24, rounded to
