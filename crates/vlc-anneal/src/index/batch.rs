@@ -11,9 +11,10 @@ use super::search::{check_queries, dot, parallel_indices, sq};
 use crate::vectors::Matrix;
 use hal::{Backend, BackendExt, DType, Layout, View};
 
-/// Queries per round of products: bounds the coarse scores and tables held at once (4,096
-/// queries against 4,096 anchors are 64 MiB of scores).
-const ROUND: usize = 4096;
+/// Queries per round of products: small enough that a round's scores and tables (512
+/// queries' 16 x 256 table entries are 8 MiB) stay in the caches between the product that
+/// writes them and the scan that reads them.
+const ROUND: usize = 512;
 
 impl Index {
     /// [`Index::search`] of every query at once, its matrix products on `backend` (the CPU
@@ -49,12 +50,18 @@ impl Index {
         let norms: Vec<f32> = (0..m)
             .map(|a| dot(self.anchor(a), self.anchor(a)))
             .collect();
+        // The products come scaled as the scan uses them: `-2 q . a` and `-2 q_j . c` (L2),
+        // `-q . a` and `-q_j . c` (inner product).
+        let scale = if ip { -1.0 } else { -2.0 };
+        let (mut scores, mut tables) = (vec![0f32; ROUND * m], vec![0f32; ROUND * len]);
         let mut out = Vec::with_capacity(queries.rows);
         for start in (0..queries.rows).step_by(ROUND) {
             let rows = ROUND.min(queries.rows - start);
             let q = backend.upload(&queries.data[start * d..(start + rows) * d])?;
-            let (scores, tables) = self.products(backend, &q, rows, [&anchors, &books])?;
-            let (scores, tables) = (backend.read::<f32>(&scores)?, backend.read::<f32>(&tables)?);
+            let (s_dev, t_dev) = self.products(backend, &q, rows, [&anchors, &books], scale)?;
+            backend.read_into(&s_dev, &mut scores[..rows * m])?;
+            backend.read_into(&t_dev, &mut tables[..rows * len])?;
+            let (scores, tables) = (&scores, &tables);
             out.extend(parallel_indices(rows, &|r| {
                 let qv = queries.row(start + r);
                 let s = &scores[r * m..(r + 1) * m];
@@ -62,10 +69,7 @@ impl Index {
                 // The coarse ranking from the product (|q|^2 is common to a query's anchors),
                 // ties to the lower anchor as `probe` breaks them; then each probed anchor's
                 // distance exactly.
-                let rank = |a: usize| match ip {
-                    true => -s[a],
-                    false => norms[a] - 2.0 * s[a],
-                };
+                let rank = |a: usize| if ip { s[a] } else { norms[a] + s[a] };
                 let mut near: Vec<(f32, u32)> = (0..m).map(|a| (rank(a), a as u32)).collect();
                 near.select_nth_unstable_by(nprobe - 1, |x, y| {
                     x.0.total_cmp(&y.0).then(x.1.cmp(&y.1))
@@ -75,28 +79,25 @@ impl Index {
                     let anchor = self.anchor(*a as usize);
                     *base = if ip { -dot(qv, anchor) } else { sq(qv, anchor) };
                 }
-                if ip {
-                    let table: Vec<f32> = t.iter().map(|v| -v).collect();
-                    self.scan_ip(lists, &near, &table, k)
-                } else {
-                    let qterm: Vec<f32> = t.iter().map(|v| -2.0 * v).collect();
-                    let pre = pre.expect("L2 and cosine indexes here have precomputed tables");
-                    self.scan_l2(lists, &near, pre, &qterm, k)
+                match pre {
+                    Some(pre) if !ip => self.scan_l2(lists, &near, pre, t, k),
+                    _ => self.scan_ip(lists, &near, t, k),
                 }
             }));
         }
         Ok(out)
     }
 
-    /// `rows` queries' products on the device: `q . a` for every anchor (`rows x m`), and
-    /// `q_j . c` for every subspace `j` and codeword `c` (`rows x (bytes * codewords)`),
-    /// one batched product per run of subspaces of one width.
+    /// `rows` queries' products on the device, times `scale`: `q . a` for every anchor
+    /// (`rows x m`), and `q_j . c` for every subspace `j` and codeword `c` (`rows x (bytes *
+    /// codewords)`), one batched product per run of subspaces of one width.
     fn products<B: Backend>(
         &self,
         b: &B,
         q: &B::Buffer,
         rows: usize,
         [anchors, books]: [&B::Buffer; 2],
+        scale: f32,
     ) -> crate::Result<(B::Buffer, B::Buffer)> {
         let (d, m) = (self.header.d, self.header.m);
         let pq = &self.pq;
@@ -111,7 +112,7 @@ impl Index {
             View::new(q, &Layout::contiguous(&[rows, d])),
             View::new(anchors, &a_t),
             View::new(&scores, &Layout::contiguous(&[rows, m])),
-            1.0,
+            scale,
             0.0,
         )?;
         let tables = b.alloc(DType::F32, rows * bytes * kc)?;
@@ -142,7 +143,7 @@ impl Index {
                 View::new(q, &qs),
                 View::new(books, &cs),
                 View::new(&tables, &ts),
-                1.0,
+                scale,
                 0.0,
             )?;
             j += count;
