@@ -378,11 +378,18 @@ impl Index {
         let len = qterm.len();
         let mut table = vec![0f32; len];
         for &(base, a) in near {
-            let row = &pre[a as usize * len..(a as usize + 1) * len];
+            let a = a as usize;
+            let row = &pre[a * len..(a + 1) * len];
+            if lists.ids[a].len() * self.header.pq_bytes < len {
+                // Fewer lookups than the table has entries: add the two terms at each code
+                // instead (the same sums, so the same distances).
+                self.scan_pair(lists, a, base, [row, qterm], &mut best);
+                continue;
+            }
             for ((t, &p), &qv) in table.iter_mut().zip(row).zip(qterm) {
                 *t = p + qv;
             }
-            self.scan(lists, a as usize, base, &table, &mut best);
+            self.scan(lists, a, base, &table, &mut best);
         }
         let mut found = best.into_sorted();
         let metric = self.header.metric;
@@ -403,6 +410,27 @@ impl Index {
             let mut dist = base;
             for (j, &code) in codes.iter().enumerate() {
                 dist += table[j * k + code as usize];
+            }
+            best.push(dist, i);
+        }
+    }
+
+    /// [`Self::scan`] with the table `first + second`, added entry by entry where a code
+    /// reads it.
+    fn scan_pair(
+        &self,
+        lists: &Lists,
+        a: usize,
+        base: f32,
+        [first, second]: [&[f32]; 2],
+        best: &mut TopK,
+    ) {
+        let (k, bytes) = (self.pq.codewords, self.header.pq_bytes);
+        for (&i, codes) in lists.ids[a].iter().zip(lists.codes[a].chunks_exact(bytes)) {
+            let mut dist = base;
+            for (j, &code) in codes.iter().enumerate() {
+                let x = j * k + code as usize;
+                dist += first[x] + second[x];
             }
             best.push(dist, i);
         }
