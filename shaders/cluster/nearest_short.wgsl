@@ -1,8 +1,9 @@
-// Nearest centroid in the reference order for short rows (d <= 16; a product quantiser's
-// subspaces), a batch of groups at once: workgroup (x, y) takes 256 points of group y, each
-// invocation one point, its coordinates held in a private array (zeros past d, whose terms
-// add exactly nothing). The group's centroids pass through workgroup memory in tiles of 256
-// rows of 16, so each invocation reads only the tile after loading its point once
+// Nearest centroid in the reference order for short rows (d <= SHORT_D: 16, or 32 in the
+// variant the backend composes for wider rows; a product quantiser's subspaces), a batch of
+// groups at once: workgroup (x, y) takes 256 points of group y, each invocation one point,
+// its coordinates held in a private array (zeros past d, whose terms add exactly nothing).
+// The group's centroids pass through workgroup memory in tiles of SHORT_TILE rows of SHORT_D
+// (4,096 values either way), so each invocation reads only the tile after loading its point once
 // (nearest_ordered.wgsl re-reads both from storage for every term). Each distance is summed
 // over k in order with fused multiply-adds from 0, the first strictly smaller kept (lowest
 // index on ties; a NaN best is replaced by any number): bit-identical to the CPU reference.
@@ -27,8 +28,10 @@ fn ld4(i: i32) -> f32 { return bitcast<f32>(B4[i]); }
 fn st4(i: i32, v: f32) { B4[i] = bitcast<u32>(v); }
 // @end
 
+// @slot short_shape
 const SHORT_TILE: u32 = 256u;
 const SHORT_D: u32 = 16u;
+// @end
 var<workgroup> short_tile: array<f32, 4096>;
 
 @compute @workgroup_size(256)
@@ -37,9 +40,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let m = s(1u);
     let d = s(2u);
     let group = wg.y;
-    let p = wg.x * SHORT_TILE + li;
+    let p = wg.x * 256u + li;
     let live = p < n;
-    var xv: array<f32, 16>;
+    var xv: array<f32, SHORT_D>;
     let xrow = si(3u) + i32(group) * si(13u) + i32(p) * si(4u);
     for (var k = 0u; k < SHORT_D; k = k + 1u) {
         var v = 0.0;
@@ -54,7 +57,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var j0 = 0u; j0 < m; j0 = j0 + SHORT_TILE) {
         let width = min(SHORT_TILE, m - j0);
         workgroupBarrier();
-        for (var e = li; e < SHORT_TILE * SHORT_D; e = e + SHORT_TILE) {
+        for (var e = li; e < SHORT_TILE * SHORT_D; e = e + 256u) {
             let jj = e / SHORT_D;
             let kk = e % SHORT_D;
             var v = 0.0;

@@ -116,9 +116,13 @@ pub(crate) fn nearest_centroid(
         // A batch (the codebooks of a product quantiser): one light pass over all groups,
         // short rows with the centroids in workgroup memory.
         let (g, n, d) = (x.layout.shape[0], x.layout.shape[1], x.layout.shape[2]);
+        let m = c.layout.shape[1];
         let max = gpu.0.limits.max_compute_workgroups_per_dimension as usize;
-        if d <= 16 && n.div_ceil(256) <= max && g <= max {
-            return gpu.nearest_short([x, c, out_index, out_distance]);
+        // Rows of up to 16 or 32 values; an invocation's distance terms (m x the row width)
+        // within the loop budget.
+        let width = if d <= 16 { 16 } else { 32 };
+        if d <= 32 && m * width <= LOOP_BUDGET && n.div_ceil(256) <= max && g <= max {
+            return gpu.nearest_short([x, c, out_index, out_distance], width);
         }
         return gpu.nearest_ordered(x, c, out_index, out_distance);
     }
@@ -359,22 +363,29 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// A batch of searches among short rows (rank-3 views, `d <= 16`; see
-    /// nearest_short.wgsl): a workgroup per 256 points of a group.
+    /// A batch of searches among short rows (rank-3 views, rows of at most `width` values:
+    /// 16, or 32 with tiles of 128 centroids instead of 256, 4,096 values of workgroup memory
+    /// either way; see nearest_short.wgsl): a workgroup per 256 points of a group.
     pub(crate) fn nearest_short(
         &self,
         [x, c, out_index, out_distance]: [View<'_, WgpuBuffer>; 4],
+        width: usize,
     ) -> Result<()> {
         let (g, n, m) = (x.layout.shape[0], x.layout.shape[1], c.layout.shape[1]);
         if g * n == 0 {
             return Ok(());
         }
-        let pipeline = self.kernel(&Spec::new("nearest_short.wgsl").bindings(vec![
+        let mut spec = Spec::new("nearest_short.wgsl").bindings(vec![
             (x.dtype(), Access::Read),
             (c.dtype(), Access::Read),
             (DType::U32, Access::Write),
             (DType::F32, Access::Write),
-        ]))?;
+        ]);
+        if width > 16 {
+            let (name, text) = wgsl::nearest_short_wide_slot();
+            spec = spec.slot(name, text);
+        }
+        let pipeline = self.kernel(&spec)?;
         let fused = self.fma_is_fused()?;
         let p = nearest_slice_params([x, c, out_index, out_distance], 0, m, fused)?;
         self.dispatch_groups(

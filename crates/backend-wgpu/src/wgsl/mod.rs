@@ -94,6 +94,15 @@ pub struct Features {
     pub f64: bool,
 }
 
+/// The `short_shape` slot of `nearest_short.wgsl` for rows of up to 32 values: tiles of 128
+/// centroids (the file's default: 256 of up to 16 values).
+pub fn nearest_short_wide_slot() -> (&'static str, String) {
+    (
+        "short_shape",
+        "const SHORT_TILE: u32 = 128u;\nconst SHORT_D: u32 = 32u;\n".into(),
+    )
+}
+
 /// The `fma_choice` slot of `fma_exact.wgsl` for a probed device (`None`: the file's own
 /// run-time test).
 fn fma_choice(fused: Option<bool>) -> Option<(&'static str, String)> {

@@ -194,6 +194,24 @@ fn product_variants(all: Features) -> Vec<Variant> {
             features: all,
         });
     }
+    let nearest = vec![
+        (DType::F32, Access::Read),
+        (DType::F32, Access::Read),
+        (DType::U32, Access::Write),
+        (DType::F32, Access::Write),
+    ];
+    out.push(Variant {
+        file: "nearest_short.wgsl",
+        label: "rows of up to 32 values".to_string(),
+        module: compose(
+            "nearest_short.wgsl",
+            Some(&nearest),
+            &[super::nearest_short_wide_slot()],
+            Entry::Strided,
+            all,
+        ),
+        features: all,
+    });
     out.push(Variant {
         file: "gemm_sum.wgsl",
         label: "row sums".to_string(),
