@@ -376,7 +376,8 @@ impl Index {
     ) -> Vec<(u32, f32)> {
         let mut best = TopK::new(k);
         let len = qterm.len();
-        let mut table = vec![0f32; len];
+        // Built only for a list long enough to want it.
+        let mut table = Vec::new();
         for &(base, a) in near {
             let a = a as usize;
             let row = &pre[a * len..(a + 1) * len];
@@ -386,6 +387,7 @@ impl Index {
                 self.scan_pair(lists, a, base, [row, qterm], &mut best);
                 continue;
             }
+            table.resize(len, 0.0);
             for ((t, &p), &qv) in table.iter_mut().zip(row).zip(qterm) {
                 *t = p + qv;
             }
