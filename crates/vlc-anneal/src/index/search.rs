@@ -116,11 +116,11 @@ impl TopK {
         }
         if self.heap.len() < self.k {
             self.heap.push((OrdF32(dist), id));
-        } else if let Some(&top) = self.heap.peek()
-            && (OrdF32(dist), id) < top
+        } else if let Some(mut top) = self.heap.peek_mut()
+            && (OrdF32(dist), id) < *top
         {
-            self.heap.pop();
-            self.heap.push((OrdF32(dist), id));
+            // Replaced in place: one sift down where a pop and a push take two.
+            *top = (OrdF32(dist), id);
         }
     }
     pub(crate) fn into_sorted(self) -> Vec<(u32, f32)> {
