@@ -2,7 +2,7 @@
 
 use crate::{backend, py_err, rows};
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
-use pyo3::exceptions::PyIndexError;
+use pyo3::exceptions::{PyIndexError, PyMemoryError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -60,6 +60,20 @@ impl PyIndex {
             vlc_anneal::Metric::InnerProduct => f32::NEG_INFINITY,
             _ => f32::INFINITY,
         };
+        // The results' arrays are checked against the memory there is before any work (a
+        // huge k is padding, not an error, but must not take the process down).
+        let len = nq
+            .checked_mul(k)
+            .filter(|l| {
+                let bytes = (*l as u64).saturating_mul(12);
+                bytes <= isize::MAX as u64
+                    && vlc_anneal::index::available_memory().is_none_or(|a| bytes <= a)
+            })
+            .ok_or_else(|| {
+                PyMemoryError::new_err(format!(
+                    "{nq} queries x k = {k} results need more memory than is available"
+                ))
+            })?;
         let (dist, ids) = py.detach(|| -> PyResult<(Vec<f32>, Vec<i64>)> {
             let q = vlc_anneal::Matrix::from_slice(nq, d, data).map_err(py_err)?;
             // Many queries: the coarse step and the tables as products on the CPU's GEMM.
@@ -70,9 +84,6 @@ impl PyIndex {
                 false => index.search(&q, k, nprobe),
             }
             .map_err(py_err)?;
-            let len = nq.checked_mul(k).ok_or_else(|| {
-                pyo3::exceptions::PyValueError::new_err(format!("{nq} x {k} results overflow"))
-            })?;
             let mut dist = vec![missing; len];
             let mut ids = vec![-1i64; len];
             for (row, found) in hits.iter().enumerate() {

@@ -231,6 +231,9 @@ def test_bad_input_raises_python_exceptions(index, data, tmp_path):
         index.search(data[:2], k=3, nprobe=0)
     with pytest.raises(TypeError):
         index.search(data[:2], k=2.5)
+    # Results that cannot fit in memory are refused before any work, not a crash.
+    with pytest.raises(MemoryError):
+        index.search(data[:1000], k=2**60)
     with pytest.raises(ValueError, match="dimension"):
         index.add(data[:3, :10])
     with pytest.raises(IndexError):

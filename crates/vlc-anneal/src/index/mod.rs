@@ -672,7 +672,10 @@ fn section_ranges(
 }
 
 /// Bytes of memory available now (Linux's `MemAvailable`), or `None` where unknown.
-fn available_memory() -> Option<u64> {
+/// The memory the system says is available (`MemAvailable` in `/proc/meminfo`; `None` where
+/// there is no such file): a bound that callers check large allocations against, since an
+/// allocation beyond it is not refused by an overcommitting kernel but killed later.
+pub fn available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
