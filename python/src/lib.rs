@@ -67,7 +67,8 @@ pub(crate) fn ids(x: &PyReadonlyArray1<'_, i64>) -> PyResult<Vec<u64>> {
     Ok(out)
 }
 
-/// Parameters of [`compress`] beyond the data, as the `vlc` package passes them.
+/// `vlc.compress`'s compiled half: the vectors (float32, C order) and every parameter
+/// positionally, as the `vlc` package passes them after checking and converting them.
 #[allow(clippy::too_many_arguments)]
 #[pyfunction]
 #[pyo3(signature = (x, anchors, bytes, backend, iterations, seed, metric, exact, tolerance, ids, progress))]
