@@ -53,14 +53,21 @@ impl Index {
         // The products come scaled as the scan uses them: `-2 q . a` and `-2 q_j . c` (L2),
         // `-q . a` and `-q_j . c` (inner product).
         let scale = if ip { -1.0 } else { -2.0 };
-        let (mut scores, mut tables) = (vec![0f32; ROUND * m], vec![0f32; ROUND * len]);
+        // One round's scores and tables, on the device and on the host, made once: a short
+        // last round fills the first rows and the rest are not read.
+        let cap = ROUND.min(queries.rows);
+        let outs = [
+            backend.alloc(DType::F32, cap * m)?,
+            backend.alloc(DType::F32, cap * len)?,
+        ];
+        let (mut scores, mut tables) = (vec![0f32; cap * m], vec![0f32; cap * len]);
         let mut out = Vec::with_capacity(queries.rows);
         for start in (0..queries.rows).step_by(ROUND) {
             let rows = ROUND.min(queries.rows - start);
             let q = backend.upload(&queries.data[start * d..(start + rows) * d])?;
-            let (s_dev, t_dev) = self.products(backend, &q, rows, [&anchors, &books], scale)?;
-            backend.read_into(&s_dev, &mut scores[..rows * m])?;
-            backend.read_into(&t_dev, &mut tables[..rows * len])?;
+            self.products(backend, &q, rows, [&anchors, &books], &outs, scale)?;
+            backend.read_into(&outs[0], &mut scores)?;
+            backend.read_into(&outs[1], &mut tables)?;
             let (scores, tables) = (&scores, &tables);
             out.extend(parallel_indices(rows, &|r| {
                 let qv = queries.row(start + r);
@@ -88,21 +95,22 @@ impl Index {
         Ok(out)
     }
 
-    /// `rows` queries' products on the device, times `scale`: `q . a` for every anchor
-    /// (`rows x m`), and `q_j . c` for every subspace `j` and codeword `c` (`rows x (bytes *
-    /// codewords)`), one batched product per run of subspaces of one width.
+    /// `rows` queries' products on the device, times `scale`, into the first rows of
+    /// `[scores, tables]`: `q . a` for every anchor (`rows x m`), and `q_j . c` for every
+    /// subspace `j` and codeword `c` (`rows x (bytes * codewords)`), one batched product per
+    /// run of subspaces of one width.
     fn products<B: Backend>(
         &self,
         b: &B,
         q: &B::Buffer,
         rows: usize,
         [anchors, books]: [&B::Buffer; 2],
+        [scores, tables]: &[B::Buffer; 2],
         scale: f32,
-    ) -> crate::Result<(B::Buffer, B::Buffer)> {
+    ) -> crate::Result<()> {
         let (d, m) = (self.header.d, self.header.m);
         let pq = &self.pq;
         let (bytes, kc) = (pq.bytes(), pq.codewords);
-        let scores = b.alloc(DType::F32, rows * m)?;
         let a_t = Layout {
             shape: vec![d, m],
             strides: vec![1, d as isize],
@@ -111,11 +119,10 @@ impl Index {
         b.matmul(
             View::new(q, &Layout::contiguous(&[rows, d])),
             View::new(anchors, &a_t),
-            View::new(&scores, &Layout::contiguous(&[rows, m])),
+            View::new(scores, &Layout::contiguous(&[rows, m])),
             scale,
             0.0,
         )?;
-        let tables = b.alloc(DType::F32, rows * bytes * kc)?;
         let mut j = 0;
         while j < bytes {
             let w = pq.bounds[j + 1] - pq.bounds[j];
@@ -142,12 +149,12 @@ impl Index {
             b.matmul(
                 View::new(q, &qs),
                 View::new(books, &cs),
-                View::new(&tables, &ts),
+                View::new(tables, &ts),
                 scale,
                 0.0,
             )?;
             j += count;
         }
-        Ok((scores, tables))
+        Ok(())
     }
 }
