@@ -16,22 +16,32 @@ pub struct Matrix {
     pub data: Vec<f32>,
 }
 
+/// `len` values must form `rows x cols` vectors.
+fn check_size(rows: usize, cols: usize, len: usize) -> Result<()> {
+    match rows.checked_mul(cols) == Some(len) {
+        true => Ok(()),
+        false => Err(input(format!(
+            "{len} values cannot form {rows} x {cols} vectors"
+        ))),
+    }
+}
+
+/// The error for `data[i]`, the first value that is not finite.
+fn non_finite(data: &[f32], i: usize, cols: usize) -> crate::Error {
+    input(format!(
+        "vector {} has a non-finite value ({}) at dimension {}",
+        i / cols.max(1),
+        data[i],
+        i % cols.max(1)
+    ))
+}
+
 impl Matrix {
     /// Checks the size and that every value is finite.
     pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Result<Self> {
-        if rows.checked_mul(cols) != Some(data.len()) {
-            return Err(input(format!(
-                "{} values cannot form {rows} x {cols} vectors",
-                data.len()
-            )));
-        }
+        check_size(rows, cols, data.len())?;
         if let Some(i) = data.iter().position(|v| !v.is_finite()) {
-            return Err(input(format!(
-                "vector {} has a non-finite value ({}) at dimension {}",
-                i / cols.max(1),
-                data[i],
-                i % cols.max(1)
-            )));
+            return Err(non_finite(&data, i, cols));
         }
         Ok(Self { rows, cols, data })
     }
@@ -40,12 +50,7 @@ impl Matrix {
     /// least a million values: a million 384-d vectors handed over from Python are 1.5 GB,
     /// which one thread copies and scans in about a second.
     pub fn from_slice(rows: usize, cols: usize, data: &[f32]) -> Result<Self> {
-        if rows.checked_mul(cols) != Some(data.len()) {
-            return Err(input(format!(
-                "{} values cannot form {rows} x {cols} vectors",
-                data.len()
-            )));
-        }
+        check_size(rows, cols, data.len())?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let part = data.len().div_ceil(threads).max(1 << 20);
         // Zeroed pages come from the system untouched: each thread faults in its own part.
@@ -70,12 +75,7 @@ impl Matrix {
                 .min()
         });
         if let Some(i) = first_bad {
-            return Err(input(format!(
-                "vector {} has a non-finite value ({}) at dimension {}",
-                i / cols.max(1),
-                data[i],
-                i % cols.max(1)
-            )));
+            return Err(non_finite(data, i, cols));
         }
         Ok(Self {
             rows,
