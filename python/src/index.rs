@@ -56,10 +56,7 @@ impl PyIndex {
     ) -> PyResult<Hits<'py>> {
         let (nq, d, data) = rows(&queries, "the queries")?;
         let index = &self.inner;
-        let missing = match index.header.metric {
-            vlc_anneal::Metric::InnerProduct => f32::NEG_INFINITY,
-            _ => f32::INFINITY,
-        };
+        let missing = index.header.metric.unfound();
         // The results' arrays are checked against the memory there is before any work (a
         // huge k is padding, not an error, but must not take the process down).
         let len = nq

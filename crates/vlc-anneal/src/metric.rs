@@ -84,6 +84,15 @@ impl Metric {
             Metric::InnerProduct => -score,
         }
     }
+
+    /// The distance that pads a row of results past the hits found: worse than any reported
+    /// (`inf`, or `-inf` for inner product, which reports the largest first).
+    pub fn unfound(self) -> f32 {
+        match self {
+            Metric::InnerProduct => f32::NEG_INFINITY,
+            _ => f32::INFINITY,
+        }
+    }
 }
 
 impl std::str::FromStr for Metric {

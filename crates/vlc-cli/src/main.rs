@@ -278,11 +278,13 @@ fn run(command: Command) -> Res<()> {
                     println!("{q}\t{}", line.join(" "));
                 }
             }
-            let missing = match index.header.metric {
-                vlc_anneal::Metric::InnerProduct => f32::NEG_INFINITY,
-                _ => f32::INFINITY,
-            };
-            hits::write_hits(&hits, k, missing, ids.as_deref(), distances.as_deref())
+            hits::write_hits(
+                &hits,
+                k,
+                index.header.metric.unfound(),
+                ids.as_deref(),
+                distances.as_deref(),
+            )
         }
         Command::Eval {
             index,
