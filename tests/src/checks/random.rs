@@ -14,10 +14,16 @@ pub(super) fn run_random<B: Backend>(
     read_view(b, &ob, &out.layout)
 }
 
+/// A normal draw whose element 48789 has `u1 = 1 - 1.7e-6`, where a driver's `log` (accurate
+/// to an absolute 2^-21 near 1) put it 2.5 tolerances off on lavapipe.
+const NEAR_ONE: (u64, u64) = (5072403877486366138, 7892179167614304531);
+
 pub(super) fn random<B: Backend>(s: &mut Suite<'_, B>) {
-    let shapes = s.shapes(0..=3, 1 << 18);
+    let mut shapes = vec![vec![65537, 1]];
+    shapes.extend(s.shapes(0..=3, 1 << 18));
     for (i, shape) in shapes.iter().enumerate() {
-        let normal = i % 2 == 1;
+        // The first case is NEAR_ONE's, then normal and uniform alternate.
+        let normal = i % 2 == 0;
         let dist = if normal {
             Distribution::Normal {
                 mean: 0.5,
@@ -29,7 +35,10 @@ pub(super) fn random<B: Backend>(s: &mut Suite<'_, B>) {
                 high: 3.0,
             }
         };
-        let (seed, offset) = (s.rng().next_u64(), s.rng().next_u64() >> 1);
+        let (seed, offset) = match i {
+            0 => NEAR_ONE,
+            _ => (s.rng().next_u64(), s.rng().next_u64() >> 1),
+        };
         let fdt = s.float_dtype();
         let out = output_tensor(s.rng(), shape, fdt);
         let exact: Vec<f64> = (0..numel(shape))
