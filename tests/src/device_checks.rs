@@ -315,3 +315,109 @@ pub fn captured_recordings_replay_faithfully<B: Backend>(gpu: &B) {
         assert_eq!(gpu.read::<f32>(o).unwrap(), vec![5.0; n]);
     }
 }
+
+/// Bad operands of the selection primitives: a `top_k` asking for more than a row holds is
+/// refused at once; an `ivf_scan` probe naming no list, a code byte past the codewords and
+/// offsets that do not start at 0 are errors (returned by the call or by the next
+/// `synchronize`), and the next good scan runs normally. With `writes_nothing` (the CPU) the
+/// failed calls must also leave their outputs untouched.
+pub fn bad_selection_inputs_are_errors<B: Backend>(b: &B, writes_nothing: bool) {
+    use hal::{DType, Error, IvfScanInputs};
+    let x = b.upload(&[3.0f32, 1.0, 2.0]).unwrap();
+    let (vals, idx) = (
+        b.alloc(DType::F32, 4).unwrap(),
+        b.alloc(DType::U32, 4).unwrap(),
+    );
+    let (lx, lk) = (Layout::contiguous(&[1, 3]), Layout::contiguous(&[1, 4]));
+    let e = b
+        .top_k(
+            View::new(&x, &lx),
+            View::new(&vals, &lk),
+            View::new(&idx, &lk),
+            false,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument { op: "top_k", .. }),
+        "{e}"
+    );
+
+    // Two lists of two members, one-byte codes of 4 codewords; one query probing both.
+    let tables = b.upload(&[0.0f32, 1.0, 2.0, 3.0]).unwrap();
+    let bases = b.upload(&[0.5f32, 0.25]).unwrap();
+    let ids = b.upload(&[10u32, 11, 12, 13]).unwrap();
+    let (dist, label) = (
+        b.upload(&[-7.0f32; 3]).unwrap(),
+        b.upload(&[7u32; 3]).unwrap(),
+    );
+    let lt = Layout::contiguous(&[1, 1, 4]);
+    let lp = Layout::contiguous(&[1, 2]);
+    let (lo, lc, li) = (
+        Layout::contiguous(&[3]),
+        Layout::contiguous(&[4, 1]),
+        Layout::contiguous(&[4]),
+    );
+    let lout = Layout::contiguous(&[1, 3]);
+    let scan =
+        |probes: &[u32], offsets: &[u32], codes: &[u32]| -> hal::Result<(Vec<f32>, Vec<u32>)> {
+            let (p, o, c) = (b.upload(probes)?, b.upload(offsets)?, b.upload(codes)?);
+            b.ivf_scan(
+                IvfScanInputs {
+                    tables: View::new(&tables, &lt),
+                    list_tables: None,
+                    probes: View::new(&p, &lp),
+                    bases: View::new(&bases, &lp),
+                    offsets: View::new(&o, &lo),
+                    codes: View::new(&c, &lc),
+                    ids: View::new(&ids, &li),
+                },
+                View::new(&dist, &lout),
+                View::new(&label, &lout),
+            )?;
+            b.synchronize()?;
+            Ok((b.read::<f32>(&dist)?, b.read::<u32>(&label)?))
+        };
+    let untouched = |what: &str| {
+        if writes_nothing {
+            assert_eq!(b.read::<f32>(&dist).unwrap(), vec![-7.0; 3], "{what}");
+            assert_eq!(b.read::<u32>(&label).unwrap(), vec![7; 3], "{what}");
+        }
+    };
+    let good = [0u32, 2, 4];
+    let e = scan(&[0, 2], &good, &[0, 1, 2, 3]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::IndexOutOfRange {
+                op: "ivf_scan",
+                index: 2,
+                bound: 2
+            }
+        ),
+        "{e}"
+    );
+    untouched("a probe naming no list");
+    let e = scan(&[0, 1], &good, &[0, 1, 4, 3]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::IndexOutOfRange {
+                op: "ivf_scan",
+                index: 4,
+                bound: 4
+            }
+        ),
+        "{e}"
+    );
+    untouched("a code byte past the codewords");
+    let e = scan(&[0, 1], &[1, 2, 4], &[0, 1, 2, 3]).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument { op: "ivf_scan", .. }),
+        "{e}"
+    );
+    untouched("offsets that do not start at 0");
+    // Members 10, 11 (list 0, base 0.5) and 12, 13 (list 1, base 0.25) with codes 3, 1, 0, 2.
+    let (d, l) = scan(&[0, 1], &good, &[3, 1, 0, 2]).unwrap();
+    assert_eq!(l, vec![12, 11, 13]);
+    assert_eq!(d, vec![0.25, 1.5, 2.25]);
+}

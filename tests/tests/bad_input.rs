@@ -343,3 +343,8 @@ fn bad_programs_and_launches_are_errors() {
     cpu.compile(&b2.build().unwrap()).unwrap();
     assert_eq!(cpu.cached_kernels(), before);
 }
+
+#[test]
+fn bad_selection_inputs_are_errors_that_write_nothing() {
+    hal_parity::device_checks::bad_selection_inputs_are_errors(&CpuBackend::new(), true);
+}

@@ -19,6 +19,12 @@ fn bad_indices_are_reported_at_synchronize_and_write_nothing() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU; run with --ignored on a GPU host"]
+fn bad_selection_inputs_are_errors() {
+    hal_parity::device_checks::bad_selection_inputs_are_errors(&gpu(), false);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU; run with --ignored on a GPU host"]
 fn host_traffic_inside_a_recording_is_refused_and_the_backend_recovers() {
     hal_parity::device_checks::host_traffic_inside_a_recording_is_refused(&gpu());
 }

@@ -300,6 +300,12 @@ fn bad_indices_are_reported_at_synchronize_and_write_nothing() {
     hal_parity::device_checks::bad_indices_are_reported_at_synchronize(&gpu());
 }
 
+/// top_k's and ivf_scan's bad operands: errors at the call or the next synchronize.
+#[test]
+fn bad_selection_inputs_are_errors() {
+    hal_parity::device_checks::bad_selection_inputs_are_errors(&gpu(), false);
+}
+
 /// Recordings are captured (see backend-wgpu's `capture`): host traffic inside is refused,
 /// and a replay encodes the same dispatches on the same buffers, with a fresh zeroed buffer
 /// where the recording allocated one and index checks reported as the calls would report them.

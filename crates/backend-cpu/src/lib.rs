@@ -40,11 +40,12 @@ use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, AttentionGrads, AttentionInputs, AttentionParams, Backend, BinaryOp,
     Capabilities, Conv2dGeometry, Csr, DType, DeviceBuffer, DeviceInfo, Distribution, Error,
-    Layout, NormGrads, NormInputs, Precision, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp,
-    View, validate,
+    IvfScanInputs, Layout, NormGrads, NormInputs, Precision, ReduceOp, Result, SgdParams,
+    TernaryOp, UnaryOp, View, validate,
 };
 use ops::{
     attention, cluster, conv, elementwise, index, matmul, norm, optim, random, reduce, segment,
+    topk,
 };
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -402,6 +403,24 @@ impl Backend for CpuBackend {
         let reproducible = self.precision == Precision::Reproducible;
         segment::segment_sum_views(x, segment, weights, [sums, counts], reproducible);
         Ok(())
+    }
+
+    fn top_k(&self, x: V<'_>, values: V<'_>, indices: V<'_>, largest: bool) -> Result<()> {
+        let (rows, n, k) = validate::top_k(x, values, indices)?;
+        let _g = exec();
+        topk::top_k(x, values, indices, [rows, n, k], largest);
+        Ok(())
+    }
+
+    fn ivf_scan(
+        &self,
+        x: IvfScanInputs<'_, CpuBuffer>,
+        distances: V<'_>,
+        labels: V<'_>,
+    ) -> Result<()> {
+        let shape = validate::ivf_scan(x, distances, labels)?;
+        let _g = exec();
+        topk::ivf_scan(x, &shape, distances, labels)
     }
 
     fn attention(

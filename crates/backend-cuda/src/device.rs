@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The committed PTX of each file in `cuda/` (`cargo xtask ptx` writes them).
-pub(crate) const MODULES: [(&str, &str); 11] = [
+pub(crate) const MODULES: [(&str, &str); 12] = [
     ("norm", include_str!("../ptx/norm.ptx")),
     ("attention", include_str!("../ptx/attention.ptx")),
     ("elementwise", include_str!("../ptx/elementwise.ptx")),
@@ -24,6 +24,7 @@ pub(crate) const MODULES: [(&str, &str); 11] = [
     ("segment", include_str!("../ptx/segment.ptx")),
     ("optim", include_str!("../ptx/optim.ptx")),
     ("random", include_str!("../ptx/random.ptx")),
+    ("topk", include_str!("../ptx/topk.ptx")),
 ];
 
 /// The compute-capability-9.0 builds of files in `MODULES` (xtask's `DUAL_TARGET`), loaded in

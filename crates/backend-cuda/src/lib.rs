@@ -48,6 +48,7 @@ use hal::{
 };
 use ops::{
     attention, cluster, conv, elementwise, index, matmul, norm, optim, random, reduce, segment,
+    topk,
 };
 use std::sync::Arc;
 
@@ -206,6 +207,19 @@ impl Backend for CudaBackend {
     fn kmeans_pp(&self, x: V<'_>, anchors: V<'_>, seed: u64) -> Result<()> {
         self.f64_offered("kmeans_pp", &[x.dtype(), anchors.dtype()])?;
         cluster::kmeans_pp(self, x, anchors, seed)
+    }
+
+    fn top_k(&self, x: V<'_>, values: V<'_>, indices: V<'_>, largest: bool) -> Result<()> {
+        topk::top_k(self, x, values, indices, largest)
+    }
+
+    fn ivf_scan(
+        &self,
+        x: hal::IvfScanInputs<'_, CudaBuffer>,
+        distances: V<'_>,
+        labels: V<'_>,
+    ) -> Result<()> {
+        topk::ivf_scan(self, x, distances, labels)
     }
 
     fn segment_sum(

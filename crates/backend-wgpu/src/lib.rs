@@ -65,6 +65,7 @@ use hal::{
 };
 use ops::{
     attention, cluster, conv, elementwise, index, matmul, norm, optim, random, reduce, segment,
+    topk,
 };
 use std::sync::{Arc, Mutex};
 
@@ -256,6 +257,19 @@ impl Backend for WgpuBackend {
     ) -> Result<()> {
         self.f64_offered("segment_sum", &[x.dtype(), sums.dtype(), counts.dtype()])?;
         segment::segment_sum(self, x, segment, weights, sums, counts)
+    }
+
+    fn top_k(&self, x: V<'_>, values: V<'_>, indices: V<'_>, largest: bool) -> Result<()> {
+        topk::top_k(self, x, values, indices, largest)
+    }
+
+    fn ivf_scan(
+        &self,
+        x: hal::IvfScanInputs<'_, WgpuBuffer>,
+        distances: V<'_>,
+        labels: V<'_>,
+    ) -> Result<()> {
+        topk::ivf_scan(self, x, distances, labels)
     }
 
     fn sgd_step(

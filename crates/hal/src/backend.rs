@@ -29,7 +29,7 @@ use crate::ir::Program;
 use crate::{
     AdamParams, ArgReduceOp, AttentionGrads, AttentionInputs, AttentionParams, BinaryOp,
     Capabilities, Conv2dGeometry, DType, DeviceInfo, Distribution, Element, Epilogue, Error,
-    Layout, NormGrads, NormInputs, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp,
+    IvfScanInputs, Layout, NormGrads, NormInputs, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp,
 };
 use std::sync::Arc;
 
@@ -365,6 +365,41 @@ pub trait Backend: Clone + Send + Sync + 'static {
         weights: Option<View<'_, Self::Buffer>>,
         sums: View<'_, Self::Buffer>,
         counts: View<'_, Self::Buffer>,
+    ) -> Result<()>;
+
+    // ----- selection -----
+
+    /// The `k` smallest values of each row of `x: [rows, n]` (f32, any strides), or the `k`
+    /// largest with `largest`, in order (smallest first, or largest first), into `values:
+    /// [rows, k]` (f32) and their column indices into `indices: [rows, k]` (u32). Values
+    /// compare by IEEE totalOrder, ties to the lower index ([`crate::topk`]): the result is
+    /// exact and the same on every backend. `k <= n`; `n < 2^32`. A GPU backend may refuse
+    /// `k` above [`crate::topk::GPU_MAX_K`] ([`Error::Unsupported`]).
+    fn top_k(
+        &self,
+        x: View<'_, Self::Buffer>,
+        values: View<'_, Self::Buffer>,
+        indices: View<'_, Self::Buffer>,
+        largest: bool,
+    ) -> Result<()>;
+
+    /// The inverted-list scan of product-quantised vectors ([`crate::topk`] gives the
+    /// distances and their order): each query's `k` nearest members of the lists it probes,
+    /// nearest first, into `distances: [q, k]` (f32) and `labels: [q, k]` (u32, the members'
+    /// ids), padded with `+inf` and `u32::MAX`. A probe naming no list, a code byte at or
+    /// above `codewords` ([`Error::IndexOutOfRange`]) or broken offsets
+    /// ([`Error::InvalidArgument`]) are errors: the CPU returns them and writes nothing; GPU
+    /// backends find them while scanning, skip what they name, and report them at the next
+    /// synchronisation or read (the outputs then hold what the scan of the rest found, and are
+    /// not to be used). Tolerance: none (the same
+    /// additions in the same order everywhere). A GPU backend may refuse `k` above
+    /// [`crate::topk::GPU_MAX_K`] or tables beyond its on-chip memory
+    /// ([`Error::Unsupported`]).
+    fn ivf_scan(
+        &self,
+        x: IvfScanInputs<'_, Self::Buffer>,
+        distances: View<'_, Self::Buffer>,
+        labels: View<'_, Self::Buffer>,
     ) -> Result<()>;
 
     // ----- attention -----

@@ -19,7 +19,7 @@ pub enum FaultKind {
 
 /// The op and kind each code names: the code is the position here. Code 0 is an IR program's
 /// load or store.
-pub const FAULT_OPS: [(&str, FaultKind); 8] = [
+pub const FAULT_OPS: [(&str, FaultKind); 10] = [
     (
         "launch (program load/store)",
         FaultKind::Index { signed: false },
@@ -31,6 +31,8 @@ pub const FAULT_OPS: [(&str, FaultKind); 8] = [
     ("segment_sum", FaultKind::Index { signed: false }),
     ("spmv_csr", FaultKind::Index { signed: false }),
     ("spmv_csr", FaultKind::CsrOffsets),
+    ("ivf_scan", FaultKind::Index { signed: false }),
+    ("ivf_scan", FaultKind::CsrOffsets),
 ];
 
 /// The code of `kind` of fault in `op`.
@@ -74,7 +76,12 @@ pub fn fault_error(backend: &'static str, record: [u32; 4]) -> Option<Error> {
         FaultKind::CsrOffsets => Error::InvalidArgument {
             op,
             detail: format!(
-                "row_offsets must start at 0, never decrease and end within the {bound} stored entries (found offset {value})"
+                "{} must start at 0, never decrease and end within the {bound} stored entries (found offset {value})",
+                if op == "ivf_scan" {
+                    "offsets"
+                } else {
+                    "row_offsets"
+                }
             ),
         },
     })

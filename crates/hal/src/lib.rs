@@ -10,7 +10,7 @@
 //!   reductions; batched matmul (with an optional bias and activation epilogue, and for the
 //!   backward pass a gate on `a` and `a`'s row sums, which a backend may fuse);
 //!   gather/scatter-add; im2col/col2im; nearest-centroid search and segment sums; k-means++
-//!   seeding; fused optimiser steps; counter-based random numbers; CSR mat-vec), each specified once in its rustdoc: semantics, NaN and tie rules, accumulation,
+//!   seeding; top-k selection and the inverted-list scan of product-quantised codes; fused optimiser steps; counter-based random numbers; CSR mat-vec), each specified once in its rustdoc: semantics, NaN and tie rules, accumulation,
 //!   and the tolerance a backend may differ from the CPU reference by.
 //! - [`seeding`]: `kmeans_pp`'s default, built from the other primitives and IR kernels (the
 //!   one primitive with a default; GPU backends fuse it).
@@ -25,6 +25,8 @@
 //! - [`attention`]: scaled dot-product attention's contract (fused, nothing `tq x tk` in
 //!   memory), its parameters and its dropout rule.
 //! - [`norm`]: layer normalisation's contract and operands.
+//! - [`topk`]: selection's order (IEEE totalOrder, ties to the lower index) and the
+//!   inverted-list scan's distances.
 //! - [`random`]: Philox 4x32-10, the random stream every backend reproduces.
 //! - [`validate`]: every primitive's argument checks, called by every backend first.
 //! - [`fault`]: the device fault record GPU backends report data-dependent errors through.
@@ -60,6 +62,7 @@ mod ops;
 pub mod profile;
 pub mod random;
 pub mod seeding;
+pub mod topk;
 pub mod tuning;
 pub mod validate;
 
@@ -80,6 +83,7 @@ pub use ops::{
     AdamParams, ArgReduceOp, BinaryOp, Conv2dGeometry, Distribution, ReduceOp, SgdParams,
     TernaryOp, UnaryOp, erf_f32, erf_f64,
 };
+pub use topk::{IvfScanInputs, IvfScanShape};
 
 /// Re-exported so users of buffers of 16-bit floats need not name the `half` crate.
 pub use half::{bf16, f16};

@@ -130,7 +130,7 @@ impl<B: Backend> Suite<'_, B> {
 const INDEX_ELEMENTS: usize = 1 << 20;
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 46] = [
+pub(crate) const EXPECTED_ROWS: [&str; 48] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -177,6 +177,8 @@ pub(crate) const EXPECTED_ROWS: [&str; 46] = [
     "attention_backward (16-bit)",
     "layer_norm",
     "layer_norm_backward",
+    "top_k",
+    "ivf_scan",
 ];
 
 /// The checks of the primitives a `Precision::Fast` or `Precision::Compensated` handle runs
@@ -221,6 +223,8 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     record_replay(s);
     attention(s);
     layer_norm(s);
+    top_k(s);
+    ivf_scan(s);
     wide::all(s);
 }
 
@@ -291,6 +295,7 @@ mod program;
 mod random;
 mod reduce;
 mod segment;
+mod topk;
 mod wide;
 
 use attention::*;
@@ -306,3 +311,4 @@ use program::*;
 use random::*;
 use reduce::*;
 use segment::*;
+use topk::*;

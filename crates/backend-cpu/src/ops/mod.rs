@@ -12,3 +12,4 @@ pub(crate) mod optim;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod segment;
+pub(crate) mod topk;

@@ -11,6 +11,7 @@ pub(crate) mod optim;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod segment;
+pub(crate) mod topk;
 
 use hal::Layout;
 

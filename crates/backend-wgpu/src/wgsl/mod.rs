@@ -393,6 +393,11 @@ shader_files!(
     "random": [
         "random.wgsl",
     ],
+    "topk": [
+        "topk_select.wgsl",
+        "top_k.wgsl",
+        "ivf_scan.wgsl",
+    ],
 );
 
 /// The embedded file `name`. Names are compile-time constants of this crate, checked by the

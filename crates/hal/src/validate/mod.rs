@@ -9,15 +9,18 @@
 //! - `attention.rs`: the attention passes' operands and sizes ([`AttentionShape`]).
 //! - `norm.rs`: layer normalisation's operands.
 //! - `matmul.rs`: [`MatrixView`] and the products' checks, and CSR's.
+//! - `topk.rs`: selection's and the inverted-list scan's operands.
 //! - here: the other primitives' checks, one function each.
 
 mod attention;
 mod matmul;
 mod norm;
 mod operand;
+mod topk;
 
 pub use attention::{AttentionShape, attention, attention_backward, lse_dtype};
 pub use norm::{layer_norm, layer_norm_backward};
+pub use topk::{ivf_scan, top_k};
 
 pub use matmul::{MatrixView, csr_structure, matmul, matmul_epilogue, spmv_csr};
 pub use operand::{
