@@ -103,6 +103,63 @@ fn wgpu() -> backend_wgpu::WgpuBackend {
         .expect("wgpu is required (install mesa-vulkan-drivers for lavapipe)")
 }
 
+/// The device search on `b` against the CPU backend's: the same hits up to near-ties, the
+/// same distances up to f32 rounding (every metric; k and nprobe past the GPU kernels' limit
+/// fall back to the batched host search).
+fn device_search_agrees<B: Backend>(b: &B) {
+    let cpu = backend_cpu::CpuBackend::new();
+    let seed = hal_parity::fresh_seed("VLC_SEED");
+    eprintln!("data seed {seed} (VLC_SEED={seed} repeats it)");
+    let data = vlc_anneal::synthetic::gaussian_mixture(6000, 40, 30, 0.3, seed);
+    let queries = vlc_anneal::synthetic::gaussian_mixture(400, 40, 30, 0.3, seed + 1);
+    for metric in [
+        vlc_anneal::Metric::L2,
+        vlc_anneal::Metric::Cosine,
+        vlc_anneal::Metric::InnerProduct,
+    ] {
+        let mut cfg = Config::new(48);
+        cfg.pq_bytes = 10;
+        cfg.iterations = 6;
+        cfg.metric = metric;
+        let index = vlc_anneal::compress(&cpu, &data, &cfg, &mut |_| {})
+            .unwrap()
+            .index;
+        let on_cpu = index.device_search(&cpu).unwrap().unwrap();
+        let on_b = index.device_search(b).unwrap().unwrap();
+        for (k, nprobe) in [(10, 4), (100, 48), (1500, 2)] {
+            let want = on_cpu.search(&index, &queries, k, nprobe).unwrap();
+            let got = on_b.search(&index, &queries, k, nprobe).unwrap();
+            let (mut same, mut total) = (0usize, 0usize);
+            for (w, g) in want.iter().zip(&got) {
+                assert_eq!(w.len(), g.len(), "{metric:?} k={k} nprobe={nprobe}");
+                for (x, y) in w.iter().zip(g) {
+                    assert!(
+                        (x.1 - y.1).abs() <= 1e-4 * x.1.abs().max(1.0),
+                        "{x:?} vs {y:?}"
+                    );
+                    same += usize::from(x.0 == y.0);
+                    total += 1;
+                }
+            }
+            assert!(
+                same as f64 >= 0.99 * total as f64,
+                "{metric:?}: {same} of {total} ids agree"
+            );
+        }
+    }
+}
+
+#[test]
+fn wgpu_device_search_agrees_with_cpu() {
+    device_search_agrees(&wgpu());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cuda_device_search_agrees_with_cpu() {
+    device_search_agrees(&backend_cuda::CudaBackend::new().expect("CUDA is required"));
+}
+
 #[test]
 fn wgpu_exact_mode_is_identical_to_cpu() {
     exact_identical(&wgpu());

@@ -1,4 +1,5 @@
-//! `Index::search_batch` (matrix products for the coarse step and the query tables) against
+//! `Index::search_batch` (matrix products for the coarse step and the query tables) and the
+//! device search (`Index::device_search`: every step a backend primitive) against
 //! `Index::search` (one query at a time): the same hits, distances equal up to f32 rounding,
 //! for every metric, subspaces of two widths, more results than vectors and more probes than
 //! lists, and queries in more than one round of products.
@@ -7,11 +8,22 @@ use vlc_anneal::{Config, Index, Matrix, Metric, compress};
 
 fn agree(index: &Index, queries: &Matrix, k: usize, nprobe: usize) {
     let cpu = backend_cpu::CpuBackend::new();
-    let one = index.search(queries, k, nprobe).unwrap();
     let many = index.search_batch(&cpu, queries, k, nprobe).unwrap();
+    same_hits(index, queries, k, nprobe, &many);
+    let device = index
+        .device_search(&cpu)
+        .unwrap()
+        .expect("codes and tables");
+    let found = device.search(index, queries, k, nprobe).unwrap();
+    same_hits(index, queries, k, nprobe, &found);
+}
+
+/// `many` against `Index::search`'s results.
+fn same_hits(index: &Index, queries: &Matrix, k: usize, nprobe: usize, many: &[Vec<(u32, f32)>]) {
+    let one = index.search(queries, k, nprobe).unwrap();
     assert_eq!(one.len(), many.len());
     let (mut same, mut total) = (0usize, 0usize);
-    for (a, b) in one.iter().zip(&many) {
+    for (a, b) in one.iter().zip(many) {
         assert_eq!(a.len(), b.len());
         for (x, y) in a.iter().zip(b) {
             let scale = x.1.abs().max(1.0);
@@ -70,4 +82,20 @@ fn batched_search_spans_rounds_and_checks_its_input() {
     assert!(e.contains("nprobe"), "{e}");
     let huge = Matrix::new(1, 16, vec![1e30; 16]).unwrap();
     assert!(index.search_batch(&cpu, &huge, 4, 2).is_err());
+    // The device search: the same checks, and a search structure of another index refused.
+    let device = index.device_search(&cpu).unwrap().unwrap();
+    for bad in [&wrong, &huge] {
+        assert!(device.search(&index, bad, 4, 2).is_err());
+    }
+    assert!(device.search(&index, &queries, 4, 0).is_err());
+    let mut other_cfg = Config::new(12);
+    other_cfg.pq_bytes = 4;
+    let other = compress(&cpu, &data.head(500), &other_cfg, &mut |_| {})
+        .unwrap()
+        .index;
+    let e = device
+        .search(&other, &queries, 4, 2)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("another index"), "{e}");
 }

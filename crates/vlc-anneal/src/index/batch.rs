@@ -65,7 +65,8 @@ impl Index {
         for start in (0..queries.rows).step_by(ROUND) {
             let rows = ROUND.min(queries.rows - start);
             let q = backend.upload(&queries.data[start * d..(start + rows) * d])?;
-            self.products(backend, &q, rows, [&anchors, &books], &outs, scale)?;
+            self.coarse_product(backend, &q, rows, &anchors, &outs[0], scale)?;
+            self.table_product(backend, &q, rows, &books, &outs[1], scale)?;
             backend.read_into(&outs[0], &mut scores)?;
             backend.read_into(&outs[1], &mut tables)?;
             let (scores, tables) = (&scores, &tables);
@@ -95,22 +96,18 @@ impl Index {
         Ok(out)
     }
 
-    /// `rows` queries' products on the device, times `scale`, into the first rows of
-    /// `[scores, tables]`: `q . a` for every anchor (`rows x m`), and `q_j . c` for every
-    /// subspace `j` and codeword `c` (`rows x (bytes * codewords)`), one batched product per
-    /// run of subspaces of one width.
-    fn products<B: Backend>(
+    /// `rows` queries' products with every anchor, times `scale`, into the first `rows x m`
+    /// entries of `scores`.
+    pub(super) fn coarse_product<B: Backend>(
         &self,
         b: &B,
         q: &B::Buffer,
         rows: usize,
-        [anchors, books]: [&B::Buffer; 2],
-        [scores, tables]: &[B::Buffer; 2],
+        anchors: &B::Buffer,
+        scores: &B::Buffer,
         scale: f32,
     ) -> crate::Result<()> {
         let (d, m) = (self.header.d, self.header.m);
-        let pq = &self.pq;
-        let (bytes, kc) = (pq.bytes(), pq.codewords);
         let a_t = Layout {
             shape: vec![d, m],
             strides: vec![1, d as isize],
@@ -123,6 +120,23 @@ impl Index {
             scale,
             0.0,
         )?;
+        Ok(())
+    }
+
+    /// `rows` queries' tables, `scale q_j . c` for every subspace `j` and codeword `c`
+    /// (`rows x (bytes * codewords)`), one batched product per run of subspaces of one width.
+    pub(super) fn table_product<B: Backend>(
+        &self,
+        b: &B,
+        q: &B::Buffer,
+        rows: usize,
+        books: &B::Buffer,
+        tables: &B::Buffer,
+        scale: f32,
+    ) -> crate::Result<()> {
+        let d = self.header.d;
+        let pq = &self.pq;
+        let (bytes, kc) = (pq.bytes(), pq.codewords);
         let mut j = 0;
         while j < bytes {
             let w = pq.bounds[j + 1] - pq.bounds[j];

@@ -36,9 +36,11 @@
 //! are bounded by their sections' lengths. Reading does work linear in the file's size.
 
 mod batch;
+mod device;
 mod edit;
 mod search;
 
+pub use device::DeviceSearch;
 pub use search::{PRECOMPUTED_MAX_BYTES, exact_knn, exact_knn_by, recall_at, set_threads};
 
 use crate::error::{Result, format_error, io_error};

@@ -212,8 +212,8 @@ pub fn recall_at(truth: &[Vec<u32>], found: &[Vec<(u32, f32)>], k: usize) -> f64
 /// The inverted lists: each anchor's members in ascending order, and their residual codes
 /// laid out list by list, so a probed list's codes stream from one place.
 pub(crate) struct Lists {
-    ids: Vec<Vec<u32>>,
-    codes: Vec<Vec<u8>>,
+    pub(crate) ids: Vec<Vec<u32>>,
+    pub(crate) codes: Vec<Vec<u8>>,
 }
 
 impl Index {

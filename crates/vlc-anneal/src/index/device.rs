@@ -1,0 +1,242 @@
+//! Search on a device: the index's lists, codes and tables uploaded once ([`DeviceSearch`]),
+//! then every step of a round of queries enqueued on the backend with one read at the end:
+//! the coarse product and `top_k` pick each query's probes, the query tables come from
+//! matrix products, and `ivf_scan` scores the probed lists' codes and keeps each query's `k`
+//! best (hal's `topk` family).
+//!
+//! A probe's base distance here is `|q|^2 + (|a|^2 - 2 q . a)` from the product, where
+//! [`Index::search`] and [`Index::search_batch`] recompute `|q - a|^2` exactly, so
+//! distances differ from theirs by the rounding of that expansion (about `2^-24 |q|^2`), and
+//! near-ties may order differently.
+
+use super::Index;
+use super::search::check_queries;
+use crate::Metric;
+use crate::vectors::Matrix;
+use hal::topk::GPU_MAX_K;
+use hal::{Backend, BackendExt, BinaryOp, DType, IvfScanInputs, Layout, View};
+
+/// The most bytes one round's largest buffer (its tables or its coarse scores) may take.
+const ROUND_BYTES: usize = 256 << 20;
+
+/// An index's search structures on a backend: made once by [`Index::device_search`], used for
+/// any number of searches of that index (unchanged: after [`Index::add`] or
+/// [`Index::remove`], make a new one).
+pub struct DeviceSearch<B: Backend> {
+    backend: B,
+    anchors: B::Buffer,
+    /// `|a|^2` per anchor (L2 and cosine).
+    norms: B::Buffer,
+    books: B::Buffer,
+    /// `|c|^2 + 2 a_j . c` per anchor, subspace and codeword (L2 and cosine); none for inner
+    /// products.
+    list_tables: Option<B::Buffer>,
+    offsets: B::Buffer,
+    codes: B::Buffer,
+    positions: B::Buffer,
+    /// What the structures were made from: vectors, anchors, bytes.
+    shape: [usize; 3],
+}
+
+impl Index {
+    /// Uploads what [`DeviceSearch::search`] reads to `backend`, or `None` where the device
+    /// search does not apply: an index without residual codes, or an L2 or cosine index whose
+    /// precomputed tables exceed [`super::PRECOMPUTED_MAX_BYTES`].
+    pub fn device_search<B: Backend>(&self, backend: &B) -> crate::Result<Option<DeviceSearch<B>>> {
+        let ip = self.header.metric == Metric::InnerProduct;
+        let bytes = self.pq.bytes();
+        if bytes == 0 || self.header.n > u32::MAX as usize {
+            return Ok(None);
+        }
+        let list_tables = if ip {
+            None
+        } else {
+            match self.precomputed() {
+                Some(pre) => Some(backend.upload(pre)?),
+                None => return Ok(None),
+            }
+        };
+        let lists = self.inverted();
+        let words = bytes.div_ceil(4);
+        let mut offsets = Vec::with_capacity(self.header.m + 1);
+        let mut codes = Vec::with_capacity(self.header.n * words);
+        let mut positions = Vec::with_capacity(self.header.n);
+        offsets.push(0u32);
+        for (ids, list) in lists.ids.iter().zip(&lists.codes) {
+            for code in list.chunks_exact(bytes) {
+                codes.extend(code.chunks(4).map(|w| {
+                    w.iter()
+                        .enumerate()
+                        .fold(0u32, |acc, (t, &c)| acc | (c as u32) << (8 * t))
+                }));
+            }
+            positions.extend_from_slice(ids);
+            offsets.push(positions.len() as u32);
+        }
+        let d = self.header.d;
+        let norms: Vec<f32> = self
+            .anchors
+            .chunks_exact(d.max(1))
+            .map(|a| a.iter().map(|v| v * v).sum())
+            .collect();
+        Ok(Some(DeviceSearch {
+            backend: backend.clone(),
+            anchors: backend.upload(&self.anchors)?,
+            norms: backend.upload(&norms)?,
+            books: backend.upload(&self.pq.codebooks)?,
+            list_tables,
+            offsets: backend.upload(&offsets)?,
+            codes: backend.upload(&codes)?,
+            positions: backend.upload(&positions)?,
+            shape: [self.header.n, self.header.m, bytes],
+        }))
+    }
+}
+
+impl<B: Backend> DeviceSearch<B> {
+    /// [`Index::search`] on the device: the `k` nearest of each query among the members of
+    /// its `nprobe` nearest anchors, as `(vector, distance)` nearest first (the metric's
+    /// distances, inner products largest first). `index` must be the index this was made
+    /// from. `k` and `nprobe` above [`GPU_MAX_K`] are refused by GPU backends; callers fall
+    /// back to [`Index::search_batch`] there.
+    pub fn search(
+        &self,
+        index: &Index,
+        queries: &Matrix,
+        k: usize,
+        nprobe: usize,
+    ) -> crate::Result<Vec<Vec<(u32, f32)>>> {
+        let h = &index.header;
+        let (d, m, len) = (h.d, h.m, index.pq.bytes() * index.pq.codewords);
+        if self.shape != [h.n, m, index.pq.bytes()] {
+            return Err(crate::error::input(
+                "this device search was made for another index (or before vectors were added \
+                 or removed): make a new one",
+            ));
+        }
+        if queries.cols != d || nprobe == 0 {
+            // The errors of the host search.
+            return index.search(queries, k, nprobe);
+        }
+        let prepared = h.metric.prepare(queries)?;
+        let queries: &Matrix = &prepared;
+        check_queries(queries, index.reach())?;
+        let (nprobe, k) = (nprobe.min(m), k.min(h.n));
+        if k > GPU_MAX_K || nprobe > GPU_MAX_K {
+            return index.search_batch(&self.backend, queries, k, nprobe);
+        }
+        let ip = h.metric == Metric::InnerProduct;
+        let scale = if ip { -1.0 } else { -2.0 };
+        let per_round = (ROUND_BYTES / (4 * len.max(m).max(1))).clamp(1, 1 << 16);
+        let mut out = Vec::with_capacity(queries.rows);
+        for start in (0..queries.rows).step_by(per_round) {
+            let rows = per_round.min(queries.rows - start);
+            let q = &queries.data[start * d..(start + rows) * d];
+            let (dist, label) = self.round(index, q, rows, [k, nprobe], scale)?;
+            for r in 0..rows {
+                let found = (0..k)
+                    .map(|c| (label[r * k + c], dist[r * k + c]))
+                    .take_while(|&(l, _)| l != u32::MAX)
+                    .map(|(l, v)| {
+                        (
+                            l,
+                            if ip {
+                                -v
+                            } else {
+                                h.metric.reported(v.max(0.0))
+                            },
+                        )
+                    })
+                    .collect();
+                out.push(found);
+            }
+        }
+        Ok(out)
+    }
+
+    /// One round of `rows` queries: every step enqueued, then the distances and labels read.
+    fn round(
+        &self,
+        index: &Index,
+        q: &[f32],
+        rows: usize,
+        [k, nprobe]: [usize; 2],
+        scale: f32,
+    ) -> crate::Result<(Vec<f32>, Vec<u32>)> {
+        let b = &self.backend;
+        let h = &index.header;
+        let (d, m) = (h.d, h.m);
+        let (bytes, cw) = (index.pq.bytes(), index.pq.codewords);
+        let qb = b.upload(q)?;
+        let scores = b.alloc(DType::F32, rows * m)?;
+        index.coarse_product(b, &qb, rows, &self.anchors, &scores, scale)?;
+        let ls = Layout::contiguous(&[rows, m]);
+        if self.list_tables.is_some() {
+            // |a|^2 - 2 q . a: the ranking of |q - a|^2.
+            let norms = Layout::contiguous(&[m]).broadcast_to(&[rows, m])?;
+            b.binary(
+                BinaryOp::Add,
+                View::new(&scores, &ls),
+                View::new(&self.norms, &norms),
+                View::new(&scores, &ls),
+            )?;
+        }
+        let lp = Layout::contiguous(&[rows, nprobe]);
+        let (bases, probes) = (
+            b.alloc(DType::F32, rows * nprobe)?,
+            b.alloc(DType::U32, rows * nprobe)?,
+        );
+        b.top_k(
+            View::new(&scores, &ls),
+            View::new(&bases, &lp),
+            View::new(&probes, &lp),
+            false,
+        )?;
+        drop(scores);
+        if self.list_tables.is_some() {
+            let qn: Vec<f32> = q
+                .chunks_exact(d.max(1))
+                .map(|r| r.iter().map(|v| v * v).sum())
+                .collect();
+            let qn = b.upload(&qn)?;
+            let ln = Layout::contiguous(&[rows, 1]).broadcast_to(&[rows, nprobe])?;
+            b.binary(
+                BinaryOp::Add,
+                View::new(&bases, &lp),
+                View::new(&qn, &ln),
+                View::new(&bases, &lp),
+            )?;
+        }
+        let tables = b.alloc(DType::F32, rows * bytes * cw)?;
+        index.table_product(b, &qb, rows, &self.books, &tables, scale)?;
+        let [n, lists] = [h.n, m];
+        let (lt, ll) = (
+            Layout::contiguous(&[rows, bytes, cw]),
+            Layout::contiguous(&[lists, bytes, cw]),
+        );
+        let lo = Layout::contiguous(&[lists + 1]);
+        let (lc, li) = (
+            Layout::contiguous(&[n, bytes.div_ceil(4)]),
+            Layout::contiguous(&[n]),
+        );
+        let lk = Layout::contiguous(&[rows, k]);
+        let (dist, label) = (
+            b.alloc(DType::F32, rows * k)?,
+            b.alloc(DType::U32, rows * k)?,
+        );
+        b.ivf_scan(
+            IvfScanInputs {
+                tables: View::new(&tables, &lt),
+                list_tables: self.list_tables.as_ref().map(|t| View::new(t, &ll)),
+                probes: View::new(&probes, &lp),
+                bases: View::new(&bases, &lp),
+                offsets: View::new(&self.offsets, &lo),
+                codes: View::new(&self.codes, &lc),
+                ids: View::new(&self.positions, &li),
+            },
+            View::new(&dist, &lk),
+            View::new(&label, &lk),
+        )?;
+        Ok((b.read::<f32>(&dist)?, b.read::<u32>(&label)?))
+    }
+}
