@@ -9,7 +9,8 @@ use backends::{backend_cpu::CpuBackend, backend_cuda::CudaBackend, backend_wgpu:
 use hal::Backend;
 use pyo3::PyResult;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
+use vlc_anneal::index::DeviceSearch;
 
 /// Work to run on whichever backend a call names.
 pub(crate) trait Job {
@@ -118,5 +119,94 @@ impl Job for Add<'_> {
     type Out = vlc_anneal::Index;
     fn run<B: Backend>(self, backend: &B) -> vlc_anneal::Result<vlc_anneal::Index> {
         self.index.add(backend, self.data, self.ids)
+    }
+}
+
+/// An index's search structures on the GPU backends, made on the first search there and
+/// dropped when the index changes ([`Searches::clear`]).
+#[derive(Default)]
+pub(crate) struct Searches {
+    cuda: Mutex<Option<Arc<DeviceSearch<CudaBackend>>>>,
+    wgpu: Mutex<Option<Arc<DeviceSearch<WgpuBackend>>>>,
+}
+
+/// The hits of a search, per query `(position, distance)`.
+type Hits = Vec<Vec<(u32, f32)>>;
+
+/// Below this many queries the host searches one query at a time; from it on, the coarse
+/// step and the tables run as products on the CPU backend's GEMM.
+const BATCH_FROM: usize = 32;
+
+/// The host search: one query at a time, or batched.
+fn host_search(
+    index: &vlc_anneal::Index,
+    q: &vlc_anneal::Matrix,
+    k: usize,
+    nprobe: usize,
+) -> vlc_anneal::Result<Hits> {
+    if q.rows >= BATCH_FROM {
+        index.search_batch(&CpuBackend::new(), q, k, nprobe)
+    } else {
+        index.search(q, k, nprobe)
+    }
+}
+
+/// The search structures in `slot` (made on first use), or `None` where the index has no
+/// device search.
+fn structures<B: Backend>(
+    slot: &Mutex<Option<Arc<DeviceSearch<B>>>>,
+    index: &vlc_anneal::Index,
+    backend: &B,
+) -> vlc_anneal::Result<Option<Arc<DeviceSearch<B>>>> {
+    let mut held = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if held.is_none() {
+        *held = index.device_search(backend)?.map(Arc::new);
+    }
+    Ok(held.clone())
+}
+
+impl Searches {
+    /// Drops the structures (the index changed).
+    pub(crate) fn clear(&self) {
+        *self.cuda.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.wgpu.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// A search on the backend `name` names: `cpu` on the host's threads, `cuda` or `wgpu`
+    /// with every step on the device, `auto` on the GPU where one starts (as `compress`).
+    pub(crate) fn search(
+        &self,
+        name: &str,
+        index: &vlc_anneal::Index,
+        q: &vlc_anneal::Matrix,
+        k: usize,
+        nprobe: usize,
+    ) -> PyResult<Hits> {
+        let unavailable = |which: &str, e: String| {
+            PyRuntimeError::new_err(format!("the {which} backend is not available here: {e}"))
+        };
+        let found = match resolve(name) {
+            "cpu" => host_search(index, q, k, nprobe),
+            "cuda" => {
+                let b = cuda().map_err(|e| unavailable("cuda", e))?;
+                match structures(&self.cuda, index, &b).map_err(py_err)? {
+                    Some(s) => s.search(index, q, k, nprobe),
+                    None => host_search(index, q, k, nprobe),
+                }
+            }
+            "wgpu" => {
+                let b = wgpu().map_err(|e| unavailable("wgpu", e))?;
+                match structures(&self.wgpu, index, &b).map_err(py_err)? {
+                    Some(s) => s.search(index, q, k, nprobe),
+                    None => host_search(index, q, k, nprobe),
+                }
+            }
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown backend {other:?} (expected \"cpu\", \"wgpu\", \"cuda\" or \"auto\")"
+                )));
+            }
+        };
+        found.map_err(py_err)
     }
 }

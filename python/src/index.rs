@@ -12,6 +12,8 @@ pub struct PyIndex {
     inner: vlc_anneal::Index,
     /// The compression's phases, for an index this process compressed.
     pub(crate) seconds: Option<vlc_anneal::Timings>,
+    /// Search structures on the GPU backends, made on first use.
+    searches: crate::backend::Searches,
 }
 
 impl PyIndex {
@@ -19,13 +21,10 @@ impl PyIndex {
         Self {
             inner,
             seconds: None,
+            searches: Default::default(),
         }
     }
 }
-
-/// Queries from which search runs its coarse step and tables as matrix products
-/// (`Index::search_batch`); fewer go one at a time.
-const BATCH_FROM: usize = 32;
 
 type Hits<'py> = (Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<i64>>);
 
@@ -46,13 +45,16 @@ impl PyIndex {
     }
 
     /// `(distances, ids)`, each `queries x k`; rows a query's probed lists could not fill are
-    /// padded with id -1 and distance `missing`.
+    /// padded with id -1 and distance `missing`. `backend`: where the search runs (`cpu`: the
+    /// host's threads; `cuda`, `wgpu`: every step on the device; `auto`).
+    #[pyo3(signature = (queries, k, nprobe, backend))]
     fn search<'py>(
         &self,
         py: Python<'py>,
         queries: PyReadonlyArray2<'_, f32>,
         k: usize,
         nprobe: usize,
+        backend: &str,
     ) -> PyResult<Hits<'py>> {
         let (nq, d, data) = rows(&queries, "the queries")?;
         let index = &self.inner;
@@ -73,14 +75,7 @@ impl PyIndex {
             })?;
         let (dist, ids) = py.detach(|| -> PyResult<(Vec<f32>, Vec<i64>)> {
             let q = vlc_anneal::Matrix::from_slice(nq, d, data).map_err(py_err)?;
-            // Many queries: the coarse step and the tables as products on the CPU's GEMM.
-            let hits = match nq >= BATCH_FROM {
-                true => {
-                    index.search_batch(&backends::backend_cpu::CpuBackend::new(), &q, k, nprobe)
-                }
-                false => index.search(&q, k, nprobe),
-            }
-            .map_err(py_err)?;
+            let hits = self.searches.search(backend, index, &q, k, nprobe)?;
             let mut dist = vec![missing; len];
             let mut ids = vec![-1i64; len];
             for (row, found) in hits.iter().enumerate() {
@@ -122,6 +117,7 @@ impl PyIndex {
             )
         })?;
         self.inner = grown;
+        self.searches.clear();
         Ok(())
     }
 
@@ -131,6 +127,7 @@ impl PyIndex {
         let index = &self.inner;
         let (smaller, removed) = py.detach(|| index.remove(&ids)).map_err(py_err)?;
         self.inner = smaller;
+        self.searches.clear();
         Ok(removed)
     }
 

@@ -320,3 +320,31 @@ def test_wgpu_backend_is_present_and_exact_mode_matches_the_cpu(data):
     cpu.add(data[1200:1300], backend="cpu")
     grown.add(data[1200:1300], backend="wgpu")
     np.testing.assert_array_equal(grown.assignments, cpu.assignments)
+
+
+def test_device_search_agrees_with_the_host_and_follows_changes(index, data):
+    # The GPU search on wgpu (lavapipe here), or on the backend the run names.
+    device = BACKEND if BACKEND != "cpu" else "wgpu"
+    rng = np.random.default_rng(SEED)
+    q = data[rng.integers(0, len(data), 300)] + 0.05 * rng.standard_normal((300, 24), dtype=np.float32)
+    for k, nprobe in [(10, 6), (40, 48)]:
+        hd, hi = index.search(q, k=k, nprobe=nprobe)
+        dd, di = index.search(q, k=k, nprobe=nprobe, backend=device)
+        # The device's base distances come from |q|^2 + |a|^2 - 2 q.a: rounding of order
+        # 2^-24 |q|^2 where the host's are exact.
+        scale = (q.astype(np.float64) ** 2).sum(1, keepdims=True)
+        assert (np.abs(dd - hd) <= 1e-4 * np.abs(hd) + 1e-5 * scale).all()
+        # Ids differ only where distances tie within rounding.
+        assert (di == hi).mean() >= 0.99
+    # An added vector is found by the next device search (the uploaded lists are renewed).
+    grown = vlc.compress(data[:1000], anchors=16, bytes=8, backend=BACKEND, seed=6)
+    grown.search(q[:5], k=3, nprobe=4, backend=device)
+    grown.add(data[1000:1010], ids=np.arange(10) + 5000)
+    rec = np.stack([grown.reconstruct(1000 + j) for j in range(10)])
+    _, ids = grown.search(rec, k=3, nprobe=16, backend=device)
+    for j in range(10):
+        assert 5000 + j in ids[j]
+    with pytest.raises(ValueError):
+        index.search(q, k=3, backend="tpu")
+    with pytest.raises(TypeError):
+        index.search(q, k=3, backend=3)

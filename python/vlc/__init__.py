@@ -82,6 +82,12 @@ def _count(value, what, least):
     return int(value)
 
 
+def _backend(name):
+    if not isinstance(name, str):
+        raise TypeError(f"backend must be a string, not {type(name).__name__}")
+    return name
+
+
 def _printer():
     """A progress callback that writes a line per phase and per annealing iteration."""
 
@@ -120,7 +126,7 @@ class Index:
         one is complete (saving over the file the index was loaded from is safe)."""
         self._inner.save(_os.fspath(path))
 
-    def search(self, queries, k=10, nprobe=1):
+    def search(self, queries, k=10, nprobe=1, backend="cpu"):
         """The ``k`` nearest indexed vectors of each query.
 
         Each query is compared with its ``nprobe`` nearest anchors, whose members are scored
@@ -129,11 +135,18 @@ class Index:
         inner-product index the inner product (largest first). Where the probed lists hold
         fewer than ``k`` vectors the row is padded with id -1 and distance inf (-inf for inner
         product). A 1-D ``queries`` is one query.
+
+        ``backend``: ``"cpu"`` searches on the host's threads; ``"cuda"`` or ``"wgpu"`` run
+        every step on that GPU (the index's lists and tables are uploaded on the first such
+        search and kept until the index changes; ``k`` or ``nprobe`` above 1024 search on the
+        host); ``"auto"`` takes a GPU where one starts, as ``compress`` does. GPU distances
+        come from a matrix product (``|q|^2 + |a|^2 - 2 q.a`` for each probed anchor), so they
+        differ from the host's in their last bits, and near-ties may order differently.
         """
         k = _count(k, "k", 1)
         nprobe = _count(nprobe, "nprobe", 1)
         q = _vectors(queries, "the queries", self.d, allow_1d=True)
-        return self._inner.search(q, k, nprobe)
+        return self._inner.search(q, k, nprobe, _backend(backend))
 
     def add(self, x, ids=None, backend="auto"):
         """Adds ``x``'s vectors without retraining: each is assigned to its nearest anchor and
@@ -143,7 +156,7 @@ class Index:
         x = _vectors(x, "the vectors", self.d)
         if ids is not None:
             ids = _ids(ids, len(x))
-        self._inner.add(x, ids, backend)
+        self._inner.add(x, ids, _backend(backend))
 
     def remove(self, ids):
         """Removes the vectors with these ids; returns how many were removed. At least as many
@@ -273,8 +286,7 @@ def compress(
         raise ValueError("seed must fit in 64 bits")
     if not isinstance(metric, str):
         raise TypeError(f"metric must be a string, not {type(metric).__name__}")
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a string, not {type(backend).__name__}")
+    _backend(backend)
     x = _vectors(x, "the vectors")
     if ids is not None:
         ids = _ids(ids, len(x))
