@@ -20,15 +20,22 @@ import numpy as np
 import vlc
 
 
-def mixture(n, d, centres, seed):
+def mixture(n, d, centres, seed, intrinsic=0):
+    """A Gaussian mixture in d dimensions, or, with `intrinsic` r, one in r dimensions mapped
+    into d by a random linear map (points near an r-dimensional subspace, as embeddings lie
+    near a low-dimensional set: there, unlike in the full-rank mixture, where a cluster's
+    points are all about equally far apart, the nearest neighbours stand out)."""
     rng = np.random.default_rng(seed)
-    c = rng.standard_normal((centres, d), dtype=np.float32)
+    r = intrinsic or d
+    c = rng.standard_normal((centres, r), dtype=np.float32)
+    lift = rng.standard_normal((r, d), dtype=np.float32) / np.sqrt(r) if intrinsic else None
     out = np.empty((n, d), np.float32)
     step = 65536
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        out[lo:hi] = c[rng.integers(0, centres, hi - lo)]
-        out[lo:hi] += 0.35 * rng.standard_normal((hi - lo, d), dtype=np.float32)
+        z = c[rng.integers(0, centres, hi - lo)]
+        z += 0.35 * rng.standard_normal((hi - lo, r), dtype=np.float32)
+        out[lo:hi] = z if lift is None else z @ lift
     return out
 
 
@@ -64,6 +71,7 @@ def main():
     ap.add_argument("--data", help=".npy of vectors (float, n x d)")
     ap.add_argument("--queries-file", help=".npy of queries (default: the last --queries rows, not indexed)")
     ap.add_argument("--synthetic", help="N,D: a Gaussian mixture instead of --data")
+    ap.add_argument("--intrinsic", type=int, default=0, help="the synthetic mixture in this many dimensions, mapped linearly into D")
     ap.add_argument("--queries", type=int, default=10000)
     ap.add_argument("--anchors", type=int, default=1024)
     ap.add_argument("--bytes", type=int, default=16)
@@ -81,7 +89,7 @@ def main():
     t = time.perf_counter()
     if a.synthetic:
         n, d = (int(v) for v in a.synthetic.split(","))
-        x = mixture(n + a.queries, d, a.anchors, a.seed)
+        x = mixture(n + a.queries, d, a.anchors, a.seed, a.intrinsic)
         x, q = x[:n], x[n:]
     elif a.data:
         x = np.load(a.data, mmap_mode="r")
