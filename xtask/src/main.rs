@@ -79,12 +79,22 @@ fn demo(parity_args: &[String]) -> ExitCode {
     } else {
         parity_args
     };
-    let parity = run_release_binary("hal-parity", "parity", args);
+    // One build of all four, so that cargo resolves features once and compiles the shared
+    // dependency graph once (four builds compiled up to four variants of it).
+    let targets = [
+        ("hal-parity", "--bin", "parity"),
+        ("residual-compile", "--example", "icosphere"),
+        ("tensor-autograd", "--example", "digits"),
+        ("vlc-cli", "--bin", "vlc"),
+    ];
+    if let Err(code) = build_release(&targets) {
+        return code;
+    }
+    let parity = run_built("--bin", "parity", args);
     println!(
         "\nxtask demo: residual-compile: the perturbed icosphere (level 3) solved by Levenberg-Marquardt"
     );
-    let icosphere = run_release(
-        "residual-compile",
+    let icosphere = run_built(
         "--example",
         "icosphere",
         &[
@@ -100,8 +110,7 @@ fn demo(parity_args: &[String]) -> ExitCode {
     println!(
         "\nxtask demo: tensor-autograd: an MLP and a CNN trained on the UCI digits (80/20 split)"
     );
-    let digits = run_release(
-        "tensor-autograd",
+    let digits = run_built(
         "--example",
         "digits",
         &[
@@ -116,8 +125,8 @@ fn demo(parity_args: &[String]) -> ExitCode {
         .map(String::from),
     );
     println!("\nxtask demo: vlc-anneal: synthetic embeddings compressed into a searchable index");
-    let vlc = run_release_binary(
-        "vlc-cli",
+    let vlc = run_built(
+        "--bin",
         "vlc",
         &["demo", "--backend", "auto", "--quiet"].map(String::from),
     );
@@ -139,21 +148,38 @@ fn run_release_binary(package: &str, bin: &str, args: &[String]) -> ExitCode {
 /// Builds a binary (`kind` `--bin`) or an example (`--example`) of `package` in release mode
 /// and runs it with `args`, passing its exit code on.
 fn run_release(package: &str, kind: &str, bin: &str, args: &[String]) -> ExitCode {
+    match build_release(&[(package, kind, bin)]) {
+        Ok(()) => run_built(kind, bin, args),
+        Err(code) => code,
+    }
+}
+
+/// Builds `(package, kind, name)` targets (`kind` `--bin` or `--example`) in release mode, in
+/// one cargo invocation.
+fn build_release(targets: &[(&str, &str, &str)]) -> Result<(), ExitCode> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(&cargo)
-        .args(["build", "--release", "--quiet", "-p", package, kind, bin])
-        .status();
-    match status {
-        Ok(s) if s.success() => {}
+    let mut cmd = Command::new(&cargo);
+    cmd.args(["build", "--release", "--quiet"]);
+    for (package, kind, name) in targets {
+        cmd.args(["-p", package, kind, name]);
+    }
+    let names: Vec<&str> = targets.iter().map(|t| t.2).collect();
+    match cmd.status() {
+        Ok(s) if s.success() => Ok(()),
         Ok(s) => {
-            eprintln!("xtask: building {bin} failed ({s})");
-            return ExitCode::FAILURE;
+            eprintln!("xtask: building {} failed ({s})", names.join(", "));
+            Err(ExitCode::FAILURE)
         }
         Err(e) => {
             eprintln!("xtask: could not run {cargo}: {e}");
-            return ExitCode::FAILURE;
+            Err(ExitCode::FAILURE)
         }
     }
+}
+
+/// Runs a release binary or example built by [`build_release`] with `args`, passing its exit
+/// code on.
+fn run_built(kind: &str, bin: &str, args: &[String]) -> ExitCode {
     let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
