@@ -85,7 +85,10 @@ fn codes_agree<B: Backend>(b: &B) {
             .unwrap();
         let other = vlc_anneal::compress(b, &data, &cfg, &mut |_| {}).unwrap();
         let (a, e) = (other.index.header.mse, cpu.index.header.mse);
-        eprintln!("{mode:?}: reconstruction MSE {a} against the CPU's {e}");
+        eprintln!(
+            "{mode:?}: reconstruction MSE {a} against the CPU's {e}; {:?}",
+            other.seconds
+        );
         assert!(a < cpu.clustering.energy, "{mode:?}: codes do not help");
         if mode == Mode::Exact {
             let differ = (0..data.rows)
