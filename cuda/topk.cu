@@ -161,9 +161,9 @@ __device__ void ivf_scan_body(
                 float d = base;
                 bool ok = true;
                 const u32* code = codes + (i64)i * nw;
+                // Unrolled where the words are a template constant.
 #pragma unroll
-                for (u32 w = 0; w < (WORDS > 0 ? (u32)WORDS : 16u); ++w) {
-                    if (WORDS == 0 && w >= nw) break;
+                for (u32 w = 0; w < nw; ++w) {
                     const u32 word = code[w];
 #pragma unroll
                     for (u32 t = 0; t < 4; ++t) {
@@ -176,24 +176,6 @@ __device__ void ivf_scan_body(
                                 c = 0;
                             }
                             d += table[j * cw + c];
-                        }
-                    }
-                }
-                if (WORDS == 0 && nw > 16u) {
-                    // Codes longer than 64 bytes: the rest of the words.
-                    for (u32 w = 16; w < nw; ++w) {
-                        const u32 word = code[w];
-                        for (u32 t = 0; t < 4; ++t) {
-                            const u32 j = 4 * w + t;
-                            if (j < bytes) {
-                                u32 c = (word >> (8 * t)) & 0xffu;
-                                if (c >= cw) {
-                                    ok = false;
-                                    report_fault(fault, c, cw, fault_index);
-                                    c = 0;
-                                }
-                                d += table[j * cw + c];
-                            }
                         }
                     }
                 }
