@@ -150,6 +150,31 @@ fn device_search_agrees<B: Backend>(b: &B) {
             );
         }
     }
+    // 40-byte codes of 256 codewords: tables of 40 KiB, past lavapipe's (and the H200's)
+    // workgroup memory for wgpu's scan: the search falls back to the host's and agrees.
+    let mut cfg = Config::new(48);
+    cfg.pq_bytes = 40;
+    cfg.iterations = 4;
+    let index = vlc_anneal::compress(&cpu, &data, &cfg, &mut |_| {})
+        .unwrap()
+        .index;
+    let want = index.search(&queries, 10, 4).unwrap();
+    let got = index
+        .device_search(b)
+        .unwrap()
+        .unwrap()
+        .search(&index, &queries, 10, 4)
+        .unwrap();
+    let same = want
+        .iter()
+        .zip(&got)
+        .flat_map(|(w, g)| w.iter().zip(g))
+        .filter(|(x, y)| x.0 == y.0)
+        .count();
+    assert!(
+        same as f64 >= 0.99 * (10 * queries.rows) as f64,
+        "{same} ids agree"
+    );
 }
 
 #[test]

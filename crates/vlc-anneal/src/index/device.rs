@@ -97,8 +97,9 @@ impl<B: Backend> DeviceSearch<B> {
     /// [`Index::search`] on the device: the `k` nearest of each query among the members of
     /// its `nprobe` nearest anchors, as `(vector, distance)` nearest first (the metric's
     /// distances, inner products largest first). `index` must be the index this was made
-    /// from. `k` and `nprobe` above [`GPU_MAX_K`] are refused by GPU backends; callers fall
-    /// back to [`Index::search_batch`] there.
+    /// from. Where the device cannot run it (`k` or `nprobe` above [`GPU_MAX_K`], tables
+    /// beyond a GPU's on-chip memory) this is [`Index::search_batch`] with the backend's
+    /// products.
     pub fn search(
         &self,
         index: &Index,
@@ -132,7 +133,15 @@ impl<B: Backend> DeviceSearch<B> {
         for start in (0..queries.rows).step_by(per_round) {
             let rows = per_round.min(queries.rows - start);
             let q = &queries.data[start * d..(start + rows) * d];
-            let (dist, label) = self.round(index, q, rows, [k, nprobe], scale)?;
+            let (dist, label) = match self.round(index, q, rows, [k, nprobe], scale) {
+                Ok(found) => found,
+                // A device whose kernels cannot hold this index's tables (wgpu's workgroup
+                // memory and 64-byte codes, say): the host search, whole.
+                Err(crate::Error::Hal(hal::Error::Unsupported { .. })) if start == 0 => {
+                    return index.search_batch(&self.backend, queries, k, nprobe);
+                }
+                Err(e) => return Err(e),
+            };
             for r in 0..rows {
                 let found = (0..k)
                     .map(|c| (label[r * k + c], dist[r * k + c]))
