@@ -10,7 +10,7 @@
 //! near-ties may order differently.
 
 use super::Index;
-use super::search::check_queries;
+use super::search::{check_queries, dot};
 use crate::Metric;
 use crate::vectors::Matrix;
 use hal::topk::GPU_MAX_K;
@@ -77,7 +77,7 @@ impl Index {
         let norms: Vec<f32> = self
             .anchors
             .chunks_exact(d.max(1))
-            .map(|a| a.iter().map(|v| v * v).sum())
+            .map(|a| dot(a, a))
             .collect();
         Ok(Some(DeviceSearch {
             backend: backend.clone(),
@@ -129,12 +129,18 @@ impl<B: Backend> DeviceSearch<B> {
         let ip = h.metric == Metric::InnerProduct;
         let scale = if ip { -1.0 } else { -2.0 };
         let per_round = (ROUND_BYTES / (4 * len.max(m).max(1))).clamp(1, 1 << 16);
+        let mut bufs = Round::new(
+            &self.backend,
+            index,
+            per_round.min(queries.rows),
+            [k, nprobe],
+        )?;
         let mut out = Vec::with_capacity(queries.rows);
         for start in (0..queries.rows).step_by(per_round) {
             let rows = per_round.min(queries.rows - start);
             let q = &queries.data[start * d..(start + rows) * d];
-            let (dist, label) = match self.round(index, q, rows, [k, nprobe], scale) {
-                Ok(found) => found,
+            let (dist, label) = match self.round(index, q, rows, &mut bufs, scale) {
+                Ok(()) => (&bufs.dist_host, &bufs.label_host),
                 // A device whose kernels cannot hold this index's tables (wgpu's workgroup
                 // memory and 64-byte codes, say): the host search, whole.
                 Err(crate::Error::Hal(hal::Error::Unsupported { .. })) if start == 0 => {
@@ -163,61 +169,55 @@ impl<B: Backend> DeviceSearch<B> {
         Ok(out)
     }
 
-    /// One round of `rows` queries: every step enqueued, then the distances and labels read.
+    /// One round of `rows` queries (at most the round's capacity) in the first rows of
+    /// `bufs`: every step enqueued, then the distances and labels read into `bufs`' host
+    /// vectors (rows past `rows` hold nothing of this round).
     fn round(
         &self,
         index: &Index,
         q: &[f32],
         rows: usize,
-        [k, nprobe]: [usize; 2],
+        bufs: &mut Round<B>,
         scale: f32,
-    ) -> crate::Result<(Vec<f32>, Vec<u32>)> {
+    ) -> crate::Result<()> {
         let b = &self.backend;
         let h = &index.header;
         let (d, m) = (h.d, h.m);
         let (bytes, cw) = (index.pq.bytes(), index.pq.codewords);
+        let [k, nprobe] = bufs.sizes;
         let qb = b.upload(q)?;
-        let scores = b.alloc(DType::F32, rows * m)?;
-        index.coarse_product(b, &qb, rows, &self.anchors, &scores, scale)?;
+        index.coarse_product(b, &qb, rows, &self.anchors, &bufs.scores, scale)?;
         let ls = Layout::contiguous(&[rows, m]);
         if self.list_tables.is_some() {
             // |a|^2 - 2 q . a: the ranking of |q - a|^2.
             let norms = Layout::contiguous(&[m]).broadcast_to(&[rows, m])?;
             b.binary(
                 BinaryOp::Add,
-                View::new(&scores, &ls),
+                View::new(&bufs.scores, &ls),
                 View::new(&self.norms, &norms),
-                View::new(&scores, &ls),
+                View::new(&bufs.scores, &ls),
             )?;
         }
         let lp = Layout::contiguous(&[rows, nprobe]);
-        let (bases, probes) = (
-            b.alloc(DType::F32, rows * nprobe)?,
-            b.alloc(DType::U32, rows * nprobe)?,
-        );
+        let (bases, probes) = (&bufs.bases, &bufs.probes);
         b.top_k(
-            View::new(&scores, &ls),
-            View::new(&bases, &lp),
-            View::new(&probes, &lp),
+            View::new(&bufs.scores, &ls),
+            View::new(bases, &lp),
+            View::new(probes, &lp),
             false,
         )?;
-        drop(scores);
         if self.list_tables.is_some() {
-            let qn: Vec<f32> = q
-                .chunks_exact(d.max(1))
-                .map(|r| r.iter().map(|v| v * v).sum())
-                .collect();
+            let qn: Vec<f32> = q.chunks_exact(d.max(1)).map(|r| dot(r, r)).collect();
             let qn = b.upload(&qn)?;
             let ln = Layout::contiguous(&[rows, 1]).broadcast_to(&[rows, nprobe])?;
             b.binary(
                 BinaryOp::Add,
-                View::new(&bases, &lp),
+                View::new(bases, &lp),
                 View::new(&qn, &ln),
-                View::new(&bases, &lp),
+                View::new(bases, &lp),
             )?;
         }
-        let tables = b.alloc(DType::F32, rows * bytes * cw)?;
-        index.table_product(b, &qb, rows, &self.books, &tables, scale)?;
+        index.table_product(b, &qb, rows, &self.books, &bufs.tables, scale)?;
         let [n, lists] = [h.n, m];
         let (lt, ll) = (
             Layout::contiguous(&[rows, bytes, cw]),
@@ -229,23 +229,54 @@ impl<B: Backend> DeviceSearch<B> {
             Layout::contiguous(&[n]),
         );
         let lk = Layout::contiguous(&[rows, k]);
-        let (dist, label) = (
-            b.alloc(DType::F32, rows * k)?,
-            b.alloc(DType::U32, rows * k)?,
-        );
+        let (tables, dist, label) = (&bufs.tables, &bufs.dist, &bufs.label);
         b.ivf_scan(
             IvfScanInputs {
-                tables: View::new(&tables, &lt),
+                tables: View::new(tables, &lt),
                 list_tables: self.list_tables.as_ref().map(|t| View::new(t, &ll)),
-                probes: View::new(&probes, &lp),
-                bases: View::new(&bases, &lp),
+                probes: View::new(probes, &lp),
+                bases: View::new(bases, &lp),
                 offsets: View::new(&self.offsets, &lo),
                 codes: View::new(&self.codes, &lc),
                 ids: View::new(&self.positions, &li),
             },
-            View::new(&dist, &lk),
-            View::new(&label, &lk),
+            View::new(dist, &lk),
+            View::new(label, &lk),
         )?;
-        Ok((b.read::<f32>(&dist)?, b.read::<u32>(&label)?))
+        b.read_into(dist, &mut bufs.dist_host)?;
+        b.read_into(label, &mut bufs.label_host)?;
+        Ok(())
+    }
+}
+
+/// A search's round buffers, made once for its largest round (`cap` queries): a short last
+/// round uses their first rows.
+struct Round<B: Backend> {
+    /// `[k, nprobe]`.
+    sizes: [usize; 2],
+    scores: B::Buffer,
+    bases: B::Buffer,
+    probes: B::Buffer,
+    tables: B::Buffer,
+    dist: B::Buffer,
+    label: B::Buffer,
+    dist_host: Vec<f32>,
+    label_host: Vec<u32>,
+}
+
+impl<B: Backend> Round<B> {
+    fn new(b: &B, index: &Index, cap: usize, [k, nprobe]: [usize; 2]) -> crate::Result<Self> {
+        let len = index.pq.bytes() * index.pq.codewords;
+        Ok(Round {
+            sizes: [k, nprobe],
+            scores: b.alloc_for_write(DType::F32, cap * index.header.m)?,
+            bases: b.alloc_for_write(DType::F32, cap * nprobe)?,
+            probes: b.alloc_for_write(DType::U32, cap * nprobe)?,
+            tables: b.alloc_for_write(DType::F32, cap * len)?,
+            dist: b.alloc_for_write(DType::F32, cap * k)?,
+            label: b.alloc_for_write(DType::U32, cap * k)?,
+            dist_host: vec![0.0; cap * k],
+            label_host: vec![0; cap * k],
+        })
     }
 }
