@@ -13,8 +13,9 @@ use crate::{DType, Error};
 pub enum FaultKind {
     /// An index out of range; `signed`: the value is an i32.
     Index { signed: bool },
-    /// CSR row offsets that do not start at 0, decrease, or run past the stored entries.
-    CsrOffsets,
+    /// CSR-style offsets that do not start at 0, decrease, or run past the stored entries;
+    /// `offsets` names the operand in the error.
+    CsrOffsets { offsets: &'static str },
 }
 
 /// The op and kind each code names: the code is the position here. Code 0 is an IR program's
@@ -30,9 +31,14 @@ pub const FAULT_OPS: [(&str, FaultKind); 10] = [
     ("scatter_add", FaultKind::Index { signed: true }),
     ("segment_sum", FaultKind::Index { signed: false }),
     ("spmv_csr", FaultKind::Index { signed: false }),
-    ("spmv_csr", FaultKind::CsrOffsets),
+    (
+        "spmv_csr",
+        FaultKind::CsrOffsets {
+            offsets: "row_offsets",
+        },
+    ),
     ("ivf_scan", FaultKind::Index { signed: false }),
-    ("ivf_scan", FaultKind::CsrOffsets),
+    ("ivf_scan", FaultKind::CsrOffsets { offsets: "offsets" }),
 ];
 
 /// The code of `kind` of fault in `op`.
@@ -40,6 +46,14 @@ pub fn fault_code(op: &str, kind: FaultKind) -> u32 {
     FAULT_OPS
         .iter()
         .position(|&(o, k)| o == op && k == kind)
+        .expect("every checked op is in FAULT_OPS") as u32
+}
+
+/// The code of `op`'s fault of broken offsets ([`FaultKind::CsrOffsets`]).
+pub fn offsets_fault_code(op: &str) -> u32 {
+    FAULT_OPS
+        .iter()
+        .position(|&(o, k)| o == op && matches!(k, FaultKind::CsrOffsets { .. }))
         .expect("every checked op is in FAULT_OPS") as u32
 }
 
@@ -73,15 +87,10 @@ pub fn fault_error(backend: &'static str, record: [u32; 4]) -> Option<Error> {
             },
             bound: bound as usize,
         },
-        FaultKind::CsrOffsets => Error::InvalidArgument {
+        FaultKind::CsrOffsets { offsets } => Error::InvalidArgument {
             op,
             detail: format!(
-                "{} must start at 0, never decrease and end within the {bound} stored entries (found offset {value})",
-                if op == "ivf_scan" {
-                    "offsets"
-                } else {
-                    "row_offsets"
-                }
+                "{offsets} must start at 0, never decrease and end within the {bound} stored entries (found offset {value})"
             ),
         },
     })

@@ -4,7 +4,7 @@ use crate::buffer::CudaBuffer;
 use crate::device::Args;
 use crate::{CudaBackend, V, device};
 use cudarc::cublas::{result as blas, sys as blas_sys};
-use hal::fault::{FaultKind, fault_code, index_fault};
+use hal::fault::{fault_code, index_fault, offsets_fault_code};
 use hal::validate::MatrixView;
 use hal::{
     Backend, Csr, DType, DeviceBuffer, Error, Layout, Precision, Result, UnaryOp, View, validate,
@@ -80,7 +80,7 @@ pub(crate) fn spmv_csr(
             .arg(a.col_indices.ptr())
             .arg(nnz as i64)
             .arg(a.cols as i64)
-            .arg(fault_code("spmv_csr", FaultKind::CsrOffsets))
+            .arg(offsets_fault_code("spmv_csr"))
             .arg(fault_code("spmv_csr", index_fault(DType::U32)))
             .arg(gpu.dev.fault.ptr)
             .arg(verdict.ptr()),

@@ -2,7 +2,7 @@
 
 use crate::device::Args;
 use crate::{CudaBackend, V};
-use hal::fault::{FaultKind, fault_code};
+use hal::fault::{FaultKind, fault_code, offsets_fault_code};
 use hal::topk::GPU_MAX_K;
 use hal::{Error, IvfScanInputs, Result, validate};
 use std::sync::atomic::Ordering;
@@ -122,7 +122,7 @@ pub(crate) fn ivf_scan(
         .arg(s.k as u32);
     let args = strided(strided(args, distances), labels)
         .arg(fault_code(OP, FaultKind::Index { signed: false }))
-        .arg(fault_code(OP, FaultKind::CsrOffsets))
+        .arg(offsets_fault_code(OP))
         .arg(gpu.dev.fault.ptr);
     gpu.dev.fault_pending.store(true, Ordering::Release);
     gpu.dev.launch_shared(

@@ -3,7 +3,7 @@
 use crate::buffer::WgpuBuffer;
 use crate::pipeline::{Params, Spec};
 use crate::{V, WgpuBackend};
-use hal::fault::{FaultKind, fault_code};
+use hal::fault::{FaultKind, fault_code, offsets_fault_code};
 use hal::topk::GPU_MAX_K;
 use hal::{Backend, Error, IvfScanInputs, Result, validate};
 
@@ -163,7 +163,7 @@ pub(crate) fn ivf_scan(
         .scalar(6, s.k as u32)
         .scalar(7, x.list_tables.is_some() as u32)
         .scalar(8, fault_code(OP, FaultKind::Index { signed: false }))
-        .scalar(9, fault_code(OP, FaultKind::CsrOffsets))
+        .scalar(9, offsets_fault_code(OP))
         .matrix(10, distances.layout)
         .matrix(13, labels.layout);
     let spec = spec("ivf_scan.wgsl", s.k).slot("table", format!("const TABLE: u32 = {table}u;"));

@@ -15,7 +15,7 @@ use crate::ops::matmul::route::{
 use crate::pipeline::{Params, Spec};
 use crate::wgsl::Access;
 use crate::{V, WgpuBackend, wgsl};
-use hal::fault::{FaultKind, fault_code, index_fault};
+use hal::fault::{fault_code, index_fault, offsets_fault_code};
 use hal::{
     Backend, BinaryOp, Csr, DType, DeviceBuffer, Epilogue, Layout, Result, UnaryOp, View, validate,
 };
@@ -175,7 +175,7 @@ pub(crate) fn spmv_csr(
         .scalar(0, a.rows as u32)
         .scalar(1, a.cols.min(u32::MAX as usize) as u32)
         .scalar(2, nnz as u32)
-        .scalar(4, fault_code("spmv_csr", FaultKind::CsrOffsets))
+        .scalar(4, offsets_fault_code("spmv_csr"))
         .scalar(5, fault_code("spmv_csr", index_fault(DType::U32)));
     let guard = gpu.run_check(
         Spec::new("check_csr.wgsl"),
