@@ -292,6 +292,13 @@ impl WgpuBackend {
         )
     }
 
+    /// The grid of `groups` workgroups for kernels that index their own (a workgroup a row,
+    /// say): in x, wrapping into y past the adapter's limit.
+    pub(crate) fn row_groups(&self, groups: usize) -> [u32; 3] {
+        let max = self.0.limits.max_compute_workgroups_per_dimension.max(1) as usize;
+        [groups.min(max) as u32, groups.div_ceil(max) as u32, 1]
+    }
+
     /// [`Self::dispatch`] for kernels that index their own workgroup grid (`P[0]` is 0).
     pub(crate) fn dispatch_groups(
         &self,

@@ -164,8 +164,7 @@ pub(crate) fn nearest_centroid(
     let norms = gpu.centroid_norms(c, m)?;
     let fused = gpu.fma_is_fused()?;
     let blocks = n.div_ceil(tile.rows);
-    let max = gpu.0.limits.max_compute_workgroups_per_dimension as usize;
-    let groups = [blocks.min(max) as u32, blocks.div_ceil(max) as u32, 1];
+    let groups = gpu.row_groups(blocks);
     let mut first = 0;
     while first < m {
         let end = (first + slice).min(m);
@@ -267,7 +266,6 @@ impl WgpuBackend {
             .scalar(12, px.offset as u32)
             .scalar(13, pc.offset as u32);
         let blocks = np / tiles.rows();
-        let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
         self.dispatch_groups(
             &kernel,
             &p,
@@ -278,7 +276,7 @@ impl WgpuBackend {
                 (&candidates, true),
                 (&self.0.verdicts, false),
             ],
-            [blocks.min(max) as u32, blocks.div_ceil(max) as u32, 1],
+            self.row_groups(blocks),
         )?;
         let p = Params::default()
             .block(out_index.layout)

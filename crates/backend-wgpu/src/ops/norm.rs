@@ -82,15 +82,8 @@ pub(crate) fn layer_norm(
             (mean.buffer, true),
             (rstd.buffer, true),
         ],
-        row_groups(gpu, rows),
+        gpu.row_groups(rows),
     )
-}
-
-/// The workgroup grid of the row kernels (a workgroup a row): `rows` in x, wrapping into y
-/// past the adapter's limit.
-fn row_groups(gpu: &WgpuBackend, rows: usize) -> [u32; 3] {
-    let max = gpu.0.limits.max_compute_workgroups_per_dimension.max(1) as usize;
-    [rows.min(max) as u32, rows.div_ceil(max) as u32, 1]
 }
 
 pub(crate) fn layer_norm_backward(
@@ -132,7 +125,7 @@ pub(crate) fn layer_norm_backward(
                 (dout.buffer, false),
                 (g.dx.buffer, true),
             ],
-            row_groups(gpu, rows),
+            gpu.row_groups(rows),
         )?;
     }
     if (g.dweight.is_none() && g.dbias.is_none()) || n == 0 {

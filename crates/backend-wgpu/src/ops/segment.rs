@@ -290,7 +290,6 @@ impl WgpuBackend {
             .scalar(11, fused as u32);
         if self.scan_fits(n, m, d) {
             let pipeline = self.kernel(&Spec::new("segment_scan.wgsl").bindings(bindings))?;
-            let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
             self.dispatch_groups(
                 &pipeline,
                 &params
@@ -298,7 +297,7 @@ impl WgpuBackend {
                     .scalar(2, m as u32)
                     .scalar(13, (self.1 != Precision::Reproducible) as u32),
                 &buffers,
-                [m.min(max) as u32, m.div_ceil(max) as u32, 1],
+                self.row_groups(m),
             )?;
         } else {
             let spec = Spec::new("segment_sum_ordered.wgsl").bindings(bindings);

@@ -63,11 +63,6 @@ impl WgpuBackend {
         }
         Ok(())
     }
-
-    fn groups(&self, rows: usize) -> [u32; 3] {
-        let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
-        [rows.min(max) as u32, rows.div_ceil(max) as u32, 1]
-    }
 }
 
 pub(crate) fn top_k(
@@ -100,7 +95,7 @@ pub(crate) fn top_k(
             (values.buffer, true),
             (indices.buffer, true),
         ],
-        gpu.groups(rows),
+        gpu.row_groups(rows),
     )
 }
 
@@ -180,7 +175,7 @@ pub(crate) fn ivf_scan(
         (labels.buffer, true),
         (&gpu.0.faults, true),
     ];
-    gpu.dispatch_groups(&kernel, &params, &buffers, gpu.groups(s.queries))?;
+    gpu.dispatch_groups(&kernel, &params, &buffers, gpu.row_groups(s.queries))?;
     gpu.faults_may_be_written();
     Ok(())
 }

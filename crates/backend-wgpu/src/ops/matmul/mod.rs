@@ -314,11 +314,10 @@ impl WgpuBackend {
                 "gemm_dot.wgsl"
             };
             let g = (om.batch * om.rows * om.cols).div_ceil(8);
-            let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
             (
                 self.kernel(&with_slots(Spec::new(file).bindings(bindings)))?,
                 32 * CHUNK,
-                [g.min(max) as u32, g.div_ceil(max) as u32, 1],
+                self.row_groups(g),
             )
         } else {
             let (name, text) = tile.slot();
