@@ -32,6 +32,19 @@ use crate::View;
 /// candidates in on-chip memory).
 pub const GPU_MAX_K: usize = 1024;
 
+/// The refusal of `k` above [`GPU_MAX_K`] a GPU backend (named `backend`) gives.
+pub fn check_gpu_k(op: &'static str, k: usize, backend: &str) -> crate::Result<()> {
+    if k > GPU_MAX_K {
+        return Err(crate::Error::Unsupported {
+            op,
+            detail: format!(
+                "k = {k}: the {backend} kernels keep at most {GPU_MAX_K} results a row on chip"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Codewords per subspace at most: a code is one byte.
 pub const MAX_CODEWORDS: usize = 256;
 

@@ -3,7 +3,7 @@
 use crate::device::Args;
 use crate::{CudaBackend, V};
 use hal::fault::{FaultKind, fault_code, offsets_fault_code};
-use hal::topk::GPU_MAX_K;
+use hal::topk::check_gpu_k;
 use hal::{Error, IvfScanInputs, Result, validate};
 use std::sync::atomic::Ordering;
 
@@ -14,14 +14,7 @@ const TK_STATE_BYTES: usize = 2048 * 8 + 16;
 
 /// The kernels take a row per block.
 fn check_sizes(op: &'static str, rows: usize, k: usize) -> Result<()> {
-    if k > GPU_MAX_K {
-        return Err(Error::Unsupported {
-            op,
-            detail: format!(
-                "k = {k}: the CUDA kernels keep at most {GPU_MAX_K} results a row on chip"
-            ),
-        });
-    }
+    check_gpu_k(op, k, "CUDA")?;
     if rows > i32::MAX as usize {
         return Err(Error::Unsupported {
             op,

@@ -4,7 +4,7 @@ use crate::buffer::WgpuBuffer;
 use crate::pipeline::{Params, Spec};
 use crate::{V, WgpuBackend};
 use hal::fault::{FaultKind, fault_code, offsets_fault_code};
-use hal::topk::GPU_MAX_K;
+use hal::topk::check_gpu_k;
 use hal::{Backend, Error, IvfScanInputs, Result, validate};
 
 /// The selection buffer's pairs for `k` (topk_select.wgsl's `cap` slot): room for k and a
@@ -39,12 +39,7 @@ impl WgpuBackend {
     /// Refuses what the kernels cannot hold: k past the selection buffer, rows past a
     /// dispatch, and on a CPU adapter loops past its cap.
     fn check_selection(&self, op: &'static str, rows: usize, k: usize, n: usize) -> Result<()> {
-        if k > GPU_MAX_K {
-            return Err(unsupported(
-                op,
-                format!("k = {k}: the wgpu kernels keep at most {GPU_MAX_K} results a row"),
-            ));
-        }
+        check_gpu_k(op, k, "wgpu")?;
         let max = self.0.limits.max_compute_workgroups_per_dimension as usize;
         if rows > max * max {
             return Err(unsupported(
