@@ -2,6 +2,7 @@
 //! (`hal::topk` gives the order and the distances). A row's candidates are packed as
 //! `order_key << 32 | index` in a `u64`, whose integer order is the contract's.
 
+use crate::ops::cluster::f32_rows;
 use crate::storage::CpuBuffer;
 use hal::topk::{IvfScanShape, from_order_key, order_key};
 use hal::{Error, IvfScanInputs, Result, View};
@@ -101,16 +102,6 @@ fn u32s(v: View<'_, CpuBuffer>) -> &[u32] {
     }
 }
 
-fn f32s(v: View<'_, CpuBuffer>) -> &[f32] {
-    // SAFETY: as `u32s`.
-    unsafe {
-        std::slice::from_raw_parts(
-            v.buffer.typed::<f32>().add(v.layout.offset),
-            v.layout.numel(),
-        )
-    }
-}
-
 /// The offsets start at 0, never decrease and end within the members.
 fn check_offsets(offsets: &[u32], members: usize) -> Result<()> {
     let mut prev = 0u32;
@@ -133,7 +124,9 @@ fn check_offsets(offsets: &[u32], members: usize) -> Result<()> {
 fn scan_query(x: &IvfScanInputs<'_, CpuBuffer>, s: &IvfScanShape, q: usize) -> Result<Vec<u64>> {
     let (bytes, cw, words) = (s.bytes, s.codewords, s.words);
     let len = bytes * cw;
-    let qt = &f32s(x.tables)[q * len..(q + 1) * len];
+    let f32s = |v: View<'_, CpuBuffer>| f32_rows(v.buffer.src(), v.layout);
+    let tables = f32s(x.tables);
+    let qt = &tables[q * len..(q + 1) * len];
     let lt = x.list_tables.map(f32s);
     let (probes, bases) = (u32s(x.probes), f32s(x.bases));
     let (offsets, codes, ids) = (u32s(x.offsets), u32s(x.codes), u32s(x.ids));
@@ -148,7 +141,7 @@ fn scan_query(x: &IvfScanInputs<'_, CpuBuffer>, s: &IvfScanShape, q: usize) -> R
                 bound: s.lists,
             });
         }
-        let t: &[f32] = match lt {
+        let t: &[f32] = match &lt {
             Some(lt) => {
                 for ((t, &l), &v) in table.iter_mut().zip(&lt[a * len..(a + 1) * len]).zip(qt) {
                     *t = l + v;
