@@ -81,9 +81,14 @@ __device__ void tk_compact(TkState& s, u32 k) {
 }
 
 // After a round's offers: compacts when the next round could overflow the buffer.
+// Every thread reads the count between two barriers: without the second, a fast warp's
+// offers of the next round would raise the count under a slow warp still deciding, which
+// would then compact alone (barriers mismatched, the buffer corrupted).
 __device__ __forceinline__ void tk_round_end(TkState& s, u32 k) {
     __syncthreads();
-    if (s.count > TK_CAP - TK_BLOCK) tk_compact(s, k);
+    u32 c = s.count;
+    __syncthreads();
+    if (c > TK_CAP - TK_BLOCK) tk_compact(s, k);
 }
 
 // Writes the k best (after a final compaction): values through `value_of`, then padding.
