@@ -211,3 +211,67 @@ IVF_SCAN(ivf_scan_w2, 2)
 IVF_SCAN(ivf_scan_w4, 4)
 IVF_SCAN(ivf_scan_w8, 8)
 IVF_SCAN(ivf_scan_any, 0)
+
+// Candidate scores (hal::topk): a warp per (query, candidate). The lanes stride the
+// dimension (f16 vectors two values a load where rows start on a 4-byte boundary), shuffles
+// add the lanes' partial sums, lane 0 adds the biases and writes.
+__device__ __forceinline__ float cs_h2f(u32 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+    return f;
+}
+
+template <int KIND>  // 0: f32 vectors; 1: f16, one value a load; 2: f16, two a load
+__device__ __forceinline__ float cs_dot(const float* q, const void* v, u64 row, u32 d, u32 lane) {
+    float acc = 0.f;
+    if (KIND == 0) {
+        const float* vr = (const float*)v + row * d;
+        for (u32 j = lane; j < d; j += 32) acc = fmaf(q[j], vr[j], acc);
+    } else if (KIND == 1) {
+        const unsigned short* vr = (const unsigned short*)v + row * d;
+        for (u32 j = lane; j < d; j += 32) acc = fmaf(q[j], cs_h2f(vr[j]), acc);
+    } else {
+        const u32* vr = (const u32*)((const unsigned short*)v + row * d);
+        for (u32 p = lane; p < d / 2; p += 32) {
+            u32 w = vr[p];
+            acc = fmaf(q[2 * p], cs_h2f(w & 0xffffu), acc);
+            acc = fmaf(q[2 * p + 1], cs_h2f(w >> 16), acc);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    return acc;
+}
+
+template <int KIND>
+__device__ void candidate_scores_body(const float* q, const void* v, const u32* labels,
+                                      const float* qb, const float* vb, u32 rows, u32 c, u32 d,
+                                      u32 n, float alpha, float* out, i64 os0, i64 os1,
+                                      u32 fault_index, u32* fault) {
+    u64 pair = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    u32 lane = threadIdx.x & 31u;
+    if (pair >= (u64)rows * c) return;  // the whole warp: pair is the warp's
+    u64 r = pair / c, j = pair % c;
+    u32 l = labels[pair];
+    float score = __uint_as_float(0x7f800000u);
+    if (l != 0xffffffffu && l >= n) {
+        if (lane == 0u) report_fault(fault, l, n, fault_index);
+    } else if (l != 0xffffffffu) {
+        float dot = cs_dot<KIND>(q + r * d, v, l, d, lane);
+        float bias = (qb ? qb[r] : 0.f) + (vb ? vb[l] : 0.f);
+        score = bias + alpha * dot;
+    }
+    if (lane == 0u) out[(i64)r * os0 + (i64)j * os1] = score;
+}
+
+#define CANDIDATE_SCORES(NAME, KIND)                                                               \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                        \
+        const float* q, const void* v, const u32* labels, const float* qb, const float* vb,       \
+        u32 rows, u32 c, u32 d, u32 n, float alpha, float* out, i64 os0, i64 os1,                 \
+        u32 fault_index, u32* fault) {                                                             \
+        candidate_scores_body<KIND>(q, v, labels, qb, vb, rows, c, d, n, alpha, out, os0, os1,    \
+                                    fault_index, fault);                                           \
+    }
+
+CANDIDATE_SCORES(candidate_scores_f32, 0)
+CANDIDATE_SCORES(candidate_scores_f16, 1)
+CANDIDATE_SCORES(candidate_scores_f16x2, 2)

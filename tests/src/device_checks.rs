@@ -420,4 +420,50 @@ pub fn bad_selection_inputs_are_errors<B: Backend>(b: &B, writes_nothing: bool) 
     let (d, l) = scan(&[0, 1], &good, &[3, 1, 0, 2]).unwrap();
     assert_eq!(l, vec![12, 11, 13]);
     assert_eq!(d, vec![0.25, 1.5, 2.25]);
+
+    // Candidate scores: two 2-d vectors, a query with three candidates (one padding).
+    let q = b.upload(&[1.0f32, 2.0]).unwrap();
+    let v = b.upload(&[3.0f32, 4.0, -1.0, 0.5]).unwrap();
+    let vb = b.upload(&[10.0f32, 20.0]).unwrap();
+    let out = b.upload(&[-7.0f32; 3]).unwrap();
+    let (lq, lv, lb, ll) = (
+        Layout::contiguous(&[1, 2]),
+        Layout::contiguous(&[2, 2]),
+        Layout::contiguous(&[2]),
+        Layout::contiguous(&[1, 3]),
+    );
+    let score = |labels: &[u32]| -> hal::Result<Vec<f32>> {
+        let l = b.upload(labels)?;
+        b.candidate_scores(
+            hal::CandidateInputs {
+                queries: View::new(&q, &lq),
+                vectors: View::new(&v, &lv),
+                labels: View::new(&l, &ll),
+                query_bias: None,
+                vector_bias: Some(View::new(&vb, &lb)),
+            },
+            -2.0,
+            View::new(&out, &ll),
+        )?;
+        b.synchronize()?;
+        b.read::<f32>(&out)
+    };
+    let e = score(&[1, 2, 0]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::IndexOutOfRange {
+                op: "candidate_scores",
+                index: 2,
+                bound: 2
+            }
+        ),
+        "{e}"
+    );
+    if writes_nothing {
+        assert_eq!(b.read::<f32>(&out).unwrap(), vec![-7.0; 3]);
+    }
+    // 10 - 2 (1*3 + 2*4) = -12; 20 - 2 (-1 + 1) = 20; padding +inf.
+    let got = score(&[0, u32::MAX, 1]).unwrap();
+    assert_eq!(got, vec![-12.0, f32::INFINITY, 20.0]);
 }

@@ -39,9 +39,9 @@ pub use storage::CpuBuffer;
 use hal::ir::Program;
 use hal::{
     AdamParams, ArgReduceOp, AttentionGrads, AttentionInputs, AttentionParams, Backend, BinaryOp,
-    Capabilities, Conv2dGeometry, Csr, DType, DeviceBuffer, DeviceInfo, Distribution, Error,
-    IvfScanInputs, Layout, NormGrads, NormInputs, Precision, ReduceOp, Result, SgdParams,
-    TernaryOp, UnaryOp, View, validate,
+    CandidateInputs, Capabilities, Conv2dGeometry, Csr, DType, DeviceBuffer, DeviceInfo,
+    Distribution, Error, IvfScanInputs, Layout, NormGrads, NormInputs, Precision, ReduceOp, Result,
+    SgdParams, TernaryOp, UnaryOp, View, validate,
 };
 use ops::{
     attention, cluster, conv, elementwise, index, matmul, norm, optim, random, reduce, segment,
@@ -421,6 +421,17 @@ impl Backend for CpuBackend {
         let shape = validate::ivf_scan(x, distances, labels)?;
         let _g = exec();
         topk::ivf_scan(x, &shape, distances, labels)
+    }
+
+    fn candidate_scores(
+        &self,
+        x: CandidateInputs<'_, CpuBuffer>,
+        alpha: f32,
+        scores: V<'_>,
+    ) -> Result<()> {
+        let shape = validate::candidate_scores(x, scores)?;
+        let _g = exec();
+        topk::candidate_scores(x, &shape, alpha, scores)
     }
 
     fn attention(

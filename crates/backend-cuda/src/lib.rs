@@ -222,6 +222,15 @@ impl Backend for CudaBackend {
         topk::ivf_scan(self, x, distances, labels)
     }
 
+    fn candidate_scores(
+        &self,
+        x: hal::CandidateInputs<'_, CudaBuffer>,
+        alpha: f32,
+        scores: V<'_>,
+    ) -> Result<()> {
+        topk::candidate_scores(self, x, alpha, scores)
+    }
+
     fn segment_sum(
         &self,
         x: V<'_>,

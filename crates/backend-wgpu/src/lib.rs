@@ -272,6 +272,15 @@ impl Backend for WgpuBackend {
         topk::ivf_scan(self, x, distances, labels)
     }
 
+    fn candidate_scores(
+        &self,
+        x: hal::CandidateInputs<'_, WgpuBuffer>,
+        alpha: f32,
+        scores: V<'_>,
+    ) -> Result<()> {
+        ops::topk::candidate_scores(self, x, alpha, scores)
+    }
+
     fn sgd_step(
         &self,
         param: &WgpuBuffer,

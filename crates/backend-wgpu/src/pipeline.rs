@@ -54,6 +54,7 @@ pub const LAUNCH_PARAMS: &[ParamsLayout] = &[
     <crate::ops::random::RandomParams as LaunchParams>::LAYOUT,
     <crate::ops::attention::AttentionLaunch as LaunchParams>::LAYOUT,
     <crate::ops::norm::NormLaunch as LaunchParams>::LAYOUT,
+    <crate::ops::topk::CandidateLaunch as LaunchParams>::LAYOUT,
 ];
 
 /// Launch parameters: sixteen scalar slots and up to eight layout blocks (see `wgsl/`).

@@ -28,8 +28,9 @@
 use crate::ir::Program;
 use crate::{
     AdamParams, ArgReduceOp, AttentionGrads, AttentionInputs, AttentionParams, BinaryOp,
-    Capabilities, Conv2dGeometry, DType, DeviceInfo, Distribution, Element, Epilogue, Error,
-    IvfScanInputs, Layout, NormGrads, NormInputs, ReduceOp, Result, SgdParams, TernaryOp, UnaryOp,
+    CandidateInputs, Capabilities, Conv2dGeometry, DType, DeviceInfo, Distribution, Element,
+    Epilogue, Error, IvfScanInputs, Layout, NormGrads, NormInputs, ReduceOp, Result, SgdParams,
+    TernaryOp, UnaryOp,
 };
 use std::sync::Arc;
 
@@ -400,6 +401,22 @@ pub trait Backend: Clone + Send + Sync + 'static {
         x: IvfScanInputs<'_, Self::Buffer>,
         distances: View<'_, Self::Buffer>,
         labels: View<'_, Self::Buffer>,
+    ) -> Result<()>;
+
+    /// The scores of each query's candidates ([`crate::topk`] defines them): `scores: [q, c]`
+    /// (f32) of `(query_bias[r] + vector_bias[l]) + alpha * (queries[r] . vectors[l])` for
+    /// `l = labels[r, c]`, `+inf` where `l` is [`crate::topk::NO_CANDIDATE`]. Any other label
+    /// at or above `n` is an [`Error::IndexOutOfRange`] (the CPU returns it and writes
+    /// nothing; GPU backends score it `+inf` and report it at the next synchronisation or
+    /// read). Tolerance: `|got - ref| <= |alpha| ((2^-18 d + u) sum_j |q_j v_j| + d 2^-126) +
+    /// u (|ref| + |query_bias[r]| + |vector_bias[l]|)` (the dot product in any order; a
+    /// device may flush subnormal operands to zero, so an infinity times a subnormal may give
+    /// NaN there).
+    fn candidate_scores(
+        &self,
+        x: CandidateInputs<'_, Self::Buffer>,
+        alpha: f32,
+        scores: View<'_, Self::Buffer>,
     ) -> Result<()>;
 
     // ----- attention -----

@@ -20,7 +20,7 @@ pub enum FaultKind {
 
 /// The op and kind each code names: the code is the position here. Code 0 is an IR program's
 /// load or store.
-pub const FAULT_OPS: [(&str, FaultKind); 10] = [
+pub const FAULT_OPS: [(&str, FaultKind); 11] = [
     (
         "launch (program load/store)",
         FaultKind::Index { signed: false },
@@ -39,6 +39,7 @@ pub const FAULT_OPS: [(&str, FaultKind); 10] = [
     ),
     ("ivf_scan", FaultKind::Index { signed: false }),
     ("ivf_scan", FaultKind::CsrOffsets { offsets: "offsets" }),
+    ("candidate_scores", FaultKind::Index { signed: false }),
 ];
 
 /// The code of `kind` of fault in `op`.

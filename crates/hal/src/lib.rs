@@ -83,7 +83,7 @@ pub use ops::{
     AdamParams, ArgReduceOp, BinaryOp, Conv2dGeometry, Distribution, ReduceOp, SgdParams,
     TernaryOp, UnaryOp, erf_f32, erf_f64,
 };
-pub use topk::{IvfScanInputs, IvfScanShape};
+pub use topk::{CandidateInputs, CandidateShape, IvfScanInputs, IvfScanShape};
 
 /// Re-exported so users of buffers of 16-bit floats need not name the `half` crate.
 pub use half::{bf16, f16};

@@ -1,6 +1,8 @@
-//! Selection: the `k` smallest (or largest) values of each row ([`crate::Backend::top_k`]) and
+//! Selection: the `k` smallest (or largest) values of each row ([`crate::Backend::top_k`]),
 //! the inverted-list scan of product-quantised vectors that keeps each query's `k` nearest
-//! ([`crate::Backend::ivf_scan`]), with the order both select by.
+//! ([`crate::Backend::ivf_scan`]), with the order both select by, and the exact scores of
+//! each query's candidates that a re-ranking selects from
+//! ([`crate::Backend::candidate_scores`]).
 //!
 //! **Order.** Values are compared by IEEE 754's totalOrder ([`f32::total_cmp`]: `-NaN < -inf <
 //! ... < -0 < +0 < ... < +inf < +NaN`), ties by the lower index (`top_k`) or id (`ivf_scan`).
@@ -24,6 +26,14 @@
 //! `(distance, id)` are written nearest first; where fewer than `k` exist the rest of the row is
 //! `+inf` with id `u32::MAX`. Every backend sums the same terms in the same order with no fused
 //! operation, so the distances are identical everywhere (the tolerance is zero).
+//!
+//! **Candidate scores.** For query `r` and each of its candidates `l = labels[r, c]` (a row of
+//! `vectors`, or [`NO_CANDIDATE`]), `scores[r, c] = (query_bias[r] + vector_bias[l]) + alpha *
+//! (queries[r] . vectors[l])`, the dot product in f32 (any order), a missing bias counting 0,
+//! f16 vectors read exactly; `+inf` for [`NO_CANDIDATE`]. With the biases `|q|^2` and `|v|^2`
+//! and `alpha = -2` this is the squared distance `|q - v|^2` of an IVF search's candidates to
+//! the query, which `top_k` then orders: FAISS's re-ranking (`IndexRefineFlat`) in one pass
+//! over the candidates' vectors, with no gathered copy of them.
 
 use crate::View;
 
@@ -93,6 +103,41 @@ impl<Buf> Clone for IvfScanInputs<'_, Buf> {
     }
 }
 impl<Buf> Copy for IvfScanInputs<'_, Buf> {}
+
+/// The label of no candidate in [`CandidateInputs::labels`] (what `ivf_scan` pads with).
+pub const NO_CANDIDATE: u32 = u32::MAX;
+
+/// The operands of [`crate::Backend::candidate_scores`]; every one contiguous (offsets
+/// allowed). `q` queries of dimension `d`, `n` vectors, `c` candidates a query.
+#[derive(Debug)]
+pub struct CandidateInputs<'a, Buf> {
+    /// `[q, d]` f32.
+    pub queries: View<'a, Buf>,
+    /// `[n, d]` f32 or f16.
+    pub vectors: View<'a, Buf>,
+    /// `[q, c]` u32: each candidate's row of `vectors`, or [`NO_CANDIDATE`].
+    pub labels: View<'a, Buf>,
+    /// `[q]` f32 added to each of the query's scores, or none.
+    pub query_bias: Option<View<'a, Buf>>,
+    /// `[n]` f32 added to each score of the vector, or none.
+    pub vector_bias: Option<View<'a, Buf>>,
+}
+
+impl<Buf> Clone for CandidateInputs<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Buf> Copy for CandidateInputs<'_, Buf> {}
+
+/// The sizes [`crate::validate::candidate_scores`] finds in [`CandidateInputs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CandidateShape {
+    pub queries: usize,
+    pub candidates: usize,
+    pub d: usize,
+    pub n: usize,
+}
 
 /// The sizes [`crate::validate::ivf_scan`] finds in [`IvfScanInputs`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

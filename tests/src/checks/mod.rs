@@ -130,7 +130,7 @@ impl<B: Backend> Suite<'_, B> {
 const INDEX_ELEMENTS: usize = 1 << 20;
 
 /// Every row the suite must produce; a row that drew no case fails (see `Suite::run`).
-pub(crate) const EXPECTED_ROWS: [&str; 48] = [
+pub(crate) const EXPECTED_ROWS: [&str; 49] = [
     "fill",
     "copy (strided)",
     "copy (cast)",
@@ -179,6 +179,7 @@ pub(crate) const EXPECTED_ROWS: [&str; 48] = [
     "layer_norm_backward",
     "top_k",
     "ivf_scan",
+    "candidate_scores",
 ];
 
 /// The checks of the primitives a `Precision::Fast` or `Precision::Compensated` handle runs
@@ -225,6 +226,7 @@ pub(crate) fn run_all<B: Backend>(s: &mut Suite<'_, B>) {
     layer_norm(s);
     top_k(s);
     ivf_scan(s);
+    candidate_scores(s);
     wide::all(s);
 }
 

@@ -293,3 +293,203 @@ pub(super) fn ivf_scan<B: Backend>(s: &mut Suite<'_, B>) {
         }
     }
 }
+
+/// One `candidate_scores` problem: queries, vectors (kept as f32 values exact in the stored
+/// dtype), labels with padding and repeats, optional biases, placed at offsets in their
+/// buffers, the scores written transposed or not.
+struct Candidates {
+    sizes: [usize; 4],
+    half: bool,
+    alpha: f32,
+    /// Zeros before each operand's first element (a view's offset).
+    pad: usize,
+    transposed: bool,
+    queries: Vec<f32>,
+    vectors: Vec<f32>,
+    labels: Vec<u32>,
+    query_bias: Option<Vec<f32>>,
+    vector_bias: Option<Vec<f32>>,
+}
+
+impl Candidates {
+    fn draw(r: &mut TestRng, sizes: [usize; 4], ci: usize) -> Self {
+        let [q, c, d, n] = sizes;
+        let half = ci % 2 == 1;
+        // Infinities and NaNs in some cases, subnormals in others: a device that flushes
+        // subnormals to zero (Vulkan may) makes NaN of infinity times a subnormal.
+        let wild = ci % 5 < 2;
+        let value = |r: &mut TestRng| -> f32 {
+            match r.below(40) {
+                0 if wild => [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN][r.below(5)],
+                0 => [0.0, -0.0, 1.0e-40, -3.0e-39][r.below(4)],
+                _ => r.range(-4.0, 4.0),
+            }
+        };
+        let queries: Vec<f32> = (0..q * d).map(|_| value(r)).collect();
+        let vectors: Vec<f32> = (0..n * d)
+            .map(|_| {
+                let v = value(r);
+                if half {
+                    half::f16::from_f32(v).to_f32()
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let labels = (0..q * c)
+            .map(|_| match r.below(8) {
+                0 => hal::topk::NO_CANDIDATE,
+                _ if n == 0 => hal::topk::NO_CANDIDATE,
+                1 => 0,
+                _ => r.below(n) as u32,
+            })
+            .collect();
+        let bias = |r: &mut TestRng, len: usize| (0..len).map(|_| r.range(0.0, 50.0)).collect();
+        Candidates {
+            sizes,
+            half,
+            alpha: [-2.0, -1.0, 0.5][ci % 3],
+            pad: ci % 4,
+            transposed: ci % 3 == 1,
+            query_bias: (ci % 4 < 2).then(|| bias(r, q)),
+            vector_bias: (ci % 4 != 1).then(|| bias(r, n)),
+            queries,
+            vectors,
+            labels,
+        }
+    }
+
+    /// Scores in f64 (the contract's sum, exactly), then for each the tolerance's scale.
+    fn expected(&self) -> (Vec<f64>, Vec<f64>) {
+        let [q, c, d, _] = self.sizes;
+        let (mut want, mut scale) = (Vec::new(), Vec::new());
+        for i in 0..q * c {
+            let (r, l) = (i / c, self.labels[i]);
+            if l == hal::topk::NO_CANDIDATE {
+                want.push(f64::INFINITY);
+                scale.push(0.0);
+                continue;
+            }
+            let l = l as usize;
+            let terms =
+                (0..d).map(|j| self.queries[r * d + j] as f64 * self.vectors[l * d + j] as f64);
+            let (dot, abs) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+            let bias = self.query_bias.as_ref().map_or(0.0, |b| b[r] as f64)
+                + self.vector_bias.as_ref().map_or(0.0, |b| b[l] as f64);
+            let v = bias + self.alpha as f64 * dot;
+            want.push(v);
+            let alpha = self.alpha.abs() as f64;
+            scale.push(
+                alpha
+                    * ((2f64.powi(-18) * d as f64 + 2f64.powi(-24)) * abs
+                        + d as f64 * 2f64.powi(-126))
+                    + 2f64.powi(-24) * (v.abs() + bias.abs()),
+            );
+        }
+        // The transposed output is read back in row-major order of [q, c] too.
+        (want, scale)
+    }
+}
+
+fn run_candidates<B: Backend>(b: &B, p: &Candidates) -> Result<Vec<f64>> {
+    let [q, c, d, n] = p.sizes;
+    let padded = |v: &[f32]| {
+        let mut out = vec![0f32; p.pad];
+        out.extend_from_slice(v);
+        out
+    };
+    let at = |shape: &[usize]| L {
+        offset: p.pad,
+        ..L::contiguous(shape)
+    };
+    let queries = b.upload(&padded(&p.queries))?;
+    let vectors = if p.half {
+        let h: Vec<half::f16> = padded(&p.vectors)
+            .iter()
+            .map(|&v| half::f16::from_f32(v))
+            .collect();
+        b.upload(&h)?
+    } else {
+        b.upload(&padded(&p.vectors))?
+    };
+    let mut labels = vec![0u32; p.pad];
+    labels.extend_from_slice(&p.labels);
+    let labels = b.upload(&labels)?;
+    let qb = p
+        .query_bias
+        .as_ref()
+        .map(|v| b.upload(&padded(v)))
+        .transpose()?;
+    let vb = p
+        .vector_bias
+        .as_ref()
+        .map(|v| b.upload(&padded(v)))
+        .transpose()?;
+    let scores = b.alloc(DType::F32, (q * c).max(1))?;
+    // Transposed: scores[r, j] at j * q + r.
+    let ls = if p.transposed {
+        L {
+            shape: vec![q, c],
+            strides: vec![1, q as isize],
+            offset: 0,
+        }
+    } else {
+        L::contiguous(&[q, c])
+    };
+    let (lq, lv, ll, lqb, lvb) = (at(&[q, d]), at(&[n, d]), at(&[q, c]), at(&[q]), at(&[n]));
+    b.candidate_scores(
+        hal::CandidateInputs {
+            queries: View::new(&queries, &lq),
+            vectors: View::new(&vectors, &lv),
+            labels: View::new(&labels, &ll),
+            query_bias: qb.as_ref().map(|v| View::new(v, &lqb)),
+            vector_bias: vb.as_ref().map(|v| View::new(v, &lvb)),
+        },
+        p.alpha,
+        View::new(&scores, &ls),
+    )?;
+    read_view(b, &scores, &ls)
+}
+
+pub(super) fn candidate_scores<B: Backend>(s: &mut Suite<'_, B>) {
+    // [queries, candidates, d, n]
+    let mut cases: Vec<[usize; 4]> = vec![
+        [1, 1, 1, 1],
+        [0, 4, 8, 5],
+        [3, 0, 8, 5],
+        [4, 7, 33, 20],
+        [5, 64, 384, 300],
+        [2, 9, 1, 3],
+        [6, 5, 65, 0],
+        [3, 17, 1000, 40],
+    ];
+    while cases.len() < s.cfg.cases + 8 {
+        let r = s.rng();
+        cases.push([
+            1 + r.below(30),
+            r.below(70),
+            1 + r.below(200),
+            1 + r.below(100),
+        ]);
+    }
+    for (ci, sizes) in cases.into_iter().enumerate() {
+        let p = Candidates::draw(s.rng(), sizes, ci);
+        let (want, scale) = p.expected();
+        let [q, c, d, n] = sizes;
+        let what = format!(
+            "q={q} c={c} d={d} n={n} f16={} alpha={} transposed={}",
+            p.half, p.alpha, p.transposed
+        );
+        match both!(s, run_candidates(&p)) {
+            Ok((cpu, t)) => s.judge(
+                "candidate_scores",
+                &what,
+                &cpu,
+                t.as_deref(),
+                &want,
+                &|i, _| 2.0 * scale[i],
+            ),
+            Err(e) => s.fail("candidate_scores", format!("{what}: {e}")),
+        }
+    }
+}

@@ -1,11 +1,11 @@
-//! Selection: top-k of rows, and the inverted-list scan of product-quantised codes
-//! (`hal::topk` gives the order and the distances). A row's candidates are packed as
+//! Selection: top-k of rows, the inverted-list scan of product-quantised codes and the
+//! scores of candidates (`hal::topk` gives the order and the distances). A row's candidates are packed as
 //! `order_key << 32 | index` in a `u64`, whose integer order is the contract's.
 
 use crate::ops::cluster::f32_rows;
 use crate::storage::CpuBuffer;
-use hal::topk::{IvfScanShape, from_order_key, order_key};
-use hal::{Error, IvfScanInputs, Result, View};
+use hal::topk::{CandidateShape, IvfScanShape, NO_CANDIDATE, from_order_key, order_key};
+use hal::{CandidateInputs, Error, IvfScanInputs, Result, View};
 use rayon::prelude::*;
 use std::collections::BinaryHeap;
 
@@ -198,6 +198,71 @@ pub(crate) fn ivf_scan(
     for (q, row) in rows.iter().enumerate() {
         // SAFETY: validated views, written by this thread alone.
         unsafe { write_row(outs, q, row, s.k, value, (f32::INFINITY, u32::MAX)) };
+    }
+    Ok(())
+}
+
+/// `candidate_scores`: each query's candidates scored from their rows of `vectors` (f32 read
+/// in place, f16 converted as read), every score computed before any is written.
+pub(crate) fn candidate_scores(
+    x: CandidateInputs<'_, CpuBuffer>,
+    s: &CandidateShape,
+    alpha: f32,
+    scores: View<'_, CpuBuffer>,
+) -> Result<()> {
+    let (d, c) = (s.d, s.candidates);
+    let labels = u32s(x.labels);
+    if let Some(&bad) = labels
+        .iter()
+        .find(|&&l| l != NO_CANDIDATE && l as usize >= s.n)
+    {
+        return Err(Error::IndexOutOfRange {
+            op: "candidate_scores",
+            index: bad as i64,
+            bound: s.n,
+        });
+    }
+    let f32s = |v: View<'_, CpuBuffer>| f32_rows(v.buffer.src(), v.layout);
+    let queries = f32s(x.queries);
+    let (qb, vb) = (x.query_bias.map(f32s), x.vector_bias.map(f32s));
+    let vsrc = x.vectors.buffer.src();
+    let (voff, f16) = (
+        x.vectors.layout.offset,
+        x.vectors.dtype() != hal::DType::F32,
+    );
+    let whole = (!f16).then(|| f32s(x.vectors));
+    let rows: Vec<f32> = (0..s.queries * c)
+        .into_par_iter()
+        .map(|rc| {
+            let (r, l) = (rc / c, labels[rc]);
+            if l == NO_CANDIDATE {
+                return f32::INFINITY;
+            }
+            let l = l as usize;
+            let q = &queries[r * d..(r + 1) * d];
+            let dot: f32 = match &whole {
+                Some(v) => q
+                    .iter()
+                    .zip(&v[l * d..(l + 1) * d])
+                    .map(|(a, b)| a * b)
+                    .sum(),
+                // SAFETY: row l < n of a validated contiguous view.
+                None => (0..d)
+                    .map(|j| q[j] * unsafe { vsrc.load((voff + l * d + j) as isize) })
+                    .sum(),
+            };
+            let bias = qb.as_ref().map_or(0.0, |b| b[r]) + vb.as_ref().map_or(0.0, |b| b[l]);
+            bias + alpha * dot
+        })
+        .collect();
+    let out = scores.buffer.typed::<f32>();
+    for (rc, v) in rows.into_iter().enumerate() {
+        let (r, j) = (rc / c, rc % c);
+        let at = scores.layout.offset as isize
+            + r as isize * scores.layout.strides[0]
+            + j as isize * scores.layout.strides[1];
+        // SAFETY: a validated output view; this thread alone writes.
+        unsafe { *out.offset(at) = v };
     }
     Ok(())
 }

@@ -1,10 +1,11 @@
-//! Selection: top-k of rows and the inverted-list scan (`cuda/topk.cu`), a block per row.
+//! Selection: top-k of rows and the inverted-list scan (`cuda/topk.cu`), a block per row;
+//! candidate scores, a warp per candidate.
 
 use crate::device::Args;
 use crate::{CudaBackend, V};
 use hal::fault::{FaultKind, fault_code, offsets_fault_code};
 use hal::topk::check_gpu_k;
-use hal::{Error, IvfScanInputs, Result, validate};
+use hal::{CandidateInputs, DType, Error, IvfScanInputs, Result, validate};
 use std::sync::atomic::Ordering;
 
 /// Threads per block (topk.cu's `TK_BLOCK`).
@@ -125,6 +126,62 @@ pub(crate) fn ivf_scan(
         shared,
         args,
     )
+}
+
+pub(crate) fn candidate_scores(
+    gpu: &CudaBackend,
+    x: CandidateInputs<'_, crate::CudaBuffer>,
+    alpha: f32,
+    scores: V<'_>,
+) -> Result<()> {
+    const OP: &str = "candidate_scores";
+    let s = validate::candidate_scores(x, scores)?;
+    let pairs = s.queries as u64 * s.candidates as u64;
+    if pairs == 0 {
+        return Ok(());
+    }
+    // Eight warps (pairs) a block.
+    let blocks = pairs.div_ceil(8);
+    if blocks > i32::MAX as u64 || s.queries > u32::MAX as usize {
+        return Err(Error::Unsupported {
+            op: OP,
+            detail: format!("{pairs} candidates: the CUDA kernel takes at most 2^34"),
+        });
+    }
+    gpu.dev.bind()?;
+    let f16 = x.vectors.dtype() == DType::F16;
+    let (kernel, vstart) = if f16 {
+        let off = x.vectors.layout.offset as u64;
+        // Two values a 4-byte load where every row starts on a 4-byte boundary.
+        let pairs_ok = s.d % 2 == 0 && off % 2 == 0;
+        (
+            if pairs_ok {
+                "candidate_scores_f16x2"
+            } else {
+                "candidate_scores_f16"
+            },
+            x.vectors.buffer.ptr() + off * 2,
+        )
+    } else {
+        ("candidate_scores_f32", start(x.vectors))
+    };
+    let args = Args::new()
+        .arg(start(x.queries))
+        .arg(vstart)
+        .arg(start(x.labels))
+        .arg(x.query_bias.map_or(0, start))
+        .arg(x.vector_bias.map_or(0, start))
+        .arg(s.queries as u32)
+        .arg(s.candidates as u32)
+        .arg(s.d as u32)
+        .arg(s.n as u32)
+        .arg(alpha);
+    let args = strided(args, scores)
+        .arg(fault_code(OP, FaultKind::Index { signed: false }))
+        .arg(gpu.dev.fault.ptr);
+    gpu.dev.fault_pending.store(true, Ordering::Release);
+    gpu.dev
+        .launch_raw(gpu.dev.function(kernel)?, (blocks as u32, 1, 1), 256, args)
 }
 
 #[cfg(test)]

@@ -1,11 +1,12 @@
-//! Selection: top-k of rows and the inverted-list scan (`shaders/topk/`), a workgroup per row.
+//! Selection: top-k of rows and the inverted-list scan (`shaders/topk/`), a workgroup per row;
+//! candidate scores, 32 invocations per candidate.
 
 use crate::buffer::WgpuBuffer;
-use crate::pipeline::{Params, Spec};
+use crate::pipeline::{Params, Spec, launch_params};
 use crate::{V, WgpuBackend};
 use hal::fault::{FaultKind, fault_code, offsets_fault_code};
 use hal::topk::check_gpu_k;
-use hal::{Backend, Error, IvfScanInputs, Result, validate};
+use hal::{Backend, CandidateInputs, DType, Error, IvfScanInputs, Result, validate};
 
 /// The selection buffer's pairs for `k` (topk_select.wgsl's `cap` slot): room for k and a
 /// round of 256, a power of two for the sort.
@@ -171,6 +172,79 @@ pub(crate) fn ivf_scan(
         (&gpu.0.faults, true),
     ];
     gpu.dispatch_groups(&kernel, &params, &buffers, gpu.row_groups(s.queries))?;
+    gpu.faults_may_be_written();
+    Ok(())
+}
+
+launch_params! {
+    /// `candidate_scores.wgsl`'s scalars.
+    pub(crate) struct CandidateLaunch {
+        rows: u32,
+        c: u32,
+        d: u32,
+        n: u32,
+        alpha: f32,
+        has_qb: u32,
+        has_vb: u32,
+        halves: u32,
+        fault_code: u32,
+    }
+}
+
+pub(crate) fn candidate_scores(
+    gpu: &WgpuBackend,
+    x: CandidateInputs<'_, WgpuBuffer>,
+    alpha: f32,
+    scores: V<'_>,
+) -> Result<()> {
+    const OP: &str = "candidate_scores";
+    let s = validate::candidate_scores(x, scores)?;
+    let pairs = s.queries * s.candidates;
+    if pairs == 0 {
+        return Ok(());
+    }
+    let groups = pairs.div_ceil(8);
+    let max = gpu.0.limits.max_compute_workgroups_per_dimension as usize;
+    if groups > max * max || pairs > u32::MAX as usize {
+        return Err(unsupported(
+            OP,
+            format!(
+                "{pairs} candidates: at most {} workgroups of eight",
+                max * max
+            ),
+        ));
+    }
+    // Absent biases bind the queries in their place (never read: the flags are 0).
+    let (qb, vb) = (
+        x.query_bias.unwrap_or(x.queries),
+        x.vector_bias.unwrap_or(x.queries),
+    );
+    let mut params = Params::default();
+    for v in [x.queries, x.vectors, x.labels, qb, vb, scores] {
+        params = params.block(v.layout);
+    }
+    let params = params.typed(&CandidateLaunch {
+        rows: s.queries as u32,
+        c: s.candidates as u32,
+        d: s.d as u32,
+        n: s.n as u32,
+        alpha,
+        has_qb: x.query_bias.is_some() as u32,
+        has_vb: x.vector_bias.is_some() as u32,
+        halves: (x.vectors.dtype() == DType::F16) as u32,
+        fault_code: fault_code(OP, FaultKind::Index { signed: false }),
+    });
+    let kernel = gpu.kernel(&Spec::new("candidate_scores.wgsl"))?;
+    let buffers = [
+        (x.queries.buffer, false),
+        (x.vectors.buffer, false),
+        (x.labels.buffer, false),
+        (qb.buffer, false),
+        (vb.buffer, false),
+        (scores.buffer, true),
+        (&gpu.0.faults, true),
+    ];
+    gpu.dispatch_groups(&kernel, &params, &buffers, gpu.row_groups(groups))?;
     gpu.faults_may_be_written();
     Ok(())
 }

@@ -397,6 +397,7 @@ shader_files!(
         "topk_select.wgsl",
         "top_k.wgsl",
         "ivf_scan.wgsl",
+        "candidate_scores.wgsl",
     ],
 );
 

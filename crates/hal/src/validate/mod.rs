@@ -20,7 +20,7 @@ mod topk;
 
 pub use attention::{AttentionShape, attention, attention_backward, lse_dtype};
 pub use norm::{layer_norm, layer_norm_backward};
-pub use topk::{ivf_scan, top_k};
+pub use topk::{candidate_scores, ivf_scan, top_k};
 
 pub use matmul::{MatrixView, csr_structure, matmul, matmul_epilogue, spmv_csr};
 pub use operand::{

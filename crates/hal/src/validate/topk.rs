@@ -1,7 +1,8 @@
-//! The checks of [`crate::Backend::top_k`] and [`crate::Backend::ivf_scan`].
+//! The checks of [`crate::Backend::top_k`], [`crate::Backend::ivf_scan`] and
+//! [`crate::Backend::candidate_scores`].
 
 use super::{disjoint, dtype_is, fits, output, rank, same_shape};
-use crate::topk::{IvfScanInputs, IvfScanShape, MAX_CODEWORDS};
+use crate::topk::{CandidateInputs, CandidateShape, IvfScanInputs, IvfScanShape, MAX_CODEWORDS};
 use crate::{DType, DeviceBuffer, Error, Result, View};
 
 fn invalid(op: &'static str, detail: String) -> Error {
@@ -58,20 +59,20 @@ pub fn top_k<B: DeviceBuffer>(
     Ok((rows, n, k))
 }
 
-/// One contiguous operand of `ivf_scan` of rank `r` and dtype `dtype`.
+/// One contiguous operand of `op` of rank `r` and dtype `dtype`.
 fn operand<B: DeviceBuffer>(
+    op: &'static str,
     v: View<'_, B>,
     r: usize,
     dtype: DType,
     what: &'static str,
 ) -> Result<()> {
-    const OP: &str = "ivf_scan";
-    fits(OP, v)?;
-    rank(OP, v, r, what)?;
-    dtype_is(OP, dtype, v.dtype())?;
-    if !v.layout.is_contiguous() {
+    fits(op, v)?;
+    rank(op, v, r, what)?;
+    dtype_is(op, dtype, v.dtype())?;
+    if v.layout.numel() > 0 && !v.layout.is_contiguous() {
         return Err(invalid(
-            OP,
+            op,
             format!(
                 "{what} must be contiguous, got strides {:?}",
                 v.layout.strides
@@ -88,12 +89,12 @@ pub fn ivf_scan<B: DeviceBuffer>(
     labels: View<'_, B>,
 ) -> Result<IvfScanShape> {
     const OP: &str = "ivf_scan";
-    operand(x.tables, 3, DType::F32, "tables")?;
-    operand(x.probes, 2, DType::U32, "probes")?;
-    operand(x.bases, 2, DType::F32, "bases")?;
-    operand(x.offsets, 1, DType::U32, "offsets")?;
-    operand(x.codes, 2, DType::U32, "codes")?;
-    operand(x.ids, 1, DType::U32, "ids")?;
+    operand(OP, x.tables, 3, DType::F32, "tables")?;
+    operand(OP, x.probes, 2, DType::U32, "probes")?;
+    operand(OP, x.bases, 2, DType::F32, "bases")?;
+    operand(OP, x.offsets, 1, DType::U32, "offsets")?;
+    operand(OP, x.codes, 2, DType::U32, "codes")?;
+    operand(OP, x.ids, 1, DType::U32, "ids")?;
     let [queries, bytes, codewords] = [0, 1, 2].map(|i| x.tables.layout.shape[i]);
     let probes = x.probes.layout.shape[1];
     same_shape(
@@ -126,7 +127,7 @@ pub fn ivf_scan<B: DeviceBuffer>(
     }
     same_shape(OP, &[members], &x.ids.layout.shape, "one id per code")?;
     if let Some(l) = x.list_tables {
-        operand(l, 3, DType::F32, "list_tables")?;
+        operand(OP, l, 3, DType::F32, "list_tables")?;
         same_shape(
             OP,
             &[lists, bytes, codewords],
@@ -170,5 +171,68 @@ pub fn ivf_scan<B: DeviceBuffer>(
         codewords,
         words,
         k,
+    })
+}
+
+/// Returns the sizes of a `candidate_scores`.
+pub fn candidate_scores<B: DeviceBuffer>(
+    x: CandidateInputs<'_, B>,
+    scores: View<'_, B>,
+) -> Result<CandidateShape> {
+    const OP: &str = "candidate_scores";
+    operand(OP, x.queries, 2, DType::F32, "queries")?;
+    let vt = x.vectors.dtype();
+    let vt = if vt == DType::F16 { vt } else { DType::F32 };
+    operand(OP, x.vectors, 2, vt, "vectors")?;
+    operand(OP, x.labels, 2, DType::U32, "labels")?;
+    let [queries, d] = [0, 1].map(|i| x.queries.layout.shape[i]);
+    let [n, vd] = [0, 1].map(|i| x.vectors.layout.shape[i]);
+    let candidates = x.labels.layout.shape[1];
+    same_shape(OP, &[n, d], &[n, vd], "vectors have the queries' dimension")?;
+    same_shape(
+        OP,
+        &[queries, candidates],
+        &x.labels.layout.shape,
+        "labels are [queries, candidates]",
+    )?;
+    if let Some(b) = x.query_bias {
+        operand(OP, b, 1, DType::F32, "query_bias")?;
+        same_shape(OP, &[queries], &b.layout.shape, "one query bias a query")?;
+    }
+    if let Some(b) = x.vector_bias {
+        operand(OP, b, 1, DType::F32, "vector_bias")?;
+        same_shape(OP, &[n], &b.layout.shape, "one vector bias a vector")?;
+    }
+    if n >= u32::MAX as usize {
+        return Err(invalid(
+            OP,
+            format!("{n} vectors: labels are u32 below u32::MAX"),
+        ));
+    }
+    output(OP, scores)?;
+    dtype_is(OP, DType::F32, scores.dtype())?;
+    same_shape(
+        OP,
+        &[queries, candidates],
+        &scores.layout.shape,
+        "scores are [queries, candidates]",
+    )?;
+    for r in [
+        Some(x.queries),
+        Some(x.vectors),
+        Some(x.labels),
+        x.query_bias,
+        x.vector_bias,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        disjoint(OP, r, scores, false)?;
+    }
+    Ok(CandidateShape {
+        queries,
+        candidates,
+        d,
+        n,
     })
 }
