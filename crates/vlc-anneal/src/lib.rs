@@ -172,6 +172,7 @@ pub fn compress<B: Backend>(
         pq,
         codes,
         ids: None,
+        refine: None,
     };
     let coded = start.elapsed().as_secs_f64();
     // The coder's own error where there are codes (the host's float64 recount differs in the

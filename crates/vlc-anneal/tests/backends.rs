@@ -107,8 +107,8 @@ fn wgpu() -> backend_wgpu::WgpuBackend {
 }
 
 /// The device search on `b` against the CPU backend's: the same hits up to near-ties, the
-/// same distances up to f32 rounding (every metric; k and nprobe past the GPU kernels' limit
-/// fall back to the batched host search).
+/// same distances up to f32 rounding (every metric, re-ranked or not; k and nprobe past the
+/// GPU kernels' limit fall back to the batched host search).
 fn device_search_agrees<B: Backend>(b: &B) {
     let cpu = backend_cpu::CpuBackend::new();
     let seed = hal_parity::fresh_seed("VLC_SEED");
@@ -126,12 +126,19 @@ fn device_search_agrees<B: Backend>(b: &B) {
         cfg.metric = metric;
         let index = vlc_anneal::compress(&cpu, &data, &cfg, &mut |_| {})
             .unwrap()
-            .index;
+            .index
+            .with_refine(&data)
+            .unwrap();
         let on_cpu = index.device_search(&cpu).unwrap().unwrap();
         let on_b = index.device_search(b).unwrap().unwrap();
-        for (k, nprobe) in [(10, 4), (100, 48), (1500, 2)] {
-            let want = on_cpu.search(&index, &queries, k, nprobe).unwrap();
-            let got = on_b.search(&index, &queries, k, nprobe).unwrap();
+        // (k, nprobe, candidates re-ranked: 0 for none)
+        for (k, nprobe, pool) in [(10, 4, 0), (100, 48, 0), (1500, 2, 0), (10, 8, 200)] {
+            let want = on_cpu
+                .search_reranked(&index, &queries, k, nprobe, pool)
+                .unwrap();
+            let got = on_b
+                .search_reranked(&index, &queries, k, nprobe, pool)
+                .unwrap();
             let (mut same, mut total) = (0usize, 0usize);
             for (w, g) in want.iter().zip(&got) {
                 assert_eq!(w.len(), g.len(), "{metric:?} k={k} nprobe={nprobe}");

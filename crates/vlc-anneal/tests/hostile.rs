@@ -100,6 +100,7 @@ fn decompressing_more_than_memory_is_an_error_not_an_abort() {
         },
         codes: Vec::new(),
         ids: None,
+        refine: None,
     };
     let index = Index::from_bytes(parts.to_bytes(), "wide").unwrap();
     let err = index.decompress().unwrap_err();
@@ -214,6 +215,7 @@ fn large_index(version: u8) -> Vec<u8> {
         },
         codes: (0..n * b).map(|_| next() as u8).collect(),
         ids: None,
+        refine: None,
     };
     parts.to_bytes()
 }

@@ -4,6 +4,11 @@
 //! matrix products, and `ivf_scan` scores the probed lists' codes and keeps each query's `k`
 //! best (hal's `topk` family).
 //!
+//! With refine vectors ([`Index::with_refine`]), [`DeviceSearch::search_reranked`] keeps more
+//! candidates than it returns and orders them on the device by their exact distances: the
+//! candidates scored against their vectors by hal's `candidate_scores`, `top_k` again
+//! (`device_refine.rs`).
+//!
 //! A probe's base distance here is `|q|^2 + (|a|^2 - 2 q . a)` from the product, where
 //! [`Index::search`] and [`Index::search_batch`] recompute `|q - a|^2` exactly, so
 //! distances differ from theirs by the rounding of that expansion (about `2^-24 |q|^2`), and
@@ -16,14 +21,15 @@ use crate::vectors::Matrix;
 use hal::topk::GPU_MAX_K;
 use hal::{Backend, BackendExt, BinaryOp, DType, IvfScanInputs, Layout, View};
 
-/// The most bytes one round's largest buffer (its tables or its coarse scores) may take.
+/// The most bytes one round's largest buffer (its tables or its coarse scores) may take (or
+/// the device's largest buffer, where smaller).
 const ROUND_BYTES: usize = 256 << 20;
 
 /// An index's search structures on a backend: made once by [`Index::device_search`], used for
 /// any number of searches of that index (unchanged: after [`Index::add`] or
 /// [`Index::remove`], make a new one).
 pub struct DeviceSearch<B: Backend> {
-    backend: B,
+    pub(super) backend: B,
     anchors: B::Buffer,
     /// `|a|^2` per anchor (L2 and cosine).
     norms: B::Buffer,
@@ -36,6 +42,8 @@ pub struct DeviceSearch<B: Backend> {
     positions: B::Buffer,
     /// What the structures were made from: vectors, anchors, bytes.
     shape: [usize; 3],
+    /// The refine vectors on the device, uploaded by the first re-ranked search.
+    pub(super) refine: std::sync::OnceLock<super::device_refine::Refine<B>>,
 }
 
 impl Index {
@@ -89,6 +97,7 @@ impl Index {
             codes: backend.upload(&codes)?,
             positions: backend.upload(&positions)?,
             shape: [self.header.n, self.header.m, bytes],
+            refine: std::sync::OnceLock::new(),
         }))
     }
 }
@@ -107,6 +116,22 @@ impl<B: Backend> DeviceSearch<B> {
         k: usize,
         nprobe: usize,
     ) -> crate::Result<Vec<Vec<(u32, f32)>>> {
+        self.search_reranked(index, queries, k, nprobe, 0)
+    }
+
+    /// [`DeviceSearch::search`] keeping `candidates` (at least `k`) per query by their codes,
+    /// then the `k` of them nearest by exact distance to their refine vectors, on the device
+    /// ([`Index::search_reranked`] on the host; 0 candidates: no re-ranking). An index
+    /// without refine vectors is an error. Distances are the metric's, computed as
+    /// `|q|^2 + |v|^2 - 2 q . v` (so within `2^-22 |q|^2` or so of the host's).
+    pub fn search_reranked(
+        &self,
+        index: &Index,
+        queries: &Matrix,
+        k: usize,
+        nprobe: usize,
+        candidates: usize,
+    ) -> crate::Result<Vec<Vec<(u32, f32)>>> {
         let h = &index.header;
         let (d, m, len) = (h.d, h.m, index.pq.bytes() * index.pq.codewords);
         if self.shape != [h.n, m, index.pq.bytes()] {
@@ -115,38 +140,66 @@ impl<B: Backend> DeviceSearch<B> {
                  or removed): make a new one",
             ));
         }
-        if queries.cols != d || nprobe == 0 {
+        let rerank = candidates > 0;
+        let host = |queries: &Matrix| match rerank {
+            true => index.search_reranked(&self.backend, queries, k, nprobe, candidates),
+            false => index.search_batch(&self.backend, queries, k, nprobe),
+        };
+        if queries.cols != d || nprobe == 0 || (rerank && !index.has_refine()) {
             // The errors of the host search.
-            return index.search(queries, k, nprobe);
+            return host(queries);
         }
         let prepared = h.metric.prepare(queries)?;
         let queries: &Matrix = &prepared;
         check_queries(queries, index.reach())?;
         let (nprobe, k) = (nprobe.min(m), k.min(h.n));
-        if k > GPU_MAX_K || nprobe > GPU_MAX_K {
-            return index.search_batch(&self.backend, queries, k, nprobe);
+        // Candidates scored by the codes: `k`, or the re-ranked search's pool.
+        let pool = if rerank {
+            candidates.max(k).min(h.n)
+        } else {
+            k
+        };
+        if pool > GPU_MAX_K || nprobe > GPU_MAX_K {
+            return host(queries);
         }
         let ip = h.metric == Metric::InnerProduct;
         let scale = if ip { -1.0 } else { -2.0 };
-        let per_round = (ROUND_BYTES / (4 * len.max(m).max(1))).clamp(1, 1 << 16);
-        let mut bufs = Round::new(
-            &self.backend,
-            index,
-            per_round.min(queries.rows),
-            [k, nprobe],
-        )?;
+        // Within the device's largest buffer too (lavapipe binds at most 128 MiB).
+        let most = (self.backend.capabilities().max_buffer_bytes as usize).min(ROUND_BYTES);
+        let per_round = (most / (4 * len.max(m).max(1))).clamp(1, 1 << 16);
+        let cap = per_round.min(queries.rows);
+        let mut bufs = Round::new(&self.backend, index, cap, [pool, nprobe])?;
+        bufs.reranked = rerank;
+        let mut refine = match rerank {
+            true => Some(super::device_refine::RefineRound::new(
+                &self.backend,
+                cap,
+                [pool, k, d],
+            )?),
+            false => None,
+        };
         let mut out = Vec::with_capacity(queries.rows);
         for start in (0..queries.rows).step_by(per_round) {
             let rows = per_round.min(queries.rows - start);
             let q = &queries.data[start * d..(start + rows) * d];
-            let (dist, label) = match self.round(index, q, rows, &mut bufs, scale) {
-                Ok(()) => (&bufs.dist_host, &bufs.label_host),
+            let ran =
+                self.round(index, q, rows, &mut bufs, scale)
+                    .and_then(|qb| match &mut refine {
+                        Some(r) => self.refine_round(index, &qb, q, rows, &bufs, r),
+                        None => Ok(()),
+                    });
+            match ran {
+                Ok(()) => {}
                 // A device whose kernels cannot hold this index's tables (wgpu's workgroup
                 // memory and 64-byte codes, say): the host search, whole.
                 Err(crate::Error::Hal(hal::Error::Unsupported { .. })) if start == 0 => {
-                    return index.search_batch(&self.backend, queries, k, nprobe);
+                    return host(queries);
                 }
                 Err(e) => return Err(e),
+            };
+            let (dist, label) = match &refine {
+                Some(r) => (&r.dist_host, &r.label_host),
+                None => (&bufs.dist_host, &bufs.label_host),
             };
             for r in 0..rows {
                 let found = (0..k)
@@ -170,8 +223,9 @@ impl<B: Backend> DeviceSearch<B> {
     }
 
     /// One round of `rows` queries (at most the round's capacity) in the first rows of
-    /// `bufs`: every step enqueued, then the distances and labels read into `bufs`' host
-    /// vectors (rows past `rows` hold nothing of this round).
+    /// `bufs`: every step enqueued, then (unless `bufs` feeds a re-ranking, which reads its
+    /// own) the distances and labels read into `bufs`' host vectors (rows past `rows` hold
+    /// nothing of this round). Returns the queries' buffer.
     fn round(
         &self,
         index: &Index,
@@ -179,7 +233,7 @@ impl<B: Backend> DeviceSearch<B> {
         rows: usize,
         bufs: &mut Round<B>,
         scale: f32,
-    ) -> crate::Result<()> {
+    ) -> crate::Result<B::Buffer> {
         let b = &self.backend;
         let h = &index.header;
         let (d, m) = (h.d, h.m);
@@ -243,23 +297,27 @@ impl<B: Backend> DeviceSearch<B> {
             View::new(dist, &lk),
             View::new(label, &lk),
         )?;
-        b.read_into(dist, &mut bufs.dist_host)?;
-        b.read_into(label, &mut bufs.label_host)?;
-        Ok(())
+        if !bufs.reranked {
+            b.read_into(dist, &mut bufs.dist_host)?;
+            b.read_into(label, &mut bufs.label_host)?;
+        }
+        Ok(qb)
     }
 }
 
 /// A search's round buffers, made once for its largest round (`cap` queries): a short last
 /// round uses their first rows.
-struct Round<B: Backend> {
+pub(super) struct Round<B: Backend> {
     /// `[k, nprobe]`.
     sizes: [usize; 2],
+    /// Whether a re-ranking reads this round's results (so it does not read them itself).
+    reranked: bool,
     scores: B::Buffer,
     bases: B::Buffer,
     probes: B::Buffer,
     tables: B::Buffer,
-    dist: B::Buffer,
-    label: B::Buffer,
+    pub(super) dist: B::Buffer,
+    pub(super) label: B::Buffer,
     dist_host: Vec<f32>,
     label_host: Vec<u32>,
 }
@@ -269,6 +327,7 @@ impl<B: Backend> Round<B> {
         let len = index.pq.bytes() * index.pq.codewords;
         Ok(Round {
             sizes: [k, nprobe],
+            reranked: false,
             scores: b.alloc_for_write(DType::F32, cap * index.header.m)?,
             bases: b.alloc_for_write(DType::F32, cap * nprobe)?,
             probes: b.alloc_for_write(DType::U32, cap * nprobe)?,

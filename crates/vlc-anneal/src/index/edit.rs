@@ -20,6 +20,7 @@ impl Index {
             pq: self.pq.clone(),
             codes: self.storage[self.codes.clone()].to_vec(),
             ids: self.has_ids().then(|| (0..n).map(|i| self.id(i)).collect()),
+            refine: self.refine_values(),
         }
     }
 
@@ -77,6 +78,9 @@ impl Index {
         let assignments: Vec<u32> = b.read::<u32>(&assign)?[..n1].to_vec();
         let (codes, squared_error) = self.code_residuals(b, x, &assignments)?;
         let mut parts = self.parts();
+        if let Some(refine) = &mut parts.refine {
+            refine.extend(super::refine::to_f16(x)?);
+        }
         parts.header.mse = (h.mse * n0 as f64 + squared_error) / (n0 + n1) as f64;
         parts.header.n = n0 + n1;
         parts.assignments.extend_from_slice(&assignments);
@@ -149,6 +153,12 @@ impl Index {
                 .flat_map(|&i| old.codes[i * bytes..(i + 1) * bytes].iter().copied())
                 .collect(),
             ids: Some(keep.iter().map(|&i| self.id(i)).collect()),
+            refine: old.refine.map(|all| {
+                let d = self.header.d;
+                keep.iter()
+                    .flat_map(|&i| all[i * d..(i + 1) * d].iter().copied())
+                    .collect()
+            }),
         };
         // The reconstruction error of what remains is not known without the vectors: the
         // header keeps the last one measured.

@@ -22,6 +22,9 @@
 //!               5 codes          n * pq_bytes u8
 //!               6 ids            n u64, each at most 2^63 - 1 (optional: without it a
 //!                                vector's id is its position)
+//!               7 refine         n * d f16: the vectors themselves, as the metric prepares
+//!                                them (optional: search re-ranks its candidates with them,
+//!                                see [`Index::rerank`])
 //! end-8   4     CRC-32 (IEEE) of every byte before it
 //! end-4   4     end magic "VLC!"
 //! ```
@@ -37,7 +40,9 @@
 
 mod batch;
 mod device;
+mod device_refine;
 mod edit;
+mod refine;
 mod search;
 
 pub use device::DeviceSearch;
@@ -75,6 +80,8 @@ const CODEBOOKS: u32 = 4;
 const CODES: u32 = 5;
 
 const IDS: u32 = 6;
+
+const REFINE: u32 = 7;
 
 /// The header's scalar fields.
 #[derive(Clone, Debug, PartialEq)]
@@ -200,6 +207,9 @@ pub struct IndexParts {
     pub codes: Vec<u8>,
     /// The vectors' ids; `None`: their positions.
     pub ids: Option<Vec<u64>>,
+    /// The vectors themselves (`n x d`, as the metric prepares them) for re-ranking; `None`
+    /// where the index keeps only codes.
+    pub refine: Option<Vec<f16>>,
 }
 
 impl IndexParts {
@@ -239,6 +249,9 @@ impl IndexParts {
         let mut sections = sections;
         if let Some(ids) = &self.ids {
             sections.push((IDS, ids.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        }
+        if let Some(refine) = &self.refine {
+            sections.push((REFINE, bytemuck::cast_slice(refine).to_vec()));
         }
         let mut out = Vec::new();
         out.extend_from_slice(MAGIC);
@@ -309,6 +322,7 @@ pub struct Index {
     assignments: std::ops::Range<usize>,
     codes: std::ops::Range<usize>,
     ids: Option<std::ops::Range<usize>>,
+    refine: Option<std::ops::Range<usize>>,
     lists: OnceLock<search::Lists>,
     /// Search's precomputed tables ([`Index::precomputed`]), computed on first use.
     precomputed: OnceLock<Option<Vec<f32>>>,
@@ -428,6 +442,17 @@ impl Index {
         {
             return Err(bad(format!("vector {i} has id {v}, above 2^63 - 1")));
         }
+        let refine = ranges[REFINE as usize].clone();
+        if let Some(r) = &refine
+            && let Some(at) = bytes[r.clone()]
+                .chunks_exact(2)
+                .position(|c| !f16::from_le_bytes([c[0], c[1]]).is_finite())
+        {
+            return Err(bad(format!(
+                "refine vector {} holds a non-finite value",
+                at / h.d
+            )));
+        }
         let pq = ProductQuantizer {
             dim: h.d,
             codewords: h.codewords,
@@ -441,6 +466,7 @@ impl Index {
             assignments,
             codes,
             ids,
+            refine,
             lists: OnceLock::new(),
             precomputed: OnceLock::new(),
             reach: OnceLock::new(),
@@ -634,7 +660,7 @@ fn section_ranges(
     h: &Header,
     sections: usize,
     name: &str,
-) -> Result<[Option<std::ops::Range<usize>>; 7]> {
+) -> Result<[Option<std::ops::Range<usize>>; 8]> {
     let bad = |d: String| format_error(name, d);
     let end = bytes.len();
     let expected = |kind: u32| -> Option<usize> {
@@ -645,10 +671,11 @@ fn section_ranges(
             CODEBOOKS => h.codewords.checked_mul(h.d)?.checked_mul(4)?,
             CODES => h.n.checked_mul(h.pq_bytes)?,
             IDS => h.n.checked_mul(8)?,
+            REFINE => h.n.checked_mul(h.d)?.checked_mul(2)?,
             _ => return None,
         })
     };
-    let mut ranges: [Option<std::ops::Range<usize>>; 7] = Default::default();
+    let mut ranges: [Option<std::ops::Range<usize>>; 8] = Default::default();
     for s in 0..sections {
         let at = HEADER_END + ENTRY * s;
         let kind = u32_at(bytes, at);

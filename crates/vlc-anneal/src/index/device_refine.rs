@@ -1,0 +1,151 @@
+//! The device search's re-ranking step: each query's pool of candidates (the labels
+//! `ivf_scan` left, `u32::MAX` where the probed lists held fewer) scored against their refine
+//! vectors by hal's `candidate_scores` (`|q|^2 + |v|^2 - 2 q . v` for L2 and cosine, `-q . v`
+//! for inner products; no candidate scores `+inf`), `top_k` of the scores, and the winners'
+//! labels gathered from the pool.
+
+use super::Index;
+use super::device::{DeviceSearch, Round};
+use super::search::dot;
+use crate::Metric;
+use hal::{Backend, BackendExt, CandidateInputs, DType, Layout, View};
+
+/// An index's refine vectors on a device.
+pub(super) struct Refine<B: Backend> {
+    /// `n x d` f16, as the index keeps them.
+    vectors: B::Buffer,
+    /// `|v|^2` per vector (L2 and cosine); none for inner products.
+    norms: Option<B::Buffer>,
+}
+
+/// A re-ranked search's round buffers beyond [`Round`]'s (made once for `cap` queries).
+pub(super) struct RefineRound<B: Backend> {
+    /// `[pool, k, d]`.
+    sizes: [usize; 3],
+    scores: B::Buffer,
+    dist: B::Buffer,
+    picks: B::Buffer,
+    label: B::Buffer,
+    pub(super) dist_host: Vec<f32>,
+    pub(super) label_host: Vec<u32>,
+}
+
+impl<B: Backend> RefineRound<B> {
+    pub(super) fn new(b: &B, cap: usize, [pool, k, d]: [usize; 3]) -> crate::Result<Self> {
+        Ok(RefineRound {
+            sizes: [pool, k, d],
+            scores: b.alloc_for_write(DType::F32, cap * pool)?,
+            dist: b.alloc_for_write(DType::F32, cap * k)?,
+            picks: b.alloc_for_write(DType::U32, cap * k)?,
+            label: b.alloc_for_write(DType::U32, cap * k)?,
+            dist_host: vec![0.0; cap * k],
+            label_host: vec![0; cap * k],
+        })
+    }
+}
+
+impl<B: Backend> DeviceSearch<B> {
+    /// The refine vectors on the device, uploaded on first use.
+    fn refine_state(&self, index: &Index) -> crate::Result<&Refine<B>> {
+        if let Some(r) = self.refine.get() {
+            return Ok(r);
+        }
+        let b = &self.backend;
+        let (n, d) = (index.header.n, index.header.d);
+        let bytes = 2 * n as u64 * d as u64;
+        let most = b.capabilities().max_buffer_bytes;
+        if bytes > most {
+            // The caller searches on the host instead.
+            return Err(hal::Error::Unsupported {
+                op: "re-ranking",
+                detail: format!(
+                    "{n} x {d} f16 refine vectors take {bytes} bytes; this device's largest \
+                     buffer holds {most}"
+                ),
+            }
+            .into());
+        }
+        let vectors = index
+            .refine_values()
+            .ok_or_else(|| crate::error::input("this index keeps no vectors to re-rank with"))?;
+        let norms = match index.header.metric {
+            Metric::InnerProduct => None,
+            _ => {
+                let n: Vec<f32> = vectors
+                    .chunks_exact(d)
+                    .map(|v| {
+                        let v: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+                        dot(&v, &v)
+                    })
+                    .collect();
+                Some(b.upload(&n)?)
+            }
+        };
+        let state = Refine {
+            vectors: b.upload(&vectors)?,
+            norms,
+        };
+        // A search racing this one may have set it first: either upload serves.
+        let _ = self.refine.set(state);
+        Ok(self.refine.get().expect("set above"))
+    }
+
+    /// The re-ranking of one round: `bufs` holds each query's pool (its labels), `qb` the
+    /// `rows` prepared queries (`q` on the host); the `k` best by exact distance are read into
+    /// `r`'s host vectors.
+    pub(super) fn refine_round(
+        &self,
+        index: &Index,
+        qb: &B::Buffer,
+        q: &[f32],
+        rows: usize,
+        bufs: &Round<B>,
+        r: &mut RefineRound<B>,
+    ) -> crate::Result<()> {
+        let st = self.refine_state(index)?;
+        let b = &self.backend;
+        let [pool, k, d] = r.sizes;
+        let n = index.header.n;
+        let (lq, lv, lp, lk) = (
+            Layout::contiguous(&[rows, d]),
+            Layout::contiguous(&[n, d]),
+            Layout::contiguous(&[rows, pool]),
+            Layout::contiguous(&[rows, k]),
+        );
+        let (ln, lr) = (Layout::contiguous(&[n]), Layout::contiguous(&[rows]));
+        // |q|^2 for L2 and cosine, whose vectors carry |v|^2.
+        let qn = match &st.norms {
+            Some(_) => {
+                let qn: Vec<f32> = q.chunks_exact(d.max(1)).map(|r| dot(r, r)).collect();
+                Some(b.upload(&qn)?)
+            }
+            None => None,
+        };
+        b.candidate_scores(
+            CandidateInputs {
+                queries: View::new(qb, &lq),
+                vectors: View::new(&st.vectors, &lv),
+                labels: View::new(&bufs.label, &lp),
+                query_bias: qn.as_ref().map(|v| View::new(v, &lr)),
+                vector_bias: st.norms.as_ref().map(|v| View::new(v, &ln)),
+            },
+            if st.norms.is_some() { -2.0 } else { -1.0 },
+            View::new(&r.scores, &lp),
+        )?;
+        b.top_k(
+            View::new(&r.scores, &lp),
+            View::new(&r.dist, &lk),
+            View::new(&r.picks, &lk),
+            false,
+        )?;
+        b.gather(
+            View::new(&bufs.label, &lp),
+            1,
+            View::new(&r.picks, &lk),
+            View::new(&r.label, &lk),
+        )?;
+        b.read_into(&r.dist, &mut r.dist_host)?;
+        b.read_into(&r.label, &mut r.label_host)?;
+        Ok(())
+    }
+}
