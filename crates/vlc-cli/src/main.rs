@@ -1,9 +1,9 @@
 //! `vlc`: compress embedding vectors into a searchable index and use it.
 //!
 //! ```text
-//! vlc compress IN -o OUT --anchors M --bytes B [--backend auto] [--iterations N] [--exact]
+//! vlc compress IN -o OUT --anchors M --bytes B [--backend auto] [--iterations N] [--exact] [--refine]
 //! vlc info INDEX
-//! vlc search INDEX QUERIES [-k 10] [--nprobe 16] [--ids IDS.npy] [--distances D.npy]
+//! vlc search INDEX QUERIES [-k 10] [--nprobe 16] [--rerank R] [--ids IDS.npy] [--distances D.npy]
 //! vlc eval INDEX DATA [--queries 1000 | --query-file Q [--truth GT.ivecs]] [--nprobe 16]
 //! vlc add INDEX VECTORS -o OUT [--ids IDS.npy]
 //! vlc remove INDEX --ids IDS.npy -o OUT
@@ -63,6 +63,10 @@ enum Command {
         /// Anchors (lists) probed per query: more finds more true neighbours, slower.
         #[arg(long, default_value_t = 16)]
         nprobe: usize,
+        /// Re-ranks this many candidates (at least k) per query by their exact distances to
+        /// the vectors the index keeps (`vlc compress --refine`); 0: the codes' ranking.
+        #[arg(long, default_value_t = 0)]
+        rerank: usize,
         /// Writes the ids as a `queries x k` int64 .npy (or int32 .ivecs) here (-1 where
         /// fewer were found) instead of printing.
         #[arg(long)]
@@ -175,6 +179,10 @@ struct CompressArgs {
     /// Stop when the energy changes by less than this fraction (0: run every iteration).
     #[arg(long, default_value_t = 0.0)]
     tolerance: f64,
+    /// Keep the vectors too (float16, 2 bytes per dimension) so that `vlc search --rerank`
+    /// can order candidates by exact distance.
+    #[arg(long)]
+    refine: bool,
     /// Print no progress.
     #[arg(long)]
     quiet: bool,
@@ -218,6 +226,7 @@ fn run(command: Command) -> Res<()> {
             queries,
             k,
             nprobe,
+            rerank,
             ids,
             distances,
         } => {
@@ -241,6 +250,11 @@ fn run(command: Command) -> Res<()> {
                 }
             }
             let index = Index::open(&index).map_err(err)?;
+            if rerank > 0 && !index.has_refine() {
+                return Err(
+                    "--rerank needs an index that keeps its vectors (vlc compress --refine)".into(),
+                );
+            }
             let queries = Matrix::load(&queries).map_err(err)?;
             if k > index.header.n {
                 eprintln!(
@@ -251,8 +265,11 @@ fn run(command: Command) -> Res<()> {
             // Positions to the index's ids.
             // The coarse step and the query tables as products on the CPU's GEMM.
             let cpu = backends::backend_cpu::CpuBackend::new();
-            let hits: Vec<Vec<(u64, f32)>> = index
-                .search_batch(&cpu, &queries, k, nprobe)
+            let found = match rerank {
+                0 => index.search_batch(&cpu, &queries, k, nprobe),
+                r => index.search_reranked(&cpu, &queries, k, nprobe, r),
+            };
+            let hits: Vec<Vec<(u64, f32)>> = found
                 .map_err(err)?
                 .into_iter()
                 .map(|row| {
@@ -385,6 +402,7 @@ fn compress_command(args: CompressArgs) -> Res<()> {
         metric,
         ids,
         tolerance,
+        refine,
         quiet,
     } = args;
     writable_output(&output, &[&input])?;
@@ -426,6 +444,9 @@ fn compress_command(args: CompressArgs) -> Res<()> {
     let mut index = backends::on_backend!(name, compress_with(&data, &cfg, quiet))?;
     if let Some(ids) = ids {
         index = index.with_ids(ids).map_err(err)?;
+    }
+    if refine {
+        index = index.with_refine(&data).map_err(err)?;
     }
     index.save(&output).map_err(err)?;
     let h = &index.header;
@@ -479,6 +500,14 @@ fn info(index: &std::path::Path) -> Res<()> {
             "stored"
         } else {
             "positions"
+        }
+    );
+    println!(
+        "refine vectors    {}",
+        if index.has_refine() {
+            "kept (f16), for search --rerank"
+        } else {
+            "none"
         }
     );
     println!("seed, iterations  {}, {}", h.seed, h.iterations);

@@ -529,3 +529,42 @@ fn crc32fast_hash(bytes: &[u8]) -> u32 {
     }
     !crc
 }
+
+/// `--refine` keeps the vectors and `--rerank` uses them: each indexed vector searched for
+/// is its own nearest at distance 0 (up to f16), which the codes alone do not give; an index
+/// without them refuses `--rerank` before searching.
+#[test]
+fn rerank_uses_the_vectors_compress_refine_keeps() {
+    let dir = scratch("rerank");
+    let (npy, plain) = fixture(&dir);
+    let kept = dir.join("k.vlc").display().to_string();
+    let args = [
+        "--anchors",
+        "8",
+        "--bytes",
+        "2",
+        "--backend",
+        "cpu",
+        "--quiet",
+    ];
+    let o = vlc(&[&["compress", &npy, "-o", &kept, "--refine"][..], &args].concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let info = vlc(&["info", &kept]);
+    assert!(text(&info).contains("kept (f16)"), "{}", text(&info));
+    let o = vlc(&[
+        "search", &kept, &npy, "-k", "1", "--nprobe", "8", "--rerank", "50",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    for (q, line) in String::from_utf8_lossy(&o.stdout).lines().enumerate() {
+        let hit = line.split_whitespace().nth(1).unwrap();
+        let (i, d) = hit.split_once(':').unwrap();
+        assert_eq!(i.parse::<usize>().unwrap(), q, "{line}");
+        assert!(d.parse::<f32>().unwrap() <= 1e-4, "{line}");
+    }
+    let o = vlc(&["search", &plain, &npy, "--rerank", "50"]);
+    assert!(
+        !o.status.success() && text(&o).contains("--refine"),
+        "{}",
+        text(&o)
+    );
+}
