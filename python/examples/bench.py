@@ -5,9 +5,15 @@ where there is one, else numpy in chunks).
     python python/examples/bench.py --synthetic 1000000,384 --anchors 1024 --bytes 16
     python python/examples/bench.py --synthetic 1000000,384 --search-backend cpu,cuda,wgpu
     python python/examples/bench.py --data vectors.npy --queries-file q.npy --backend cpu
+    python python/examples/bench.py --data base.npy --queries-file q.npy --truth gt.npy \
+        --search-backend cuda --rerank 0,100 --torch-peer
 
 Synthetic data is a Gaussian mixture (as many centres as anchors), queries drawn from the
-same mixture and not indexed. Prints one line per phase; with --json, the figures as JSON.
+same mixture and not indexed. `--rerank` lists candidate pools to re-rank by exact distance
+(0: the codes' ranking; any other value compresses with `refine=True`). `--torch-peer` times
+PyTorch's brute-force search on the GPU in the same run (fp32 without TF32, and fp16), the
+anchor where FAISS's GPU wheel cannot run. Prints one line per phase; with --json, the
+figures as JSON.
 """
 
 import argparse
@@ -66,6 +72,42 @@ def exact_top(x, q, k):
     return np.concatenate(out)
 
 
+def torch_peer(x, q, k, truth, reps, out):
+    """PyTorch brute force on the GPU: `|x|^2 - 2 q.x` in chunks of queries, `topk`; timed
+    from host arrays to host results (the base vectors resident on the device, as an index
+    is), median of `reps`."""
+    import torch
+
+    dev = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for name, dt in [("torch-fp32", torch.float32), ("torch-fp16", torch.float16)]:
+        xt = torch.from_numpy(x).to(dev).to(dt)
+        xn = (xt.float() ** 2).sum(1).to(dt)
+        chunk = max(1, (2 << 30) // (x.shape[0] * xt.element_size()))
+
+        def search():
+            ids = []
+            for lo in range(0, len(q), chunk):
+                qt = torch.from_numpy(q[lo : lo + chunk]).to(dev).to(dt)
+                d = torch.addmm(xn[None, :], qt, xt.T, alpha=-2)
+                ids.append(d.topk(k, dim=1, largest=False).indices)
+            return torch.cat(ids).cpu().numpy()
+
+        search()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            ids = search()
+            times.append(time.perf_counter() - t)
+        sec = float(np.median(times))
+        recall = float(np.mean([len(set(t_[:k]) & set(f)) / k for t_, f in zip(truth, ids)]))
+        out["search"].append({"backend": name, "nprobe": 0, "rerank": 0, "qps": len(q) / sec, "recall": recall})
+        print(f"{name} brute force: {len(q) / sec:10.0f} queries/s, recall@{k} {recall:.4f}", file=sys.stderr)
+        del xt, xn
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", help=".npy of vectors (float, n x d)")
@@ -79,6 +121,9 @@ def main():
     ap.add_argument("--search-backend", default="cpu", help="where searches run, comma-separated (cpu: the host's threads)")
     ap.add_argument("--nprobe", default="1,4,16,64")
     ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--rerank", default="0", help="candidate pools re-ranked by exact distance, comma-separated (0: none)")
+    ap.add_argument("--truth", help=".npy of each query's true nearest ids (nearest first), instead of computing them")
+    ap.add_argument("--torch-peer", action="store_true", help="time PyTorch brute force on the GPU too")
     ap.add_argument("--reps", type=int, default=3, help="searches timed per nprobe (median)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
@@ -103,8 +148,9 @@ def main():
         ap.error("give --data or --synthetic")
     print(f"data: {x.shape[0]} x {x.shape[1]}, {len(q)} queries ({time.perf_counter() - t:.1f} s)", file=sys.stderr)
     t = time.perf_counter()
-    truth = exact_top(x, q, a.k)
+    truth = np.load(a.truth)[:, : a.k] if a.truth else exact_top(x, q, a.k)
     print(f"exact top-{a.k}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    reranks = [int(v) for v in a.rerank.split(",")]
 
     out = {"n": int(x.shape[0]), "d": int(x.shape[1]), "queries": int(len(q)),
            "anchors": a.anchors, "bytes": a.bytes, "backend": a.backend, "search": []}
@@ -114,6 +160,10 @@ def main():
     t = time.perf_counter()
     index = vlc.compress(x, anchors=a.anchors, bytes=a.bytes, backend=a.backend, seed=a.seed)
     out["compress_s"] = time.perf_counter() - t
+    if any(reranks):
+        t = time.perf_counter()
+        index.set_refine(x)
+        out["refine_s"] = time.perf_counter() - t
     out["energy"], out["mse"], out["file_bytes"] = index.energy, index.mse, index.file_size
     out["phases_s"] = index.seconds
     print(f"compress: {out['compress_s']:.2f} s ({index}); energy {index.energy:.5f}, MSE {index.mse:.5f}; phases {index.seconds}", file=sys.stderr)
@@ -122,16 +172,22 @@ def main():
         t = time.perf_counter()
         index.search(q[:100], a.k, 1, backend=where)
         print(f"search on {where}: first call {time.perf_counter() - t:.2f} s", file=sys.stderr)
-        for nprobe in (int(v) for v in a.nprobe.split(",")):
-            times = []
-            for _ in range(a.reps):
-                t = time.perf_counter()
-                _, ids = index.search(q, a.k, nprobe, backend=where)
-                times.append(time.perf_counter() - t)
-            sec = float(np.median(times))
-            recall = float(np.mean([len(set(t_) & set(f)) / a.k for t_, f in zip(truth, ids)]))
-            out["search"].append({"backend": where, "nprobe": nprobe, "qps": len(q) / sec, "recall": recall})
-            print(f"{where} nprobe {nprobe:4}: {len(q) / sec:10.0f} queries/s, recall@{a.k} {recall:.4f}", file=sys.stderr)
+        for rerank in reranks:
+            if rerank:
+                # The first re-ranked search uploads the kept vectors: untimed.
+                index.search(q[:100], a.k, 1, backend=where, rerank=rerank)
+            for nprobe in (int(v) for v in a.nprobe.split(",")):
+                times = []
+                for _ in range(a.reps):
+                    t = time.perf_counter()
+                    _, ids = index.search(q, a.k, nprobe, backend=where, rerank=rerank)
+                    times.append(time.perf_counter() - t)
+                sec = float(np.median(times))
+                recall = float(np.mean([len(set(t_) & set(f)) / a.k for t_, f in zip(truth, ids)]))
+                out["search"].append({"backend": where, "nprobe": nprobe, "rerank": rerank, "qps": len(q) / sec, "recall": recall})
+                print(f"{where} nprobe {nprobe:4} rerank {rerank:4}: {len(q) / sec:10.0f} queries/s, recall@{a.k} {recall:.4f}", file=sys.stderr)
+    if a.torch_peer:
+        torch_peer(x, q, a.k, truth, a.reps, out)
     if a.json:
         print(json.dumps(out))
 

@@ -137,14 +137,15 @@ type Hits = Vec<Vec<(u32, f32)>>;
 /// step and the tables run as products on the CPU backend's GEMM.
 const BATCH_FROM: usize = 32;
 
-/// The host search: one query at a time, or batched.
+/// The host search: one query at a time, or batched; re-ranked where `rerank` > 0.
 fn host_search(
     index: &vlc_anneal::Index,
     q: &vlc_anneal::Matrix,
-    k: usize,
-    nprobe: usize,
+    [k, nprobe, rerank]: [usize; 3],
 ) -> vlc_anneal::Result<Hits> {
-    if q.rows >= BATCH_FROM {
+    if rerank > 0 {
+        index.search_reranked(&CpuBackend::new(), q, k, nprobe, rerank)
+    } else if q.rows >= BATCH_FROM {
         index.search_batch(&CpuBackend::new(), q, k, nprobe)
     } else {
         index.search(q, k, nprobe)
@@ -173,32 +174,33 @@ impl Searches {
     }
 
     /// A search on the backend `name` names: `cpu` on the host's threads, `cuda` or `wgpu`
-    /// with every step on the device, `auto` on the GPU where one starts (as `compress`).
+    /// with every step on the device, `auto` on the GPU where one starts (as `compress`);
+    /// `[k, nprobe, rerank]` as [`DeviceSearch::search_reranked`] takes them.
     pub(crate) fn search(
         &self,
         name: &str,
         index: &vlc_anneal::Index,
         q: &vlc_anneal::Matrix,
-        k: usize,
-        nprobe: usize,
+        sizes: [usize; 3],
     ) -> PyResult<Hits> {
+        let [k, nprobe, rerank] = sizes;
         let unavailable = |which: &str, e: String| {
             PyRuntimeError::new_err(format!("the {which} backend is not available here: {e}"))
         };
         let found = match resolve(name) {
-            "cpu" => host_search(index, q, k, nprobe),
+            "cpu" => host_search(index, q, sizes),
             "cuda" => {
                 let b = cuda().map_err(|e| unavailable("cuda", e))?;
                 match structures(&self.cuda, index, &b).map_err(py_err)? {
-                    Some(s) => s.search(index, q, k, nprobe),
-                    None => host_search(index, q, k, nprobe),
+                    Some(s) => s.search_reranked(index, q, k, nprobe, rerank),
+                    None => host_search(index, q, sizes),
                 }
             }
             "wgpu" => {
                 let b = wgpu().map_err(|e| unavailable("wgpu", e))?;
                 match structures(&self.wgpu, index, &b).map_err(py_err)? {
-                    Some(s) => s.search(index, q, k, nprobe),
-                    None => host_search(index, q, k, nprobe),
+                    Some(s) => s.search_reranked(index, q, k, nprobe, rerank),
+                    None => host_search(index, q, sizes),
                 }
             }
             other => {

@@ -46,8 +46,9 @@ impl PyIndex {
 
     /// `(distances, ids)`, each `queries x k`; rows a query's probed lists could not fill are
     /// padded with id -1 and distance `missing`. `backend`: where the search runs (`cpu`: the
-    /// host's threads; `cuda`, `wgpu`: every step on the device; `auto`).
-    #[pyo3(signature = (queries, k, nprobe, backend))]
+    /// host's threads; `cuda`, `wgpu`: every step on the device; `auto`). `rerank`: the
+    /// candidates re-ranked by exact distance (0: none; the index must keep its vectors).
+    #[pyo3(signature = (queries, k, nprobe, backend, rerank))]
     fn search<'py>(
         &self,
         py: Python<'py>,
@@ -55,6 +56,7 @@ impl PyIndex {
         k: usize,
         nprobe: usize,
         backend: &str,
+        rerank: usize,
     ) -> PyResult<Hits<'py>> {
         let (nq, d, data) = rows(&queries, "the queries")?;
         let index = &self.inner;
@@ -75,7 +77,9 @@ impl PyIndex {
             })?;
         let (dist, ids) = py.detach(|| -> PyResult<(Vec<f32>, Vec<i64>)> {
             let q = vlc_anneal::Matrix::from_slice(nq, d, data).map_err(py_err)?;
-            let hits = self.searches.search(backend, index, &q, k, nprobe)?;
+            let hits = self
+                .searches
+                .search(backend, index, &q, [k, nprobe, rerank])?;
             let mut dist = vec![missing; len];
             let mut ids = vec![-1i64; len];
             for (row, found) in hits.iter().enumerate() {
@@ -119,6 +123,33 @@ impl PyIndex {
         self.inner = grown;
         self.searches.clear();
         Ok(())
+    }
+
+    /// Keeps `x` (the index's vectors, in order) for re-ranking.
+    fn set_refine(&mut self, py: Python<'_>, x: PyReadonlyArray2<'_, f32>) -> PyResult<()> {
+        let (n, d, data) = rows(&x, "the vectors")?;
+        let index = &self.inner;
+        let kept = py.detach(|| {
+            let data = vlc_anneal::Matrix::from_slice(n, d, data).map_err(py_err)?;
+            index.with_refine(&data).map_err(py_err)
+        })?;
+        self.inner = kept;
+        self.searches.clear();
+        Ok(())
+    }
+
+    /// Drops the vectors kept for re-ranking.
+    fn drop_refine(&mut self, py: Python<'_>) -> PyResult<()> {
+        let index = &self.inner;
+        self.inner = py.detach(|| index.without_refine()).map_err(py_err)?;
+        self.searches.clear();
+        Ok(())
+    }
+
+    /// Whether the index keeps its vectors for re-ranking.
+    #[getter]
+    fn has_refine(&self) -> bool {
+        self.inner.has_refine()
     }
 
     /// Removes the vectors whose ids are given; returns how many went.

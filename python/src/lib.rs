@@ -71,7 +71,7 @@ pub(crate) fn ids(x: &PyReadonlyArray1<'_, i64>) -> PyResult<Vec<u64>> {
 /// positionally, as the `vlc` package passes them after checking and converting them.
 #[allow(clippy::too_many_arguments)]
 #[pyfunction]
-#[pyo3(signature = (x, anchors, bytes, backend, iterations, seed, metric, exact, tolerance, ids, progress))]
+#[pyo3(signature = (x, anchors, bytes, backend, iterations, seed, metric, exact, tolerance, ids, progress, refine))]
 fn compress(
     py: Python<'_>,
     x: PyReadonlyArray2<'_, f32>,
@@ -85,6 +85,7 @@ fn compress(
     tolerance: f64,
     ids: Option<PyReadonlyArray1<'_, i64>>,
     progress: Option<Py<PyAny>>,
+    refine: bool,
 ) -> PyResult<PyIndex> {
     let metric: vlc_anneal::Metric = metric.parse().map_err(PyValueError::new_err)?;
     let ids = ids.as_ref().map(self::ids).transpose()?;
@@ -145,6 +146,10 @@ fn compress(
             let index = match ids {
                 Some(ids) => index.with_ids(ids).map_err(py_err)?,
                 None => index,
+            };
+            let index = match refine {
+                true => index.with_refine(&matrix).map_err(py_err)?,
+                false => index,
             };
             Ok((index, seconds))
         })?;

@@ -348,3 +348,52 @@ def test_device_search_agrees_with_the_host_and_follows_changes(index, data):
         index.search(q, k=3, backend="tpu")
     with pytest.raises(TypeError):
         index.search(q, k=3, backend=3)
+
+
+def test_rerank_with_kept_vectors(data):
+    # With the vectors kept (float16), re-ranking every probed candidate is exact search
+    # over them, on the host and on the device, and survives save, load and add.
+    device = BACKEND if BACKEND != "cpu" else "wgpu"
+    x = data[:2000]
+    plain = vlc.compress(x, anchors=24, bytes=4, backend=BACKEND, seed=3)
+    kept = vlc.compress(x, anchors=24, bytes=4, backend=BACKEND, seed=3, refine=True)
+    assert kept.has_refine and not plain.has_refine
+    assert kept.file_size >= plain.file_size + 2 * x.size
+    rng = np.random.default_rng(SEED + 7)
+    q = x[rng.integers(0, len(x), 200)] + 0.3 * rng.standard_normal((200, 24), dtype=np.float32)
+    x16 = x.astype(np.float16).astype(np.float64)
+    d2 = ((q[:, None, :].astype(np.float64) - x16[None]) ** 2).sum(-1)
+    truth = np.sort(d2, axis=1)[:, :10]
+    for backend in ["cpu", device]:
+        dist, ids = kept.search(q, k=10, nprobe=24, backend=backend, rerank=1024)
+        own = np.take_along_axis(d2, ids, axis=1)
+        assert np.allclose(own, truth, rtol=1e-5, atol=1e-5), backend
+        assert np.allclose(dist, own, rtol=1e-4, atol=1e-4), backend
+    # A pool of candidates lifts recall over the codes alone.
+    exact = np.argsort(d2, axis=1, kind="stable")[:, :10]
+    recall = lambda ids: np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)])
+    _, codes = kept.search(q, k=10, nprobe=8)
+    _, pooled = kept.search(q, k=10, nprobe=8, rerank=200)
+    assert recall(pooled) > recall(codes) + 0.2
+    with pytest.raises(ValueError, match="keeps its vectors"):
+        plain.search(q, k=10, rerank=50)
+    with pytest.raises(ValueError):
+        kept.search(q, k=10, rerank=-1)
+    with pytest.raises(ValueError):
+        plain.set_refine(x[:100])
+    plain.set_refine(x)
+    assert plain.has_refine
+    plain.drop_refine()
+    assert not plain.has_refine
+
+
+def test_refine_survives_save_load_and_add(data, tmp_path):
+    x = data[:1500]
+    kept = vlc.compress(x, anchors=16, bytes=4, backend=BACKEND, seed=4, refine=True)
+    kept.save(tmp_path / "k.vlc")
+    loaded = vlc.Index.load(tmp_path / "k.vlc")
+    assert loaded.has_refine
+    loaded.add(data[1500:1600], ids=np.arange(100) + 9000)
+    dist, ids = loaded.search(data[1500:1600], k=1, nprobe=16, rerank=len(loaded))
+    np.testing.assert_array_equal(ids[:, 0], np.arange(100) + 9000)
+    assert (dist[:, 0] <= 1e-3).all()

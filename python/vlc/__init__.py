@@ -126,7 +126,7 @@ class Index:
         one is complete (saving over the file the index was loaded from is safe)."""
         self._inner.save(_os.fspath(path))
 
-    def search(self, queries, k=10, nprobe=1, backend="cpu"):
+    def search(self, queries, k=10, nprobe=1, backend="cpu", rerank=0):
         """The ``k`` nearest indexed vectors of each query.
 
         Each query is compared with its ``nprobe`` nearest anchors, whose members are scored
@@ -142,11 +142,38 @@ class Index:
         host); ``"auto"`` takes a GPU where one starts, as ``compress`` does. GPU distances
         come from a matrix product (``|q|^2 + |a|^2 - 2 q.a`` for each probed anchor), so they
         differ from the host's in their last bits, and near-ties may order differently.
+
+        ``rerank``: where the index keeps its vectors (``compress(..., refine=True)`` or
+        ``set_refine``), the number of candidates (at least ``k``) to gather by their codes
+        and re-rank by their exact distances to the query before keeping the ``k`` nearest;
+        0 (the default) returns the codes' ranking. Re-ranking a few hundred candidates lifts
+        recall to what the probed lists hold.
         """
         k = _count(k, "k", 1)
         nprobe = _count(nprobe, "nprobe", 1)
+        rerank = _count(rerank, "rerank", 0)
+        if rerank and not self.has_refine:
+            raise ValueError(
+                "rerank needs an index that keeps its vectors: compress(..., refine=True) "
+                "or index.set_refine(x)"
+            )
         q = _vectors(queries, "the queries", self.d, allow_1d=True)
-        return self._inner.search(q, k, nprobe, _backend(backend))
+        return self._inner.search(q, k, nprobe, _backend(backend), rerank)
+
+    def set_refine(self, x):
+        """Keeps ``x`` (the index's vectors, in the order they were compressed and added) in
+        the index, as float16, for ``search(..., rerank=...)``: 2 bytes per dimension per
+        vector more in memory and in the file. Added vectors are kept too."""
+        self._inner.set_refine(_vectors(x, "the vectors", self.d))
+
+    def drop_refine(self):
+        """Drops the vectors kept for re-ranking (the codes stay)."""
+        self._inner.drop_refine()
+
+    @property
+    def has_refine(self):
+        """Whether the index keeps its vectors for re-ranking."""
+        return self._inner.has_refine
 
     def add(self, x, ids=None, backend="auto"):
         """Adds ``x``'s vectors without retraining: each is assigned to its nearest anchor and
@@ -262,6 +289,7 @@ def compress(
     tolerance=0.0,
     ids=None,
     progress=False,
+    refine=False,
 ):
     """Compresses the vectors ``x`` (``n x d``) into an :class:`Index`.
 
@@ -276,7 +304,9 @@ def compress(
     ``progress(phase, done, total, energy)``: at the start of each phase (``"seeding"``,
     ``"annealing"``, ``"coding"``) with ``done`` 0 and ``energy`` None, after each annealing
     iteration with its number (0: the assignment to the seeds) and energy, after each coding
-    step. An exception it raises is raised when the compression ends.
+    step. An exception it raises is raised when the compression ends. ``refine``: keep the
+    vectors too (float16, ``2 d`` bytes each) so that ``search`` can re-rank its candidates
+    by exact distance (``rerank=``).
     """
     anchors = _count(anchors, "anchors", 1)
     bytes = _count(bytes, "bytes", 0)
@@ -308,6 +338,7 @@ def compress(
         float(tolerance),
         ids,
         progress,
+        bool(refine),
     )
     return Index(inner)
 
