@@ -15,7 +15,7 @@
 //! near-ties may order differently.
 
 use super::Index;
-use super::search::{check_queries, dot};
+use super::search::{check_queries, dot, row_norms};
 use crate::Metric;
 use crate::vectors::Matrix;
 use hal::topk::GPU_MAX_K;
@@ -261,8 +261,7 @@ impl<B: Backend> DeviceSearch<B> {
             false,
         )?;
         if self.list_tables.is_some() {
-            let qn: Vec<f32> = q.chunks_exact(d.max(1)).map(|r| dot(r, r)).collect();
-            let qn = b.upload(&qn)?;
+            let qn = b.upload(&row_norms(q, d))?;
             let ln = Layout::contiguous(&[rows, 1]).broadcast_to(&[rows, nprobe])?;
             b.binary(
                 BinaryOp::Add,

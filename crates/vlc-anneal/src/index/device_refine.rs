@@ -6,7 +6,7 @@
 
 use super::Index;
 use super::device::{DeviceSearch, Round};
-use super::search::dot;
+use super::search::{dot, row_norms};
 use crate::Metric;
 use hal::{Backend, BackendExt, CandidateInputs, DType, Layout, View};
 
@@ -115,10 +115,7 @@ impl<B: Backend> DeviceSearch<B> {
         let (ln, lr) = (Layout::contiguous(&[n]), Layout::contiguous(&[rows]));
         // |q|^2 for L2 and cosine, whose vectors carry |v|^2.
         let qn = match &st.norms {
-            Some(_) => {
-                let qn: Vec<f32> = q.chunks_exact(d.max(1)).map(|r| dot(r, r)).collect();
-                Some(b.upload(&qn)?)
-            }
+            Some(_) => Some(b.upload(&row_norms(q, d))?),
             None => None,
         };
         b.candidate_scores(
