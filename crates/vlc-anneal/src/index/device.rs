@@ -27,7 +27,8 @@ const ROUND_BYTES: usize = 256 << 20;
 
 /// An index's search structures on a backend: made once by [`Index::device_search`], used for
 /// any number of searches of that index (unchanged: after [`Index::add`] or
-/// [`Index::remove`], make a new one).
+/// [`Index::remove`], make a new one). It keeps the last search's round buffers (at most a
+/// few hundred MB, the largest within the device's largest buffer) for the next.
 pub struct DeviceSearch<B: Backend> {
     pub(super) backend: B,
     anchors: B::Buffer,
@@ -44,6 +45,18 @@ pub struct DeviceSearch<B: Backend> {
     shape: [usize; 3],
     /// The refine vectors on the device, uploaded by the first re-ranked search.
     pub(super) refine: std::sync::OnceLock<super::device_refine::Refine<B>>,
+    /// The last search's round buffers (searches of one `DeviceSearch` take turns).
+    rounds: std::sync::Mutex<Option<Rounds<B>>>,
+}
+
+/// A search's round buffers and what they were made for.
+struct Rounds<B: Backend> {
+    /// Queries a round holds.
+    cap: usize,
+    /// `[pool, nprobe, k, re-ranked]`.
+    sizes: [usize; 4],
+    bufs: Round<B>,
+    refine: Option<super::device_refine::RefineRound<B>>,
 }
 
 impl Index {
@@ -98,6 +111,7 @@ impl Index {
             positions: backend.upload(&positions)?,
             shape: [self.header.n, self.header.m, bytes],
             refine: std::sync::OnceLock::new(),
+            rounds: std::sync::Mutex::new(None),
         }))
     }
 }
@@ -168,24 +182,38 @@ impl<B: Backend> DeviceSearch<B> {
         let most = (self.backend.capabilities().max_buffer_bytes as usize).min(ROUND_BYTES);
         let per_round = (most / (4 * len.max(m).max(1))).clamp(1, 1 << 16);
         let cap = per_round.min(queries.rows);
-        let mut bufs = Round::new(&self.backend, index, cap, [pool, nprobe])?;
-        bufs.reranked = rerank;
-        let mut refine = match rerank {
-            true => Some(super::device_refine::RefineRound::new(
-                &self.backend,
+        // The round buffers of the last search, where they serve (as large, the same sizes):
+        // allocating them took about half a millisecond a search.
+        let mut held = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+        let fits = |r: &Rounds<B>| r.cap >= cap && r.sizes == [pool, nprobe, k, rerank as usize];
+        if !held.as_ref().is_some_and(fits) {
+            *held = None;
+            let mut bufs = Round::new(&self.backend, index, cap, [pool, nprobe])?;
+            bufs.reranked = rerank;
+            let refine = match rerank {
+                true => Some(super::device_refine::RefineRound::new(
+                    &self.backend,
+                    cap,
+                    [pool, k, d],
+                )?),
+                false => None,
+            };
+            *held = Some(Rounds {
                 cap,
-                [pool, k, d],
-            )?),
-            false => None,
-        };
+                sizes: [pool, nprobe, k, rerank as usize],
+                bufs,
+                refine,
+            });
+        }
+        let Rounds { bufs, refine, .. } = held.as_mut().expect("made above");
         let mut out = Vec::with_capacity(queries.rows);
         for start in (0..queries.rows).step_by(per_round) {
             let rows = per_round.min(queries.rows - start);
             let q = &queries.data[start * d..(start + rows) * d];
             let ran =
-                self.round(index, q, rows, &mut bufs, scale)
-                    .and_then(|qb| match &mut refine {
-                        Some(r) => self.refine_round(index, &qb, q, rows, &bufs, r),
+                self.round(index, q, rows, bufs, scale)
+                    .and_then(|qb| match refine.as_mut() {
+                        Some(r) => self.refine_round(index, &qb, q, rows, bufs, r),
                         None => Ok(()),
                     });
             match ran {
