@@ -55,10 +55,15 @@ def exact_top(x, q, k):
             xt = torch.from_numpy(x).to(dev)
             xn = (xt * xt).sum(1)
             out = []
-            for lo in range(0, len(q), 1024):
-                qt = torch.from_numpy(q[lo : lo + 1024]).to(dev)
+            # Chunks of queries whose scores take about 4 GB.
+            step = max(1, (1 << 30) // len(x))
+            for lo in range(0, len(q), step):
+                qt = torch.from_numpy(q[lo : lo + step]).to(dev)
                 d = xn[None, :] - 2 * qt @ xt.T
                 out.append(d.topk(k, dim=1, largest=False).indices.cpu().numpy())
+            del xt, xn, qt, d
+            # PyTorch's cache would keep the memory from vlc's own allocations.
+            torch.cuda.empty_cache()
             return np.concatenate(out)
     except ImportError:
         pass
