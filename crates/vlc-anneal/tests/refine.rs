@@ -233,3 +233,25 @@ fn misuse_is_an_error() {
         .to_string();
     assert!(e.contains("section 7"), "{e}");
 }
+
+/// Edge sizes: k = 0, a pool past the vectors, one query, on the host and the device path.
+#[test]
+fn edge_sizes_answer_sensibly() {
+    let x = data(300, 11);
+    let index = built(&x, Metric::L2, 4).with_refine(&x).unwrap();
+    let cpu = CpuBackend::new();
+    let device = index.device_search(&cpu).unwrap().unwrap();
+    let q = data(3, 12);
+    for (k, pool) in [(0, 10), (5, 5000), (5, 1)] {
+        let host = index.search_reranked(&cpu, &q, k, 4, pool).unwrap();
+        let dev = device.search_reranked(&index, &q, k, 4, pool).unwrap();
+        assert_eq!(host.len(), 3);
+        for (h, d) in host.iter().zip(&dev) {
+            assert_eq!(h.len(), d.len(), "k {k} pool {pool}");
+            assert!(h.len() <= k);
+        }
+    }
+    let one = Matrix::new(1, x.cols, x.data[..x.cols].to_vec()).unwrap();
+    let hit = device.search_reranked(&index, &one, 1, 20, 300).unwrap();
+    assert_eq!(hit[0][0].0, 0);
+}
