@@ -180,27 +180,44 @@ impl Searches {
         &self,
         name: &str,
         index: &vlc_anneal::Index,
-        q: &vlc_anneal::Matrix,
+        (nq, d, data): (usize, usize, &[f32]),
         sizes: [usize; 3],
     ) -> PyResult<Hits> {
         let [k, nprobe, rerank] = sizes;
         let unavailable = |which: &str, e: String| {
             PyRuntimeError::new_err(format!("the {which} backend is not available here: {e}"))
         };
+        // The host searches take a copy; the device search reads the array in place.
+        let host = || {
+            let q = vlc_anneal::Matrix::from_slice(nq, d, data)?;
+            host_search(index, &q, sizes)
+        };
+        fn on_device<B: Backend>(
+            s: &DeviceSearch<B>,
+            index: &vlc_anneal::Index,
+            (nq, d, data): (usize, usize, &[f32]),
+            [k, nprobe, rerank]: [usize; 3],
+        ) -> vlc_anneal::Result<Hits> {
+            if d == index.header.d {
+                return s.search_rows(index, data, k, nprobe, rerank);
+            }
+            let q = vlc_anneal::Matrix::from_slice(nq, d, data)?;
+            s.search_reranked(index, &q, k, nprobe, rerank)
+        }
         let found = match resolve(name) {
-            "cpu" => host_search(index, q, sizes),
+            "cpu" => host(),
             "cuda" => {
                 let b = cuda().map_err(|e| unavailable("cuda", e))?;
                 match structures(&self.cuda, index, &b).map_err(py_err)? {
-                    Some(s) => s.search_reranked(index, q, k, nprobe, rerank),
-                    None => host_search(index, q, sizes),
+                    Some(s) => on_device(&s, index, (nq, d, data), [k, nprobe, rerank]),
+                    None => host(),
                 }
             }
             "wgpu" => {
                 let b = wgpu().map_err(|e| unavailable("wgpu", e))?;
                 match structures(&self.wgpu, index, &b).map_err(py_err)? {
-                    Some(s) => s.search_reranked(index, q, k, nprobe, rerank),
-                    None => host_search(index, q, sizes),
+                    Some(s) => on_device(&s, index, (nq, d, data), [k, nprobe, rerank]),
+                    None => host(),
                 }
             }
             other => {

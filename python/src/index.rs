@@ -76,10 +76,9 @@ impl PyIndex {
                 ))
             })?;
         let (dist, ids) = py.detach(|| -> PyResult<(Vec<f32>, Vec<i64>)> {
-            let q = vlc_anneal::Matrix::from_slice(nq, d, data).map_err(py_err)?;
             let hits = self
                 .searches
-                .search(backend, index, &q, [k, nprobe, rerank])?;
+                .search(backend, index, (nq, d, data), [k, nprobe, rerank])?;
             let mut dist = vec![missing; len];
             let mut ids = vec![-1i64; len];
             for (row, found) in hits.iter().enumerate() {

@@ -255,3 +255,26 @@ fn edge_sizes_answer_sensibly() {
     let hit = device.search_reranked(&index, &one, 1, 20, 300).unwrap();
     assert_eq!(hit[0][0].0, 0);
 }
+
+/// `search_rows` (queries read in place) gives what `search_reranked` gives, for every metric,
+/// and a slice that is not whole rows is an error.
+#[test]
+fn rows_in_place_search_as_a_matrix_does() {
+    let x = data(900, 13);
+    let q = data(40, 14);
+    let cpu = CpuBackend::new();
+    for metric in [Metric::L2, Metric::Cosine, Metric::InnerProduct] {
+        let index = built(&x, metric, 4).with_refine(&x).unwrap();
+        let device = index.device_search(&cpu).unwrap().unwrap();
+        for pool in [0, 50] {
+            let a = device.search_reranked(&index, &q, 7, 5, pool).unwrap();
+            let b = device.search_rows(&index, &q.data, 7, 5, pool).unwrap();
+            assert_eq!(a, b, "{metric:?} pool {pool}");
+        }
+        assert!(device.search_rows(&index, &q.data[..30], 7, 5, 0).is_err());
+        let mut bad = q.data.clone();
+        bad[5] = f32::NAN;
+        assert!(device.search_rows(&index, &bad, 7, 5, 0).is_err());
+        assert!(device.search_rows(&index, &q.data, 7, 0, 0).is_err());
+    }
+}

@@ -15,7 +15,7 @@
 //! near-ties may order differently.
 
 use super::Index;
-use super::search::{check_queries, dot, row_norms};
+use super::search::{check_rows, dot, row_norms};
 use crate::Metric;
 use crate::vectors::Matrix;
 use hal::topk::GPU_MAX_K;
@@ -146,26 +146,78 @@ impl<B: Backend> DeviceSearch<B> {
         nprobe: usize,
         candidates: usize,
     ) -> crate::Result<Vec<Vec<(u32, f32)>>> {
+        self.made_for(index)?;
+        let rerank = candidates > 0;
+        if queries.cols != index.header.d || nprobe == 0 || (rerank && !index.has_refine()) {
+            // The errors of the host search.
+            return match rerank {
+                true => index.search_reranked(&self.backend, queries, k, nprobe, candidates),
+                false => index.search_batch(&self.backend, queries, k, nprobe),
+            };
+        }
+        let prepared = index.header.metric.prepare(queries)?;
+        self.run(index, &prepared.data, k, nprobe, candidates)
+    }
+
+    /// An error unless `index` is (still) the index this was made from.
+    fn made_for(&self, index: &Index) -> crate::Result<()> {
         let h = &index.header;
-        let (d, m, len) = (h.d, h.m, index.pq.bytes() * index.pq.codewords);
-        if self.shape != [h.n, m, index.pq.bytes()] {
+        if self.shape != [h.n, h.m, index.pq.bytes()] {
             return Err(crate::error::input(
                 "this device search was made for another index (or before vectors were added \
                  or removed): make a new one",
             ));
         }
-        let rerank = candidates > 0;
-        let host = |queries: &Matrix| match rerank {
-            true => index.search_reranked(&self.backend, queries, k, nprobe, candidates),
-            false => index.search_batch(&self.backend, queries, k, nprobe),
-        };
-        if queries.cols != d || nprobe == 0 || (rerank && !index.has_refine()) {
-            // The errors of the host search.
-            return host(queries);
+        Ok(())
+    }
+
+    /// [`DeviceSearch::search_reranked`] of queries held in a slice (`n x d` values, row
+    /// after row), read in place where the metric leaves them as they are (L2 and inner
+    /// product): a batch of 10,000 384-d queries copied into a [`Matrix`] first cost
+    /// milliseconds of page faults and copying.
+    pub fn search_rows(
+        &self,
+        index: &Index,
+        data: &[f32],
+        k: usize,
+        nprobe: usize,
+        candidates: usize,
+    ) -> crate::Result<Vec<Vec<(u32, f32)>>> {
+        let h = &index.header;
+        let whole = h.d > 0 && data.len() % h.d == 0;
+        let refined = candidates == 0 || index.has_refine();
+        if !whole || h.metric == Metric::Cosine || nprobe == 0 || !refined {
+            // The checks and their errors, and the normalised copy of cosine queries.
+            let rows = if whole { data.len() / h.d } else { 1 };
+            let q = Matrix::from_slice(rows, data.len() / rows.max(1), data)?;
+            return self.search_reranked(index, &q, k, nprobe, candidates);
         }
-        let prepared = h.metric.prepare(queries)?;
-        let queries: &Matrix = &prepared;
-        check_queries(queries, index.reach())?;
+        self.made_for(index)?;
+        self.run(index, data, k, nprobe, candidates)
+    }
+
+    /// The search of prepared queries of the index's dimension (`nprobe` at least 1; refine
+    /// vectors present if `candidates` > 0).
+    fn run(
+        &self,
+        index: &Index,
+        data: &[f32],
+        k: usize,
+        nprobe: usize,
+        candidates: usize,
+    ) -> crate::Result<Vec<Vec<(u32, f32)>>> {
+        let h = &index.header;
+        let (d, m, len) = (h.d, h.m, index.pq.bytes() * index.pq.codewords);
+        let rows_total = data.len() / d;
+        let rerank = candidates > 0;
+        let host = |data: &[f32]| -> crate::Result<Vec<Vec<(u32, f32)>>> {
+            let queries = Matrix::from_slice(data.len() / d, d, data)?;
+            match rerank {
+                true => index.search_reranked(&self.backend, &queries, k, nprobe, candidates),
+                false => index.search_batch(&self.backend, &queries, k, nprobe),
+            }
+        };
+        check_rows(data, d, index.reach())?;
         let (nprobe, k) = (nprobe.min(m), k.min(h.n));
         // Candidates scored by the codes: `k`, or the re-ranked search's pool.
         let pool = if rerank {
@@ -174,14 +226,14 @@ impl<B: Backend> DeviceSearch<B> {
             k
         };
         if pool > GPU_MAX_K || nprobe > GPU_MAX_K {
-            return host(queries);
+            return host(data);
         }
         let ip = h.metric == Metric::InnerProduct;
         let scale = if ip { -1.0 } else { -2.0 };
         // Within the device's largest buffer too (lavapipe binds at most 128 MiB).
         let most = (self.backend.capabilities().max_buffer_bytes as usize).min(ROUND_BYTES);
         let per_round = (most / (4 * len.max(m).max(1))).clamp(1, 1 << 16);
-        let cap = per_round.min(queries.rows);
+        let cap = per_round.min(rows_total);
         // The round buffers of the last search, where they serve (as large, the same sizes):
         // allocating them took about half a millisecond a search.
         let mut held = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
@@ -206,10 +258,10 @@ impl<B: Backend> DeviceSearch<B> {
             });
         }
         let Rounds { bufs, refine, .. } = held.as_mut().expect("made above");
-        let mut out = Vec::with_capacity(queries.rows);
-        for start in (0..queries.rows).step_by(per_round) {
-            let rows = per_round.min(queries.rows - start);
-            let q = &queries.data[start * d..(start + rows) * d];
+        let mut out = Vec::with_capacity(rows_total);
+        for start in (0..rows_total).step_by(per_round) {
+            let rows = per_round.min(rows_total - start);
+            let q = &data[start * d..(start + rows) * d];
             let ran =
                 self.round(index, q, rows, bufs, scale)
                     .and_then(|qb| match refine.as_mut() {
@@ -221,7 +273,7 @@ impl<B: Backend> DeviceSearch<B> {
                 // A device whose kernels cannot hold this index's tables (wgpu's workgroup
                 // memory and 64-byte codes, say): the host search, whole.
                 Err(crate::Error::Hal(hal::Error::Unsupported { .. })) if start == 0 => {
-                    return host(queries);
+                    return host(data);
                 }
                 Err(e) => return Err(e),
             };

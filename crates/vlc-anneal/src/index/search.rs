@@ -10,9 +10,15 @@ use crate::vectors::Matrix;
 /// are checked on every core (a batch of 10,000 384-d queries took milliseconds on one), the
 /// first bad one reported.
 pub(crate) fn check_queries(queries: &Matrix, reach: f64) -> crate::Result<()> {
+    check_rows(&queries.data, queries.cols, reach)
+}
+
+/// [`check_queries`] of `d`-wide rows held in a slice.
+pub(crate) fn check_rows(data: &[f32], d: usize, reach: f64) -> crate::Result<()> {
     const LIMIT: f64 = f32::MAX as f64 / 4.0;
+    let d = d.max(1);
     let check = |i: usize| -> crate::Result<()> {
-        let q = queries.row(i);
+        let q = &data[i * d..(i + 1) * d];
         // The fast path: |q|^2 in f32 lanes is finite exactly when every value is and the sum
         // does not overflow (then the f64 bound below decides).
         let n2 = dot(q, q);
@@ -35,7 +41,7 @@ pub(crate) fn check_queries(queries: &Matrix, reach: f64) -> crate::Result<()> {
         Ok(())
     };
     const CHUNK: usize = 512;
-    let rows = queries.rows;
+    let rows = data.len() / d;
     if rows <= CHUNK {
         // A thread's start costs more than these rows.
         return (0..rows).try_for_each(check);
