@@ -272,6 +272,7 @@ fn rows_in_place_search_as_a_matrix_does() {
             assert_eq!(a, b, "{metric:?} pool {pool}");
         }
         assert!(device.search_rows(&index, &q.data[..30], 7, 5, 0).is_err());
+        assert_eq!(device.search_rows(&index, &[], 7, 5, 0).unwrap().len(), 0);
         let mut bad = q.data.clone();
         bad[5] = f32::NAN;
         assert!(device.search_rows(&index, &bad, 7, 5, 0).is_err());

@@ -188,8 +188,11 @@ impl<B: Backend> DeviceSearch<B> {
         let refined = candidates == 0 || index.has_refine();
         if !whole || h.metric == Metric::Cosine || nprobe == 0 || !refined {
             // The checks and their errors, and the normalised copy of cosine queries.
-            let rows = if whole { data.len() / h.d } else { 1 };
-            let q = Matrix::from_slice(rows, data.len() / rows.max(1), data)?;
+            let (rows, cols) = match whole {
+                true => (data.len() / h.d, h.d),
+                false => (1, data.len()),
+            };
+            let q = Matrix::from_slice(rows, cols, data)?;
             return self.search_reranked(index, &q, k, nprobe, candidates);
         }
         self.made_for(index)?;
