@@ -24,19 +24,12 @@ struct bf16_t {
 struct f16_t {
     u16 bits;
 };
-// f16 widens in one instruction here: common.cuh's integer form keeps NaN payloads for
-// copies, which products do not need, at a dozen instructions a fragment element.
-__device__ __forceinline__ float tc_half(u16 h) {
-    float r;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
-    return r;
-}
 __device__ __forceinline__ float tc_f32(float v) { return v; }
 __device__ __forceinline__ float tc_f32(bf16_t v) { return bf16_to_f32(v.bits); }
-__device__ __forceinline__ float tc_f32(f16_t v) { return tc_half(v.bits); }
+__device__ __forceinline__ float tc_f32(f16_t v) { return f16_widen(v.bits); }
 __device__ __forceinline__ u32 tc_frag(float v) { return to_tf32(v); }
 __device__ __forceinline__ u32 tc_frag(bf16_t v) { return (u32)v.bits << 16; }
-__device__ __forceinline__ u32 tc_frag(f16_t v) { return __float_as_uint(tc_half(v.bits)); }
+__device__ __forceinline__ u32 tc_frag(f16_t v) { return __float_as_uint(f16_widen(v.bits)); }
 __device__ __forceinline__ void tc_put(float* p, float v) { *p = v; }
 __device__ __forceinline__ void tc_put(bf16_t* p, float v) { p->bits = (u16)f32_to_bf16(v); }
 __device__ __forceinline__ void tc_put(f16_t* p, float v) { p->bits = (u16)f32_to_f16(v); }

@@ -66,6 +66,13 @@ __device__ __forceinline__ u32 f32_to_f16(float v) {
     if (rest > 0x1000u || (rest == 0x1000u && (r & 1u))) r += 1u;
     return sign | r;
 }
+// f16 widened in one instruction, for arithmetic: exact for every value, but NaN payloads
+// are not kept (copies use the integer form above), at a dozen instructions less.
+__device__ __forceinline__ float f16_widen(u32 h) {
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"((unsigned short)h));
+    return r;
+}
 __device__ __forceinline__ float bf16_to_f32(u32 h) { return __uint_as_float(h << 16); }
 __device__ __forceinline__ u32 f32_to_bf16(float v) {
     u32 b = __float_as_uint(v);

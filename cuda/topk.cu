@@ -215,11 +215,6 @@ IVF_SCAN(ivf_scan_any, 0)
 // Candidate scores (hal::topk): a warp per (query, candidate). The lanes stride the
 // dimension (f16 vectors two values a load where rows start on a 4-byte boundary), shuffles
 // add the lanes' partial sums, lane 0 adds the biases and writes.
-__device__ __forceinline__ float cs_h2f(u32 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
-    return f;
-}
 
 template <int KIND>  // 0: f32 vectors; 1: f16, one value a load; 2: f16, two a load
 __device__ __forceinline__ float cs_dot(const float* q, const void* v, u64 row, u32 d, u32 lane) {
@@ -229,13 +224,13 @@ __device__ __forceinline__ float cs_dot(const float* q, const void* v, u64 row, 
         for (u32 j = lane; j < d; j += 32) acc = fmaf(q[j], vr[j], acc);
     } else if (KIND == 1) {
         const unsigned short* vr = (const unsigned short*)v + row * d;
-        for (u32 j = lane; j < d; j += 32) acc = fmaf(q[j], cs_h2f(vr[j]), acc);
+        for (u32 j = lane; j < d; j += 32) acc = fmaf(q[j], f16_widen(vr[j]), acc);
     } else {
         const u32* vr = (const u32*)((const unsigned short*)v + row * d);
         for (u32 p = lane; p < d / 2; p += 32) {
             u32 w = vr[p];
-            acc = fmaf(q[2 * p], cs_h2f(w & 0xffffu), acc);
-            acc = fmaf(q[2 * p + 1], cs_h2f(w >> 16), acc);
+            acc = fmaf(q[2 * p], f16_widen(w & 0xffffu), acc);
+            acc = fmaf(q[2 * p + 1], f16_widen(w >> 16), acc);
         }
     }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
