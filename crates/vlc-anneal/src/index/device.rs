@@ -15,7 +15,7 @@
 //! near-ties may order differently.
 
 use super::Index;
-use super::search::{check_rows, dot, row_norms};
+use super::search::{check_rows, dot};
 use crate::Metric;
 use crate::vectors::Matrix;
 use hal::topk::GPU_MAX_K;
@@ -220,7 +220,7 @@ impl<B: Backend> DeviceSearch<B> {
                 false => index.search_batch(&self.backend, &queries, k, nprobe),
             }
         };
-        check_rows(data, d, index.reach())?;
+        let norms = check_rows(data, d, index.reach())?;
         let (nprobe, k) = (nprobe.min(m), k.min(h.n));
         // Candidates scored by the codes: `k`, or the re-ranked search's pool.
         let pool = if rerank {
@@ -243,8 +243,7 @@ impl<B: Backend> DeviceSearch<B> {
         let fits = |r: &Rounds<B>| r.cap >= cap && r.sizes == [pool, nprobe, k, rerank as usize];
         if !held.as_ref().is_some_and(fits) {
             *held = None;
-            let mut bufs = Round::new(&self.backend, index, cap, [pool, nprobe])?;
-            bufs.reranked = rerank;
+            let bufs = Round::new(&self.backend, index, cap, [pool, nprobe])?;
             let refine = match rerank {
                 true => Some(super::device_refine::RefineRound::new(
                     &self.backend,
@@ -265,12 +264,17 @@ impl<B: Backend> DeviceSearch<B> {
         for start in (0..rows_total).step_by(per_round) {
             let rows = per_round.min(rows_total - start);
             let q = &data[start * d..(start + rows) * d];
-            let ran =
-                self.round(index, q, rows, bufs, scale)
-                    .and_then(|qb| match refine.as_mut() {
-                        Some(r) => self.refine_round(index, &qb, q, rows, bufs, r),
-                        None => Ok(()),
-                    });
+            let qn = &norms[start..start + rows];
+            let ran = self
+                .round(index, q, qn, rows, bufs, scale)
+                .and_then(|(qb, qn)| match refine.as_mut() {
+                    Some(r) => self.refine_round(index, &qb, qn.as_ref(), rows, bufs, r),
+                    None => {
+                        let b = &self.backend;
+                        b.read_into(&bufs.dist, &mut bufs.dist_host)?;
+                        Ok(b.read_into(&bufs.label, &mut bufs.label_host)?)
+                    }
+                });
             match ran {
                 Ok(()) => {}
                 // A device whose kernels cannot hold this index's tables (wgpu's workgroup
@@ -288,16 +292,8 @@ impl<B: Backend> DeviceSearch<B> {
                 let found = (0..k)
                     .map(|c| (label[r * k + c], dist[r * k + c]))
                     .take_while(|&(l, _)| l != u32::MAX)
-                    .map(|(l, v)| {
-                        (
-                            l,
-                            if ip {
-                                -v
-                            } else {
-                                h.metric.reported(v.max(0.0))
-                            },
-                        )
-                    })
+                    // Rounding can take an L2 distance below 0; inner products report -v.
+                    .map(|(l, v)| (l, h.metric.reported(if ip { v } else { v.max(0.0) })))
                     .collect();
                 out.push(found);
             }
@@ -305,21 +301,22 @@ impl<B: Backend> DeviceSearch<B> {
         Ok(out)
     }
 
-    /// One round of `rows` queries (at most the round's capacity) in the first rows of
-    /// `bufs`: every step enqueued, then (unless `bufs` feeds a re-ranking, which reads its
-    /// own) the distances and labels read into `bufs`' host vectors (rows past `rows` hold
-    /// nothing of this round). Returns the queries' buffer.
+    /// One round of `rows` queries (at most the round's capacity, their `|q|^2` in `qn`) in
+    /// the first rows of `bufs`: every step enqueued, each query's `k` best by their codes
+    /// left in `bufs.dist` and `bufs.label`. Returns the queries' buffer and, for L2 and
+    /// cosine, their norms' (which a re-ranking adds too).
     fn round(
         &self,
         index: &Index,
         q: &[f32],
+        qn: &[f32],
         rows: usize,
         bufs: &mut Round<B>,
         scale: f32,
-    ) -> crate::Result<B::Buffer> {
+    ) -> crate::Result<(B::Buffer, Option<B::Buffer>)> {
         let b = &self.backend;
         let h = &index.header;
-        let (d, m) = (h.d, h.m);
+        let m = h.m;
         let (bytes, cw) = (index.pq.bytes(), index.pq.codewords);
         let [k, nprobe] = bufs.sizes;
         let qb = b.upload(q)?;
@@ -343,16 +340,20 @@ impl<B: Backend> DeviceSearch<B> {
             View::new(probes, &lp),
             false,
         )?;
-        if self.list_tables.is_some() {
-            let qn = b.upload(&row_norms(q, d))?;
-            let ln = Layout::contiguous(&[rows, 1]).broadcast_to(&[rows, nprobe])?;
-            b.binary(
-                BinaryOp::Add,
-                View::new(bases, &lp),
-                View::new(&qn, &ln),
-                View::new(bases, &lp),
-            )?;
-        }
+        let qn = match self.list_tables {
+            Some(_) => {
+                let qn = b.upload(qn)?;
+                let ln = Layout::contiguous(&[rows, 1]).broadcast_to(&[rows, nprobe])?;
+                b.binary(
+                    BinaryOp::Add,
+                    View::new(bases, &lp),
+                    View::new(&qn, &ln),
+                    View::new(bases, &lp),
+                )?;
+                Some(qn)
+            }
+            None => None,
+        };
         index.table_product(b, &qb, rows, &self.books, &bufs.tables, scale)?;
         let [n, lists] = [h.n, m];
         let (lt, ll) = (
@@ -379,11 +380,7 @@ impl<B: Backend> DeviceSearch<B> {
             View::new(dist, &lk),
             View::new(label, &lk),
         )?;
-        if !bufs.reranked {
-            b.read_into(dist, &mut bufs.dist_host)?;
-            b.read_into(label, &mut bufs.label_host)?;
-        }
-        Ok(qb)
+        Ok((qb, qn))
     }
 }
 
@@ -392,8 +389,6 @@ impl<B: Backend> DeviceSearch<B> {
 pub(super) struct Round<B: Backend> {
     /// `[k, nprobe]`.
     sizes: [usize; 2],
-    /// Whether a re-ranking reads this round's results (so it does not read them itself).
-    reranked: bool,
     scores: B::Buffer,
     bases: B::Buffer,
     probes: B::Buffer,
@@ -409,7 +404,6 @@ impl<B: Backend> Round<B> {
         let len = index.pq.bytes() * index.pq.codewords;
         Ok(Round {
             sizes: [k, nprobe],
-            reranked: false,
             scores: b.alloc_for_write(DType::F32, cap * index.header.m)?,
             bases: b.alloc_for_write(DType::F32, cap * nprobe)?,
             probes: b.alloc_for_write(DType::U32, cap * nprobe)?,

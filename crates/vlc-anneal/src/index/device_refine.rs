@@ -6,7 +6,7 @@
 
 use super::Index;
 use super::device::{DeviceSearch, Round};
-use super::search::{dot, row_norms};
+use super::search::dot;
 use crate::Metric;
 use hal::{Backend, BackendExt, CandidateInputs, DType, Layout, View};
 
@@ -52,37 +52,38 @@ impl<B: Backend> DeviceSearch<B> {
         }
         let b = &self.backend;
         let (n, d) = (index.header.n, index.header.d);
-        let bytes = 2 * n as u64 * d as u64;
+        let size = 2 * n as u64 * d as u64;
         let most = b.capabilities().max_buffer_bytes;
-        if bytes > most {
+        if size > most {
             // The caller searches on the host instead.
             return Err(hal::Error::Unsupported {
                 op: "re-ranking",
                 detail: format!(
-                    "{n} x {d} f16 refine vectors take {bytes} bytes; this device's largest \
+                    "{n} x {d} f16 refine vectors take {size} bytes; this device's largest \
                      buffer holds {most}"
                 ),
             }
             .into());
         }
-        let vectors = index
-            .refine_values()
+        let bytes = index
+            .refine_bytes()
             .ok_or_else(|| crate::error::input("this index keeps no vectors to re-rank with"))?;
         let norms = match index.header.metric {
             Metric::InnerProduct => None,
             _ => {
-                let n: Vec<f32> = vectors
-                    .chunks_exact(d)
-                    .map(|v| {
-                        let v: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
-                        dot(&v, &v)
+                let mut row = vec![0f32; d];
+                let squares: Vec<f32> = (0..n)
+                    .map(|i| {
+                        index.refine_row(bytes, i, &mut row);
+                        dot(&row, &row)
                     })
                     .collect();
-                Some(b.upload(&n)?)
+                Some(b.upload(&squares)?)
             }
         };
         let state = Refine {
-            vectors: b.upload(&vectors)?,
+            // The file's f16 values as they are: little-endian, as on every host we build for.
+            vectors: b.upload_bytes(DType::F16, bytes)?,
             norms,
         };
         // A search racing this one may have set it first: either upload serves.
@@ -91,13 +92,13 @@ impl<B: Backend> DeviceSearch<B> {
     }
 
     /// The re-ranking of one round: `bufs` holds each query's pool (its labels), `qb` the
-    /// `rows` prepared queries (`q` on the host); the `k` best by exact distance are read into
-    /// `r`'s host vectors.
+    /// `rows` prepared queries and `qn` their `|q|^2` (L2 and cosine); the `k` best by exact
+    /// distance are read into `r`'s host vectors.
     pub(super) fn refine_round(
         &self,
         index: &Index,
         qb: &B::Buffer,
-        q: &[f32],
+        qn: Option<&B::Buffer>,
         rows: usize,
         bufs: &Round<B>,
         r: &mut RefineRound<B>,
@@ -113,17 +114,14 @@ impl<B: Backend> DeviceSearch<B> {
             Layout::contiguous(&[rows, k]),
         );
         let (ln, lr) = (Layout::contiguous(&[n]), Layout::contiguous(&[rows]));
-        // |q|^2 for L2 and cosine, whose vectors carry |v|^2.
-        let qn = match &st.norms {
-            Some(_) => Some(b.upload(&row_norms(q, d))?),
-            None => None,
-        };
+        // |q|^2 for L2 and cosine (the round's), beside the vectors' |v|^2.
+        debug_assert_eq!(qn.is_some(), st.norms.is_some());
         b.candidate_scores(
             CandidateInputs {
                 queries: View::new(qb, &lq),
                 vectors: View::new(&st.vectors, &lv),
                 labels: View::new(&bufs.label, &lp),
-                query_bias: qn.as_ref().map(|v| View::new(v, &lr)),
+                query_bias: qn.map(|v| View::new(v, &lr)),
                 vector_bias: st.norms.as_ref().map(|v| View::new(v, &ln)),
             },
             if st.norms.is_some() { -2.0 } else { -1.0 },

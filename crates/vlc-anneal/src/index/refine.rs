@@ -60,7 +60,7 @@ impl Index {
     }
 
     /// The refine section's bytes (`n x d` f16, little-endian).
-    fn refine_bytes(&self) -> Option<&[u8]> {
+    pub(super) fn refine_bytes(&self) -> Option<&[u8]> {
         self.refine.clone().map(|r| &self.storage[r])
     }
 
@@ -73,8 +73,8 @@ impl Index {
         })
     }
 
-    /// Vector `i`'s refine values in f32.
-    fn refine_row(&self, bytes: &[u8], i: usize, out: &mut [f32]) {
+    /// Vector `i`'s refine values in f32 (`bytes`: [`Index::refine_bytes`]).
+    pub(super) fn refine_row(&self, bytes: &[u8], i: usize, out: &mut [f32]) {
         let d = self.header.d;
         for (o, c) in out
             .iter_mut()

@@ -10,20 +10,21 @@ use crate::vectors::Matrix;
 /// are checked on every core (a batch of 10,000 384-d queries took milliseconds on one), the
 /// first bad one reported.
 pub(crate) fn check_queries(queries: &Matrix, reach: f64) -> crate::Result<()> {
-    check_rows(&queries.data, queries.cols, reach)
+    check_rows(&queries.data, queries.cols, reach).map(drop)
 }
 
-/// [`check_queries`] of `d`-wide rows held in a slice.
-pub(crate) fn check_rows(data: &[f32], d: usize, reach: f64) -> crate::Result<()> {
+/// [`check_queries`] of `d`-wide rows held in a slice; returns each row's `|q|^2` (f32, as
+/// [`dot`] sums it), which the device search adds to its distances.
+pub(crate) fn check_rows(data: &[f32], d: usize, reach: f64) -> crate::Result<Vec<f32>> {
     const LIMIT: f64 = f32::MAX as f64 / 4.0;
     let d = d.max(1);
-    let check = |i: usize| -> crate::Result<()> {
+    let check = |i: usize| -> crate::Result<f32> {
         let q = &data[i * d..(i + 1) * d];
         // The fast path: |q|^2 in f32 lanes is finite exactly when every value is and the sum
         // does not overflow (then the f64 bound below decides).
         let n2 = dot(q, q);
         if n2.is_finite() && (n2 as f64).sqrt() + reach <= LIMIT.sqrt() {
-            return Ok(());
+            return Ok(n2);
         }
         if let Some(j) = q.iter().position(|v| !v.is_finite()) {
             return Err(crate::error::input(format!(
@@ -38,34 +39,23 @@ pub(crate) fn check_rows(data: &[f32], d: usize, reach: f64) -> crate::Result<()
                  vectors (norms up to {reach:.3e}) overflow f32; scale the vectors down"
             )));
         }
-        Ok(())
+        Ok(n2)
     };
     const CHUNK: usize = 512;
     let rows = data.len() / d;
     if rows <= CHUNK {
         // A thread's start costs more than these rows.
-        return (0..rows).try_for_each(check);
+        return (0..rows).map(check).collect();
     }
-    parallel_indices(rows.div_ceil(CHUNK), &|c| {
-        (c * CHUNK..((c + 1) * CHUNK).min(rows)).try_for_each(check)
-    })
-    .into_iter()
-    .collect()
-}
-
-/// `|q|^2` of each `d`-wide row of `q` (f32, as [`dot`] sums), on every core.
-pub(crate) fn row_norms(q: &[f32], d: usize) -> Vec<f32> {
-    const CHUNK: usize = 1024;
-    let rows = q.len() / d.max(1);
-    if rows <= CHUNK {
-        return q.chunks_exact(d.max(1)).map(|r| dot(r, r)).collect();
-    }
-    parallel_indices(rows.div_ceil(CHUNK), &|c| {
+    let parts = parallel_indices(rows.div_ceil(CHUNK), &|c| {
         (c * CHUNK..((c + 1) * CHUNK).min(rows))
-            .map(|i| dot(&q[i * d..(i + 1) * d], &q[i * d..(i + 1) * d]))
-            .collect::<Vec<f32>>()
-    })
-    .concat()
+            .map(check)
+            .collect::<crate::Result<Vec<f32>>>()
+    });
+    Ok(parts
+        .into_iter()
+        .collect::<crate::Result<Vec<_>>>()?
+        .concat())
 }
 
 /// Threads the host-side search and exact k-NN run on; 0 (the default) takes every core.
