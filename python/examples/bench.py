@@ -45,26 +45,44 @@ def mixture(n, d, centres, seed, intrinsic=0):
     return out
 
 
+class TorchBruteForce:
+    """PyTorch brute force on the GPU: the base vectors resident in `dtype`, `|x|^2 - 2 q.x`
+    (no TF32) for chunks of queries whose scores take about 2 GB, `topk`."""
+
+    def __init__(self, x, dtype):
+        import torch
+
+        self.torch, self.dev = torch, torch.device("cuda")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        self.xt = torch.from_numpy(x).to(self.dev).to(dtype)
+        self.xn = (self.xt.float() ** 2).sum(1).to(dtype)
+        self.chunk = max(1, (2 << 30) // (x.shape[0] * self.xt.element_size()))
+
+    def search(self, q, k):
+        ids = []
+        for lo in range(0, len(q), self.chunk):
+            qt = self.torch.from_numpy(q[lo : lo + self.chunk]).to(self.dev).to(self.xt.dtype)
+            d = self.torch.addmm(self.xn[None, :], qt, self.xt.T, alpha=-2)
+            ids.append(d.topk(k, dim=1, largest=False).indices)
+        return self.torch.cat(ids).cpu().numpy()
+
+    def close(self):
+        """Frees the device memory (PyTorch's cache would keep it from vlc's allocations)."""
+        del self.xt, self.xn
+        self.torch.cuda.empty_cache()
+
+
 def exact_top(x, q, k):
-    """Indices of each query's k nearest rows of x (squared L2)."""
+    """Indices of each query's k nearest rows of x (squared L2): PyTorch in float32 on a GPU
+    where there is one, else numpy in chunks."""
     try:
         import torch
 
         if torch.cuda.is_available():
-            dev = torch.device("cuda")
-            xt = torch.from_numpy(x).to(dev)
-            xn = (xt * xt).sum(1)
-            out = []
-            # Chunks of queries whose scores take about 4 GB.
-            step = max(1, (1 << 30) // len(x))
-            for lo in range(0, len(q), step):
-                qt = torch.from_numpy(q[lo : lo + step]).to(dev)
-                d = xn[None, :] - 2 * qt @ xt.T
-                out.append(d.topk(k, dim=1, largest=False).indices.cpu().numpy())
-            del xt, xn, qt, d
-            # PyTorch's cache would keep the memory from vlc's own allocations.
-            torch.cuda.empty_cache()
-            return np.concatenate(out)
+            brute = TorchBruteForce(x, torch.float32)
+            ids = brute.search(q, k)
+            brute.close()
+            return ids
     except ImportError:
         pass
     xn = (x * x).sum(1)
@@ -78,39 +96,24 @@ def exact_top(x, q, k):
 
 
 def torch_peer(x, q, k, truth, reps, out):
-    """PyTorch brute force on the GPU: `|x|^2 - 2 q.x` in chunks of queries, `topk`; timed
-    from host arrays to host results (the base vectors resident on the device, as an index
-    is), median of `reps`."""
+    """PyTorch brute force on the GPU in float32 and float16, timed from host arrays to host
+    results (the base vectors resident on the device, as an index is), median of `reps`."""
     import torch
 
-    dev = torch.device("cuda")
-    torch.backends.cuda.matmul.allow_tf32 = False
     for name, dt in [("torch-fp32", torch.float32), ("torch-fp16", torch.float16)]:
-        xt = torch.from_numpy(x).to(dev).to(dt)
-        xn = (xt.float() ** 2).sum(1).to(dt)
-        chunk = max(1, (2 << 30) // (x.shape[0] * xt.element_size()))
-
-        def search():
-            ids = []
-            for lo in range(0, len(q), chunk):
-                qt = torch.from_numpy(q[lo : lo + chunk]).to(dev).to(dt)
-                d = torch.addmm(xn[None, :], qt, xt.T, alpha=-2)
-                ids.append(d.topk(k, dim=1, largest=False).indices)
-            return torch.cat(ids).cpu().numpy()
-
-        search()
+        brute = TorchBruteForce(x, dt)
+        brute.search(q, k)
         torch.cuda.synchronize()
         times = []
         for _ in range(reps):
             t = time.perf_counter()
-            ids = search()
+            ids = brute.search(q, k)
             times.append(time.perf_counter() - t)
+        brute.close()
         sec = float(np.median(times))
         recall = float(np.mean([len(set(t_[:k]) & set(f)) / k for t_, f in zip(truth, ids)]))
         out["search"].append({"backend": name, "nprobe": 0, "rerank": 0, "qps": len(q) / sec, "recall": recall})
         print(f"{name} brute force: {len(q) / sec:10.0f} queries/s, recall@{k} {recall:.4f}", file=sys.stderr)
-        del xt, xn
-        torch.cuda.empty_cache()
 
 
 def main():
