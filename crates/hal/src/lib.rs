@@ -25,6 +25,8 @@
 //! - [`attention`]: scaled dot-product attention's contract (fused, nothing `tq x tk` in
 //!   memory), its parameters and its dropout rule.
 //! - [`norm`]: layer normalisation's contract and operands.
+//! - [`collective`]: [`Communicator`], several devices reducing and exchanging buffers
+//!   (all-reduce, broadcast, all-gather, reduce-scatter): semantics, ordering, errors.
 //! - [`topk`]: selection's order (IEEE totalOrder, ties to the lower index) and the
 //!   inverted-list scan's distances.
 //! - [`random`]: Philox 4x32-10, the random stream every backend reproduces.
@@ -49,6 +51,7 @@
 
 pub mod attention;
 mod backend;
+pub mod collective;
 mod device;
 mod dtype;
 pub mod durable;
@@ -71,6 +74,7 @@ pub use backend::{
     Backend, BackendExt, Csr, DeviceBuffer, Precision, RecordedSteps, Replay, View,
     nearest_per_group,
 };
+pub use collective::{CollectiveOp, Communicator};
 pub use device::{Capabilities, DeviceInfo, DeviceKind, F64Support};
 pub use dtype::{DType, Element};
 pub use epilogue::{Epilogue, Gate, matmul_epilogue_steps};

@@ -8,17 +8,20 @@
 //!   overlap ([`disjoint`]), shapes, dtypes and broadcasting.
 //! - `attention.rs`: the attention passes' operands and sizes ([`AttentionShape`]).
 //! - `norm.rs`: layer normalisation's operands.
+//! - `collective.rs`: the collectives' operands, counts and in-place forms.
 //! - `matmul.rs`: [`MatrixView`] and the products' checks, and CSR's.
 //! - `topk.rs`: selection's and the inverted-list scan's operands.
 //! - here: the other primitives' checks, one function each.
 
 mod attention;
+mod collective;
 mod matmul;
 mod norm;
 mod operand;
 mod topk;
 
 pub use attention::{AttentionShape, attention, attention_backward, lse_dtype};
+pub use collective::{CollectiveKind, collective};
 pub use norm::{layer_norm, layer_norm_backward};
 pub use topk::{candidate_scores, ivf_scan, top_k};
 
