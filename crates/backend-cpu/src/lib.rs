@@ -27,12 +27,14 @@
 // smell; bundling them into structs would only rename the problem.
 #![allow(clippy::too_many_arguments)]
 
+pub mod collective;
 mod device;
 mod ops;
 mod program;
 mod storage;
 mod walk;
 
+pub use collective::CpuCommunicator;
 pub use program::CpuKernel;
 pub use storage::CpuBuffer;
 
