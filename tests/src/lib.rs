@@ -15,6 +15,7 @@
 //! ```
 
 pub mod checks;
+pub mod collective;
 pub mod device_checks;
 pub mod host;
 pub mod kill;
