@@ -20,12 +20,15 @@
 //!   `cuMemAlloc`. Every launch goes to one stream, which orders reuse.
 //! - [`hal::Backend::record`] captures a sequence of calls into a CUDA graph; `replay` launches
 //!   it with one call.
+//! - [`NcclCommunicator`]: [`hal::Communicator`] over NCCL (opened at run time), one process
+//!   driving several GPUs or one process per GPU meeting through a [`Rendezvous`].
 //! - Index operands are checked on the device (a check kernel sets a verdict word that the
 //!   guarded kernel reads); a fault is reported by the next `synchronize` or read.
 
 mod alloc;
 mod buffer;
 mod capture;
+pub mod collective;
 mod cubin_cache;
 mod device;
 mod open;
@@ -37,6 +40,7 @@ mod walk;
 pub use alloc::PoolStats;
 pub use buffer::CudaBuffer;
 pub use capture::CudaGraph;
+pub use collective::{NcclCommunicator, Rendezvous};
 pub use program::{CudaKernel, lower as cuda_source};
 
 use crate::device::Device;

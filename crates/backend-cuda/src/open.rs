@@ -100,6 +100,11 @@ impl CudaBackend {
     }
 
     /// Launches an empty kernel (one block of one thread): the launch overhead, for the bench.
+    /// The CUDA device ordinal this handle drives.
+    pub fn ordinal(&self) -> usize {
+        self.dev.ctx.ordinal()
+    }
+
     pub fn launch_empty(&self) -> Result<()> {
         self.dev.bind()?;
         let f = self.dev.function("empty_kernel")?;

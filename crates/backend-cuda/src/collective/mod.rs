@@ -1,0 +1,307 @@
+//! The collectives over NCCL ([`hal::collective`]'s contract).
+//!
+//! - `nccl.rs`: the library, opened at run time, and its entry points.
+//! - `rendezvous.rs`: how the ranks of several processes receive rank 0's id.
+//! - here: [`NcclCommunicator`], one rank: its backend handle (device and stream) and its
+//!   NCCL communicator. Collectives go to the backend's stream, so they are ordered with its
+//!   kernels as any launch is.
+//!
+//! NVLink multicast (NVLS) stays off: [`NcclCommunicator`]'s constructors set
+//! `NCCL_NVLS_ENABLE=0` unless the variable is set already.
+
+mod nccl;
+mod rendezvous;
+
+pub use nccl::LIBRARY_VARIABLE;
+pub use rendezvous::Rendezvous;
+
+use crate::{CudaBackend, CudaBuffer};
+use hal::collective::{CollectiveOp, Communicator};
+use hal::validate::{CollectiveKind, collective};
+use hal::{Error, Result, View};
+use nccl::{Comm, Nccl, UniqueId};
+use std::ffi::c_void;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One rank of an NCCL group (see the module docs).
+pub struct NcclCommunicator {
+    backend: CudaBackend,
+    nccl: &'static Nccl,
+    /// The NCCL communicator; null once aborted. One call at a time goes through it.
+    comm: Mutex<Comm>,
+    rank: usize,
+    size: usize,
+}
+
+// SAFETY: the communicator handle is used under its mutex only; NCCL allows a communicator
+// to move between threads as long as calls on it do not overlap.
+unsafe impl Send for NcclCommunicator {}
+
+fn keep_nvls_off() {
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        // SAFETY: set before NCCL reads its environment (on a communicator's creation), by
+        // the thread that creates it; the collectives document that communicators are made
+        // before other threads read the environment.
+        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    }
+}
+
+impl NcclCommunicator {
+    /// One process driving several GPUs: a group of one rank per backend, rank `r` on
+    /// `backends[r]`. Drive each rank from its own thread (a rank's call may wait for its
+    /// peers).
+    pub fn for_backends(backends: Vec<CudaBackend>) -> Result<Vec<NcclCommunicator>> {
+        let nccl = nccl::nccl()?;
+        let ordinals: Vec<i32> = backends.iter().map(|b| b.ordinal() as i32).collect();
+        for (i, o) in ordinals.iter().enumerate() {
+            if ordinals[..i].contains(o) {
+                return Err(Error::InvalidArgument {
+                    op: "NcclCommunicator::for_backends",
+                    detail: format!("GPU {o} appears twice: a group takes each device once"),
+                });
+            }
+        }
+        if backends.is_empty() {
+            return Err(Error::InvalidArgument {
+                op: "NcclCommunicator::for_backends",
+                detail: "no devices".into(),
+            });
+        }
+        keep_nvls_off();
+        let mut comms = vec![std::ptr::null_mut(); backends.len()];
+        // SAFETY: room for one communicator per device; the list holds distinct ordinals.
+        nccl.check("ncclCommInitAll", std::ptr::null_mut(), unsafe {
+            (nccl.comm_init_all)(comms.as_mut_ptr(), comms.len() as i32, ordinals.as_ptr())
+        })?;
+        let size = backends.len();
+        Ok(backends
+            .into_iter()
+            .zip(comms)
+            .enumerate()
+            .map(|(rank, (backend, comm))| NcclCommunicator {
+                backend,
+                nccl,
+                comm: Mutex::new(comm),
+                rank,
+                size,
+            })
+            .collect())
+    }
+
+    /// One rank of a group formed by several processes: rank 0 makes the group's id and
+    /// publishes it through `rendezvous`, the others fetch it; every rank then waits until
+    /// all `size` have joined. `timeout` bounds the wait for the id.
+    pub fn join(
+        backend: CudaBackend,
+        rendezvous: &Rendezvous,
+        rank: usize,
+        size: usize,
+        timeout: Duration,
+    ) -> Result<NcclCommunicator> {
+        if size == 0 || rank >= size {
+            return Err(Error::InvalidArgument {
+                op: "NcclCommunicator::join",
+                detail: format!("rank {rank} of a group of {size}"),
+            });
+        }
+        let nccl = nccl::nccl()?;
+        keep_nvls_off();
+        let id = if rank == 0 {
+            let mut id = UniqueId { internal: [0; 128] };
+            // SAFETY: writes the 128-byte id.
+            nccl.check("ncclGetUniqueId", std::ptr::null_mut(), unsafe {
+                (nccl.get_unique_id)(&mut id)
+            })?;
+            rendezvous.publish(size, &id, timeout)?;
+            id
+        } else {
+            rendezvous.fetch(size, timeout)?
+        };
+        backend.dev.bind()?;
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: one communicator written; NCCL picks the device current on this thread,
+        // which `bind` made the backend's.
+        nccl.check("ncclCommInitRank", std::ptr::null_mut(), unsafe {
+            (nccl.comm_init_rank)(&mut comm, size as i32, id, rank as i32)
+        })?;
+        Ok(NcclCommunicator {
+            backend,
+            nccl,
+            comm: Mutex::new(comm),
+            rank,
+            size,
+        })
+    }
+
+    /// The NCCL version loaded (for example 22805 for 2.28.5).
+    pub fn nccl_version(&self) -> i32 {
+        self.nccl.version
+    }
+
+    fn enqueue(
+        &self,
+        kind: CollectiveKind,
+        send: View<'_, CudaBuffer>,
+        recv: View<'_, CudaBuffer>,
+        launch: impl FnOnce(&Nccl, *const c_void, *mut c_void, Comm, nccl::Stream) -> u32,
+    ) -> Result<()> {
+        collective(kind, self.rank, self.size, send, recv)?;
+        let comm = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+        if comm.is_null() {
+            return Err(aborted(kind.name()));
+        }
+        self.backend.dev.bind()?;
+        let address = |v: View<'_, CudaBuffer>| {
+            v.buffer.ptr() + (v.layout.offset * v.dtype().size_in_bytes()) as u64
+        };
+        let status = launch(
+            self.nccl,
+            address(send) as *const c_void,
+            address(recv) as *mut c_void,
+            *comm,
+            self.backend.dev.stream as nccl::Stream,
+        );
+        self.nccl.check(kind.name(), *comm, status)
+    }
+
+    /// Aborts the NCCL communicator (its pending operations end); later calls fail.
+    fn abort(&self, comm: &mut Comm) {
+        if !comm.is_null() {
+            // SAFETY: a live communicator, not used again (nulled below).
+            unsafe { (self.nccl.comm_abort)(*comm) };
+            *comm = std::ptr::null_mut();
+        }
+    }
+}
+
+fn aborted(op: &'static str) -> Error {
+    Error::Backend {
+        backend: "cuda (NCCL)",
+        detail: format!("{op}: the communicator was aborted after an earlier failure or timeout"),
+    }
+}
+
+impl Drop for NcclCommunicator {
+    fn drop(&mut self) {
+        // Let this rank's queued work finish (bounded), then free NCCL's resources. Abort
+        // rather than destroy: destroying waits on peers that may be gone.
+        let _ = self.synchronize(Duration::from_secs(60));
+        let mut comm = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+        self.abort(&mut comm);
+    }
+}
+
+impl Communicator for NcclCommunicator {
+    type Backend = CudaBackend;
+
+    fn backend(&self) -> &CudaBackend {
+        &self.backend
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce(
+        &self,
+        op: CollectiveOp,
+        send: View<'_, CudaBuffer>,
+        recv: View<'_, CudaBuffer>,
+    ) -> Result<()> {
+        let (count, dtype) = (send.layout.numel(), nccl::data_type(send.dtype()));
+        self.enqueue(CollectiveKind::AllReduce, send, recv, |n, s, r, c, st| {
+            // SAFETY: validated views inside live buffers of this device; the stream is the
+            // backend's, which orders the call after the work that wrote `send`.
+            unsafe { (n.all_reduce)(s, r, count, dtype, nccl::reduce_op(op), c, st) }
+        })
+    }
+
+    fn broadcast(
+        &self,
+        root: usize,
+        send: View<'_, CudaBuffer>,
+        recv: View<'_, CudaBuffer>,
+    ) -> Result<()> {
+        let (count, dtype) = (send.layout.numel(), nccl::data_type(send.dtype()));
+        self.enqueue(
+            CollectiveKind::Broadcast { root },
+            send,
+            recv,
+            |n, s, r, c, st| {
+                // SAFETY: as in all_reduce.
+                unsafe { (n.broadcast)(s, r, count, dtype, root as i32, c, st) }
+            },
+        )
+    }
+
+    fn all_gather(&self, send: View<'_, CudaBuffer>, recv: View<'_, CudaBuffer>) -> Result<()> {
+        let (count, dtype) = (send.layout.numel(), nccl::data_type(send.dtype()));
+        self.enqueue(CollectiveKind::AllGather, send, recv, |n, s, r, c, st| {
+            // SAFETY: as in all_reduce.
+            unsafe { (n.all_gather)(s, r, count, dtype, c, st) }
+        })
+    }
+
+    fn reduce_scatter(
+        &self,
+        op: CollectiveOp,
+        send: View<'_, CudaBuffer>,
+        recv: View<'_, CudaBuffer>,
+    ) -> Result<()> {
+        let (count, dtype) = (recv.layout.numel(), nccl::data_type(send.dtype()));
+        self.enqueue(
+            CollectiveKind::ReduceScatter,
+            send,
+            recv,
+            |n, s, r, c, st| {
+                // SAFETY: as in all_reduce.
+                unsafe { (n.reduce_scatter)(s, r, count, dtype, nccl::reduce_op(op), c, st) }
+            },
+        )
+    }
+
+    fn synchronize(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let dev = &self.backend.dev;
+        dev.bind()?;
+        loop {
+            // SAFETY: the backend's stream.
+            let status = unsafe { cudarc::driver::sys::cuStreamQuery(dev.stream) };
+            match status {
+                cudarc::driver::sys::CUresult::CUDA_SUCCESS => break,
+                cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                e => {
+                    return Err(crate::device::driver_error(
+                        "cuStreamQuery",
+                        cudarc::driver::DriverError(e),
+                    ));
+                }
+            }
+            let mut comm = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+            if !comm.is_null()
+                && let Err(e) = self.nccl.async_error(*comm)
+            {
+                self.abort(&mut comm);
+                return Err(e);
+            }
+            if Instant::now() >= deadline {
+                self.abort(&mut comm);
+                return Err(Error::Backend {
+                    backend: "cuda (NCCL)",
+                    detail: format!(
+                        "rank {} of {}: the collectives did not finish within {timeout:?} (a \
+                         peer that never called, or called with other counts?); the \
+                         communicator is aborted",
+                        self.rank, self.size
+                    ),
+                });
+            }
+            drop(comm);
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        hal::Backend::synchronize(&self.backend)
+    }
+}
