@@ -13,7 +13,7 @@
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use hal::Backend;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 
 /// Maps the gradient of an operation's output to the gradients of its inputs (`None` where
@@ -34,6 +34,28 @@ thread_local! {
     /// The id of the running backward pass's seed, where that seed holds 1 everywhere: see
     /// [`is_unit_seed`].
     static UNIT_SEED: Cell<Option<u64>> = const { Cell::new(None) };
+    /// Called with a leaf's id once a backward pass on this thread has stored that leaf's
+    /// gradient: see [`with_leaf_hook`].
+    static LEAF_HOOK: RefCell<Option<LeafHook>> = const { RefCell::new(None) };
+}
+
+/// What [`with_leaf_hook`] installs.
+pub(crate) type LeafHook = Box<dyn FnMut(u64) -> Result<()>>;
+
+/// Runs `f` with `hook` called, on this thread, with the id of each leaf whose gradient a
+/// backward pass has just finished (each leaf once per pass: a leaf's gradient is summed
+/// over all its paths before it is stored). Data-parallel training starts a bucket's
+/// all-reduce from it. The previous hook comes back afterwards, also if `f` panics.
+pub(crate) fn with_leaf_hook<R>(hook: LeafHook, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<LeafHook>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            LEAF_HOOK.with(|h| *h.borrow_mut() = previous);
+        }
+    }
+    let _restore = Restore(LEAF_HOOK.with(|h| h.borrow_mut().replace(hook)));
+    f()
 }
 
 /// Whether `g` is the seed of the backward pass running on this thread and that seed holds 1
@@ -240,11 +262,20 @@ fn accumulate_leaf<B: Backend>(leaf: &Tensor<B>, g: Tensor<B>) -> Result<()> {
     } else {
         g.to_dtype(leaf.dtype())?
     };
-    let mut slot = leaf.inner.grad.lock().unwrap_or_else(|p| p.into_inner());
-    let total = match slot.as_ref() {
-        Some(prev) => prev.add(&g)?,
-        None => g,
-    };
-    *slot = Some(total.dense()?.detach());
+    {
+        let mut slot = leaf.inner.grad.lock().unwrap_or_else(|p| p.into_inner());
+        let total = match slot.as_ref() {
+            Some(prev) => prev.add(&g)?,
+            None => g,
+        };
+        *slot = Some(total.dense()?.detach());
+    }
+    // The hook is taken out while it runs, so what it calls cannot re-enter it.
+    let hook = LEAF_HOOK.with(|h| h.borrow_mut().take());
+    if let Some(mut hook) = hook {
+        let outcome = hook(leaf.id());
+        LEAF_HOOK.with(|h| *h.borrow_mut() = Some(hook));
+        outcome?;
+    }
     Ok(())
 }
