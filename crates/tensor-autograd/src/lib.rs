@@ -25,6 +25,9 @@
 //!   f64 tensors (every primitive of the CPU and CUDA backends computes in f64, and the fused
 //!   backward kernels are built in the tensors' width, erf's included; f64 cross-entropy is
 //!   the composition `log_softmax` + `nll_loss`, the one-kernel form being f32's).
+//! - [`distributed`]: data-parallel training ([`distributed::DataParallel`]): parameters
+//!   broadcast from rank 0, gradients averaged over a [`hal::Communicator`] in buckets as the
+//!   backward pass finishes them.
 //! - [`data`]: datasets and a [`data::DataLoader`] that prepares the next batch on a thread;
 //!   [`idx`]: the IDX files of real MNIST (`cargo xtask fetch mnist` downloads them);
 //!   [`text`]: character and GPT-2 tokenizers, nanoGPT's `.bin` token files as random batches.
@@ -53,6 +56,7 @@
 mod autocast;
 mod autograd;
 pub mod data;
+pub mod distributed;
 mod error;
 pub mod gpt;
 mod gradcheck;
