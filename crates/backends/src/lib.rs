@@ -59,3 +59,29 @@ macro_rules! on_backend {
         }
     };
 }
+
+/// `on_group!(name, n, f(args...))` runs the generic `f(communicators, args...)` with a group of
+/// `n` ranks on the backend `name` selects: threads of the CPU reference
+/// ([`backend_cpu::CpuCommunicator`]), or GPUs `0..n` over NCCL
+/// ([`backend_cuda::NcclCommunicator`]). `f` gets the ranks' handles in rank order (drive each
+/// from its own thread) and returns `Result<T, String>`. wgpu has no collectives: an `Err`.
+#[macro_export]
+macro_rules! on_group {
+    ($choice:expr, $n:expr, $f:ident ( $($arg:expr),* )) => {
+        match $choice {
+            "cpu" => $crate::backend_cpu::CpuCommunicator::group($n)
+                .map_err(|e| e.to_string())
+                .and_then(|g| $f(g, $($arg),*)),
+            "cuda" => (0..$n)
+                .map($crate::backend_cuda::CudaBackend::with_ordinal)
+                .collect::<Result<Vec<_>, _>>()
+                .and_then($crate::backend_cuda::NcclCommunicator::for_backends)
+                .map_err(|e| e.to_string())
+                .and_then(|g| $f(g, $($arg),*)),
+            "wgpu" => Err(
+                "wgpu has no collectives: several devices train on cuda (NCCL) or cpu".to_string(),
+            ),
+            other => Err(format!("unknown backend {other} (expected cpu or cuda)")),
+        }
+    };
+}

@@ -11,13 +11,20 @@
 //! ```sh
 //! cargo run --release -p tensor-autograd --example gpt -- --config small --iters 200
 //! cargo run --release -p tensor-autograd --example gpt -- --backend cuda --config shakespeare-char
+//! cargo run --release -p tensor-autograd --example gpt -- --backend cuda --config gpt2 --devices 4
 //! ```
+//!
+//! `--devices N` trains data-parallel on N devices (GPUs 0..N over NCCL, or N threads of the CPU
+//! backend): each rank draws its own batches of `--batch` sequences, the gradients are averaged
+//! over the ranks, and rank 0 logs, evaluates and writes the checkpoints.
 
 use clap::Parser;
 use hal::Backend;
+use hal::collective::Communicator;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
+use tensor_autograd::distributed::{Alone, DataParallel, Replicas};
 use tensor_autograd::gpt::{Gpt, GptConfig};
 use tensor_autograd::nn::Init;
 use tensor_autograd::optim::{Adam, Cosine, GradScaler, Optimizer, Schedule, clip_grad_norm};
@@ -30,6 +37,9 @@ struct Args {
     /// cpu, wgpu, cuda or auto (the best present)
     #[arg(long, default_value = "auto")]
     backend: String,
+    /// Devices to train on, data-parallel (cuda: GPUs 0..N over NCCL; cpu: N threads)
+    #[arg(long, default_value_t = 1)]
+    devices: usize,
     /// shakespeare-char, gpt2 or small
     #[arg(long, default_value = "shakespeare-char")]
     config: String,
@@ -107,7 +117,12 @@ fn main() -> ExitCode {
         "gpt: backend {choice}, recipe {}, autocast {}",
         args.config, args.autocast
     );
-    match backends::on_backend!(choice.as_str(), with_policy(&args)) {
+    let outcome = if args.devices > 1 {
+        backends::on_group!(choice.as_str(), args.devices, parallel(&args))
+    } else {
+        backends::on_backend!(choice.as_str(), with_policy(&args))
+    };
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpt: {e}");
@@ -117,7 +132,11 @@ fn main() -> ExitCode {
 }
 
 /// The training and validation tokens, and their tokenizer where it is known.
-type Data = (TokenStream, TokenStream, Option<Box<dyn Tokenizer>>);
+type Data = (
+    TokenStream,
+    TokenStream,
+    Option<Box<dyn Tokenizer + Send + Sync>>,
+);
 
 /// The training and validation token files, and the tokenizer that reads them back where it
 /// is known: characters for the character recipes; GPT-2's BPE for `gpt2` on `--text`, the
@@ -128,7 +147,7 @@ fn data(args: &Args, work: &Path) -> Result<Data, String> {
     if let Some(dir) = &args.bin_dir {
         let train = TokenStream::open(&dir.join("train.bin")).map_err(e)?;
         let val = TokenStream::open(&dir.join("val.bin")).map_err(e)?;
-        let tok: Option<Box<dyn Tokenizer>> = if args.config == "gpt2" {
+        let tok: Option<Box<dyn Tokenizer + Send + Sync>> = if args.config == "gpt2" {
             Some(Box::new(Gpt2Tokenizer::new().map_err(e)?))
         } else {
             None
@@ -140,7 +159,7 @@ fn data(args: &Args, work: &Path) -> Result<Data, String> {
     });
     let text =
         std::fs::read_to_string(&path).map_err(|err| format!("{}: {err}", path.display()))?;
-    let (tok, ids, split, kind): (Box<dyn Tokenizer>, Vec<u32>, usize, &str) =
+    let (tok, ids, split, kind): (Box<dyn Tokenizer + Send + Sync>, Vec<u32>, usize, &str) =
         if args.config == "gpt2" {
             let bpe = Gpt2Tokenizer::new().map_err(e)?;
             let at = text
@@ -165,7 +184,7 @@ fn data(args: &Args, work: &Path) -> Result<Data, String> {
 
 /// Writes `ids[..split]` and `ids[split..]` as the run's token files and opens them.
 fn finish(
-    tok: Box<dyn Tokenizer>,
+    tok: Box<dyn Tokenizer + Send + Sync>,
     ids: Vec<u32>,
     split: usize,
     work: &Path,
@@ -252,19 +271,70 @@ fn loss_under<R>(
     }
 }
 
-fn with_policy<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
-    let policy = match args.precision.as_str() {
-        "fast" => hal::Precision::Fast,
-        "exact" => hal::Precision::Exact,
-        p => return Err(format!("unknown precision {p} (fast or exact)")),
-    };
-    run(&backend.with_precision(policy), args)
+fn policy(args: &Args) -> Result<hal::Precision, String> {
+    match args.precision.as_str() {
+        "fast" => Ok(hal::Precision::Fast),
+        "exact" => Ok(hal::Precision::Exact),
+        p => Err(format!("unknown precision {p} (fast or exact)")),
+    }
 }
 
-fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
+fn work_dir(args: &Args) -> PathBuf {
+    args.out.parent().unwrap_or(Path::new(".")).to_path_buf()
+}
+
+fn with_policy<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
+    let data = data(args, &work_dir(args))?;
+    run(&backend.with_precision(policy(args)?), args, &data, |_| {
+        Ok(Box::new(Alone))
+    })
+}
+
+/// One thread per rank of `comms`, each training a replica on its own device.
+fn parallel<C: Communicator + 'static>(comms: Vec<C>, args: &Args) -> Result<(), String> {
+    let data = data(args, &work_dir(args))?;
+    let precision = policy(args)?;
+    println!("gpt: data-parallel over {} devices", comms.len());
+    let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let data = &data;
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let backend = comm.backend().with_precision(precision);
+                    run(&backend, args, data, move |params| {
+                        Ok(Box::new(
+                            DataParallel::new(comm, params).map_err(|e| e.to_string())?,
+                        ))
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+            .collect()
+    });
+    outcomes.into_iter().collect()
+}
+
+/// Prints on the primary rank only.
+macro_rules! say {
+    ($primary:expr, $($t:tt)*) => {
+        if $primary {
+            println!($($t)*);
+        }
+    };
+}
+
+fn run<'a, B: Backend>(
+    backend: &B,
+    args: &Args,
+    data: &Data,
+    join: impl FnOnce(&[Tensor<B>]) -> Result<Box<dyn Replicas<B> + 'a>, String> + 'a,
+) -> Result<(), String> {
     let e = |e: tensor_autograd::Error| e.to_string();
-    let work = args.out.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let (train, val, tok) = data(args, &work)?;
+    let (train, val, tok) = data;
     let vocab = tok.as_ref().map_or(50304, |t| t.vocab_size());
     let cfg = config(args, vocab)?;
     let mixed = match args.autocast.as_str() {
@@ -315,13 +385,17 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
             args.out.display()
         );
     }
+    // Rank 0's parameters go to every rank (a resumed run loaded the same files on each).
+    let replicas = join(&params)?;
+    let primary = replicas.is_primary();
+    let ranks = replicas.size();
     let schedule = Cosine {
         base: args.lr,
         min: args.min_lr,
         warmup: args.warmup,
         total: args.iters as u64,
     };
-    let tokens_per_iter = batch * cfg.block_size * args.grad_accum.max(1);
+    let tokens_per_iter = batch * cfg.block_size * args.grad_accum.max(1) * ranks;
     let mut eval_state = args.seed ^ 0xe7a1;
     let mut best = f32::INFINITY;
     // Whether this run saved a checkpoint (the file may be an older run's otherwise).
@@ -332,11 +406,13 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
     // evaluations (not training time) and at each log line (a synchronizing loss read).
     let mut since: Option<(Instant, usize)> = None;
     for iter in first_iter..=args.iters {
-        if args.eval_interval > 0 && (iter % args.eval_interval == 0 || iter == args.iters) {
+        let evaluate =
+            args.eval_interval > 0 && (iter % args.eval_interval == 0 || iter == args.iters);
+        if evaluate && primary {
             let t = estimate(
                 &mut model,
                 backend,
-                &train,
+                train,
                 &mut eval_state,
                 (args.eval_iters, batch),
                 mixed,
@@ -344,12 +420,12 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
             let v = estimate(
                 &mut model,
                 backend,
-                &val,
+                val,
                 &mut eval_state,
                 (args.eval_iters, batch),
                 mixed,
             )?;
-            println!("step {iter}: train loss {t:.4}, val loss {v:.4}");
+            say!(primary, "step {iter}: train loss {t:.4}, val loss {v:.4}");
             since = None;
             if v < best {
                 best = v;
@@ -376,10 +452,13 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         }
         // Each step's batches follow from the seed and the step, so a resumed run draws the
         // batches the uninterrupted one would have.
-        let mut data_state = args.seed ^ (iter as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        // Rank r > 0 mixes its rank in: its own batches (rank 0's are a single run's).
+        let mut data_state = args.seed
+            ^ (iter as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ (replicas.rank() as u64).wrapping_mul(0xd1b5_4a32_d192_ed03);
         let micro = args.grad_accum.max(1);
         let mut loss = None;
-        for _ in 0..micro {
+        for m in 0..micro {
             let (x, y) = train
                 .random_batch_tensors(backend, &mut data_state, batch, cfg.block_size)
                 .map_err(e)?;
@@ -390,11 +469,13 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
                 Some(s) => s.scale_loss(&l).map_err(e)?,
                 None => l.clone(),
             };
-            scaled
-                .mul_scalar(1.0 / micro as f32)
-                .map_err(e)?
-                .backward()
-                .map_err(e)?;
+            let scaled = scaled.mul_scalar(1.0 / micro as f32).map_err(e)?;
+            // The last micro-batch's backward averages the summed gradients over the ranks.
+            if m + 1 == micro {
+                replicas.backward(&scaled).map_err(e)?;
+            } else {
+                scaled.backward().map_err(e)?;
+            }
             loss = Some(l.detach());
         }
         let loss = loss.expect("at least one micro-batch");
@@ -418,7 +499,8 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
             let ms = start.elapsed().as_secs_f64() * 1e3 / (iter + 1 - from) as f64;
             times.push(ms);
             since = Some((Instant::now(), iter + 1));
-            println!(
+            say!(
+                primary,
                 "iter {iter}: loss {l:.4}, {ms:.2} ms, {:.0} tokens/s, lr {lr:.2e}",
                 tokens_per_iter as f64 / (ms / 1e3)
             );
@@ -431,24 +513,29 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         } else {
             String::new()
         };
-        println!(
+        say!(
+            primary,
             "gpt on {}: median {median:.2} ms per iteration ({:.0} tokens/s){val}",
             backend.info().name,
             tokens_per_iter as f64 / (median / 1e3)
         );
     }
     if let Some(s) = &scaler {
-        println!(
+        say!(
+            primary,
             "gpt: loss scale {} at the end, {} steps skipped for overflow",
             s.scale(),
             s.skipped_steps()
         );
     }
     if best.is_finite() && args.out.exists() {
-        println!("gpt: best checkpoint in {}", args.out.display());
+        say!(primary, "gpt: best checkpoint in {}", args.out.display());
+    }
+    if !primary {
+        return Ok(());
     }
     if let Some(path) = &args.dump_logits {
-        dump_logits(&mut model, backend, &val, path)?;
+        dump_logits(&mut model, backend, val, path)?;
     }
     if let (Some(tok), true) = (&tok, args.sample > 0) {
         // From the best checkpoint, as nanoGPT's sample.py samples from its ckpt.pt (the
@@ -461,7 +548,7 @@ fn run<B: Backend>(backend: &B, args: &Args) -> Result<(), String> {
         let out = model
             .generate(&prompt, args.sample, 0.8, Some(200), args.seed)
             .map_err(e)?;
-        println!("---\n{}\n---", tok.decode(&out).map_err(e)?);
+        say!(primary, "---\n{}\n---", tok.decode(&out).map_err(e)?);
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Small reference models and the training loop the examples and the bench share.
 
 use crate::data::{DataLoader, Dataset};
+use crate::distributed::{Alone, Replicas};
 use crate::error::{Result, invalid};
 use crate::nn::{BatchNorm2d, Conv2d, Dropout, Init, Layer, Linear, Module, ModuleExt, Sequential};
 use crate::optim::{Optimizer, Schedule};
@@ -115,6 +116,29 @@ pub fn train_step<B: Backend>(
     y: &Tensor<B>,
 ) -> Result<StepOutput<B>> {
     step_with(model, params, x, y, None, |params| opt.step(params))
+}
+
+/// [`train_step`] as one rank of a data-parallel group (or [`crate::distributed::Alone`]):
+/// the backward pass goes through `replicas`, which averages the gradients over the ranks.
+pub fn train_step_replicated<B: Backend>(
+    model: &dyn Module<B>,
+    params: &[Tensor<B>],
+    opt: &mut dyn Optimizer<B>,
+    x: &Tensor<B>,
+    y: &Tensor<B>,
+    replicas: &dyn Replicas<B>,
+) -> Result<StepOutput<B>> {
+    for p in params {
+        p.zero_grad();
+    }
+    let logits = model.forward(x)?;
+    let loss = logits.cross_entropy(y)?;
+    replicas.backward(&loss)?;
+    opt.step(params)?;
+    Ok(StepOutput {
+        loss: loss.detach(),
+        logits: logits.detach(),
+    })
 }
 
 /// A training step whose optimiser update is `update` (the eager step, or a recorded one).
@@ -377,6 +401,21 @@ pub fn train_epoch<B: Backend>(
     global_step: &mut u64,
     on_batch: &mut dyn FnMut(),
 ) -> Result<EpochReport> {
+    train_epoch_replicated(model, opt, schedule, loader, global_step, on_batch, &Alone)
+}
+
+/// [`train_epoch`] as one rank of a data-parallel group: each step's backward pass goes
+/// through `replicas`. Every rank's loader must yield the same number of batches (the ranks
+/// meet at every step); the report is this rank's.
+pub fn train_epoch_replicated<B: Backend>(
+    model: &mut dyn Module<B>,
+    opt: &mut dyn Optimizer<B>,
+    schedule: Option<&dyn Schedule>,
+    loader: &mut DataLoader<B>,
+    global_step: &mut u64,
+    on_batch: &mut dyn FnMut(),
+    replicas: &dyn Replicas<B>,
+) -> Result<EpochReport> {
     model.set_training(true);
     let params = model.parameters();
     let (mut loss_sum, mut correct, mut seen, mut batches) = (None, None, 0usize, 0usize);
@@ -385,7 +424,7 @@ pub fn train_epoch<B: Backend>(
         if let Some(s) = schedule {
             opt.set_learning_rate(s.learning_rate(*global_step));
         }
-        let out = train_step(&*model, &params, opt, &batch.x, &batch.y)?;
+        let out = train_step_replicated(&*model, &params, opt, &batch.x, &batch.y, replicas)?;
         *global_step += 1;
         accumulate(&mut loss_sum, out.loss)?;
         accumulate(&mut correct, hits(&out.logits, &batch.y)?)?;

@@ -7,7 +7,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::Arc;
 use std::time::Instant;
 use tensor_autograd::data::{DataLoader, Dataset};
-use tensor_autograd::models::{accuracy, train_epoch};
+use tensor_autograd::distributed::{Alone, Replicas};
+use tensor_autograd::models::{accuracy, train_epoch_replicated};
 use tensor_autograd::nn::{ModuleExt, Sequential};
 use tensor_autograd::optim::{Adam, Cosine};
 
@@ -40,6 +41,21 @@ pub fn fit<B: Backend>(
     test: Arc<Dataset>,
     how: &Fit,
 ) -> Result<Outcome, String> {
+    fit_replicated(backend, name, model, train, test, how, &Alone)
+}
+
+/// [`fit`] as one rank of a data-parallel group: `train` is this rank's shard (every rank's
+/// the same size), the gradients are averaged through `replicas`, and only rank 0 prints and
+/// measures the test accuracy (0 elsewhere).
+pub fn fit_replicated<B: Backend>(
+    backend: &B,
+    name: &str,
+    model: &mut Sequential<B>,
+    train: Arc<Dataset>,
+    test: Arc<Dataset>,
+    how: &Fit,
+    replicas: &dyn Replicas<B>,
+) -> Result<Outcome, String> {
     let Fit {
         epochs,
         batch,
@@ -50,9 +66,14 @@ pub fn fit<B: Backend>(
     } = *how;
     let e = |e: tensor_autograd::Error| e.to_string();
     let (train_items, test_items) = (train.len(), test.len());
+    let primary = replicas.is_primary();
     let mut loader = DataLoader::new(backend, train, batch)
         .map_err(e)?
-        .shuffle(seed);
+        .shuffle(seed ^ (replicas.rank() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    if replicas.size() > 1 {
+        // Equal shards give every rank the same number of whole batches.
+        loader = loader.drop_last();
+    }
     if let Some(side) = augment_side {
         loader =
             loader.transform(move |item, r| tensor_autograd::models::shift_image(item, side, r));
@@ -67,15 +88,23 @@ pub fn fit<B: Backend>(
     let mut opt = Adam::new(lr);
     let mut step = 0u64;
     let started = Instant::now();
-    println!(
-        "{name}: {} parameters, {} train / {} test items, batch {batch}, {epochs} epochs, Adam lr {lr} (cosine)",
-        model.num_parameters(),
-        train_items,
-        test_items
-    );
+    if primary {
+        println!(
+            "{name}: {} parameters, {} train / {} test items{}, batch {batch}{}, {epochs} epochs, Adam lr {lr} (cosine)",
+            model.num_parameters(),
+            train_items,
+            test_items,
+            if replicas.size() > 1 { " per rank" } else { "" },
+            if replicas.size() > 1 {
+                format!(" per rank on {} ranks", replicas.size())
+            } else {
+                String::new()
+            }
+        );
+    }
     let mut test_accuracy = 0.0;
     for epoch in 1..=epochs {
-        let bar = if quiet {
+        let bar = if quiet || !primary {
             ProgressBar::hidden()
         } else {
             ProgressBar::new(loader.num_batches() as u64)
@@ -88,16 +117,20 @@ pub fn fit<B: Backend>(
             .progress_chars("=> "),
         );
         bar.set_prefix(epoch.to_string());
-        let report = train_epoch(
+        let report = train_epoch_replicated(
             model,
             &mut opt,
             Some(&schedule),
             &mut loader,
             &mut step,
             &mut || bar.inc(1),
+            replicas,
         )
         .map_err(e)?;
         bar.finish_and_clear();
+        if !primary {
+            continue;
+        }
         test_accuracy = accuracy(model, backend, test.clone(), 512).map_err(e)?;
         println!(
             "  epoch {epoch:>3}: loss {:.4}, train accuracy {:.2}%, test accuracy {:.2}%  ({:.1} s)",
