@@ -19,7 +19,9 @@
 //!
 //! **Ordering.** A collective is enqueued on the rank's backend queue, in order with its
 //! kernels: work enqueued before it has produced `send` when it reads it, and work enqueued
-//! after it sees `recv`. On a GPU the call returns once enqueued; on the CPU reference it
+//! after it sees `recv`. The one exception is asked for by name:
+//! [`Communicator::all_reduce_overlapped`] runs beside the kernels that follow it, until
+//! [`Communicator::wait_overlapped`]. On a GPU the call returns once enqueued; on the CPU reference it
 //! returns when every rank has called it (it is the rendezvous). Each rank must be driven by
 //! its own thread or process: a rank's call may wait for its peers to arrive.
 //!
@@ -103,6 +105,29 @@ pub trait Communicator: Send {
         send: View<'_, <Self::Backend as Backend>::Buffer>,
         recv: View<'_, <Self::Backend as Backend>::Buffer>,
     ) -> Result<()>;
+
+    /// An all-reduce of `buf` in place that may run beside this rank's kernels: it starts
+    /// after the work enqueued so far (which produced `buf`), and its result is ready for the
+    /// work enqueued after the next [`Communicator::wait_overlapped`]; kernels enqueued in
+    /// between run alongside it and must not read or write `buf` (they would race with it).
+    /// The communicator keeps `buf`'s memory alive until then. Overlapped all-reduces are
+    /// part of the rank's sequence of collectives like any other (every rank calls them in
+    /// the same order). Data-parallel training averages gradient buckets this way while the
+    /// backward pass goes on. The default is [`Communicator::all_reduce`] in order, which
+    /// satisfies the contract without overlap (the CPU reference's).
+    fn all_reduce_overlapped(
+        &self,
+        op: CollectiveOp,
+        buf: View<'_, <Self::Backend as Backend>::Buffer>,
+    ) -> Result<()> {
+        self.all_reduce(op, buf, buf)
+    }
+
+    /// Orders the work enqueued from now on after every overlapped all-reduce so far (see
+    /// [`Communicator::all_reduce_overlapped`]). Enqueues a wait; does not block the host.
+    fn wait_overlapped(&self) -> Result<()> {
+        Ok(())
+    }
 
     /// Waits until this rank's enqueued work, collectives included, has finished, or fails
     /// once `timeout` has passed (a peer that never called, say); a failure leaves the
