@@ -16,6 +16,8 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Kind {
     AllReduce(CollectiveOp),
+    /// [`Communicator::all_reduce_overlapped`], then `wait_overlapped` (in place only).
+    Overlapped(CollectiveOp),
     Broadcast(usize),
     AllGather,
     ReduceScatter(CollectiveOp),
@@ -77,6 +79,7 @@ pub fn cases(size: usize, sizes: &[usize]) -> Vec<Case> {
     let mut kinds: Vec<Kind> = Vec::new();
     for op in CollectiveOp::ALL {
         kinds.push(Kind::AllReduce(op));
+        kinds.push(Kind::Overlapped(op));
         kinds.push(Kind::ReduceScatter(op));
     }
     kinds.push(Kind::Broadcast(0));
@@ -89,6 +92,9 @@ pub fn cases(size: usize, sizes: &[usize]) -> Vec<Case> {
                 for (offset, in_place, special) in
                     [(0, false, false), (3, false, true), (0, true, true)]
                 {
+                    if matches!(kind, Kind::Overlapped(_)) && !in_place {
+                        continue;
+                    }
                     let special = special && !matches!(dtype, DType::I32 | DType::U32);
                     out.push(Case {
                         kind,
@@ -283,6 +289,10 @@ fn call<C: Communicator>(
 ) -> hal::Result<()> {
     match case.kind {
         Kind::AllReduce(op) => comm.all_reduce(op, send, recv),
+        Kind::Overlapped(op) => {
+            comm.all_reduce_overlapped(op, recv)?;
+            comm.wait_overlapped()
+        }
         Kind::Broadcast(root) => comm.broadcast(root, send, recv),
         Kind::AllGather => comm.all_gather(send, recv),
         Kind::ReduceScatter(op) => comm.reduce_scatter(op, send, recv),
@@ -370,7 +380,7 @@ fn expected_at(seed: u64, case: &Case, size: usize, rank: usize, j: usize) -> (f
     let (op, source) = match case.kind {
         Kind::Broadcast(root) => return (input(seed, case, root, j), 0.0),
         Kind::AllGather => return (input(seed, case, j / case.n, j % case.n), 0.0),
-        Kind::AllReduce(op) => (op, j),
+        Kind::AllReduce(op) | Kind::Overlapped(op) => (op, j),
         Kind::ReduceScatter(op) => (op, rank * case.n + j),
     };
     let values: Vec<f64> = (0..size).map(|r| input(seed, case, r, source)).collect();
@@ -447,7 +457,7 @@ pub fn check_group<C: Communicator>(
         let mut failed = results.iter().find_map(|(r, _)| r.clone().err());
         // Every rank of an all-reduce holds the same bits.
         if failed.is_none()
-            && let Kind::AllReduce(_) = case.kind
+            && let Kind::AllReduce(_) | Kind::Overlapped(_) = case.kind
         {
             let first = results[0].1.as_ref().unwrap();
             let (a, n, e) = (recv_start(case, 0), case.n, case.dtype.size_in_bytes());

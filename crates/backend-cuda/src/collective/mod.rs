@@ -6,6 +6,13 @@
 //!   NCCL communicator. Collectives go to the backend's stream, so they are ordered with its
 //!   kernels as any launch is.
 //!
+//! Overlapped all-reduces ([`Communicator::all_reduce_overlapped`]) go to a second stream
+//! of the communicator's own: it waits for an event recorded on the backend's stream, and
+//! [`Communicator::wait_overlapped`] makes the backend's stream wait for an event recorded
+//! after them. Their buffers are held until that wait is enqueued, so the backend's pool
+//! (ordered on its stream) cannot hand their memory out while they run. A collective in order
+//! waits for the overlapped ones first, so NCCL's operations run in the order they were called.
+//!
 //! NVLink multicast (NVLS) stays off: [`NcclCommunicator`]'s constructors set
 //! `NCCL_NVLS_ENABLE=0` unless the variable is set already.
 
@@ -16,6 +23,7 @@ pub use nccl::LIBRARY_VARIABLE;
 pub use rendezvous::Rendezvous;
 
 use crate::{CudaBackend, CudaBuffer};
+use cudarc::driver::{result as drv, sys};
 use hal::collective::{CollectiveOp, Communicator};
 use hal::validate::{CollectiveKind, collective};
 use hal::{Error, Result, View};
@@ -32,6 +40,33 @@ pub struct NcclCommunicator {
     comm: Mutex<Comm>,
     rank: usize,
     size: usize,
+    side: Side,
+    /// Buffers of overlapped all-reduces not yet waited for.
+    pending: Mutex<Vec<CudaBuffer>>,
+}
+
+/// The stream overlapped all-reduces run on, and the events that order it with the
+/// backend's stream.
+struct Side {
+    stream: sys::CUstream,
+    /// Recorded on the backend's stream before an overlapped all-reduce.
+    ready: sys::CUevent,
+    /// Recorded on the side stream when the backend's stream is to wait for it.
+    done: sys::CUevent,
+}
+
+impl Side {
+    fn new(backend: &CudaBackend) -> Result<Side> {
+        backend.dev.bind()?;
+        let err = |what| move |e| crate::device::driver_error(what, e);
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+        Ok(Side {
+            stream: drv::stream::create(drv::stream::StreamKind::NonBlocking)
+                .map_err(err("cuStreamCreate"))?,
+            ready: drv::event::create(flags).map_err(err("cuEventCreate"))?,
+            done: drv::event::create(flags).map_err(err("cuEventCreate"))?,
+        })
+    }
 }
 
 // SAFETY: the communicator handle is used under its mutex only; NCCL allows a communicator
@@ -69,6 +104,7 @@ impl NcclCommunicator {
             });
         }
         keep_nvls_off();
+        let sides = backends.iter().map(Side::new).collect::<Result<Vec<_>>>()?;
         let mut comms = vec![std::ptr::null_mut(); backends.len()];
         // SAFETY: room for one communicator per device; the list holds distinct ordinals.
         nccl.check("ncclCommInitAll", std::ptr::null_mut(), unsafe {
@@ -78,13 +114,16 @@ impl NcclCommunicator {
         Ok(backends
             .into_iter()
             .zip(comms)
+            .zip(sides)
             .enumerate()
-            .map(|(rank, (backend, comm))| NcclCommunicator {
+            .map(|(rank, ((backend, comm), side))| NcclCommunicator {
+                side,
                 backend,
                 nccl,
                 comm: Mutex::new(comm),
                 rank,
                 size,
+                pending: Mutex::new(Vec::new()),
             })
             .collect())
     }
@@ -118,6 +157,7 @@ impl NcclCommunicator {
         } else {
             rendezvous.fetch(size, timeout)?
         };
+        let side = Side::new(&backend)?;
         backend.dev.bind()?;
         let mut comm = std::ptr::null_mut();
         // SAFETY: one communicator written; NCCL picks the device current on this thread,
@@ -126,11 +166,13 @@ impl NcclCommunicator {
             (nccl.comm_init_rank)(&mut comm, size as i32, id, rank as i32)
         })?;
         Ok(NcclCommunicator {
+            side,
             backend,
             nccl,
             comm: Mutex::new(comm),
             rank,
             size,
+            pending: Mutex::new(Vec::new()),
         })
     }
 
@@ -147,6 +189,8 @@ impl NcclCommunicator {
         launch: impl FnOnce(&Nccl, *const c_void, *mut c_void, Comm, nccl::Stream) -> u32,
     ) -> Result<()> {
         collective(kind, self.rank, self.size, send, recv)?;
+        // After the overlapped ones, so NCCL runs its operations in the order called.
+        self.wait_overlapped()?;
         let comm = self.comm.lock().unwrap_or_else(|e| e.into_inner());
         if comm.is_null() {
             return Err(aborted(kind.name()));
@@ -189,6 +233,14 @@ impl Drop for NcclCommunicator {
         let _ = self.synchronize(Duration::from_secs(60));
         let mut comm = self.comm.lock().unwrap_or_else(|e| e.into_inner());
         self.abort(&mut comm);
+        let _ = self.backend.dev.bind();
+        // SAFETY: the side stream and events are this communicator's; after the abort no
+        // NCCL operation uses them, and the destroys release them once their work is done.
+        unsafe {
+            let _ = drv::event::destroy(self.side.ready);
+            let _ = drv::event::destroy(self.side.done);
+            let _ = drv::stream::destroy(self.side.stream);
+        }
     }
 }
 
@@ -263,7 +315,74 @@ impl Communicator for NcclCommunicator {
         )
     }
 
+    fn all_reduce_overlapped(&self, op: CollectiveOp, buf: View<'_, CudaBuffer>) -> Result<()> {
+        collective(CollectiveKind::AllReduce, self.rank, self.size, buf, buf)?;
+        let comm = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+        if comm.is_null() {
+            return Err(aborted("all_reduce_overlapped"));
+        }
+        let dev = &self.backend.dev;
+        dev.bind()?;
+        let err = |what| move |e| crate::device::driver_error(what, e);
+        // SAFETY: the events and streams are live (this communicator's and the backend's).
+        unsafe {
+            drv::event::record(self.side.ready, dev.stream).map_err(err("cuEventRecord"))?;
+            drv::stream::wait_event(
+                self.side.stream,
+                self.side.ready,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(err("cuStreamWaitEvent"))?;
+        }
+        let at = buf.buffer.ptr() + (buf.layout.offset * buf.dtype().size_in_bytes()) as u64;
+        let count = buf.layout.numel();
+        // SAFETY: a validated view of a live buffer of this device, held in `pending` until
+        // the backend's stream waits for the side stream; the side stream starts after the
+        // work that produced it.
+        let status = unsafe {
+            (self.nccl.all_reduce)(
+                at as *const c_void,
+                at as *mut c_void,
+                count,
+                nccl::data_type(buf.dtype()),
+                nccl::reduce_op(op),
+                *comm,
+                self.side.stream as nccl::Stream,
+            )
+        };
+        self.nccl.check("all_reduce_overlapped", *comm, status)?;
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(buf.buffer.clone());
+        Ok(())
+    }
+
+    fn wait_overlapped(&self) -> Result<()> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let dev = &self.backend.dev;
+        dev.bind()?;
+        let err = |what| move |e| crate::device::driver_error(what, e);
+        // SAFETY: live events and streams, as above.
+        unsafe {
+            drv::event::record(self.side.done, self.side.stream).map_err(err("cuEventRecord"))?;
+            drv::stream::wait_event(
+                dev.stream,
+                self.side.done,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(err("cuStreamWaitEvent"))?;
+        }
+        // The backend's stream now follows the all-reduces: its pool may reuse their memory.
+        pending.clear();
+        Ok(())
+    }
+
     fn synchronize(&self, timeout: Duration) -> Result<()> {
+        self.wait_overlapped()?;
         let deadline = Instant::now() + timeout;
         let dev = &self.backend.dev;
         dev.bind()?;
