@@ -176,48 +176,62 @@ impl<B: Backend> Tensor<B> {
             }
         }
         let _restore = Restore(UNIT_SEED.with(|s| s.replace(unit.then(|| grad.id()))));
-        let order = topological_order(self);
+        // Each tensor runs once every operation that read it has passed its gradient back
+        // (a count of such reads per tensor, as PyTorch's engine keeps): a leaf's gradient
+        // is stored, and the leaf hook called, as soon as its last reader is done, not at the
+        // end of the pass, so data-parallel training can start reducing it early.
+        let mut waiting = readers(self);
         let mut grads: HashMap<u64, Tensor<B>> = HashMap::new();
         grads.insert(self.id(), grad.clone());
+        let mut ready = vec![self.clone()];
         // Each backward computes in the dtypes its forward pass chose, whatever autocast
         // scope the caller is in.
         crate::autocast::outside(|| {
             no_grad(|| {
-                for t in order.iter().rev() {
-                    let Some(g) = grads.remove(&t.id()) else {
-                        continue;
-                    };
+                while let Some(t) = ready.pop() {
+                    let g = grads.remove(&t.id());
                     let Some(node) = &t.inner.node else {
-                        accumulate_leaf(t, g)?;
+                        if let Some(g) = g {
+                            accumulate_leaf(&t, g)?;
+                        }
                         continue;
                     };
-                    let input_grads = (node.backward)(&g)?;
+                    let input_grads = match &g {
+                        Some(g) => (node.backward)(g)?,
+                        None => vec![None; node.inputs.len()],
+                    };
                     debug_assert_eq!(input_grads.len(), node.inputs.len(), "{}", node.name);
                     for (input, ig) in node.inputs.iter().zip(input_grads) {
-                        let Some(ig) = ig else { continue };
                         if !input.requires_grad_flag() {
                             continue;
                         }
-                        if ig.shape() != input.shape() {
-                            return Err(Error::Autograd(format!(
-                                "internal: backward of {} gave a gradient of shape {:?} for an input of shape {:?}",
-                                node.name,
-                                ig.shape(),
-                                input.shape()
-                            )));
+                        if let Some(ig) = ig {
+                            if ig.shape() != input.shape() {
+                                return Err(Error::Autograd(format!(
+                                    "internal: backward of {} gave a gradient of shape {:?} for an input of shape {:?}",
+                                    node.name,
+                                    ig.shape(),
+                                    input.shape()
+                                )));
+                            }
+                            // A gradient has its tensor's dtype (PyTorch's rule): a 16-bit
+                            // operand of a wider result gets its gradient rounded once, here.
+                            let ig = if ig.dtype() != input.dtype() && input.dtype().is_float() {
+                                ig.to_dtype(input.dtype())?
+                            } else {
+                                ig
+                            };
+                            let sum = match grads.remove(&input.id()) {
+                                Some(prev) => prev.add(&ig)?,
+                                None => ig,
+                            };
+                            grads.insert(input.id(), sum);
                         }
-                        // A gradient has its tensor's dtype (PyTorch's rule): a 16-bit
-                        // operand of a wider result gets its gradient rounded once, here.
-                        let ig = if ig.dtype() != input.dtype() && input.dtype().is_float() {
-                            ig.to_dtype(input.dtype())?
-                        } else {
-                            ig
-                        };
-                        let sum = match grads.remove(&input.id()) {
-                            Some(prev) => prev.add(&ig)?,
-                            None => ig,
-                        };
-                        grads.insert(input.id(), sum);
+                        let left = waiting.get_mut(&input.id()).expect("counted");
+                        *left -= 1;
+                        if *left == 0 {
+                            ready.push(input.clone());
+                        }
                     }
                 }
                 Ok(())
@@ -226,30 +240,28 @@ impl<B: Backend> Tensor<B> {
     }
 }
 
-/// Tensors reachable from `root` through nodes, each after every tensor it was computed from.
-fn topological_order<B: Backend>(root: &Tensor<B>) -> Vec<Tensor<B>> {
-    let mut order = Vec::new();
+/// For each tensor reachable from `root` through nodes (inputs that require a gradient),
+/// how many times an operation in the graph read it.
+fn readers<B: Backend>(root: &Tensor<B>) -> HashMap<u64, usize> {
+    let mut count: HashMap<u64, usize> = HashMap::new();
     let mut seen = HashSet::new();
-    // Iterative post-order DFS: deep graphs (long training unrolls) must not overflow the stack.
-    let mut stack: Vec<(Tensor<B>, bool)> = vec![(root.clone(), false)];
-    while let Some((t, expanded)) = stack.pop() {
-        if expanded {
-            order.push(t);
-            continue;
-        }
-        if !seen.insert(t.id()) {
-            continue;
-        }
-        stack.push((t.clone(), true));
+    // Iterative: deep graphs (long training unrolls) must not overflow the stack.
+    let mut stack: Vec<Tensor<B>> = vec![root.clone()];
+    seen.insert(root.id());
+    while let Some(t) = stack.pop() {
         if let Some(node) = &t.inner.node {
             for input in &node.inputs {
-                if input.requires_grad_flag() && !seen.contains(&input.id()) {
-                    stack.push((input.clone(), false));
+                if !input.requires_grad_flag() {
+                    continue;
+                }
+                *count.entry(input.id()).or_insert(0) += 1;
+                if seen.insert(input.id()) {
+                    stack.push(input.clone());
                 }
             }
         }
     }
-    order
+    count
 }
 
 /// Adds `g` to a leaf's stored gradient, kept dense so optimisers can step on it directly.
@@ -278,4 +290,43 @@ fn accumulate_leaf<B: Backend>(leaf: &Tensor<B>, g: Tensor<B>) -> Result<()> {
         outcome?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_leaf_hook;
+    use crate::Tensor;
+    use backend_cpu::CpuBackend;
+    use std::sync::{Arc, Mutex};
+
+    /// In a chain of three layers, each weight's gradient is stored as soon as the pass has
+    /// gone through its layer: the last layer's first, while the earlier layers' are still
+    /// to come (data-parallel training starts reducing it then).
+    #[test]
+    fn a_leaf_is_finished_as_soon_as_its_readers_are() {
+        let dev = CpuBackend::new();
+        let w: Vec<Tensor<CpuBackend>> = (0..3)
+            .map(|i| Tensor::randn(&dev, &[4, 4], i).unwrap().requires_grad())
+            .collect();
+        let x = Tensor::randn(&dev, &[2, 4], 9).unwrap();
+        let mut h = x;
+        for wi in &w {
+            h = h.matmul(wi).unwrap().tanh().unwrap();
+        }
+        let loss = h.sum_all().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (log, ws) = (seen.clone(), w.clone());
+        let hook = Box::new(move |id: u64| {
+            // Which weights already hold a gradient when this one is finished.
+            let done: Vec<bool> = ws.iter().map(|t| t.grad().is_some()).collect();
+            log.lock().unwrap().push((id, done));
+            Ok(())
+        });
+        with_leaf_hook(hook, || loss.backward()).unwrap();
+        let seen = seen.lock().unwrap();
+        let order: Vec<u64> = seen.iter().map(|(id, _)| *id).collect();
+        assert_eq!(order, vec![w[2].id(), w[1].id(), w[0].id()]);
+        // When the last layer's weight was finished, the first two had no gradient yet.
+        assert_eq!(seen[0].1, vec![false, false, true]);
+    }
 }
