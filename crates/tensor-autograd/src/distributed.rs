@@ -17,8 +17,10 @@
 //! rank its own stream of random batches; [`DataParallel::is_primary`] is the rank that logs and
 //! writes checkpoints.
 //!
-//! On one GPU stream the all-reduces run between the backward kernels (enqueued early, they
-//! wait for no host round trip); they do not run concurrently with them.
+//! The all-reduces are overlapped ([`Communicator::all_reduce_overlapped`]): on NCCL they run
+//! on a stream of their own beside the rest of the backward pass, and the gradients are handed
+//! back once the pass has been enqueued whole (the optimiser's kernels wait for them on the
+//! device, not the host). On the CPU reference they run in order.
 
 use crate::autograd::with_leaf_hook;
 use crate::error::{Error, Result};
@@ -45,7 +47,12 @@ struct Shared<C: Communicator> {
     position: HashMap<u64, usize>,
     /// During a backward pass: gradients still missing per bucket, and the next bucket to go.
     pending: Mutex<(Vec<usize>, usize)>,
+    /// Buckets whose all-reduce is under way: the flat buffer, and each member's place in it.
+    reducing: Mutex<Vec<Reducing<C::Backend>>>,
 }
+
+/// A bucket whose all-reduce is under way: its index, its flat buffer, its members' places.
+type Reducing<B> = (usize, <B as Backend>::Buffer, Vec<Layout>);
 
 /// One rank's replica of a model's parameters (see the module docs).
 pub struct DataParallel<C: Communicator + 'static> {
@@ -125,6 +132,7 @@ impl<C: Communicator + 'static> DataParallel<C> {
                 bucket_of,
                 position,
                 pending: Mutex::new((Vec::new(), 0)),
+                reducing: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -211,13 +219,15 @@ impl<C: Communicator + 'static> DataParallel<C> {
             (next..self.shared.buckets.len()).collect()
         };
         rest.into_iter()
-            .try_for_each(|b| reduce_bucket(&self.shared, b))
+            .try_for_each(|b| reduce_bucket(&self.shared, b))?;
+        finish_buckets(&self.shared)
     }
 
     /// Averages the gradients the parameters hold now over the ranks (after backward passes
     /// run without [`DataParallel::backward`]).
     pub fn all_reduce_grads(&self) -> Result<()> {
-        (0..self.shared.buckets.len()).try_for_each(|b| reduce_bucket(&self.shared, b))
+        (0..self.shared.buckets.len()).try_for_each(|b| reduce_bucket(&self.shared, b))?;
+        finish_buckets(&self.shared)
     }
 
     /// Waits for this rank's queued work, the all-reduces included (at most [`TIMEOUT`]).
@@ -267,8 +277,9 @@ impl<C: Communicator + 'static> Replicas<C::Backend> for DataParallel<C> {
     }
 }
 
-/// Copies bucket `b`'s gradients (zeros for a missing one) into one buffer, averages it over
-/// the ranks in place, and gives each parameter its part as a fresh gradient.
+/// Copies bucket `b`'s gradients (zeros for a missing one) into one buffer and starts its
+/// average over the ranks in place, beside the work enqueued after it
+/// ([`Communicator::all_reduce_overlapped`]); [`finish_buckets`] hands the results out.
 fn reduce_bucket<C: Communicator>(shared: &Shared<C>, b: usize) -> Result<()> {
     let members = &shared.buckets[b];
     let be = shared.comm.backend();
@@ -289,20 +300,34 @@ fn reduce_bucket<C: Communicator>(shared: &Shared<C>, b: usize) -> Result<()> {
         at += p.numel();
     }
     let whole = Layout::contiguous(&[total]);
-    shared.comm.all_reduce(
-        CollectiveOp::Mean,
-        View::new(&flat, &whole),
-        View::new(&flat, &whole),
-    )?;
-    for (&i, slice) in members.iter().zip(&parts) {
-        let p = &shared.params[i];
-        let g = Tensor::from_parts(
-            be,
-            be.alloc_for_write(dtype, p.numel())?,
-            Layout::contiguous(p.shape()),
-        );
-        be.copy(View::new(&flat, slice), g.view())?;
-        p.set_grad(Some(g));
+    shared
+        .comm
+        .all_reduce_overlapped(CollectiveOp::Mean, View::new(&flat, &whole))?;
+    shared
+        .reducing
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((b, flat, parts));
+    Ok(())
+}
+
+/// Orders what follows after the buckets' all-reduces and gives each parameter its part of
+/// its bucket as a fresh gradient.
+fn finish_buckets<C: Communicator>(shared: &Shared<C>) -> Result<()> {
+    shared.comm.wait_overlapped()?;
+    let be = shared.comm.backend();
+    let done = std::mem::take(&mut *shared.reducing.lock().unwrap_or_else(|e| e.into_inner()));
+    for (b, flat, parts) in done {
+        for (&i, slice) in shared.buckets[b].iter().zip(&parts) {
+            let p = &shared.params[i];
+            let g = Tensor::from_parts(
+                be,
+                be.alloc_for_write(p.dtype(), p.numel())?,
+                Layout::contiguous(p.shape()),
+            );
+            be.copy(View::new(&flat, slice), g.view())?;
+            p.set_grad(Some(g));
+        }
     }
     Ok(())
 }
