@@ -39,7 +39,7 @@ pub mod pq;
 pub mod synthetic;
 pub mod vectors;
 
-pub use anneal::{Clustering, Config, IterationReport, Mode, anneal};
+pub use anneal::{Clustering, Config, IterationReport, Mode, anneal, anneal_sharded};
 pub use error::{Error, Result};
 pub use index::{Header, Index, IndexParts, exact_knn, exact_knn_by, recall_at};
 pub use metric::Metric;

@@ -188,7 +188,7 @@ pub(crate) fn principal_direction(
     (v, (lambda / members.len().max(1) as f64).sqrt())
 }
 
-impl<B: Backend> State<B> {
+impl<B: Backend> State<'_, B> {
     /// On a GPU, enqueues the check whether a maintenance round on the current assignment and
     /// anchors has work (its verdict comes back with the next energies); false where there is
     /// no check (the round then always reads the state back).

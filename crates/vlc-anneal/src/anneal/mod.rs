@@ -37,12 +37,16 @@
 //! splitting, the point farthest from its anchor. These decisions run on the host, in a fixed
 //! order, so they are the same on every backend.
 //!
+//! [`anneal_sharded`] (`sharded.rs`) runs the loop over points split between the devices of a
+//! [`hal::Communicator`], the sums added over the shards before each update.
+//!
 //! [`Mode::Exact`] runs on a [`hal::Precision::Reproducible`] handle: assignments and sums in
 //! one fixed order with fused multiply-adds, and every other step exact IEEE arithmetic, so
 //! CPU, wgpu and CUDA give identical assignments and anchors.
 
 mod maintain;
 pub(crate) mod programs;
+mod sharded;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -54,7 +58,8 @@ use programs::{
     DEVICE_CHECK_ANCHORS, huber_program, keep_total_program, maintenance_check_program,
     maintenance_limits, take_row_program, update_program,
 };
-use state::{Pass, State};
+pub use sharded::anneal_sharded;
+use state::{Pass, Reduce, State};
 use std::time::Instant;
 
 /// Fast or bit-reproducible arithmetic.
@@ -274,20 +279,44 @@ pub fn anneal<B: Backend>(
 
 /// [`anneal`] on a handle already set to the mode's precision; also returns the device
 /// buffers (the vectors, the final assignment), which residual coding goes on with.
-pub(crate) fn anneal_on_device<B: Backend>(
+pub(crate) fn anneal_on_device<'r, B: Backend>(
     b: &B,
     data: &Matrix,
     cfg: &Config,
     progress: &mut dyn FnMut(&IterationReport),
-) -> Result<(Clustering, State<B>)> {
+) -> Result<(Clustering, State<'r, B>)> {
+    anneal_run(b, data, cfg, progress, None)
+}
+
+/// What makes a run one shard of a sharded run (`sharded.rs`): the points in all, the sums
+/// over the shards, and the seeds every shard starts from (from this shard's vectors).
+pub(crate) struct Sharding<'r, B: Backend> {
+    pub n_total: usize,
+    pub reduce: &'r (dyn Fn(&B::Buffer, usize) -> hal::Result<()> + 'r),
+    pub seeds: &'r (dyn Fn(&B::Buffer) -> Result<B::Buffer> + 'r),
+}
+
+/// The loop, alone or as one shard.
+pub(crate) fn anneal_run<'r, B: Backend>(
+    b: &B,
+    data: &Matrix,
+    cfg: &Config,
+    progress: &mut dyn FnMut(&IterationReport),
+    sharding: Option<Sharding<'r, B>>,
+) -> Result<(Clustering, State<'r, B>)> {
     let (n, d, m) = (data.rows, data.cols, cfg.anchors);
-    cfg.check(n, d)?;
     let start = Instant::now();
     let x = b.upload(&data.data)?;
-    let anchors = seed_anchors(b, &x, [n, d, m], cfg.seed)?;
+    let (anchors, n_total, reduce): (B::Buffer, usize, Reduce<'r, B>) = match &sharding {
+        None => {
+            cfg.check(n, d)?;
+            (seed_anchors(b, &x, [n, d, m], cfg.seed)?, n, None)
+        }
+        Some(s) => ((s.seeds)(&x)?, s.n_total, Some(s.reduce)),
+    };
     b.synchronize()?;
     let seeding_seconds = start.elapsed().as_secs_f64();
-    let mut state = State::new(b, x, anchors, n, d, m, cfg)?;
+    let mut state = State::new(b, x, anchors, n, d, m, cfg, (n_total, reduce))?;
     let last_maintenance = cfg.iterations * 7 / 10;
     // Reports wait for their energies, which are read back only when something needs them:
     // the tolerance test, a maintenance round, the end, or live progress (every iteration
@@ -389,15 +418,12 @@ fn seed_anchors<B: Backend>(
     [n, d, m]: [usize; 3],
     seed: u64,
 ) -> Result<B::Buffer> {
-    let sample = (16 * m).max(8192);
-    if n <= sample {
+    let Some(rows) = seeding_rows(n, m, seed) else {
         return kmeans_pp(b, x, n, d, m, seed);
-    }
+    };
+    let sample = rows.len();
     // The sample's rows gathered on the device from the vectors already there.
-    let rows: Vec<u32> = sample_rows(n, sample, seed)
-        .into_iter()
-        .map(|r| r as u32)
-        .collect();
+    let rows: Vec<u32> = rows.into_iter().map(|r| r as u32).collect();
     let rows = b.upload(&rows)?;
     let xs = b.alloc(DType::F32, sample * d)?;
     crate::gather_rows(
@@ -410,11 +436,17 @@ fn seed_anchors<B: Backend>(
     kmeans_pp(b, &xs, sample, d, m, seed)
 }
 
+/// The rows of `n` that seeding draws `m` anchors from, ascending, or `None` for all of them.
+fn seeding_rows(n: usize, m: usize, seed: u64) -> Option<Vec<usize>> {
+    let sample = (16 * m).max(8192);
+    (n > sample).then(|| sample_rows(n, sample, seed))
+}
+
 /// An update followed by a maintenance round (merge, split, re-seed), its counts in
 /// `report`: the history row of the assignment to the updated anchors, and whether the round
 /// changed the anchors (if not, that assignment is still current).
 fn maintenance_round<B: Backend>(
-    state: &mut State<B>,
+    state: &mut State<'_, B>,
     data: &Matrix,
     cfg: &Config,
     report: &mut IterationReport,
@@ -471,7 +503,10 @@ fn sample_rows(n: usize, k: usize, seed: u64) -> Vec<usize> {
     rows
 }
 
-impl<B: Backend> State<B> {
+impl<'r, B: Backend> State<'r, B> {
+    /// The state of a run over `n` points (this shard's, of `shards.0` in all; `shards.1`
+    /// sums over the shards).
+    #[allow(clippy::too_many_arguments)]
     fn new(
         b: &B,
         x: B::Buffer,
@@ -480,6 +515,7 @@ impl<B: Backend> State<B> {
         d: usize,
         m: usize,
         cfg: &Config,
+        (n_total, reduce): (usize, Reduce<'r, B>),
     ) -> Result<Self> {
         let last_maintenance = cfg.iterations * 7 / 10;
         let mut schedule = Vec::with_capacity(cfg.iterations.max(1) * 4);
@@ -490,7 +526,7 @@ impl<B: Backend> State<B> {
             } else {
                 (cfg.temperature_at(it), cfg.momentum, cfg.huber as f64)
             };
-            schedule.extend_from_slice(&[(k * k / n as f64) as f32, t, momentum, 0.0]);
+            schedule.extend_from_slice(&[(k * k / n_total as f64) as f32, t, momentum, 0.0]);
             temperatures.push(t);
         }
         // An assignment per update and one to begin, and at most one more per maintenance
@@ -538,6 +574,8 @@ impl<B: Backend> State<B> {
             check,
             verdict_slot: slots,
             b: b.clone(),
+            reduce,
+            n_total,
             assignments: 0,
             temperatures,
             pass: std::sync::Arc::new(pass),
@@ -552,7 +590,7 @@ impl<B: Backend> State<B> {
     /// otherwise the total is one reduction of the distances (a per-anchor segment sum and
     /// its total cost several times the one reduction).
     fn assign(&mut self, per_anchor: bool) -> Result<usize> {
-        self.pass.assign(&self.b, per_anchor)?;
+        self.pass.assign(&self.b, per_anchor, self.reduce)?;
         Ok(self.next_slot())
     }
 
@@ -565,17 +603,22 @@ impl<B: Backend> State<B> {
     /// The next update of the schedule (its row is the device's count of updates), from the
     /// last assignment.
     fn update(&mut self) -> Result<()> {
-        Ok(self.pass.update(&self.b)?)
+        Ok(self.pass.update(&self.b, self.reduce)?)
     }
 
     /// The next update, then a fast assignment to the updated anchors (the next iteration's),
     /// replayed from a recording made at the first call; returns the assignment's slot.
     fn update_and_assign(&mut self) -> Result<usize> {
+        if self.reduce.is_some() {
+            // A sharded run's collectives are not recorded.
+            self.update()?;
+            return self.assign(false);
+        }
         if self.recorded.is_none() {
             let pass = self.pass.clone();
             self.recorded = Some(self.b.record(std::sync::Arc::new(move |b: &B| {
-                pass.update(b)?;
-                pass.assign(b, false)
+                pass.update(b, None)?;
+                pass.assign(b, false, None)
             }))?);
         }
         self.b
@@ -595,7 +638,7 @@ impl<B: Backend> State<B> {
         let totals = self.b.read::<f32>(&self.pass.totals)?;
         let energies = totals[..self.assignments]
             .iter()
-            .map(|&t| t as f64 / self.pass.n as f64)
+            .map(|&t| t as f64 / self.n_total as f64)
             .collect();
         Ok((energies, totals.last().is_some_and(|&v| v > 0.0)))
     }

@@ -3,9 +3,18 @@
 use hal::ir::ProgramBuilder;
 use hal::{Backend, Layout, Precision, View};
 
+/// Sums a buffer's first `len` elements over the shards of a sharded run, in place (every
+/// shard then holds the whole run's sums).
+pub(crate) type Reduce<'r, B> =
+    Option<&'r (dyn Fn(&<B as Backend>::Buffer, usize) -> hal::Result<()> + 'r)>;
+
 /// The device buffers of one run.
-pub(crate) struct State<B: Backend> {
+pub(crate) struct State<'r, B: Backend> {
     pub(crate) b: B,
+    /// A sharded run's sums over the shards (`None` alone).
+    pub(crate) reduce: Reduce<'r, B>,
+    /// The points of the whole run (this shard's are `pass.n`).
+    pub(crate) n_total: usize,
     /// Assignments enqueued so far (the device's `Pass::slot` counter holds the same).
     pub(crate) assignments: usize,
     /// On a GPU, the maintenance check, its flags and its limits (see
@@ -70,7 +79,7 @@ pub(crate) struct Pass<B: Backend> {
 impl<B: Backend> Pass<B> {
     /// Assigns every point and sums the squared distances in all (see [`State::assign`]),
     /// keeping the total in the next slot of `totals`.
-    pub(crate) fn assign(&self, b: &B, per_anchor: bool) -> hal::Result<()> {
+    pub(crate) fn assign(&self, b: &B, per_anchor: bool, reduce: Reduce<'_, B>) -> hal::Result<()> {
         let (n, d, m) = (self.n, self.d, self.m);
         let ln = Layout::contiguous(&[n]);
         b.nearest_centroid(
@@ -87,6 +96,9 @@ impl<B: Backend> Pass<B> {
                 &[0],
                 View::new(&self.total, &one),
             )?;
+            if let Some(r) = reduce {
+                r(&self.total, 1)?;
+            }
         } else {
             b.segment_sum(
                 View::new(&self.dist, &Layout::contiguous(&[n, 1])),
@@ -95,6 +107,10 @@ impl<B: Backend> Pass<B> {
                 View::new(&self.sse, &Layout::contiguous(&[m, 1])),
                 View::new(&self.counts, &Layout::contiguous(&[m])),
             )?;
+            if let Some(r) = reduce {
+                r(&self.sse, m)?;
+                r(&self.counts, m)?;
+            }
             // The total in anchor order (one fixed order under Precision::Reproducible, so
             // the same on every backend in exact mode); its count output is discarded into
             // `weight_sums`, which the next update overwrites.
@@ -114,7 +130,7 @@ impl<B: Backend> Pass<B> {
     }
 
     /// The next update of the schedule, from the last assignment.
-    pub(crate) fn update(&self, b: &B) -> hal::Result<()> {
+    pub(crate) fn update(&self, b: &B, reduce: Reduce<'_, B>) -> hal::Result<()> {
         let (n, d, m) = (self.n, self.d, self.m);
         b.launch(
             &self.take_row,
@@ -134,6 +150,10 @@ impl<B: Backend> Pass<B> {
             View::new(&self.sums, &Layout::contiguous(&[m, d])),
             View::new(&self.weight_sums, &Layout::contiguous(&[m])),
         )?;
+        if let Some(r) = reduce {
+            r(&self.sums, m * d)?;
+            r(&self.weight_sums, m)?;
+        }
         b.launch(
             &self.update,
             &[

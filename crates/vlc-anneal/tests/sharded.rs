@@ -1,0 +1,129 @@
+//! Annealing over points split between the ranks of a group (the CPU reference's threads):
+//! every rank ends with the same anchors, the energy is the whole set's, and the run follows
+//! one device's on the same points from the same seeds.
+
+use backend_cpu::{CpuBackend, CpuCommunicator};
+use vlc_anneal::synthetic::gaussian_mixture;
+use vlc_anneal::{Config, Matrix, Mode, anneal, anneal_sharded};
+
+fn rows(m: &Matrix, range: std::ops::Range<usize>) -> Matrix {
+    Matrix::new(
+        range.len(),
+        m.cols,
+        m.data[range.start * m.cols..range.end * m.cols].to_vec(),
+    )
+    .unwrap()
+}
+
+/// The mean squared distance from each point to its nearest anchor, in f64 on the host.
+fn energy(data: &Matrix, anchors: &Matrix) -> f64 {
+    let d = data.cols;
+    let mut total = 0.0;
+    for p in data.data.chunks(d) {
+        let best = anchors
+            .data
+            .chunks(d)
+            .map(|a| {
+                p.iter()
+                    .zip(a)
+                    .map(|(x, y)| ((x - y) as f64).powi(2))
+                    .sum::<f64>()
+            })
+            .fold(f64::INFINITY, f64::min);
+        total += best;
+    }
+    total / data.rows as f64
+}
+
+fn config() -> Config {
+    let mut cfg = Config::new(24);
+    cfg.iterations = 20;
+    cfg.maintain_every = 0;
+    cfg
+}
+
+#[test]
+fn three_ranks_agree_and_cluster_as_well_as_one_device() {
+    // More points than the seeding sample (8,192 for 24 anchors): the sample's rows come
+    // from every shard.
+    let data = gaussian_mixture(9001, 12, 24, 0.05, 5);
+    let cuts = [0..4000, 4000..6100, 6100..9001];
+    let mut group = CpuCommunicator::group(3).unwrap();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = group
+            .drain(..)
+            .zip(cuts.clone())
+            .map(|(comm, range)| {
+                let shard = rows(&data, range);
+                s.spawn(move || anneal_sharded(&comm, &shard, &config(), &mut |_| {}).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &results[1..] {
+        assert_eq!(
+            r.anchors.data, results[0].anchors.data,
+            "the ranks' anchors differ"
+        );
+        assert_eq!(r.energy, results[0].energy);
+    }
+    for (r, range) in results.iter().zip(cuts) {
+        assert_eq!(r.assignments.len(), range.len());
+    }
+    // The reported energy is the whole set's, for the anchors the ranks hold.
+    let host = energy(&data, &results[0].anchors);
+    assert!(
+        (results[0].energy - host).abs() <= 1e-4 * host,
+        "reported {} against {host} recomputed",
+        results[0].energy
+    );
+    // From the same seeds (the sample a single device draws), one device reaches the same
+    // clustering up to the order of its sums.
+    let alone = anneal(&CpuBackend::new(), &data, &config(), &mut |_| {}).unwrap();
+    println!("sharded {} alone {}", results[0].energy, alone.energy);
+    assert!(
+        (results[0].energy - alone.energy).abs() <= 1e-4 * alone.energy,
+        "sharded {} against one device's {}",
+        results[0].energy,
+        alone.energy
+    );
+    let worst = results[0]
+        .anchors
+        .data
+        .iter()
+        .zip(&alone.anchors.data)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-4, "anchors differ by {worst}");
+}
+
+#[test]
+fn shards_that_disagree_or_ask_for_exact_mode_are_refused() {
+    let data = gaussian_mixture(400, 6, 4, 0.1, 1);
+    let mut group = CpuCommunicator::group(2).unwrap();
+    let outcomes: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = group
+            .drain(..)
+            .enumerate()
+            .map(|(rank, comm)| {
+                // Rank 1's vectors have another dimension.
+                let shard = if rank == 0 {
+                    rows(&data, 0..200)
+                } else {
+                    Matrix::new(100, 12, vec![0.5; 1200]).unwrap()
+                };
+                s.spawn(move || anneal_sharded(&comm, &shard, &config(), &mut |_| {}).err())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in outcomes {
+        let e = e.expect("a rank accepted shards of different dimensions");
+        assert!(e.to_string().contains("dimensions differ"), "{e}");
+    }
+    let group = CpuCommunicator::group(1).unwrap();
+    let mut exact = config();
+    exact.mode = Mode::Exact;
+    let e = anneal_sharded(&group[0], &data, &exact, &mut |_| {}).unwrap_err();
+    assert!(e.to_string().contains("exact mode"), "{e}");
+}
