@@ -9,6 +9,8 @@
 //! - **residual codes**: the vector minus its anchor, product-quantised into a configurable
 //!   number of bytes ([`pq`]);
 //!
+//! [`compress_sharded`] does the same with the vectors split over the devices of a
+//! [`hal::Communicator`] (`sharded.rs`; the loop's part in `anneal/sharded.rs`),
 //! so that every vector can be reconstructed, and searched without decompression
 //! ([`Index::search`]: probe the nearest anchors, score their members by asymmetric distance).
 //! The index file format is documented in [`index`]; it is memory-mapped on load.
@@ -36,6 +38,7 @@ mod error;
 pub mod index;
 pub mod metric;
 pub mod pq;
+mod sharded;
 pub mod synthetic;
 pub mod vectors;
 
@@ -43,6 +46,7 @@ pub use anneal::{Clustering, Config, IterationReport, Mode, anneal, anneal_shard
 pub use error::{Error, Result};
 pub use index::{Header, Index, IndexParts, exact_knn, exact_knn_by, recall_at};
 pub use metric::Metric;
+pub use sharded::{compress_sharded, search_sharded};
 pub use vectors::Matrix;
 
 use hal::{Backend, BackendExt};
@@ -111,18 +115,8 @@ pub fn compress<B: Backend>(
         progress(Progress::Iteration(r))
     })?;
     let annealed = start.elapsed().as_secs_f64();
-    let (n, d, m) = (data.rows, data.cols, cfg.anchors);
-    let anchors16: Vec<half::f16> = clustering
-        .anchors
-        .data
-        .iter()
-        .map(|&v| half::f16::from_f32(v))
-        .collect();
-    if anchors16.iter().any(|v| !v.is_finite()) {
-        return Err(error::input(
-            "an anchor does not fit in f16 (|value| > 65504): scale the vectors down",
-        ));
-    }
+    let (n, d) = (data.rows, data.cols);
+    let anchors16 = round_anchors(&clustering.anchors)?;
     let (pq, codes, squared_error) = if cfg.pq_bytes > 0 {
         // Residuals to the anchors as stored (f16), from the vectors and assignment still on
         // the device.
@@ -152,36 +146,23 @@ pub fn compress<B: Backend>(
         };
         (pq, Vec::new(), None)
     };
-    let mut parts = IndexParts {
-        header: Header {
-            n,
-            d,
-            m,
-            pq_bytes: cfg.pq_bytes,
-            codewords: pq.codewords,
-            assignment_bits: index::assignment_bits(m),
-            exact: cfg.mode == Mode::Exact,
-            seed: cfg.seed,
-            iterations: cfg.iterations as u32,
-            energy: clustering.energy,
-            mse: 0.0,
-            metric: cfg.metric,
-        },
-        anchors: anchors16,
-        assignments: clustering.assignments.clone(),
-        pq,
-        codes,
-        ids: None,
-        refine: None,
-    };
     let coded = start.elapsed().as_secs_f64();
-    // The coder's own error where there are codes (the host's float64 recount differs in the
-    // last digits: each subspace's distance was summed in f32); otherwise counted here.
-    parts.header.mse = match squared_error {
-        Some(e) => e / n.max(1) as f64,
-        None => parts.reconstruction_mse(data),
+    let squared_error = match squared_error {
+        Some(e) => e,
+        None => reconstruction_error(data, &anchors16, &clustering.assignments),
     };
-    let index = Index::from_bytes(parts.to_bytes(), "(new index)")?;
+    let index = assemble(
+        cfg,
+        (n, d),
+        clustering.energy,
+        Coded {
+            anchors: anchors16,
+            assignments: clustering.assignments.clone(),
+            pq,
+            codes,
+            squared_error,
+        },
+    )?;
     Ok(Compressed {
         index,
         seconds: Timings {
@@ -192,6 +173,83 @@ pub fn compress<B: Backend>(
         },
         clustering,
     })
+}
+
+/// The anchors rounded to f16 as the index stores them; an error where one does not fit.
+pub(crate) fn round_anchors(anchors: &Matrix) -> Result<Vec<half::f16>> {
+    let anchors16: Vec<half::f16> = anchors
+        .data
+        .iter()
+        .map(|&v| half::f16::from_f32(v))
+        .collect();
+    if anchors16.iter().any(|v| !v.is_finite()) {
+        return Err(error::input(
+            "an anchor does not fit in f16 (|value| > 65504): scale the vectors down",
+        ));
+    }
+    Ok(anchors16)
+}
+
+/// The sum over `data`'s rows of the squared distance to their (f16) anchor: the error of an
+/// index without residual codes (each difference in f32, as the index's own count takes it,
+/// squared and summed in f64).
+pub(crate) fn reconstruction_error(data: &Matrix, anchors: &[half::f16], assign: &[u32]) -> f64 {
+    let d = data.cols;
+    let anchors: Vec<f32> = anchors.iter().map(|v| v.to_f32()).collect();
+    data.data
+        .chunks_exact(d.max(1))
+        .zip(assign)
+        .map(|(x, &a)| {
+            let c = &anchors[a as usize * d..(a as usize + 1) * d];
+            x.iter()
+                .zip(c)
+                .map(|(&v, &w)| ((v - w) as f64).powi(2))
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+/// What a compression's coding produced, whole: the index's contents but its header.
+pub(crate) struct Coded {
+    pub anchors: Vec<half::f16>,
+    pub assignments: Vec<u32>,
+    pub pq: pq::ProductQuantizer,
+    pub codes: Vec<u8>,
+    /// Summed over the vectors (the header keeps its mean).
+    pub squared_error: f64,
+}
+
+/// The index of `n x d` vectors compressed as `cfg` says.
+pub(crate) fn assemble(
+    cfg: &Config,
+    (n, d): (usize, usize),
+    energy: f64,
+    c: Coded,
+) -> Result<Index> {
+    let m = cfg.anchors;
+    let parts = IndexParts {
+        header: Header {
+            n,
+            d,
+            m,
+            pq_bytes: cfg.pq_bytes,
+            codewords: c.pq.codewords,
+            assignment_bits: index::assignment_bits(m),
+            exact: cfg.mode == Mode::Exact,
+            seed: cfg.seed,
+            iterations: cfg.iterations as u32,
+            energy,
+            mse: c.squared_error / n.max(1) as f64,
+            metric: cfg.metric,
+        },
+        anchors: c.anchors,
+        assignments: c.assignments,
+        pq: c.pq,
+        codes: c.codes,
+        ids: None,
+        refine: None,
+    };
+    Index::from_bytes(parts.to_bytes(), "(new index)")
 }
 
 /// `out[r, ...] = src[index[first + r], ...]`: whole rows (of any rank) picked by a `u32`

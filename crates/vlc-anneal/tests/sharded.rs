@@ -4,7 +4,9 @@
 
 use backend_cpu::{CpuBackend, CpuCommunicator};
 use vlc_anneal::synthetic::gaussian_mixture;
-use vlc_anneal::{Config, Matrix, Mode, anneal, anneal_sharded};
+use vlc_anneal::{
+    Config, Matrix, Mode, anneal, anneal_sharded, compress, compress_sharded, search_sharded,
+};
 
 fn rows(m: &Matrix, range: std::ops::Range<usize>) -> Matrix {
     Matrix::new(
@@ -126,4 +128,108 @@ fn shards_that_disagree_or_ask_for_exact_mode_are_refused() {
     exact.mode = Mode::Exact;
     let e = anneal_sharded(&group[0], &data, &exact, &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("exact mode"), "{e}");
+}
+
+#[test]
+fn a_sharded_compression_gives_every_rank_the_whole_index() {
+    let data = gaussian_mixture(5003, 16, 30, 0.05, 9);
+    let cuts = [0..2600, 2600..5003];
+    let mut cfg = config();
+    cfg.pq_bytes = 4;
+    let mut group = CpuCommunicator::group(2).unwrap();
+    let outs: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = group
+            .drain(..)
+            .zip(cuts.clone())
+            .map(|(comm, range)| {
+                let (shard, cfg) = (rows(&data, range), cfg.clone());
+                s.spawn(move || compress_sharded(&comm, &shard, &cfg, &mut |_| {}).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let dir = std::env::temp_dir().join(format!("vlc-sharded-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let files: Vec<Vec<u8>> = outs
+        .iter()
+        .enumerate()
+        .map(|(r, o)| {
+            let path = dir.join(format!("rank{r}.vlc"));
+            o.index.save(&path).unwrap();
+            std::fs::read(&path).unwrap()
+        })
+        .collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(files[0], files[1], "the ranks' indexes differ");
+    let index = &outs[0].index;
+    assert_eq!(index.header.n, 5003);
+    // Rows in rank order: each rank's assignments where its rows are.
+    for (out, range) in outs.iter().zip(cuts) {
+        let held: Vec<u32> = range.map(|i| index.assignment(i)).collect();
+        assert_eq!(held, out.clustering.assignments);
+    }
+    // The codes belong to their rows: the index's own error is the recount on the data.
+    let mse = index.reconstruction_mse(&data);
+    assert!(
+        (mse - index.header.mse).abs() <= 1e-5 * mse,
+        "{mse} against {}",
+        index.header.mse
+    );
+    assert!(
+        mse < outs[0].clustering.energy,
+        "the codes did not help: {mse}"
+    );
+    // It searches: each of the first vectors finds itself.
+    let hits = index.search(&data.head(5), 1, 8).unwrap();
+    for (i, h) in hits.iter().enumerate() {
+        assert_eq!(h[0].0, i as u32, "vector {i} found {:?}", h[0]);
+    }
+}
+
+#[test]
+fn an_index_split_over_ranks_searches_as_the_whole_one() {
+    let data = gaussian_mixture(6007, 16, 40, 0.05, 3);
+    let queries = gaussian_mixture(37, 16, 40, 0.05, 99);
+    let mut cfg = Config::new(40);
+    cfg.pq_bytes = 4;
+    let cpu = CpuBackend::new();
+    let whole = compress(&cpu, &data, &cfg, &mut |_| {}).unwrap().index;
+    let whole = whole.with_refine(&data).unwrap();
+    let device = whole.device_search(&cpu).unwrap().expect("a device search");
+    for candidates in [0, 40] {
+        let expected = device
+            .search_reranked(&whole, &queries, 10, 6, candidates)
+            .unwrap();
+        let mut group = CpuCommunicator::group(3).unwrap();
+        let results: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = group
+                .drain(..)
+                .enumerate()
+                .map(|(rank, comm)| {
+                    let (whole, queries) = (&whole, &queries);
+                    s.spawn(move || {
+                        let shard = whole.shard(rank, 3).unwrap();
+                        search_sharded(&comm, &shard, queries, 10, 6, candidates).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in &results {
+            assert_eq!(r, &results[0], "the ranks' merged results differ");
+        }
+        for (q, (got, want)) in results[0].iter().zip(&expected).enumerate() {
+            let want: Vec<(u64, f32)> = want.iter().map(|&(i, d)| (i as u64, d)).collect();
+            if candidates == 0 {
+                assert_eq!(got, &want, "query {q}");
+            } else {
+                // Each rank re-ranks its own pool: their union holds the whole index's pool,
+                // so every rank of the results is at least as near.
+                assert_eq!(got.len(), want.len());
+                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(g.1 <= w.1, "query {q}, result {j}: {g:?} against {w:?}");
+                }
+            }
+        }
+    }
 }
