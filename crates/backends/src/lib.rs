@@ -79,7 +79,7 @@ macro_rules! on_group {
                 .map_err(|e| e.to_string())
                 .and_then(|g| $f(g, $($arg),*)),
             "wgpu" => Err(
-                "wgpu has no collectives: several devices train on cuda (NCCL) or cpu".to_string(),
+                "wgpu has no collectives: several devices need cuda (NCCL) or cpu".to_string(),
             ),
             other => Err(format!("unknown backend {other} (expected cpu or cuda)")),
         }

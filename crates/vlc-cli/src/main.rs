@@ -183,6 +183,11 @@ struct CompressArgs {
     /// can order candidates by exact distance.
     #[arg(long)]
     refine: bool,
+    /// Split the vectors over this many devices (cuda: GPUs 0..N over NCCL; cpu: threads):
+    /// each anneals and codes its part, the sums added over all before every update. Fast
+    /// mode only; no maintenance rounds; the codebooks are trained on the first device's part.
+    #[arg(long, default_value_t = 1)]
+    devices: usize,
     /// Print no progress.
     #[arg(long)]
     quiet: bool,
@@ -403,8 +408,19 @@ fn compress_command(args: CompressArgs) -> Res<()> {
         ids,
         tolerance,
         refine,
+        devices,
         quiet,
     } = args;
+    if devices == 0 {
+        return Err("--devices must be at least 1".into());
+    }
+    if devices > 1 && exact {
+        return Err(
+            "--exact runs on one device: a compression split over devices adds its sums in \
+             another order"
+                .into(),
+        );
+    }
     writable_output(&output, &[&input])?;
     let data = Matrix::load(&input).map_err(err)?;
     let ids = match ids {
@@ -441,7 +457,17 @@ fn compress_command(args: CompressArgs) -> Res<()> {
             if exact { " (exact mode)" } else { "" }
         );
     }
-    let mut index = backends::on_backend!(name, compress_with(&data, &cfg, quiet))?;
+    let mut index = if devices > 1 {
+        if data.rows < devices {
+            return Err(format!(
+                "{} vectors cannot be split over {devices} devices",
+                data.rows
+            ));
+        }
+        backends::on_group!(name, devices, compress_group(&data, &cfg, quiet))?
+    } else {
+        backends::on_backend!(name, compress_with(&data, &cfg, quiet))?
+    };
     if let Some(ids) = ids {
         index = index.with_ids(ids).map_err(err)?;
     }
@@ -582,6 +608,62 @@ fn writable_output(output: &std::path::Path, inputs: &[&std::path::Path]) -> Res
 }
 
 fn compress_with<B: Backend>(b: &B, data: &Matrix, cfg: &Config, quiet: bool) -> Res<Index> {
+    with_progress(quiet, |p| compress(b, data, cfg, p))
+}
+
+/// [`vlc_anneal::compress_sharded`] on a thread per rank of `comms`, rank `r` holding the
+/// `r`-th of equal parts of the rows; the first rank shows the progress.
+fn compress_group<C: hal::Communicator>(
+    comms: Vec<C>,
+    data: &Matrix,
+    cfg: &Config,
+    quiet: bool,
+) -> Res<Index> {
+    let size = comms.len();
+    let outcomes: Vec<Res<Index>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                s.spawn(move || {
+                    let (lo, hi) = (data.rows * rank / size, data.rows * (rank + 1) / size);
+                    let shard = Matrix::new(
+                        hi - lo,
+                        data.cols,
+                        data.data[lo * data.cols..hi * data.cols].to_vec(),
+                    )
+                    .map_err(err)?;
+                    let mut rank_cfg = cfg.clone();
+                    rank_cfg.report_each_iteration &= rank == 0;
+                    with_progress(quiet || rank > 0, |p| {
+                        vlc_anneal::compress_sharded(&comm, &shard, &rank_cfg, p)
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a device's thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut first = None;
+    for o in outcomes {
+        let index = o?;
+        first.get_or_insert(index);
+    }
+    first.ok_or_else(|| "no devices".into())
+}
+
+/// Runs a compression, drawing its progress (one bar a phase) unless `quiet`.
+fn with_progress(
+    quiet: bool,
+    run: impl FnOnce(
+        &mut dyn FnMut(vlc_anneal::Progress<'_>),
+    ) -> vlc_anneal::Result<vlc_anneal::Compressed>,
+) -> Res<Index> {
     // One bar a phase: a spinner with the elapsed time for a phase of one step (seeding), a
     // bar with an estimate of the time left for the others.
     let new_bar = |name: &str, steps: usize| -> ProgressBar {
@@ -633,7 +715,7 @@ fn compress_with<B: Backend>(b: &B, data: &Matrix, cfg: &Config, quiet: bool) ->
         }
         vlc_anneal::Progress::Step(done) => bar.set_position(done as u64),
     };
-    let out = compress(b, data, cfg, &mut on_progress).map_err(err)?;
+    let out = run(&mut on_progress).map_err(err)?;
     bar.finish_and_clear();
     if !quiet {
         let t = out.seconds;

@@ -568,3 +568,39 @@ fn rerank_uses_the_vectors_compress_refine_keeps() {
         text(&o)
     );
 }
+
+#[test]
+fn compress_splits_over_devices_and_refuses_what_cannot_split() {
+    let dir = scratch("devices");
+    let (npy, _) = fixture(&dir);
+    let index = dir.join("split.vlc").display().to_string();
+    let args = [
+        "--anchors",
+        "8",
+        "--bytes",
+        "4",
+        "--backend",
+        "cpu",
+        "--quiet",
+    ];
+    let o = vlc(&[
+        &["compress", &npy, "-o", &index, "--devices", "3"][..],
+        &args,
+    ]
+    .concat());
+    assert!(o.status.success(), "{}", text(&o));
+    let info = vlc(&["info", &index]);
+    assert!(text(&info).contains("200 x 8"), "{}", text(&info));
+    // The index it wrote searches.
+    let o = vlc(&["search", &index, &npy, "-k", "1", "--nprobe", "8"]);
+    assert!(o.status.success(), "{}", text(&o));
+    for bad in [
+        &["--devices", "2", "--exact"][..],
+        &["--devices", "0"][..],
+        &["--devices", "500"][..],
+    ] {
+        let o = vlc(&[&["compress", &npy, "-o", &index][..], &args, bad].concat());
+        assert!(!o.status.success(), "{bad:?} was accepted");
+        assert!(text(&o).contains("devices"), "{bad:?}: {}", text(&o));
+    }
+}
