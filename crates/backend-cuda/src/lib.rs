@@ -40,7 +40,7 @@ mod walk;
 pub use alloc::PoolStats;
 pub use buffer::CudaBuffer;
 pub use capture::CudaGraph;
-pub use collective::{NcclCommunicator, Rendezvous};
+pub use collective::{NcclCommunicator, Rendezvous, nccl_version};
 pub use program::{CudaKernel, lower as cuda_source};
 
 use crate::device::Device;

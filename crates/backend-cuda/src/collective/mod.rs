@@ -73,6 +73,13 @@ impl Side {
 // to move between threads as long as calls on it do not overlap.
 unsafe impl Send for NcclCommunicator {}
 
+/// The NCCL library's version (for example 22803 for 2.28.3), opening it if no communicator
+/// has yet: [`hal::Error::Unavailable`] where it cannot be found, saying where it was looked
+/// for and how to name it ([`LIBRARY_VARIABLE`]).
+pub fn nccl_version() -> Result<i32> {
+    Ok(nccl::nccl()?.version)
+}
+
 fn keep_nvls_off() {
     if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
         // SAFETY: set before NCCL reads its environment (on a communicator's creation), by
