@@ -102,18 +102,8 @@ pub fn compress<B: Backend>(
         name: "seeding",
         steps: 0,
     });
-    let mut annealing = false;
-    let (clustering, state) = anneal::anneal_on_device(&b, data, cfg, &mut |r| {
-        // The first report follows seeding (and, batched, some iterations).
-        if !annealing {
-            annealing = true;
-            progress(Progress::Phase {
-                name: "annealing",
-                steps: cfg.iterations,
-            });
-        }
-        progress(Progress::Iteration(r))
-    })?;
+    let (clustering, state) =
+        anneal::anneal_on_device(&b, data, cfg, &mut annealing_reports(cfg, progress))?;
     let annealed = start.elapsed().as_secs_f64();
     let (n, d) = (data.rows, data.cols);
     let anchors16 = round_anchors(&clustering.anchors)?;
@@ -163,16 +153,48 @@ pub fn compress<B: Backend>(
             squared_error,
         },
     )?;
-    Ok(Compressed {
-        index,
-        seconds: Timings {
-            seeding: clustering.seeding_seconds,
-            annealing: annealed - clustering.seeding_seconds,
-            coding: coded - annealed,
-            total: start.elapsed().as_secs_f64(),
-        },
-        clustering,
-    })
+    Ok(Compressed::timed(index, clustering, start, annealed, coded))
+}
+
+/// The annealing loop's reports as [`Progress`]: the `annealing` phase announced with the
+/// first (which follows seeding and, batched, some iterations), then each iteration.
+pub(crate) fn annealing_reports<'p>(
+    cfg: &Config,
+    progress: &'p mut dyn FnMut(Progress<'_>),
+) -> impl FnMut(&IterationReport) + 'p {
+    let (mut announced, steps) = (false, cfg.iterations);
+    move |r| {
+        if !announced {
+            announced = true;
+            progress(Progress::Phase {
+                name: "annealing",
+                steps,
+            });
+        }
+        progress(Progress::Iteration(r))
+    }
+}
+
+impl Compressed {
+    /// The products, with the phases' times from the marks taken since `start`.
+    pub(crate) fn timed(
+        index: Index,
+        clustering: Clustering,
+        start: Instant,
+        annealed: f64,
+        coded: f64,
+    ) -> Compressed {
+        Compressed {
+            index,
+            seconds: Timings {
+                seeding: clustering.seeding_seconds,
+                annealing: annealed - clustering.seeding_seconds,
+                coding: coded - annealed,
+                total: start.elapsed().as_secs_f64(),
+            },
+            clustering,
+        }
+    }
 }
 
 /// The anchors rounded to f16 as the index stores them; an error where one does not fit.

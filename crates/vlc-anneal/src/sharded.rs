@@ -11,7 +11,9 @@
 use crate::anneal::{anneal_sharded, handle_for};
 use crate::error::{Result, input};
 use crate::pq::{self, ProductQuantizer};
-use crate::{Coded, Compressed, Config, Matrix, Progress, Timings, assemble, round_anchors};
+use crate::{
+    Coded, Compressed, Config, Matrix, Progress, annealing_reports, assemble, round_anchors,
+};
 use hal::collective::{CollectiveOp, Communicator};
 use hal::{Backend, BackendExt, DType, Layout, View};
 use std::time::Instant;
@@ -35,17 +37,7 @@ pub fn compress_sharded<C: Communicator>(
         name: "seeding",
         steps: 0,
     });
-    let mut annealing = false;
-    let clustering = anneal_sharded(comm, data, cfg, &mut |r| {
-        if !annealing {
-            annealing = true;
-            progress(Progress::Phase {
-                name: "annealing",
-                steps: cfg.iterations,
-            });
-        }
-        progress(Progress::Iteration(r))
-    })?;
+    let clustering = anneal_sharded(comm, data, cfg, &mut annealing_reports(cfg, progress))?;
     let annealed = start.elapsed().as_secs_f64();
     let (n, d) = (data.rows, data.cols);
     let anchors16 = round_anchors(&clustering.anchors)?;
@@ -111,16 +103,7 @@ pub fn compress_sharded<C: Communicator>(
             squared_error,
         },
     )?;
-    Ok(Compressed {
-        index,
-        seconds: Timings {
-            seeding: clustering.seeding_seconds,
-            annealing: annealed - clustering.seeding_seconds,
-            coding: coded - annealed,
-            total: start.elapsed().as_secs_f64(),
-        },
-        clustering,
-    })
+    Ok(Compressed::timed(index, clustering, start, annealed, coded))
 }
 
 /// Every rank's row count, in rank order.
