@@ -18,13 +18,15 @@
 //! backend): each rank draws its own batches of `--batch` sequences, the gradients are averaged
 //! over the ranks, and rank 0 logs, evaluates and writes the checkpoints.
 
+mod common;
+
 use clap::Parser;
 use hal::Backend;
 use hal::collective::Communicator;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
-use tensor_autograd::distributed::{Alone, DataParallel, Replicas};
+use tensor_autograd::distributed::{Alone, Replicas};
 use tensor_autograd::gpt::{Gpt, GptConfig};
 use tensor_autograd::nn::Init;
 use tensor_autograd::optim::{Adam, Cosine, GradScaler, Optimizer, Schedule, clip_grad_norm};
@@ -295,27 +297,13 @@ fn parallel<C: Communicator + 'static>(comms: Vec<C>, args: &Args) -> Result<(),
     let data = data(args, &work_dir(args))?;
     let precision = policy(args)?;
     println!("gpt: data-parallel over {} devices", comms.len());
-    let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
-        let data = &data;
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|comm| {
-                s.spawn(move || {
-                    let backend = comm.backend().with_precision(precision);
-                    run(&backend, args, data, move |params| {
-                        Ok(Box::new(
-                            DataParallel::new(comm, params).map_err(|e| e.to_string())?,
-                        ))
-                    })
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
-            .collect()
-    });
-    outcomes.into_iter().collect()
+    let data = &data;
+    common::on_ranks(comms, |_, comm| {
+        let backend = comm.backend().with_precision(precision);
+        run(&backend, args, data, move |params| {
+            common::join(comm, params)
+        })
+    })
 }
 
 /// Prints on the primary rank only.

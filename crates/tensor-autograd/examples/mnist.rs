@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use tensor_autograd::data::Dataset;
-use tensor_autograd::distributed::{Alone, DataParallel, Replicas};
+use tensor_autograd::distributed::{Alone, Replicas};
 use tensor_autograd::idx::{MnistSplit, load_mnist};
 use tensor_autograd::models::lenet;
 use tensor_autograd::nn::{Init, ModuleExt};
@@ -108,29 +108,14 @@ fn parallel<C: Communicator + 'static>(comms: Vec<C>, args: &Args) -> Result<(),
     let size = comms.len();
     let per = train.len() / size;
     println!("mnist: data-parallel over {size} devices, {per} training images each");
-    let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
-        let (train, test) = (&train, &test);
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, comm)| {
-                s.spawn(move || {
-                    let shard = train.subset(&(rank * per..(rank + 1) * per).collect::<Vec<_>>());
-                    let backend = comm.backend().clone();
-                    run(&backend, args, shard, test.clone(), move |params| {
-                        Ok(Box::new(
-                            DataParallel::new(comm, params).map_err(|e| e.to_string())?,
-                        ))
-                    })
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
-            .collect()
-    });
-    outcomes.into_iter().collect()
+    let (train, test) = (&train, &test);
+    common::on_ranks(comms, |rank, comm| {
+        let shard = train.subset(&(rank * per..(rank + 1) * per).collect::<Vec<_>>());
+        let backend = comm.backend().clone();
+        run(&backend, args, shard, test.clone(), move |params| {
+            common::join(comm, params)
+        })
+    })
 }
 
 fn run<'a, B: Backend>(

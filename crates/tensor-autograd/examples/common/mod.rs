@@ -146,3 +146,35 @@ pub fn fit_replicated<B: Backend>(
         steps: step,
     })
 }
+
+/// Runs `rank(r, communicator)` on a thread per rank of `comms` and returns the first error,
+/// if any (a rank that panics counts as one).
+pub fn on_ranks<C: hal::collective::Communicator>(
+    comms: Vec<C>,
+    rank: impl Fn(usize, C) -> Result<(), String> + Sync,
+) -> Result<(), String> {
+    let rank = &rank;
+    let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(r, comm)| s.spawn(move || rank(r, comm)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+            .collect()
+    });
+    outcomes.into_iter().collect()
+}
+
+/// Joins `comm`'s group for the training loops: the parameters broadcast from rank 0, and
+/// the gradients averaged over the ranks.
+pub fn join<C: hal::collective::Communicator + 'static>(
+    comm: C,
+    params: &[tensor_autograd::Tensor<C::Backend>],
+) -> Result<Box<dyn tensor_autograd::distributed::Replicas<C::Backend>>, String> {
+    Ok(Box::new(
+        tensor_autograd::distributed::DataParallel::new(comm, params).map_err(|e| e.to_string())?,
+    ))
+}
