@@ -9,6 +9,9 @@
 //! cargo run --release -p vlc-anneal --example sharded_kmeans -- --backend cuda --devices 1,2,4
 //! cargo run --release -p vlc-anneal --example sharded_kmeans -- --backend cpu --points 200000 --anchors 256 --devices 1,2
 //! ```
+//!
+//! `--exact` runs exact mode, where every device count must print the same anchors digest
+//! (one device's anchors bit for bit).
 
 use backend_cpu::CpuCommunicator;
 use backend_cuda::{CudaBackend, NcclCommunicator};
@@ -23,6 +26,7 @@ struct Args {
     dim: usize,
     anchors: usize,
     iterations: usize,
+    exact: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -33,9 +37,14 @@ fn parse() -> Result<Args, String> {
         dim: 128,
         anchors: 4096,
         iterations: 20,
+        exact: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--exact" {
+            a.exact = true;
+            continue;
+        }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         let num = || value.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
         match flag.as_str() {
@@ -93,13 +102,17 @@ fn rows(range: std::ops::Range<usize>, d: usize, clusters: usize) -> Matrix {
     Matrix::new(n, d, data).expect("sized")
 }
 
-/// Runs every rank of `comms` on its rows; returns (seconds per iteration, energy).
-fn run<C: Communicator>(comms: Vec<C>, a: &Args) -> Result<(f64, f64), String> {
+/// Runs every rank of `comms` on its rows; returns (seconds per iteration, energy, a digest
+/// of the anchors' bits).
+fn run<C: Communicator>(comms: Vec<C>, a: &Args) -> Result<(f64, f64, u64), String> {
     let size = comms.len();
     let mut cfg = Config::new(a.anchors);
     cfg.iterations = a.iterations;
     cfg.maintain_every = 0;
     cfg.tolerance = 0.0;
+    if a.exact {
+        cfg.mode = vlc_anneal::Mode::Exact;
+    }
     let outcomes: Vec<Result<_, String>> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .into_iter()
@@ -135,7 +148,13 @@ fn run<C: Communicator>(comms: Vec<C>, a: &Args) -> Result<(f64, f64), String> {
         return Err("the ranks' anchors differ".into());
     }
     let slowest = outcomes.iter().map(|o| o.0).fold(0f64, f64::max);
-    Ok((slowest, outcomes[0].1))
+    let digest = outcomes[0]
+        .2
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+            (h ^ v.to_bits() as u64).wrapping_mul(0x100_0000_01b3)
+        });
+    Ok((slowest, outcomes[0].1, digest))
 }
 
 fn main() -> std::process::ExitCode {
@@ -165,10 +184,10 @@ fn main() -> std::process::ExitCode {
             other => Err(format!("unknown backend {other} (cpu or cuda)")),
         };
         match outcome {
-            Ok((t, energy)) => {
+            Ok((t, energy, digest)) => {
                 let base = *one.get_or_insert(t);
                 println!(
-                    "{n} device(s): {:.2} ms per iteration, {:.2}x one device's speed, energy {energy:.6}",
+                    "{n} device(s): {:.2} ms per iteration, {:.2}x the first count's speed, energy {energy:.6}, anchors {digest:016x}",
                     t * 1e3,
                     base / t
                 );

@@ -21,7 +21,8 @@ use std::time::Instant;
 /// [`crate::compress`] over the ranks of `comm`: `shard` is this rank's rows of the set (rank
 /// 0's first, then rank 1's, ...; rank 0's shard trains the residual codebooks). Every rank
 /// returns the same index; the clustering is this rank's (its assignments are its rows').
-/// The annealing is [`anneal_sharded`]'s: fast mode, no maintenance rounds.
+/// The annealing is [`anneal_sharded`]'s: no maintenance rounds; in exact mode one device's
+/// anchors bit for bit (the codebooks, trained on rank 0's rows, are not one device's).
 pub fn compress_sharded<C: Communicator>(
     comm: &C,
     shard: &Matrix,

@@ -100,7 +100,7 @@ fn three_ranks_agree_and_cluster_as_well_as_one_device() {
 }
 
 #[test]
-fn shards_that_disagree_or_ask_for_exact_mode_are_refused() {
+fn shards_that_disagree_are_refused() {
     let data = gaussian_mixture(400, 6, 4, 0.1, 1);
     let mut group = CpuCommunicator::group(2).unwrap();
     let outcomes: Vec<_> = std::thread::scope(|s| {
@@ -123,11 +123,38 @@ fn shards_that_disagree_or_ask_for_exact_mode_are_refused() {
         let e = e.expect("a rank accepted shards of different dimensions");
         assert!(e.to_string().contains("dimensions differ"), "{e}");
     }
-    let group = CpuCommunicator::group(1).unwrap();
-    let mut exact = config();
-    exact.mode = Mode::Exact;
-    let e = anneal_sharded(&group[0], &data, &exact, &mut |_| {}).unwrap_err();
-    assert!(e.to_string().contains("exact mode"), "{e}");
+}
+
+#[test]
+fn exact_mode_split_over_ranks_gives_one_devices_anchors_bit_for_bit() {
+    // More points than the seeding sample, cut unevenly.
+    let data = gaussian_mixture(9001, 12, 24, 0.05, 8);
+    let cuts = [0..3000, 3000..3001, 3001..9001];
+    let mut cfg = config();
+    cfg.mode = Mode::Exact;
+    let mut group = CpuCommunicator::group(3).unwrap();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = group
+            .drain(..)
+            .zip(cuts.clone())
+            .map(|(comm, range)| {
+                let (shard, cfg) = (rows(&data, range), cfg.clone());
+                s.spawn(move || anneal_sharded(&comm, &shard, &cfg, &mut |_| {}).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let alone = anneal(&CpuBackend::new(), &data, &cfg, &mut |_| {}).unwrap();
+    for (r, range) in results.iter().zip(cuts) {
+        let bits = |m: &Matrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&r.anchors),
+            bits(&alone.anchors),
+            "anchors differ from one device's"
+        );
+        assert_eq!(r.energy, alone.energy);
+        assert_eq!(r.assignments, alone.assignments[range]);
+    }
 }
 
 #[test]

@@ -184,8 +184,9 @@ struct CompressArgs {
     #[arg(long)]
     refine: bool,
     /// Split the vectors over this many devices (cuda: GPUs 0..N over NCCL; cpu: threads):
-    /// each anneals and codes its part, the sums added over all before every update. Fast
-    /// mode only; no maintenance rounds; the codebooks are trained on the first device's part.
+    /// each anneals and codes its part, the sums added over all before every update (with
+    /// --exact, in one device's order: its anchors bit for bit). No maintenance rounds; the
+    /// codebooks are trained on the first device's part.
     #[arg(long, default_value_t = 1)]
     devices: usize,
     /// Print no progress.
@@ -413,13 +414,6 @@ fn compress_command(args: CompressArgs) -> Res<()> {
     } = args;
     if devices == 0 {
         return Err("--devices must be at least 1".into());
-    }
-    if devices > 1 && exact {
-        return Err(
-            "--exact runs on one device: a compression split over devices adds its sums in \
-             another order"
-                .into(),
-        );
     }
     writable_output(&output, &[&input])?;
     let data = Matrix::load(&input).map_err(err)?;

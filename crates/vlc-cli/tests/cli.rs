@@ -594,11 +594,14 @@ fn compress_splits_over_devices_and_refuses_what_cannot_split() {
     // The index it wrote searches.
     let o = vlc(&["search", &index, &npy, "-k", "1", "--nprobe", "8"]);
     assert!(o.status.success(), "{}", text(&o));
-    for bad in [
-        &["--devices", "2", "--exact"][..],
-        &["--devices", "0"][..],
-        &["--devices", "500"][..],
-    ] {
+    let exact = dir.join("exact.vlc").display().to_string();
+    let o = vlc(&[
+        &["compress", &npy, "-o", &exact, "--devices", "2", "--exact"][..],
+        &args,
+    ]
+    .concat());
+    assert!(o.status.success(), "{}", text(&o));
+    for bad in [&["--devices", "0"][..], &["--devices", "500"][..]] {
         let o = vlc(&[&["compress", &npy, "-o", &index][..], &args, bad].concat());
         assert!(!o.status.success(), "{bad:?} was accepted");
         assert!(text(&o).contains("devices"), "{bad:?}: {}", text(&o));

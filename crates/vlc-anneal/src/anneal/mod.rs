@@ -59,7 +59,7 @@ use programs::{
     maintenance_limits, take_row_program, update_program,
 };
 pub use sharded::anneal_sharded;
-use state::{Pass, Reduce, State};
+use state::{Pass, Reduce, Shards, State};
 use std::time::Instant;
 
 /// Fast or bit-reproducible arithmetic.
@@ -292,7 +292,7 @@ pub(crate) fn anneal_on_device<'r, B: Backend>(
 /// over the shards, and the seeds every shard starts from (from this shard's vectors).
 pub(crate) struct Sharding<'r, B: Backend> {
     pub n_total: usize,
-    pub reduce: &'r (dyn Fn(&B::Buffer, usize) -> hal::Result<()> + 'r),
+    pub shards: Shards<'r, B>,
     pub seeds: &'r (dyn Fn(&B::Buffer) -> Result<B::Buffer> + 'r),
 }
 
@@ -312,7 +312,7 @@ pub(crate) fn anneal_run<'r, B: Backend>(
             cfg.check(n, d)?;
             (seed_anchors(b, &x, [n, d, m], cfg.seed)?, n, None)
         }
-        Some(s) => ((s.seeds)(&x)?, s.n_total, Some(s.reduce)),
+        Some(s) => ((s.seeds)(&x)?, s.n_total, Some(s.shards)),
     };
     b.synchronize()?;
     let seeding_seconds = start.elapsed().as_secs_f64();
@@ -400,8 +400,8 @@ pub(crate) fn anneal_run<'r, B: Backend>(
     let anchors = Matrix::new(m, d, b.read::<f32>(&state.pass.anchors)?)?;
     let clustering = Clustering {
         anchors,
-        assignments: b.read::<u32>(&state.pass.assign)?,
-        distances: b.read::<f32>(&state.pass.dist)?,
+        assignments: b.read::<u32>(&state.pass.assign)?[state.pass.pre..].to_vec(),
+        distances: b.read::<f32>(&state.pass.dist)?[state.pass.pre..].to_vec(),
         energy,
         history,
         seeding_seconds,
@@ -543,16 +543,43 @@ impl<'r, B: Backend> State<'r, B> {
             )),
             false => None,
         };
+        // An exact sharded run's carry rows (see `state::Carry`) before the points.
+        let chained = matches!(reduce, Some(Shards::Chain(_)));
+        let pre = if chained { m } else { 0 };
+        let (x, assign, carry) = if chained {
+            let rows = pre + n;
+            let wide = b.alloc(DType::F32, rows * d)?;
+            let mut tail = Layout::contiguous(&[n, d]);
+            tail.offset = pre * d;
+            b.copy(
+                View::new(&x, &Layout::contiguous(&[n, d])),
+                View::new(&wide, &tail),
+            )?;
+            let ids: Vec<u32> = (0..m as u32).chain(std::iter::repeat_n(0, n)).collect();
+            let ones = b.upload(&vec![1f32; rows])?;
+            let carry = state::Carry {
+                sse_counts_weights: b.upload(&vec![1f32; rows])?,
+                update_counts_weights: b.alloc(DType::F32, rows)?,
+                ones,
+                scratch_sums: b.alloc(DType::F32, m * d.max(1))?,
+                scratch_counts: b.alloc(DType::F32, m)?,
+            };
+            (wide, b.upload(&ids)?, Some(carry))
+        } else {
+            (x, b.alloc(DType::U32, n)?, None)
+        };
         let pass = Pass {
+            pre,
+            carry,
             n,
             d,
             m,
             x: x.clone(),
             anchors: anchors.clone(),
             velocity: b.alloc(DType::F32, m * d)?,
-            assign: b.alloc(DType::U32, n)?,
-            dist: b.alloc(DType::F32, n)?,
-            weights: b.alloc(DType::F32, n)?,
+            assign,
+            dist: b.alloc(DType::F32, pre + n)?,
+            weights: b.alloc(DType::F32, pre + n)?,
             sums: b.alloc(DType::F32, m * d)?,
             weight_sums: b.alloc(DType::F32, m)?,
             sse: b.alloc(DType::F32, m)?,

@@ -6,12 +6,20 @@
 //!
 //! The seeds are the ones a single device would draw from all the points: the seeding sample
 //! (`seed_anchors`'s rows of the whole set) is assembled on every rank, each rank adding the
-//! rows it holds (zeros elsewhere, so the sum is exact), and rank 0's k-means++ over it is
-//! broadcast. What differs from a run on one device: maintenance rounds (merge, split, re-seed) do not run, since they read every
-//! point's assignment on the host; and the sums add the shards' partial sums, a different
-//! order from one device's, so [`super::Mode::Exact`] is refused (its promise is the same bits
-//! on every backend, which a different summation order breaks).
+//! bits of the rows it holds (zeros elsewhere, so the sum is exact), and rank 0's k-means++
+//! over it is broadcast.
+//!
+//! In fast mode the shards' partial sums are added over the ranks (an all-reduce a buffer).
+//! In [`Mode::Exact`] the sums must be one device's bit for bit, and a device adds each
+//! anchor's members in ascending order: so the shards take turns, in rank order, each
+//! continuing the previous shard's chains from carry rows placed before its points
+//! (`state::Carry`), and the last shard's sums are broadcast. The turns serialise the segment
+//! sums (not the assignment), and the anchors are one device's.
+//!
+//! What differs from a run on one device: maintenance rounds (merge, split, re-seed) do not
+//! run, since they read every point's assignment on the host.
 
+use super::state::Shards;
 use super::{Clustering, Config, IterationReport, Mode, Sharding, anneal_run, handle_for};
 use crate::error::{Result, input};
 use crate::vectors::Matrix;
@@ -22,18 +30,15 @@ use hal::{Backend, BackendExt, DType, Layout, View};
 /// with the other ranks of `comm`. Every rank returns the same anchors, energies and history;
 /// the assignments and distances are its own shard's. Maintenance is off whatever
 /// `cfg.maintain_every` says (see the module docs). The shards are the whole set's rows in rank
-/// order (rank 0's first), which decides which rows the seeding sample takes.
+/// order (rank 0's first), which decides which rows the seeding sample takes. In
+/// [`Mode::Exact`] the anchors, energies and assignments are a single device's run with
+/// maintenance off, bit for bit.
 pub fn anneal_sharded<C: Communicator>(
     comm: &C,
     shard: &Matrix,
     cfg: &Config,
     progress: &mut dyn FnMut(&IterationReport),
 ) -> Result<Clustering> {
-    if cfg.mode == Mode::Exact {
-        return Err(input(
-            "exact mode runs on one device: a sharded run adds the shards' sums in another order",
-        ));
-    }
     let b = handle_for(comm.backend(), cfg.mode);
     let (n, d, m) = (shard.rows, shard.cols, cfg.anchors);
     // The shards' sizes and dimensions, agreed by all ranks before anything else runs.
@@ -78,6 +83,22 @@ pub fn anneal_sharded<C: Communicator>(
         let l = Layout::contiguous(&[len]);
         comm.all_reduce(CollectiveOp::Sum, View::new(buf, &l), View::new(buf, &l))
     };
+    let chain = |step: &mut dyn FnMut() -> hal::Result<()>,
+                 outputs: [(&<C::Backend as Backend>::Buffer, usize); 2]| {
+        for (buf, len) in outputs {
+            b.fill(View::new(buf, &Layout::contiguous(&[len])), 0.0)?;
+        }
+        for r in 0..comm.size() {
+            if comm.rank() == r {
+                step()?;
+            }
+            for (buf, len) in outputs {
+                let l = Layout::contiguous(&[len]);
+                comm.broadcast(r, View::new(buf, &l), View::new(buf, &l))?;
+            }
+        }
+        Ok(())
+    };
     let seeds = |x: &<C::Backend as Backend>::Buffer| {
         let rows: Vec<usize> = match super::seeding_rows(n_total, m, cfg.seed) {
             Some(rows) => rows,
@@ -104,12 +125,26 @@ pub fn anneal_sharded<C: Communicator>(
                 View::new(&sample, &place),
             )?;
         }
+        // Added over the ranks as bits (each row is one rank's, zeros elsewhere), so every
+        // value, negative zeros too, arrives unchanged.
+        let bits: Vec<u32> = b
+            .read::<f32>(&sample)?
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        let bits = b.upload(&bits)?;
         let whole = Layout::contiguous(&[k * d]);
         comm.all_reduce(
             CollectiveOp::Sum,
-            View::new(&sample, &whole),
-            View::new(&sample, &whole),
+            View::new(&bits, &whole),
+            View::new(&bits, &whole),
         )?;
+        let values: Vec<f32> = b
+            .read::<u32>(&bits)?
+            .into_iter()
+            .map(f32::from_bits)
+            .collect();
+        let sample = b.upload(&values)?;
         let anchors = if comm.rank() == 0 {
             super::kmeans_pp(&b, &sample, k, d, m, cfg.seed)?
         } else {
@@ -121,7 +156,10 @@ pub fn anneal_sharded<C: Communicator>(
     };
     let sharding = Sharding {
         n_total,
-        reduce: &reduce,
+        shards: match cfg.mode {
+            Mode::Fast => Shards::Sum(&reduce),
+            Mode::Exact => Shards::Chain(&chain),
+        },
         seeds: &seeds,
     };
     Ok(anneal_run(&b, shard, &cfg, progress, Some(sharding))?.0)
