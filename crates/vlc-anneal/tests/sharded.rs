@@ -260,3 +260,30 @@ fn an_index_split_over_ranks_searches_as_the_whole_one() {
         }
     }
 }
+
+#[test]
+fn a_rank_with_no_points_takes_part() {
+    let data = gaussian_mixture(3001, 8, 10, 0.05, 2);
+    let cuts = [0..0, 0..3001];
+    for mode in [Mode::Fast, Mode::Exact] {
+        let mut cfg = config();
+        cfg.mode = mode;
+        let mut group = CpuCommunicator::group(2).unwrap();
+        let results: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = group
+                .drain(..)
+                .zip(cuts.clone())
+                .map(|(comm, range)| {
+                    let (shard, cfg) = (rows(&data, range), cfg.clone());
+                    s.spawn(move || anneal_sharded(&comm, &shard, &cfg, &mut |_| {}))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let alone = anneal(&CpuBackend::new(), &data, &cfg, &mut |_| {}).unwrap();
+        for r in results {
+            let r = r.unwrap();
+            assert_eq!(r.anchors.data, alone.anchors.data, "{mode:?}");
+        }
+    }
+}
