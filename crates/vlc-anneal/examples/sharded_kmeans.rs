@@ -148,12 +148,9 @@ fn run<C: Communicator>(comms: Vec<C>, a: &Args) -> Result<(f64, f64, u64), Stri
         return Err("the ranks' anchors differ".into());
     }
     let slowest = outcomes.iter().map(|o| o.0).fold(0f64, f64::max);
-    let digest = outcomes[0]
-        .2
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
-            (h ^ v.to_bits() as u64).wrapping_mul(0x100_0000_01b3)
-        });
+    let digest = outcomes[0].2.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+        (h ^ v.to_bits() as u64).wrapping_mul(0x100_0000_01b3)
+    });
     Ok((slowest, outcomes[0].1, digest))
 }
 
