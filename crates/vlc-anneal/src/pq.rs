@@ -96,6 +96,41 @@ pub fn residuals<B: Backend>(
 }
 
 impl ProductQuantizer {
+    /// [`ProductQuantizer::encode`] of residuals already on the device (`n x dim`): laid out
+    /// and searched there, only the codes and the per-vector errors read back.
+    pub fn encode_on_device<B: Backend>(
+        &self,
+        b: &B,
+        residuals: &B::Buffer,
+        n: usize,
+    ) -> Result<(Vec<u8>, f64)> {
+        let (bytes, d, k) = (self.bytes(), self.dim, self.codewords);
+        if bytes == 0 || n == 0 {
+            return self.encode(b, &b.read::<f32>(residuals)?, n);
+        }
+        let wmax = d.div_ceil(bytes);
+        let xa = padded_rows(b, residuals, (n, d), bytes)?;
+        let mut books = vec![0f32; bytes * k * wmax];
+        for j in 0..bytes {
+            let w = self.bounds[j + 1] - self.bounds[j];
+            let book = &self.codebooks[self.codebook_offset(j)..][..k * w];
+            for c in 0..k {
+                books[(j * k + c) * wmax..][..w].copy_from_slice(&book[c * w..(c + 1) * w]);
+            }
+        }
+        let cb = b.upload(&books)?;
+        let codes = b.alloc_for_write(DType::U32, n * bytes)?;
+        let dist = b.alloc_for_write(DType::F32, n * bytes)?;
+        let per_subspace = Layout::contiguous(&[n, bytes]).transpose(0, 1)?;
+        b.nearest_centroid(
+            View::new(&xa, &by_subspace(n, bytes, wmax)),
+            View::new(&cb, &Layout::contiguous(&[bytes, k, wmax])),
+            View::new(&codes, &per_subspace),
+            View::new(&dist, &per_subspace),
+        )?;
+        read_codes(b, &codes, &dist, n, bytes)
+    }
+
     /// Codes `n` residual rows (`residuals`, row-major, `dim` wide) with these codebooks on
     /// `b`, every subspace at once: one byte per subspace per row (point-major), and the
     /// squared error they leave, summed over the rows.
@@ -174,36 +209,8 @@ pub fn train_and_encode<B: Backend>(
     let bounds = subspace_bounds(d, bytes);
     let k = n.min(256);
     let wmax = d.div_ceil(bytes);
-    // The residual rows, zero padded (no padding where every subspace is as wide: the copies
-    // below then write it whole, and the zero fill is skipped).
-    let wide = d % bytes;
-    let xa = match wide {
-        0 => b.alloc_for_write(DType::F32, n * bytes * wmax)?,
-        _ => b.alloc(DType::F32, n * bytes * wmax)?,
-    };
-    for (first, count, w) in [(0, wide, wmax), (wide, bytes - wide, d / bytes)] {
-        if count == 0 || w == 0 {
-            continue;
-        }
-        let src = Layout {
-            shape: vec![n, count, w],
-            strides: vec![d as isize, w as isize, 1],
-            offset: bounds[first],
-        };
-        let dst = Layout {
-            shape: vec![n, count, w],
-            strides: vec![(bytes * wmax) as isize, wmax as isize, 1],
-            offset: first * wmax,
-        };
-        b.copy(View::new(residuals, &src), View::new(&xa, &dst))?;
-    }
-    // The rows as a batch over the subspaces, `bytes x n x wmax`, and the codebooks
-    // `bytes x k x wmax` (zero padded too).
-    let by_subspace = Layout {
-        shape: vec![bytes, n, wmax],
-        strides: vec![wmax as isize, (bytes * wmax) as isize, 1],
-        offset: 0,
-    };
+    let xa = padded_rows(b, residuals, (n, d), bytes)?;
+    let by_subspace = by_subspace(n, bytes, wmax);
     let books = Layout::contiguous(&[bytes, k, wmax]);
     let cb = b.alloc_for_write(DType::F32, bytes * k * wmax)?;
     let starts = b.upload(&first_codewords(n, seed))?;
@@ -260,16 +267,7 @@ pub fn train_and_encode<B: Backend>(
             codebooks.extend_from_slice(&padded[(j * k + c) * wmax..][..w]);
         }
     }
-    // The squared reconstruction error: the last search's distances, summed per vector on
-    // the device and over vectors in f64 here (reading n sums, not n x bytes distances).
-    let per_vector = b.alloc(DType::F32, n)?;
-    b.reduce(
-        hal::ReduceOp::Sum,
-        View::new(&dist, &Layout::contiguous(&[n, bytes])),
-        &[1],
-        View::new(&per_vector, &Layout::contiguous(&[n, 1])),
-    )?;
-    let squared_error = b.read::<f32>(&per_vector)?.iter().map(|&e| e as f64).sum();
+    let (codes, squared_error) = read_codes(b, &codes, &dist, n, bytes)?;
     Ok(Encoded {
         pq: ProductQuantizer {
             dim: d,
@@ -277,13 +275,77 @@ pub fn train_and_encode<B: Backend>(
             bounds,
             codebooks,
         },
-        codes: b
-            .read::<u32>(&codes)?
-            .into_iter()
-            .map(|c| c as u8)
-            .collect(),
+        codes,
         squared_error,
     })
+}
+
+/// The `n x d` residual rows laid out as `n x bytes` rows of `wmax = ceil(d / bytes)` values
+/// (a subspace's dimensions, then zeros up to `wmax`: they add nothing to a distance or a
+/// sum), on the device.
+fn padded_rows<B: Backend>(
+    b: &B,
+    residuals: &B::Buffer,
+    (n, d): (usize, usize),
+    bytes: usize,
+) -> Result<B::Buffer> {
+    let bounds = subspace_bounds(d, bytes);
+    let wmax = d.div_ceil(bytes);
+    // No padding where every subspace is as wide: the copies below then write it whole, and
+    // the zero fill is skipped.
+    let wide = d % bytes;
+    let xa = match wide {
+        0 => b.alloc_for_write(DType::F32, n * bytes * wmax)?,
+        _ => b.alloc(DType::F32, n * bytes * wmax)?,
+    };
+    for (first, count, w) in [(0, wide, wmax), (wide, bytes - wide, d / bytes)] {
+        if count == 0 || w == 0 {
+            continue;
+        }
+        let src = Layout {
+            shape: vec![n, count, w],
+            strides: vec![d as isize, w as isize, 1],
+            offset: bounds[first],
+        };
+        let dst = Layout {
+            shape: vec![n, count, w],
+            strides: vec![(bytes * wmax) as isize, wmax as isize, 1],
+            offset: first * wmax,
+        };
+        b.copy(View::new(residuals, &src), View::new(&xa, &dst))?;
+    }
+    Ok(xa)
+}
+
+/// [`padded_rows`]' rows seen as a batch over the subspaces, `bytes x n x wmax`.
+fn by_subspace(n: usize, bytes: usize, wmax: usize) -> Layout {
+    Layout {
+        shape: vec![bytes, n, wmax],
+        strides: vec![wmax as isize, (bytes * wmax) as isize, 1],
+        offset: 0,
+    }
+}
+
+/// The codes (`n x bytes`, point-major, one u32 each) as bytes, and the squared
+/// reconstruction error: the search's distances, summed per vector on the device and over
+/// vectors in f64 here (reading n sums, not n x bytes distances).
+fn read_codes<B: Backend>(
+    b: &B,
+    codes: &B::Buffer,
+    dist: &B::Buffer,
+    n: usize,
+    bytes: usize,
+) -> Result<(Vec<u8>, f64)> {
+    let per_vector = b.alloc(DType::F32, n)?;
+    b.reduce(
+        hal::ReduceOp::Sum,
+        View::new(dist, &Layout::contiguous(&[n, bytes])),
+        &[1],
+        View::new(&per_vector, &Layout::contiguous(&[n, 1])),
+    )?;
+    let squared_error = b.read::<f32>(&per_vector)?.iter().map(|&e| e as f64).sum();
+    let codes = b.read::<u32>(codes)?.into_iter().map(|c| c as u8).collect();
+    Ok((codes, squared_error))
 }
 
 /// The device state of [`train_and_encode`]'s iterations.

@@ -70,7 +70,7 @@ pub fn compress_sharded<C: Communicator>(
         let pq = broadcast_codebooks(comm, &b, d, cfg.pq_bytes, trained.as_ref().map(|t| &t.pq))?;
         let (codes, error) = match trained {
             Some(t) => (t.codes, t.squared_error),
-            None => pq.encode(&b, &b.read::<f32>(&res)?, n)?,
+            None => pq.encode_on_device(&b, &res, n)?,
         };
         (pq, codes, error)
     } else {

@@ -287,3 +287,26 @@ fn a_rank_with_no_points_takes_part() {
         }
     }
 }
+
+#[test]
+fn coding_on_the_device_matches_coding_from_the_host() {
+    use hal::BackendExt;
+    let cpu = CpuBackend::new();
+    let data = gaussian_mixture(3001, 20, 12, 0.1, 6);
+    let mut cfg = Config::new(12);
+    cfg.pq_bytes = 6;
+    let index = compress(&cpu, &data, &cfg, &mut |_| {}).unwrap().index;
+    let pq = index.parts().pq;
+    // Residuals of the vectors to their anchors, as the coder sees them.
+    let mut residuals = data.data.clone();
+    for (i, r) in residuals.chunks_mut(20).enumerate() {
+        for (v, a) in r.iter_mut().zip(index.anchor(index.assignment(i) as usize)) {
+            *v -= a;
+        }
+    }
+    let (host, host_error) = pq.encode(&cpu, &residuals, 3001).unwrap();
+    let on_device = cpu.upload(&residuals).unwrap();
+    let (device, device_error) = pq.encode_on_device(&cpu, &on_device, 3001).unwrap();
+    assert_eq!(host, device);
+    assert!((host_error - device_error).abs() <= 1e-6 * host_error);
+}
