@@ -338,16 +338,6 @@ fn run<'a, B: Backend>(
     let mut init = Init::new(backend, args.seed);
     let mut model = Gpt::new(&mut init, cfg).map_err(e)?;
     let params = model.parameters();
-    println!(
-        "gpt: {} layers, {} heads, {} wide, block {}, vocabulary {}: {:.2}M parameters; batch {batch}, {} iterations",
-        cfg.n_layer,
-        cfg.n_head,
-        cfg.n_embd,
-        cfg.block_size,
-        cfg.vocab_size,
-        model.num_parameters() as f64 / 1e6,
-        args.iters
-    );
     // nanoGPT's groups: weight decay on the matrices (embeddings and Linear weights), none on
     // the LayerNorm weights and biases.
     let (decay, plain): (Vec<Tensor<B>>, Vec<Tensor<B>>) =
@@ -377,6 +367,22 @@ fn run<'a, B: Backend>(
     let replicas = join(&params)?;
     let primary = replicas.is_primary();
     let ranks = replicas.size();
+    say!(
+        primary,
+        "gpt: {} layers, {} heads, {} wide, block {}, vocabulary {}: {:.2}M parameters; batch {batch}{}, {} iterations",
+        cfg.n_layer,
+        cfg.n_head,
+        cfg.n_embd,
+        cfg.block_size,
+        cfg.vocab_size,
+        model.num_parameters() as f64 / 1e6,
+        if ranks > 1 {
+            format!(" per device on {ranks}")
+        } else {
+            String::new()
+        },
+        args.iters
+    );
     let schedule = Cosine {
         base: args.lr,
         min: args.min_lr,
