@@ -5,7 +5,8 @@
 use backend_cpu::{CpuBackend, CpuCommunicator};
 use vlc_anneal::synthetic::gaussian_mixture;
 use vlc_anneal::{
-    Config, Matrix, Mode, anneal, anneal_sharded, compress, compress_sharded, search_sharded,
+    Config, Matrix, Metric, Mode, anneal, anneal_sharded, compress, compress_sharded,
+    search_sharded,
 };
 
 fn rows(m: &Matrix, range: std::ops::Range<usize>) -> Matrix {
@@ -217,15 +218,24 @@ fn a_sharded_compression_gives_every_rank_the_whole_index() {
 fn an_index_split_over_ranks_searches_as_the_whole_one() {
     let data = gaussian_mixture(6007, 16, 40, 0.05, 3);
     let queries = gaussian_mixture(37, 16, 40, 0.05, 99);
-    let mut cfg = Config::new(40);
-    cfg.pq_bytes = 4;
+    // Inner products order the other way (largest first): the merge must follow.
+    for metric in [Metric::L2, Metric::InnerProduct, Metric::Cosine] {
+        let mut cfg = Config::new(40);
+        cfg.pq_bytes = 4;
+        cfg.metric = metric;
+        split_search_matches(&data, &queries, &cfg);
+    }
+}
+
+fn split_search_matches(data: &Matrix, queries: &Matrix, cfg: &Config) {
     let cpu = CpuBackend::new();
-    let whole = compress(&cpu, &data, &cfg, &mut |_| {}).unwrap().index;
-    let whole = whole.with_refine(&data).unwrap();
+    let whole = compress(&cpu, data, cfg, &mut |_| {}).unwrap().index;
+    let whole = whole.with_refine(data).unwrap();
     let device = whole.device_search(&cpu).unwrap().expect("a device search");
+    let larger = cfg.metric == Metric::InnerProduct;
     for candidates in [0, 40] {
         let expected = device
-            .search_reranked(&whole, &queries, 10, 6, candidates)
+            .search_reranked(&whole, queries, 10, 6, candidates)
             .unwrap();
         let mut group = CpuCommunicator::group(3).unwrap();
         let results: Vec<_> = std::thread::scope(|s| {
@@ -233,7 +243,7 @@ fn an_index_split_over_ranks_searches_as_the_whole_one() {
                 .drain(..)
                 .enumerate()
                 .map(|(rank, comm)| {
-                    let (whole, queries) = (&whole, &queries);
+                    let whole = &whole;
                     s.spawn(move || {
                         let shard = whole.shard(rank, 3).unwrap();
                         search_sharded(&comm, &shard, queries, 10, 6, candidates).unwrap()
@@ -248,13 +258,18 @@ fn an_index_split_over_ranks_searches_as_the_whole_one() {
         for (q, (got, want)) in results[0].iter().zip(&expected).enumerate() {
             let want: Vec<(u64, f32)> = want.iter().map(|&(i, d)| (i as u64, d)).collect();
             if candidates == 0 {
-                assert_eq!(got, &want, "query {q}");
+                assert_eq!(got, &want, "{:?}, query {q}", cfg.metric);
             } else {
                 // Each rank re-ranks its own pool: their union holds the whole index's pool,
                 // so every rank of the results is at least as near.
                 assert_eq!(got.len(), want.len());
                 for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!(g.1 <= w.1, "query {q}, result {j}: {g:?} against {w:?}");
+                    let as_near = if larger { g.1 >= w.1 } else { g.1 <= w.1 };
+                    assert!(
+                        as_near,
+                        "{:?}, query {q}, result {j}: {g:?} against {w:?}",
+                        cfg.metric
+                    );
                 }
             }
         }
