@@ -141,3 +141,90 @@ impl Rendezvous {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Rendezvous, UniqueId};
+    use std::time::Duration;
+
+    fn id(seed: u8) -> UniqueId {
+        let mut id = UniqueId { internal: [0; 128] };
+        for (i, b) in id.internal.iter_mut().enumerate() {
+            *b = seed.wrapping_add(i as u8);
+        }
+        id
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("rendezvous-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_file_hands_the_id_over_once_and_refuses_a_stale_one() {
+        let dir = scratch("file");
+        let r = Rendezvous::File(dir.join("id"));
+        r.publish(3, &id(7), Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            r.fetch(3, Duration::from_secs(1)).unwrap().internal,
+            id(7).internal
+        );
+        // Another group's size, and a second rank 0 over the first's file, are refused.
+        let e = r
+            .fetch(4, Duration::from_secs(1))
+            .err()
+            .expect("an error")
+            .to_string();
+        assert!(e.contains("group of 3") && e.contains("told 4"), "{e}");
+        let e = r.publish(3, &id(8), Duration::from_secs(1)).unwrap_err();
+        assert!(e.to_string().contains("exists already"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn garbage_or_nothing_is_an_error_not_a_hang() {
+        let dir = scratch("garbage");
+        let path = dir.join("id");
+        std::fs::write(&path, b"not a rendezvous message").unwrap();
+        let r = Rendezvous::File(path);
+        let e = r
+            .fetch(2, Duration::from_secs(1))
+            .err()
+            .expect("an error")
+            .to_string();
+        assert!(e.contains("does not hold"), "{e}");
+        let missing = Rendezvous::File(dir.join("never"));
+        let started = std::time::Instant::now();
+        let e = missing
+            .fetch(2, Duration::from_millis(200))
+            .err()
+            .expect("an error")
+            .to_string();
+        assert!(e.contains("no id from rank 0"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn tcp_serves_every_other_rank() {
+        // A free port: bind to 0, read it back, let it go.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let r = Rendezvous::Tcp(format!("127.0.0.1:{port}").parse().unwrap());
+        r.publish(3, &id(1), Duration::from_secs(10)).unwrap();
+        let fetched: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|_| s.spawn(|| r.fetch(3, Duration::from_secs(10)).unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for f in fetched {
+            assert_eq!(f.internal, id(1).internal);
+        }
+    }
+}
