@@ -8,7 +8,7 @@
 //!    shard, then trimmed), the squared errors summed: the index of the whole set, rows in
 //!    rank order.
 
-use crate::anneal::{anneal_sharded, handle_for};
+use crate::anneal::{anneal_sharded_on, handle_for, shard_sizes};
 use crate::error::{Result, input};
 use crate::pq::{self, ProductQuantizer};
 use crate::{
@@ -21,7 +21,7 @@ use std::time::Instant;
 /// [`crate::compress`] over the ranks of `comm`: `shard` is this rank's rows of the set (rank
 /// 0's first, then rank 1's, ...; rank 0's shard trains the residual codebooks). Every rank
 /// returns the same index; the clustering is this rank's (its assignments are its rows').
-/// The annealing is [`anneal_sharded`]'s: no maintenance rounds; in exact mode one device's
+/// The annealing is [`crate::anneal_sharded`]'s: no maintenance rounds; in exact mode one device's
 /// anchors bit for bit (the codebooks, trained on rank 0's rows, are not one device's).
 pub fn compress_sharded<C: Communicator>(
     comm: &C,
@@ -38,7 +38,18 @@ pub fn compress_sharded<C: Communicator>(
         name: "seeding",
         steps: 0,
     });
-    let clustering = anneal_sharded(comm, data, cfg, &mut annealing_reports(cfg, progress))?;
+    // The vectors go to the device once: the annealing and the residuals read them there.
+    let x = b.upload(&data.data)?;
+    let uploaded = start.elapsed().as_secs_f64();
+    let mut clustering = anneal_sharded_on(
+        comm,
+        data,
+        Some(x.clone()),
+        cfg,
+        &mut annealing_reports(cfg, progress),
+    )?;
+    // As in `compress`, the upload counts as seeding.
+    clustering.seeding_seconds += uploaded;
     let annealed = start.elapsed().as_secs_f64();
     let (n, d) = (data.rows, data.cols);
     let anchors16 = round_anchors(&clustering.anchors)?;
@@ -46,12 +57,11 @@ pub fn compress_sharded<C: Communicator>(
         name: "coding",
         steps: cfg.pq_iterations,
     });
-    let sizes = gather_sizes(comm, &b, n)?;
+    let sizes = shard_sizes(comm, &b, n)?;
     let n_total: usize = sizes.iter().sum();
     let (pq, codes, squared_error) = if cfg.pq_bytes > 0 {
         let rounded: Vec<f32> = anchors16.iter().map(|v| v.to_f32()).collect();
         let a = b.upload(&rounded)?;
-        let x = b.upload(&data.data)?;
         let assign = b.upload(&clustering.assignments)?;
         let res = pq::residuals(&b, &x, &a, &assign, n, d)?;
         let trained = if comm.rank() == 0 {
@@ -105,18 +115,6 @@ pub fn compress_sharded<C: Communicator>(
         },
     )?;
     Ok(Compressed::timed(index, clustering, start, annealed, coded))
-}
-
-/// Every rank's row count, in rank order.
-fn gather_sizes<C: Communicator>(comm: &C, b: &C::Backend, n: usize) -> Result<Vec<usize>> {
-    let size = comm.size();
-    let mine = b.upload(&[n as f64])?;
-    let all = b.alloc(DType::F64, size)?;
-    comm.all_gather(
-        View::new(&mine, &Layout::contiguous(&[1])),
-        View::new(&all, &Layout::contiguous(&[size])),
-    )?;
-    Ok(b.read::<f64>(&all)?.iter().map(|&v| v as usize).collect())
 }
 
 /// Rank 0's codebooks on every rank: their count first, then their values.

@@ -59,6 +59,7 @@ use programs::{
     maintenance_limits, take_row_program, update_program,
 };
 pub use sharded::anneal_sharded;
+pub(crate) use sharded::{anneal_sharded_on, shard_sizes};
 use state::{Pass, Reduce, Shards, State};
 use std::time::Instant;
 
@@ -285,7 +286,7 @@ pub(crate) fn anneal_on_device<'r, B: Backend>(
     cfg: &Config,
     progress: &mut dyn FnMut(&IterationReport),
 ) -> Result<(Clustering, State<'r, B>)> {
-    anneal_run(b, data, cfg, progress, None)
+    anneal_run(b, data, None, cfg, progress, None)
 }
 
 /// What makes a run one shard of a sharded run (`sharded.rs`): the points in all, the sums
@@ -297,16 +298,21 @@ pub(crate) struct Sharding<'r, B: Backend> {
 }
 
 /// The loop, alone or as one shard.
+/// `x`: `data`'s vectors where the caller has them on the device already.
 pub(crate) fn anneal_run<'r, B: Backend>(
     b: &B,
     data: &Matrix,
+    x: Option<B::Buffer>,
     cfg: &Config,
     progress: &mut dyn FnMut(&IterationReport),
     sharding: Option<Sharding<'r, B>>,
 ) -> Result<(Clustering, State<'r, B>)> {
     let (n, d, m) = (data.rows, data.cols, cfg.anchors);
     let start = Instant::now();
-    let x = b.upload(&data.data)?;
+    let x = match x {
+        Some(x) => x,
+        None => b.upload(&data.data)?,
+    };
     let (anchors, n_total, reduce): (B::Buffer, usize, Reduce<'r, B>) = match &sharding {
         None => {
             cfg.check(n, d)?;

@@ -39,24 +39,30 @@ pub fn anneal_sharded<C: Communicator>(
     cfg: &Config,
     progress: &mut dyn FnMut(&IterationReport),
 ) -> Result<Clustering> {
+    anneal_sharded_on(comm, shard, None, cfg, progress)
+}
+
+/// [`anneal_sharded`] with `shard`'s vectors already on this rank's device where given (the
+/// sharded compression codes its residuals from them afterwards).
+pub(crate) fn anneal_sharded_on<C: Communicator>(
+    comm: &C,
+    shard: &Matrix,
+    x: Option<<C::Backend as Backend>::Buffer>,
+    cfg: &Config,
+    progress: &mut dyn FnMut(&IterationReport),
+) -> Result<Clustering> {
     let b = handle_for(comm.backend(), cfg.mode);
     let (n, d, m) = (shard.rows, shard.cols, cfg.anchors);
     // The shards' sizes and dimensions, agreed by all ranks before anything else runs.
-    let sizes = b.upload(&[n as f64])?;
+    let sizes = shard_sizes(comm, &b, n)?;
+    let (n_total, first): (usize, usize) = (sizes.iter().sum(), sizes[..comm.rank()].iter().sum());
     let dims = b.upload(&[d as f64, -(d as f64)])?;
-    let one = Layout::contiguous(&[1]);
     let two = Layout::contiguous(&[2]);
-    comm.all_reduce(
-        CollectiveOp::Sum,
-        View::new(&sizes, &one),
-        View::new(&sizes, &one),
-    )?;
     comm.all_reduce(
         CollectiveOp::Max,
         View::new(&dims, &two),
         View::new(&dims, &two),
     )?;
-    let n_total = b.read::<f64>(&sizes)?[0] as usize;
     let dims = b.read::<f64>(&dims)?;
     if dims[0] != -dims[1] {
         return Err(input(format!(
@@ -67,18 +73,6 @@ pub fn anneal_sharded<C: Communicator>(
     let mut cfg = cfg.clone();
     cfg.maintain_every = 0;
     cfg.check(n_total, d)?;
-    // Where this shard's rows start in the whole set.
-    let size = comm.size();
-    let mine = b.upload(&[n as f64])?;
-    let all = b.alloc(DType::F64, size)?;
-    comm.all_gather(
-        View::new(&mine, &one),
-        View::new(&all, &Layout::contiguous(&[size])),
-    )?;
-    let first: usize = b.read::<f64>(&all)?[..comm.rank()]
-        .iter()
-        .map(|&v| v as usize)
-        .sum();
     let reduce = |buf: &<C::Backend as Backend>::Buffer, len: usize| {
         let l = Layout::contiguous(&[len]);
         comm.all_reduce(CollectiveOp::Sum, View::new(buf, &l), View::new(buf, &l))
@@ -162,5 +156,21 @@ pub fn anneal_sharded<C: Communicator>(
         },
         seeds: &seeds,
     };
-    Ok(anneal_run(&b, shard, &cfg, progress, Some(sharding))?.0)
+    Ok(anneal_run(&b, shard, x, &cfg, progress, Some(sharding))?.0)
+}
+
+/// Every rank's row count, in rank order.
+pub(crate) fn shard_sizes<C: Communicator>(
+    comm: &C,
+    b: &C::Backend,
+    n: usize,
+) -> Result<Vec<usize>> {
+    let size = comm.size();
+    let mine = b.upload(&[n as f64])?;
+    let all = b.alloc(DType::F64, size)?;
+    comm.all_gather(
+        View::new(&mine, &Layout::contiguous(&[1])),
+        View::new(&all, &Layout::contiguous(&[size])),
+    )?;
+    Ok(b.read::<f64>(&all)?.iter().map(|&v| v as usize).collect())
 }
