@@ -203,9 +203,6 @@ impl NcclCommunicator {
             return Err(aborted(kind.name()));
         }
         self.backend.dev.bind()?;
-        let address = |v: View<'_, CudaBuffer>| {
-            v.buffer.ptr() + (v.layout.offset * v.dtype().size_in_bytes()) as u64
-        };
         let status = launch(
             self.nccl,
             address(send) as *const c_void,
@@ -224,6 +221,11 @@ impl NcclCommunicator {
             *comm = std::ptr::null_mut();
         }
     }
+}
+
+/// The device address of a contiguous view's first element.
+fn address(v: View<'_, CudaBuffer>) -> u64 {
+    v.buffer.ptr() + (v.layout.offset * v.dtype().size_in_bytes()) as u64
 }
 
 fn aborted(op: &'static str) -> Error {
@@ -341,7 +343,7 @@ impl Communicator for NcclCommunicator {
             )
             .map_err(err("cuStreamWaitEvent"))?;
         }
-        let at = buf.buffer.ptr() + (buf.layout.offset * buf.dtype().size_in_bytes()) as u64;
+        let at = address(buf);
         let count = buf.layout.numel();
         // SAFETY: a validated view of a live buffer of this device, held in `pending` until
         // the backend's stream waits for the side stream; the side stream starts after the
