@@ -18,6 +18,21 @@ fn rows(m: &Matrix, range: std::ops::Range<usize>) -> Matrix {
     .unwrap()
 }
 
+/// Runs `f(rank, communicator)` on a thread per rank of a CPU group of `size`; the results
+/// in rank order.
+fn on_ranks<T: Send>(size: usize, f: impl Fn(usize, &CpuCommunicator) -> T + Sync) -> Vec<T> {
+    let group = CpuCommunicator::group(size).unwrap();
+    let f = &f;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = group
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| s.spawn(move || f(rank, &comm)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// The mean squared distance from each point to its nearest anchor, in f64 on the host.
 fn energy(data: &Matrix, anchors: &Matrix) -> f64 {
     let d = data.cols;
@@ -51,17 +66,9 @@ fn three_ranks_agree_and_cluster_as_well_as_one_device() {
     // from every shard.
     let data = gaussian_mixture(9001, 12, 24, 0.05, 5);
     let cuts = [0..4000, 4000..6100, 6100..9001];
-    let mut group = CpuCommunicator::group(3).unwrap();
-    let results: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = group
-            .drain(..)
-            .zip(cuts.clone())
-            .map(|(comm, range)| {
-                let shard = rows(&data, range);
-                s.spawn(move || anneal_sharded(&comm, &shard, &config(), &mut |_| {}).unwrap())
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let results = on_ranks(3, |rank, comm| {
+        let shard = rows(&data, cuts[rank].clone());
+        anneal_sharded(comm, &shard, &config(), &mut |_| {}).unwrap()
     });
     for r in &results[1..] {
         assert_eq!(
@@ -103,22 +110,14 @@ fn three_ranks_agree_and_cluster_as_well_as_one_device() {
 #[test]
 fn shards_that_disagree_are_refused() {
     let data = gaussian_mixture(400, 6, 4, 0.1, 1);
-    let mut group = CpuCommunicator::group(2).unwrap();
-    let outcomes: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = group
-            .drain(..)
-            .enumerate()
-            .map(|(rank, comm)| {
-                // Rank 1's vectors have another dimension.
-                let shard = if rank == 0 {
-                    rows(&data, 0..200)
-                } else {
-                    Matrix::new(100, 12, vec![0.5; 1200]).unwrap()
-                };
-                s.spawn(move || anneal_sharded(&comm, &shard, &config(), &mut |_| {}).err())
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let outcomes = on_ranks(2, |rank, comm| {
+        // Rank 1's vectors have another dimension.
+        let shard = if rank == 0 {
+            rows(&data, 0..200)
+        } else {
+            Matrix::new(100, 12, vec![0.5; 1200]).unwrap()
+        };
+        anneal_sharded(comm, &shard, &config(), &mut |_| {}).err()
     });
     for e in outcomes {
         let e = e.expect("a rank accepted shards of different dimensions");
@@ -133,17 +132,9 @@ fn exact_mode_split_over_ranks_gives_one_devices_anchors_bit_for_bit() {
     let cuts = [0..3000, 3000..3001, 3001..9001];
     let mut cfg = config();
     cfg.mode = Mode::Exact;
-    let mut group = CpuCommunicator::group(3).unwrap();
-    let results: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = group
-            .drain(..)
-            .zip(cuts.clone())
-            .map(|(comm, range)| {
-                let (shard, cfg) = (rows(&data, range), cfg.clone());
-                s.spawn(move || anneal_sharded(&comm, &shard, &cfg, &mut |_| {}).unwrap())
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let results = on_ranks(3, |rank, comm| {
+        let shard = rows(&data, cuts[rank].clone());
+        anneal_sharded(comm, &shard, &cfg, &mut |_| {}).unwrap()
     });
     let alone = anneal(&CpuBackend::new(), &data, &cfg, &mut |_| {}).unwrap();
     for (r, range) in results.iter().zip(cuts) {
@@ -164,17 +155,9 @@ fn a_sharded_compression_gives_every_rank_the_whole_index() {
     let cuts = [0..2600, 2600..5003];
     let mut cfg = config();
     cfg.pq_bytes = 4;
-    let mut group = CpuCommunicator::group(2).unwrap();
-    let outs: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = group
-            .drain(..)
-            .zip(cuts.clone())
-            .map(|(comm, range)| {
-                let (shard, cfg) = (rows(&data, range), cfg.clone());
-                s.spawn(move || compress_sharded(&comm, &shard, &cfg, &mut |_| {}).unwrap())
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let outs = on_ranks(2, |rank, comm| {
+        let shard = rows(&data, cuts[rank].clone());
+        compress_sharded(comm, &shard, &cfg, &mut |_| {}).unwrap()
     });
     let dir = std::env::temp_dir().join(format!("vlc-sharded-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -237,20 +220,9 @@ fn split_search_matches(data: &Matrix, queries: &Matrix, cfg: &Config) {
         let expected = device
             .search_reranked(&whole, queries, 10, 6, candidates)
             .unwrap();
-        let mut group = CpuCommunicator::group(3).unwrap();
-        let results: Vec<_> = std::thread::scope(|s| {
-            let hs: Vec<_> = group
-                .drain(..)
-                .enumerate()
-                .map(|(rank, comm)| {
-                    let whole = &whole;
-                    s.spawn(move || {
-                        let shard = whole.shard(rank, 3).unwrap();
-                        search_sharded(&comm, &shard, queries, 10, 6, candidates).unwrap()
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let results = on_ranks(3, |rank, comm| {
+            let shard = whole.shard(rank, 3).unwrap();
+            search_sharded(comm, &shard, queries, 10, 6, candidates).unwrap()
         });
         for r in &results {
             assert_eq!(r, &results[0], "the ranks' merged results differ");
@@ -283,17 +255,9 @@ fn a_rank_with_no_points_takes_part() {
     for mode in [Mode::Fast, Mode::Exact] {
         let mut cfg = config();
         cfg.mode = mode;
-        let mut group = CpuCommunicator::group(2).unwrap();
-        let results: Vec<_> = std::thread::scope(|s| {
-            let hs: Vec<_> = group
-                .drain(..)
-                .zip(cuts.clone())
-                .map(|(comm, range)| {
-                    let (shard, cfg) = (rows(&data, range), cfg.clone());
-                    s.spawn(move || anneal_sharded(&comm, &shard, &cfg, &mut |_| {}))
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let results = on_ranks(2, |rank, comm| {
+            let shard = rows(&data, cuts[rank].clone());
+            anneal_sharded(comm, &shard, &cfg, &mut |_| {})
         });
         let alone = anneal(&CpuBackend::new(), &data, &cfg, &mut |_| {}).unwrap();
         for r in results {
