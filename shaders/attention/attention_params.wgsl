@@ -25,5 +25,5 @@ fn attention_params() -> AttentionLaunch {
         s(10u), s(11u), s(12u), s(13u), s(14u));
 }
 
-fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }
+fn neg_inf() -> f32 { return f32_bits(0xff800000u); }
 fn is_neg_inf(v: f32) -> bool { return bitcast<u32>(v) == 0xff800000u; }

@@ -157,10 +157,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let row0 = (wg.y * nwg.x + wg.x) * BM;
     if (row0 >= n) { return; }
     let o = Operands(n, s(1u), s(2u), si(3u), si(4u), si(5u), si(6u), si(8u), si(7u));
-    let inf = bitcast<f32>(0x7f800000u);
-    bv0 = inf; bv1 = inf; bv2 = inf; bv3 = inf; bv4 = inf; bv5 = inf; bv6 = inf; bv7 = inf;
+    let far = inf();
+    bv0 = far; bv1 = far; bv2 = far; bv3 = far; bv4 = far; bv5 = far; bv6 = far; bv7 = far;
     bi0 = NONE; bi1 = NONE; bi2 = NONE; bi3 = NONE; bi4 = NONE; bi5 = NONE; bi6 = NONE; bi7 = NONE;
-    sv0 = inf; sv1 = inf; sv2 = inf; sv3 = inf; sv4 = inf; sv5 = inf; sv6 = inf; sv7 = inf;
+    sv0 = far; sv1 = far; sv2 = far; sv3 = far; sv4 = far; sv5 = far; sv6 = far; sv7 = far;
     sj0 = NONE; sj1 = NONE; sj2 = NONE; sj3 = NONE; sj4 = NONE; sj5 = NONE; sj6 = NONE; sj7 = NONE;
     let end = s(1u);
     for (var col0 = s(9u); col0 < end; col0 = col0 + BN) {

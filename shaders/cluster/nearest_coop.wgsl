@@ -101,7 +101,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let bc = 0u;
     let abase = s(12u) + row0 * s(1u);
     let sbase = sg * (SECOND + 256u);
-    var best = Best(bitcast<f32>(0x7f800000u), NONE, bitcast<f32>(0x7f800000u), NONE);
+    var best = Best(inf(), NONE, inf(), NONE);
     for (var cb = 0u; cb < s(4u); cb = cb + 1u) {
         let col0 = cb * BN;
         let bbase = s(13u) + col0;

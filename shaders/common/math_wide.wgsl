@@ -44,8 +44,8 @@ fn fma_f64(a: f64, b: f64, c: f64) -> f64 {
 fn div_f64(x: f64, y: f64) -> f64 { let q = keep_f64(x / y); if (!(abs(q) < 1e295lf) || abs(q) < 1e-290lf) { return q; } return q + fma_f64(-q, y, x) / y; }
 fn sqrt_f64(a: f64) -> f64 { let s = keep_f64(sqrt(a)); if (!(s > 1e-150lf) || !(s < 1e150lf)) { return s; } return s + fma_f64(-s, s, a) / (2.0lf * s); }
 
-fn nan_f64() -> f64 { return f64(bitcast<f32>(0x7fc00000u)); }
-fn inf_f64() -> f64 { return f64(bitcast<f32>(0x7f800000u)); }
+fn nan_f64() -> f64 { return f64(nan()); }
+fn inf_f64() -> f64 { return f64(inf()); }
 fn is_nan_f64(v: f64) -> bool { return !(v == v); }
 fn is_inf_f64(v: f64) -> bool { return abs(v) > 1.7976931348623157e308lf; }
 // The sign bit, also of -0 (narrowing to f32 keeps it); false for NaN.

@@ -58,11 +58,19 @@ fn at4(k: u32, i0: u32, i1: u32, i2: u32, i3: u32) -> i32 {
 fn off(k: u32, lin: u32) -> i32 { return offset_in(pw(17u + k), lin); }
 // @end
 
+// An f32 from its bits, at run time. WGSL makes a constant expression whose value is infinite
+// or NaN a shader-creation error (browsers' compilers refuse `bitcast<f32>(0x7f800000u)`;
+// naga lets it through): special values come through this, since a call of a user function is
+// never a constant expression.
+fn f32_bits(b: u32) -> f32 { return bitcast<f32>(b); }
 fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
-fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
+fn nan() -> f32 { return f32_bits(0x7fc00000u); }
 // Special values are tested on the bits: a WGSL compiler may assume arithmetic meets none.
 fn is_inf(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) == 0x7f800000u; }
-fn inf() -> f32 { return bitcast<f32>(0x7f800000u); }
+fn inf() -> f32 { return f32_bits(0x7f800000u); }
+// `r`, or `v` where `v` is NaN: what hal's ops give for NaN, kept through builtins a WGSL
+// compiler may evaluate as if no NaN reached them.
+fn keep_nan(r: f32, v: f32) -> f32 { return select(r, v, is_nan(v)); }
 fn sign_bit(v: f32) -> bool { return (bitcast<u32>(v) & 0x80000000u) != 0u; }
 
 // C's powf (what the CPU reference and CUDA compute): WGSL's `pow` is defined for a positive
@@ -115,14 +123,56 @@ fn pow_magnitude(m: f32, b: f32) -> f32 {
     return ldexp(exp2(t0 - k), i32(n));
 }
 
-// Logarithms that are right for subnormal arguments (scaled into the normal range first).
+// Logarithms right at hal's special values, which WGSL leaves to the implementation (Chromium's
+// WebGPU on SwiftShader gives log(0) = -88), and for subnormal arguments, taken from their bits
+// so that a device flushing subnormals to zero still gets them: a positive subnormal is its
+// mantissa times 2^-149.
 fn log_ref(v: f32) -> f32 {
-    let tiny = v > 0.0 && v < 1.17549435e-38;
-    return select(log(v), log(v * 16777216.0) - 16.6355323334, tiny);
+    let b = bitcast<u32>(v);
+    if (b >= 0x00800000u && b < 0x7f800000u) { return log(v); }
+    if (b > 0u && b < 0x00800000u) { return log(f32(b)) - 103.278929903431851; }
+    return log_edge(b);
 }
 fn log2_ref(v: f32) -> f32 {
-    let tiny = v > 0.0 && v < 1.17549435e-38;
-    return select(log2(v), log2(v * 16777216.0) - 24.0, tiny);
+    let b = bitcast<u32>(v);
+    if (b >= 0x00800000u && b < 0x7f800000u) { return log2(v); }
+    if (b > 0u && b < 0x00800000u) { return log2(f32(b)) - 149.0; }
+    return log_edge(b);
+}
+// A logarithm at ±0 (-inf), +inf (inf), and below zero or NaN (NaN), from the argument's bits.
+fn log_edge(b: u32) -> f32 {
+    if ((b & 0x7fffffffu) == 0u) { return -inf(); }
+    if (b == 0x7f800000u) { return inf(); }
+    return nan();
+}
+
+// Sine and cosine to about an ulp for |v| up to 8192 (beyond, a value in [-1, 1]): WGSL's
+// builtins need only be within 2^-11 (Chromium's WebGPU on SwiftShader is 4e-5 off near 1).
+// Cephes's sinf and cosf: v reduced by multiples of pi/4 in three parts, then a polynomial.
+fn sin_ref(v: f32) -> f32 { return trig_ref(v, 0u); }
+fn cos_ref(v: f32) -> f32 { return trig_ref(v, 2u); }
+// `shift` 0 for sine, 2 for cosine (cos v = sin(v + pi/2): two eighths of a turn).
+fn trig_ref(v: f32, shift: u32) -> f32 {
+    if (is_nan(v) || is_inf(v)) { return nan(); }
+    let a = abs(v);
+    if (a > 8192.0) {
+        // No digit of the reduced argument survives: the builtin, kept in range.
+        let b = select(sin(v), cos(v), shift == 2u);
+        return select(0.0, b, abs(b) <= 1.0);
+    }
+    var y = floor(a * 1.27323954473516);
+    var j = u32(y);
+    if ((j & 1u) == 1u) { j = j + 1u; y = y + 1.0; }
+    let r = ((a - y * 0.78515625) - y * 2.4187564849853515625e-4) - y * 3.77489497744594108e-8;
+    let z = r * r;
+    let s = fma(fma(fma(-1.9515295891e-4, z, 8.3321608736e-3), z, -1.6666654611e-1), z * r, r);
+    let c = fma(fma(fma(2.443315711809948e-5, z, -1.388731625493765e-3), z, 4.166664568298827e-2), z * z, fma(-0.5, z, 1.0));
+    // Which eighth: j even, 0..6 after the rounding; the sine's sign follows v's.
+    let q = ((j & 7u) / 2u + select(0u, 1u, shift == 2u)) & 3u;
+    let neg_v = shift == 0u && sign_bit(v);
+    let base = select(s, c, (q & 1u) == 1u);
+    let flip = (q >= 2u) != neg_v;
+    return select(base, -base, flip);
 }
 
 // C's atan2f: WGSL's `atan2` is undefined at (0, 0) and at infinities.
@@ -158,7 +208,7 @@ fn tanh_ref(v: f32) -> f32 {
 // whether a NaN was seen.
 struct Running { sum: f32, comp: f32, mx: f32, mn: f32, seen_nan: bool }
 fn running_start() -> Running {
-    return Running(0.0, 0.0, bitcast<f32>(0xff800000u), bitcast<f32>(0x7f800000u), false);
+    return Running(0.0, 0.0, -inf(), inf(), false);
 }
 // Adds `v` to the compensated sum only.
 fn running_sum(r: ptr<function, Running>, v: f32) {

@@ -57,8 +57,8 @@ fn kernel(t: u32) {
     }
     let one_axis = block_rank(2u) == 1u;
     let red_stride = block_stride(2u, 0u);
-    let inf = f64(bitcast<f32>(0x7f800000u));
-    var r = Wide(0.0lf, 0.0lf, -inf, inf, false);
+    let far = f64(inf());
+    var r = Wide(0.0lf, 0.0lf, -far, far, false);
     for (var j = first; j < end; j = j + step) {
         var at = base + i32(j) * red_stride;
         if (!one_axis) { at = base + off(2u, j); }

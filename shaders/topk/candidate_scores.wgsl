@@ -79,7 +79,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         workgroupBarrier();
     }
     if (!live || lane != 0u) { return; }
-    var score = bitcast<f32>(0x7f800000u);
+    var score = inf();
     if (real) {
         var bias = 0.0;
         if (p.has_qb != 0u) { bias = bias + bitcast<f32>(B4[u32(block_offset(3u)) + r]); }

@@ -270,6 +270,41 @@ fn check_dependency_rule() -> ExitCode {
 
 /// One shader module through naga's WGSL front end and validator. On failure, the file and
 /// line the error points at (mapped back through the module's segments) and naga's report.
+/// The first `bitcast<f32>(LITERAL)` in `src` whose bits are an infinity or NaN: a constant
+/// expression WGSL forbids (naga accepts it; Chromium's Tint does not). Its line (1-based)
+/// and the literal.
+fn non_finite_constant(src: &str) -> Option<(u32, String)> {
+    const OPEN: &str = "bitcast<f32>(";
+    let mut from = 0;
+    while let Some(at) = src[from..].find(OPEN) {
+        let start = from + at + OPEN.len();
+        from = start;
+        let line_start = src[..start].rfind('\n').map_or(0, |i| i + 1);
+        if src[line_start..start].contains("//") {
+            continue;
+        }
+        let Some(len) = src[start..].find(')') else {
+            break;
+        };
+        let literal = src[start..start + len].trim();
+        let digits = literal.trim_end_matches(['u', 'i']);
+        let bits = match digits
+            .strip_prefix("0x")
+            .or_else(|| digits.strip_prefix("0X"))
+        {
+            Some(hex) => u32::from_str_radix(hex, 16).ok(),
+            None => digits.parse::<u32>().ok(),
+        };
+        if let Some(bits) = bits
+            && !f32::from_bits(bits).is_finite()
+        {
+            let line = src[..start].matches('\n').count() as u32 + 1;
+            return Some((line, literal.to_string()));
+        }
+    }
+    None
+}
+
 fn check_module(
     what: &str,
     module: &backend_wgpu::wgsl::Module,
@@ -291,6 +326,14 @@ fn check_module(
         })
         .unwrap_or_else(|| "(no location)".into())
     };
+    if let Some((line, literal)) = non_finite_constant(src) {
+        return Err(format!(
+            "{}: {what}: `bitcast<f32>({literal})` is an infinity or NaN as a constant \
+             expression, which browsers' WGSL compilers refuse: use the prelude's \
+             `f32_bits`, `inf()` or `nan()`",
+            located(Some(line))
+        ));
+    }
     let parsed = naga::front::wgsl::parse_str(src).map_err(|e| {
         format!(
             "{}: {what}: {}\n{}",

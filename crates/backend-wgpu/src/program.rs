@@ -122,14 +122,15 @@ fn zero(t: ScalarType) -> &'static str {
 }
 
 /// An `f64` constant: a literal that parses to exactly these bits (Rust prints the shortest
-/// such decimal), or a widened `f32` for infinities and NaN, which have no literal.
+/// such decimal), or a widened `f32` for infinities and NaN, which have no literal (made at
+/// run time, as [`Wgsl::constant`] makes them in `f32`).
 fn f64_literal(bits: u64) -> String {
     let v = f64::from_bits(bits);
     if v.is_finite() {
         format!("{v:e}lf")
     } else {
         let narrow = (v as f32).to_bits();
-        format!("f64(bitcast<f32>({narrow}u))")
+        format!("f64(f32_bits({narrow}u))")
     }
 }
 
@@ -172,6 +173,11 @@ impl Dialect for Wgsl {
 
     fn constant(&self, c: Constant) -> String {
         match c {
+            // Infinities and NaN through the prelude's `f32_bits`: WGSL refuses them as
+            // constant expressions.
+            Constant::F32(bits) if !f32::from_bits(bits).is_finite() => {
+                format!("f32_bits({bits}u)")
+            }
             Constant::F32(bits) => format!("bitcast<f32>({bits}u)"),
             Constant::I32(x) => format!("bitcast<i32>({}u)", x as u32),
             Constant::U32(x) => format!("{x}u"),
@@ -210,8 +216,8 @@ impl Dialect for Wgsl {
             (IrUnary::Exp2, _) => format!("exp2({a})"),
             (IrUnary::Log, _) => format!("log_ref({a})"),
             (IrUnary::Log2, _) => format!("log2_ref({a})"),
-            (IrUnary::Sin, _) => format!("sin({a})"),
-            (IrUnary::Cos, _) => format!("cos({a})"),
+            (IrUnary::Sin, _) => format!("sin_ref({a})"),
+            (IrUnary::Cos, _) => format!("cos_ref({a})"),
             (IrUnary::Tan, _) => format!("tan({a})"),
             (IrUnary::Tanh, _) => format!("tanh_ref({a})"),
             (IrUnary::Floor, _) => format!("floor({a})"),

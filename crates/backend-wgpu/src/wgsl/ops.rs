@@ -2,35 +2,39 @@
 //! epilogue and gate slots built from them; the special values they must give are hal's
 //! (`UnaryOp`, `BinaryOp`), through the prelude's `*_ref` functions where WGSL's builtins differ.
 
-/// The WGSL expression of a unary op on `v` (scalar parameters in slots 0 and 1).
+/// The WGSL expression of a unary op on `v` (scalar parameters in slots 0 and 1). Builtins
+/// whose NaN a compiler may lose go through the prelude's `keep_nan` (Chromium's WebGPU on
+/// SwiftShader gives `exp(NaN) = inf`; WGSL lets an implementation assume no NaN).
 pub fn unary_expr(op: hal::UnaryOp) -> &'static str {
     use hal::UnaryOp::*;
     match op {
         Neg => "-v",
         Abs => "abs(v)",
-        Exp => "exp(v)",
-        Exp2 => "exp2(v)",
+        Exp => "keep_nan(exp(v), v)",
+        Exp2 => "keep_nan(exp2(v), v)",
         Log => "log_ref(v)",
         Log2 => "log2_ref(v)",
-        Sqrt => "sqrt(v)",
-        Rsqrt => "1.0 / sqrt(v)",
+        Sqrt => "keep_nan(sqrt(v), v)",
+        Rsqrt => "keep_nan(1.0 / sqrt(v), v)",
         Recip => "1.0 / v",
-        Sin => "sin(v)",
-        Cos => "cos(v)",
+        Sin => "sin_ref(v)",
+        Cos => "cos_ref(v)",
         Tanh => "tanh_ref(v)",
-        Sigmoid => "1.0 / (1.0 + exp(-v))",
+        Sigmoid => "keep_nan(1.0 / (1.0 + exp(-v)), v)",
         Relu => "relu_ref(v)",
         LeakyRelu { .. } => "select(v, sf(0u) * v, v < 0.0)",
-        Gelu => "0.5 * v * (1.0 + erf_approx(v * 0.70710678118654752))",
-        Silu => "v / (1.0 + exp(-v))",
-        Floor => "floor(v)",
-        Ceil => "ceil(v)",
-        Round => "round(v)",
+        Gelu => "keep_nan(0.5 * v * (1.0 + erf_approx(v * 0.70710678118654752)), v)",
+        Silu => "keep_nan(v / (1.0 + exp(-v)), v)",
+        Floor => "keep_nan(floor(v), v)",
+        Ceil => "keep_nan(ceil(v), v)",
+        Round => "keep_nan(round(v), v)",
         Sign => "select(select(v, -1.0, v < 0.0), 1.0, v > 0.0)",
         Square => "v * v",
         Affine { .. } => "fma(sf(0u), v, sf(1u))",
         Clamp { .. } => "select(min(max(v, sf(0u)), sf(1u)), v, is_nan(v))",
-        GeluTanh => "0.5 * v * (1.0 + tanh_ref(0.79788456080286536 * (v + 0.044715 * v * v * v)))",
+        GeluTanh => {
+            "keep_nan(0.5 * v * (1.0 + tanh_ref(0.79788456080286536 * (v + 0.044715 * v * v * v))), v)"
+        }
     }
 }
 
