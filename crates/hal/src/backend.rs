@@ -147,6 +147,22 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn write_bytes(&self, dst: &Self::Buffer, bytes: &[u8]) -> Result<()>;
     /// Waits for pending work and returns the buffer's contents.
     fn read_bytes(&self, src: &Self::Buffer) -> Result<Vec<u8>>;
+    /// [`Backend::read_bytes`] as a future, for a caller that must not block: a browser's
+    /// main thread cannot wait for a GPU read-back, and WebGPU maps a buffer only once the
+    /// page's event loop runs. Same result and errors as `read_bytes`.
+    ///
+    /// A backend whose reads complete at once (every native one) reads when this is called
+    /// and returns a ready future: the default. `backend-wgpu` on WebGPU (wasm32) returns a
+    /// future that resolves when the browser has mapped the copy; there `read_bytes`
+    /// itself cannot work. A workload written against this method runs unchanged in both
+    /// places: natively any executor (`pollster::block_on`) completes it in one poll.
+    fn read_bytes_async<'a>(
+        &'a self,
+        src: &'a Self::Buffer,
+    ) -> impl std::future::Future<Output = Result<Vec<u8>>> + 'a {
+        std::future::ready(self.read_bytes(src))
+    }
+
     /// [`Backend::read_bytes`] into `dst`, which must be exactly the buffer's size: a caller
     /// that reads results round after round keeps one host buffer (a backend whose memory is
     /// the host's copies once, into pages already touched).
@@ -713,21 +729,37 @@ pub trait BackendExt: Backend {
     /// Reads any float or integer buffer as `f64` (exactly: every element of every dtype is
     /// an `f64`).
     fn read_f64(&self, src: &Self::Buffer) -> Result<Vec<f64>> {
-        let bytes = self.read_bytes(src)?;
-        fn conv<T: Element>(b: &[u8]) -> Vec<f64> {
-            bytemuck::pod_collect_to_vec::<u8, T>(b)
-                .into_iter()
-                .map(T::to_f64)
-                .collect()
+        Ok(widen_to_f64(src.dtype(), &self.read_bytes(src)?))
+    }
+
+    /// [`BackendExt::read`] through [`Backend::read_bytes_async`].
+    fn read_async<'a, T: Element>(
+        &'a self,
+        src: &'a Self::Buffer,
+    ) -> impl std::future::Future<Output = Result<Vec<T>>> + 'a {
+        async move {
+            if src.dtype() != T::DTYPE {
+                return Err(Error::DTypeMismatch {
+                    op: "read_async",
+                    expected: src.dtype(),
+                    got: T::DTYPE,
+                });
+            }
+            Ok(bytemuck::pod_collect_to_vec(
+                &self.read_bytes_async(src).await?,
+            ))
         }
-        Ok(match src.dtype() {
-            DType::F32 => conv::<f32>(&bytes),
-            DType::F16 => conv::<half::f16>(&bytes),
-            DType::BF16 => conv::<half::bf16>(&bytes),
-            DType::I32 => conv::<i32>(&bytes),
-            DType::U32 => conv::<u32>(&bytes),
-            DType::F64 => conv::<f64>(&bytes),
-        })
+    }
+
+    /// [`BackendExt::read_f64`] through [`Backend::read_bytes_async`].
+    fn read_f64_async<'a>(
+        &'a self,
+        src: &'a Self::Buffer,
+    ) -> impl std::future::Future<Output = Result<Vec<f64>>> + 'a {
+        async move {
+            let bytes = self.read_bytes_async(src).await?;
+            Ok(widen_to_f64(src.dtype(), &bytes))
+        }
     }
 
     /// Writes `data` over the whole of `dst`.
@@ -744,3 +776,21 @@ pub trait BackendExt: Backend {
 }
 
 impl<B: Backend> BackendExt for B {}
+
+/// The little-endian elements of `dtype` in `bytes`, each as the `f64` equal to it.
+fn widen_to_f64(dtype: DType, bytes: &[u8]) -> Vec<f64> {
+    fn conv<T: Element>(b: &[u8]) -> Vec<f64> {
+        bytemuck::pod_collect_to_vec::<u8, T>(b)
+            .into_iter()
+            .map(T::to_f64)
+            .collect()
+    }
+    match dtype {
+        DType::F32 => conv::<f32>(bytes),
+        DType::F16 => conv::<half::f16>(bytes),
+        DType::BF16 => conv::<half::bf16>(bytes),
+        DType::I32 => conv::<i32>(bytes),
+        DType::U32 => conv::<u32>(bytes),
+        DType::F64 => conv::<f64>(bytes),
+    }
+}

@@ -40,9 +40,11 @@ pub fn write_atomic(
         }
         let mut w = BufWriter::with_capacity(1 << 20, file);
         write(&mut w)?;
-        let file = w.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        drop(file);
+        // Closed at the end of this block, before the rename.
+        {
+            let file = w.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+        }
         std::fs::rename(&tmp, &target)?;
         sync_dir(&dir);
         Ok(())

@@ -502,7 +502,7 @@ pub fn launch<B: DeviceBuffer>(program: &Program, args: &[&B], n: usize) -> Resu
             });
         }
     }
-    if n > u32::MAX as usize + 1 {
+    if n as u64 > u64::from(u32::MAX) + 1 {
         return Err(Error::InvalidArgument {
             op: "launch",
             detail: format!("{n} launch indices exceed the u32 index range"),
