@@ -184,16 +184,17 @@ impl WgpuBackend {
             Some(b) => b,
             None => {
                 let d = &self.0.device;
-                let scope = d.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-                let buffer = self.create_buffer(&wgpu::BufferDescriptor {
-                    label: None,
-                    size,
-                    usage: wgpu::BufferUsages::STORAGE
-                        | wgpu::BufferUsages::COPY_SRC
-                        | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
+                let (buffer, error) = crate::caught(d, wgpu::ErrorFilter::OutOfMemory, || {
+                    self.create_buffer(&wgpu::BufferDescriptor {
+                        label: None,
+                        size,
+                        usage: wgpu::BufferUsages::STORAGE
+                            | wgpu::BufferUsages::COPY_SRC
+                            | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    })
                 });
-                if pollster::block_on(scope.pop()).is_some() {
+                if error.is_some() {
                     return Err(Error::OutOfMemory {
                         requested_bytes: bytes,
                     });
@@ -269,6 +270,14 @@ impl WgpuBackend {
         copy: impl FnOnce(&mut wgpu::CommandEncoder, &wgpu::Buffer),
     ) -> Result<Vec<u8>> {
         self.refuse_in_capture("read_bytes")?;
+        if cfg!(target_arch = "wasm32") {
+            return Err(Error::Unsupported {
+                op: "read_bytes",
+                detail: "WebGPU in a browser cannot wait for a read-back: use \
+                         Backend::read_bytes_async (or BackendExt::read_async) and await it"
+                    .into(),
+            });
+        }
         let staging = self.0.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("read"),
             size,

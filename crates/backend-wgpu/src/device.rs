@@ -119,12 +119,16 @@ pub(crate) fn info(gpu: &WgpuBackend) -> DeviceInfo {
         wgpu::DeviceType::Cpu => DeviceKind::Software,
         _ => DeviceKind::Other,
     };
+    let i = &gpu.0.info;
+    // A browser's WebGPU may name neither the adapter nor its driver (privacy).
+    let name = match (i.name.is_empty(), i.driver.is_empty()) {
+        (false, false) => format!("{} ({:?}, {})", i.name, i.backend, i.driver),
+        (false, true) => format!("{} ({:?})", i.name, i.backend),
+        (true, _) => format!("unnamed {:?} adapter ({:?})", i.device_type, i.backend),
+    };
     DeviceInfo {
         backend: NAME,
-        name: format!(
-            "{} ({:?}, {})",
-            gpu.0.info.name, gpu.0.info.backend, gpu.0.info.driver
-        ),
+        name,
         kind,
         // wgpu does not report device memory; the largest buffer is what it guarantees.
         memory_total: gpu.0.limits.max_buffer_size,
@@ -141,7 +145,7 @@ pub(crate) fn capabilities(gpu: &WgpuBackend) -> Capabilities {
         subgroups: gpu.0.features.contains(wgpu::Features::SUBGROUP),
         matrix_units: gpu.0.coop.is_some(),
         graph_capture: capture::enabled(),
-        program_buffers: crate::program::MAX_BUFFERS,
+        program_buffers: gpu.program_buffers(),
         fast_precision: gpu.0.coop.is_some(),
         compensated_precision: gpu.0.coop.is_some(),
         fused_gradient_products: fused_epilogues(),
@@ -247,17 +251,34 @@ impl WgpuBackend {
     }
 
     /// [`Self::new`] using only the optional features `options` allows (where the adapter
-    /// has them).
+    /// has them). In a browser, where nothing may block, use [`Self::open`].
     pub fn with_options(options: WgpuOptions) -> Result<Self> {
+        if cfg!(target_arch = "wasm32") {
+            return Err(Error::Unavailable {
+                backend: NAME,
+                reason: "in a browser the adapter arrives asynchronously: open the backend \
+                         with `WgpuBackend::open(options).await`"
+                    .into(),
+            });
+        }
+        pollster::block_on(Self::open(options))
+    }
+
+    /// [`Self::with_options`] as a future: the way to open the backend on WebGPU in a browser
+    /// (wasm32), where the adapter and device arrive through the page's event loop. Natively
+    /// the future is ready at its first poll.
+    pub async fn open(options: WgpuOptions) -> Result<Self> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
             backends: wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY),
             ..wgpu::InstanceDescriptor::new_without_display_handle()
         });
-        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
-            power_preference: wgpu::PowerPreference::HighPerformance,
-            ..Default::default()
-        }))
-        .map_err(|e| Error::Unavailable {
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::Unavailable {
             backend: NAME,
             reason: format!(
                 "no GPU adapter: {e} (on Linux: install a Vulkan driver, e.g. mesa-vulkan-drivers)"
@@ -289,24 +310,26 @@ impl WgpuBackend {
         } else {
             0
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("hal"),
-            required_features: features,
-            required_limits: limits.clone(),
-            experimental_features: if coop {
-                // SAFETY: wgpu marks cooperative matrices experimental (its validation of
-                // them may be incomplete); the backend's only cooperative-matrix kernels are
-                // its own (gemm_coop.wgsl), whose loads and stores stay inside their buffers.
-                unsafe { wgpu::ExperimentalFeatures::enabled() }
-            } else {
-                wgpu::ExperimentalFeatures::disabled()
-            },
-            ..Default::default()
-        }))
-        .map_err(|e| Error::Unavailable {
-            backend: NAME,
-            reason: format!("the adapter refused a device: {e}"),
-        })?;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("hal"),
+                required_features: features,
+                required_limits: limits.clone(),
+                experimental_features: if coop {
+                    // SAFETY: wgpu marks cooperative matrices experimental (its validation of
+                    // them may be incomplete); the backend's only cooperative-matrix kernels are
+                    // its own (gemm_coop.wgsl), whose loads and stores stay inside their buffers.
+                    unsafe { wgpu::ExperimentalFeatures::enabled() }
+                } else {
+                    wgpu::ExperimentalFeatures::disabled()
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::Unavailable {
+                backend: NAME,
+                reason: format!("the adapter refused a device: {e}"),
+            })?;
         let deferred: Arc<Mutex<Option<String>>> = Arc::default();
         let sink = deferred.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -380,6 +403,10 @@ impl WgpuBackend {
     pub(crate) fn fma_is_fused(&self) -> Result<bool> {
         if let Some(&fused) = self.0.fma_fused.get() {
             return Ok(fused);
+        }
+        if cfg!(target_arch = "wasm32") {
+            // The probe's read would block; the exact emulation is right either way.
+            return Ok(*self.0.fma_fused.get_or_init(|| false));
         }
         use hal::BackendExt;
         use hal::ir::{Access as IrAccess, ProgramBuilder};

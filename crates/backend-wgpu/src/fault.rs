@@ -39,9 +39,21 @@ impl WgpuBackend {
         }
     }
 
+    /// The first error the device reported on its own (validation, lost device), once.
+    pub(crate) fn take_deferred(&self) -> Result<()> {
+        match lock(&self.0.deferred).take() {
+            Some(e) => Err(backend_error(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::take_deferred`], then the fault record where a launch may have written it. In
+    /// a browser the record cannot be read synchronously: the next read checks it
+    /// (`browser.rs`).
     pub(crate) fn check_deferred(&self) -> Result<()> {
-        if let Some(e) = lock(&self.0.deferred).take() {
-            return Err(backend_error(e));
+        self.take_deferred()?;
+        if cfg!(target_arch = "wasm32") {
+            return Ok(());
         }
         // One read of the shared fault record, and only when an IR launch may have written it.
         if self

@@ -38,6 +38,8 @@
 //! cooperative matrices (tensor cores, see [`coop`]: f16 and bf16 products, f32 products under
 //! [`Precision::Fast`] and [`Precision::Compensated`], and the fast nearest-centroid search).
 
+#[cfg(target_arch = "wasm32")]
+mod browser;
 mod buffer;
 mod capture;
 pub mod coop;
@@ -106,6 +108,23 @@ fn backend_error(detail: impl std::fmt::Display) -> Error {
 
 type V<'a> = View<'a, WgpuBuffer>;
 
+/// Runs `f` inside an error scope of `filter` and returns what it caught. In a browser a
+/// scope's answer arrives only through the page's event loop, which a synchronous call cannot
+/// wait for: there no scope is opened, and an error reaches the device's uncaptured-error
+/// handler instead, which the next synchronize or read reports.
+fn caught<T>(
+    device: &wgpu::Device,
+    filter: wgpu::ErrorFilter,
+    f: impl FnOnce() -> T,
+) -> (T, Option<wgpu::Error>) {
+    if cfg!(target_arch = "wasm32") {
+        return (f(), None);
+    }
+    let scope = device.push_error_scope(filter);
+    let value = f();
+    (value, pollster::block_on(scope.pop()))
+}
+
 impl Backend for WgpuBackend {
     type Buffer = WgpuBuffer;
     type Kernel = program::WgpuKernel;
@@ -141,6 +160,14 @@ impl Backend for WgpuBackend {
 
     fn read_bytes(&self, src: &WgpuBuffer) -> Result<Vec<u8>> {
         buffer::read_bytes(self, src)
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn read_bytes_async<'a>(
+        &'a self,
+        src: &'a WgpuBuffer,
+    ) -> impl std::future::Future<Output = Result<Vec<u8>>> + 'a {
+        browser::read_bytes_async(self, src)
     }
 
     fn fill(&self, out: V<'_>, value: f64) -> Result<()> {

@@ -213,30 +213,31 @@ impl WgpuBackend {
         spec: Option<Spec>,
     ) -> Result<Arc<Kernel>> {
         let d = &self.0.device;
-        let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
-        let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(label),
-            source: wgpu::ShaderSource::Wgsl(code.source.as_str().into()),
-        };
-        let module = if built_in {
-            let mut checks = wgpu::ShaderRuntimeChecks::checked();
-            checks.bounds_checks = false;
-            checks.force_loop_bounding = false;
-            // SAFETY: see above: the crate's own kernels have bounded loops and in-range
-            // indices; only those two checks are dropped.
-            unsafe { d.create_shader_module_trusted(desc, checks) }
-        } else {
-            d.create_shader_module(desc)
-        };
-        let pipeline = d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(label),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
+        let (pipeline, error) = crate::caught(d, wgpu::ErrorFilter::Validation, || {
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(code.source.as_str().into()),
+            };
+            let module = if built_in {
+                let mut checks = wgpu::ShaderRuntimeChecks::checked();
+                checks.bounds_checks = false;
+                checks.force_loop_bounding = false;
+                // SAFETY: see above: the crate's own kernels have bounded loops and in-range
+                // indices; only those two checks are dropped.
+                unsafe { d.create_shader_module_trusted(desc, checks) }
+            } else {
+                d.create_shader_module(desc)
+            };
+            d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(label),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            })
         });
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = error {
             let report = e.to_string();
             // The report points at `wgsl:LINE:COLUMN` of the composed module.
             let at = report

@@ -348,8 +348,19 @@ impl Dialect for Wgsl {
 }
 
 /// The most buffers a program binds (with its sizes buffer and fault words, within the
-/// storage bindings a stage may use).
+/// storage bindings a stage may use); fewer where the device allows fewer
+/// ([`WgpuBackend::program_buffers`]).
 pub(crate) const MAX_BUFFERS: usize = 14;
+
+impl WgpuBackend {
+    /// The most buffers an IR program may declare here: [`MAX_BUFFERS`], or fewer where the
+    /// device binds fewer storage buffers per stage than they and the launch parameters and
+    /// fault record need (a browser's WebGPU may allow 8 to 10).
+    pub(crate) fn program_buffers(&self) -> usize {
+        let per_stage = self.0.limits.max_storage_buffers_per_shader_stage as usize;
+        MAX_BUFFERS.min(per_stage.saturating_sub(2))
+    }
+}
 
 /// WGSL source for `program` (already validated).
 pub fn lower(program: &Program, features: wgsl::Features) -> Result<String> {
@@ -410,6 +421,16 @@ pub(crate) fn compile(gpu: &WgpuBackend, program: &Program) -> Result<WgpuKernel
         // These operations are lowered by whether the device's fma() is fused (IEEE_F32):
         // probe it first (once per device; the probe program uses none of them).
         gpu.fma_is_fused()?;
+    }
+    let limit = gpu.program_buffers();
+    if program.buffers.len() > limit {
+        return Err(Error::InvalidProgram {
+            program: program.name.clone(),
+            detail: format!(
+                "{} buffers; this device binds at most {limit} in one program",
+                program.buffers.len()
+            ),
+        });
     }
     gpu.0.kernels.get_or_compile(program, |program| {
         let features = gpu.module_features();

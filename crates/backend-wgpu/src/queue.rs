@@ -3,11 +3,12 @@
 use crate::buffer::WgpuBuffer;
 use crate::knob::knob;
 use crate::pipeline::Prepared;
-use crate::{WgpuBackend, backend_error, capture, lock, profile};
+use crate::{WgpuBackend, capture, lock, profile};
 use hal::{DeviceBuffer, Error, Result};
 
 /// How long `synchronize` polls before it blocks.
-pub(crate) const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(500);
+#[cfg(not(target_arch = "wasm32"))]
+const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// Commands go to the queue in batches of at most this many by default: a submission costs
 /// tens of microseconds on the host (fences, tracking), several times a dispatch's encoding,
@@ -97,6 +98,16 @@ impl Batch {
 pub(crate) fn synchronize(gpu: &WgpuBackend) -> Result<()> {
     gpu.refuse_in_capture("synchronize")?;
     gpu.flush();
+    wait_for_queue(gpu)?;
+    // The device is idle: the next commands go out in a small batch.
+    gpu.lock_batch().limit = 0;
+    gpu.read_profile()?;
+    gpu.check_deferred()
+}
+
+/// Waits until the device has run everything submitted.
+#[cfg(not(target_arch = "wasm32"))]
+fn wait_for_queue(gpu: &WgpuBackend) -> Result<()> {
     // Short work is awaited by polling without blocking for a while: a blocking wait sleeps
     // in the driver and wakes up tens of microseconds after the GPU is done.
     let start = std::time::Instant::now();
@@ -105,7 +116,7 @@ pub(crate) fn synchronize(gpu: &WgpuBackend) -> Result<()> {
             .0
             .device
             .poll(wgpu::PollType::Poll)
-            .map_err(backend_error)?;
+            .map_err(crate::backend_error)?;
         if status.is_queue_empty() {
             break;
         }
@@ -113,15 +124,20 @@ pub(crate) fn synchronize(gpu: &WgpuBackend) -> Result<()> {
             gpu.0
                 .device
                 .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(backend_error)?;
+                .map_err(crate::backend_error)?;
             break;
         }
         std::hint::spin_loop();
     }
-    // The device is idle: the next commands go out in a small batch.
-    gpu.lock_batch().limit = 0;
-    gpu.read_profile()?;
-    gpu.check_deferred()
+    Ok(())
+}
+
+/// A browser runs the queue on its own and cannot be waited for from a synchronous call;
+/// what is submitted later is ordered after the work anyway, and reads (asynchronous there)
+/// see its results.
+#[cfg(target_arch = "wasm32")]
+fn wait_for_queue(_gpu: &WgpuBackend) -> Result<()> {
+    Ok(())
 }
 
 impl WgpuBackend {
