@@ -600,3 +600,16 @@ impl Backend for CpuBackend {
         graph.run(self)
     }
 }
+
+/// faer's parallelism over every core: rayon's pool natively, the calling thread on wasm32,
+/// which has no threads (faer's rayon support is built only for native targets).
+pub(crate) fn all_cores() -> faer::Par {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        faer::Par::rayon(0)
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        faer::Par::Seq
+    }
+}

@@ -21,9 +21,9 @@ struct Args {
     #[arg(long, default_value = "auto")]
     backend: String,
     /// Standard deviation of the noise added to each coordinate.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = residual_compile::icosphere::DEMO_SIGMA)]
     sigma: f64,
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = residual_compile::icosphere::DEMO_SEED)]
     seed: u64,
     /// Weights of the sphere and bending residuals.
     #[arg(long, default_value_t = 1.0)]

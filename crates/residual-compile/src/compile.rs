@@ -8,7 +8,7 @@ use crate::{Error, Precision};
 use hal::{Backend, BackendExt, DType, Layout, ReduceOp, View};
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use web_time::Instant;
 
 /// Compiled kernels by residual shape and loss, kept across problems: a shape compiled once is
 /// a cache hit for every later problem on the same backend handle.
@@ -407,7 +407,8 @@ fn push_rows(
     }
 }
 
-/// Derives, lowers and compiles the groups `misses` of `groups`, one thread each.
+/// Derives, lowers and compiles the groups `misses` of `groups`, one thread each (one after
+/// another on wasm32, which has no threads).
 fn compile_groups<B: Backend>(
     backend: &B,
     groups: &[ResidualGroup],
@@ -415,21 +416,20 @@ fn compile_groups<B: Backend>(
     misses: &[usize],
     precision: Precision,
 ) -> Vec<Compiled<B::Kernel>> {
+    let one = |gi: usize| {
+        let (g, slot_runs) = (&groups[gi], &runs[gi]);
+        let derivatives: Derivatives = g.graph.derivatives();
+        let name = format!("residual_{}", sanitize(&g.name));
+        let lowered = lower(&derivatives, g.loss, slot_runs, &name, precision);
+        let result =
+            lowered.and_then(|program| Ok((backend.compile(&program)?, program.insts.len())));
+        (gi, result)
+    };
+    if cfg!(target_arch = "wasm32") {
+        return misses.iter().map(|&gi| one(gi)).collect();
+    }
     std::thread::scope(|s| {
-        let handles: Vec<_> = misses
-            .iter()
-            .map(|&gi| {
-                let (g, slot_runs) = (&groups[gi], &runs[gi]);
-                s.spawn(move || {
-                    let derivatives: Derivatives = g.graph.derivatives();
-                    let name = format!("residual_{}", sanitize(&g.name));
-                    let lowered = lower(&derivatives, g.loss, slot_runs, &name, precision);
-                    let result = lowered
-                        .and_then(|program| Ok((backend.compile(&program)?, program.insts.len())));
-                    (gi, result)
-                })
-            })
-            .collect();
+        let handles: Vec<_> = misses.iter().map(|&gi| s.spawn(move || one(gi))).collect();
         handles
             .into_iter()
             .map(|h| h.join().expect("a compile thread panicked"))

@@ -16,6 +16,32 @@ use crate::{Error, Loss, Problem, Vec3};
 use std::collections::HashMap;
 use std::io::Write;
 
+/// The noise every demo perturbs the mesh with: the native example's default, the browser
+/// page's, and what `cargo xtask web --check` solves natively as the page's reference.
+pub const DEMO_SIGMA: f64 = 0.05;
+/// The seed of that noise.
+pub const DEMO_SEED: u64 = 7;
+
+/// The demos' problem at `level`: the mesh, the start perturbed by [`DEMO_SIGMA`] and
+/// [`DEMO_SEED`], and the problem from it with both weights 1.
+pub fn demo(level: u32) -> Result<(Icosphere, Vec<f64>, Problem), Error> {
+    let mesh = Icosphere::new(level)?;
+    let start = mesh.perturbed(DEMO_SIGMA, DEMO_SEED);
+    let problem = mesh.problem(&start, 1.0, 1.0)?;
+    Ok((mesh, start, problem))
+}
+
+/// The options the browser page solves the demos' problem with, and `cargo xtask web --check`
+/// its native reference: the library's defaults in `f32` (WebGPU has no `f64`), at most 500
+/// iterations (the native example's default).
+pub fn demo_options_f32() -> crate::SolveOptions {
+    crate::SolveOptions {
+        precision: crate::Precision::F32,
+        max_iterations: 500,
+        ..crate::SolveOptions::default()
+    }
+}
+
 /// An edge and the vertices opposite it in its two faces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Edge {

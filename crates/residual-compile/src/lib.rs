@@ -19,7 +19,9 @@
 //!    Gauss-Newton, with the normal equations solved by sparse Cholesky on the host (`faer`),
 //!    by the dense Schur complement of declared elimination blocks (bundle adjustment's
 //!    points), or by Jacobi-preconditioned conjugate gradients on the device, matrix-free,
-//!    and reports a Ceres-like [`Summary`].
+//!    and reports a Ceres-like [`Summary`]. [`solve_async`] is the same loop as a future, with
+//!    an observer called after each iteration: what a browser page runs on WebGPU (wasm32),
+//!    where reads from the device cannot block.
 //!
 //! Parameter blocks can live on manifolds ([`Manifold`]: quaternions, angles, SE(2), SE(3)):
 //! the kernels then write Jacobians in the tangent space and the solver steps there.
@@ -67,7 +69,8 @@ pub use manifold::{Manifold, TangentSpace};
 pub use problem::{Loss, Problem, ResidualGroup};
 pub use solve::{
     AUTO_CG_MIN_PARAMETERS, CRAWL_ITERATIONS, CRAWL_RADIUS, IterationSummary, LinearSolver, Method,
-    PhaseTimes, Scaling, SolveOptions, Summary, Termination, solve,
+    Observer, PhaseTimes, Progress, Scaling, SolveOptions, Summary, Termination, solve,
+    solve_async,
 };
 pub use trace::{Cond, Var, Vec2, Vec3};
 
@@ -192,3 +195,16 @@ impl Error {
 /// evidence): the icosphere at level 3 (8,322 residuals) solved faster on its CPU, at level 4
 /// (33,282) on the GPU; the threshold sits between the two.
 pub const AUTO_GPU_MIN_RESIDUALS: usize = 20_000;
+
+/// faer's parallelism over every core: rayon's pool natively, the calling thread on wasm32,
+/// which has no threads (faer's rayon support is built only for native targets).
+pub(crate) fn all_cores() -> faer::Par {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        faer::Par::rayon(0)
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        faer::Par::Seq
+    }
+}

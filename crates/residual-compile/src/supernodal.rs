@@ -41,7 +41,7 @@ const PARALLEL_DENSE_MIN: usize = 1 << 21;
 
 fn dense_par(multiply_adds: usize) -> Par {
     if multiply_adds >= PARALLEL_DENSE_MIN {
-        Par::rayon(0)
+        crate::all_cores()
     } else {
         Par::Seq
     }

@@ -210,7 +210,7 @@ fn gemm<T: Real>(
         let par = if small {
             faer::Par::Seq
         } else {
-            faer::Par::rayon(0)
+            crate::all_cores()
         };
         for bi in 0..om.batch {
             one(bi, par);

@@ -10,7 +10,7 @@ use crate::problem::Problem;
 use crate::{Error, Precision};
 use hal::ir::Program;
 use hal::{Backend, BackendExt, BinaryOp, Layout, ReduceOp, UnaryOp, View};
-use std::time::Instant;
+use web_time::Instant;
 
 /// Scalars the CG kernels share, in one small device buffer.
 mod slot {
@@ -28,6 +28,7 @@ mod slot {
 }
 
 struct CgKernels<B: Backend> {
+    scale: B::Kernel,
     start: B::Kernel,
     q: B::Kernel,
     alpha: B::Kernel,
@@ -36,8 +37,17 @@ struct CgKernels<B: Backend> {
     direction: B::Kernel,
 }
 
-fn cg_programs(p: Precision) -> hal::Result<[Program; 6]> {
+/// The most buffers one of the engine's kernels binds in `precision` (what
+/// [`hal::Capabilities::program_buffers`] must allow).
+pub(super) fn kernel_buffers(precision: Precision) -> usize {
+    cg_programs(precision).map_or(usize::MAX, |ps| {
+        ps.iter().map(|p| p.buffers.len()).max().unwrap_or(0)
+    })
+}
+
+fn cg_programs(p: Precision) -> hal::Result<[Program; 7]> {
     Ok([
+        cg_scale(p)?,
         cg_start(p)?,
         cg_q(p)?,
         cg_alpha(p)?,
@@ -47,20 +57,21 @@ fn cg_programs(p: Precision) -> hal::Result<[Program; 6]> {
     ])
 }
 
-/// dd = max(clamp(diag, 1e-6, 1e32), floor), `floor` Ceres's (from the first call's
-/// diagonal), or once monotone the largest clamped diagonal so far (`peak`, kept in either
-/// mode: see `Scaling`); r = -g m; M = diag + lambda dd (1 when fixed); z = r / M; p = z;
-/// delta = 0; parts = r z; damp = lambda dd m; minv = m / M.
-fn cg_start(precision: Precision) -> hal::Result<Program> {
-    let k = Kernel::new("lm_cg_start", precision);
+/// The damping and preconditioner of one outer step: dd = max(clamp(diag, 1e-6, 1e32),
+/// floor), `floor` Ceres's (from the first call's diagonal), or once monotone the largest
+/// clamped diagonal so far (`peak`, kept in either mode: see `Scaling`); M = diag + lambda dd
+/// (1 when fixed); damp = lambda dd m; minv = m / M. Apart from [`cg_start`] so that neither
+/// binds more than 8 buffers (a browser's WebGPU may allow no more).
+fn cg_scale(precision: Precision) -> hal::Result<Program> {
+    let k = Kernel::new("lm_cg_scale", precision);
     let s = &k.s;
-    let (g, diag, mask, scal) = (k.read(), k.read(), k.read(), k.read());
+    let (diag, mask, scal) = (k.read(), k.read(), k.read());
     let (floors, peaks) = (k.read_write(), k.read_write());
-    let [r, z, p, delta, parts, damp, minv] = [(); 7].map(|_| k.write());
+    let (damp, minv) = (k.write(), k.write());
     let i = s.index();
     let lambda = s.load(scal, s.u32(slot::LAMBDA));
     let monotone = s.load(scal, s.u32(slot::MONOTONE));
-    let (gi, di, mi) = (s.load(g, i), s.load(diag, i), s.load(mask, i));
+    let (di, mi) = (s.load(diag, i), s.load(mask, i));
     let zero = k.float(0.0);
     // 0 until the first call sets Ceres's floor (which is positive).
     let stored = s.load(floors, i);
@@ -72,16 +83,25 @@ fn cg_start(precision: Precision) -> hal::Result<Program> {
     s.store(peaks, i, peak);
     let dd = monotone.gt(zero).select(peak, clamped.max(floor));
     let m_diag = mi.gt(zero).select(lambda.fma(dd, di), k.float(1.0));
-    let ri = -gi * mi;
-    let inv = mi / m_diag;
-    let zi = ri * inv;
+    s.store(damp, i, lambda * dd * mi);
+    s.store(minv, i, mi / m_diag);
+    k.s.build()
+}
+
+/// r = -g m; z = r minv; p = z; delta = 0; parts = r z (after [`cg_scale`]).
+fn cg_start(precision: Precision) -> hal::Result<Program> {
+    let k = Kernel::new("lm_cg_start", precision);
+    let s = &k.s;
+    let (g, mask, minv) = (k.read(), k.read(), k.read());
+    let [r, z, p, delta, parts] = [(); 5].map(|_| k.write());
+    let i = s.index();
+    let ri = -s.load(g, i) * s.load(mask, i);
+    let zi = ri * s.load(minv, i);
     s.store(r, i, ri);
     s.store(z, i, zi);
     s.store(p, i, zi);
-    s.store(delta, i, zero);
+    s.store(delta, i, k.float(0.0));
     s.store(parts, i, ri * zi);
-    s.store(damp, i, lambda * dd * mi);
-    s.store(minv, i, inv);
     k.s.build()
 }
 
@@ -192,12 +212,13 @@ impl<B: Backend> DeviceEngine<B> {
         let dtype = precision.dtype();
         let programs = cg_programs(precision)?;
         let kernels = CgKernels {
-            start: b.compile(&programs[0])?,
-            q: b.compile(&programs[1])?,
-            alpha: b.compile(&programs[2])?,
-            update: b.compile(&programs[3])?,
-            beta: b.compile(&programs[4])?,
-            direction: b.compile(&programs[5])?,
+            scale: b.compile(&programs[0])?,
+            start: b.compile(&programs[1])?,
+            q: b.compile(&programs[2])?,
+            alpha: b.compile(&programs[3])?,
+            update: b.compile(&programs[4])?,
+            beta: b.compile(&programs[5])?,
+            direction: b.compile(&programs[6])?,
         };
         let (n, rows) = (compiled.cols.max(1), compiled.rows);
         let vec_n = || b.alloc(dtype, n);
@@ -215,7 +236,7 @@ impl<B: Backend> DeviceEngine<B> {
             .collect();
         // The start goes in as the candidate: `start` evaluates it and makes it current.
         let start = compiled.upload_floats(x)?;
-        let mut engine = Self {
+        let engine = Self {
             it: Iterates::new(&compiled, b.alloc(dtype, x.len().max(1))?, start)?,
             jt: Transposed::new(&compiled)?,
             mask: compiled.upload_floats(&mask)?,
@@ -255,18 +276,17 @@ impl<B: Backend> DeviceEngine<B> {
             kernels,
             compiled,
         };
-        engine.start(problem)?;
         Ok(engine)
     }
 
     /// `x_candidate = x + delta`, projected onto the bounds where there are any, and `delta`
     /// made the projected step.
-    fn place_candidate(&self) -> Result<(), Error> {
+    async fn place_candidate(&self) -> Result<(), Error> {
         let be = &self.compiled.backend;
         if !self.compiled.tangent.is_identity() {
             // Manifold blocks move by their `plus`, on the host (no bounds here: `new`).
-            let x = be.read_f64(&self.it.x)?;
-            let delta = be.read_f64(&self.delta)?;
+            let x = be.read_f64_async(&self.it.x).await?;
+            let delta = be.read_f64_async(&self.delta).await?;
             let mut candidate = x.clone();
             let cols = self.compiled.cols;
             self.compiled
@@ -320,13 +340,17 @@ impl<B: Backend> Engine for DeviceEngine<B> {
     }
 
     /// The cost summed on the device; one scalar read.
-    fn evaluate_candidate(&mut self) -> Result<f64, Error> {
+    async fn evaluate_candidate(&mut self) -> Result<f64, Error> {
         self.compiled
             .evaluate(&self.it.x_candidate, &self.it.candidate)?;
-        Ok(self.compiled.backend.read_f64(&self.it.candidate.total)?[0])
+        Ok(self
+            .compiled
+            .backend
+            .read_f64_async(&self.it.candidate.total)
+            .await?[0])
     }
 
-    fn linearize(&mut self) -> Result<f64, Error> {
+    async fn linearize(&mut self) -> Result<f64, Error> {
         let t = Instant::now();
         let be = self.compiled.backend.clone();
         let n = self.compiled.cols;
@@ -362,12 +386,12 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             &[0],
             View::new(&self.scalars, &out),
         )?;
-        let s = be.read_f64(&self.scalars)?;
+        let s = be.read_f64_async(&self.scalars).await?;
         self.it.times.linearize += t.elapsed().as_secs_f64();
         Ok(s[slot::GMAX as usize])
     }
 
-    fn solve(&mut self, lambda: f64) -> Result<Step, Error> {
+    async fn solve(&mut self, lambda: f64) -> Result<Step, Error> {
         let t = Instant::now();
         let be = self.compiled.backend.clone();
         let (n, rows) = (self.compiled.cols, self.compiled.rows);
@@ -377,26 +401,34 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         scalars_init[slot::MONOTONE as usize] = self.monotone as u8 as f64;
         self.compiled.write_floats(&self.scalars, &scalars_init)?;
         be.launch(
-            &k.start,
+            &k.scale,
             &[
-                &self.gradient,
                 &self.diagonal,
                 &self.mask,
                 &self.scalars,
                 &self.scaling,
                 &self.peaks,
-                &self.r,
-                &self.z,
-                &self.p,
-                &self.delta,
-                &self.parts,
                 &self.damp,
                 &self.minv,
             ],
             n,
         )?;
+        be.launch(
+            &k.start,
+            &[
+                &self.gradient,
+                &self.mask,
+                &self.minv,
+                &self.r,
+                &self.z,
+                &self.p,
+                &self.delta,
+                &self.parts,
+            ],
+            n,
+        )?;
         self.sum_parts_into(n, slot::RZ)?;
-        let rz0 = be.read_f64(&self.scalars)?[slot::RZ as usize];
+        let rz0 = be.read_f64_async(&self.scalars).await?[slot::RZ as usize];
         let target = rz0 * self.options.cg_tolerance * self.options.cg_tolerance;
         let mut iterations = 0;
         if rz0 > 0.0 {
@@ -441,14 +473,14 @@ impl<B: Backend> Engine for DeviceEngine<B> {
                 be.launch(&k.direction, &[&self.p, &self.z, &self.scalars], n)?;
                 iterations += 1;
                 if iterations % self.options.cg_check_every.max(1) == 0 {
-                    let rz = be.read_f64(&self.scalars)?[slot::RZ as usize];
+                    let rz = be.read_f64_async(&self.scalars).await?[slot::RZ as usize];
                     if rz <= target {
                         break;
                     }
                 }
             }
         }
-        self.place_candidate()?;
+        self.place_candidate().await?;
         // The model reduction -g.delta - |J delta|^2 / 2, and the norms, from one read (of
         // the step as projected onto the bounds, where there are any).
         be.spmv_csr(
@@ -467,7 +499,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             self.compiled.tangent.parameters(),
             slot::ALPHA,
         )?;
-        let s = be.read_f64(&self.scalars)?;
+        let s = be.read_f64_async(&self.scalars).await?;
         self.it.times.linear_solve += t.elapsed().as_secs_f64();
         let (jd2, gd) = (s[slot::JD2 as usize], s[slot::GD as usize]);
         Ok(Step {
@@ -478,7 +510,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         })
     }
 
-    fn scale_step(&mut self, factor: f64) -> Result<(), Error> {
+    async fn scale_step(&mut self, factor: f64) -> Result<(), Error> {
         let be = &self.compiled.backend;
         let l = Layout::contiguous(&[self.compiled.cols]);
         be.unary(
@@ -490,7 +522,7 @@ impl<B: Backend> Engine for DeviceEngine<B> {
             View::new(&self.delta, &l),
         )?;
         if !self.compiled.tangent.is_identity() {
-            return self.place_candidate();
+            return self.place_candidate().await;
         }
         be.binary(
             BinaryOp::Add,
@@ -505,8 +537,8 @@ impl<B: Backend> Engine for DeviceEngine<B> {
         self.monotone = scaling == super::Scaling::Monotone;
     }
 
-    fn parameters(&self) -> Result<Vec<f64>, Error> {
-        let mut x = self.compiled.backend.read_f64(&self.it.x)?;
+    async fn parameters(&self) -> Result<Vec<f64>, Error> {
+        let mut x = self.compiled.backend.read_f64_async(&self.it.x).await?;
         x.truncate(self.compiled.tangent.parameters());
         Ok(x)
     }

@@ -12,7 +12,7 @@ use faer::sparse::linalg::cholesky::{
 use faer::sparse::{SparseColMatRef, SymbolicSparseColMat};
 use faer::{Conj, Par, Side};
 use hal::{Backend, BackendExt};
-use std::time::Instant;
+use web_time::Instant;
 
 pub(super) struct CholeskyEngine<B: Backend> {
     compiled: CompiledProblem<B>,
@@ -146,7 +146,7 @@ impl<B: Backend> CholeskyEngine<B> {
         let factor = vec![0.0; symbolic.len_val()];
         let backend = compiled.backend.clone();
         let params_buf = backend.alloc(compiled.precision.dtype(), x.len().max(1))?;
-        let mut engine = Self {
+        let engine = Self {
             params_buf,
             it: Iterates::new(&compiled, x.clone(), x)?,
             damped: vec![0.0; nnz_normal],
@@ -173,7 +173,6 @@ impl<B: Backend> CholeskyEngine<B> {
             }),
             compiled,
         };
-        engine.start(problem)?;
         Ok(engine)
     }
 }
@@ -236,11 +235,11 @@ impl<B: Backend> CholeskyEngine<B> {
 impl<B: Backend> Engine for CholeskyEngine<B> {
     super::host::host_engine_common!();
 
-    fn linearize(&mut self) -> Result<f64, Error> {
+    async fn linearize(&mut self) -> Result<f64, Error> {
         let t = Instant::now();
         let b = &self.compiled.backend;
-        let residuals = b.read_f64(&self.it.current.residuals)?;
-        let jacobian = b.read_f64(&self.it.current.jacobian)?;
+        let residuals = b.read_f64_async(&self.it.current.residuals).await?;
+        let jacobian = b.read_f64_async(&self.it.current.jacobian).await?;
         self.normal_values.iter_mut().for_each(|v| *v = 0.0);
         self.gradient.iter_mut().for_each(|v| *v = 0.0);
         let cols = &self.compiled.host_col_indices;
@@ -299,7 +298,7 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
         Ok(self.projected_gradient_max())
     }
 
-    fn solve(&mut self, lambda: f64) -> Result<Step, Error> {
+    async fn solve(&mut self, lambda: f64) -> Result<Step, Error> {
         let t = Instant::now();
         self.damped.copy_from_slice(&self.normal_values);
         let col_ptr = self.normal.col_ptr();

@@ -9,7 +9,7 @@ use hal::{Backend, BackendExt};
 
 /// Evaluates at the host point `x` (written to `params` in the solve's precision) into `out`;
 /// the cost summed in `f64` from the per-block costs.
-pub(super) fn evaluate_at<B: Backend>(
+pub(super) async fn evaluate_at<B: Backend>(
     compiled: &CompiledProblem<B>,
     params: &B::Buffer,
     x: &[f64],
@@ -17,7 +17,12 @@ pub(super) fn evaluate_at<B: Backend>(
 ) -> Result<f64, Error> {
     compiled.write_floats(params, x)?;
     compiled.evaluate(params, out)?;
-    Ok(compiled.backend.read_f64(&out.cost)?.iter().sum())
+    Ok(compiled
+        .backend
+        .read_f64_async(&out.cost)
+        .await?
+        .iter()
+        .sum())
 }
 
 /// The [`super::Engine`] methods every host engine has alike: its iterates in `it`, its
@@ -40,7 +45,7 @@ macro_rules! host_engine_common {
             &self.compiled
         }
 
-        fn evaluate_candidate(&mut self) -> Result<f64, crate::Error> {
+        async fn evaluate_candidate(&mut self) -> Result<f64, crate::Error> {
             let it = &self.it;
             super::host::evaluate_at(
                 &self.compiled,
@@ -48,13 +53,14 @@ macro_rules! host_engine_common {
                 &it.x_candidate,
                 &it.candidate,
             )
+            .await
         }
 
-        fn parameters(&self) -> Result<Vec<f64>, crate::Error> {
+        async fn parameters(&self) -> Result<Vec<f64>, crate::Error> {
             Ok(self.it.x.clone())
         }
 
-        fn scale_step(&mut self, factor: f64) -> Result<(), crate::Error> {
+        async fn scale_step(&mut self, factor: f64) -> Result<(), crate::Error> {
             self.delta.iter_mut().for_each(|d| *d *= factor);
             self.place_candidate();
             Ok(())

@@ -47,11 +47,18 @@ impl Kernel {
 }
 
 /// Compiles `programs` on `backend`, each on a thread of its own: the larger unrolled kernels
-/// take NVRTC a fraction of a second each, which one after another added up to seconds.
+/// take NVRTC a fraction of a second each, which one after another added up to seconds
+/// (on wasm32, which has no threads, they are compiled one after another).
 pub(super) fn compile_all<B: hal::Backend>(
     backend: &B,
     programs: &[hal::ir::Program],
 ) -> Result<Vec<B::Kernel>, crate::Error> {
+    if cfg!(target_arch = "wasm32") {
+        return programs
+            .iter()
+            .map(|p| backend.compile(p).map_err(Into::into))
+            .collect();
+    }
     std::thread::scope(|s| {
         let handles: Vec<_> = programs
             .iter()

@@ -31,7 +31,8 @@ use crate::compile::{CompiledProblem, Evaluation, KernelCache};
 use crate::problem::Problem;
 use crate::{Error, Precision};
 use hal::{Backend, BackendExt};
-use std::time::Instant;
+use std::ops::ControlFlow;
+use web_time::Instant;
 
 mod cg;
 mod cholesky;
@@ -60,8 +61,8 @@ pub enum Method {
 pub enum LinearSolver {
     /// The dense Schur complement where the problem declares blocks to eliminate and the rest
     /// is small enough ([`AUTO_DENSE_SCHUR_MAX_REDUCED`]); else sparse Cholesky on the CPU
-    /// backend, and for problems with manifold blocks; else conjugate gradients on a GPU
-    /// backend (from [`AUTO_CG_MIN_PARAMETERS`] parameters, where the backend runs the
+    /// backend and software adapters, and for problems with manifold blocks; else conjugate
+    /// gradients on a GPU backend (from [`AUTO_CG_MIN_PARAMETERS`] parameters, where the backend runs the
     /// conjugate-gradient primitives in the solve's precision; sparse Cholesky on the host
     /// otherwise).
     Auto,
@@ -124,6 +125,8 @@ pub enum Termination {
     /// The trust region shrank below `1e-32` (or Gauss-Newton found no decrease).
     NoProgress,
     MaxIterations,
+    /// The observer of [`solve_async`] asked to stop.
+    Stopped,
     /// An error stopped the solve ([`Error::Failed`] carries it with this summary).
     Failure,
 }
@@ -270,16 +273,16 @@ trait Engine {
     fn compiled(&self) -> &CompiledProblem<Self::B>;
     /// Evaluates at `x_candidate` into the candidate buffers; the cost there (not finite
     /// where a residual or Jacobian entry there is not).
-    fn evaluate_candidate(&mut self) -> Result<f64, Error>;
+    async fn evaluate_candidate(&mut self) -> Result<f64, Error>;
     /// Forms what the linear solves need at the current point; returns `max |J^T f|`.
-    fn linearize(&mut self) -> Result<f64, Error>;
+    async fn linearize(&mut self) -> Result<f64, Error>;
     /// Solves for the step and sets `x_candidate = x + delta`.
-    fn solve(&mut self, lambda: f64) -> Result<Step, Error>;
+    async fn solve(&mut self, lambda: f64) -> Result<Step, Error>;
     /// Scales the last step (Gauss-Newton's halving).
-    fn scale_step(&mut self, factor: f64) -> Result<(), Error>;
+    async fn scale_step(&mut self, factor: f64) -> Result<(), Error>;
     /// Changes how the damping is scaled from the next linearization on.
     fn set_scaling(&mut self, scaling: Scaling);
-    fn parameters(&self) -> Result<Vec<f64>, Error>;
+    async fn parameters(&self) -> Result<Vec<f64>, Error>;
 
     fn cost(&self) -> f64 {
         self.state().cost
@@ -287,9 +290,9 @@ trait Engine {
 
     /// Evaluates at `x + delta`; the cost there, NaN when any residual or Jacobian entry is
     /// not finite (such a point is never accepted: the next linear solve would read it).
-    fn try_step(&mut self) -> Result<f64, Error> {
+    async fn try_step(&mut self) -> Result<f64, Error> {
         let t = Instant::now();
-        let cost = self.evaluate_candidate()?;
+        let cost = self.evaluate_candidate().await?;
         let s = self.state_mut();
         s.times.evaluate += t.elapsed().as_secs_f64();
         s.candidate_cost = if cost.is_finite() { cost } else { f64::NAN };
@@ -306,18 +309,29 @@ trait Engine {
 
     /// Evaluates the starting point (a new engine's `x_candidate`) and makes it current; a
     /// residual that is not finite there is an error naming its block.
-    fn start(&mut self, problem: &Problem) -> Result<(), Error> {
-        if self.try_step()?.is_nan() {
-            return Err(non_finite(
-                self.compiled(),
-                problem,
-                &self.state().candidate,
-            ));
+    async fn start(&mut self, problem: &Problem) -> Result<(), Error> {
+        if self.try_step().await?.is_nan() {
+            return Err(non_finite(self.compiled(), problem, &self.state().candidate).await);
         }
         self.accept();
         Ok(())
     }
 }
+
+/// What [`solve_async`] shows its observer after each iteration whose step it evaluated
+/// (each row of [`Summary::history`] but those of failed factorisations).
+#[derive(Clone, Copy, Debug)]
+pub struct Progress<'a> {
+    /// The iteration's row of the summary.
+    pub iteration: &'a IterationSummary,
+    /// The parameters of the current point (the last accepted one), as
+    /// [`Problem::parameters`] holds them.
+    pub parameters: &'a [f64],
+}
+
+/// Called by [`solve_async`] after each iteration; [`ControlFlow::Break`] ends the solve
+/// there ([`Termination::Stopped`]).
+pub type Observer<'a> = &'a mut dyn FnMut(Progress<'_>) -> ControlFlow<()>;
 
 /// Solves `problem` on `backend`, writing the solution into the problem's parameters.
 ///
@@ -332,6 +346,26 @@ pub fn solve<B: Backend>(
     problem: &mut Problem,
     options: &SolveOptions,
     cache: &KernelCache<B>,
+) -> Result<Summary, Error> {
+    // Every native backend's reads are ready at once, so this runs straight through.
+    pollster::block_on(solve_async(backend, problem, options, cache, None))
+}
+
+/// [`solve`] as a future, for a caller that must not block: in a browser on WebGPU each read
+/// of a cost or scalar awaits the page's event loop (see [`hal::Backend::read_bytes_async`]),
+/// so the page stays live and can draw while the solve runs. The same loop and engines as
+/// [`solve`], which is this future run to completion.
+///
+/// `observer`, where given, is called after each iteration whose step was evaluated (the last
+/// one included) with that iteration's summary row and the current parameters, the step
+/// taken where it was accepted (read from the device for the engines that keep them there:
+/// one read per iteration), and may stop the solve.
+pub async fn solve_async<B: Backend>(
+    backend: &B,
+    problem: &mut Problem,
+    options: &SolveOptions,
+    cache: &KernelCache<B>,
+    observer: Option<Observer<'_>>,
 ) -> Result<Summary, Error> {
     options.validate()?;
     problem.check_bounds()?;
@@ -359,6 +393,12 @@ pub fn solve<B: Backend>(
         LinearSolver::Auto if device_schur => LinearSolver::IterativeSchur,
         LinearSolver::Auto if dense_schur_fits(problem) => LinearSolver::DenseSchur,
         LinearSolver::Auto if on_cpu => LinearSolver::SparseCholesky,
+        // A software adapter (lavapipe, a browser's SwiftShader) runs the device engine's
+        // hundreds of small dispatches on the CPU anyway: factorising there is faster (the
+        // icosphere at level 5 in Chromium on SwiftShader: 0.6 iterations/s against 0.046).
+        LinearSolver::Auto if backend.info().kind == hal::DeviceKind::Software => {
+            LinearSolver::SparseCholesky
+        }
         LinearSolver::Auto if !cg_runs_in(backend, options.precision) => {
             LinearSolver::SparseCholesky
         }
@@ -398,31 +438,24 @@ pub fn solve<B: Backend>(
     };
     summary.times.compile = compile_seconds;
     let (outcome, solution) = match linear_solver {
-        LinearSolver::SparseCholesky => drive(
-            CholeskyEngine::new(compiled, problem),
-            options,
-            &mut summary,
-        ),
-        LinearSolver::DenseSchur => drive(
-            schur::SchurEngine::new(compiled, problem),
-            options,
-            &mut summary,
-        ),
-        LinearSolver::DeviceSchur | LinearSolver::IterativeSchur => drive(
-            device_schur::DeviceSchurEngine::new(
-                compiled,
-                problem,
-                options,
-                linear_solver == LinearSolver::IterativeSchur,
-            ),
-            options,
-            &mut summary,
-        ),
-        _ => drive(
-            DeviceEngine::new(compiled, problem, options),
-            options,
-            &mut summary,
-        ),
+        LinearSolver::SparseCholesky => {
+            let engine = CholeskyEngine::new(compiled, problem);
+            drive(engine, problem, options, &mut summary, observer).await
+        }
+        LinearSolver::DenseSchur => {
+            let engine = schur::SchurEngine::new(compiled, problem);
+            drive(engine, problem, options, &mut summary, observer).await
+        }
+        LinearSolver::DeviceSchur | LinearSolver::IterativeSchur => {
+            let iterative = linear_solver == LinearSolver::IterativeSchur;
+            let engine =
+                device_schur::DeviceSchurEngine::new(compiled, problem, options, iterative);
+            drive(engine, problem, options, &mut summary, observer).await
+        }
+        _ => {
+            let engine = DeviceEngine::new(compiled, problem, options);
+            drive(engine, problem, options, &mut summary, observer).await
+        }
     };
     if let Some(solution) = solution {
         problem.parameters_mut().copy_from_slice(&solution);
@@ -462,11 +495,15 @@ fn dense_schur_fits(problem: &Problem) -> bool {
 pub const AUTO_CG_MIN_PARAMETERS: usize = 4096;
 
 /// Whether the device engine's primitives run in `precision` on `backend` (every backend runs
-/// them in `f32`; `f64` needs them in [`hal::Capabilities::f64`]).
+/// them in `f32`; `f64` needs them in [`hal::Capabilities::f64`]) and its kernels' buffers
+/// fit the device's bindings (a browser's WebGPU may bind as few as 8).
 fn cg_runs_in<B: Backend>(backend: &B, precision: Precision) -> bool {
     const USES: [&str; 7] = [
         "fill", "unary", "binary", "reduce", "gather", "spmv_csr", "launch",
     ];
+    if backend.capabilities().program_buffers < cg::kernel_buffers(precision) {
+        return false;
+    }
     match precision {
         Precision::F32 => true,
         Precision::F64 => {
@@ -476,12 +513,15 @@ fn cg_runs_in<B: Backend>(backend: &B, precision: Precision) -> bool {
     }
 }
 
-/// Runs the trust-region loop on a new engine; returns how it ended and the parameters of
-/// the last accepted point (`None` when the engine could not start or they cannot be read).
-fn drive<E: Engine>(
+/// Starts a new engine at the problem's parameters and runs the trust-region loop; returns how
+/// it ended and the parameters of the last accepted point (`None` when the engine could not
+/// start or they cannot be read).
+async fn drive<E: Engine>(
     engine: Result<E, Error>,
+    problem: &Problem,
     options: &SolveOptions,
     summary: &mut Summary,
+    observer: Option<Observer<'_>>,
 ) -> (Result<(), Error>, Option<Vec<f64>>) {
     let mut engine = match engine {
         Ok(engine) => engine,
@@ -491,22 +531,28 @@ fn drive<E: Engine>(
             return (Err(e), None);
         }
     };
+    if let Err(e) = engine.start(problem).await {
+        summary.initial_cost = f64::NAN;
+        summary.final_cost = f64::NAN;
+        return (Err(e), None);
+    }
     // Engines that compile kernels of their own have counted them already.
     engine.state_mut().times.compile += summary.times.compile;
-    let run = trust_region(&mut engine, options, summary);
+    let run = trust_region(&mut engine, options, summary, observer).await;
     summary.times = engine.state().times.clone();
     // On an error the loop stopped early: the current point is the last accepted one.
     summary.final_cost = engine.cost();
-    match engine.parameters() {
+    match engine.parameters().await {
         Ok(p) => (run, Some(p)),
         Err(e) => (run.and(Err(e)), None),
     }
 }
 
-fn trust_region(
+async fn trust_region(
     engine: &mut impl Engine,
     options: &SolveOptions,
     summary: &mut Summary,
+    mut observer: Option<Observer<'_>>,
 ) -> Result<(), Error> {
     let started = Instant::now();
     summary.initial_cost = engine.cost();
@@ -516,7 +562,7 @@ fn trust_region(
     let mut radius = options.initial_trust_radius;
     let mut nu = 2.0;
     let mut crawling = 0;
-    let mut max_gradient = engine.linearize()?;
+    let mut max_gradient = engine.linearize().await?;
     summary.termination = Termination::MaxIterations;
     for iteration in 0..options.max_iterations {
         if max_gradient <= options.gradient_tolerance {
@@ -530,7 +576,7 @@ fn trust_region(
             // from making the system singular.
             Method::GaussNewton => 1e-9,
         };
-        let step = match engine.solve(lambda) {
+        let step = match engine.solve(lambda).await {
             Ok(step) => step,
             // As Ceres: a factorisation that fails is a rejected step; damp more.
             Err(Error::NotPositiveDefinite(_)) if options.method == Method::LevenbergMarquardt => {
@@ -571,16 +617,16 @@ fn trust_region(
             break;
         }
         let cost = engine.cost();
-        let mut new_cost = engine.try_step()?;
+        let mut new_cost = engine.try_step().await?;
         let mut model_reduction = step.model_reduction;
         let mut step_norm = step.step_norm;
         if options.method == Method::GaussNewton {
             let mut halvings = 0;
             while new_cost.partial_cmp(&cost) != Some(std::cmp::Ordering::Less) && halvings < 10 {
-                engine.scale_step(0.5)?;
+                engine.scale_step(0.5).await?;
                 model_reduction *= 0.5;
                 step_norm *= 0.5;
-                new_cost = engine.try_step()?;
+                new_cost = engine.try_step().await?;
                 halvings += 1;
             }
         }
@@ -614,6 +660,21 @@ fn trust_region(
         if accepted {
             engine.accept();
             summary.accepted_steps += 1;
+        }
+        if let Some(observe) = observer.as_deref_mut() {
+            let parameters = engine.parameters().await?;
+            let iteration = summary.history.last().expect("pushed above");
+            if observe(Progress {
+                iteration,
+                parameters: &parameters,
+            })
+            .is_break()
+            {
+                summary.termination = Termination::Stopped;
+                break;
+            }
+        }
+        if accepted {
             radius = (radius / (1.0f64 / 3.0).max(1.0 - (2.0 * ratio - 1.0).powi(3))).min(1e16);
             nu = 2.0;
             let function_tolerance = options
@@ -623,7 +684,7 @@ fn trust_region(
                 summary.termination = Termination::FunctionTolerance;
                 break;
             }
-            max_gradient = engine.linearize()?;
+            max_gradient = engine.linearize().await?;
         } else {
             if options.method == Method::GaussNewton {
                 summary.termination = Termination::NoProgress;
@@ -651,13 +712,16 @@ fn trust_region(
 }
 
 /// Finds the first residual or Jacobian entry that is not finite and names its block.
-fn non_finite<B: Backend>(
+async fn non_finite<B: Backend>(
     compiled: &CompiledProblem<B>,
     problem: &Problem,
     eval: &Evaluation<B>,
 ) -> Error {
     let b = &compiled.backend;
-    let (residuals, jacobian) = match (b.read_f64(&eval.residuals), b.read_f64(&eval.jacobian)) {
+    let (residuals, jacobian) = match (
+        b.read_f64_async(&eval.residuals).await,
+        b.read_f64_async(&eval.jacobian).await,
+    ) {
         (Ok(r), Ok(j)) => (r, j),
         (Err(e), _) | (_, Err(e)) => return e.into(),
     };
@@ -682,7 +746,7 @@ fn non_finite<B: Backend>(
         };
     }
     // Finite residuals and Jacobian: a block's cost (its robust loss) or their sum is not.
-    let costs = match b.read_f64(&eval.cost) {
+    let costs = match b.read_f64_async(&eval.cost).await {
         Ok(c) => c,
         Err(e) => return e.into(),
     };

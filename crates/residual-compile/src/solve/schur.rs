@@ -21,7 +21,7 @@ use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor::{LltError, cholesky_in_place, cholesky_in_place_scratch};
 use faer::{MatMut, Par};
 use hal::{Backend, BackendExt};
-use std::time::Instant;
+use web_time::Instant;
 
 /// Where a column goes: the reduced system (its index there), an eliminated block (the block
 /// and the offset in it), or nowhere (fixed).
@@ -233,11 +233,11 @@ impl<B: Backend> SchurEngine<B> {
         let params_buf = backend.alloc(compiled.precision.dtype(), x.len().max(1))?;
         let scratch = MemBuffer::try_new(cholesky_in_place_scratch::<f64>(
             reduced.max(size),
-            Par::rayon(0),
+            crate::all_cores(),
             Default::default(),
         ))
         .map_err(|_| Error::Solver("out of memory for the Schur scratch".into()))?;
-        let mut engine = Self {
+        let engine = Self {
             params_buf,
             it: Iterates::new(&compiled, x.clone(), x)?,
             cols,
@@ -262,7 +262,6 @@ impl<B: Backend> SchurEngine<B> {
             factors: vec![0.0; blocks * size * size],
             compiled,
         };
-        engine.start(problem)?;
         Ok(engine)
     }
 
@@ -283,7 +282,11 @@ impl<B: Backend> SchurEngine<B> {
 /// Cholesky of the `n x n` column-major matrix `a` in place (lower triangle); the pivot that
 /// failed otherwise.
 pub(super) fn cholesky(a: &mut [f64], n: usize, scratch: &mut MemBuffer) -> Result<(), usize> {
-    let par = if n >= 256 { Par::rayon(0) } else { Par::Seq };
+    let par = if n >= 256 {
+        crate::all_cores()
+    } else {
+        Par::Seq
+    };
     match cholesky_in_place(
         MatMut::from_column_major_slice_mut(a, n, n),
         Default::default(),
@@ -324,11 +327,11 @@ fn block_9x3(
 impl<B: Backend> Engine for SchurEngine<B> {
     super::host::host_engine_common!();
 
-    fn linearize(&mut self) -> Result<f64, Error> {
+    async fn linearize(&mut self) -> Result<f64, Error> {
         let t = Instant::now();
         let b = &self.compiled.backend;
-        let residuals = b.read_f64(&self.it.current.residuals)?;
-        let jacobian = b.read_f64(&self.it.current.jacobian)?;
+        let residuals = b.read_f64_async(&self.it.current.residuals).await?;
+        let jacobian = b.read_f64_async(&self.it.current.jacobian).await?;
         let (reduced, size) = (self.reduced, self.size);
         self.u.iter_mut().for_each(|v| *v = 0.0);
         self.v.iter_mut().for_each(|v| *v = 0.0);
@@ -401,7 +404,7 @@ impl<B: Backend> Engine for SchurEngine<B> {
         Ok(self.gradient.iter().fold(0.0, |m, g| m.max(g.abs())))
     }
 
-    fn solve(&mut self, lambda: f64) -> Result<Step, Error> {
+    async fn solve(&mut self, lambda: f64) -> Result<Step, Error> {
         let t = Instant::now();
         let (reduced, size) = (self.reduced, self.size);
         let d = &self.damping.diagonal;

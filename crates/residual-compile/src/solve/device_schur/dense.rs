@@ -7,7 +7,6 @@ use super::layout::GroupLayout;
 use super::{Shared, kernels};
 use crate::Error;
 use crate::dense::cholesky_solve;
-use faer::Par;
 use faer::dyn_stack::MemBuffer;
 use faer::linalg::cholesky::llt::factor::cholesky_in_place_scratch;
 use hal::{Backend, BackendExt, Layout, View};
@@ -94,7 +93,7 @@ impl<B: Backend> Dense<B> {
         s_host.resize(n * n, 0.0);
         let scratch = MemBuffer::try_new(cholesky_in_place_scratch::<f64>(
             n,
-            Par::rayon(0),
+            crate::all_cores(),
             Default::default(),
         ))
         .map_err(|_| Error::Solver("out of memory for the Schur scratch".into()))?;
@@ -108,7 +107,7 @@ impl<B: Backend> Dense<B> {
     }
 
     /// Forms `S` and the right-hand side, factorises, and leaves the reduced step in `dc`.
-    pub(super) fn solve(&mut self, sh: &Shared<B>, lambda: f64) -> Result<(), Error> {
+    pub(super) async fn solve(&mut self, sh: &Shared<B>, lambda: f64) -> Result<(), Error> {
         let be = sh.backend();
         let n = sh.reduced;
         let l = Layout::contiguous(&[n * n]);
@@ -128,12 +127,12 @@ impl<B: Backend> Dense<B> {
                 p.count,
             )?;
         }
-        let mut rhs = be.read_f64(&sh.rhs)?;
+        let mut rhs = be.read_f64_async(&sh.rhs).await?;
         if rhs[n] != 0.0 {
             return Err(Shared::<B>::not_positive(lambda, "an eliminated block"));
         }
         rhs.truncate(n);
-        self.s_host = be.read_f64(&self.s)?;
+        self.s_host = be.read_f64_async(&self.s).await?;
         super::super::schur::cholesky(&mut self.s_host, n, &mut self.scratch).map_err(|k| {
             Shared::<B>::not_positive(lambda, &format!("reduced system, pivot {k}"))
         })?;

@@ -35,7 +35,7 @@ use crate::{Error, Precision};
 use hal::{Backend, BackendExt, BinaryOp, Layout, UnaryOp, View};
 use kernels::{FIXED, Layout as Shape, meta};
 use layout::GroupLayout;
-use std::time::Instant;
+use web_time::Instant;
 
 /// One residual group's layout on the device.
 struct Group<B: Backend> {
@@ -284,7 +284,6 @@ impl<B: Backend> DeviceSchurEngine<B> {
         };
         // Its kernels and structure count as compilation.
         engine.sh.it.times.compile = started.elapsed().as_secs_f64();
-        engine.start(problem)?;
         Ok(engine)
     }
 }
@@ -378,7 +377,7 @@ impl<B: Backend> Shared<B> {
     }
 
     /// The step's model reduction `-g.delta - |J delta|^2 / 2` and norms, one read.
-    fn step(&self, linear_iterations: usize) -> Result<Step, Error> {
+    async fn step(&self, linear_iterations: usize) -> Result<Step, Error> {
         let be = self.backend();
         let (cols, rows) = (self.compiled.cols, self.compiled.rows);
         let jacobian = self.compiled.jacobian_csr(&self.it.current.jacobian);
@@ -388,7 +387,7 @@ impl<B: Backend> Shared<B> {
         dot_into(be, (&self.gradient, &self.delta), cols, p, sc, slot::GD)?;
         dot_into(be, (&self.delta, &self.delta), cols, p, sc, slot::DD)?;
         dot_into(be, (&self.it.x, &self.it.x), cols, p, sc, slot::XX)?;
-        let s = be.read_f64(&self.scalars)?;
+        let s = be.read_f64_async(&self.scalars).await?;
         Ok(Step {
             model_reduction: -s[slot::GD] - 0.5 * s[slot::JD2],
             step_norm: s[slot::DD].sqrt(),
@@ -402,6 +401,15 @@ impl<B: Backend> Shared<B> {
             "Schur complement failed ({what}): the damped normal matrix is not positive \
              definite (lambda = {lambda:e}); a parameter no residual constrains?"
         ))
+    }
+}
+
+impl<B: Backend> DeviceSchurEngine<B> {
+    /// The points' steps from the cameras', the candidate placed, the step's norms read.
+    async fn finish_step(&self, linear_iterations: usize) -> Result<Step, Error> {
+        self.sh.back_substitute()?;
+        self.sh.place_candidate()?;
+        self.sh.step(linear_iterations).await
     }
 }
 
@@ -421,13 +429,13 @@ impl<B: Backend> Engine for DeviceSchurEngine<B> {
         &self.sh.compiled
     }
 
-    fn evaluate_candidate(&mut self) -> Result<f64, Error> {
+    async fn evaluate_candidate(&mut self) -> Result<f64, Error> {
         let sh = &self.sh;
         sh.compiled.evaluate(&sh.it.x_candidate, &sh.it.candidate)?;
-        Ok(sh.backend().read_f64(&sh.it.candidate.total)?[0])
+        Ok(sh.backend().read_f64_async(&sh.it.candidate.total).await?[0])
     }
 
-    fn linearize(&mut self) -> Result<f64, Error> {
+    async fn linearize(&mut self) -> Result<f64, Error> {
         let t = Instant::now();
         let sh = &mut self.sh;
         let be = sh.compiled.backend.clone();
@@ -451,8 +459,8 @@ impl<B: Backend> Engine for DeviceSchurEngine<B> {
         }
         sh.jt
             .linearize(&sh.compiled, &sh.it.current, &sh.gradient, &sh.diagonal)?;
-        let gradient = be.read_f64(&sh.gradient)?;
-        let diagonal = be.read_f64(&sh.diagonal)?;
+        let gradient = be.read_f64_async(&sh.gradient).await?;
+        let diagonal = be.read_f64_async(&sh.diagonal).await?;
         let fixed = &sh.compiled.tangent.fixed;
         sh.damping.update(diagonal[..n].iter().copied());
         sh.compiled.write_floats(&sh.dd, &sh.damping.diagonal)?;
@@ -465,23 +473,22 @@ impl<B: Backend> Engine for DeviceSchurEngine<B> {
         Ok(gmax)
     }
 
-    fn solve(&mut self, lambda: f64) -> Result<Step, Error> {
+    async fn solve(&mut self, lambda: f64) -> Result<Step, Error> {
         let t = Instant::now();
         self.sh.compiled.write_floats(&self.sh.lambda, &[lambda])?;
         let solved = match &mut self.reduced {
-            Reduced::Dense(d) => d.solve(&self.sh, lambda).map(|()| 0),
-            Reduced::Iterative(p) => p.solve(&self.sh, lambda),
+            Reduced::Dense(d) => d.solve(&self.sh, lambda).await.map(|()| 0),
+            Reduced::Iterative(p) => p.solve(&self.sh, lambda).await,
         };
-        let step = solved.and_then(|iterations| {
-            self.sh.back_substitute()?;
-            self.sh.place_candidate()?;
-            self.sh.step(iterations)
-        });
+        let step = match solved {
+            Ok(iterations) => self.finish_step(iterations).await,
+            Err(e) => Err(e),
+        };
         self.sh.it.times.linear_solve += t.elapsed().as_secs_f64();
         step
     }
 
-    fn scale_step(&mut self, factor: f64) -> Result<(), Error> {
+    async fn scale_step(&mut self, factor: f64) -> Result<(), Error> {
         let sh = &self.sh;
         let l = Layout::contiguous(&[sh.compiled.cols]);
         sh.backend().unary(
@@ -499,9 +506,9 @@ impl<B: Backend> Engine for DeviceSchurEngine<B> {
         self.sh.damping.scaling = scaling;
     }
 
-    fn parameters(&self) -> Result<Vec<f64>, Error> {
+    async fn parameters(&self) -> Result<Vec<f64>, Error> {
         let sh = &self.sh;
-        let mut x = sh.backend().read_f64(&sh.it.x)?;
+        let mut x = sh.backend().read_f64_async(&sh.it.x).await?;
         x.truncate(sh.compiled.tangent.parameters());
         Ok(x)
     }

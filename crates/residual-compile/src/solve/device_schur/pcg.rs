@@ -146,12 +146,12 @@ impl<B: Backend> Pcg<B> {
 
     /// Solves the reduced system for the `lambda` in `sh.lambda` into `sh.dc`; the number of
     /// iterations.
-    pub(super) fn solve(&mut self, sh: &Shared<B>, lambda: f64) -> Result<usize, Error> {
+    pub(super) async fn solve(&mut self, sh: &Shared<B>, lambda: f64) -> Result<usize, Error> {
         let be = sh.backend();
         let n = sh.reduced;
         sh.eliminate(None)?;
         self.precondition(sh)?;
-        let flag = be.read_f64(&sh.rhs)?[n];
+        let flag = be.read_f64_async(&sh.rhs).await?[n];
         if flag != 0.0 {
             return Err(Shared::<B>::not_positive(
                 lambda,
@@ -166,7 +166,7 @@ impl<B: Backend> Pcg<B> {
         be.copy(View::new(&self.z, &l), View::new(&self.p, &l))?;
         let (parts, scalars) = (&self.parts, &self.scalars);
         dot_into(be, (&self.r, &self.z), n, parts, scalars, slot::RZ as usize)?;
-        let rz0 = be.read_f64(&self.scalars)?[slot::RZ as usize];
+        let rz0 = be.read_f64_async(&self.scalars).await?[slot::RZ as usize];
         let target = rz0 * self.tolerance * self.tolerance;
         let mut iterations = 0;
         // A zero right-hand side (or a non-finite one, which the step then carries).
@@ -195,7 +195,7 @@ impl<B: Backend> Pcg<B> {
             be.launch(&self.direction, &[&self.scalars, &self.z, &self.p], n)?;
             iterations += 1;
             if iterations % self.check_every == 0 {
-                let rz = be.read_f64(&self.scalars)?[slot::RZ as usize];
+                let rz = be.read_f64_async(&self.scalars).await?[slot::RZ as usize];
                 if rz <= target {
                     break;
                 }
