@@ -1,8 +1,10 @@
 //! # backend-wgpu: the hal backend on wgpu
 //!
 //! Implements every [`hal::Backend`] primitive and the scalar program IR as WGSL compute
-//! shaders on wgpu (Vulkan, Metal, DX12). It runs on real GPUs and, in CI, on Mesa's software
-//! Vulkan driver (lavapipe).
+//! shaders on wgpu (Vulkan, Metal, DX12, and a browser's WebGPU on wasm32). It runs on real
+//! GPUs and, in CI, on Mesa's software Vulkan driver (lavapipe) and in headless Chromium
+//! (SwiftShader). In a browser, open it with [`WgpuBackend::open`] and read with
+//! [`hal::Backend::read_bytes_async`]: nothing there may block (`browser.rs`).
 //!
 //! ```
 //! # fn main() -> hal::Result<()> {
