@@ -21,7 +21,8 @@ const USAGE: &str =
              final cost match the native solver's within 1e-3; with --levels, report each level
              (--solver auto|cholesky|cg: the page's linear solver for them; --max-iterations:
              stop them there, for their rate)
-  --test     the crate's browser tests (wasm-bindgen-test) in headless Chromium";
+  --test     the crate's browser tests (wasm-bindgen-test) in headless Chromium
+  --debug    build the page in the dev profile (what CI checks: quicker to build)";
 
 /// Chromium's switches for WebGPU on SwiftShader, headless, as root, on a closed network.
 pub const CHROMIUM_ARGS: [&str; 11] = [
@@ -40,7 +41,7 @@ pub const CHROMIUM_ARGS: [&str; 11] = [
 
 pub fn run(args: &[String]) -> ExitCode {
     let mut port = 8000u16;
-    let (mut check, mut test) = (false, false);
+    let (mut check, mut test, mut debug) = (false, false, false);
     let mut levels = vec![3u32];
     let mut solver = "auto".to_string();
     let mut max_iterations = None;
@@ -61,6 +62,7 @@ pub fn run(args: &[String]) -> ExitCode {
                 _ => return usage("--solver takes auto, cholesky or cg"),
             },
             "--test" => test = true,
+            "--debug" => debug = true,
             "--levels" => {
                 let parsed: Option<Vec<u32>> = it
                     .next()
@@ -86,7 +88,7 @@ pub fn run(args: &[String]) -> ExitCode {
         if test && !check {
             return Ok(());
         }
-        let site = build_page(&bindgen)?;
+        let site = build_page(&bindgen, debug)?;
         if check {
             let mut extra = format!("solver={solver}");
             if let Some(n) = max_iterations {
@@ -174,21 +176,23 @@ fn status(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
-/// Builds the page into `target/web/` (index.html and pkg/); the folder's path.
-fn build_page(bindgen: &Path) -> Result<PathBuf, String> {
-    status(Command::new("cargo").current_dir(root()).args([
-        "build",
-        "--release",
-        "--target",
-        "wasm32-unknown-unknown",
-        "-p",
-        "web",
-    ]))?;
+/// Builds the page into `target/web/` (index.html and pkg/); the folder's path. `debug`: the
+/// dev profile (dependencies optimised all the same; what the browser tests built already).
+fn build_page(bindgen: &Path, debug: bool) -> Result<PathBuf, String> {
+    let mut build = Command::new("cargo");
+    build
+        .current_dir(root())
+        .args(["build", "--target", "wasm32-unknown-unknown", "-p", "web"]);
+    if !debug {
+        build.arg("--release");
+    }
+    status(&mut build)?;
     let site = root().join("target/web");
     let staging = root().join("target/web.partial");
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
-    let wasm = root().join("target/wasm32-unknown-unknown/release/web.wasm");
+    let profile = if debug { "debug" } else { "release" };
+    let wasm = root().join(format!("target/wasm32-unknown-unknown/{profile}/web.wasm"));
     status(
         Command::new(bindgen)
             .args(["--target", "web", "--no-typescript", "--out-dir"])
