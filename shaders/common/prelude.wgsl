@@ -71,6 +71,10 @@ fn inf() -> f32 { return f32_bits(0x7f800000u); }
 // `r`, or `v` where `v` is NaN: what hal's ops give for NaN, kept through builtins a WGSL
 // compiler may evaluate as if no NaN reached them.
 fn keep_nan(r: f32, v: f32) -> f32 { return select(r, v, is_nan(v)); }
+// exp and exp2 that keep NaN (Chromium's WebGPU on SwiftShader gives exp(NaN) = inf): what
+// the elementwise ops and IR programs both call.
+fn exp_ref(v: f32) -> f32 { return keep_nan(exp(v), v); }
+fn exp2_ref(v: f32) -> f32 { return keep_nan(exp2(v), v); }
 fn sign_bit(v: f32) -> bool { return (bitcast<u32>(v) & 0x80000000u) != 0u; }
 
 // C's powf (what the CPU reference and CUDA compute): WGSL's `pow` is defined for a positive

@@ -34,24 +34,15 @@ pub(crate) async fn read_bytes_async(gpu: &WgpuBackend, src: &WgpuBuffer) -> Res
         .swap(false, std::sync::atomic::Ordering::AcqRel);
     let head = if faults { FAULT_BYTES } else { 0 };
     let size = src.0.buffer.size();
-    let staging = gpu.0.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("read"),
-        size: head + size,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
+    let fault_record = &gpu.0.faults.0.buffer;
+    let staging = gpu.stage_read(head + size, |e, staging| {
+        if faults {
+            e.copy_buffer_to_buffer(fault_record, 0, staging, 0, FAULT_BYTES);
+        }
+        e.copy_buffer_to_buffer(&src.0.buffer, 0, staging, head, size);
     });
-    {
-        let mut batch = gpu.lock_batch();
-        let fault_record = &gpu.0.faults.0.buffer;
-        gpu.encode_locked(&mut batch, |e| {
-            if faults {
-                e.copy_buffer_to_buffer(fault_record, 0, &staging, 0, FAULT_BYTES);
-            }
-            e.copy_buffer_to_buffer(&src.0.buffer, 0, &staging, head, size);
-        });
-        gpu.submit_batch(&mut batch);
-        batch.limit = 0;
-    }
+    // The device is idle once the read is back: the next commands go out in a small batch.
+    gpu.lock_batch().limit = 0;
     let slice = staging.slice(..);
     MapRead::new(slice).await.map_err(backend_error)?;
     let mapped = slice.get_mapped_range().map_err(backend_error)?.to_vec();

@@ -278,17 +278,7 @@ impl WgpuBackend {
                     .into(),
             });
         }
-        let staging = self.0.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("read"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        {
-            let mut batch = self.lock_batch();
-            self.encode_locked(&mut batch, |e| copy(e, &staging));
-            self.submit_batch(&mut batch);
-        }
+        let staging = self.stage_read(size, copy);
         let slice = staging.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
@@ -303,6 +293,25 @@ impl WgpuBackend {
         let bytes = slice.get_mapped_range().map_err(backend_error)?.to_vec();
         staging.unmap();
         Ok(bytes)
+    }
+
+    /// A new `MAP_READ` buffer of `size` bytes that `copy` fills after everything encoded so
+    /// far, submitted with it: what a read maps, blocking here or awaited in a browser.
+    pub(crate) fn stage_read(
+        &self,
+        size: u64,
+        copy: impl FnOnce(&mut wgpu::CommandEncoder, &wgpu::Buffer),
+    ) -> wgpu::Buffer {
+        let staging = self.0.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("read"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut batch = self.lock_batch();
+        self.encode_locked(&mut batch, |e| copy(e, &staging));
+        self.submit_batch(&mut batch);
+        staging
     }
 
     pub(crate) fn read_words(&self, buffer: &wgpu::Buffer) -> Result<Vec<u8>> {

@@ -110,15 +110,7 @@ impl ProductQuantizer {
         }
         let wmax = d.div_ceil(bytes);
         let xa = padded_rows(b, residuals, (n, d), bytes)?;
-        let mut books = vec![0f32; bytes * k * wmax];
-        for j in 0..bytes {
-            let w = self.bounds[j + 1] - self.bounds[j];
-            let book = &self.codebooks[self.codebook_offset(j)..][..k * w];
-            for c in 0..k {
-                books[(j * k + c) * wmax..][..w].copy_from_slice(&book[c * w..(c + 1) * w]);
-            }
-        }
-        let cb = b.upload(&books)?;
+        let cb = b.upload(&self.padded_codebooks(wmax))?;
         let codes = b.alloc_for_write(DType::U32, n * bytes)?;
         let dist = b.alloc_for_write(DType::F32, n * bytes)?;
         let per_subspace = Layout::contiguous(&[n, bytes]).transpose(0, 1)?;
@@ -129,6 +121,20 @@ impl ProductQuantizer {
             View::new(&dist, &per_subspace),
         )?;
         read_codes(b, &codes, &dist, n, bytes)
+    }
+
+    /// The codebooks as `bytes x codewords x wmax`, each codeword zero padded to `wmax`.
+    fn padded_codebooks(&self, wmax: usize) -> Vec<f32> {
+        let (bytes, k) = (self.bytes(), self.codewords);
+        let mut books = vec![0f32; bytes * k * wmax];
+        for j in 0..bytes {
+            let w = self.bounds[j + 1] - self.bounds[j];
+            let book = &self.codebooks[self.codebook_offset(j)..][..k * w];
+            for c in 0..k {
+                books[(j * k + c) * wmax..][..w].copy_from_slice(&book[c * w..(c + 1) * w]);
+            }
+        }
+        books
     }
 
     /// Codes `n` residual rows (`residuals`, row-major, `dim` wide) with these codebooks on
@@ -149,19 +155,14 @@ impl ProductQuantizer {
             .max()
             .unwrap_or(0);
         let mut rows = vec![0f32; bytes * n * wmax];
-        let mut books = vec![0f32; bytes * k * wmax];
         for j in 0..bytes {
             let (lo, hi) = (pq.bounds[j], pq.bounds[j + 1]);
-            let w = hi - lo;
             for i in 0..n {
-                rows[(j * n + i) * wmax..][..w].copy_from_slice(&residuals[i * d + lo..i * d + hi]);
-            }
-            let book = &pq.codebooks[pq.codebook_offset(j)..][..k * w];
-            for c in 0..k {
-                books[(j * k + c) * wmax..][..w].copy_from_slice(&book[c * w..(c + 1) * w]);
+                rows[(j * n + i) * wmax..][..hi - lo]
+                    .copy_from_slice(&residuals[i * d + lo..i * d + hi]);
             }
         }
-        let (xs, cb) = (b.upload(&rows)?, b.upload(&books)?);
+        let (xs, cb) = (b.upload(&rows)?, b.upload(&pq.padded_codebooks(wmax))?);
         let (code, dist) = (
             b.alloc(DType::U32, bytes * n)?,
             b.alloc(DType::F32, bytes * n)?,

@@ -10,8 +10,8 @@ pub fn unary_expr(op: hal::UnaryOp) -> &'static str {
     match op {
         Neg => "-v",
         Abs => "abs(v)",
-        Exp => "keep_nan(exp(v), v)",
-        Exp2 => "keep_nan(exp2(v), v)",
+        Exp => "exp_ref(v)",
+        Exp2 => "exp2_ref(v)",
         Log => "log_ref(v)",
         Log2 => "log2_ref(v)",
         Sqrt => "keep_nan(sqrt(v), v)",
