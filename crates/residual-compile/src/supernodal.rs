@@ -84,6 +84,11 @@ pub(crate) struct ParallelCholesky {
 struct Scratch {
     product: Vec<f64>,
     local_rows: Vec<u32>,
+    /// Where each run of consecutive `local_rows` starts, and `local_rows.len()` last.
+    runs: Vec<u32>,
+    /// Row of the matrix -> row of the supernode being computed, for the rows below its
+    /// columns (set per supernode; stale elsewhere).
+    row_map: Vec<u32>,
     /// The dense Cholesky's workspace, and the widest supernode it was sized for.
     dense: Option<(usize, MemBuffer)>,
 }
@@ -265,14 +270,20 @@ impl ParallelCholesky {
         // SAFETY: the caller guarantees exclusive access to this range.
         let own = unsafe { values.slice_mut(self.value_ptr[s]..self.value_ptr[s + 1]) };
         own.fill(0.0);
+        // Rows below the columns, by the map (a descendant's rows are looked up in constant
+        // time, not searched for in the pattern).
+        let mut row_map = std::mem::take(&mut scratch.row_map);
+        row_map.resize(self.forward.len(), 0);
+        for (k, &r) in below.iter().enumerate() {
+            row_map[r as usize] = (width + k) as u32;
+        }
         let local_row = |row: usize| -> usize {
             if row < s1 {
                 row - s0
             } else {
-                width
-                    + below
-                        .binary_search(&(row as u32))
-                        .expect("row in the supernode's pattern")
+                let local = row_map[row] as usize;
+                debug_assert_eq!(below[local - width] as usize, row, "row in the pattern");
+                local
             }
         };
         for j in s0..s1 {
@@ -294,20 +305,22 @@ impl ParallelCholesky {
             let mid = d_below[first..].partition_point(|&r| (r as usize) < s1);
             let rows = d_below.len() - first;
             scratch.local_rows.clear();
-            let mut at = 0;
-            for (i, &r) in d_below[first..].iter().enumerate() {
-                if i < mid {
-                    scratch.local_rows.push(r - s0 as u32);
-                } else {
-                    while below[at] != r {
-                        at += 1;
-                    }
-                    scratch.local_rows.push((width + at) as u32);
+            scratch.local_rows.extend(
+                d_below[first..]
+                    .iter()
+                    .map(|&r| local_row(r as usize) as u32),
+            );
+            scratch.runs.clear();
+            for (i, &r) in scratch.local_rows.iter().enumerate() {
+                if i == 0 || r != scratch.local_rows[i - 1] + 1 {
+                    scratch.runs.push(i as u32);
                 }
             }
+            scratch.runs.push(scratch.local_rows.len() as u32);
             let top = d_width + first;
             subtract_update(own, nrows, ld, [d_width, d_rows, top], [rows, mid], scratch);
         }
+        scratch.row_map = row_map;
 
         let block = MatMut::from_column_major_slice_mut(own, nrows, width);
         let (mut diagonal, lower) = block.split_at_row_mut(width);
@@ -381,12 +394,26 @@ fn subtract_update(
                 }
             }
         }
-        let local_rows = &scratch.local_rows[c0..];
+        // Scattered run by run: a run of consecutive rows of `L_d` lands on consecutive rows
+        // of `own` (a pose's six, say), a slice subtraction the compiler vectorises.
+        let (local_rows, runs) = (&scratch.local_rows, &scratch.runs);
+        let mut run = 0;
         for jj in 0..w {
-            let column = &mut own[local_rows[jj] as usize * nrows..];
+            let a = c0 + jj;
+            let column = &mut own[local_rows[a] as usize * nrows..];
             let product = &scratch.product[jj * h..(jj + 1) * h];
-            for i in jj..h {
-                column[local_rows[i] as usize] -= product[i];
+            while runs[run + 1] as usize <= a {
+                run += 1;
+            }
+            let mut i = a;
+            for &end in &runs[run + 1..] {
+                let (end, target) = (end as usize, local_rows[i] as usize);
+                let len = end - i;
+                let source = &product[i - c0..i - c0 + len];
+                for (out, &p) in column[target..target + len].iter_mut().zip(source) {
+                    *out -= p;
+                }
+                i = end;
             }
         }
         c0 = c1;
