@@ -56,6 +56,7 @@ pub mod graph;
 pub mod icosphere;
 pub mod lower;
 pub mod manifold;
+mod ordering;
 pub mod pose_graph;
 pub mod problem;
 mod slots;

@@ -626,13 +626,26 @@ mod tests {
     }
 
     fn analyse(pattern: &SymbolicSparseColMat<u32>) -> SymbolicCholesky<u32> {
-        factorize_symbolic_cholesky(
-            pattern.as_ref(),
-            Side::Lower,
-            SymmetricOrdering::Amd,
-            Default::default(),
-        )
-        .expect("symbolic analysis")
+        analyse_by(pattern, SymmetricOrdering::Amd)
+    }
+
+    fn analyse_by(
+        pattern: &SymbolicSparseColMat<u32>,
+        ordering: SymmetricOrdering<'_, u32>,
+    ) -> SymbolicCholesky<u32> {
+        factorize_symbolic_cholesky(pattern.as_ref(), Side::Lower, ordering, Default::default())
+            .expect("symbolic analysis")
+    }
+
+    /// The analysis under METIS's nested dissection (`crate::ordering`).
+    fn analyse_dissected(pattern: &SymbolicSparseColMat<u32>) -> SymbolicCholesky<u32> {
+        let order = crate::ordering::nested_dissection(pattern.as_ref()).expect("an order");
+        let mut inverse = vec![0u32; order.len()];
+        for (new, &old) in order.iter().enumerate() {
+            inverse[old as usize] = new as u32;
+        }
+        let perm = faer::perm::PermRef::new_checked(&order, &inverse, order.len());
+        analyse_by(pattern, SymmetricOrdering::Custom(perm))
     }
 
     fn factor_on(
@@ -653,15 +666,23 @@ mod tests {
     #[test]
     fn solves_like_faer_and_the_same_on_any_thread_count() {
         let (pattern, values) = grid_matrix(40, 0x5eed, 1.0);
-        let symbolic = analyse(&pattern);
+        solves_like_faer(&pattern, &values, &analyse(&pattern));
+        solves_like_faer(&pattern, &values, &analyse_dissected(&pattern));
+    }
+
+    fn solves_like_faer(
+        pattern: &SymbolicSparseColMat<u32>,
+        values: &[f64],
+        symbolic: &SymbolicCholesky<u32>,
+    ) {
         let mut parallel =
-            ParallelCholesky::new(pattern.as_ref(), &symbolic).expect("a supernodal analysis");
+            ParallelCholesky::new(pattern.as_ref(), symbolic).expect("a supernodal analysis");
         assert!(
             parallel.task_children.iter().any(|&c| c > 1),
             "the test matrix should give a task tree with branches"
         );
-        let one = factor_on(1, &mut parallel, &values, symbolic.len_val()).unwrap();
-        let four = factor_on(4, &mut parallel, &values, symbolic.len_val()).unwrap();
+        let one = factor_on(1, &mut parallel, values, symbolic.len_val()).unwrap();
+        let four = factor_on(4, &mut parallel, values, symbolic.len_val()).unwrap();
         assert!(one == four, "the factor depends on the thread count");
 
         // faer's own factor of the same matrix, and both solves of one right-hand side.
@@ -675,7 +696,7 @@ mod tests {
         symbolic
             .factorize_numeric_llt::<f64>(
                 &mut reference,
-                SparseColMatRef::new(pattern.as_ref(), &values),
+                SparseColMatRef::new(pattern.as_ref(), values),
                 Side::Lower,
                 Default::default(),
                 Par::Seq,
@@ -696,14 +717,14 @@ mod tests {
         let mut counter = 0u64;
         let rhs: Vec<f64> = (0..n).map(|_| uniform(&mut counter, 99)).collect();
         let mut ours = rhs.clone();
-        LltRef::new(&symbolic, &one).solve_in_place_with_conj(
+        LltRef::new(symbolic, &one).solve_in_place_with_conj(
             Conj::No,
             MatMut::from_column_major_slice_mut(&mut ours, n, 1),
             Par::Seq,
             MemStack::new(&mut scratch),
         );
         let mut theirs = rhs.clone();
-        LltRef::new(&symbolic, &reference).solve_in_place_with_conj(
+        LltRef::new(symbolic, &reference).solve_in_place_with_conj(
             Conj::No,
             MatMut::from_column_major_slice_mut(&mut theirs, n, 1),
             Par::Seq,

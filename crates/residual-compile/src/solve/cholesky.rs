@@ -9,7 +9,7 @@ use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::sparse::linalg::cholesky::{
     LltRef, SymbolicCholesky, SymmetricOrdering, factorize_symbolic_cholesky,
 };
-use faer::sparse::{SparseColMatRef, SymbolicSparseColMat};
+use faer::sparse::{SparseColMatRef, SymbolicSparseColMat, SymbolicSparseColMatRef};
 use faer::{Conj, Par, Side};
 use hal::{Backend, BackendExt};
 use web_time::Instant;
@@ -119,20 +119,7 @@ impl<B: Backend> CholeskyEngine<B> {
         drop(columns);
         let nnz_normal = row_idx.len();
         let normal = SymbolicSparseColMat::new_checked(n, n, col_ptr, None, row_idx);
-        let symbolic = factorize_symbolic_cholesky(
-            normal.as_ref(),
-            Side::Lower,
-            SymmetricOrdering::Amd,
-            faer::sparse::linalg::cholesky::CholeskySymbolicParams {
-                // Always supernodal, factorised by `supernodal` on all cores: faer picks its
-                // simplicial method for pose graphs (their 6 x 6 blocks fill little), where
-                // the supernodes' dense kernels were still 2.4x faster (parking-garage).
-                supernodal_flop_ratio_threshold:
-                    faer::sparse::linalg::SupernodalThreshold::FORCE_SUPERNODAL,
-                ..Default::default()
-            },
-        )
-        .map_err(|e| Error::Solver(format!("sparse Cholesky analysis failed: {e:?}")))?;
+        let symbolic = analyse(normal.as_ref())?;
         // The numeric factorisation spreads subtrees over the cores (`supernodal`); faer's own
         // splits only inside supernodes, which are too small here for that to pay. faer
         // factors only when it chose its simplicial method (small problems).
@@ -359,6 +346,42 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
             cg_iterations: 0,
         })
     }
+}
+
+/// The symbolic analysis of the lower-triangular pattern `lower` under the cheaper of two
+/// fill-reducing orders (`crate::ordering`): AMD, and nested dissection where it applies.
+fn analyse(lower: SymbolicSparseColMatRef<'_, u32>) -> Result<SymbolicCholesky<u32>, Error> {
+    let by = |ordering: SymmetricOrdering<'_, u32>| {
+        factorize_symbolic_cholesky(
+            lower,
+            Side::Lower,
+            ordering,
+            faer::sparse::linalg::cholesky::CholeskySymbolicParams {
+                // Always supernodal, factorised by `supernodal` on all cores: faer picks its
+                // simplicial method for pose graphs (their 6 x 6 blocks fill little), where
+                // the supernodes' dense kernels were still 2.4x faster (parking-garage).
+                supernodal_flop_ratio_threshold:
+                    faer::sparse::linalg::SupernodalThreshold::FORCE_SUPERNODAL,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| Error::Solver(format!("sparse Cholesky analysis failed: {e:?}")))
+    };
+    let amd = by(SymmetricOrdering::Amd)?;
+    let Some(order) = crate::ordering::nested_dissection(lower) else {
+        return Ok(amd);
+    };
+    let mut inverse = vec![0u32; order.len()];
+    for (new, &old) in order.iter().enumerate() {
+        inverse[old as usize] = new as u32;
+    }
+    let perm = faer::perm::PermRef::new_checked(&order, &inverse, order.len());
+    let dissected = by(SymmetricOrdering::Custom(perm))?;
+    let (a, d) = (
+        crate::ordering::factor_flops(&amd),
+        crate::ordering::factor_flops(&dissected),
+    );
+    Ok(if d < a { dissected } else { amd })
 }
 
 /// `v^T A v` for symmetric `A` stored as its lower triangle.
