@@ -440,21 +440,21 @@ pub async fn solve_async<B: Backend>(
     let (outcome, solution) = match linear_solver {
         LinearSolver::SparseCholesky => {
             let engine = CholeskyEngine::new(compiled, problem);
-            drive(engine, problem, options, &mut summary, observer).await
+            drive(engine, problem, options, (&mut summary, started), observer).await
         }
         LinearSolver::DenseSchur => {
             let engine = schur::SchurEngine::new(compiled, problem);
-            drive(engine, problem, options, &mut summary, observer).await
+            drive(engine, problem, options, (&mut summary, started), observer).await
         }
         LinearSolver::DeviceSchur | LinearSolver::IterativeSchur => {
             let iterative = linear_solver == LinearSolver::IterativeSchur;
             let engine =
                 device_schur::DeviceSchurEngine::new(compiled, problem, options, iterative);
-            drive(engine, problem, options, &mut summary, observer).await
+            drive(engine, problem, options, (&mut summary, started), observer).await
         }
         _ => {
             let engine = DeviceEngine::new(compiled, problem, options);
-            drive(engine, problem, options, &mut summary, observer).await
+            drive(engine, problem, options, (&mut summary, started), observer).await
         }
     };
     if let Some(solution) = solution {
@@ -520,7 +520,7 @@ async fn drive<E: Engine>(
     engine: Result<E, Error>,
     problem: &Problem,
     options: &SolveOptions,
-    summary: &mut Summary,
+    (summary, started): (&mut Summary, Instant),
     observer: Option<Observer<'_>>,
 ) -> (Result<(), Error>, Option<Vec<f64>>) {
     let mut engine = match engine {
@@ -538,7 +538,7 @@ async fn drive<E: Engine>(
     }
     // Engines that compile kernels of their own have counted them already.
     engine.state_mut().times.compile += summary.times.compile;
-    let run = trust_region(&mut engine, options, summary, observer).await;
+    let run = trust_region(&mut engine, options, (summary, started), observer).await;
     summary.times = engine.state().times.clone();
     // On an error the loop stopped early: the current point is the last accepted one.
     summary.final_cost = engine.cost();
@@ -548,13 +548,14 @@ async fn drive<E: Engine>(
     }
 }
 
+/// The outer loop. `started` is when the solve began (before compiling and the engine's
+/// analysis), so each iteration's `cumulative_time` counts everything a caller waited for.
 async fn trust_region(
     engine: &mut impl Engine,
     options: &SolveOptions,
-    summary: &mut Summary,
+    (summary, started): (&mut Summary, Instant),
     mut observer: Option<Observer<'_>>,
 ) -> Result<(), Error> {
-    let started = Instant::now();
     summary.initial_cost = engine.cost();
     if options.verbose {
         println!("{}", Summary::ITERATION_HEADER);

@@ -42,7 +42,8 @@ pub struct IterationSummary {
     /// Conjugate-gradient iterations of the step's linear solve (0 for Cholesky).
     pub linear_solver_iterations: usize,
     pub step_is_successful: bool,
-    /// Seconds since the solve began, at the end of the iteration.
+    /// Seconds since the solve began (compilation, upload and the linear solver's analysis
+    /// included), at the end of the iteration.
     pub cumulative_time: f64,
 }
 
