@@ -417,3 +417,106 @@ extern "C" __global__ void reduce_wide(Walk kept, Walk red, void* out, int odt, 
         __syncthreads();
     }
 }
+
+// ReduceOp::LogSumExp along rows whose reduced elements are one contiguous run (the host
+// checks: red.rank == 1, stride 1), for f32 and the 16-bit floats: a block per output, each
+// thread keeping an online pair (m, s), s = sum exp(v - m) over its elements with m the
+// largest finite one so far (rescaled when it grows). NaN and +inf elements only set flags
+// (the result is then NaN, else +inf); -inf elements add nothing. Rows are read in 16-byte
+// vectors where the row is aligned so, element by element otherwise.
+struct LsePart {
+    float m, s;
+    int flags;  // 1: a NaN, 2: a +inf
+};
+__device__ __forceinline__ void lse_push(LsePart& p, float v) {
+    const float inf = __int_as_float(0x7f800000);
+    if (v != v) {
+        p.flags |= 1;
+    } else if (v == inf) {
+        p.flags |= 2;
+    } else if (v > p.m) {
+        p.s = p.s * expf(p.m - v) + 1.0f;
+        p.m = v;
+    } else if (v > -inf) {
+        p.s += expf(v - p.m);
+    }
+}
+__device__ __forceinline__ LsePart lse_merge(LsePart a, LsePart b) {
+    const float m = fmaxf(a.m, b.m);
+    LsePart r;
+    r.m = m;
+    r.flags = a.flags | b.flags;
+    r.s = m == -__int_as_float(0x7f800000) ? 0.0f : a.s * expf(a.m - m) + b.s * expf(b.m - m);
+    return r;
+}
+// Element i of a row of dtype DT.
+template <int DT> __device__ __forceinline__ float lse_load(const void* x, i64 i) {
+    if (DT == DT_F32) return ((const float*)x)[i];
+    const u32 h = ((const u16*)x)[i];
+    return DT == DT_BF16 ? bf16_to_f32(h) : f16_widen(h);
+}
+// Pushes the elements of one 16-byte vector.
+template <int DT> __device__ __forceinline__ void lse_push_vector(LsePart& p, uint4 v) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        if (DT == DT_F32) {
+            lse_push(p, __uint_as_float(w[k]));
+        } else if (DT == DT_BF16) {
+            lse_push(p, bf16_to_f32(w[k] & 0xffffu));
+            lse_push(p, bf16_to_f32(w[k] >> 16));
+        } else {
+            lse_push(p, f16_widen(w[k] & 0xffffu));
+            lse_push(p, f16_widen(w[k] >> 16));
+        }
+    }
+}
+template <int DT>
+__device__ void lse_rows_impl(Walk kept, i64 len, void* out, int odt, const void* x) {
+    __shared__ LsePart part[32];
+    constexpr int size = DT == DT_F32 ? 4 : 2, per = 16 / size;
+    const float inf = __int_as_float(0x7f800000);
+    for (i64 g = blockIdx.x; g < kept.n; g += gridDim.x) {
+        i64 o[2];
+        walk_offsets<2>(kept, g, o);
+        LsePart p = {-inf, 0.0f, 0};
+        const char* row = (const char*)x + o[1] * size;
+        // Elements before the first 16-byte boundary, the vectors, the elements after.
+        const i64 head = ((u64)row & 15) % size != 0 ? len : min(len, (i64)((16 - ((u64)row & 15)) & 15) / size);
+        const i64 vectors = (len - head) / per;
+        for (i64 j = threadIdx.x; j < head; j += blockDim.x) lse_push(p, lse_load<DT>(x, o[1] + j));
+        const uint4* body = (const uint4*)(row + head * size);
+        i64 k = threadIdx.x;
+        for (; k + blockDim.x < vectors; k += 2 * blockDim.x) {
+            const uint4 a = body[k], b = body[k + blockDim.x];
+            lse_push_vector<DT>(p, a);
+            lse_push_vector<DT>(p, b);
+        }
+        for (; k < vectors; k += blockDim.x) lse_push_vector<DT>(p, body[k]);
+        for (i64 j = head + vectors * per + threadIdx.x; j < len; j += blockDim.x) lse_push(p, lse_load<DT>(x, o[1] + j));
+        for (int s = 16; s > 0; s >>= 1) {
+            LsePart q;
+            q.m = __shfl_xor_sync(0xffffffffu, p.m, s);
+            q.s = __shfl_xor_sync(0xffffffffu, p.s, s);
+            q.flags = __shfl_xor_sync(0xffffffffu, p.flags, s);
+            p = lse_merge(p, q);
+        }
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = p;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < (int)(blockDim.x / 32); ++w) p = lse_merge(p, part[w]);
+            const float r = (p.flags & 1) ? nan_f() : (p.flags & 2) ? inf : p.m == -inf ? -inf : p.m + logf(p.s);
+            store_f(out, odt, o[0], r);
+        }
+        __syncthreads();
+    }
+}
+extern "C" __global__ void reduce_lse_rows(Walk kept, i64 len, void* out, int odt, const void* x, int xdt) {
+    if (xdt == DT_F32) {
+        lse_rows_impl<DT_F32>(kept, len, out, odt, x);
+    } else if (xdt == DT_BF16) {
+        lse_rows_impl<DT_BF16>(kept, len, out, odt, x);
+    } else {
+        lse_rows_impl<DT_F16>(kept, len, out, odt, x);
+    }
+}

@@ -170,7 +170,9 @@ fn f64_support(shader_f64: bool) -> hal::F64Support {
         program_math: true,
         atomics: false,
         primitives: F64_PRIMITIVES.to_vec(),
-        note: "WGSL has no 64-bit atomics; the other primitives have no f64 kernels yet".into(),
+        note: "WGSL has no 64-bit atomics; the other primitives have no f64 kernels yet (nor \
+               reduce's LogSumExp, built from them)"
+            .into(),
     }
 }
 

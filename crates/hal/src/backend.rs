@@ -229,7 +229,8 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Reduces `x` over `axes` (distinct, each `< rank`). `out` has `x`'s shape with those axes
     /// set to 1 (keep-dims). NaN propagates. Max and Min over an empty axis are an
     /// [`Error::Empty`]. Tolerance for Sum and Mean: `|got - ref| <= 2^-17 * sum|x| + u|ref|`
-    /// (any summation order, f32 partial sums); Max and Min exact.
+    /// (any summation order, f32 partial sums); for LogSumExp `2^-16 + u|ref|`; Max and Min
+    /// exact.
     fn reduce(
         &self,
         op: ReduceOp,

@@ -88,7 +88,9 @@ pub struct F64Support {
     pub program_math: bool,
     /// `AtomicAdd` into `f64` buffers.
     pub atomics: bool,
-    /// The primitives (by their [`crate::Backend`] method names) that take `f64` operands.
+    /// The primitives (by their [`crate::Backend`] method names) that take `f64` operands;
+    /// `"reduce_logsumexp"` is `reduce` with [`crate::ReduceOp::LogSumExp`], listed apart
+    /// because a backend may have the other reductions in `f64` and not that one.
     pub primitives: Vec<&'static str>,
     /// Why what is missing is missing (empty when everything is offered).
     pub note: String,
@@ -96,7 +98,7 @@ pub struct F64Support {
 
 impl F64Support {
     /// Every primitive that has an `f64` form.
-    pub const ALL_PRIMITIVES: [&'static str; 22] = [
+    pub const ALL_PRIMITIVES: [&'static str; 23] = [
         "layer_norm",
         "layer_norm_backward",
         "attention",
@@ -107,6 +109,7 @@ impl F64Support {
         "binary",
         "ternary",
         "reduce",
+        "reduce_logsumexp",
         "arg_reduce",
         "matmul",
         "spmv_csr",

@@ -64,6 +64,7 @@ pub mod norm;
 mod ops;
 pub mod profile;
 pub mod random;
+pub mod reduction;
 pub mod seeding;
 pub mod topk;
 pub mod tuning;

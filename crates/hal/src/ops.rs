@@ -476,10 +476,21 @@ pub enum ReduceOp {
     Max,
     /// Minimum; NaN if any element is NaN; an error over no elements.
     Min,
+    /// `log(sum(exp(x)))`, computed as `m + log(sum(exp(x - m)))` with `m` the largest finite
+    /// element, so no exponential overflows: the log-partition of a softmax, in one pass over
+    /// `x`. NaN if any element is NaN, else `+inf` if any is `+inf`; `-inf` over no elements
+    /// or where every element is `-inf`.
+    LogSumExp,
 }
 
 impl ReduceOp {
-    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min];
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::LogSumExp,
+    ];
 }
 
 /// The index of the extreme element along one axis.

@@ -42,7 +42,7 @@ pub(super) fn reduce<B: Backend>(s: &mut Suite<'_, B>) {
     for (i, (shape, axes)) in cases.iter().enumerate() {
         let (shape, axes) = (shape.clone(), axes.clone());
         let shape = &shape;
-        let op = ReduceOp::ALL[i % 4];
+        let op = ReduceOp::ALL[i % ReduceOp::ALL.len()];
         let mut oshape = shape.clone();
         for &a in &axes {
             oshape[a] = 1;
@@ -54,12 +54,22 @@ pub(super) fn reduce<B: Backend>(s: &mut Suite<'_, B>) {
             let at = s.rng().below(x.backing.len());
             x.backing[at] = f32::NAN;
         }
+        // LogSumExp's rules for infinities: -inf adds nothing, +inf makes the result +inf.
+        if op == ReduceOp::LogSumExp && !x.backing.is_empty() {
+            for (every, value) in [(2, f32::NEG_INFINITY), (3, f32::INFINITY)] {
+                if i % every == 0 {
+                    let at = s.rng().below(x.backing.len());
+                    x.backing[at] = value;
+                }
+            }
+        }
         let out = output_tensor(s.rng(), &oshape, dout);
         let name = match op {
             ReduceOp::Sum => "reduce sum",
             ReduceOp::Mean => "reduce mean",
             ReduceOp::Max => "reduce max",
             ReduceOp::Min => "reduce min",
+            ReduceOp::LogSumExp => "reduce logsumexp",
         };
         let count: usize = axes.iter().map(|&a| shape[a]).product();
         if count == 0 && numel(&oshape) > 0 && matches!(op, ReduceOp::Max | ReduceOp::Min) {
@@ -95,10 +105,39 @@ pub(super) fn reduce<B: Backend>(s: &mut Suite<'_, B>) {
                 _ => Some(v),
             };
         }
+        // LogSumExp: over each output's finite elements (flags for NaN and +inf), shifted by
+        // their maximum.
+        let mut finite_max = vec![f64::NEG_INFINITY; sums.len()];
+        let (mut has_nan, mut has_inf) = (vec![false; sums.len()], vec![false; sums.len()]);
+        let output_of = |p: usize| {
+            let mut idx = unravel(p, shape);
+            for &a in &axes {
+                idx[a] = 0;
+            }
+            Layout::contiguous(&oshape).index_of(&idx)
+        };
+        for (p, &v) in xs.iter().enumerate() {
+            let o = output_of(p);
+            has_nan[o] |= v.is_nan();
+            has_inf[o] |= v == f64::INFINITY;
+            if v.is_finite() {
+                finite_max[o] = finite_max[o].max(v);
+            }
+        }
+        let mut shifted = vec![0f64; sums.len()];
+        for (p, &v) in xs.iter().enumerate() {
+            let o = output_of(p);
+            if v.is_finite() {
+                shifted[o] += (v - finite_max[o]).exp();
+            }
+        }
         let exact: Vec<f64> = (0..sums.len())
             .map(|o| match op {
                 ReduceOp::Sum => sums[o],
                 ReduceOp::Mean => sums[o] / count as f64,
+                ReduceOp::LogSumExp if has_nan[o] => f64::NAN,
+                ReduceOp::LogSumExp if has_inf[o] => f64::INFINITY,
+                ReduceOp::LogSumExp => finite_max[o] + shifted[o].ln(),
                 _ => ext[o].unwrap_or(f64::NAN),
             })
             .collect();
@@ -114,7 +153,10 @@ pub(super) fn reduce<B: Backend>(s: &mut Suite<'_, B>) {
                 &c,
                 t.as_deref(),
                 &exact,
-                &|o, w| 2f64.powi(-17) * abs[o] * scale + rounding(dout, w, 2.0),
+                &|o, w| match op {
+                    ReduceOp::LogSumExp => 2f64.powi(-16) + rounding(dout, w, 2.0),
+                    _ => 2f64.powi(-17) * abs[o] * scale + rounding(dout, w, 2.0),
+                },
             ),
             Err(e) => s.fail(name, format!("{shape:?} over {axes:?}: {e}")),
         }

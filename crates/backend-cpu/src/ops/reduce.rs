@@ -100,8 +100,109 @@ impl Acc {
             ReduceOp::Max | ReduceOp::Min if self.nan => f64::NAN,
             ReduceOp::Max => self.max,
             ReduceOp::Min => self.min,
+            ReduceOp::LogSumExp => unreachable!("LogSumExp accumulates in `LogSumExp`"),
         }
     }
+}
+
+/// The running `log(sum(exp(x)))` of [`ReduceOp::LogSumExp`], online: `sum` is relative to
+/// `max`, the largest finite element so far, and is rescaled when a larger one arrives.
+#[derive(Clone, Copy)]
+struct LogSumExp {
+    max: f64,
+    sum: f64,
+    nan: bool,
+    infinite: bool,
+}
+
+impl LogSumExp {
+    const EMPTY: LogSumExp = LogSumExp {
+        max: f64::NEG_INFINITY,
+        sum: 0.0,
+        nan: false,
+        infinite: false,
+    };
+    #[inline(always)]
+    fn push(&mut self, v: f64) {
+        if v.is_nan() {
+            self.nan = true;
+        } else if v == f64::INFINITY {
+            self.infinite = true;
+        } else if v == f64::NEG_INFINITY {
+            // exp(-inf) = 0.
+        } else if v > self.max {
+            self.sum = self.sum * (self.max - v).exp() + 1.0;
+            self.max = v;
+        } else {
+            self.sum += (v - self.max).exp();
+        }
+    }
+    fn merge(self, o: LogSumExp) -> LogSumExp {
+        let max = self.max.max(o.max);
+        let scaled = |p: LogSumExp| match p.max == f64::NEG_INFINITY {
+            true => 0.0,
+            false => p.sum * (p.max - max).exp(),
+        };
+        LogSumExp {
+            max,
+            sum: scaled(self) + scaled(o),
+            nan: self.nan | o.nan,
+            infinite: self.infinite | o.infinite,
+        }
+    }
+    fn finish(self) -> f64 {
+        if self.nan {
+            f64::NAN
+        } else if self.infinite {
+            f64::INFINITY
+        } else if self.max == f64::NEG_INFINITY {
+            f64::NEG_INFINITY
+        } else {
+            self.max + self.sum.ln()
+        }
+    }
+}
+
+fn accumulate_lse(x: Src, walk: &Walk<1>, base: isize, start: usize, end: usize) -> LogSumExp {
+    let mut acc = LogSumExp::EMPTY;
+    walk.runs(start, end, |_, [o], [s], len| {
+        for j in 0..len as isize {
+            // SAFETY: the view was checked to lie inside the buffer.
+            acc.push(unsafe { x.load_f64(base + o + j * s) });
+        }
+    });
+    acc
+}
+
+/// [`ReduceOp::LogSumExp`] over the reduced elements of each output (`count` of them, at
+/// least one), parallel as [`reduce`]'s general case: over outputs, or over fixed chunks of
+/// one output merged in chunk order (so the bits do not depend on the thread count).
+fn log_sum_exp(x: Src, red_walk: &Walk<1>, count: usize, out: Dst, out_walk: &Walk<2>) {
+    let n_out = out_walk.numel();
+    if n_out >= 2 * rayon::current_num_threads() || count <= CHUNK {
+        out_walk.par_runs(|_, [o, k], [so, sk], len| {
+            for j in 0..len as isize {
+                let acc = accumulate_lse(x, red_walk, k + j * sk, 0, count);
+                // SAFETY: output view checked (validate::reduce); disjoint positions per thread.
+                unsafe { out.store_f64(o + j * so, acc.finish()) };
+            }
+        });
+        return;
+    }
+    out_walk.runs(0, n_out, |_, [o, k], [so, sk], len| {
+        for j in 0..len as isize {
+            let base = k + j * sk;
+            let partials: Vec<LogSumExp> = (0..count.div_ceil(CHUNK))
+                .into_par_iter()
+                .map(|c| accumulate_lse(x, red_walk, base, c * CHUNK, ((c + 1) * CHUNK).min(count)))
+                .collect();
+            let acc = partials
+                .into_iter()
+                .fold(LogSumExp::EMPTY, LogSumExp::merge);
+            // SAFETY: output view checked (validate::reduce); this thread alone stores.
+            unsafe { out.store_f64(o + j * so, acc.finish()) };
+        }
+    });
 }
 
 fn accumulate(x: Src, walk: &Walk<1>, base: isize, start: usize, end: usize) -> Acc {
@@ -130,7 +231,10 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
         // An empty reduction: `x` holds no elements, so validation bounded none of its
         // strides (a hostile view's may overflow an offset), and none is read. The outputs
         // are the empty reduction's, walked alone.
-        let value = Acc::EMPTY.finish(op, 0);
+        let value = match op {
+            ReduceOp::LogSumExp => LogSumExp::EMPTY.finish(),
+            _ => Acc::EMPTY.finish(op, 0),
+        };
         Walk::new(&ol.shape, [ol]).par_runs(|_, [o], [so], len| {
             for j in 0..len as isize {
                 // SAFETY: output view checked (validate::reduce); disjoint positions per thread.
@@ -140,6 +244,9 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
         return;
     }
     let out_walk = Walk::new(&ol.shape, [ol, &kept]);
+    if op == ReduceOp::LogSumExp {
+        return log_sum_exp(x, &red_walk, count, out, &out_walk);
+    }
     let n_out = out_walk.numel();
     // Sums along a strided axis (a bias gradient: [batch, features] summed over the batch):
     // blocks of neighbouring outputs accumulate together, row after row, so the reads are

@@ -26,6 +26,9 @@ pub(crate) fn reduce(
 ) -> Result<()> {
     validate::reduce(op, x, axes, out)?;
     gpu.dev.bind()?;
+    if op == ReduceOp::LogSumExp {
+        return gpu.log_sum_exp(x, axes, out);
+    }
     if x.dtype() == DType::F64 || out.dtype() == DType::F64 {
         return gpu.reduce_wide(op, x, axes, out);
     }
@@ -99,6 +102,37 @@ pub(crate) fn arg_reduce(
 }
 
 impl CudaBackend {
+    /// [`ReduceOp::LogSumExp`]: one pass of `reduce_lse_rows` (a block per output) where each
+    /// output's reduced elements are one contiguous run of f32 or 16-bit floats and the outputs
+    /// are many enough to fill the device; otherwise composed from the other primitives
+    /// (`hal::reduction`), as for f64.
+    fn log_sum_exp(&self, x: V<'_>, axes: &[usize], out: V<'_>) -> Result<()> {
+        let (kept, red) = reduce_walks(x, axes, out)?;
+        if kept.n == 0 {
+            return Ok(());
+        }
+        let rows = red.n > 0
+            && red.rank() == 1
+            && red.stride(0, 0) == 1
+            && matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16)
+            && out.dtype() != DType::F64
+            && (kept.n >= self.dev.sms as i64 || red.n < 1 << 16);
+        if !rows {
+            return hal::reduction::log_sum_exp_steps(self, x, axes, out);
+        }
+        let blocks = (kept.n as usize).min(self.dev.sms as usize * 32) as u32;
+        self.dev.launch_raw(
+            self.dev.function("reduce_lse_rows")?,
+            (blocks, 1, 1),
+            device::BLOCK,
+            Args::new()
+                .arg(kept)
+                .arg(red.n)
+                .operand(out.buffer)
+                .operand(x.buffer),
+        )
+    }
+
     /// `reduce` in `f64` (`reduce_wide` in `cuda/reduce.cu`): a block per output, or, for few
     /// outputs with long reductions, a block per chunk writing `f64` partials that a second
     /// launch reduces.
@@ -279,6 +313,7 @@ fn reduce_code(op: ReduceOp) -> i32 {
         ReduceOp::Mean => 1,
         ReduceOp::Max => 2,
         ReduceOp::Min => 3,
+        ReduceOp::LogSumExp => unreachable!("LogSumExp has kernels of its own"),
     }
 }
 

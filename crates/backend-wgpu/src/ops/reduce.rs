@@ -85,6 +85,19 @@ pub(crate) fn reduce(
     out: V<'_>,
 ) -> Result<()> {
     validate::reduce(op, x, axes, out)?;
+    if op == ReduceOp::LogSumExp {
+        // From the other primitives (hal::reduction), whose f64 forms this backend lacks.
+        if x.dtype() == DType::F64 || out.dtype() == DType::F64 {
+            return Err(hal::Error::UnsupportedDType {
+                op: "reduce",
+                dtype: DType::F64,
+                detail: "LogSumExp in f64 needs the f64 elementwise primitives, which the \
+                         wgpu backend does not have"
+                    .into(),
+            });
+        }
+        return hal::reduction::log_sum_exp_steps(gpu, x, axes, out);
+    }
     let count = hal::numel(&axes.iter().map(|&a| x.layout.shape[a]).collect::<Vec<_>>());
     if x.dtype() == DType::F64 || out.dtype() == DType::F64 {
         let (op, mean_count) = match op {

@@ -65,6 +65,17 @@ pub(super) fn reduce<B: Backend>(s: &mut Suite<'_, B>) {
             mn[o] = mn[o].min(v);
         }
         let _ = xl;
+        // log(sum(exp(x))) from the exact maxima: every shifted term is at most 1.
+        let mut lse = vec![0f64; outs];
+        for (p, &v) in x.iter().enumerate() {
+            let mut idx = unravel(p, &shape);
+            for &a in &axes {
+                idx[a] = 0;
+            }
+            let o = Layout::contiguous(&oshape).index_of(&idx);
+            lse[o] += (v - mx[o]).exp();
+        }
+        lse.iter_mut().zip(&mx).for_each(|(l, &m)| *l = m + l.ln());
         for op in ReduceOp::ALL {
             let want: Vec<f64> = (0..outs)
                 .map(|o| match op {
@@ -72,8 +83,15 @@ pub(super) fn reduce<B: Backend>(s: &mut Suite<'_, B>) {
                     ReduceOp::Mean => sums[o].value() / count as f64,
                     ReduceOp::Max => mx[o],
                     ReduceOp::Min => mn[o],
+                    ReduceOp::LogSumExp => lse[o],
                 })
                 .collect();
+            if op == ReduceOp::LogSumExp {
+                let attempt = |b: &B| reduce_on(b, op, &[1.0], &[1], &[0]);
+                if !offered(s, "f64 reduce logsumexp", "reduce_logsumexp", attempt) {
+                    continue;
+                }
+            }
             let sum_like = matches!(op, ReduceOp::Sum | ReduceOp::Mean);
             let scale = if op == ReduceOp::Mean {
                 1.0 / count as f64
@@ -85,6 +103,9 @@ pub(super) fn reduce<B: Backend>(s: &mut Suite<'_, B>) {
                 Ok((c, t)) => s.judge("f64 reduce", &case, &c, t.as_deref(), &want, &|o, w| {
                     if sum_like {
                         count as f64 * U64 * abs[o] * scale + 2.0 * U64 * w.abs()
+                    } else if op == ReduceOp::LogSumExp {
+                        // The sum of shifted terms (at least 1) to n u, its log to that much.
+                        4.0 * count as f64 * U64 + 4.0 * U64 * w.abs()
                     } else {
                         0.0
                     }
