@@ -196,8 +196,8 @@ fn fused_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Re
 }
 
 /// [`Tensor::cross_entropy`] for f32 or 16-bit `logits [N, C]` with more classes than one
-/// thread keeps (checked by the caller): `lse = log(sum exp(x - m)) + m` with `m` the row maximum
-/// (0 where infinite, as the composition's), the loss `mean(lse - x[label])`, the gradient
+/// thread keeps (checked by the caller): `lse` by the backend's LogSumExp reduction (shifted
+/// by the row's largest finite logit), the loss `mean(lse - x[label])`, the gradient
 /// [`gradient_program`]'s.
 fn wide_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Result<Tensor<B>> {
     let (n, c) = (logits.shape()[0], logits.shape()[1]);
@@ -205,18 +205,10 @@ fn wide_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Res
     let x = logits.materialize(&[n, c])?.detach();
     let labels = target.materialize(&[n])?.detach();
     let (loss, lse) = crate::no_grad(|| -> Result<(Tensor<B>, Tensor<B>)> {
-        let m = x.max(1, false)?;
-        let inf = Tensor::full(&b, &[], f64::INFINITY, DType::F32)?;
-        let zero = Tensor::zeros(&b, &[], DType::F32)?;
-        let m = m
-            .abs()?
-            .lt(&inf)?
-            .where_cond(&m, &zero)?
-            .to_dtype(DType::F32)?;
-        let shifted = Tensor::for_write(&b, &[n, c], DType::F32)?;
-        let kernel = b.compile(&shifted_exp_program(c, x.dtype())?)?;
-        b.launch(&kernel, &[x.buffer(), m.buffer(), shifted.buffer()], n * c)?;
-        let lse = shifted.sum(&[1], false)?.log()?.add(&m)?;
+        // One pass over the logits (hal's LogSumExp reduction), into f32.
+        let lse = Tensor::for_write(&b, &[n, 1], DType::F32)?;
+        b.reduce(hal::ReduceOp::LogSumExp, x.view(), &[1], lse.view())?;
+        let lse = lse.reshape(&[n])?;
         // gather checks every label against C (an error names the bad one).
         let picked = x.gather(1, &labels.reshape(&[n, 1])?)?.reshape(&[n])?;
         Ok((lse.sub(&picked)?.mean_all()?, lse))
@@ -235,24 +227,6 @@ fn wide_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Res
             )?)])
         },
     ))
-}
-
-/// One thread per element `(i, k)` of `x [N, C]` (of `x_dtype`): `out = exp(x - m[i])`.
-/// Buffers `[x, m, out]`.
-fn shifted_exp_program(c: usize, x_dtype: DType) -> Result<hal::ir::Program> {
-    let mut p = ProgramBuilder::new("cross_entropy_shifted_exp");
-    let x = p.buffer(x_dtype, Access::Read);
-    let m = p.buffer(DType::F32, Access::Read);
-    let out = p.buffer(DType::F32, Access::Write);
-    let t = p.index();
-    let cc = p.const_u32(c as u32);
-    let i = p.div(t, cc);
-    let xv = p.load(x, t);
-    let mv = p.load(m, i);
-    let shifted = p.sub(xv, mv);
-    let e = p.unary(IrUnary::Exp, shifted);
-    p.store(out, t, e);
-    Ok(p.build()?)
 }
 
 /// The cross-entropy gradient `(softmax - onehot) g / N` over logits `x [N, C]` from the

@@ -184,27 +184,30 @@ impl<B: Backend> Tensor<B> {
             .mul_scalar(1.0 / (count - correction) as f32)
     }
 
-    /// `log(sum(exp(x)))` along `axis`, computed stably (the maximum is subtracted first).
-    /// A slice whose elements are all `-inf` gives `-inf` (the log of an empty sum; its
-    /// gradient there is NaN, as PyTorch's); a slice holding `+inf` gives `+inf`.
+    /// `log(sum(exp(x)))` along `axis`, computed stably (shifted by the largest finite
+    /// element) in one reduction (`hal::ReduceOp::LogSumExp`). A slice whose elements are all
+    /// `-inf` gives `-inf` (the log of an empty sum; its gradient there is NaN, as PyTorch's);
+    /// a slice holding `+inf` gives `+inf`. The gradient is `softmax(x) g`, formed from the
+    /// result.
     pub fn logsumexp(&self, axis: isize, keepdim: bool) -> Result<Self> {
         if crate::autocast::widens(self) {
             return self.autocast_wide()?.logsumexp(axis, keepdim);
         }
-        // The shift is a constant for the gradient (it cancels), so it is detached. An
-        // infinite maximum shifts by 0 instead: `-inf - -inf` would be NaN.
-        let m = self.max(axis, true)?.detach();
-        let m = crate::no_grad(|| -> Result<Self> {
-            let inf = Tensor::full(self.backend(), &[], f64::INFINITY, m.dtype())?;
-            let zero = Tensor::zeros(self.backend(), &[], m.dtype())?;
-            m.abs()?.lt(&inf)?.where_cond(&m, &zero)
-        })?;
-        let s = self.sub(&m)?.exp()?.sum(&[axis], true)?.log()?.add(&m)?;
+        let a = self.axis(axis)?;
+        let kept = self.kept_shape(&[a]);
+        let out = self.new_output(&kept, self.dtype())?;
+        self.backend()
+            .reduce(ReduceOp::LogSumExp, self.view(), &[a], out.view())?;
+        let (x, lse) = (self.detach(), out.detach());
+        let kept_c = kept.clone();
+        let out = Tensor::from_op(out, "logsumexp", &[self], move |g| {
+            let g = g.reshape(&kept_c)?;
+            Ok(vec![Some(x.sub(&lse)?.exp()?.mul(&g)?)])
+        });
         if keepdim {
-            Ok(s)
+            Ok(out)
         } else {
-            let a = self.axis(axis)?;
-            s.reshape(&self.dropped_shape(&[a]))
+            out.reshape(&self.dropped_shape(&[a]))
         }
     }
 
