@@ -7,7 +7,7 @@
 //! backend's GEMM speed.
 
 use super::Index;
-use super::search::{check_queries, dot, parallel_indices, sq};
+use super::search::{check_queries, dot, parallel_indices, smallest, sq};
 use crate::vectors::Matrix;
 use hal::{Backend, BackendExt, DType, Layout, View};
 
@@ -78,11 +78,7 @@ impl Index {
                 // ties to the lower anchor as `probe` breaks them; then each probed anchor's
                 // distance exactly.
                 let rank = |a: usize| if ip { s[a] } else { norms[a] + s[a] };
-                let mut near: Vec<(f32, u32)> = (0..m).map(|a| (rank(a), a as u32)).collect();
-                near.select_nth_unstable_by(nprobe - 1, |x, y| {
-                    x.0.total_cmp(&y.0).then(x.1.cmp(&y.1))
-                });
-                near.truncate(nprobe);
+                let mut near = smallest(m, nprobe, rank);
                 for (base, a) in near.iter_mut() {
                     let anchor = self.anchor(*a as usize);
                     *base = if ip { -dot(qv, anchor) } else { sq(qv, anchor) };

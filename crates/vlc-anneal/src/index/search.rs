@@ -438,10 +438,31 @@ impl Index {
             lists.ids[a].iter().for_each(|&i| best.push(base, i));
             return;
         }
-        for (&i, codes) in lists.ids[a].iter().zip(lists.codes[a].chunks_exact(bytes)) {
+        let (ids, codes) = (&lists.ids[a], &lists.codes[a]);
+        // Four codes at a time: four independent chains of additions where one code's is a
+        // chain of `bytes` dependent ones (each code still adds its terms in subspace order,
+        // so the sums are the same bits as one code at a time).
+        let quads = ids.len() / 4;
+        for q in 0..quads {
+            let block = &codes[4 * q * bytes..4 * (q + 1) * bytes];
+            let mut dist = [base; 4];
+            for j in 0..bytes {
+                let row = &table[j * k..(j + 1) * k];
+                for (c, d) in dist.iter_mut().enumerate() {
+                    *d += row[block[c * bytes + j] as usize];
+                }
+            }
+            for (c, &d) in dist.iter().enumerate() {
+                best.push(d, ids[4 * q + c]);
+            }
+        }
+        for (&i, code) in ids[4 * quads..]
+            .iter()
+            .zip(codes[4 * quads * bytes..].chunks_exact(bytes))
+        {
             let mut dist = base;
-            for (j, &code) in codes.iter().enumerate() {
-                dist += table[j * k + code as usize];
+            for (j, &c) in code.iter().enumerate() {
+                dist += table[j * k + c as usize];
             }
             best.push(dist, i);
         }
@@ -458,10 +479,30 @@ impl Index {
         best: &mut TopK,
     ) {
         let (k, bytes) = (self.pq.codewords, self.header.pq_bytes);
-        for (&i, codes) in lists.ids[a].iter().zip(lists.codes[a].chunks_exact(bytes)) {
+        let (ids, codes) = (&lists.ids[a], &lists.codes[a]);
+        // Four codes at a time, as `scan`.
+        let quads = ids.len() / 4;
+        for q in 0..quads {
+            let block = &codes[4 * q * bytes..4 * (q + 1) * bytes];
+            let mut dist = [base; 4];
+            for j in 0..bytes {
+                let (f, s) = (&first[j * k..(j + 1) * k], &second[j * k..(j + 1) * k]);
+                for (c, d) in dist.iter_mut().enumerate() {
+                    let x = block[c * bytes + j] as usize;
+                    *d += f[x] + s[x];
+                }
+            }
+            for (c, &d) in dist.iter().enumerate() {
+                best.push(d, ids[4 * q + c]);
+            }
+        }
+        for (&i, code) in ids[4 * quads..]
+            .iter()
+            .zip(codes[4 * quads * bytes..].chunks_exact(bytes))
+        {
             let mut dist = base;
-            for (j, &code) in codes.iter().enumerate() {
-                let x = j * k + code as usize;
+            for (j, &c) in code.iter().enumerate() {
+                let x = j * k + c as usize;
                 dist += first[x] + second[x];
             }
             best.push(dist, i);
@@ -506,12 +547,7 @@ impl Index {
     /// The `nprobe` anchors of least `score(anchor)` (ties to the lower index), with their
     /// scores.
     fn probe(&self, nprobe: usize, score: impl Fn(&[f32]) -> f32) -> Vec<(f32, u32)> {
-        let mut near: Vec<(f32, u32)> = (0..self.header.m)
-            .map(|a| (score(self.anchor(a)), a as u32))
-            .collect();
-        near.select_nth_unstable_by(nprobe - 1, |x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
-        near.truncate(nprobe);
-        near
+        smallest(self.header.m, nprobe, |a| score(self.anchor(a)))
     }
 
     /// `scale q_j . c` for every subspace `j` and codeword `c` (`bytes x codewords`).
@@ -544,5 +580,64 @@ impl Index {
             }
         }
         0.0
+    }
+}
+
+/// Probes at most this many lists by insertion into a short sorted list; more by selection.
+const INSERTION_PROBES: usize = 16;
+
+/// The `n` (at least 1) smallest of `score(a)` over `a < m` with their indices, ties to the
+/// lower index, in no particular order: by one pass keeping a short sorted list where `n`
+/// is small (a search probing a few lists: selection over every anchor built and
+/// partitioned a vector of all `m` scores per query), else by selection.
+pub(crate) fn smallest(m: usize, n: usize, score: impl Fn(usize) -> f32) -> Vec<(f32, u32)> {
+    let before = |x: &(f32, u32), y: &(f32, u32)| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1));
+    if n <= INSERTION_PROBES {
+        let mut kept: Vec<(f32, u32)> = Vec::with_capacity(n + 1);
+        for a in 0..m {
+            let entry = (score(a), a as u32);
+            if kept.len() == n && before(&entry, &kept[n - 1]).is_ge() {
+                continue;
+            }
+            let at = kept.partition_point(|k| before(k, &entry).is_lt());
+            kept.insert(at, entry);
+            kept.truncate(n);
+        }
+        return kept;
+    }
+    let mut near: Vec<(f32, u32)> = (0..m).map(|a| (score(a), a as u32)).collect();
+    near.select_nth_unstable_by(n - 1, before);
+    near.truncate(n);
+    near
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both paths of `smallest` (insertion and selection) pick the same set: the `n` least
+    /// by score, ties to the lower index (scores drawn from a few values, so ties abound).
+    #[test]
+    fn smallest_picks_the_least_scores_ties_to_lower_indices() {
+        let mut state = 0x5eedu64;
+        for m in [1usize, 7, 64, 1000] {
+            let scores: Vec<f32> = (0..m)
+                .map(|_| {
+                    state = crate::splitmix(state);
+                    (state % 13) as f32 - 6.0
+                })
+                .collect();
+            for n in 1..=m.min(40) {
+                let mut got = smallest(m, n, |a| scores[a]);
+                got.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+                let mut all: Vec<(f32, u32)> = scores
+                    .iter()
+                    .enumerate()
+                    .map(|(a, &s)| (s, a as u32))
+                    .collect();
+                all.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+                assert_eq!(got, all[..n], "m {m}, n {n}");
+            }
+        }
     }
 }
