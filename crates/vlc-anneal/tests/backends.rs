@@ -79,6 +79,9 @@ fn codes_agree<B: Backend>(b: &B) {
         let mut cfg = Config::new(24);
         cfg.iterations = 10;
         cfg.pq_bytes = 8;
+        // Few codebook iterations: the exact mode's training on lavapipe took 88 s with the
+        // default; the agreement checked here does not depend on their number.
+        cfg.pq_iterations = 4;
         cfg.mode = mode;
         cfg.seed = 5;
         let cpu = vlc_anneal::compress(&backend_cpu::CpuBackend::new(), &data, &cfg, &mut |_| {})
