@@ -78,6 +78,15 @@ fn symmetric_neighbours(lower: SymbolicSparseColMatRef<'_, u32>) -> Vec<Vec<u32>
     neighbours
 }
 
+/// The inverse of a permutation `order` (`order[new] = old`): `inverse[old] = new`.
+pub(crate) fn inverse(order: &[u32]) -> Vec<u32> {
+    let mut inverse = vec![0u32; order.len()];
+    for (new, &old) in order.iter().enumerate() {
+        inverse[old as usize] = new as u32;
+    }
+    inverse
+}
+
 /// Graphs with fewer vertices than this are left to AMD (METIS has nothing to gain there).
 const DISSECTION_MIN_VERTICES: usize = 256;
 
@@ -169,39 +178,10 @@ mod tests {
     use faer::sparse::SymbolicSparseColMat;
     use faer::sparse::linalg::cholesky::{SymmetricOrdering, factorize_symbolic_cholesky};
 
-    /// The lower pattern of a `side` x `side` grid of nodes with `unknowns` columns each,
-    /// coupled to the 8 neighbours; columns are numbered node by node.
-    fn grid(side: usize, unknowns: usize) -> SymbolicSparseColMat<u32> {
-        let n = side * side * unknowns;
-        let mut columns: Vec<Vec<u32>> = vec![Vec::new(); n];
-        for y in 0..side {
-            for x in 0..side {
-                let a = y * side + x;
-                for (dx, dy) in [(0i64, 0i64), (1, 0), (-1, 1), (0, 1), (1, 1)] {
-                    let (nx, ny) = (x as i64 + dx, y as i64 + dy);
-                    if nx < 0 || ny < 0 || nx >= side as i64 || ny >= side as i64 {
-                        continue;
-                    }
-                    let b = ny as usize * side + nx as usize;
-                    for i in 0..unknowns {
-                        for j in 0..unknowns {
-                            let (r, c) = (b * unknowns + i, a * unknowns + j);
-                            if r >= c {
-                                columns[c].push(r as u32);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        let (mut col_ptr, mut rows) = (vec![0u32], Vec::new());
-        for mut column in columns {
-            column.sort_unstable();
-            column.dedup();
-            rows.extend(column);
-            col_ptr.push(rows.len() as u32);
-        }
-        SymbolicSparseColMat::new_checked(n, n, col_ptr, None, rows)
+    /// The lower pattern of a `side` x `side` grid of nodes with three columns each
+    /// (`supernodal`'s test matrix).
+    fn grid(side: usize) -> SymbolicSparseColMat<u32> {
+        crate::supernodal::tests::grid_matrix(side, 1, 1.0).0
     }
 
     fn flops_by(pattern: &SymbolicSparseColMat<u32>, ordering: SymmetricOrdering<'_, u32>) -> f64 {
@@ -217,7 +197,7 @@ mod tests {
 
     #[test]
     fn supervariables_are_the_grid_nodes() {
-        let pattern = grid(9, 3);
+        let pattern = grid(9);
         let (group, groups) = supervariables(&symmetric_neighbours(pattern.as_ref()));
         assert_eq!(groups, 81);
         for (c, &g) in group.iter().enumerate() {
@@ -228,23 +208,20 @@ mod tests {
 
     #[test]
     fn dissection_orders_every_column_once_keeping_nodes_whole_and_fills_less() {
-        let pattern = grid(60, 6);
+        let pattern = grid(60);
         let order = nested_dissection(pattern.as_ref()).expect("an order");
         let mut seen = vec![false; pattern.ncols()];
         for &c in &order {
             assert!(!std::mem::replace(&mut seen[c as usize], true), "{c} twice");
         }
         assert!(seen.iter().all(|&s| s), "a column missing");
-        for node in order.chunks_exact(6) {
+        for node in order.chunks_exact(3) {
             assert!(
-                node.iter().all(|&c| c / 6 == node[0] / 6),
+                node.iter().all(|&c| c / 3 == node[0] / 3),
                 "a node's columns apart: {node:?}"
             );
         }
-        let mut inverse = vec![0u32; order.len()];
-        for (new, &old) in order.iter().enumerate() {
-            inverse[old as usize] = new as u32;
-        }
+        let inverse = inverse(&order);
         let perm = faer::perm::PermRef::new_checked(&order, &inverse, order.len());
         let dissected = flops_by(&pattern, SymmetricOrdering::Custom(perm));
         let amd = flops_by(&pattern, SymmetricOrdering::Amd);
@@ -256,6 +233,6 @@ mod tests {
 
     #[test]
     fn small_graphs_are_left_to_amd() {
-        assert!(nested_dissection(grid(10, 6).as_ref()).is_none());
+        assert!(nested_dissection(grid(10).as_ref()).is_none());
     }
 }

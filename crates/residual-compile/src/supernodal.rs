@@ -557,7 +557,7 @@ fn group_tasks<'p>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use faer::sparse::linalg::cholesky::{LltRef, SymmetricOrdering, factorize_symbolic_cholesky};
     use faer::sparse::{SparseColMatRef, SymbolicSparseColMat};
@@ -576,7 +576,11 @@ mod tests {
     /// The lower triangle of a symmetric matrix over a `side` x `side` grid with 3 unknowns
     /// per node, coupled to the 8 neighbours (a surface mesh's normal equations look alike);
     /// diagonally dominant by `margin` (negative: not positive definite).
-    fn grid_matrix(side: usize, seed: u64, margin: f64) -> (SymbolicSparseColMat<u32>, Vec<f64>) {
+    pub(crate) fn grid_matrix(
+        side: usize,
+        seed: u64,
+        margin: f64,
+    ) -> (SymbolicSparseColMat<u32>, Vec<f64>) {
         let nodes = side * side;
         let n = 3 * nodes;
         let mut counter = 0u64;
@@ -640,10 +644,7 @@ mod tests {
     /// The analysis under METIS's nested dissection (`crate::ordering`).
     fn analyse_dissected(pattern: &SymbolicSparseColMat<u32>) -> SymbolicCholesky<u32> {
         let order = crate::ordering::nested_dissection(pattern.as_ref()).expect("an order");
-        let mut inverse = vec![0u32; order.len()];
-        for (new, &old) in order.iter().enumerate() {
-            inverse[old as usize] = new as u32;
-        }
+        let inverse = crate::ordering::inverse(&order);
         let perm = faer::perm::PermRef::new_checked(&order, &inverse, order.len());
         analyse_by(pattern, SymmetricOrdering::Custom(perm))
     }

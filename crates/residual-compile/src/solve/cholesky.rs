@@ -371,10 +371,7 @@ fn analyse(lower: SymbolicSparseColMatRef<'_, u32>) -> Result<SymbolicCholesky<u
     let Some(order) = crate::ordering::nested_dissection(lower) else {
         return Ok(amd);
     };
-    let mut inverse = vec![0u32; order.len()];
-    for (new, &old) in order.iter().enumerate() {
-        inverse[old as usize] = new as u32;
-    }
+    let inverse = crate::ordering::inverse(&order);
     let perm = faer::perm::PermRef::new_checked(&order, &inverse, order.len());
     let dissected = by(SymmetricOrdering::Custom(perm))?;
     let (a, d) = (

@@ -433,39 +433,11 @@ impl Index {
 
     /// Scores list `a`'s members: `base` plus each subspace's table entry for its code.
     fn scan(&self, lists: &Lists, a: usize, base: f32, table: &[f32], best: &mut TopK) {
-        let (k, bytes) = (self.pq.codewords, self.header.pq_bytes);
-        if bytes == 0 {
+        if self.header.pq_bytes == 0 {
             lists.ids[a].iter().for_each(|&i| best.push(base, i));
             return;
         }
-        let (ids, codes) = (&lists.ids[a], &lists.codes[a]);
-        // Four codes at a time: four independent chains of additions where one code's is a
-        // chain of `bytes` dependent ones (each code still adds its terms in subspace order,
-        // so the sums are the same bits as one code at a time).
-        let quads = ids.len() / 4;
-        for q in 0..quads {
-            let block = &codes[4 * q * bytes..4 * (q + 1) * bytes];
-            let mut dist = [base; 4];
-            for j in 0..bytes {
-                let row = &table[j * k..(j + 1) * k];
-                for (c, d) in dist.iter_mut().enumerate() {
-                    *d += row[block[c * bytes + j] as usize];
-                }
-            }
-            for (c, &d) in dist.iter().enumerate() {
-                best.push(d, ids[4 * q + c]);
-            }
-        }
-        for (&i, code) in ids[4 * quads..]
-            .iter()
-            .zip(codes[4 * quads * bytes..].chunks_exact(bytes))
-        {
-            let mut dist = base;
-            for (j, &c) in code.iter().enumerate() {
-                dist += table[j * k + c as usize];
-            }
-            best.push(dist, i);
-        }
+        self.scan_by(lists, a, base, |x| table[x], best);
     }
 
     /// [`Self::scan`] with the table `first + second`, added entry by entry where a code
@@ -478,18 +450,30 @@ impl Index {
         [first, second]: [&[f32]; 2],
         best: &mut TopK,
     ) {
+        self.scan_by(lists, a, base, |x| first[x] + second[x], best);
+    }
+
+    /// Scores list `a`'s members: `base` plus `entry(j * codewords + code_j)` over the
+    /// subspaces `j`. Four codes at a time: four independent chains of additions where one
+    /// code's is a chain of `bytes` dependent ones (each code still adds its terms in subspace
+    /// order, so the sums are the same bits as one code at a time).
+    fn scan_by(
+        &self,
+        lists: &Lists,
+        a: usize,
+        base: f32,
+        entry: impl Fn(usize) -> f32,
+        best: &mut TopK,
+    ) {
         let (k, bytes) = (self.pq.codewords, self.header.pq_bytes);
         let (ids, codes) = (&lists.ids[a], &lists.codes[a]);
-        // Four codes at a time, as `scan`.
         let quads = ids.len() / 4;
         for q in 0..quads {
             let block = &codes[4 * q * bytes..4 * (q + 1) * bytes];
             let mut dist = [base; 4];
             for j in 0..bytes {
-                let (f, s) = (&first[j * k..(j + 1) * k], &second[j * k..(j + 1) * k]);
                 for (c, d) in dist.iter_mut().enumerate() {
-                    let x = block[c * bytes + j] as usize;
-                    *d += f[x] + s[x];
+                    *d += entry(j * k + block[c * bytes + j] as usize);
                 }
             }
             for (c, &d) in dist.iter().enumerate() {
@@ -502,8 +486,7 @@ impl Index {
         {
             let mut dist = base;
             for (j, &c) in code.iter().enumerate() {
-                let x = j * k + c as usize;
-                dist += first[x] + second[x];
+                dist += entry(j * k + c as usize);
             }
             best.push(dist, i);
         }
