@@ -367,18 +367,24 @@ fn analyse(lower: SymbolicSparseColMatRef<'_, u32>) -> Result<SymbolicCholesky<u
         )
         .map_err(|e| Error::Solver(format!("sparse Cholesky analysis failed: {e:?}")))
     };
-    let amd = by(SymmetricOrdering::Amd)?;
-    let Some(order) = crate::ordering::nested_dissection(lower) else {
-        return Ok(amd);
-    };
-    let inverse = crate::ordering::inverse(&order);
-    let perm = faer::perm::PermRef::new_checked(&order, &inverse, order.len());
-    let dissected = by(SymmetricOrdering::Custom(perm))?;
-    let (a, d) = (
-        crate::ordering::factor_flops(&amd),
-        crate::ordering::factor_flops(&dissected),
+    // The two analyses are independent: side by side where there are threads.
+    let (amd, dissected) = rayon::join(
+        || by(SymmetricOrdering::Amd),
+        || {
+            crate::ordering::nested_dissection(lower)
+                .map(|order| {
+                    let inverse = crate::ordering::inverse(&order);
+                    let perm = faer::perm::PermRef::new_checked(&order, &inverse, order.len());
+                    by(SymmetricOrdering::Custom(perm))
+                })
+                .transpose()
+        },
     );
-    Ok(if d < a { dissected } else { amd })
+    let amd = amd?;
+    Ok(match dissected? {
+        Some(d) if crate::ordering::factor_flops(&d) < crate::ordering::factor_flops(&amd) => d,
+        _ => amd,
+    })
 }
 
 /// `v^T A v` for symmetric `A` stored as its lower triangle.
