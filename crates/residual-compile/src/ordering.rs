@@ -24,11 +24,10 @@ pub(crate) fn factor_flops(symbolic: &SymbolicCholesky<u32>) -> f64 {
             let rows = sn.col_ptr_for_row_idx();
             (0..sn.n_supernodes())
                 .map(|s| {
-                    let width = (end[s] - begin[s]) as usize;
-                    let below = (rows[s + 1] - rows[s]) as usize;
-                    (0..width)
-                        .map(|k| ((width - k + below) as f64).powi(2))
-                        .sum::<f64>()
+                    crate::supernodal::supernode_cost(
+                        (end[s] - begin[s]) as usize,
+                        (rows[s + 1] - rows[s]) as usize,
+                    )
                 })
                 .sum()
         }
@@ -37,21 +36,11 @@ pub(crate) fn factor_flops(symbolic: &SymbolicCholesky<u32>) -> f64 {
 }
 
 /// Columns grouped by identical patterns: `(group of each column, the number of groups)`,
-/// from each column's `neighbours` in the symmetric pattern. Two columns are in one group
-/// when their neighbours, each with itself, agree.
-fn supervariables(neighbours: &[Vec<u32>]) -> (Vec<u32>, usize) {
-    let closed: Vec<Vec<u32>> = neighbours
-        .iter()
-        .enumerate()
-        .map(|(c, list)| {
-            let mut list = list.clone();
-            list.push(c as u32);
-            list.sort_unstable();
-            list
-        })
-        .collect();
+/// from each column's `closed` neighbourhood (its neighbours and itself, sorted). Two
+/// columns are in one group when those agree.
+fn supervariables(closed: &[Vec<u32>]) -> (Vec<u32>, usize) {
     let mut by_pattern: std::collections::HashMap<&[u32], u32> = Default::default();
-    let mut group = vec![0u32; neighbours.len()];
+    let mut group = vec![0u32; closed.len()];
     let mut groups = 0u32;
     for (c, list) in closed.iter().enumerate() {
         group[c] = *by_pattern.entry(list.as_slice()).or_insert_with(|| {
@@ -62,20 +51,22 @@ fn supervariables(neighbours: &[Vec<u32>]) -> (Vec<u32>, usize) {
     (group, groups as usize)
 }
 
-/// Each column's neighbours in the full symmetric pattern (itself excluded).
-fn symmetric_neighbours(lower: SymbolicSparseColMatRef<'_, u32>) -> Vec<Vec<u32>> {
+/// Each column's closed neighbourhood in the full symmetric pattern: its neighbours and
+/// itself, sorted.
+fn closed_neighbourhoods(lower: SymbolicSparseColMatRef<'_, u32>) -> Vec<Vec<u32>> {
     let n = lower.ncols();
     let (col_ptr, rows) = (lower.col_ptr(), lower.row_idx());
-    let mut neighbours = vec![Vec::new(); n];
+    let mut closed: Vec<Vec<u32>> = (0..n as u32).map(|c| vec![c]).collect();
     for c in 0..n {
         for &r in &rows[col_ptr[c] as usize..col_ptr[c + 1] as usize] {
             if r as usize != c {
-                neighbours[c].push(r);
-                neighbours[r as usize].push(c as u32);
+                closed[c].push(r);
+                closed[r as usize].push(c as u32);
             }
         }
     }
-    neighbours
+    closed.iter_mut().for_each(|list| list.sort_unstable());
+    closed
 }
 
 /// The inverse of a permutation `order` (`order[new] = old`): `inverse[old] = new`.
@@ -96,8 +87,8 @@ pub(crate) fn nested_dissection(lower: SymbolicSparseColMatRef<'_, u32>) -> Opti
     if cfg!(target_arch = "wasm32") {
         return None;
     }
-    let neighbours = symmetric_neighbours(lower);
-    let (group, groups) = supervariables(&neighbours);
+    let closed = closed_neighbourhoods(lower);
+    let (group, groups) = supervariables(&closed);
     if groups < DISSECTION_MIN_VERTICES {
         return None;
     }
@@ -110,9 +101,9 @@ pub(crate) fn nested_dissection(lower: SymbolicSparseColMatRef<'_, u32>) -> Opti
     let mut adjacency = Vec::new();
     xadj.push(0i32);
     for list in &members {
-        // Every member has the same neighbours; the first's, as groups, itself excluded.
+        // Every member has the same neighbourhood; the first's, as groups, its own excluded.
         let g = group[list[0] as usize];
-        let mut adjacent: Vec<u32> = neighbours[list[0] as usize]
+        let mut adjacent: Vec<u32> = closed[list[0] as usize]
             .iter()
             .map(|&c| group[c as usize])
             .filter(|&h| h != g)
@@ -202,7 +193,7 @@ mod tests {
     #[test]
     fn supervariables_are_the_grid_nodes() {
         let pattern = grid(9);
-        let (group, groups) = supervariables(&symmetric_neighbours(pattern.as_ref()));
+        let (group, groups) = supervariables(&closed_neighbourhoods(pattern.as_ref()));
         assert_eq!(groups, 81);
         for (c, &g) in group.iter().enumerate() {
             assert_eq!(g, group[c / 3 * 3], "column {c} apart from its node");

@@ -163,28 +163,74 @@ impl LogSumExp {
     }
 }
 
-fn accumulate_lse(x: Src, walk: &Walk<1>, base: isize, start: usize, end: usize) -> LogSumExp {
-    let mut acc = LogSumExp::EMPTY;
-    walk.runs(start, end, |_, [o], [s], len| {
-        for j in 0..len as isize {
-            // SAFETY: the view was checked to lie inside the buffer.
-            acc.push(unsafe { x.load_f64(base + o + j * s) });
-        }
-    });
-    acc
+/// A running reduction of one output's elements: started [`Partial::EMPTY`], fed a range of
+/// them by [`Partial::over`], and partial results of consecutive ranges merged in order.
+trait Partial: Copy + Send {
+    const EMPTY: Self;
+    /// Elements `start..end` of the reduction walked by `walk` from `base`.
+    fn over(x: Src, walk: &Walk<1>, base: isize, start: usize, end: usize) -> Self;
+    fn merge(self, later: Self) -> Self;
 }
 
-/// [`ReduceOp::LogSumExp`] over the reduced elements of each output (`count` of them, at
-/// least one), parallel as [`reduce`]'s general case: over outputs, or over fixed chunks of
-/// one output merged in chunk order (so the bits do not depend on the thread count).
-fn log_sum_exp(x: Src, red_walk: &Walk<1>, count: usize, out: Dst, out_walk: &Walk<2>) {
+impl Partial for Acc {
+    const EMPTY: Acc = Acc::EMPTY;
+    fn over(x: Src, walk: &Walk<1>, base: isize, start: usize, end: usize) -> Acc {
+        let mut acc = Acc::EMPTY;
+        let wide = x.dtype == hal::DType::F64;
+        walk.runs(start, end, |_, [o], [s], len| {
+            for j in 0..len as isize {
+                // SAFETY: the view was checked to lie inside the buffer.
+                unsafe {
+                    if wide {
+                        acc.push_wide(x.load_f64(base + o + j * s))
+                    } else {
+                        acc.push(x.load(base + o + j * s))
+                    }
+                }
+            }
+        });
+        acc
+    }
+    fn merge(self, later: Acc) -> Acc {
+        Acc::merge(self, later)
+    }
+}
+
+impl Partial for LogSumExp {
+    const EMPTY: LogSumExp = LogSumExp::EMPTY;
+    fn over(x: Src, walk: &Walk<1>, base: isize, start: usize, end: usize) -> LogSumExp {
+        let mut acc = LogSumExp::EMPTY;
+        walk.runs(start, end, |_, [o], [s], len| {
+            for j in 0..len as isize {
+                // SAFETY: the view was checked to lie inside the buffer.
+                acc.push(unsafe { x.load_f64(base + o + j * s) });
+            }
+        });
+        acc
+    }
+    fn merge(self, later: LogSumExp) -> LogSumExp {
+        LogSumExp::merge(self, later)
+    }
+}
+
+/// Reduces each output's `count` (at least one) elements into `P` and stores `finish` of it:
+/// with many outputs, threads take disjoint output ranges; with few, each output's reduction
+/// is split into fixed chunks whose partials are merged in chunk order, so the result does not
+/// depend on the thread count.
+fn store_per_output<P: Partial>(
+    x: Src,
+    red_walk: &Walk<1>,
+    count: usize,
+    (out, out_walk): (Dst, &Walk<2>),
+    finish: impl Fn(P) -> f64 + Sync,
+) {
     let n_out = out_walk.numel();
     if n_out >= 2 * rayon::current_num_threads() || count <= CHUNK {
         out_walk.par_runs(|_, [o, k], [so, sk], len| {
             for j in 0..len as isize {
-                let acc = accumulate_lse(x, red_walk, k + j * sk, 0, count);
+                let acc = P::over(x, red_walk, k + j * sk, 0, count);
                 // SAFETY: output view checked (validate::reduce); disjoint positions per thread.
-                unsafe { out.store_f64(o + j * so, acc.finish()) };
+                unsafe { out.store_f64(o + j * so, finish(acc)) };
             }
         });
         return;
@@ -192,35 +238,15 @@ fn log_sum_exp(x: Src, red_walk: &Walk<1>, count: usize, out: Dst, out_walk: &Wa
     out_walk.runs(0, n_out, |_, [o, k], [so, sk], len| {
         for j in 0..len as isize {
             let base = k + j * sk;
-            let partials: Vec<LogSumExp> = (0..count.div_ceil(CHUNK))
+            let partials: Vec<P> = (0..count.div_ceil(CHUNK))
                 .into_par_iter()
-                .map(|c| accumulate_lse(x, red_walk, base, c * CHUNK, ((c + 1) * CHUNK).min(count)))
+                .map(|c| P::over(x, red_walk, base, c * CHUNK, ((c + 1) * CHUNK).min(count)))
                 .collect();
-            let acc = partials
-                .into_iter()
-                .fold(LogSumExp::EMPTY, LogSumExp::merge);
+            let acc = partials.into_iter().fold(P::EMPTY, P::merge);
             // SAFETY: output view checked (validate::reduce); this thread alone stores.
-            unsafe { out.store_f64(o + j * so, acc.finish()) };
+            unsafe { out.store_f64(o + j * so, finish(acc)) };
         }
     });
-}
-
-fn accumulate(x: Src, walk: &Walk<1>, base: isize, start: usize, end: usize) -> Acc {
-    let mut acc = Acc::EMPTY;
-    let wide = x.dtype == hal::DType::F64;
-    walk.runs(start, end, |_, [o], [s], len| {
-        for j in 0..len as isize {
-            // SAFETY: the view was checked to lie inside the buffer.
-            unsafe {
-                if wide {
-                    acc.push_wide(x.load_f64(base + o + j * s))
-                } else {
-                    acc.push(x.load(base + o + j * s))
-                }
-            }
-        }
-    });
-    acc
 }
 
 pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst, ol: &Layout) {
@@ -245,9 +271,8 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
     }
     let out_walk = Walk::new(&ol.shape, [ol, &kept]);
     if op == ReduceOp::LogSumExp {
-        return log_sum_exp(x, &red_walk, count, out, &out_walk);
+        return store_per_output(x, &red_walk, count, (out, &out_walk), LogSumExp::finish);
     }
-    let n_out = out_walk.numel();
     // Sums along a strided axis (a bias gradient: [batch, features] summed over the batch):
     // blocks of neighbouring outputs accumulate together, row after row, so the reads are
     // contiguous. Each output still adds its elements in the same order, so the bits match
@@ -282,30 +307,9 @@ pub(crate) fn reduce(op: ReduceOp, x: Src, xl: &Layout, axes: &[usize], out: Dst
         });
         return;
     }
-    if n_out >= 2 * rayon::current_num_threads() || count <= CHUNK {
-        out_walk.par_runs(|_, [o, k], [so, sk], len| {
-            for j in 0..len as isize {
-                let acc = accumulate(x, &red_walk, k + j * sk, 0, count);
-                // SAFETY: output view checked (validate::reduce); disjoint positions per thread.
-                unsafe { out.store_f64(o + j * so, acc.finish(op, count)) };
-            }
-        });
-    } else {
-        out_walk.runs(0, n_out, |_, [o, k], [so, sk], len| {
-            for j in 0..len as isize {
-                let base = k + j * sk;
-                let partials: Vec<Acc> = (0..count.div_ceil(CHUNK))
-                    .into_par_iter()
-                    .map(|c| {
-                        accumulate(x, &red_walk, base, c * CHUNK, ((c + 1) * CHUNK).min(count))
-                    })
-                    .collect();
-                let acc = partials.into_iter().fold(Acc::EMPTY, Acc::merge);
-                // SAFETY: output view checked (validate::reduce); this thread alone stores.
-                unsafe { out.store_f64(o + j * so, acc.finish(op, count)) };
-            }
-        });
-    }
+    store_per_output(x, &red_walk, count, (out, &out_walk), |acc: Acc| {
+        acc.finish(op, count)
+    });
 }
 
 pub(crate) fn arg_reduce(op: ArgReduceOp, x: Src, xl: &Layout, axis: usize, out: Dst, ol: &Layout) {

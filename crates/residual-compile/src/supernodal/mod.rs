@@ -498,6 +498,14 @@ fn updaters<'p>(
     (updater_ptr, updaters, parent)
 }
 
+/// The work of a supernode `width` columns wide with `below` rows under them: `sum over its
+/// columns of |column of L|^2` (its dense Cholesky and the updates it sends its ancestors).
+pub(crate) fn supernode_cost(width: usize, below: usize) -> f64 {
+    (0..width)
+        .map(|k| ((width - k + below) as f64).powi(2))
+        .sum()
+}
+
 /// The tasks of the parallel factorisation: a supernode whose subtree is small (in flops of
 /// its own columns and their updates of ancestors) joins the task of its subtree's top; a
 /// large one is a task alone. Returns each task's members (pointers and entries, in
@@ -512,9 +520,7 @@ fn group_tasks<'p>(
     let mut subtree = vec![0f64; ns];
     for s in 0..ns {
         let (w, below) = (widths[s], pattern_of(s).len());
-        subtree[s] += (0..w)
-            .map(|k| ((w - k + below) as f64).powi(2))
-            .sum::<f64>();
+        subtree[s] += supernode_cost(w, below);
         if parent[s] != u32::MAX {
             debug_assert!(parent[s] as usize > s);
             let own = subtree[s];

@@ -205,7 +205,8 @@ fn wide_cross_entropy<B: Backend>(logits: &Tensor<B>, target: &Tensor<B>) -> Res
     let x = logits.materialize(&[n, c])?.detach();
     let labels = target.materialize(&[n])?.detach();
     let (loss, lse) = crate::no_grad(|| -> Result<(Tensor<B>, Tensor<B>)> {
-        // One pass over the logits (hal's LogSumExp reduction), into f32.
+        // One pass over the logits (hal's LogSumExp reduction), into f32; not through
+        // `Tensor::logsumexp`, which under autocast first widens 16-bit logits into a copy.
         let lse = Tensor::for_write(&b, &[n, 1], DType::F32)?;
         b.reduce(hal::ReduceOp::LogSumExp, x.view(), &[1], lse.view())?;
         let lse = lse.reshape(&[n])?;
