@@ -95,7 +95,7 @@ pub(crate) fn run<J: Job>(name: &str, job: J) -> PyResult<J::Out> {
 
 /// A compression.
 pub(crate) struct Compress<'a> {
-    pub data: &'a vlc_anneal::Matrix,
+    pub data: vlc_anneal::MatrixRef<'a>,
     pub cfg: &'a vlc_anneal::Config,
     pub progress: &'a mut dyn FnMut(vlc_anneal::Progress<'_>),
 }
@@ -103,7 +103,7 @@ pub(crate) struct Compress<'a> {
 impl Job for Compress<'_> {
     type Out = (vlc_anneal::Index, vlc_anneal::Timings);
     fn run<B: Backend>(self, backend: &B) -> vlc_anneal::Result<Self::Out> {
-        let out = vlc_anneal::compress(backend, self.data, self.cfg, self.progress)?;
+        let out = vlc_anneal::compress_rows(backend, self.data, self.cfg, self.progress)?;
         Ok((out.index, out.seconds))
     }
 }

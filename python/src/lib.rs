@@ -114,7 +114,9 @@ fn compress(
     let mut raised: Option<PyErr> = None;
     let (index, seconds) =
         py.detach(|| -> PyResult<(vlc_anneal::Index, vlc_anneal::Timings)> {
-            let matrix = vlc_anneal::Matrix::from_slice(n, d, data).map_err(py_err)?;
+            // The array itself, not a copy (checked for non-finite values on every core): a
+            // GPU compression then holds the array and the device's copy, nothing more.
+            let rows = vlc_anneal::MatrixRef::new(n, d, data).map_err(py_err)?;
             let mut report = |p: vlc_anneal::Progress<'_>| {
                 let Some(cb) = &progress else { return };
                 if raised.is_some() {
@@ -138,7 +140,7 @@ fn compress(
             let (index, seconds) = backend::run(
                 backend,
                 backend::Compress {
-                    data: &matrix,
+                    data: rows,
                     cfg: &cfg,
                     progress: &mut report,
                 },
@@ -148,7 +150,7 @@ fn compress(
                 None => index,
             };
             let index = match refine {
-                true => index.with_refine(&matrix).map_err(py_err)?,
+                true => index.with_refine_rows(rows).map_err(py_err)?,
                 false => index,
             };
             Ok((index, seconds))

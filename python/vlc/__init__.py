@@ -307,6 +307,9 @@ def compress(
     step. An exception it raises is raised when the compression ends. ``refine``: keep the
     vectors too (float16, ``2 d`` bytes each) so that ``search`` can re-rank its candidates
     by exact distance (``rerank=``).
+
+    A C-ordered float32 array is read where it lies, not copied (other arrays are converted
+    first); no other thread may change it until ``compress`` returns.
     """
     anchors = _count(anchors, "anchors", 1)
     bytes = _count(bytes, "bytes", 0)

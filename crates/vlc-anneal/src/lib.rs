@@ -47,7 +47,7 @@ pub use error::{Error, Result};
 pub use index::{Header, Index, IndexParts, exact_knn, exact_knn_by, recall_at};
 pub use metric::Metric;
 pub use sharded::{compress_sharded, search_sharded};
-pub use vectors::Matrix;
+pub use vectors::{Matrix, MatrixRef};
 
 use hal::{Backend, BackendExt};
 use std::time::Instant;
@@ -91,11 +91,23 @@ pub fn compress<B: Backend>(
     cfg: &Config,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Compressed> {
+    compress_rows(backend, data.view(), cfg, progress)
+}
+
+/// [`compress`] of borrowed rows (a caller's array, checked by [`MatrixRef::new`]): the
+/// vectors are not copied on the host unless the metric changes them (cosine), so a GPU
+/// compression holds the caller's array and the device's copy, not a third.
+pub fn compress_rows<B: Backend>(
+    backend: &B,
+    data: MatrixRef<'_>,
+    cfg: &Config,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Compressed> {
     cfg.check(data.rows, data.cols)?;
     cfg.check_codes(data.cols)?;
     // A cosine index compresses the unit vectors.
-    let prepared = cfg.metric.prepare(data)?;
-    let data: &Matrix = &prepared;
+    let unit = cfg.metric.normalised(data)?;
+    let data = unit.as_ref().map_or(data, Matrix::view);
     let start = Instant::now();
     let b = anneal::handle_for(backend, cfg.mode);
     progress(Progress::Phase {
@@ -112,21 +124,32 @@ pub fn compress<B: Backend>(
         // the device.
         let rounded: Vec<f32> = anchors16.iter().map(|v| v.to_f32()).collect();
         let a = b.upload(&rounded)?;
-        let res = pq::residuals(&b, &state.pass.x, &a, &state.pass.assign, n, d)?;
+        let src = pq::Residuals {
+            x: &state.pass.x,
+            anchors: &a,
+            assign: &state.pass.assign,
+            n,
+            d,
+        };
         progress(Progress::Phase {
             name: "coding",
             steps: cfg.pq_iterations,
         });
-        let e = pq::train_and_encode(
+        let (pq, coded) = pq::learn(
             &b,
-            &res,
-            (n, d),
+            &src,
+            &clustering.assignments,
             cfg.pq_bytes,
             cfg.pq_iterations,
+            cfg.pq_train_rows,
             cfg.seed,
             &mut |done| progress(Progress::Step(done)),
         )?;
-        (e.pq, e.codes, Some(e.squared_error))
+        let (codes, squared_error) = match coded {
+            Some(coded) => coded,
+            None => pq.code_all(&b, &src)?,
+        };
+        (pq, codes, Some(squared_error))
     } else {
         let pq = pq::ProductQuantizer {
             dim: d,
@@ -215,7 +238,11 @@ pub(crate) fn round_anchors(anchors: &Matrix) -> Result<Vec<half::f16>> {
 /// The sum over `data`'s rows of the squared distance to their (f16) anchor: the error of an
 /// index without residual codes (each difference in f32, as the index's own count takes it,
 /// squared and summed in f64).
-pub(crate) fn reconstruction_error(data: &Matrix, anchors: &[half::f16], assign: &[u32]) -> f64 {
+pub(crate) fn reconstruction_error(
+    data: MatrixRef<'_>,
+    anchors: &[half::f16],
+    assign: &[u32],
+) -> f64 {
     let d = data.cols;
     let anchors: Vec<f32> = anchors.iter().map(|v| v.to_f32()).collect();
     data.data

@@ -12,7 +12,7 @@
 //! product, largest first.
 
 use crate::error::{Result, input};
-use crate::vectors::Matrix;
+use crate::vectors::{Matrix, MatrixRef};
 use std::borrow::Cow;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,10 +57,19 @@ impl Metric {
     /// row scaled to unit length for cosine. A row of zeros has no direction: an error naming
     /// it.
     pub fn prepare(self, x: &Matrix) -> Result<Cow<'_, Matrix>> {
+        Ok(match self.normalised(x.view())? {
+            Some(unit) => Cow::Owned(unit),
+            None => Cow::Borrowed(x),
+        })
+    }
+
+    /// [`Self::prepare`] of borrowed rows: `None` where the metric takes them as they are,
+    /// otherwise the unit vectors.
+    pub fn normalised(self, x: MatrixRef<'_>) -> Result<Option<Matrix>> {
         match self {
-            Metric::L2 | Metric::InnerProduct => Ok(Cow::Borrowed(x)),
+            Metric::L2 | Metric::InnerProduct => Ok(None),
             Metric::Cosine => {
-                let mut out = x.clone();
+                let mut out = x.to_matrix();
                 for (i, row) in out.data.chunks_exact_mut(x.cols.max(1)).enumerate() {
                     let norm = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
                     if norm == 0.0 || !norm.is_finite() {
@@ -70,7 +79,7 @@ impl Metric {
                     }
                     row.iter_mut().for_each(|v| *v = (*v as f64 / norm) as f32);
                 }
-                Ok(Cow::Owned(out))
+                Ok(Some(out))
             }
         }
     }

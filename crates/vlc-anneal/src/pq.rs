@@ -66,33 +66,122 @@ fn codeword_update(w: usize) -> Result<hal::ir::Program> {
     Ok(s.build()?)
 }
 
-/// The residuals `x - anchors[assign]` of `n x d` vectors, on the device.
-pub fn residuals<B: Backend>(
+/// Every vector's codes (`n * bytes`, vector after vector) and the squared error they leave,
+/// summed over the vectors.
+pub type CodesAndError = (Vec<u8>, f64);
+
+/// Bytes of residuals one coding pass holds on the device: [`ProductQuantizer::code_all`]
+/// codes the vectors in chunks of this many bytes of f32 rows, so its scratch (the chunk's
+/// residuals, its gathered anchors, its codes and distances) stays near four times this
+/// whatever the number of vectors.
+const CODE_CHUNK_BYTES: usize = 64 << 20;
+
+/// The vectors whose residuals get coded, where they already are on the device: `x` (`n x d`,
+/// row-major), the anchors as stored (`m x d`, f32 values of the f16 anchors) and each
+/// vector's anchor (`n` u32).
+pub struct Residuals<'a, B: Backend> {
+    pub x: &'a B::Buffer,
+    pub anchors: &'a B::Buffer,
+    pub assign: &'a B::Buffer,
+    pub n: usize,
+    pub d: usize,
+}
+
+impl<B: Backend> Residuals<'_, B> {
+    /// The residuals `x[r] - anchors[assign[r]]` of rows `first..first + rows`, on the device.
+    pub fn rows(&self, b: &B, first: usize, rows: usize) -> Result<B::Buffer> {
+        let d = self.d;
+        let chunk = Layout::contiguous(&[rows, d]);
+        let gathered = b.alloc_for_write(DType::F32, rows * d)?;
+        crate::gather_rows(
+            b,
+            View::new(
+                self.anchors,
+                &Layout::contiguous(&[self.anchors.len() / d, d]),
+            ),
+            self.assign,
+            first,
+            View::new(&gathered, &chunk),
+        )?;
+        let x = Layout {
+            offset: first * d,
+            ..chunk.clone()
+        };
+        let out = b.alloc_for_write(DType::F32, rows * d)?;
+        b.binary(
+            BinaryOp::Sub,
+            View::new(self.x, &x),
+            View::new(&gathered, &chunk),
+            View::new(&out, &chunk),
+        )?;
+        Ok(out)
+    }
+
+    /// The residuals of the rows `picked` (row numbers, increasing), given each row's anchor
+    /// (`assignments`, all `n`, on the host), on the device.
+    fn picked(&self, b: &B, picked: &[usize], assignments: &[u32]) -> Result<B::Buffer> {
+        let (d, s) = (self.d, picked.len());
+        let rows: Vec<u32> = picked.iter().map(|&r| r as u32).collect();
+        let anchors: Vec<u32> = picked.iter().map(|&r| assignments[r]).collect();
+        let lx = Layout::contiguous(&[s, d]);
+        let (xs, gathered) = (
+            b.alloc_for_write(DType::F32, s * d)?,
+            b.alloc_for_write(DType::F32, s * d)?,
+        );
+        crate::gather_rows(
+            b,
+            View::new(self.x, &Layout::contiguous(&[self.n, d])),
+            &b.upload(&rows)?,
+            0,
+            View::new(&xs, &lx),
+        )?;
+        crate::gather_rows(
+            b,
+            View::new(
+                self.anchors,
+                &Layout::contiguous(&[self.anchors.len() / d, d]),
+            ),
+            &b.upload(&anchors)?,
+            0,
+            View::new(&gathered, &lx),
+        )?;
+        b.binary(
+            BinaryOp::Sub,
+            View::new(&xs, &lx),
+            View::new(&gathered, &lx),
+            View::new(&xs, &lx),
+        )?;
+        Ok(xs)
+    }
+}
+
+/// Learns `bytes`-byte codebooks for the residuals of `src` (`assignments`: each vector's
+/// anchor, on the host) on at most `train_rows` of them, a seeded sample (sorted, so the
+/// device reads them in order) where there are more. Returns the quantiser and, where every
+/// vector trained it, their codes and squared error (the training's last assignment);
+/// otherwise [`ProductQuantizer::code_all`] codes them.
+#[allow(clippy::too_many_arguments)]
+pub fn learn<B: Backend>(
     b: &B,
-    x: &B::Buffer,
-    anchors: &B::Buffer,
-    assign: &B::Buffer,
-    n: usize,
-    d: usize,
-) -> Result<B::Buffer> {
-    let lx = Layout::contiguous(&[n, d]);
-    let gathered = b.alloc(DType::F32, n * d)?;
-    let m = anchors.len() / d;
-    crate::gather_rows(
-        b,
-        View::new(anchors, &Layout::contiguous(&[m, d])),
-        assign,
-        0,
-        View::new(&gathered, &lx),
-    )?;
-    let out = b.alloc(DType::F32, n * d)?;
-    b.binary(
-        BinaryOp::Sub,
-        View::new(x, &lx),
-        View::new(&gathered, &lx),
-        View::new(&out, &lx),
-    )?;
-    Ok(out)
+    src: &Residuals<'_, B>,
+    assignments: &[u32],
+    bytes: usize,
+    iterations: usize,
+    train_rows: usize,
+    seed: u64,
+    on_step: &mut dyn FnMut(usize),
+) -> Result<(ProductQuantizer, Option<CodesAndError>)> {
+    let (n, d) = (src.n, src.d);
+    if n <= train_rows {
+        let res = src.rows(b, 0, n)?;
+        let e = train_and_encode(b, &res, (n, d), bytes, iterations, seed, on_step)?;
+        return Ok((e.pq, Some((e.codes, e.squared_error))));
+    }
+    let mut picked = crate::partial_shuffle(n, train_rows, seed ^ 0x2545_f491_4f6c_dd1d);
+    picked.sort_unstable();
+    let res = src.picked(b, &picked, assignments)?;
+    let e = train_and_encode(b, &res, (picked.len(), d), bytes, iterations, seed, on_step)?;
+    Ok((e.pq, None))
 }
 
 impl ProductQuantizer {
@@ -121,6 +210,33 @@ impl ProductQuantizer {
             View::new(&dist, &per_subspace),
         )?;
         read_codes(b, &codes, &dist, n, bytes)
+    }
+
+    /// Codes every vector of `src` with these codebooks, [`CODE_CHUNK_BYTES`] of residuals
+    /// at a time: the codes (`n * bytes`, vector after vector) and the squared error they
+    /// leave, summed over the vectors.
+    pub fn code_all<B: Backend>(&self, b: &B, src: &Residuals<'_, B>) -> Result<CodesAndError> {
+        self.code_chunks(b, src, (CODE_CHUNK_BYTES / (4 * src.d.max(1))).max(1))
+    }
+
+    /// [`Self::code_all`] in chunks of `chunk` vectors (at least one).
+    pub fn code_chunks<B: Backend>(
+        &self,
+        b: &B,
+        src: &Residuals<'_, B>,
+        chunk: usize,
+    ) -> Result<CodesAndError> {
+        let (n, chunk) = (src.n, chunk.max(1));
+        let mut codes = Vec::with_capacity(n * self.bytes());
+        let mut squared_error = 0.0;
+        for first in (0..n).step_by(chunk) {
+            let rows = chunk.min(n - first);
+            let res = src.rows(b, first, rows)?;
+            let (c, e) = self.encode_on_device(b, &res, rows)?;
+            codes.extend_from_slice(&c);
+            squared_error += e;
+        }
+        Ok((codes, squared_error))
     }
 
     /// The codebooks as `bytes x codewords x wmax`, each codeword zero padded to `wmax`.
@@ -292,13 +408,12 @@ fn padded_rows<B: Backend>(
 ) -> Result<B::Buffer> {
     let bounds = subspace_bounds(d, bytes);
     let wmax = d.div_ceil(bytes);
-    // No padding where every subspace is as wide: the copies below then write it whole, and
-    // the zero fill is skipped.
+    // Where every subspace is as wide, the rows are already laid out so.
     let wide = d % bytes;
-    let xa = match wide {
-        0 => b.alloc_for_write(DType::F32, n * bytes * wmax)?,
-        _ => b.alloc(DType::F32, n * bytes * wmax)?,
-    };
+    if wide == 0 {
+        return Ok(residuals.clone());
+    }
+    let xa = b.alloc(DType::F32, n * bytes * wmax)?;
     for (first, count, w) in [(0, wide, wmax), (wide, bytes - wide, d / bytes)] {
         if count == 0 || w == 0 {
             continue;

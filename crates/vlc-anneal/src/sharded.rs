@@ -63,24 +63,31 @@ pub fn compress_sharded<C: Communicator>(
         let rounded: Vec<f32> = anchors16.iter().map(|v| v.to_f32()).collect();
         let a = b.upload(&rounded)?;
         let assign = b.upload(&clustering.assignments)?;
-        let res = pq::residuals(&b, &x, &a, &assign, n, d)?;
+        let src = pq::Residuals {
+            x: &x,
+            anchors: &a,
+            assign: &assign,
+            n,
+            d,
+        };
         let trained = if comm.rank() == 0 {
-            Some(pq::train_and_encode(
+            Some(pq::learn(
                 &b,
-                &res,
-                (n, d),
+                &src,
+                &clustering.assignments,
                 cfg.pq_bytes,
                 cfg.pq_iterations,
+                cfg.pq_train_rows,
                 cfg.seed,
                 &mut |done| progress(Progress::Step(done)),
             )?)
         } else {
             None
         };
-        let pq = broadcast_codebooks(comm, &b, d, cfg.pq_bytes, trained.as_ref().map(|t| &t.pq))?;
-        let (codes, error) = match trained {
-            Some(t) => (t.codes, t.squared_error),
-            None => pq.encode_on_device(&b, &res, n)?,
+        let pq = broadcast_codebooks(comm, &b, d, cfg.pq_bytes, trained.as_ref().map(|t| &t.0))?;
+        let (codes, error) = match trained.and_then(|t| t.1) {
+            Some(coded) => coded,
+            None => pq.code_all(&b, &src)?,
         };
         (pq, codes, error)
     } else {
@@ -90,7 +97,7 @@ pub fn compress_sharded<C: Communicator>(
             bounds: vec![0],
             codebooks: Vec::new(),
         };
-        let error = crate::reconstruction_error(data, &anchors16, &clustering.assignments);
+        let error = crate::reconstruction_error(data.view(), &anchors16, &clustering.assignments);
         (pq, Vec::new(), error)
     };
     let squared_error = {

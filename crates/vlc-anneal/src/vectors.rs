@@ -36,6 +36,77 @@ fn non_finite(data: &[f32], i: usize, cols: usize) -> crate::Error {
     ))
 }
 
+/// Checks that every value of `data` is finite, on every core in parts of at least a million
+/// values, copying each part into `copy` on the way where given (as long as `data`).
+fn check_finite(data: &[f32], cols: usize, copy: Option<&mut [f32]>) -> Result<()> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let part = data.len().div_ceil(threads).max(1 << 20);
+    let first_bad = std::thread::scope(|s| {
+        let check = move |k: usize, src: &[f32]| {
+            src.iter()
+                .position(|v| !v.is_finite())
+                .map(|i| k * part + i)
+        };
+        let parts: Vec<_> = match copy {
+            Some(out) => out
+                .chunks_mut(part)
+                .zip(data.chunks(part))
+                .enumerate()
+                .map(|(k, (dst, src))| {
+                    s.spawn(move || {
+                        dst.copy_from_slice(src);
+                        check(k, src)
+                    })
+                })
+                .collect(),
+            None => data
+                .chunks(part)
+                .enumerate()
+                .map(|(k, src)| s.spawn(move || check(k, src)))
+                .collect(),
+        };
+        parts
+            .into_iter()
+            .filter_map(|h| h.join().expect("checking threads do not panic"))
+            .min()
+    });
+    match first_bad {
+        Some(i) => Err(non_finite(data, i, cols)),
+        None => Ok(()),
+    }
+}
+
+/// `rows` vectors of `cols` `f32`s, row-major, borrowed: what a compression reads, whoever
+/// owns the values (a [`Matrix`], or a caller's array that should not be copied).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatrixRef<'a> {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [f32],
+}
+
+impl<'a> MatrixRef<'a> {
+    /// Checks the size and (on every core) that every value is finite; copies nothing.
+    pub fn new(rows: usize, cols: usize, data: &'a [f32]) -> Result<Self> {
+        check_size(rows, cols, data.len())?;
+        check_finite(data, cols, None)?;
+        Ok(Self { rows, cols, data })
+    }
+
+    pub fn row(&self, i: usize) -> &'a [f32] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+
+    /// An owned copy.
+    pub fn to_matrix(&self) -> Matrix {
+        Matrix {
+            rows: self.rows,
+            cols: self.cols,
+            data: self.data.to_vec(),
+        }
+    }
+}
+
 impl Matrix {
     /// Checks the size and that every value is finite.
     pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Result<Self> {
@@ -51,37 +122,23 @@ impl Matrix {
     /// which one thread copies and scans in about a second.
     pub fn from_slice(rows: usize, cols: usize, data: &[f32]) -> Result<Self> {
         check_size(rows, cols, data.len())?;
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let part = data.len().div_ceil(threads).max(1 << 20);
         // Zeroed pages come from the system untouched: each thread faults in its own part.
         let mut out = vec![0f32; data.len()];
-        let first_bad = std::thread::scope(|s| {
-            let parts: Vec<_> = out
-                .chunks_mut(part)
-                .zip(data.chunks(part))
-                .enumerate()
-                .map(|(k, (dst, src))| {
-                    s.spawn(move || {
-                        dst.copy_from_slice(src);
-                        src.iter()
-                            .position(|v| !v.is_finite())
-                            .map(|i| k * part + i)
-                    })
-                })
-                .collect();
-            parts
-                .into_iter()
-                .filter_map(|h| h.join().expect("copying threads do not panic"))
-                .min()
-        });
-        if let Some(i) = first_bad {
-            return Err(non_finite(data, i, cols));
-        }
+        check_finite(data, cols, Some(&mut out))?;
         Ok(Self {
             rows,
             cols,
             data: out,
         })
+    }
+
+    /// The matrix, borrowed.
+    pub fn view(&self) -> MatrixRef<'_> {
+        MatrixRef {
+            rows: self.rows,
+            cols: self.cols,
+            data: &self.data,
+        }
     }
 
     pub fn row(&self, i: usize) -> &[f32] {

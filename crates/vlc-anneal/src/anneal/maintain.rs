@@ -4,7 +4,7 @@
 use super::Config;
 use super::state::State;
 use crate::error::Result;
-use crate::vectors::Matrix;
+use crate::vectors::MatrixRef;
 use hal::{Backend, BackendExt, Layout, View};
 
 /// Merges, for each live anchor in index order, its nearest later live anchor closer than
@@ -130,7 +130,7 @@ pub(crate) fn sq_dist(a: &[f32], b: &[f32]) -> f64 {
 /// are gathered once, and each projection summed in four interleaved running sums (a fixed
 /// order), which keeps the rounds from waiting on one chain of dependent adds.
 pub(crate) fn principal_direction(
-    data: &Matrix,
+    data: MatrixRef<'_>,
     members: &[u32],
     center: &[f32],
     seed: u64,
@@ -226,7 +226,7 @@ impl<B: Backend> State<'_, B> {
     /// (merged, split, re-seeded) counts.
     pub(crate) fn maintain(
         &mut self,
-        data: &Matrix,
+        data: MatrixRef<'_>,
         cfg: &Config,
         energy: f64,
     ) -> Result<(usize, usize, usize)> {

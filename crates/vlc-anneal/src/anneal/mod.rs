@@ -52,7 +52,7 @@ mod state;
 mod tests;
 
 use crate::error::{Result, input};
-use crate::vectors::Matrix;
+use crate::vectors::{Matrix, MatrixRef};
 use hal::{Backend, BackendExt, DType, Layout, Precision, View};
 use programs::{
     DEVICE_CHECK_ANCHORS, huber_program, keep_total_program, maintenance_check_program,
@@ -104,6 +104,11 @@ pub struct Config {
     pub pq_bytes: usize,
     /// k-means iterations for each residual codebook.
     pub pq_iterations: usize,
+    /// At most this many vectors (a seeded sample, where there are more) train the residual
+    /// codebooks; every vector is then coded with them, a bounded chunk at a time, so the
+    /// coding needs little memory beside the vectors themselves. FAISS's product quantiser
+    /// samples 256 vectors per codeword (65,536); the default is four times that.
+    pub pq_train_rows: usize,
     /// Wait for every iteration and report it as it finishes (per-iteration timings, live
     /// progress). Otherwise an iteration's energy is read back only when something needs it
     /// (the tolerance test, maintenance, the end), or every iteration once iterations take
@@ -131,6 +136,7 @@ impl Config {
             split_factor: 4.0,
             pq_bytes: 8,
             pq_iterations: 12,
+            pq_train_rows: 262_144,
             report_each_iteration: false,
             metric: crate::Metric::L2,
         }
@@ -191,6 +197,11 @@ impl Config {
 
     /// The residual-code parameters, checked by [`crate::compress`] before it anneals.
     pub(crate) fn check_codes(&self, d: usize) -> Result<()> {
+        if self.pq_bytes > 0 && self.pq_train_rows == 0 {
+            return Err(input(
+                "pq_train_rows is 0: the residual codebooks need at least one vector to learn from",
+            ));
+        }
         if self.pq_bytes > d {
             return Err(input(format!(
                 "{} residual bytes per vector for dimension {d}: at most one byte per dimension",
@@ -275,14 +286,14 @@ pub fn anneal<B: Backend>(
     progress: &mut dyn FnMut(&IterationReport),
 ) -> Result<Clustering> {
     let b = handle_for(backend, cfg.mode);
-    Ok(anneal_on_device(&b, data, cfg, progress)?.0)
+    Ok(anneal_on_device(&b, data.view(), cfg, progress)?.0)
 }
 
 /// [`anneal`] on a handle already set to the mode's precision; also returns the device
 /// buffers (the vectors, the final assignment), which residual coding goes on with.
 pub(crate) fn anneal_on_device<'r, B: Backend>(
     b: &B,
-    data: &Matrix,
+    data: MatrixRef<'_>,
     cfg: &Config,
     progress: &mut dyn FnMut(&IterationReport),
 ) -> Result<(Clustering, State<'r, B>)> {
@@ -301,7 +312,7 @@ pub(crate) struct Sharding<'r, B: Backend> {
 /// `x`: `data`'s vectors where the caller has them on the device already.
 pub(crate) fn anneal_run<'r, B: Backend>(
     b: &B,
-    data: &Matrix,
+    data: MatrixRef<'_>,
     x: Option<B::Buffer>,
     cfg: &Config,
     progress: &mut dyn FnMut(&IterationReport),
@@ -311,7 +322,7 @@ pub(crate) fn anneal_run<'r, B: Backend>(
     let start = Instant::now();
     let x = match x {
         Some(x) => x,
-        None => b.upload(&data.data)?,
+        None => b.upload(data.data)?,
     };
     let (anchors, n_total, reduce): (B::Buffer, usize, Reduce<'r, B>) = match &sharding {
         None => {
@@ -453,7 +464,7 @@ fn seeding_rows(n: usize, m: usize, seed: u64) -> Option<Vec<usize>> {
 /// changed the anchors (if not, that assignment is still current).
 fn maintenance_round<B: Backend>(
     state: &mut State<'_, B>,
-    data: &Matrix,
+    data: MatrixRef<'_>,
     cfg: &Config,
     report: &mut IterationReport,
 ) -> Result<(usize, bool)> {

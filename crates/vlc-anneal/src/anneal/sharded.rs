@@ -156,7 +156,7 @@ pub(crate) fn anneal_sharded_on<C: Communicator>(
         },
         seeds: &seeds,
     };
-    Ok(anneal_run(&b, shard, x, &cfg, progress, Some(sharding))?.0)
+    Ok(anneal_run(&b, shard.view(), x, &cfg, progress, Some(sharding))?.0)
 }
 
 /// Every rank's row count, in rank order.

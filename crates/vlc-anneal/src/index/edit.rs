@@ -79,7 +79,7 @@ impl Index {
         let (codes, squared_error) = self.code_residuals(b, x, &assignments)?;
         let mut parts = self.parts();
         if let Some(refine) = &mut parts.refine {
-            refine.extend(super::refine::to_f16(x)?);
+            refine.extend(super::refine::to_f16(x.view())?);
         }
         parts.header.mse = (h.mse * n0 as f64 + squared_error) / (n0 + n1) as f64;
         parts.header.n = n0 + n1;

@@ -8,13 +8,13 @@
 use super::Index;
 use super::search::{OrdF32, dot, parallel_indices, sq};
 use crate::error::{Result, input};
-use crate::vectors::Matrix;
+use crate::vectors::{Matrix, MatrixRef};
 use hal::Backend;
 use half::f16;
 
 /// `x`'s values in f16 (the caller has prepared them for the metric); a value beyond f16's
 /// range is an error, since its distances could not be recovered.
-pub(super) fn to_f16(x: &Matrix) -> Result<Vec<f16>> {
+pub(super) fn to_f16(x: MatrixRef<'_>) -> Result<Vec<f16>> {
     let out: Vec<f16> = x.data.iter().map(|&v| f16::from_f32(v)).collect();
     if let Some(at) = out.iter().position(|v| !v.is_finite()) {
         return Err(input(format!(
@@ -34,6 +34,11 @@ impl Index {
     /// bytes per vector in the file. `x` goes through the metric's preparation as the
     /// compressed vectors did.
     pub fn with_refine(&self, x: &Matrix) -> Result<Index> {
+        self.with_refine_rows(x.view())
+    }
+
+    /// [`Self::with_refine`] of borrowed rows.
+    pub fn with_refine_rows(&self, x: MatrixRef<'_>) -> Result<Index> {
         let (n, d) = (self.header.n, self.header.d);
         if x.rows != n || x.cols != d {
             return Err(input(format!(
@@ -41,9 +46,9 @@ impl Index {
                 x.rows, x.cols
             )));
         }
-        let prepared = self.header.metric.prepare(x)?;
+        let unit = self.header.metric.normalised(x)?;
         let mut parts = self.parts();
-        parts.refine = Some(to_f16(&prepared)?);
+        parts.refine = Some(to_f16(unit.as_ref().map_or(x, Matrix::view))?);
         Index::from_bytes(parts.to_bytes(), "(index with refine vectors)")
     }
 
