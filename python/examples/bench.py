@@ -7,18 +7,25 @@ where there is one, else numpy in chunks).
     python python/examples/bench.py --data vectors.npy --queries-file q.npy --backend cpu
     python python/examples/bench.py --data base.npy --queries-file q.npy --truth gt.npy \
         --search-backend cuda --rerank 0,100 --torch-peer
+    python python/examples/bench.py --synthetic 10000000,128 --anchors 4096 --backend cuda --memory
 
 Synthetic data is a Gaussian mixture (as many centres as anchors), queries drawn from the
 same mixture and not indexed. `--rerank` lists candidate pools to re-rank by exact distance
 (0: the codes' ranking; any other value compresses with `refine=True`). `--torch-peer` times
 PyTorch's brute-force search on the GPU in the same run (fp32 without TF32, and fp16), the
-anchor where FAISS's GPU wheel cannot run. Prints one line per phase; with --json, the
-figures as JSON.
+anchor where FAISS's GPU wheel cannot run. `--memory` only compresses, and reports the
+process's GPU memory (nvidia-smi, every 20 ms) at its peak during the compression against
+the figure just before it, and the host's peak resident set. Prints one line per phase;
+with --json, the figures as JSON.
 """
 
 import argparse
 import json
+import os
+import resource
+import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -42,6 +49,55 @@ def mixture(n, d, centres, seed, intrinsic=0):
         z = c[rng.integers(0, centres, hi - lo)]
         z += 0.35 * rng.standard_normal((hi - lo, r), dtype=np.float32)
         out[lo:hi] = z if lift is None else z @ lift
+    return out
+
+
+class GpuMemory:
+    """This process's GPU memory as nvidia-smi reports it (MiB), polled every 20 ms from a
+    thread while inside the `with`: `peak` the largest figure seen."""
+
+    def __init__(self):
+        self.peak, self._stop = 0, threading.Event()
+
+    @staticmethod
+    def now():
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, check=True).stdout
+        return sum(int(m) for p, m in (line.split(",") for line in out.splitlines() if line.strip()) if int(p) == os.getpid())
+
+    def _poll(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.now())
+            time.sleep(0.02)
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.now())
+
+
+def memory_run(x, a):
+    """`--memory`: one compression, its GPU memory against the data's and the index's size."""
+    vlc.compress(x[: max(4 * a.anchors, 20000)], anchors=a.anchors, bytes=a.bytes, backend=a.backend, iterations=2)
+    before = GpuMemory.now()
+    t = time.perf_counter()
+    with GpuMemory() as gpu:
+        index = vlc.compress(x, anchors=a.anchors, bytes=a.bytes, backend=a.backend, seed=a.seed)
+    sec = time.perf_counter() - t
+    data_mib, index_mib = x.nbytes / 2**20, index.file_size / 2**20
+    grown = gpu.peak - before
+    out = {"compress_s": sec, "phases_s": index.seconds, "gpu_before_mib": before, "gpu_peak_mib": gpu.peak,
+           "data_mib": data_mib, "index_mib": index_mib, "ratio": grown / (data_mib + index_mib),
+           "host_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    print(f"compress: {sec:.2f} s ({index}); phases {index.seconds}", file=sys.stderr)
+    print(f"GPU memory: {before} MiB before, {gpu.peak} MiB at the peak: {grown} MiB for "
+          f"{data_mib:.0f} MiB of data and a {index_mib:.0f} MiB index ({out['ratio']:.2f}x); "
+          f"host peak resident {out['host_peak_rss_mib']:.0f} MiB", file=sys.stderr)
     return out
 
 
@@ -136,6 +192,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--memory", action="store_true", help="compress only, and report its GPU memory (nvidia-smi)")
     a = ap.parse_args()
     if a.threads:
         vlc.set_threads(a.threads)
@@ -155,6 +212,11 @@ def main():
     else:
         ap.error("give --data or --synthetic")
     print(f"data: {x.shape[0]} x {x.shape[1]}, {len(q)} queries ({time.perf_counter() - t:.1f} s)", file=sys.stderr)
+    if a.memory:
+        out = memory_run(x, a)
+        if a.json:
+            print(json.dumps(out))
+        return
     t = time.perf_counter()
     truth = np.load(a.truth)[:, : a.k] if a.truth else exact_top(x, q, a.k)
     print(f"exact top-{a.k}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
