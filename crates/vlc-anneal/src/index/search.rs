@@ -107,6 +107,10 @@ pub(crate) fn sq(a: &[f32], b: &[f32]) -> f32 {
 pub(crate) struct TopK {
     pub(crate) k: usize,
     pub(crate) heap: std::collections::BinaryHeap<(OrdF32, u32)>,
+    /// The largest distance kept once `k` are (+inf before): a candidate farther than it
+    /// cannot enter, which [`TopK::push`] settles without touching the heap (most of a scan's
+    /// candidates, once the first `k` are in).
+    bound: f32,
 }
 
 #[derive(Clone, Copy)]
@@ -138,9 +142,22 @@ impl TopK {
             k,
             // Grows as results come: `k` may exceed what the probed lists hold.
             heap: std::collections::BinaryHeap::with_capacity(k.min(1024) + 1),
+            bound: f32::INFINITY,
         }
     }
+
+    #[inline]
     pub(crate) fn push(&mut self, dist: f32, id: u32) {
+        // Numerically farther is farther in the total order too; NaN, ties and signed zeros
+        // take the exact path.
+        if dist > self.bound {
+            return;
+        }
+        self.push_exact(dist, id);
+    }
+
+    #[inline(never)]
+    fn push_exact(&mut self, dist: f32, id: u32) {
         if self.k == 0 {
             return;
         }
@@ -151,6 +168,11 @@ impl TopK {
         {
             // Replaced in place: one sift down where a pop and a push take two.
             *top = (OrdF32(dist), id);
+        }
+        if self.heap.len() == self.k
+            && let Some((worst, _)) = self.heap.peek()
+        {
+            self.bound = worst.0;
         }
     }
     pub(crate) fn into_sorted(self) -> Vec<(u32, f32)> {
@@ -411,9 +433,13 @@ impl Index {
         for &(base, a) in near {
             let a = a as usize;
             let row = &pre[a * len..(a + 1) * len];
-            if lists.ids[a].len() * self.header.pq_bytes < len {
-                // Fewer lookups than the table has entries: add the two terms at each code
-                // instead (the same sums, so the same distances).
+            if 8 * lists.ids[a].len() * self.header.pq_bytes < len {
+                // Far fewer lookups than the table has entries: add the two terms at each
+                // code instead (the same sums, so the same distances). Only then: the
+                // anchor's precomputed row is usually out of cache, and adding it to the
+                // query's terms streams it in order, where lookups would read it at random
+                // (building the table for lists of 100 10-byte codes searched GloVe 30-50%
+                // faster at nprobe 8-64).
                 self.scan_pair(lists, a, base, [row, qterm], &mut best);
                 continue;
             }
@@ -620,6 +646,42 @@ mod tests {
                     .collect();
                 all.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
                 assert_eq!(got, all[..n], "m {m}, n {n}");
+            }
+        }
+    }
+
+    /// `TopK` keeps the `k` least `(distance, id)` pairs in the total order (NaN after +inf,
+    /// -0 before +0, ties to the lower id) whatever the order they come in, its early
+    /// rejection of far candidates included.
+    #[test]
+    fn top_k_keeps_the_least_in_the_total_order() {
+        let specials = [f32::NAN, f32::INFINITY, -0.0, 0.0, 1e-45, f32::MAX];
+        let mut state = 0x70b0u64;
+        for k in [0usize, 1, 3, 10, 64] {
+            for round in 0..20 {
+                let n = 1 + round * 13;
+                let items: Vec<(f32, u32)> = (0..n)
+                    .map(|i| {
+                        state = crate::splitmix(state);
+                        let d = match state % 5 {
+                            0 => specials[(state >> 8) as usize % specials.len()],
+                            _ => ((state >> 16) % 9) as f32 * 0.5,
+                        };
+                        (d, ((state >> 40) % 50) as u32 + i as u32 * 64)
+                    })
+                    .collect();
+                let mut top = TopK::new(k);
+                items.iter().for_each(|&(d, i)| top.push(d, i));
+                let got: Vec<(u32, u32)> = top
+                    .into_sorted()
+                    .iter()
+                    .map(|&(i, d)| (i, d.to_bits()))
+                    .collect();
+                let mut all = items.clone();
+                all.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+                let want: Vec<(u32, u32)> =
+                    all.iter().take(k).map(|&(d, i)| (i, d.to_bits())).collect();
+                assert_eq!(got, want, "k {k}, {n} items");
             }
         }
     }
