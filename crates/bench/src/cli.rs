@@ -4,7 +4,7 @@ use clap::Parser;
 use std::path::PathBuf;
 
 /// The suites this build has.
-pub(crate) const SUITES: [&str; 11] = [
+pub(crate) const SUITES: [&str; 12] = [
     "train",
     "gpt",
     "gemm",
@@ -16,6 +16,7 @@ pub(crate) const SUITES: [&str; 11] = [
     "nlls",
     "real",
     "vlc",
+    "vlc-search",
 ];
 
 /// Measures hal primitives and workloads on one backend, with peers timed in the same run.
@@ -26,7 +27,7 @@ struct Cli {
     #[arg(long, default_value = "cpu")]
     backend: String,
     /// Suites to run, comma-separated: train, gpt, gemm, elementwise, nearest, skinny,
-    /// launch, memory, nlls, real, vlc.
+    /// launch, memory, nlls, real, vlc, vlc-search.
     #[arg(
         long = "suite",
         value_delimiter = ',',
@@ -88,6 +89,28 @@ struct Cli {
     /// The vlc suite's timings only (no quality figures).
     #[arg(long)]
     vlc_speed_only: bool,
+    /// The vlc-search suite's data sets, `.npy` files, comma-separated (default: GloVe and
+    /// MiniLM in data/vlc where make_data.py wrote them, else a synthetic mixture).
+    #[arg(long, value_delimiter = ',')]
+    vlc_search_data: Vec<PathBuf>,
+    /// Held-out queries: the last rows of each vlc-search set.
+    #[arg(long, default_value_t = 10_000)]
+    vlc_queries: usize,
+    /// Inverted lists of the vlc-search indexes (ours and FAISS's).
+    #[arg(long, default_value_t = 1024)]
+    vlc_lists: usize,
+    /// Bytes of residual code per vector in the vlc-search indexes.
+    #[arg(long, default_value_t = 16)]
+    vlc_bytes: usize,
+    /// The vlc-search suite's nprobe values, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
+    vlc_nprobe: Vec<usize>,
+    /// Anchor counts of the vlc-search suite's k-means comparison (0: none).
+    #[arg(long, value_delimiter = ',', default_value = "256,1024")]
+    vlc_kmeans: Vec<usize>,
+    /// Iterations of every k-means in the vlc-search suite, ours and FAISS's.
+    #[arg(long, default_value_t = 20)]
+    vlc_iterations: usize,
     /// wgpu with every optional adapter feature off.
     #[arg(long)]
     wgpu_fallbacks: bool,
@@ -116,6 +139,7 @@ pub(crate) struct Args {
     pub train: crate::train::TrainArgs,
     pub gpt: crate::gpt::GptArgs,
     pub vlc: crate::vlc::VlcArgs,
+    pub vlc_search: crate::vlc_search::VlcSearchArgs,
     pub real: crate::real::RealArgs,
 }
 
@@ -179,6 +203,16 @@ pub(crate) fn parse() -> Result<Args, String> {
             reps: 9,
             data_dir: c.vlc_data,
             speed_only: c.vlc_speed_only,
+        },
+        vlc_search: crate::vlc_search::VlcSearchArgs {
+            reps: 9,
+            data: c.vlc_search_data,
+            queries: c.vlc_queries,
+            lists: c.vlc_lists.max(1),
+            bytes: c.vlc_bytes,
+            nprobe: c.vlc_nprobe,
+            kmeans: c.vlc_kmeans,
+            iterations: c.vlc_iterations,
         },
         real: crate::real::RealArgs {
             data: c.real_data,

@@ -2,13 +2,16 @@
 //! machine, the peer in the same run, and prints medians with ratios.
 //!
 //! ```text
-//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,real,train,gpt,vlc] [--reps N]
+//! bench [--backend cpu] [--suite gemm,elementwise,nearest,skinny,launch,memory,nlls,real,train,gpt,vlc,vlc-search] [--reps N]
 //!       [--gemm-size N] [--real-data DIR] [--real-only NAME,...]
 //!       [--gpt-config shakespeare-char,gpt2] [--nanogpt DIR]
 //!       [--levels 4,5] [--edges N] [--compile-level L] [--no-break-even]
 //!       [--elements N] [--points N] [--centroids N] [--dim N] [--wgpu-fallbacks]
 //!       [--wgpu-without immediates,f16,subgroups,coop] [--coop-tiles SRxSCxTMxTN,...]
+//!       [--vlc-search-data A.npy,...] [--vlc-queries N] [--vlc-lists N] [--vlc-bytes N]
+//!       [--vlc-nprobe 1,2,...] [--vlc-kmeans 256,1024] [--vlc-iterations N]
 //! ```
+//! `vlc-search` (the CPU side of vlc against FAISS, `vlc_search.rs`) ignores `--backend`.
 //! `BENCH_EVERY_RUN=1` also prints each timed run, not just the median.
 //! `--wgpu-fallbacks` opens the wgpu backend with every optional adapter feature off
 //! (parameters in a buffer, packed f16, workgroup-memory reductions), `--wgpu-without` with
@@ -42,6 +45,7 @@ mod nlls;
 mod real;
 mod train;
 mod vlc;
+mod vlc_search;
 
 pub(crate) use cli::Args;
 use elementwise::elementwise;
@@ -276,6 +280,14 @@ fn run<B: Backend>(b: &B, args: &Args, hooks: Hooks<'_, B>) -> ExitCode {
             )
             .map_err(|e| hal::Error::Backend {
                 backend: "vlc",
+                detail: e,
+            }),
+            "vlc-search" => vlc_search::vlc_search(&vlc_search::VlcSearchArgs {
+                reps: args.reps,
+                ..args.vlc_search.clone()
+            })
+            .map_err(|e| hal::Error::Backend {
+                backend: "vlc-search",
                 detail: e,
             }),
             "gpt" => gpt::gpt(

