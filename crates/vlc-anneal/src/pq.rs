@@ -74,7 +74,7 @@ pub type CodesAndError = (Vec<u8>, f64);
 /// codes the vectors in chunks of this many bytes of f32 rows, so its scratch (the chunk's
 /// residuals, its gathered anchors, its codes and distances) stays near four times this
 /// whatever the number of vectors.
-const CODE_CHUNK_BYTES: usize = 64 << 20;
+pub const CODE_CHUNK_BYTES: usize = 64 << 20;
 
 /// The vectors whose residuals get coded, where they already are on the device: `x` (`n x d`,
 /// row-major), the anchors as stored (`m x d`, f32 values of the f16 anchors) and each
