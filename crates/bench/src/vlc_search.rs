@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use vlc_anneal::{Config, Index, Matrix, anneal, compress, exact_knn, recall_at};
+use vlc_anneal::{Config, Matrix, anneal, compress, exact_knn, recall_at};
 
 const PEER: &str = include_str!("../peers/vlc_search_faiss.py");
 
@@ -145,75 +145,74 @@ fn one_set(
         "  exact top-10 of every query: {:.1} s",
         t.elapsed().as_secs_f64()
     );
-    let kmeans: Vec<usize> = args.kmeans.iter().copied().filter(|&m| m > 0).collect();
-    // The peer reads the same rows, queries and truth from files.
+    // The peer reads the same rows, queries and truth from files, and stays up to answer.
     let dir = std::env::temp_dir().join(format!("vlc-search-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let written = write_inputs(&dir, base, queries, &truth);
-    let peer = written.and_then(|paths| {
+    let mut peer = write_inputs(&dir, base, queries, &truth).and_then(|paths| {
         let mut a: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        a.extend([
-            args.lists.to_string(),
-            bytes.to_string(),
-            join(&args.nprobe),
-            threads.to_string(),
-            args.reps.to_string(),
-            args.iterations.to_string(),
-            join(&kmeans),
-        ]);
-        crate::run_peer(PEER, &a, "faiss-cpu")
+        a.extend([args.lists, bytes, threads, args.iterations].map(|v| v.to_string()));
+        Peer::start(&a)
     });
-    let _ = std::fs::remove_dir_all(&dir);
-    let peer = peer.unwrap_or_else(|e| {
+    if let Err(e) = &peer {
         println!("  faiss: not run: {e}");
-        String::new()
-    });
-    let lines: Vec<&str> = peer.lines().collect();
-    let field =
-        |line: &str, k: &str| crate::json_field(line, k).and_then(|v| v.parse::<f64>().ok());
-    let peer_row = |kind: &str, key: &str, value: usize| {
-        lines.iter().copied().find(|l| {
-            crate::json_field(l, "kind").as_deref() == Some(kind)
-                && field(l, key) == Some(value as f64)
-        })
-    };
-    if let Some(what) = lines.first().and_then(|l| crate::json_field(l, "what")) {
-        println!("  peer: {what}");
     }
+    let result = compare(cpu, set, args, bytes, &truth, peer.as_mut().ok());
+    drop(peer);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
 
-    for &m in &kmeans {
-        let mut cfg = Config::new(m);
-        cfg.iterations = args.iterations;
-        cfg.report_each_iteration = true;
-        let t = Instant::now();
-        let c = anneal(cpu, base, &cfg, &mut |_| {}).map_err(|e| e.to_string())?;
-        let total = t.elapsed().as_secs_f64();
-        let deltas: Vec<f64> = c
-            .history
-            .windows(2)
-            .map(|w| w[1].elapsed - w[0].elapsed)
-            .collect();
-        let iter_ms = 1e3 * crate::median(deltas);
-        print!(
-            "  k-means, {m} anchors: ours {iter_ms:.1} ms/iteration, {total:.2} s with seeding ({:.2} s), energy {:.6}",
-            c.seeding_seconds, c.energy
-        );
-        match peer_row("kmeans", "m", m) {
-            Some(l) => {
-                let (f_ms, f_s, f_e) = (
-                    field(l, "iter_ms").unwrap_or(f64::NAN),
-                    field(l, "train_s").unwrap_or(f64::NAN),
-                    field(l, "energy").unwrap_or(f64::NAN),
-                );
-                println!(
-                    "; FAISS {f_ms:.1} ms/iteration, {f_s:.2} s, energy {f_e:.6}: ours/FAISS {:.2}x per iteration (goal <= 0.8), {:.2}x whole, energy {:.4}",
-                    iter_ms / f_ms,
-                    total / f_s,
-                    c.energy / f_e
-                );
+/// The comparisons of one set, alternating our timed runs with the peer's where it runs.
+fn compare(
+    cpu: &backend_cpu::CpuBackend,
+    set: &Set,
+    args: &VlcSearchArgs,
+    bytes: usize,
+    truth: &[Vec<u32>],
+    mut peer: Option<&mut Peer>,
+) -> Result<(), String> {
+    let (base, queries) = (&set.base, &set.queries);
+    for &m in args.kmeans.iter().filter(|&&m| m > 0) {
+        // Two runs each, alternating; the iterations of both runs pooled.
+        let (mut ours_ms, mut theirs_ms, mut ours_total, mut theirs_total) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut energy, mut theirs_energy) = (f64::NAN, f64::NAN);
+        for _ in 0..2 {
+            let mut cfg = Config::new(m);
+            cfg.iterations = args.iterations;
+            cfg.report_each_iteration = true;
+            let t = Instant::now();
+            let c = anneal(cpu, base, &cfg, &mut |_| {}).map_err(|e| e.to_string())?;
+            ours_total.push(t.elapsed().as_secs_f64());
+            ours_ms.extend(
+                c.history
+                    .windows(2)
+                    .map(|w| 1e3 * (w[1].elapsed - w[0].elapsed)),
+            );
+            energy = c.energy;
+            if let Some(p) = peer.as_deref_mut() {
+                let line = p.ask(&format!("kmeans {m}"))?;
+                theirs_ms.push(num(&line, "iter_ms"));
+                theirs_total.push(num(&line, "train_s"));
+                theirs_energy = num(&line, "energy");
             }
-            None => println!(),
         }
+        let (ms, total) = (crate::median(ours_ms), crate::median(ours_total));
+        print!(
+            "  k-means, {m} anchors, {} iterations: ours {ms:.1} ms/iteration, {total:.2} s with seeding, energy {energy:.6}",
+            args.iterations
+        );
+        if theirs_ms.is_empty() {
+            println!();
+            continue;
+        }
+        let (f_ms, f_s) = (crate::median(theirs_ms), crate::median(theirs_total));
+        println!(
+            "; FAISS {f_ms:.1} ms/iteration, {f_s:.2} s, energy {theirs_energy:.6}: ours/FAISS {:.2}x per iteration (goal <= 0.8), {:.2}x with seeding, energy {:.4}",
+            ms / f_ms,
+            total / f_s,
+            energy / theirs_energy
+        );
     }
 
     let mut cfg = Config::new(args.lists);
@@ -223,16 +222,15 @@ fn one_set(
     let index = compress(cpu, base, &cfg, &mut |_| {})
         .map_err(|e| e.to_string())?
         .index;
+    let built = t.elapsed().as_secs_f64();
+    let theirs = match peer.as_deref_mut() {
+        Some(p) => format!("; FAISS {}", field(&p.ask("build")?, "build")),
+        None => String::new(),
+    };
     println!(
-        "  ours: compressed in {:.1} s, {} bytes ({:.1} bytes per vector){}",
-        t.elapsed().as_secs_f64(),
+        "  ours: compressed in {built:.1} s, {} bytes ({:.1} bytes per vector){theirs}",
         index.file_size(),
         index.file_size() as f64 / base.rows as f64,
-        lines
-            .iter()
-            .find_map(|l| crate::json_field(l, "build"))
-            .map(|b| format!("; FAISS {b}"))
-            .unwrap_or_default()
     );
     println!(
         "  {:>6} | {:>10} {:>7} | {:>10} {:>7} | {:>12} {:>7} | ours/IVFPQ",
@@ -240,22 +238,48 @@ fn one_set(
     );
     let mut below = Vec::new();
     for &nprobe in &args.nprobe {
-        let (qps, recall) = ours(cpu, &index, queries, &truth, nprobe, args.reps)?;
-        let pq = peer_row("ivfpq", "nprobe", nprobe);
-        let fs = peer_row("fastscan", "nprobe", nprobe);
-        let num = |l: Option<&str>, k: &str| l.and_then(|l| field(l, k)).unwrap_or(f64::NAN);
-        let (pq_qps, pq_recall) = (num(pq, "qps"), num(pq, "recall"));
-        let ratio = qps / pq_qps;
+        let search = || index.search_batch(cpu, queries, 10, nprobe);
+        let recall = recall_at(truth, &search().map_err(|e| e.to_string())?, 10);
+        // Per rep: ours, then each of the peer's indexes, so that a slow spell of the machine
+        // falls on both sides.
+        let kinds = ["ivfpq", "fastscan"];
+        let mut theirs: [(Vec<f64>, f64); 2] = Default::default();
+        if let Some(p) = peer.as_deref_mut() {
+            for kind in kinds {
+                p.ask(&format!("search {kind} {nprobe}"))?;
+            }
+        }
+        let mut ours = Vec::new();
+        for _ in 0..args.reps {
+            let t = Instant::now();
+            search().map_err(|e| e.to_string())?;
+            ours.push(t.elapsed().as_secs_f64());
+            if let Some(p) = peer.as_deref_mut() {
+                for (kind, (times, recall)) in kinds.iter().zip(theirs.iter_mut()) {
+                    let line = p.ask(&format!("search {kind} {nprobe}"))?;
+                    if field(&line, "kind") == *kind {
+                        times.push(num(&line, "seconds"));
+                        *recall = num(&line, "recall");
+                    }
+                }
+            }
+        }
+        let n = queries.rows as f64;
+        let qps = n / crate::median(ours);
+        let [pq, fs] = theirs.map(|(times, recall)| match times.is_empty() {
+            true => (f64::NAN, f64::NAN),
+            false => (n / crate::median(times), recall),
+        });
+        let ratio = qps / pq.0;
         println!(
-            "  {nprobe:>6} | {qps:>10.0} {recall:>7.4} | {pq_qps:>10.0} {pq_recall:>7.4} | {:>12.0} {:>7.4} | {ratio:.2}x",
-            num(fs, "qps"),
-            num(fs, "recall")
+            "  {nprobe:>6} | {qps:>10.0} {recall:>7.4} | {:>10.0} {:>7.4} | {:>12.0} {:>7.4} | {ratio:.2}x",
+            pq.0, pq.1, fs.0, fs.1
         );
-        if ratio < 1.0 || recall + 0.005 < pq_recall {
+        if ratio < 1.0 || recall + 0.005 < pq.1 {
             below.push(nprobe.to_string());
         }
     }
-    if !below.is_empty() && !lines.is_empty() {
+    if !below.is_empty() {
         println!(
             "  below IVFPQ's speed or recall at nprobe {} (the goal: at least its queries/s at equal recall)",
             below.join(", ")
@@ -264,28 +288,71 @@ fn one_set(
     Ok(())
 }
 
-/// Our batched search of every query at `nprobe`: queries/s (median of `reps` after a warm-up)
-/// and recall@10.
-fn ours(
-    cpu: &backend_cpu::CpuBackend,
-    index: &Index,
-    queries: &Matrix,
-    truth: &[Vec<u32>],
-    nprobe: usize,
-    reps: usize,
-) -> Result<(f64, f64), String> {
-    let search = || index.search_batch(cpu, queries, 10, nprobe);
-    let found = search().map_err(|e| e.to_string())?;
-    let mut times = Vec::new();
-    for _ in 0..reps {
-        let t = Instant::now();
-        search().map_err(|e| e.to_string())?;
-        times.push(t.elapsed().as_secs_f64());
+/// The FAISS peer, running: one request a line, one JSON line back.
+struct Peer {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Peer {
+    fn start(args: &[String]) -> Result<Peer, String> {
+        use std::process::{Command, Stdio};
+        let mut child = Command::new("python3")
+            .args(["-c", PEER])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            // Its warnings and errors go where ours do (a pipe nobody reads could fill).
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("python3 could not start: {e}"))?;
+        let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
+        let mut peer = Peer {
+            stdin: stdin.ok_or("no stdin")?,
+            stdout: std::io::BufReader::new(stdout.ok_or("no stdout")?),
+            child,
+        };
+        let about = peer.line()?;
+        println!("  peer: {}", field(&about, "what"));
+        Ok(peer)
     }
-    Ok((
-        queries.rows as f64 / crate::median(times),
-        recall_at(truth, &found, 10),
-    ))
+
+    /// The next line the peer prints.
+    fn line(&mut self) -> Result<String, String> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        match self.stdout.read_line(&mut line) {
+            Ok(0) => Err(
+                "the FAISS peer stopped (its error is above; `pip install faiss-cpu` where the module is missing)".into(),
+            ),
+            Ok(_) => Ok(line),
+            Err(e) => Err(format!("the FAISS peer: {e}")),
+        }
+    }
+
+    fn ask(&mut self, request: &str) -> Result<String, String> {
+        use std::io::Write;
+        writeln!(self.stdin, "{request}").map_err(|e| format!("the FAISS peer: {e}"))?;
+        self.line()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A field of a peer's JSON line, as text ("" where absent).
+fn field(line: &str, key: &str) -> String {
+    crate::json_field(line, key).unwrap_or_default()
+}
+
+/// A numeric field of a peer's JSON line (NaN where absent).
+fn num(line: &str, key: &str) -> f64 {
+    field(line, key).parse().unwrap_or(f64::NAN)
 }
 
 /// Writes the indexed rows, the queries (`.npy`, f32) and the true neighbours (`.npy`, i64)
@@ -315,8 +382,4 @@ fn write_inputs(
     );
     hal::durable::write_bytes_atomic(&paths[2], &bytes).map_err(|e| e.to_string())?;
     Ok(paths)
-}
-
-fn join(v: &[usize]) -> String {
-    v.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
 }
