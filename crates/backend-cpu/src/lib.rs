@@ -60,12 +60,6 @@ pub(crate) fn has_avx2_fma() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
-/// Whether this CPU runs the kernels compiled with `#[target_feature(enable = "avx512f")]`.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn has_avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f") && has_avx2_fma()
-}
-
 fn exec() -> MutexGuard<'static, ()> {
     // A panic inside a kernel poisons the lock but leaves no state to repair.
     EXEC.lock().unwrap_or_else(|p| p.into_inner())

@@ -57,19 +57,18 @@ fn segment_sum_rows<T: hal::Element>(
     let m = sl.shape[0];
     let block = d.div_ceil(2 * rayon::current_num_threads()).max(8);
     #[cfg(target_arch = "x86_64")]
-    let (avx512, avx2) = (crate::has_avx512(), crate::has_avx2_fma());
+    let avx2 = crate::has_avx2_fma();
     (0..d.div_ceil(block)).into_par_iter().for_each(|b| {
         let (k0, k1) = (b * block, ((b + 1) * block).min(d));
         let bw = k1 - k0;
         let mut acc = vec![0f64; m * bw];
         let cols = (d, k0, k1);
         #[cfg(target_arch = "x86_64")]
-        match (avx512, avx2) {
+        if avx2 {
             // SAFETY: the CPU supports the enabled features (checked above).
-            (true, _) => unsafe { accumulate_avx512(xs, cols, seg, weights, &mut acc) },
-            // SAFETY: as above.
-            (false, true) => unsafe { accumulate_avx2(xs, cols, seg, weights, &mut acc) },
-            _ => accumulate(xs, cols, seg, weights, &mut acc),
+            unsafe { accumulate_avx2(xs, cols, seg, weights, &mut acc) };
+        } else {
+            accumulate(xs, cols, seg, weights, &mut acc);
         }
         #[cfg(not(target_arch = "x86_64"))]
         accumulate(xs, cols, seg, weights, &mut acc);
@@ -120,22 +119,9 @@ fn accumulate<T: hal::Element>(
     }
 }
 
-/// [`accumulate`] with 512-bit vectors: the widening and the adds of a k-means update took a
+/// [`accumulate`] in 256-bit vectors: the widening and the adds of a k-means update took a
 /// fifth of its iteration in the baseline build's two-lane SSE2 (the same operations, so the
-/// same sums: Rust does not fuse the multiply and the add).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn accumulate_avx512<T: hal::Element>(
-    xs: &[T],
-    cols: (usize, usize, usize),
-    seg: &[u32],
-    weights: Option<&[f64]>,
-    acc: &mut [f64],
-) {
-    accumulate(xs, cols, seg, weights, acc)
-}
-
-/// [`accumulate`] with 256-bit vectors.
+/// same sums: Rust does not fuse the multiply and the add). AVX-512 measured no faster.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn accumulate_avx2<T: hal::Element>(
