@@ -118,40 +118,28 @@ impl<B: Backend> Residuals<'_, B> {
     }
 
     /// The residuals of the rows `picked` (row numbers, increasing), given each row's anchor
-    /// (`assignments`, all `n`, on the host), on the device.
+    /// (`assignments`, all `n`, on the host), on the device: the rows gathered, then
+    /// [`Self::rows`] of them with their anchors.
     fn picked(&self, b: &B, picked: &[usize], assignments: &[u32]) -> Result<B::Buffer> {
         let (d, s) = (self.d, picked.len());
         let rows: Vec<u32> = picked.iter().map(|&r| r as u32).collect();
-        let anchors: Vec<u32> = picked.iter().map(|&r| assignments[r]).collect();
-        let lx = Layout::contiguous(&[s, d]);
-        let (xs, gathered) = (
-            b.alloc_for_write(DType::F32, s * d)?,
-            b.alloc_for_write(DType::F32, s * d)?,
-        );
+        let assign: Vec<u32> = picked.iter().map(|&r| assignments[r]).collect();
+        let xs = b.alloc_for_write(DType::F32, s * d)?;
         crate::gather_rows(
             b,
             View::new(self.x, &Layout::contiguous(&[self.n, d])),
             &b.upload(&rows)?,
             0,
-            View::new(&xs, &lx),
+            View::new(&xs, &Layout::contiguous(&[s, d])),
         )?;
-        crate::gather_rows(
-            b,
-            View::new(
-                self.anchors,
-                &Layout::contiguous(&[self.anchors.len() / d, d]),
-            ),
-            &b.upload(&anchors)?,
-            0,
-            View::new(&gathered, &lx),
-        )?;
-        b.binary(
-            BinaryOp::Sub,
-            View::new(&xs, &lx),
-            View::new(&gathered, &lx),
-            View::new(&xs, &lx),
-        )?;
-        Ok(xs)
+        let sample = Residuals {
+            x: &xs,
+            anchors: self.anchors,
+            assign: &b.upload(&assign)?,
+            n: s,
+            d,
+        };
+        sample.rows(b, 0, s)
     }
 }
 
