@@ -278,6 +278,7 @@ __device__ void attention_bwd_q(const T* __restrict__ q, Op4 qo, const T* __rest
 }
 
 #include "attention_tc.cuh"
+#include "attention_mma16.cuh"
 
 #define ATTENTION_KERNELS(T, NAME, DMAX)                                                                          \
     extern "C" __global__ void __launch_bounds__(64) attention_fwd_##NAME##_##DMAX(                              \

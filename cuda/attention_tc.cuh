@@ -1,7 +1,7 @@
-// Attention on TF32 tensor cores (hal::Precision::Fast, rows of at most 64): flash attention
-// 2's plan with mma.m16n8k8 (tf32.cuh gives the fragment layouts). Operands f32, or bf16 or
-// f16 (autocast's), whose values TF32 holds exactly, so their fragments need no rounding and
-// their tiles take half the shared memory; every sum stays f32. A block of four
+// Attention on TF32 tensor cores (hal::Precision::Fast, f32 operands, rows of at most 64):
+// flash attention 2's plan with mma.m16n8k8 (tf32.cuh gives the fragment layouts); every sum
+// stays f32. The bodies are templates over the element type: the tile copies and the delta
+// pass serve the 16-bit kernels too (attention_mma16.cuh). A block of four
 // warps owns 64 query rows (16 a warp); key and value tiles of 32 rows stream through shared
 // memory, double-buffered (cp.async copies the next tile during this one's products). Scores,
 // weights and the output accumulate in registers in the C layout, where each lane holds two
@@ -16,8 +16,7 @@
 #define TC_PLD (TC_BK + 4)  // a warp's weights: a0 (g, t) reads P[g][t]: banks 4g + t
 
 // The element types: f32, and the 16-bit floats as structs of their bits. `tc_f32` widens,
-// `tc_frag` gives a TF32 fragment register (a shift for bf16: no rounding), `tc_put` rounds
-// a result into the type.
+// `tc_frag` gives an f32's TF32 fragment register, `tc_put` rounds a result into the type.
 struct bf16_t {
     u16 bits;
 };
@@ -28,19 +27,13 @@ __device__ __forceinline__ float tc_f32(float v) { return v; }
 __device__ __forceinline__ float tc_f32(bf16_t v) { return bf16_to_f32(v.bits); }
 __device__ __forceinline__ float tc_f32(f16_t v) { return f16_widen(v.bits); }
 __device__ __forceinline__ u32 tc_frag(float v) { return to_tf32(v); }
-__device__ __forceinline__ u32 tc_frag(bf16_t v) { return (u32)v.bits << 16; }
-__device__ __forceinline__ u32 tc_frag(f16_t v) { return __float_as_uint(f16_widen(v.bits)); }
 __device__ __forceinline__ void tc_put(float* p, float v) { *p = v; }
 __device__ __forceinline__ void tc_put(bf16_t* p, float v) { p->bits = (u16)f32_to_bf16(v); }
 __device__ __forceinline__ void tc_put(f16_t* p, float v) { p->bits = (u16)f32_to_f16(v); }
 
-// Leading dimensions of the shared tiles, per element type. f32: K rows D + 4 (b0 (t, g) reads
-// K[g][t]: banks 4g + t, all distinct), V rows D + 8 (b0 reads V[t][g]: banks 8t + g). 16-bit:
-// D + 8 for both (rows stay 16-byte aligned for cp.async; a bank holds two elements, and the
-// lanes' words fall in distinct banks).
-template <typename In> struct TcLd {
-    static const int K = TC_D + 8, V = TC_D + 8;
-};
+// Leading dimensions of the f32 shared tiles: K rows D + 4 (b0 (t, g) reads K[g][t]: banks
+// 4g + t, all distinct), V rows D + 8 (b0 reads V[t][g]: banks 8t + g).
+template <typename In> struct TcLd;
 template <> struct TcLd<float> {
     static const int K = TC_D + 4, V = TC_D + 8;
 };
@@ -67,11 +60,11 @@ template <int pending> __device__ __forceinline__ void cp_async_wait_all_but() {
     __syncthreads();
 }
 
-// Starts copying rows r0.. (TC_BK of them, columns up to TC_D, zero past `rows` and `width`)
+// Starts copying rows r0.. (ROWS of them, columns up to TC_D, zero past `rows` and `width`)
 // of a rank-4 operand into a shared tile of leading dimension LD: 16 bytes a copy where the
 // rows are contiguous and 16-byte aligned; else an element a copy (4-byte cp.async for f32,
 // plain loads and stores for the 16-bit types, visible after the pipeline's barrier).
-template <typename In, int LD>
+template <typename In, int LD, int ROWS = TC_BK>
 __device__ __forceinline__ void tc_issue_tile(const In* __restrict__ x, const Op4& xo, int b, int h, int r0,
                                               int rows, int width, In (*tile)[LD]) {
     constexpr int V = 16 / sizeof(In);  // elements a 16-byte copy moves
@@ -79,13 +72,13 @@ __device__ __forceinline__ void tc_issue_tile(const In* __restrict__ x, const Op
     const bool wide = xo.sc == 1 && ((xo.off | xo.sb | xo.sh | xo.st) & (V - 1)) == 0 && (width & (V - 1)) == 0 &&
                       ((u64)x & 15) == 0;
     if (wide) {
-        for (int e = threadIdx.x; e < TC_BK * TC_D / V; e += blockDim.x) {
+        for (int e = threadIdx.x; e < ROWS * TC_D / V; e += blockDim.x) {
             int r = e / (TC_D / V), c = (e % (TC_D / V)) * V, rr = r0 + r;
             bool ok = rr < rows && c < width;
             cp_async16(&tile[r][c], ok ? base + (i64)rr * xo.st + c : x, ok);
         }
     } else {
-        for (int e = threadIdx.x; e < TC_BK * TC_D; e += blockDim.x) {
+        for (int e = threadIdx.x; e < ROWS * TC_D; e += blockDim.x) {
             int r = e / TC_D, c = e % TC_D, rr = r0 + r;
             bool ok = rr < rows && c < width;
             const In* src = ok ? base + (i64)rr * xo.st + (i64)c * xo.sc : x;
@@ -100,12 +93,12 @@ __device__ __forceinline__ void tc_issue_tile(const In* __restrict__ x, const Op
     }
 }
 
-// The key/value tiles a query block starting at row blk0 visits (causal: none past its last
-// row), and tile `tile`'s copies of k and v into the given buffers (the forward pass's value
+// The key/value tiles of BN rows a query block of 64 rows starting at row blk0 visits (causal:
+// none past its last row), and tile `tile`'s copies of k and v into the given buffers (the forward pass's value
 // tile has its own leading dimension).
-__device__ __forceinline__ int tc_key_tiles(const AttnArgs& a, int blk0) {
+template <int BN = TC_BK> __device__ __forceinline__ int tc_key_tiles(const AttnArgs& a, int blk0) {
     const int kend = a.causal ? min(a.tk, blk0 + 64) : a.tk;
-    return (kend + TC_BK - 1) / TC_BK;
+    return (kend + BN - 1) / BN;
 }
 template <typename In, int LDK, int LDV>
 __device__ __forceinline__ void tc_issue_kv(const In* __restrict__ k, const Op4& ko, const In* __restrict__ v,
@@ -521,9 +514,9 @@ __device__ __forceinline__ void attention_bwd_q_tc_body(const In* __restrict__ q
     tc_store_rows(gq, dq, dqo, b, h, i0, a.tq, a.d, a.scale);
 }
 
-// The kernels, per element type: f32 (the names unsuffixed), bf16 and f16. The dk/dv kernel
-// runs three blocks an SM: a few spilled registers cost less than the third block's latency
-// hiding gains (measured on f32).
+// The f32 kernels (attention_mma16.cuh holds the 16-bit ones, which use this file's delta pass,
+// pipeline and tile copies). The dk/dv kernel runs three blocks an SM: a few spilled registers
+// cost less than the third block's latency hiding gains (measured).
 #define TC_KERNELS(In, SUFFIX)                                                                                         \
     extern "C" __global__ void __launch_bounds__(128)                                                                  \
         attention_fwd_tc##SUFFIX(const In* q, Op4 qo, const In* k, Op4 ko, const In* v, Op4 vo, const float* mask,    \
@@ -548,5 +541,3 @@ __device__ __forceinline__ void attention_bwd_q_tc_body(const In* __restrict__ q
     }
 
 TC_KERNELS(float, )
-TC_KERNELS(bf16_t, _bf16)
-TC_KERNELS(f16_t, _f16)

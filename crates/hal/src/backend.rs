@@ -456,7 +456,11 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// the products may round their operands to TF32, as `matmul`'s do: `u` is then `2^-11`
     /// (both passes). 16-bit operands are exact in f32 and TF32: `u` stays the policy's, and
     /// each result (and the output the backward pass reads) adds one rounding to the dtype,
-    /// its unit roundoff times the result's magnitude (and f16's subnormal spacing).
+    /// its unit roundoff times the result's magnitude (and f16's subnormal spacing). Under
+    /// [`Precision::Fast`] a backend may also round the weights (and, backward, the score
+    /// gradients) of 16-bit operands to their dtype before the products that take them, as
+    /// flash attention does on 16-bit matrix units: the output then adds the dtype's unit
+    /// roundoff times the sum of its terms' magnitudes.
     fn attention(
         &self,
         x: AttentionInputs<'_, Self::Buffer>,

@@ -249,7 +249,8 @@ pub(crate) fn attention_backward(
     Ok(())
 }
 
-/// The tensor-core kernels of one element type (`cuda/attention_tc.cuh`).
+/// The tensor-core kernels of one element type (`cuda/attention_tc.cuh` for f32 on TF32,
+/// `cuda/attention_mma16.cuh` for bf16 and f16 on their own matrix units).
 #[derive(Clone, Copy)]
 struct TcKernels {
     fwd: &'static str,
@@ -258,9 +259,9 @@ struct TcKernels {
     bwd_q: &'static str,
 }
 
-/// The TF32 tensor-core kernels that take this call, if any: `Precision::Fast` (TF32 products
-/// allowed, as for matmul), f32, bf16 or f16 operands (an f32 mask, if any), rows of at most
-/// 64.
+/// The tensor-core kernels that take this call, if any: `Precision::Fast` (TF32 products, or
+/// 16-bit weights for 16-bit operands, allowed), f32, bf16 or f16 operands (an f32 mask, if
+/// any), rows of at most 64.
 fn tensor_cores(
     gpu: &CudaBackend,
     s: &AttentionShape,
