@@ -157,6 +157,94 @@ __device__ __forceinline__ void m16_scores(const AttnArgs& a, const float* mask,
         }
 }
 
+// The dropout and the elementwise passes of the gradients take whether dropout is on as a
+// template parameter, tested once a tile outside them: a run-time test inside their unrolled
+// loops let the compiler predicate every element's inlined Philox into the tile (a thousand
+// instructions a tile for a warp, issued whether dropout was on or not).
+
+// Weights (rows i0 + (g, g+8), columns j0 + 8 nt + (2t, 2t+1)) times their dropout factors.
+template <int NT>
+__device__ __forceinline__ void m16_drop(const AttnArgs& a, int bh, int i0, int j0, float (&s)[NT][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (s[nt][e] != 0.0f) s[nt][e] *= tc_drop(a, bh, i0 + g + (e / 2) * 8, j0 + nt * 8 + 2 * t + (e % 2));
+}
+
+// The weight of a score given its row's log-sum-exp with -inf (a row without weights)
+// replaced by +inf: exp(s - l), 0 for a masked score or such a row, without a branch.
+__device__ __forceinline__ float m16_lse(float l) { return l == -INFINITY ? INFINITY : l; }
+
+// dS from a weight: p (z dp - delta), exactly 0 where the weight is (whatever dp holds).
+__device__ __forceinline__ float m16_ds(float p, float z, float dp, float delta) {
+    return p != 0.0f ? p * (z * dp - delta) : 0.0f;
+}
+
+// A dk/dv tile's weights and dS^T in place: st holds the raw products k.q and becomes the
+// (dropped) weights, dpt holds v.dout and becomes dS^T; rows are keys j0 + (g, g+8), columns
+// queries i0 + 8 nt + (2t, 2t+1), whose log-sum-exps and deltas are ls and dls. Pairs out of
+// range or past the causal line take a score of -inf in a pass of their own, so the common
+// pass has no branch.
+template <bool DROP, int NT>
+__device__ __forceinline__ void m16_kv_weights(const AttnArgs& a, const float* mask, const Op4& mo, int b, int h,
+                                               int bh, int j0, int i0, const float* ls, const float* dls,
+                                               float (&st)[NT][4], float (&dpt)[NT][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const bool inside = !a.has_mask && j0 + 16 <= a.tk && i0 + 8 * NT <= a.tq && (!a.causal || j0 + 15 <= i0);
+    if (inside) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[nt][e] *= a.scale;
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int j = j0 + g + (e / 2) * 8, i = i0 + nt * 8 + 2 * t + (e % 2);
+                const bool live = j < a.tk && i < a.tq && !(a.causal && j > i);
+                float s = st[nt][e] * a.scale;
+                if (live && a.has_mask) s += mask[at(mo, b, h, i, j)];
+                st[nt][e] = live ? s : -INFINITY;
+            }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int col = nt * 8 + 2 * t + c;
+            const float l = m16_lse(ls[col]), delta = dls[col];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int e = 2 * r + c;
+                const float p = __expf(st[nt][e] - l);
+                const float z = DROP && p != 0.0f ? tc_drop(a, bh, i0 + col, j0 + g + r * 8) : 1.0f;
+                dpt[nt][e] = m16_ds(p, z, dpt[nt][e], delta);
+                st[nt][e] = p * z;
+            }
+        }
+}
+
+// A dq tile's dS in place: s holds the scores (m16_scores's), dp holds dout.v; rows are
+// queries i0 + (g, g+8) with log-sum-exps li and deltas di, columns keys j0 + 8 nt + (2t, 2t+1).
+template <bool DROP, int NT>
+__device__ __forceinline__ void m16_q_grads(const AttnArgs& a, int bh, int i0, int j0, const float (&li)[2],
+                                            const float (&di)[2], const float (&s)[NT][4], float (&dp)[NT][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float l[2] = {m16_lse(li[0]), m16_lse(li[1])};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = __expf(s[nt][e] - l[e / 2]);
+            const float z =
+                DROP && p != 0.0f ? tc_drop(a, bh, i0 + g + (e / 2) * 8, j0 + nt * 8 + 2 * t + (e % 2)) : 1.0f;
+            dp[nt][e] = m16_ds(p, z, dp[nt][e], di[e / 2]);
+        }
+}
+
 // Forward: a warp's 16 query rows against key tiles of 64.
 template <typename In>
 __device__ __forceinline__ void attention_fwd_m16_body(const In* __restrict__ q, Op4 qo, const In* __restrict__ k,
@@ -198,15 +286,16 @@ __device__ __forceinline__ void attention_fwd_m16_body(const In* __restrict__ q,
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
             const float mnew = fmaxf(m[r], quad_max(mx));
-            corr[r] = (mnew == -INFINITY || m[r] == -INFINITY) ? (m[r] == -INFINITY ? 0.0f : 1.0f)
-                                                               : __expf(m[r] - mnew);
+            // A row with no weight yet subtracts 0: its -inf scores give 0, its old sum (0)
+            // is scaled by exp(-inf) = 0, and no branch is needed.
+            const float base = mnew == -INFINITY ? 0.0f : mnew;
+            corr[r] = __expf(m[r] - base);
             float sum = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                    const float x = s[nt][2 * r + c];
-                    const float p = x == -INFINITY ? 0.0f : __expf(x - mnew);
+                    const float p = __expf(s[nt][2 * r + c] - base);
                     sum += p;
                     s[nt][2 * r + c] = p;
                 }
@@ -220,14 +309,7 @@ __device__ __forceinline__ void attention_fwd_m16_body(const In* __restrict__ q,
             o[nt][2] *= corr[1];
             o[nt][3] *= corr[1];
         }
-        if (a.dropout_on) {
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (s[nt][e] != 0.0f)
-                        s[nt][e] *= tc_drop(a, bh, i0 + g + (e / 2) * 8, j0 + nt * 8 + 2 * t + (e % 2));
-        }
+        if (a.dropout_on) m16_drop(a, bh, i0, j0, s);
         m16_accumulate(s, vs[buf], o);
         // Every warp is done with this buffer before the next iteration refills it.
         __syncthreads();
@@ -264,8 +346,9 @@ __device__ __forceinline__ void attention_bwd_kv_m16_body(const In* __restrict__
     __shared__ __align__(16) In gs[2][BM][M16_LD];
     __shared__ float ls[2][BM], dls[2][BM];
     const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
-    const int blk0 = (gridDim.y - 1 - blockIdx.y) * 64;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    // Causal: the blocks with the most query tiles (the first keys) first.
+    const int blk0 = blockIdx.y * 64;
+    const int warp = threadIdx.x / 32;
     const int j0 = blk0 + warp * 16;
     u32 ka[4][4], va[4][4];
     m16_rows_a(k, ko, b, h, j0, a.tk, a.d, ka);
@@ -296,26 +379,8 @@ __device__ __forceinline__ void attention_bwd_kv_m16_body(const In* __restrict__
         float st[BM / 8][4], dpt[BM / 8][4];
         m16_times_rows(ka, qs[buf], st);
         m16_times_rows(va, gs[buf], dpt);
-#pragma unroll
-        for (int nt = 0; nt < BM / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = g + (e / 2) * 8, col = nt * 8 + 2 * t + (e % 2);
-                const int j = j0 + row, i = i0 + col;
-                float p = 0.0f, ds = 0.0f;
-                if (j < a.tk && i < a.tq && !(a.causal && j > i)) {
-                    float s = st[nt][e] * a.scale;
-                    if (a.has_mask) s += mask[at(mo, b, h, i, j)];
-                    p = recompute<float>(s, ls[buf][col]);
-                    if (p != 0.0f) {
-                        const float z = tc_drop(a, bh, i, j);
-                        ds = p * (z * dpt[nt][e] - dls[buf][col]);
-                        p *= z;
-                    }
-                }
-                st[nt][e] = p;
-                dpt[nt][e] = ds;
-            }
+        if (a.dropout_on) m16_kv_weights<true>(a, mask, mo, b, h, bh, j0, i0, ls[buf], dls[buf], st, dpt);
+        else m16_kv_weights<false>(a, mask, mo, b, h, bh, j0, i0, ls[buf], dls[buf], st, dpt);
         m16_accumulate(st, gs[buf], gv);
         m16_accumulate(dpt, qs[buf], gk);
         // Every warp is done with this buffer before the next iteration refills it.
@@ -340,7 +405,7 @@ __device__ __forceinline__ void attention_bwd_q_m16_body(const In* __restrict__ 
     __shared__ __align__(16) In vs[2][BN][M16_LD];
     const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
     const int blk0 = (gridDim.y - 1 - blockIdx.y) * 64;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
     const int i0 = blk0 + warp * 16;
     u32 qa[4][4], ga[4][4];
     m16_rows_a(q, qo, b, h, i0, a.tq, a.d, qa);
@@ -370,16 +435,8 @@ __device__ __forceinline__ void attention_bwd_q_m16_body(const In* __restrict__ 
         m16_times_rows(qa, ks[buf], s);
         m16_times_rows(ga, vs[buf], dp);
         m16_scores(a, mask, mo, b, h, i0, j0, s);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = i0 + g + (e / 2) * 8, j = j0 + nt * 8 + 2 * t + (e % 2);
-                const float p = recompute<float>(s[nt][e], li[e / 2]);
-                float ds = 0.0f;
-                if (p != 0.0f) ds = p * (tc_drop(a, bh, i, j) * dp[nt][e] - di[e / 2]);
-                dp[nt][e] = ds;
-            }
+        if (a.dropout_on) m16_q_grads<true>(a, bh, i0, j0, li, di, s, dp);
+        else m16_q_grads<false>(a, bh, i0, j0, li, di, s, dp);
         m16_accumulate(dp, ks[buf], gq);
         // Every warp is done with this buffer before the next iteration refills it.
         __syncthreads();
