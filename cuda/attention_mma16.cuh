@@ -91,14 +91,18 @@ __device__ __forceinline__ void m16_rows_a(const In* __restrict__ x, const Op4& 
         }
 }
 
-// acc (16 rows x 8 NT columns) += A (16 x 64, four k steps) . B where B's n index runs along
-// the rows of `tile` (rows n0.., 64 columns of k): the products with a tile's rows.
-template <typename In, int NT>
-__device__ __forceinline__ void m16_times_rows(const u32 (&a)[4][4], const In (*tile)[M16_LD], float (&acc)[NT][4]) {
+template <int NT> __device__ __forceinline__ void m16_zero(float (&acc)[NT][4]) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+}
+
+// acc (16 rows x 8 NT columns) = A (16 x 64, four k steps) . B where B's n index runs along
+// the rows of `tile` (rows n0.., 64 columns of k): the products with a tile's rows.
+template <typename In, int NT>
+__device__ __forceinline__ void m16_times_rows(const u32 (&a)[4][4], const In (*tile)[M16_LD], float (&acc)[NT][4]) {
+    m16_zero(acc);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -261,20 +265,9 @@ __device__ __forceinline__ void attention_fwd_m16_body(const In* __restrict__ q,
     u32 qa[4][4];
     m16_rows_a(q, qo, b, h, i0, a.tq, a.d, qa);
     float o[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+    m16_zero(o);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    const int tiles = tc_key_tiles<BN>(a, blk0);
-    auto issue = [&](int tile, int buf) {
-        tc_issue_tile<In, M16_LD, BN>(k, ko, b, h, tile * BN, a.tk, a.d, ks[buf]);
-        tc_issue_tile<In, M16_LD, BN>(v, vo, b, h, tile * BN, a.tk, a.dv, vs[buf]);
-    };
-    tc_pipeline_start(tiles, issue);
-    for (int it = 0; it < tiles; ++it) {
-        const int j0 = it * BN, buf = it & 1;
-        tc_pipeline_step(it, tiles, issue);
+    tc_for_key_tiles(k, ko, v, vo, a, b, h, blk0, ks, vs, [&](int j0, int buf) {
         float s[8][4];
         m16_times_rows(qa, ks[buf], s);
         m16_scores(a, mask, mo, b, h, i0, j0, s);
@@ -311,9 +304,7 @@ __device__ __forceinline__ void attention_fwd_m16_body(const In* __restrict__ q,
         }
         if (a.dropout_on) m16_drop(a, bh, i0, j0, s);
         m16_accumulate(s, vs[buf], o);
-        // Every warp is done with this buffer before the next iteration refills it.
-        __syncthreads();
-    }
+    });
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int i = i0 + g + r * 8;
@@ -354,10 +345,8 @@ __device__ __forceinline__ void attention_bwd_kv_m16_body(const In* __restrict__
     m16_rows_a(k, ko, b, h, j0, a.tk, a.d, ka);
     m16_rows_a(v, vo, b, h, j0, a.tk, a.dv, va);
     float gk[8][4], gv[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) gk[nt][e] = gv[nt][e] = 0.0f;
+    m16_zero(gk);
+    m16_zero(gv);
     // Causal: no query before the block's first key has a weight on it.
     const int istart = a.causal ? blk0 : 0;
     const int tiles = a.tq > istart ? (a.tq - istart + BM - 1) / BM : 0;
@@ -418,19 +407,8 @@ __device__ __forceinline__ void attention_bwd_q_m16_body(const In* __restrict__ 
         di[r] = i < a.tq ? delta[(i64)bh * a.tq + i] : 0.0f;
     }
     float gq[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) gq[nt][e] = 0.0f;
-    const int tiles = tc_key_tiles<BN>(a, blk0);
-    auto issue = [&](int tile, int buf) {
-        tc_issue_tile<In, M16_LD, BN>(k, ko, b, h, tile * BN, a.tk, a.d, ks[buf]);
-        tc_issue_tile<In, M16_LD, BN>(v, vo, b, h, tile * BN, a.tk, a.dv, vs[buf]);
-    };
-    tc_pipeline_start(tiles, issue);
-    for (int it = 0; it < tiles; ++it) {
-        const int j0 = it * BN, buf = it & 1;
-        tc_pipeline_step(it, tiles, issue);
+    m16_zero(gq);
+    tc_for_key_tiles(k, ko, v, vo, a, b, h, blk0, ks, vs, [&](int j0, int buf) {
         float s[8][4], dp[8][4];
         m16_times_rows(qa, ks[buf], s);
         m16_times_rows(ga, vs[buf], dp);
@@ -438,36 +416,11 @@ __device__ __forceinline__ void attention_bwd_q_m16_body(const In* __restrict__ 
         if (a.dropout_on) m16_q_grads<true>(a, bh, i0, j0, li, di, s, dp);
         else m16_q_grads<false>(a, bh, i0, j0, li, di, s, dp);
         m16_accumulate(dp, ks[buf], gq);
-        // Every warp is done with this buffer before the next iteration refills it.
-        __syncthreads();
-    }
+    });
     tc_store_rows(gq, dq, dqo, b, h, i0, a.tq, a.d, a.scale);
 }
 
-// The 16-bit kernels: the delta pass is attention_tc.cuh's. The dk/dv kernel runs three
-// blocks an SM.
-#define M16_KERNELS(In, SUFFIX)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(128)                                                                  \
-        attention_fwd_tc##SUFFIX(const In* q, Op4 qo, const In* k, Op4 ko, const In* v, Op4 vo, const float* mask,    \
-                                 Op4 mo, In* out, Op4 oo, float* lse, Op4 lo, AttnArgs a) {                           \
-        attention_fwd_m16_body<In>(q, qo, k, ko, v, vo, mask, mo, out, oo, lse, lo, a);                                \
-    }                                                                                                                  \
-    extern "C" __global__ void attention_delta_tc##SUFFIX(const In* out, Op4 oo, const In* dout, Op4 go, float* delta, \
-                                                          i64 rows, AttnArgs a) {                                      \
-        attention_delta_tc_body<In>(out, oo, dout, go, delta, rows, a);                                                \
-    }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(128, 3)                                                               \
-        attention_bwd_kv_tc##SUFFIX(const In* q, Op4 qo, const In* k, Op4 ko, const In* v, Op4 vo, const float* mask, \
-                                    Op4 mo, const float* lse, Op4 lo, const In* dout, Op4 go, const float* delta,     \
-                                    In* dk, Op4 dko, In* dv, Op4 dvo, AttnArgs a) {                                   \
-        attention_bwd_kv_m16_body<In>(q, qo, k, ko, v, vo, mask, mo, lse, lo, dout, go, delta, dk, dko, dv, dvo, a);  \
-    }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(128)                                                                  \
-        attention_bwd_q_tc##SUFFIX(const In* q, Op4 qo, const In* k, Op4 ko, const In* v, Op4 vo, const float* mask,  \
-                                   Op4 mo, const float* lse, Op4 lo, const In* dout, Op4 go, const float* delta,      \
-                                   In* dq, Op4 dqo, AttnArgs a) {                                                     \
-        attention_bwd_q_m16_body<In>(q, qo, k, ko, v, vo, mask, mo, lse, lo, dout, go, delta, dq, dqo, a);             \
-    }
-
-M16_KERNELS(bf16_t, _bf16)
-M16_KERNELS(f16_t, _f16)
+// The 16-bit kernels (attention_tc.cuh's TC_KERNELS: the same names and launch bounds as the
+// f32 ones, with the type's suffix).
+TC_KERNELS(bf16_t, _bf16, attention_fwd_m16_body, attention_bwd_kv_m16_body, attention_bwd_q_m16_body)
+TC_KERNELS(f16_t, _f16, attention_fwd_m16_body, attention_bwd_kv_m16_body, attention_bwd_q_m16_body)

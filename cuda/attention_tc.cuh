@@ -100,12 +100,12 @@ template <int BN = TC_BK> __device__ __forceinline__ int tc_key_tiles(const Attn
     const int kend = a.causal ? min(a.tk, blk0 + 64) : a.tk;
     return (kend + BN - 1) / BN;
 }
-template <typename In, int LDK, int LDV>
+template <typename In, int LDK, int LDV, int ROWS = TC_BK>
 __device__ __forceinline__ void tc_issue_kv(const In* __restrict__ k, const Op4& ko, const In* __restrict__ v,
                                             const Op4& vo, const AttnArgs& a, int b, int h, int tile,
                                             In (*ks)[LDK], In (*vs)[LDV]) {
-    tc_issue_tile(k, ko, b, h, tile * TC_BK, a.tk, a.d, ks);
-    tc_issue_tile(v, vo, b, h, tile * TC_BK, a.tk, a.dv, vs);
+    tc_issue_tile<In, LDK, ROWS>(k, ko, b, h, tile * ROWS, a.tk, a.d, ks);
+    tc_issue_tile<In, LDV, ROWS>(v, vo, b, h, tile * ROWS, a.tk, a.dv, vs);
 }
 
 // The double-buffered pipeline over `tiles` tiles: `tc_pipeline_start` starts tile 0's copy
@@ -122,6 +122,25 @@ template <typename Issue> __device__ __forceinline__ void tc_pipeline_step(int i
         cp_async_wait_all_but<1>();
     } else {
         cp_async_wait_all_but<0>();
+    }
+}
+
+// Runs `body(j0, buf)` for each key tile of ROWS rows that the query block of 64 rows from
+// blk0 visits, with the tile's k and v rows in ks[buf] and vs[buf] (copied double-buffered),
+// and the block's barrier after each (every warp is done with a buffer before it is refilled).
+template <int ROWS, typename In, int LDK, int LDV, typename Body>
+__device__ __forceinline__ void tc_for_key_tiles(const In* __restrict__ k, const Op4& ko, const In* __restrict__ v,
+                                                 const Op4& vo, const AttnArgs& a, int b, int h, int blk0,
+                                                 In (*ks)[ROWS][LDK], In (*vs)[ROWS][LDV], Body body) {
+    const int tiles = tc_key_tiles<ROWS>(a, blk0);
+    auto issue = [&](int tile, int buf) {
+        tc_issue_kv<In, LDK, LDV, ROWS>(k, ko, v, vo, a, b, h, tile, ks[buf], vs[buf]);
+    };
+    tc_pipeline_start(tiles, issue);
+    for (int it = 0; it < tiles; ++it) {
+        tc_pipeline_step(it, tiles, issue);
+        body(it * ROWS, it & 1);
+        __syncthreads();
     }
 }
 
@@ -514,14 +533,15 @@ __device__ __forceinline__ void attention_bwd_q_tc_body(const In* __restrict__ q
     tc_store_rows(gq, dq, dqo, b, h, i0, a.tq, a.d, a.scale);
 }
 
-// The f32 kernels (attention_mma16.cuh holds the 16-bit ones, which use this file's delta pass,
-// pipeline and tile copies). The dk/dv kernel runs three blocks an SM: a few spilled registers
+// The kernels of one element type over the given bodies: the f32 ones here (names
+// unsuffixed), the 16-bit ones in attention_mma16.cuh, which use this file's delta pass,
+// pipeline and tile copies. The dk/dv kernel runs three blocks an SM: a few spilled registers
 // cost less than the third block's latency hiding gains (measured).
-#define TC_KERNELS(In, SUFFIX)                                                                                         \
+#define TC_KERNELS(In, SUFFIX, FWD, KV, Q)                                                                             \
     extern "C" __global__ void __launch_bounds__(128)                                                                  \
         attention_fwd_tc##SUFFIX(const In* q, Op4 qo, const In* k, Op4 ko, const In* v, Op4 vo, const float* mask,    \
                                  Op4 mo, In* out, Op4 oo, float* lse, Op4 lo, AttnArgs a) {                           \
-        attention_fwd_tc_body<In>(q, qo, k, ko, v, vo, mask, mo, out, oo, lse, lo, a);                                 \
+        FWD<In>(q, qo, k, ko, v, vo, mask, mo, out, oo, lse, lo, a);                                                   \
     }                                                                                                                  \
     extern "C" __global__ void attention_delta_tc##SUFFIX(const In* out, Op4 oo, const In* dout, Op4 go, float* delta, \
                                                           i64 rows, AttnArgs a) {                                      \
@@ -531,13 +551,13 @@ __device__ __forceinline__ void attention_bwd_q_tc_body(const In* __restrict__ q
         attention_bwd_kv_tc##SUFFIX(const In* q, Op4 qo, const In* k, Op4 ko, const In* v, Op4 vo, const float* mask, \
                                     Op4 mo, const float* lse, Op4 lo, const In* dout, Op4 go, const float* delta,     \
                                     In* dk, Op4 dko, In* dv, Op4 dvo, AttnArgs a) {                                   \
-        attention_bwd_kv_tc_body<In>(q, qo, k, ko, v, vo, mask, mo, lse, lo, dout, go, delta, dk, dko, dv, dvo, a);     \
+        KV<In>(q, qo, k, ko, v, vo, mask, mo, lse, lo, dout, go, delta, dk, dko, dv, dvo, a);                          \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(128)                                                                  \
         attention_bwd_q_tc##SUFFIX(const In* q, Op4 qo, const In* k, Op4 ko, const In* v, Op4 vo, const float* mask,  \
                                    Op4 mo, const float* lse, Op4 lo, const In* dout, Op4 go, const float* delta,      \
                                    In* dq, Op4 dqo, AttnArgs a) {                                                     \
-        attention_bwd_q_tc_body<In>(q, qo, k, ko, v, vo, mask, mo, lse, lo, dout, go, delta, dq, dqo, a);               \
+        Q<In>(q, qo, k, ko, v, vo, mask, mo, lse, lo, dout, go, delta, dq, dqo, a);                                    \
     }
 
-TC_KERNELS(float, )
+TC_KERNELS(float, , attention_fwd_tc_body, attention_bwd_kv_tc_body, attention_bwd_q_tc_body)
