@@ -136,3 +136,52 @@ fn maintenance_frees_and_reseeds_duplicate_anchors() {
     );
     assert!(out.assignments.iter().all(|&a| a < 10));
 }
+
+/// The exact search (the recall ground truth) returns what a full scan sorted by (distance,
+/// index) gives: small-integer vectors make every distance exact and leave ties at the k-th
+/// place; also by inner product, with fewer rows than `k`, and with no queries.
+#[test]
+fn exact_knn_is_a_full_scan_in_index_order() {
+    let (d, rows, nq, k) = (24usize, 250usize, 70usize, 10usize);
+    let int = |i: usize| (((i * 2_654_435_761) >> 7) % 7) as f32 - 3.0;
+    let data = Matrix::new(rows, d, (0..rows * d).map(int).collect()).unwrap();
+    let queries = Matrix::new(nq, d, (0..nq * d).map(|i| int(i + 12_345)).collect()).unwrap();
+    let reference = |score: &dyn Fn(&[f32], &[f32]) -> f64, data: &Matrix, k: usize| {
+        (0..nq)
+            .map(|q| {
+                let mut all: Vec<(f64, u32)> = (0..data.rows)
+                    .map(|i| (score(queries.row(q), data.row(i)), i as u32))
+                    .collect();
+                all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                all.into_iter()
+                    .take(k)
+                    .map(|(_, i)| i)
+                    .collect::<Vec<u32>>()
+            })
+            .collect::<Vec<_>>()
+    };
+    let l2 = |a: &[f32], b: &[f32]| -> f64 {
+        a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum()
+    };
+    let ip = |a: &[f32], b: &[f32]| -> f64 {
+        -a.iter().zip(b).map(|(x, y)| (x * y) as f64).sum::<f64>()
+    };
+    let truth = exact_knn(&data, &queries, k);
+    assert_eq!(truth, reference(&l2, &data, k));
+    // The data exercises the tie order: some query's k-th and next distances are equal.
+    let tied = (0..nq).any(|q| {
+        let mut dist: Vec<f64> = (0..rows).map(|i| l2(queries.row(q), data.row(i))).collect();
+        dist.sort_by(f64::total_cmp);
+        dist[k - 1] == dist[k]
+    });
+    assert!(tied, "no query has a tie at the k-th place");
+    let by_ip =
+        vlc_anneal::exact_knn_by(&data, &queries, k, vlc_anneal::Metric::InnerProduct).unwrap();
+    assert_eq!(by_ip, reference(&ip, &data, k));
+    let few = Matrix::new(5, d, data.data[..5 * d].to_vec()).unwrap();
+    let short = exact_knn(&few, &queries, k);
+    assert!(short.iter().all(|t| t.len() == 5));
+    assert_eq!(short, reference(&l2, &few, k));
+    let none = Matrix::new(0, d, Vec::new()).unwrap();
+    assert!(exact_knn(&data, &none, k).is_empty());
+}
