@@ -261,32 +261,21 @@ fn pick_rows(
     for (r, i) in ib.iter_mut().enumerate() {
         let x = &xs[r * d..(r + 1) * d];
         let scores = &tile[r * m..(r + 1) * m];
-        let candidates = match lowest_score(scores, norms) {
-            Some(low) => {
-                let x_norm = x.iter().map(|v| v * v).sum::<f32>().sqrt();
-                Some(low + score_slack(d, x_norm, largest_norm))
-            }
-            // NaN scores: every centroid is a candidate (the reference scan decides).
-            None => None,
-        };
+        // None for NaN scores: every centroid is a candidate (the reference scan decides).
+        let candidates =
+            lowest_score(scores, norms).map(|low| low + score_slack(d, norm(x), largest_norm));
         // The candidates' indices, ascending; with one, no distance is needed here (the
         // winner's is computed below with the others).
         found.clear();
         match candidates {
             Some(limit) => {
+                // Sixteen scores a step into a bit mask, its set bits the hits.
                 let chunks = scores.chunks_exact(16).zip(norms.chunks_exact(16));
                 for (c, (t, n)) in chunks.enumerate() {
-                    let mut any = false;
-                    for (&a, &b) in t.iter().zip(n) {
-                        any |= a + b <= limit;
-                    }
-                    if any {
-                        let hits = t
-                            .iter()
-                            .zip(n)
-                            .enumerate()
-                            .filter(|(_, (a, b))| *a + *b <= limit);
-                        found.extend(hits.map(|(jj, _)| (c * 16 + jj) as u32));
+                    let mut mask = hit_mask(t, n, limit);
+                    while mask != 0 {
+                        found.push((c * 16) as u32 + mask.trailing_zeros());
+                        mask &= mask - 1;
                     }
                 }
                 let done = m / 16 * 16;
@@ -351,23 +340,81 @@ unsafe fn pick_rows_fma(
     pick_rows(tile, xs, cs, d, norms, largest_norm, ib, db)
 }
 
+/// Bit `j` set where `t[j] + n[j] <= limit`, for sixteen scores: four SSE compares and their
+/// sign masks (baseline x86-64; the loop the compiler was given instead became sixteen
+/// scalar shifts).
+#[inline(always)]
+fn hit_mask(t: &[f32], n: &[f32], limit: f32) -> u32 {
+    let (t, n): (&[f32; 16], &[f32; 16]) = (t.try_into().expect("16"), n.try_into().expect("16"));
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{
+            _mm_add_ps, _mm_cmple_ps, _mm_loadu_ps, _mm_movemask_ps, _mm_set1_ps,
+        };
+        let mut mask = 0u32;
+        for q in 0..4 {
+            // SAFETY: SSE is part of x86-64's baseline; the loads read t[4q..4q + 4] and
+            // n[4q..4q + 4], inside the sixteen-element arrays.
+            let bits = unsafe {
+                let v = _mm_add_ps(
+                    _mm_loadu_ps(t.as_ptr().add(4 * q)),
+                    _mm_loadu_ps(n.as_ptr().add(4 * q)),
+                );
+                _mm_movemask_ps(_mm_cmple_ps(v, _mm_set1_ps(limit)))
+            };
+            mask |= (bits as u32) << (4 * q);
+        }
+        mask
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let mut mask = 0u32;
+        for (j, (&a, &b)) in t.iter().zip(n).enumerate() {
+            mask |= u32::from(a + b <= limit) << j;
+        }
+        mask
+    }
+}
+
+/// `|x|`, summed in sixteen lanes the compiler vectorises (one running sum was a chain of
+/// dependent adds per row); only the candidate slack takes it.
+#[inline(always)]
+fn norm(x: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut lanes = [0f32; LANES];
+    for c in x.chunks_exact(LANES) {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += v * v;
+        }
+    }
+    let tail: f32 = x
+        .chunks_exact(LANES)
+        .remainder()
+        .iter()
+        .map(|v| v * v)
+        .sum();
+    (lanes.iter().sum::<f32>() + tail).sqrt()
+}
+
 /// The smallest `minus_two_dot[j] + norms[j]`, or `None` when one is NaN: sixteen lanes the
-/// compiler vectorises.
+/// compiler vectorises (NaN noted per lane too: a flag or-ed per element made a scalar test
+/// of every step).
 #[inline(always)]
 fn lowest_score(minus_two_dot: &[f32], norms: &[f32]) -> Option<f32> {
     const LANES: usize = 16;
     let mut lanes = [f32::INFINITY; LANES];
-    let mut nan = false;
+    let mut nan_lanes = [0u32; LANES];
     let chunks = minus_two_dot
         .chunks_exact(LANES)
         .zip(norms.chunks_exact(LANES));
     for (t, c) in chunks {
-        for ((l, &a), &b) in lanes.iter_mut().zip(t).zip(c) {
+        for (((l, f), &a), &b) in lanes.iter_mut().zip(&mut nan_lanes).zip(t).zip(c) {
             let v = a + b;
-            nan |= v.is_nan();
+            *f |= u32::from(v.is_nan());
             *l = if v < *l { v } else { *l };
         }
     }
+    let mut nan = nan_lanes.iter().any(|&f| f != 0);
     let mut min = lanes.iter().copied().fold(f32::INFINITY, f32::min);
     let done = minus_two_dot.len() / LANES * LANES;
     for (&a, &b) in minus_two_dot[done..].iter().zip(&norms[done..]) {
