@@ -62,6 +62,7 @@ pub mod ir;
 mod layout;
 pub mod norm;
 mod ops;
+mod precision;
 pub mod profile;
 pub mod random;
 pub mod reduction;
@@ -72,8 +73,7 @@ pub mod validate;
 
 pub use attention::{AttentionGrads, AttentionInputs, AttentionParams};
 pub use backend::{
-    Backend, BackendExt, Csr, DeviceBuffer, Precision, RecordedSteps, Replay, View,
-    nearest_per_group,
+    Backend, BackendExt, Csr, DeviceBuffer, RecordedSteps, Replay, View, nearest_per_group,
 };
 pub use collective::{CollectiveOp, Communicator};
 pub use device::{Capabilities, DeviceInfo, DeviceKind, F64Support};
@@ -88,6 +88,7 @@ pub use ops::{
     AdamParams, ArgReduceOp, BinaryOp, Conv2dGeometry, Distribution, ReduceOp, SgdParams,
     TernaryOp, UnaryOp, erf_f32, erf_f64,
 };
+pub use precision::Precision;
 pub use topk::{CandidateInputs, CandidateShape, IvfScanInputs, IvfScanShape};
 
 /// Re-exported so users of buffers of 16-bit floats need not name the `half` crate.
