@@ -177,8 +177,9 @@ __device__ __forceinline__ void m16_drop(const AttnArgs& a, int bh, int i0, int 
             if (s[nt][e] != 0.0f) s[nt][e] *= tc_drop(a, bh, i0 + g + (e / 2) * 8, j0 + nt * 8 + 2 * t + (e % 2));
 }
 
-// The weight of a score given its row's log-sum-exp with -inf (a row without weights)
-// replaced by +inf: exp(s - l), 0 for a masked score or such a row, without a branch.
+// A row's log-sum-exp l as the weights exp(s - l) take it: -inf (a row without weights)
+// becomes +inf, so that every weight of such a row, like a masked score's, comes out 0
+// without a branch.
 __device__ __forceinline__ float m16_lse(float l) { return l == -INFINITY ? INFINITY : l; }
 
 // dS from a weight: p (z dp - delta), exactly 0 where the weight is (whatever dp holds).
