@@ -40,6 +40,13 @@ fn exact_identical<B: Backend>(b: &B) {
     assert!(bits(&cpu) == bits(&other), "anchors differ in exact mode");
 }
 
+/// Fast mode on another backend against the CPU's. Annealing amplifies rounding: a last-bit
+/// difference in one iteration's distances can move an anchor that carries outliers (their
+/// Huber weights follow the energy), and the runs part ways from there (seed
+/// 1795836144029520176 ends 0.16% apart with every assignment equal). So what is checked is
+/// what fast mode promises: each run's result is consistent in float64 (every point at its
+/// nearest anchor but for near-ties ranked in reduced precision, the reported distances and
+/// energy those of its own anchors), and the two runs reach the same quality.
 fn fast_agree<B: Backend>(b: &B) {
     let data = data();
     let cpu = run(&backend_cpu::CpuBackend::new(), &data, Mode::Fast);
@@ -50,20 +57,61 @@ fn fast_agree<B: Backend>(b: &B) {
         .zip(&other.assignments)
         .filter(|(a, b)| a == b)
         .count();
-    let agree = same as f64 / data.rows as f64;
     let rel = (cpu.energy - other.energy).abs() / cpu.energy;
     eprintln!(
-        "fast mode: {:.4}% agree, energies {} vs {} ({rel:.2e})",
-        agree * 100.0,
+        "fast mode: {:.4}% of assignments equal, energies {} vs {} ({rel:.2e})",
+        same as f64 * 100.0 / data.rows as f64,
         cpu.energy,
         other.energy
     );
-    assert!(agree >= 0.999, "assignments agree on {:.4}%", agree * 100.0);
+    consistent(&data, &cpu, "cpu");
+    consistent(&data, &other, "other backend");
     assert!(
-        rel <= 1e-4,
+        rel <= 1e-2,
         "energies {} and {} differ by {rel:.2e}",
         cpu.energy,
         other.energy
+    );
+}
+
+/// A clustering's assignments, distances and energy checked in float64 against its anchors.
+fn consistent(data: &vlc_anneal::Matrix, c: &Clustering, name: &str) {
+    let d = data.cols;
+    let squared = |i: usize, a: usize| -> f64 {
+        let (x, y) = (&data.data[i * d..][..d], &c.anchors.data[a * d..][..d]);
+        x.iter()
+            .zip(y)
+            .map(|(&p, &q)| (p as f64 - q as f64).powi(2))
+            .sum()
+    };
+    let (mut nearest, mut total) = (0usize, 0.0f64);
+    for i in 0..data.rows {
+        let own = squared(i, c.assignments[i] as usize);
+        let best = (0..c.anchors.rows)
+            .map(|a| squared(i, a))
+            .fold(f64::INFINITY, f64::min);
+        // A near-tie (within f16's rounding of the terms) may go either way.
+        if own <= best + 1e-3 * (best + 1.0) {
+            nearest += 1;
+        }
+        let reported = c.distances[i] as f64;
+        assert!(
+            (reported - own).abs() <= 1e-4 * (own + 1.0),
+            "{name}: point {i}'s distance {reported}, in float64 {own}"
+        );
+        total += own;
+    }
+    let share = nearest as f64 / data.rows as f64;
+    assert!(
+        share >= 0.999,
+        "{name}: {:.4}% at their nearest anchor",
+        share * 100.0
+    );
+    let energy = total / data.rows as f64;
+    assert!(
+        (c.energy - energy).abs() <= 1e-4 * energy,
+        "{name}: energy {} reported, {energy} in float64",
+        c.energy
     );
 }
 
