@@ -61,14 +61,37 @@ pub fn render_body(
     indent: &str,
     skip: impl Fn(usize) -> bool,
 ) -> String {
-    let v = |x: Value| format!("v{}", x.0);
-    let ty = |x: Value| types[x.0 as usize].expect("validated: every operand has a type");
     let mut out = String::new();
+    for statement in render_statements(program, types, d, "", skip) {
+        for l in statement.lines() {
+            out.push_str(indent);
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// [`render_body`]'s statements one by one, in program order, with every name ending in
+/// `suffix`: the values are `v{n}{suffix}` and the launch index `t{suffix}`. A target that
+/// runs several launch indices in one thread renders a copy per index and may interleave
+/// them statement by statement (indices are independent: the launch semantics order only
+/// the instructions of one index).
+pub fn render_statements(
+    program: &Program,
+    types: &[Option<ScalarType>],
+    d: &impl Dialect,
+    suffix: &str,
+    skip: impl Fn(usize) -> bool,
+) -> Vec<String> {
+    let v = |x: Value| format!("v{}{suffix}", x.0);
+    let ty = |x: Value| types[x.0 as usize].expect("validated: every operand has a type");
+    let mut out = Vec::new();
     for (n, inst) in program.insts.iter().enumerate() {
         if skip(n) {
             continue;
         }
-        let name = format!("v{n}");
+        let name = format!("v{n}{suffix}");
         let line = match *inst {
             Inst::Load { buffer, index } => {
                 let dtype = program.buffers[buffer.0 as usize].dtype;
@@ -98,7 +121,7 @@ pub fn render_body(
             }
             _ => {
                 let expr = match *inst {
-                    Inst::Index => "t".to_string(),
+                    Inst::Index => format!("t{suffix}"),
                     Inst::Const(c) => d.constant(c),
                     Inst::Unary { op, x } => d.unary(op, ty(x), &v(x)),
                     Inst::Binary { op, a, b } => d.binary(op, ty(a), &v(a), &v(b)),
@@ -117,11 +140,7 @@ pub fn render_body(
                 d.define(&name, types[n].expect("defines a value"), &expr)
             }
         };
-        for l in line.lines() {
-            out.push_str(indent);
-            out.push_str(l);
-            out.push('\n');
-        }
+        out.push(line);
     }
     out
 }
