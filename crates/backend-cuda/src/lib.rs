@@ -14,7 +14,7 @@
 //!   search runs on f16 tensor cores, operands scaled into f16's range (exact mode: three
 //!   passes over split operands), two candidates a point re-checked in f32.
 //! - The scalar program IR is lowered to CUDA C and compiled by NVRTC at run time, cached by the
-//!   program's structural hash (`program.rs`) and, between processes, as CUBIN files on disk
+//!   program's structural hash (`program/`) and, between processes, as CUBIN files on disk
 //!   (`cubin_cache.rs`; `BACKEND_CUDA_KERNEL_CACHE=0` turns that off).
 //! - Memory comes from a caching allocator (`alloc.rs`): a steady-state loop never calls
 //!   `cuMemAlloc`. Every launch goes to one stream, which orders reuse.
