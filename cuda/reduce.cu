@@ -455,21 +455,45 @@ template <int DT> __device__ __forceinline__ float lse_load(const void* x, i64 i
     const u32 h = ((const u16*)x)[i];
     return DT == DT_BF16 ? bf16_to_f32(h) : f16_widen(h);
 }
-// Pushes the elements of one 16-byte vector.
+// Pushes the elements of one 16-byte vector: their largest value first, so that the pair is
+// rescaled at most once, then one exp per element. A vector holding a NaN or +inf takes the
+// element-by-element path (which sets the flags).
 template <int DT> __device__ __forceinline__ void lse_push_vector(LsePart& p, uint4 v) {
+    constexpr int per = DT == DT_F32 ? 4 : 8;
     const u32 w[4] = {v.x, v.y, v.z, v.w};
+    float e[per];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         if (DT == DT_F32) {
-            lse_push(p, __uint_as_float(w[k]));
+            e[k] = __uint_as_float(w[k]);
         } else if (DT == DT_BF16) {
-            lse_push(p, bf16_to_f32(w[k] & 0xffffu));
-            lse_push(p, bf16_to_f32(w[k] >> 16));
+            e[2 * k] = bf16_to_f32(w[k] & 0xffffu);
+            e[2 * k + 1] = bf16_to_f32(w[k] >> 16);
         } else {
-            lse_push(p, f16_widen(w[k] & 0xffffu));
-            lse_push(p, f16_widen(w[k] >> 16));
+            e[2 * k] = f16_widen(w[k] & 0xffffu);
+            e[2 * k + 1] = f16_widen(w[k] >> 16);
         }
     }
+    const float inf = __int_as_float(0x7f800000);
+    float top = e[0];
+    bool odd = e[0] != e[0];
+#pragma unroll
+    for (int k = 1; k < per; ++k) {
+        top = fmaxf(top, e[k]);
+        odd |= e[k] != e[k];
+    }
+    if (odd || top == inf) {
+#pragma unroll
+        for (int k = 0; k < per; ++k) lse_push(p, e[k]);
+        return;
+    }
+    const float m = fmaxf(p.m, top);
+    if (m == -inf) return;  // every element so far -inf
+    float s = p.s * expf(p.m - m);
+#pragma unroll
+    for (int k = 0; k < per; ++k) s += expf(e[k] - m);
+    p.s = s;
+    p.m = m;
 }
 template <int DT>
 __device__ void lse_rows_impl(Walk kept, i64 len, void* out, int odt, const void* x) {
