@@ -165,78 +165,133 @@ extern "C" __global__ void binary_f32_vec4(i64 n, float* out, const float* a, co
 // Contiguous float operands of any narrow dtype (f32, f16, bf16), each view starting on a
 // four-element boundary: four elements per load and store (16 bytes of f32, 8 of a 16-bit
 // type), converted through f32 as `load_f`/`store_f` do. The tail is done by the first block.
-__device__ __forceinline__ float4 load4(const void* p, int dt, i64 q) {
-    if (dt == DT_F32) return ((const float4*)p)[q];
-    uint2 h = ((const uint2*)p)[q];
+__device__ __forceinline__ float4 unpack4(uint2 h, int dt) {
     if (dt == DT_BF16)
         return make_float4(bf16_to_f32(h.x & 0xffff), bf16_to_f32(h.x >> 16), bf16_to_f32(h.y & 0xffff),
                            bf16_to_f32(h.y >> 16));
     return make_float4(f16_to_f32(h.x & 0xffff), f16_to_f32(h.x >> 16), f16_to_f32(h.y & 0xffff),
                        f16_to_f32(h.y >> 16));
 }
-
-__device__ __forceinline__ void store4(void* p, int dt, i64 q, float4 v) {
-    if (dt == DT_F32) {
-        ((float4*)p)[q] = v;
-        return;
-    }
+__device__ __forceinline__ uint2 pack4(float4 v, int dt) {
     u32 a, b, c, d;
     if (dt == DT_BF16) {
         a = f32_to_bf16(v.x), b = f32_to_bf16(v.y), c = f32_to_bf16(v.z), d = f32_to_bf16(v.w);
     } else {
         a = f32_to_f16(v.x), b = f32_to_f16(v.y), c = f32_to_f16(v.z), d = f32_to_f16(v.w);
     }
-    ((uint2*)p)[q] = make_uint2(a | (b << 16), c | (d << 16));
+    return make_uint2(a | (b << 16), c | (d << 16));
+}
+__device__ __forceinline__ float4 load4(const void* p, int dt, i64 q) {
+    if (dt == DT_F32) return ((const float4*)p)[q];
+    return unpack4(((const uint2*)p)[q], dt);
+}
+__device__ __forceinline__ void store4(void* p, int dt, i64 q, float4 v) {
+    if (dt == DT_F32) {
+        ((float4*)p)[q] = v;
+        return;
+    }
+    ((uint2*)p)[q] = pack4(v, dt);
 }
 
-extern "C" __global__ void unary_narrow_vec4(i64 n, void* out, int odt, const void* x, int xdt, int op, float p0,
+// Eight elements a thread where every operand starts on a 16-byte boundary: one 16-byte
+// access of a 16-bit type (two of f32). Four a thread keep only 8 bytes of a 16-bit operand in
+// flight per thread, too few to cover the memory's latency (GPT-2's bf16 GELU: 86 us at 1.75
+// TB/s on an H200).
+struct Float8 {
+    float4 a, b;
+};
+__device__ __forceinline__ Float8 load8(const void* p, int dt, i64 o) {
+    if (dt == DT_F32) return {((const float4*)p)[2 * o], ((const float4*)p)[2 * o + 1]};
+    const uint4 h = ((const uint4*)p)[o];
+    return {unpack4(make_uint2(h.x, h.y), dt), unpack4(make_uint2(h.z, h.w), dt)};
+}
+__device__ __forceinline__ void store8(void* p, int dt, i64 o, Float8 v) {
+    if (dt == DT_F32) {
+        ((float4*)p)[2 * o] = v.a;
+        ((float4*)p)[2 * o + 1] = v.b;
+        return;
+    }
+    const uint2 lo = pack4(v.a, dt), hi = pack4(v.b, dt);
+    ((uint4*)p)[o] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ __forceinline__ float4 unary4(int op, float4 v, float p0, float p1) {
+    return make_float4(unary_apply(op, v.x, p0, p1), unary_apply(op, v.y, p0, p1), unary_apply(op, v.z, p0, p1),
+                       unary_apply(op, v.w, p0, p1));
+}
+__device__ __forceinline__ float4 binary4(int op, float4 u, float4 v) {
+    return make_float4(binary_apply(op, u.x, v.x), binary_apply(op, u.y, v.y), binary_apply(op, u.z, v.z),
+                       binary_apply(op, u.w, v.w));
+}
+
+// W (4 or 8) elements a thread; the tail (fewer than W) is done by the first block.
+template <int W>
+__device__ __forceinline__ void unary_narrow(i64 n, void* out, int odt, const void* x, int xdt, int op, float p0,
                                              float p1) {
     GRID_DEPENDENCY();
-    i64 quads = n / 4;
-    GRID_STRIDE(q, quads) {
-        float4 v = load4(x, xdt, q);
-        v.x = unary_apply(op, v.x, p0, p1);
-        v.y = unary_apply(op, v.y, p0, p1);
-        v.z = unary_apply(op, v.z, p0, p1);
-        v.w = unary_apply(op, v.w, p0, p1);
-        store4(out, odt, q, v);
+    const i64 groups = n / W;
+    GRID_STRIDE(q, groups) {
+        if (W == 8) {
+            Float8 v = load8(x, xdt, q);
+            store8(out, odt, q, {unary4(op, v.a, p0, p1), unary4(op, v.b, p0, p1)});
+        } else {
+            store4(out, odt, q, unary4(op, load4(x, xdt, q), p0, p1));
+        }
     }
-    if (blockIdx.x == 0 && threadIdx.x < n - quads * 4) {
-        i64 i = quads * 4 + threadIdx.x;
+    if (blockIdx.x == 0 && threadIdx.x < n - groups * W) {
+        i64 i = groups * W + threadIdx.x;
         store_f(out, odt, i, unary_apply(op, load_f(x, xdt, i), p0, p1));
     }
 }
-
-extern "C" __global__ void binary_narrow_vec4(i64 n, void* out, int odt, const void* a, int adt, const void* b,
+template <int W>
+__device__ __forceinline__ void binary_narrow(i64 n, void* out, int odt, const void* a, int adt, const void* b,
                                               int bdt, int op) {
     GRID_DEPENDENCY();
-    i64 quads = n / 4;
-    GRID_STRIDE(q, quads) {
-        float4 u = load4(a, adt, q);
-        float4 v = load4(b, bdt, q);
-        u.x = binary_apply(op, u.x, v.x);
-        u.y = binary_apply(op, u.y, v.y);
-        u.z = binary_apply(op, u.z, v.z);
-        u.w = binary_apply(op, u.w, v.w);
-        store4(out, odt, q, u);
+    const i64 groups = n / W;
+    GRID_STRIDE(q, groups) {
+        if (W == 8) {
+            Float8 u = load8(a, adt, q), v = load8(b, bdt, q);
+            store8(out, odt, q, {binary4(op, u.a, v.a), binary4(op, u.b, v.b)});
+        } else {
+            store4(out, odt, q, binary4(op, load4(a, adt, q), load4(b, bdt, q)));
+        }
     }
-    if (blockIdx.x == 0 && threadIdx.x < n - quads * 4) {
-        i64 i = quads * 4 + threadIdx.x;
+    if (blockIdx.x == 0 && threadIdx.x < n - groups * W) {
+        i64 i = groups * W + threadIdx.x;
         store_f(out, odt, i, binary_apply(op, load_f(a, adt, i), load_f(b, bdt, i)));
     }
 }
-
 // A dtype conversion between contiguous narrow float views (same-dtype copies keep their bits
 // in `copy_kernel`).
-extern "C" __global__ void convert_narrow_vec4(i64 n, void* out, int odt, const void* x, int xdt) {
+template <int W> __device__ __forceinline__ void convert_narrow(i64 n, void* out, int odt, const void* x, int xdt) {
     GRID_DEPENDENCY();
-    i64 quads = n / 4;
-    GRID_STRIDE(q, quads) { store4(out, odt, q, load4(x, xdt, q)); }
-    if (blockIdx.x == 0 && threadIdx.x < n - quads * 4) {
-        i64 i = quads * 4 + threadIdx.x;
+    const i64 groups = n / W;
+    GRID_STRIDE(q, groups) {
+        if (W == 8) {
+            store8(out, odt, q, load8(x, xdt, q));
+        } else {
+            store4(out, odt, q, load4(x, xdt, q));
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x < n - groups * W) {
+        i64 i = groups * W + threadIdx.x;
         store_f(out, odt, i, load_f(x, xdt, i));
     }
 }
+
+#define NARROW_KERNELS(W)                                                                                         \
+    extern "C" __global__ void unary_narrow_vec##W(i64 n, void* out, int odt, const void* x, int xdt, int op,    \
+                                                   float p0, float p1) {                                          \
+        unary_narrow<W>(n, out, odt, x, xdt, op, p0, p1);                                                         \
+    }                                                                                                             \
+    extern "C" __global__ void binary_narrow_vec##W(i64 n, void* out, int odt, const void* a, int adt,          \
+                                                    const void* b, int bdt, int op) {                             \
+        binary_narrow<W>(n, out, odt, a, adt, b, bdt, op);                                                        \
+    }                                                                                                             \
+    extern "C" __global__ void convert_narrow_vec##W(i64 n, void* out, int odt, const void* x, int xdt) {       \
+        convert_narrow<W>(n, out, odt, x, xdt);                                                                   \
+    }
+NARROW_KERNELS(4)
+NARROW_KERNELS(8)
 
 
 // The f64 forms (any operand f64): the same op codes computed in double, operands widened

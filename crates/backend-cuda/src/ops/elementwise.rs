@@ -45,11 +45,26 @@ pub(crate) fn vec4_ready(v: V<'_>) -> bool {
 }
 
 /// The address of a contiguous f32, f16 or bf16 view's first element where it starts on a
-/// four-element boundary (the `*_narrow_vec4` kernels' operands), else `None`.
+/// four-element boundary (the `*_narrow_vec*` kernels' operands), else `None`.
 fn narrow_vec4(v: V<'_>) -> Option<u64> {
     let narrow = matches!(v.dtype(), DType::F32 | DType::F16 | DType::BF16);
     (narrow && v.layout.is_contiguous() && v.layout.offset % 4 == 0)
         .then(|| v.buffer.ptr() + (v.layout.offset * v.dtype().size_in_bytes()) as u64)
+}
+
+/// The `*_narrow_vec*` kernel for operands at `addresses`, and the elements a thread takes:
+/// eight (16-byte accesses) where every operand starts on a 16-byte boundary, else four.
+fn narrow_kernel(family: &'static str, addresses: &[u64]) -> (&'static str, usize) {
+    let eight = addresses.iter().all(|a| a % 16 == 0);
+    let name = match (family, eight) {
+        ("unary", true) => "unary_narrow_vec8",
+        ("unary", false) => "unary_narrow_vec4",
+        ("binary", true) => "binary_narrow_vec8",
+        ("binary", false) => "binary_narrow_vec4",
+        (_, true) => "convert_narrow_vec8",
+        (_, false) => "convert_narrow_vec4",
+    };
+    (name, if eight { 8 } else { 4 })
 }
 
 pub(crate) fn fill(gpu: &CudaBackend, out: V<'_>, value: f64) -> Result<()> {
@@ -104,9 +119,10 @@ pub(crate) fn unary(gpu: &CudaBackend, op: UnaryOp, x: V<'_>, out: V<'_>) -> Res
         narrow_vec4(View::new(out.buffer, &ol)),
         narrow_vec4(View::new(x.buffer, &xl)),
     ) {
+        let (kernel, per_thread) = narrow_kernel("unary", &[o, xa]);
         return gpu.dev.launch(
-            "unary_narrow_vec4",
-            n.div_ceil(4),
+            kernel,
+            n.div_ceil(per_thread),
             Args::new()
                 .arg(n as i64)
                 .arg(o)
@@ -164,9 +180,10 @@ pub(crate) fn binary(
         narrow_vec4(View::new(a.buffer, &al)),
         narrow_vec4(View::new(b.buffer, &bl)),
     ) {
+        let (kernel, per_thread) = narrow_kernel("binary", &[o, aa, ba]);
         return gpu.dev.launch(
-            "binary_narrow_vec4",
-            n.div_ceil(4),
+            kernel,
+            n.div_ceil(per_thread),
             Args::new()
                 .arg(n as i64)
                 .arg(o)
@@ -238,8 +255,8 @@ impl CudaBackend {
 
     pub(crate) fn copy_view(&self, src: V<'_>, out: V<'_>) -> Result<()> {
         let (ol, [sl]) = hal::in_memory_order(out.layout, [src.layout]);
-        // A conversion between contiguous narrow floats, four elements a thread (a copy
-        // within one dtype keeps its bits in `copy_kernel`).
+        // A conversion between contiguous narrow floats, four or eight elements a thread (a
+        // copy within one dtype keeps its bits in `copy_kernel`).
         if src.dtype() != out.dtype()
             && let (Some(o), Some(x)) = (
                 narrow_vec4(View::new(out.buffer, &ol)),
@@ -247,9 +264,10 @@ impl CudaBackend {
             )
         {
             let n = ol.numel();
+            let (kernel, per_thread) = narrow_kernel("convert", &[o, x]);
             return self.dev.launch(
-                "convert_narrow_vec4",
-                n.div_ceil(4),
+                kernel,
+                n.div_ceil(per_thread),
                 Args::new()
                     .arg(n as i64)
                     .arg(o)
