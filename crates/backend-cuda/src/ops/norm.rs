@@ -1,5 +1,6 @@
 //! Layer normalisation: `cuda/norm.cu`'s warp-per-row forward and dx kernels, and the
-//! parameter gradients in fixed row chunks.
+//! parameter gradients in fixed row chunks; for f32 rows of at most 1,024 unit-stride
+//! columns, dx and the chunks' partials in one pass over x and the output's gradient.
 
 use crate::device::Args;
 use crate::{CudaBackend, CudaBuffer, V};
@@ -91,6 +92,10 @@ pub(crate) fn layer_norm_backward(
     let (rows, n) = validate::layer_norm_backward(x, mean, rstd, dout, g)?;
     gpu.dev.bind()?;
     let wide = x.x.dtype() == DType::F64;
+    let params = g.dweight.is_some() || g.dbias.is_some();
+    if let Some(per_lane) = fused_width(x, dout, g, n).filter(|_| params && rows > 0) {
+        return fused_backward(gpu, x, [mean, rstd, dout], g, [rows, n, per_lane]);
+    }
     if rows > 0 {
         let a = optional(view(Args::new(), x.x), x.weight, x.x.buffer);
         let a = view(view(view(view(a, mean), rstd), dout), g.dx)
@@ -136,13 +141,87 @@ pub(crate) fn layer_norm_backward(
         )?;
     }
     let used = if rows > 0 { chunks } else { 0 };
+    sum_partials(gpu, wide, [&pw, &pb], [used, n], g)
+}
+
+/// The columns a lane of `layer_norm_bwd_fused_f32_*` holds for rows of `n` f32 elements at
+/// unit stride (x, dout, dx), or `None` where the fused kernel does not apply (f64, rows
+/// wider than 1,024, strided columns).
+fn fused_width(
+    x: NormInputs<'_, CudaBuffer>,
+    dout: V<'_>,
+    g: NormGrads<'_, CudaBuffer>,
+    n: usize,
+) -> Option<usize> {
+    let unit = |v: V<'_>| v.layout.strides.len() == 2 && v.layout.strides[1] == 1;
+    let f32s = x.x.dtype() == DType::F32;
+    if !(f32s && unit(x.x) && unit(dout) && unit(g.dx)) {
+        return None;
+    }
+    FUSED_WIDTHS.iter().copied().find(|&w| 32 * w >= n)
+}
+
+/// The fused kernels' columns a lane (`FUSED_NORM_KERNEL` in `cuda/norm.cu`).
+const FUSED_WIDTHS: [usize; 6] = [4, 8, 12, 16, 24, 32];
+
+/// Rows a block of the fused backward takes (a chunk of the parameter gradients' partials):
+/// four a warp.
+const FUSED_ROWS: usize = 32;
+
+/// dx and the parameter gradients' partials in one pass (`layer_norm_bwd_fused_f32_*`), then
+/// the partials summed.
+fn fused_backward(
+    gpu: &CudaBackend,
+    x: NormInputs<'_, CudaBuffer>,
+    [mean, rstd, dout]: [V<'_>; 3],
+    g: NormGrads<'_, CudaBuffer>,
+    [rows, n, per_lane]: [usize; 3],
+) -> Result<()> {
+    let chunks = rows.div_ceil(FUSED_ROWS);
+    // Written whole by the fused kernel before the sum reads them.
+    let (pw, pb) = (
+        gpu.new_buffer(DType::F32, chunks * n)?,
+        gpu.new_buffer(DType::F32, chunks * n)?,
+    );
+    let a = optional(view(Args::new(), x.x), x.weight, x.x.buffer);
+    let a = view(view(view(view(a, mean), rstd), dout), g.dx)
+        .arg(pw.ptr())
+        .arg(pb.ptr())
+        .arg(rows as i64)
+        .arg(n as i64)
+        .arg(FUSED_ROWS as i64);
+    let kernel = match per_lane {
+        4 => "layer_norm_bwd_fused_f32_4",
+        8 => "layer_norm_bwd_fused_f32_8",
+        12 => "layer_norm_bwd_fused_f32_12",
+        16 => "layer_norm_bwd_fused_f32_16",
+        24 => "layer_norm_bwd_fused_f32_24",
+        _ => "layer_norm_bwd_fused_f32_32",
+    };
+    gpu.dev.launch_raw(
+        gpu.dev.function(kernel)?,
+        (chunks as u32, 1, 1),
+        (ROWS_PER_BLOCK * 32) as u32,
+        a,
+    )?;
+    sum_partials(gpu, false, [&pw, &pb], [chunks, n], g)
+}
+
+/// The chunks' partials `pw`, `pb` (`chunks x n`) summed into the wanted parameter gradients.
+fn sum_partials(
+    gpu: &CudaBackend,
+    wide: bool,
+    [pw, pb]: [&CudaBuffer; 2],
+    [chunks, n]: [usize; 2],
+    g: NormGrads<'_, CudaBuffer>,
+) -> Result<()> {
     let a = Args::new()
         .arg(pw.ptr())
         .arg(pb.ptr())
-        .arg(used as i64)
+        .arg(chunks as i64)
         .arg(n as i64);
-    let a = optional(a, g.dweight, &pw);
-    let a = optional(a, g.dbias, &pw);
+    let a = optional(a, g.dweight, pw);
+    let a = optional(a, g.dbias, pw);
     gpu.dev.launch_raw(
         gpu.dev.function(name(
             wide,
