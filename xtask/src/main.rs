@@ -6,7 +6,7 @@
 //! - `bench [--backend cpu] [--suite gemm,elementwise] [...]`: the benchmarks (crate `bench`),
 //!   with peers measured in the same run where they can run.
 //!
-//! - `demo [parity args]`: the README's main job: the parity suite (default `--require cpu`),
+//! - `demo [--debug] [parity args]`: the README's main job: the parity suite (default `--require cpu`),
 //!   then a brief run of each workload's example on the best backend present (the `icosphere`
 //!   solve of `residual-compile` at level 3, and `tensor-autograd`'s `digits` training),
 //!   printing their headline figures.
@@ -39,7 +39,7 @@ mod web;
 use std::process::{Command, ExitCode};
 
 const USAGE: &str = "usage: cargo xtask <demo|parity|bench|ptx|wgsl|deps|fetch|python|web> [ARGS...]
-  demo   [parity args] the parity suite, then each workload's example, briefly
+  demo   [--debug] [parity args] the parity suite, then each workload's example, briefly
   parity [--backend cpu,wgpu,cuda] [--require LIST] [--cases N] [--seed S]
   bench  [--backend cpu|wgpu|cuda] [--suite gemm,elementwise] [--reps N] [--gemm-size N] [--elements N]
   ptx    [--check] compile cuda/*.cu to crates/backend-cuda/ptx/ (nvcc), or check the PTX is current
@@ -79,7 +79,15 @@ fn main() -> ExitCode {
 }
 
 /// The parity suite, then the workloads' examples, briefly, on the best backend present.
-fn demo(parity_args: &[String]) -> ExitCode {
+fn demo(args: &[String]) -> ExitCode {
+    // `--debug`: the test profile's build (dependencies optimised, the workspace at opt-level
+    // 1), sharing `cargo test`'s artifacts instead of compiling every dependency again.
+    let profile = match args.iter().any(|a| a == "--debug") {
+        true => Profile::Debug,
+        false => Profile::Release,
+    };
+    let parity_args: Vec<String> = args.iter().filter(|a| *a != "--debug").cloned().collect();
+    let parity_args = &parity_args[..];
     let default = ["--require".to_string(), "cpu".to_string()];
     let args = if parity_args.is_empty() {
         &default[..]
@@ -94,14 +102,15 @@ fn demo(parity_args: &[String]) -> ExitCode {
         ("tensor-autograd", "--example", "digits"),
         ("vlc-cli", "--bin", "vlc"),
     ];
-    if let Err(code) = build_release(&targets) {
+    if let Err(code) = build(&targets, profile) {
         return code;
     }
-    let parity = run_built("--bin", "parity", args);
+    let parity = run_built(profile, "--bin", "parity", args);
     println!(
         "\nxtask demo: residual-compile: the perturbed icosphere (level 3) solved by Levenberg-Marquardt"
     );
     let icosphere = run_built(
+        profile,
         "--example",
         "icosphere",
         &[
@@ -118,6 +127,7 @@ fn demo(parity_args: &[String]) -> ExitCode {
         "\nxtask demo: tensor-autograd: an MLP and a CNN trained on the UCI digits (80/20 split)"
     );
     let digits = run_built(
+        profile,
         "--example",
         "digits",
         &[
@@ -133,6 +143,7 @@ fn demo(parity_args: &[String]) -> ExitCode {
     );
     println!("\nxtask demo: vlc-anneal: synthetic embeddings compressed into a searchable index");
     let vlc = run_built(
+        profile,
         "--bin",
         "vlc",
         &["demo", "--backend", "auto", "--quiet"].map(String::from),
@@ -155,18 +166,28 @@ fn run_release_binary(package: &str, bin: &str, args: &[String]) -> ExitCode {
 /// Builds a binary (`kind` `--bin`) or an example (`--example`) of `package` in release mode
 /// and runs it with `args`, passing its exit code on.
 fn run_release(package: &str, kind: &str, bin: &str, args: &[String]) -> ExitCode {
-    match build_release(&[(package, kind, bin)]) {
-        Ok(()) => run_built(kind, bin, args),
+    match build(&[(package, kind, bin)], Profile::Release) {
+        Ok(()) => run_built(Profile::Release, kind, bin, args),
         Err(code) => code,
     }
 }
 
-/// Builds `(package, kind, name)` targets (`kind` `--bin` or `--example`) in release mode, in
-/// one cargo invocation.
-fn build_release(targets: &[(&str, &str, &str)]) -> Result<(), ExitCode> {
+/// Which cargo profile [`build`] uses.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Profile {
+    Release,
+    Debug,
+}
+
+/// Builds `(package, kind, name)` targets (`kind` `--bin` or `--example`) in `profile`, in one
+/// cargo invocation.
+fn build(targets: &[(&str, &str, &str)], profile: Profile) -> Result<(), ExitCode> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(&cargo);
-    cmd.args(["build", "--release", "--quiet"]);
+    cmd.args(["build", "--quiet"]);
+    if profile == Profile::Release {
+        cmd.arg("--release");
+    }
     for (package, kind, name) in targets {
         cmd.args(["-p", package, kind, name]);
     }
@@ -184,16 +205,19 @@ fn build_release(targets: &[(&str, &str, &str)]) -> Result<(), ExitCode> {
     }
 }
 
-/// Runs a release binary or example built by [`build_release`] with `args`, passing its exit
-/// code on.
-fn run_built(kind: &str, bin: &str, args: &[String]) -> ExitCode {
+/// Runs a binary or example [`build`] made in `profile` with `args`, passing its exit code on.
+fn run_built(profile: Profile, kind: &str, bin: &str, args: &[String]) -> ExitCode {
     let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .expect("xtask lives in the workspace root");
         root.join("target").to_string_lossy().into_owned()
     });
-    let mut exe = std::path::Path::new(&target).join("release");
+    let folder = match profile {
+        Profile::Release => "release",
+        Profile::Debug => "debug",
+    };
+    let mut exe = std::path::Path::new(&target).join(folder);
     if kind == "--example" {
         exe = exe.join("examples");
     }
