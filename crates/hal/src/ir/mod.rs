@@ -28,7 +28,10 @@
 //! outside its buffer is an error ([`Error::IndexOutOfRange`]) — the CPU backend reports it
 //! when the launch returns, device backends when it is detected (a load then yields 0 and a
 //! store is dropped); two indices storing to one element leave one of the values, unspecified
-//! which; [`Inst::AtomicAdd`]s to one element all land, in an unspecified order.
+//! which; [`Inst::AtomicAdd`]s to one element all land, in an unspecified order. Nothing
+//! orders one index's instructions against another's: a backend may run several indices in one
+//! thread with their instructions interleaved (CUDA does, for short programs), so a program
+//! whose index reads an element another index writes gets either value.
 
 use crate::{DType, Error, Result};
 use std::fmt;
