@@ -5,34 +5,56 @@
 // GRID_DEPENDENCY, and the backend launches it with programmatic dependent launch on Hopper.
 #include "common.cuh"
 
-__device__ __forceinline__ float unary_apply(int op, float x, float p0, float p1) {
+// `op` applied to each of N values, the operation chosen once for all of them (a switch per
+// element is an indirect branch per element).
+#define EACH(...)                                                   \
+    {                                                               \
+        _Pragma("unroll") for (int j = 0; j < N; ++j) {             \
+            const float x = v[j];                                   \
+            v[j] = (__VA_ARGS__);                                   \
+        }                                                           \
+    }                                                               \
+    break
+template <int N> __device__ __forceinline__ void unary_apply_n(int op, float (&v)[N], float p0, float p1) {
     switch (op) {
-        case 0: return -x;
-        case 1: return fabsf(x);
-        case 2: return expf(x);
-        case 3: return exp2f(x);
-        case 4: return logf(x);
-        case 5: return log2f(x);
-        case 6: return sqrtf(x);
-        case 7: return 1.0f / sqrtf(x);
-        case 8: return 1.0f / x;
-        case 9: return sinf(x);
-        case 10: return cosf(x);
-        case 11: return tanhf(x);
-        case 12: return 1.0f / (1.0f + expf(-x));
-        case 13: return x < 0.0f ? 0.0f : x;
-        case 14: return x < 0.0f ? p0 * x : x;
-        case 15: return 0.5f * x * (1.0f + erf_approx(x * 0.70710678118654752f));
-        case 16: return x / (1.0f + expf(-x));
-        case 17: return floorf(x);
-        case 18: return ceilf(x);
-        case 19: return rintf(x);
-        case 20: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x);
-        case 21: return x * x;
-        case 22: return fmaf(p0, x, p1);
-        case 24: return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-        default: return is_nan_f(x) ? x : fminf(fmaxf(x, p0), p1);  // 23: clamp
+        case 0: EACH(-x);
+        case 1: EACH(fabsf(x));
+        case 2: EACH(expf(x));
+        case 3: EACH(exp2f(x));
+        case 4: EACH(logf(x));
+        case 5: EACH(log2f(x));
+        case 6: EACH(sqrtf(x));
+        case 7: EACH(1.0f / sqrtf(x));
+        case 8: EACH(1.0f / x);
+        case 9: EACH(sinf(x));
+        case 10: EACH(cosf(x));
+        case 11: EACH(tanhf(x));
+        case 12: EACH(1.0f / (1.0f + expf(-x)));
+        case 13: EACH(x < 0.0f ? 0.0f : x);
+        case 14: EACH(x < 0.0f ? p0 * x : x);
+        case 15: EACH(0.5f * x * (1.0f + erf_approx(x * 0.70710678118654752f)));
+        case 16: EACH(x / (1.0f + expf(-x)));
+        case 17: EACH(floorf(x));
+        case 18: EACH(ceilf(x));
+        case 19: EACH(rintf(x));
+        case 20: EACH(x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x));
+        case 21: EACH(x * x);
+        case 22: EACH(fmaf(p0, x, p1));
+        case 24: EACH(0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))));
+        default: EACH(is_nan_f(x) ? x : fminf(fmaxf(x, p0), p1));  // 23: clamp
     }
+}
+#undef EACH
+
+__device__ __forceinline__ float unary_apply(int op, float x, float p0, float p1) {
+    float v[1] = {x};
+    unary_apply_n<1>(op, v, p0, p1);
+    return v[0];
+}
+__device__ __forceinline__ float4 unary4(int op, float4 v, float p0, float p1) {
+    float e[4] = {v.x, v.y, v.z, v.w};
+    unary_apply_n<4>(op, e, p0, p1);
+    return make_float4(e[0], e[1], e[2], e[3]);
 }
 
 __device__ __forceinline__ float binary_apply(int op, float a, float b) {
@@ -132,10 +154,7 @@ extern "C" __global__ void unary_f32_vec4(i64 n, float* out, const float* x, int
     i64 quads = n / 4;
     GRID_STRIDE(q, quads) {
         float4 v = ((const float4*)x)[q];
-        v.x = unary_apply(op, v.x, p0, p1);
-        v.y = unary_apply(op, v.y, p0, p1);
-        v.z = unary_apply(op, v.z, p0, p1);
-        v.w = unary_apply(op, v.w, p0, p1);
+        v = unary4(op, v, p0, p1);
         ((float4*)out)[q] = v;
     }
     if (blockIdx.x == 0 && threadIdx.x < n - quads * 4) {
@@ -214,9 +233,10 @@ __device__ __forceinline__ void store8(void* p, int dt, i64 o, Float8 v) {
     const uint2 lo = pack4(v.a, dt), hi = pack4(v.b, dt);
     ((uint4*)p)[o] = make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
-__device__ __forceinline__ float4 unary4(int op, float4 v, float p0, float p1) {
-    return make_float4(unary_apply(op, v.x, p0, p1), unary_apply(op, v.y, p0, p1), unary_apply(op, v.z, p0, p1),
-                       unary_apply(op, v.w, p0, p1));
+__device__ __forceinline__ Float8 unary8(int op, Float8 v, float p0, float p1) {
+    float e[8] = {v.a.x, v.a.y, v.a.z, v.a.w, v.b.x, v.b.y, v.b.z, v.b.w};
+    unary_apply_n<8>(op, e, p0, p1);
+    return {make_float4(e[0], e[1], e[2], e[3]), make_float4(e[4], e[5], e[6], e[7])};
 }
 __device__ __forceinline__ float4 binary4(int op, float4 u, float4 v) {
     return make_float4(binary_apply(op, u.x, v.x), binary_apply(op, u.y, v.y), binary_apply(op, u.z, v.z),
@@ -231,8 +251,7 @@ __device__ __forceinline__ void unary_narrow(i64 n, void* out, int odt, const vo
     const i64 groups = n / W;
     GRID_STRIDE(q, groups) {
         if (W == 8) {
-            Float8 v = load8(x, xdt, q);
-            store8(out, odt, q, {unary4(op, v.a, p0, p1), unary4(op, v.b, p0, p1)});
+            store8(out, odt, q, unary8(op, load8(x, xdt, q), p0, p1));
         } else {
             store4(out, odt, q, unary4(op, load4(x, xdt, q), p0, p1));
         }
