@@ -42,11 +42,13 @@ mod batch;
 mod device;
 mod device_refine;
 mod edit;
+mod exact;
 mod refine;
 mod search;
 
 pub use device::DeviceSearch;
-pub use search::{PRECOMPUTED_MAX_BYTES, exact_knn, exact_knn_by, recall_at, set_threads};
+pub use exact::{exact_knn, exact_knn_by};
+pub use search::{PRECOMPUTED_MAX_BYTES, recall_at, set_threads};
 
 use crate::error::{Result, format_error, io_error};
 use crate::pq::ProductQuantizer;

@@ -212,41 +212,6 @@ pub(crate) fn parallel_indices<T: Send>(count: usize, f: &(dyn Fn(usize) -> T + 
     out
 }
 
-/// The exact `k` nearest rows of `data` for each query (squared Euclidean distance, ties to
-/// the lower index): the ground truth for recall.
-pub fn exact_knn(data: &Matrix, queries: &Matrix, k: usize) -> Vec<Vec<u32>> {
-    let k = k.min(data.rows);
-    parallel_map(queries, &|q: &[f32]| {
-        let mut best = TopK::new(k);
-        for i in 0..data.rows {
-            best.push(sq(q, data.row(i)), i as u32);
-        }
-        best.into_sorted().into_iter().map(|(i, _)| i).collect()
-    })
-}
-
-/// The exact `k` nearest of each query by `metric` (cosine: of the unit vectors; inner
-/// product: the largest), nearest first.
-pub fn exact_knn_by(
-    data: &Matrix,
-    queries: &Matrix,
-    k: usize,
-    metric: crate::Metric,
-) -> crate::Result<Vec<Vec<u32>>> {
-    if metric != crate::Metric::InnerProduct {
-        let (d, q) = (metric.prepare(data)?, metric.prepare(queries)?);
-        return Ok(exact_knn(&d, &q, k));
-    }
-    let k = k.min(data.rows);
-    Ok(parallel_map(queries, &|q: &[f32]| {
-        let mut best = TopK::new(k);
-        for i in 0..data.rows {
-            best.push(-dot(q, data.row(i)), i as u32);
-        }
-        best.into_sorted().into_iter().map(|(i, _)| i).collect()
-    }))
-}
-
 /// Mean fraction of each query's true `k` nearest found among its returned `k`.
 pub fn recall_at(truth: &[Vec<u32>], found: &[Vec<(u32, f32)>], k: usize) -> f64 {
     if truth.is_empty() {
