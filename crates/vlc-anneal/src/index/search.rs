@@ -1,5 +1,5 @@
-//! Search over an index: IVF lists probed with asymmetric distance tables, exact k-NN and
-//! recall for evaluation.
+//! Search over an index: IVF lists probed with asymmetric distance tables, and recall for
+//! evaluation (exact k-NN, its ground truth, is `exact.rs`).
 
 use super::Index;
 use crate::vectors::Matrix;
