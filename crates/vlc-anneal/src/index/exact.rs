@@ -20,7 +20,8 @@ const QUERIES: usize = 8;
 const SHORTLIST_MIN_ROWS: usize = 4096;
 
 /// The exact `k` nearest rows of `data` for each query (squared Euclidean distance, ties to
-/// the lower index): the ground truth for recall.
+/// the lower index): the ground truth for recall. Where the shortlist applies it holds a
+/// transposed copy of `data` while it runs (as much memory again).
 pub fn exact_knn(data: &Matrix, queries: &Matrix, k: usize) -> Vec<Vec<u32>> {
     let k = k.min(data.rows);
     match Tiles::new(data, queries, k) {
