@@ -6,7 +6,8 @@
 //! queries against tiles of 16 rows stored dimension-major, one vector multiply-add per
 //! dimension and query, with a bound `E` on how far that can be from [`sq`]'s value. A row
 //! whose lower bound exceeds the k-th smallest upper bound cannot be among the k nearest;
-//! the rest are scored by [`sq`] itself, so the answer is the scan's to the bit. Data or
+//! the rest are scored by [`sq`] itself, so the answer is the scan's to the bit. The inner
+//! product (largest first) goes the same way, `x.q` bounded against [`dot`]'s. Data or
 //! queries holding a value that is not finite, or norms near f32's range, take the scan.
 
 use super::search::{TopK, dot, parallel_indices, parallel_map, sq};
@@ -23,16 +24,38 @@ const SHORTLIST_MIN_ROWS: usize = 4096;
 /// the lower index): the ground truth for recall. Where the shortlist applies it holds a
 /// transposed copy of `data` while it runs (as much memory again).
 pub fn exact_knn(data: &Matrix, queries: &Matrix, k: usize) -> Vec<Vec<u32>> {
+    nearest(data, queries, k, Score::Squared)
+}
+
+/// What orders the rows: [`sq`], or the inner product's negation (largest first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Score {
+    Squared,
+    Inner,
+}
+
+impl Score {
+    #[inline]
+    fn of(self, q: &[f32], x: &[f32]) -> f32 {
+        match self {
+            Score::Squared => sq(q, x),
+            Score::Inner => -dot(q, x),
+        }
+    }
+}
+
+/// The `k` rows of least `score` for each query, ties to the lower index.
+fn nearest(data: &Matrix, queries: &Matrix, k: usize, score: Score) -> Vec<Vec<u32>> {
     let k = k.min(data.rows);
     match Tiles::new(data, queries, k) {
         Some(tiles) => {
             let blocks = queries.rows.div_ceil(QUERIES);
-            parallel_indices(blocks, &|b| tiles.block(data, queries, b, k))
+            parallel_indices(blocks, &|b| tiles.block(data, queries, b, k, score))
                 .into_iter()
                 .flatten()
                 .collect()
         }
-        None => scan(data, queries, k),
+        None => scan(data, queries, k, score),
     }
 }
 
@@ -48,22 +71,15 @@ pub fn exact_knn_by(
         let (d, q) = (metric.prepare(data)?, metric.prepare(queries)?);
         return Ok(exact_knn(&d, &q, k));
     }
-    let k = k.min(data.rows);
-    Ok(parallel_map(queries, &|q: &[f32]| {
-        let mut best = TopK::new(k);
-        for i in 0..data.rows {
-            best.push(-dot(q, data.row(i)), i as u32);
-        }
-        best.into_sorted().into_iter().map(|(i, _)| i).collect()
-    }))
+    Ok(nearest(data, queries, k, Score::Inner))
 }
 
-/// Every row scored by [`sq`].
-fn scan(data: &Matrix, queries: &Matrix, k: usize) -> Vec<Vec<u32>> {
+/// Every row scored.
+fn scan(data: &Matrix, queries: &Matrix, k: usize, score: Score) -> Vec<Vec<u32>> {
     parallel_map(queries, &|q: &[f32]| {
         let mut best = TopK::new(k);
         for i in 0..data.rows {
-            best.push(sq(q, data.row(i)), i as u32);
+            best.push(score.of(q, data.row(i)), i as u32);
         }
         best.into_sorted().into_iter().map(|(i, _)| i).collect()
     })
@@ -76,7 +92,8 @@ struct Tiles {
     values: Vec<f32>,
     norms: Vec<f32>,
     roots: Vec<f32>,
-    /// `E = slack (|x| + |q|)^2` bounds `|(|x|^2 + |q|^2 - 2 x.q) - sq(x, q)|`.
+    /// `E = slack (|x| + |q|)^2` bounds `|(|x|^2 + |q|^2 - 2 x.q) - sq(x, q)|`, and
+    /// `slack |x| |q|` bounds the tiles' `x.q` against [`dot`]'s.
     slack: f32,
 }
 
@@ -128,13 +145,20 @@ impl Tiles {
 
     /// The results of queries `QUERIES b..QUERIES (b + 1)`, in AVX2 where the CPU has it (the
     /// build targets baseline x86-64, whose vectors are four lanes wide).
-    fn block(&self, data: &Matrix, queries: &Matrix, b: usize, k: usize) -> Vec<Vec<u32>> {
+    fn block(
+        &self,
+        data: &Matrix,
+        queries: &Matrix,
+        b: usize,
+        k: usize,
+        score: Score,
+    ) -> Vec<Vec<u32>> {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2.
-            return unsafe { self.block_avx2(data, queries, b, k) };
+            return unsafe { self.block_avx2(data, queries, b, k, score) };
         }
-        self.block_body(data, queries, b, k)
+        self.block_body(data, queries, b, k, score)
     }
 
     /// [`Tiles::block`] compiled for AVX2.
@@ -149,12 +173,20 @@ impl Tiles {
         queries: &Matrix,
         b: usize,
         k: usize,
+        score: Score,
     ) -> Vec<Vec<u32>> {
-        self.block_body(data, queries, b, k)
+        self.block_body(data, queries, b, k, score)
     }
 
     #[inline(always)]
-    fn block_body(&self, data: &Matrix, queries: &Matrix, b: usize, k: usize) -> Vec<Vec<u32>> {
+    fn block_body(
+        &self,
+        data: &Matrix,
+        queries: &Matrix,
+        b: usize,
+        k: usize,
+        score: Score,
+    ) -> Vec<Vec<u32>> {
         let first = b * QUERIES;
         let count = QUERIES.min(queries.rows - first);
         // A short block repeats its last query (those results are dropped).
@@ -191,9 +223,14 @@ impl Tiles {
                 let threshold = lists[j].threshold;
                 let mut any = false;
                 for lane in 0..TILE {
-                    let approx = norms[lane] + qn[j] - 2.0 * acc[j][lane];
-                    let reach = roots[lane] + qr[j];
-                    let e = self.slack * reach * reach;
+                    let (approx, e) = match score {
+                        Score::Squared => {
+                            let reach = roots[lane] + qr[j];
+                            let e = self.slack * reach * reach;
+                            (norms[lane] + qn[j] - 2.0 * acc[j][lane], e)
+                        }
+                        Score::Inner => (-acc[j][lane], self.slack * roots[lane] * qr[j]),
+                    };
                     lower[lane] = approx - e;
                     upper[lane] = approx + e;
                     any |= lower[lane] <= threshold;
@@ -209,7 +246,7 @@ impl Tiles {
             .into_iter()
             .take(count)
             .enumerate()
-            .map(|(j, list)| list.finish(data, q[j], k))
+            .map(|(j, list)| list.finish(data, q[j], k, score))
             .collect()
     }
 }
@@ -249,12 +286,12 @@ impl Shortlist {
         }
     }
 
-    /// The `k` nearest: every candidate still within the threshold scored by [`sq`].
-    fn finish(self, data: &Matrix, q: &[f32], k: usize) -> Vec<u32> {
+    /// The `k` nearest: every candidate still within the threshold scored exactly.
+    fn finish(self, data: &Matrix, q: &[f32], k: usize, score: Score) -> Vec<u32> {
         let mut best = TopK::new(k);
         for (lower, i) in self.candidates {
             if lower <= self.threshold {
-                best.push(sq(q, data.row(i as usize)), i);
+                best.push(score.of(q, data.row(i as usize)), i);
             }
         }
         best.into_sorted().into_iter().map(|(i, _)| i).collect()
@@ -308,11 +345,13 @@ mod tests {
             let queries = Matrix::new(nq, cols, queries).unwrap();
             for k in [1, 10, 100] {
                 assert!(Tiles::new(&data, &queries, k).is_some());
-                assert_eq!(
-                    exact_knn(&data, &queries, k),
-                    scan(&data, &queries, k),
-                    "case {case}, k {k}"
-                );
+                for score in [Score::Squared, Score::Inner] {
+                    assert_eq!(
+                        nearest(&data, &queries, k, score),
+                        scan(&data, &queries, k, score),
+                        "case {case}, k {k}, {score:?}"
+                    );
+                }
             }
             // Queries near the repeated rows: the pairs tie, lower index first.
             let near = Matrix::new(2, cols, data.data[5 * cols..7 * cols].to_vec()).unwrap();
@@ -333,7 +372,7 @@ mod tests {
         let mut bad = good.clone();
         bad.data[17] = f32::NAN;
         assert!(Tiles::new(&bad, &q, 3).is_none());
-        assert_eq!(exact_knn(&bad, &q, 3), scan(&bad, &q, 3));
+        assert_eq!(exact_knn(&bad, &q, 3), scan(&bad, &q, 3, Score::Squared));
         bad.data[17] = 1e30;
         assert!(Tiles::new(&bad, &q, 3).is_none());
         let few = Matrix::new(rows - 1, cols, good.data[cols..].to_vec()).unwrap();
