@@ -52,19 +52,14 @@ fn narrow_vec4(v: V<'_>) -> Option<u64> {
         .then(|| v.buffer.ptr() + (v.layout.offset * v.dtype().size_in_bytes()) as u64)
 }
 
-/// The `*_narrow_vec*` kernel for operands at `addresses`, and the elements a thread takes:
-/// eight (16-byte accesses) where every operand starts on a 16-byte boundary, else four.
-fn narrow_kernel(family: &'static str, addresses: &[u64]) -> (&'static str, usize) {
-    let eight = addresses.iter().all(|a| a % 16 == 0);
-    let name = match (family, eight) {
-        ("unary", true) => "unary_narrow_vec8",
-        ("unary", false) => "unary_narrow_vec4",
-        ("binary", true) => "binary_narrow_vec8",
-        ("binary", false) => "binary_narrow_vec4",
-        (_, true) => "convert_narrow_vec8",
-        (_, false) => "convert_narrow_vec4",
-    };
-    (name, if eight { 8 } else { 4 })
+/// Of a family's `[four, eight]` kernels (`*_narrow_vec4`, `*_narrow_vec8`), the one for
+/// operands at `addresses`, and the elements a thread takes: eight (16-byte accesses) where
+/// every operand starts on a 16-byte boundary, else four.
+fn narrow_kernel([four, eight]: [&'static str; 2], addresses: &[u64]) -> (&'static str, usize) {
+    match addresses.iter().all(|a| a % 16 == 0) {
+        true => (eight, 8),
+        false => (four, 4),
+    }
 }
 
 pub(crate) fn fill(gpu: &CudaBackend, out: V<'_>, value: f64) -> Result<()> {
@@ -119,7 +114,8 @@ pub(crate) fn unary(gpu: &CudaBackend, op: UnaryOp, x: V<'_>, out: V<'_>) -> Res
         narrow_vec4(View::new(out.buffer, &ol)),
         narrow_vec4(View::new(x.buffer, &xl)),
     ) {
-        let (kernel, per_thread) = narrow_kernel("unary", &[o, xa]);
+        let (kernel, per_thread) =
+            narrow_kernel(["unary_narrow_vec4", "unary_narrow_vec8"], &[o, xa]);
         return gpu.dev.launch(
             kernel,
             n.div_ceil(per_thread),
@@ -180,7 +176,8 @@ pub(crate) fn binary(
         narrow_vec4(View::new(a.buffer, &al)),
         narrow_vec4(View::new(b.buffer, &bl)),
     ) {
-        let (kernel, per_thread) = narrow_kernel("binary", &[o, aa, ba]);
+        let (kernel, per_thread) =
+            narrow_kernel(["binary_narrow_vec4", "binary_narrow_vec8"], &[o, aa, ba]);
         return gpu.dev.launch(
             kernel,
             n.div_ceil(per_thread),
@@ -264,7 +261,8 @@ impl CudaBackend {
             )
         {
             let n = ol.numel();
-            let (kernel, per_thread) = narrow_kernel("convert", &[o, x]);
+            let (kernel, per_thread) =
+                narrow_kernel(["convert_narrow_vec4", "convert_narrow_vec8"], &[o, x]);
             return self.dev.launch(
                 kernel,
                 n.div_ceil(per_thread),

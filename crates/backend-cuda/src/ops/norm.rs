@@ -93,8 +93,8 @@ pub(crate) fn layer_norm_backward(
     gpu.dev.bind()?;
     let wide = x.x.dtype() == DType::F64;
     let params = g.dweight.is_some() || g.dbias.is_some();
-    if let Some(per_lane) = fused_width(x, dout, g, n).filter(|_| params && rows > 0) {
-        return fused_backward(gpu, x, [mean, rstd, dout], g, [rows, n, per_lane]);
+    if let Some(kernel) = fused_kernel(x, dout, g, n).filter(|_| params && rows > 0) {
+        return fused_backward(gpu, kernel, x, [mean, rstd, dout], g, [rows, n]);
     }
     if rows > 0 {
         let a = optional(view(Args::new(), x.x), x.weight, x.x.buffer);
@@ -144,25 +144,35 @@ pub(crate) fn layer_norm_backward(
     sum_partials(gpu, wide, [&pw, &pb], [used, n], g)
 }
 
-/// The columns a lane of `layer_norm_bwd_fused_f32_*` holds for rows of `n` f32 elements at
-/// unit stride (x, dout, dx), or `None` where the fused kernel does not apply (f64, rows
-/// wider than 1,024, strided columns).
-fn fused_width(
+/// The `layer_norm_bwd_fused_f32_*` kernel whose lanes hold rows of `n` f32 elements at unit
+/// stride (x, dout, dx), or `None` where the fused kernel does not apply (f64, rows wider
+/// than 1,024, strided columns).
+fn fused_kernel(
     x: NormInputs<'_, CudaBuffer>,
     dout: V<'_>,
     g: NormGrads<'_, CudaBuffer>,
     n: usize,
-) -> Option<usize> {
+) -> Option<&'static str> {
     let unit = |v: V<'_>| v.layout.strides.len() == 2 && v.layout.strides[1] == 1;
     let f32s = x.x.dtype() == DType::F32;
     if !(f32s && unit(x.x) && unit(dout) && unit(g.dx)) {
         return None;
     }
-    FUSED_WIDTHS.iter().copied().find(|&w| 32 * w >= n)
+    FUSED_KERNELS
+        .iter()
+        .find(|&&(per_lane, _)| 32 * per_lane >= n)
+        .map(|&(_, name)| name)
 }
 
-/// The fused kernels' columns a lane (`FUSED_NORM_KERNEL` in `cuda/norm.cu`).
-const FUSED_WIDTHS: [usize; 6] = [4, 8, 12, 16, 24, 32];
+/// The fused kernels by the columns a lane holds (`FUSED_NORM_KERNEL` in `cuda/norm.cu`).
+const FUSED_KERNELS: [(usize, &str); 6] = [
+    (4, "layer_norm_bwd_fused_f32_4"),
+    (8, "layer_norm_bwd_fused_f32_8"),
+    (12, "layer_norm_bwd_fused_f32_12"),
+    (16, "layer_norm_bwd_fused_f32_16"),
+    (24, "layer_norm_bwd_fused_f32_24"),
+    (32, "layer_norm_bwd_fused_f32_32"),
+];
 
 /// Rows a block of the fused backward takes (a chunk of the parameter gradients' partials),
 /// four a warp, and its warps. At 24 columns a lane the kernel holds 158 registers: blocks of
@@ -176,10 +186,11 @@ const FUSED_WARPS: u32 = 4;
 /// the partials summed.
 fn fused_backward(
     gpu: &CudaBackend,
+    kernel: &'static str,
     x: NormInputs<'_, CudaBuffer>,
     [mean, rstd, dout]: [V<'_>; 3],
     g: NormGrads<'_, CudaBuffer>,
-    [rows, n, per_lane]: [usize; 3],
+    [rows, n]: [usize; 2],
 ) -> Result<()> {
     let chunks = rows.div_ceil(FUSED_ROWS);
     // Written whole by the fused kernel before the sum reads them.
@@ -194,14 +205,6 @@ fn fused_backward(
         .arg(rows as i64)
         .arg(n as i64)
         .arg(FUSED_ROWS as i64);
-    let kernel = match per_lane {
-        4 => "layer_norm_bwd_fused_f32_4",
-        8 => "layer_norm_bwd_fused_f32_8",
-        12 => "layer_norm_bwd_fused_f32_12",
-        16 => "layer_norm_bwd_fused_f32_16",
-        24 => "layer_norm_bwd_fused_f32_24",
-        _ => "layer_norm_bwd_fused_f32_32",
-    };
     gpu.dev.launch_raw(
         gpu.dev.function(kernel)?,
         (chunks as u32, 1, 1),

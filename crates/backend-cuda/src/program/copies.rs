@@ -19,7 +19,7 @@
 //! - **Strided**: otherwise [`COPIES`] indices `blockDim.x` apart, so that a warp's scalar
 //!   accesses stay consecutive (GPT-2's bf16 step: 35.4 -> 34.6 ms on an H200 over one).
 
-use super::dialect::CudaC;
+use super::dialect::{CudaC, ty};
 use hal::DType;
 use hal::ir::render::{render_body, render_statements};
 use hal::ir::{Constant, Inst, IrBinary, Program, ScalarType, Value};
@@ -195,7 +195,9 @@ fn strided(src: &mut String, program: &Program, types: &[Option<ScalarType>], k:
 fn vector(src: &mut String, program: &Program, types: &[Option<ScalarType>], v: &Vectors) {
     let k = VECTOR;
     let dtype = |b: u32| program.buffers[b as usize].dtype;
-    let buffers: Vec<u32> = v.loads.keys().chain(v.stores.keys()).copied().collect();
+    // A buffer read and written in place is checked once.
+    let buffers: std::collections::BTreeSet<u32> =
+        v.loads.keys().chain(v.stores.keys()).copied().collect();
     let mut whole = format!("t0_ + {k} <= n");
     for &b in &buffers {
         let _ = write!(whole, " && t0_ + {k} <= len{b}");
@@ -301,11 +303,6 @@ fn uniform(program: &Program) -> Vec<bool> {
         };
     }
     same
-}
-
-fn ty(t: ScalarType) -> &'static str {
-    use hal::ir::render::Dialect;
-    CudaC.ty(t)
 }
 
 /// `uint4` words of [`VECTOR`] elements of `dtype`.

@@ -8,7 +8,8 @@ use hal::ir::{Constant, IrBinary, IrUnary, ScalarType};
 /// CUDA C's spelling of the IR (see [`hal::ir::render`]).
 pub(super) struct CudaC;
 
-fn ty(t: ScalarType) -> &'static str {
+/// The CUDA C name of a scalar type.
+pub(super) fn ty(t: ScalarType) -> &'static str {
     match t {
         ScalarType::F32 => "float",
         ScalarType::I32 => "int",

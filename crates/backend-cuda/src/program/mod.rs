@@ -145,7 +145,10 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
             reason: "NVRTC (libnvrtc.so.13) was not found; scalar programs need it".into(),
         });
     }
-    let source = lower(program)?;
+    // The layout is decided once: the source and the launch's grid must agree on it.
+    let layout = layout_of(program);
+    let source = lower_as(program, &layout)?;
+    let per_thread = layout.per_thread();
     let (major, minor) = dev.compute_capability;
     let opts = [
         format!("--gpu-architecture=sm_{major}{minor}"),
@@ -167,7 +170,7 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
     if let (Some(dir), Some(id)) = (crate::cubin_cache::folder(), &identity) {
         if let Some(cubin) = crate::cubin_cache::load(dir, id) {
             // An image the driver refuses is compiled again below.
-            if let Ok(kernel) = load_cubin(program, &source, &cubin) {
+            if let Ok(kernel) = load_cubin(program, &source, &cubin, per_thread) {
                 return Ok(kernel);
             }
         }
@@ -211,11 +214,17 @@ pub(crate) fn compile(dev: &Device, program: &Program) -> Result<CudaKernel> {
     if let (Some(dir), Some(id)) = (crate::cubin_cache::folder(), &identity) {
         crate::cubin_cache::store(dir, id, &cubin);
     }
-    load_cubin(program, &source, &cubin)
+    load_cubin(program, &source, &cubin, per_thread)
 }
 
-/// Loads a CUBIN compiled from `source` (the lowering of `program`) as its kernel.
-fn load_cubin(program: &Program, source: &str, cubin: &[u8]) -> Result<CudaKernel> {
+/// Loads a CUBIN compiled from `source` (the lowering of `program`, `per_thread` launch
+/// indices a thread) as its kernel.
+fn load_cubin(
+    program: &Program,
+    source: &str,
+    cubin: &[u8],
+    per_thread: u32,
+) -> Result<CudaKernel> {
     // SAFETY: a CUBIN image for this device; the module is never unloaded (kernels are cached
     // for the backend's lifetime).
     let module = unsafe { drv::module::load_data(cubin.as_ptr() as *const c_void) }
@@ -226,7 +235,7 @@ fn load_cubin(program: &Program, source: &str, cubin: &[u8]) -> Result<CudaKerne
             .map_err(|e| driver_error("cuModuleGetFunction", e))?;
     Ok(CudaKernel {
         program: Arc::new(program.clone()),
-        per_thread: layout_of(program).per_thread(),
+        per_thread,
         function: Func::plain(function, profile_name(&program.name)),
         source: Arc::new(source.to_string()),
     })

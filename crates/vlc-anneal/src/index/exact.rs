@@ -252,7 +252,9 @@ impl Tiles {
 }
 
 /// One query's candidates: rows whose lower bound is within the k-th smallest upper bound
-/// seen so far.
+/// seen so far. The upper bounds are a plain heap rather than a [`TopK`] (which would keep the
+/// same bound): with `TopK` the tile loop compiled to half the speed (GloVe, inner product:
+/// 6.4 s against 13.4).
 struct Shortlist {
     k: usize,
     /// The `k` smallest upper bounds (a max-heap), and the largest of them once there are `k`.
