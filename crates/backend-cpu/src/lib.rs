@@ -29,6 +29,7 @@
 
 pub mod collective;
 mod device;
+mod math;
 mod ops;
 mod program;
 mod storage;
