@@ -10,6 +10,7 @@
 //! Values live in two register files: 32-bit lanes for `F32`, `I32`, `U32` and `Bool`, 64-bit
 //! lanes for `F64`, each with its own slots, so programs without `F64` run as they always did.
 
+use crate::math::exp_f32;
 use crate::storage::CpuBuffer;
 use hal::ir::{Constant, Inst, IrBinary, IrCmp, IrUnary, Program, ScalarType};
 use hal::{DType, DeviceBuffer, Error, Result, bf16, f16};
@@ -85,6 +86,15 @@ pub(crate) fn compile(program: &Program) -> Result<CompiledProgram> {
     })
 }
 
+/// The element formats a 32-bit register value is loaded from and stored to.
+#[derive(Clone, Copy)]
+enum Narrow {
+    /// f32, i32 and u32: the bits themselves.
+    Bits32,
+    F16,
+    BF16,
+}
+
 #[derive(Clone, Copy)]
 struct Mem {
     ptr: *mut u8,
@@ -96,25 +106,33 @@ unsafe impl Send for Mem {}
 unsafe impl Sync for Mem {}
 
 impl Mem {
+    /// How this buffer's 32-bit register values are stored: decided once per instruction,
+    /// so the lane loops below carry no per-element `match`.
     #[inline(always)]
-    fn load(&self, i: usize) -> u32 {
+    fn narrow(&self) -> Narrow {
+        match self.dtype {
+            DType::F32 | DType::I32 | DType::U32 => Narrow::Bits32,
+            DType::F16 => Narrow::F16,
+            DType::BF16 => Narrow::BF16,
+            DType::F64 => unreachable!("f64 buffers go through load64 and store64"),
+        }
+    }
+    #[inline(always)]
+    fn load(&self, w: Narrow, i: usize) -> u32 {
         // SAFETY: the caller checked `i < len`; atomics make concurrent access defined.
         unsafe {
-            match self.dtype {
-                DType::F32 | DType::I32 | DType::U32 => {
-                    (*(self.ptr as *const AtomicU32).add(i)).load(Relaxed)
-                }
-                DType::F16 => {
+            match w {
+                Narrow::Bits32 => (*(self.ptr as *const AtomicU32).add(i)).load(Relaxed),
+                Narrow::F16 => {
                     f16::from_bits((*(self.ptr as *const AtomicU16).add(i)).load(Relaxed))
                         .to_f32()
                         .to_bits()
                 }
-                DType::BF16 => {
+                Narrow::BF16 => {
                     bf16::from_bits((*(self.ptr as *const AtomicU16).add(i)).load(Relaxed))
                         .to_f32()
                         .to_bits()
                 }
-                DType::F64 => unreachable!("f64 loads go through load64"),
             }
         }
     }
@@ -143,18 +161,15 @@ impl Mem {
         }
     }
     #[inline(always)]
-    fn store(&self, i: usize, bits: u32) {
+    fn store(&self, w: Narrow, i: usize, bits: u32) {
         // SAFETY: the caller checked `i < len`; atomics make concurrent access defined.
         unsafe {
-            match self.dtype {
-                DType::F32 | DType::I32 | DType::U32 => {
-                    (*(self.ptr as *const AtomicU32).add(i)).store(bits, Relaxed)
-                }
-                DType::F16 => (*(self.ptr as *const AtomicU16).add(i))
+            match w {
+                Narrow::Bits32 => (*(self.ptr as *const AtomicU32).add(i)).store(bits, Relaxed),
+                Narrow::F16 => (*(self.ptr as *const AtomicU16).add(i))
                     .store(f16::from_f32(f32::from_bits(bits)).to_bits(), Relaxed),
-                DType::BF16 => (*(self.ptr as *const AtomicU16).add(i))
+                Narrow::BF16 => (*(self.ptr as *const AtomicU16).add(i))
                     .store(bf16::from_f32(f32::from_bits(bits)).to_bits(), Relaxed),
-                DType::F64 => unreachable!("f64 stores go through store64"),
             }
         }
     }
@@ -211,6 +226,13 @@ pub(crate) fn launch(k: &CompiledProgram, args: &[&CpuBuffer], n: usize) -> Resu
             while s < end {
                 let lanes = LANES.min(end - s);
                 let files = Files { regs, wide };
+                #[cfg(target_arch = "x86_64")]
+                if crate::has_avx2_fma() {
+                    // SAFETY: the CPU has AVX2 and FMA (just checked).
+                    unsafe { run_block_avx2(k, &mems, files, s as u32, lanes, &fault) };
+                    s += lanes;
+                    continue;
+                }
                 run_block(k, &mems, files, s as u32, lanes, &fault);
                 s += lanes;
             }
@@ -244,6 +266,22 @@ struct Files<'a> {
     wide: &'a mut [Wide],
 }
 
+/// [`run_block`] with every lane loop compiled for AVX2 and FMA: wider vectors, and `Fma`
+/// in hardware instead of a libm call per lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn run_block_avx2(
+    k: &CompiledProgram,
+    mems: &[Mem],
+    files: Files<'_>,
+    base: u32,
+    lanes: usize,
+    fault: &AtomicU64,
+) {
+    run_block(k, mems, files, base, lanes, fault)
+}
+
+#[inline(always)]
 fn run_block(
     k: &CompiledProgram,
     mems: &[Mem],
@@ -253,6 +291,8 @@ fn run_block(
     fault: &AtomicU64,
 ) {
     let Files { regs, wide } = files;
+    // An operand's lanes where the destination reuses its slot (see `operands`).
+    let mut saved: Reg = [0; LANES];
     let record_fault = |buf: u32, idx: u32| {
         let _ = fault.compare_exchange(0, ((buf as u64 + 1) << 32) | idx as u64, Relaxed, Relaxed);
     };
@@ -271,9 +311,10 @@ fn run_block(
             Inst::Const(Constant::F64(bits)) => wide[dst] = [bits; LANES],
             Inst::Const(c) => regs[dst] = [narrow_bits(c); LANES],
             Inst::Load { buffer, index } => {
-                let (m, ix) = (mems[buffer.0 as usize], regs[op(index)]);
+                let m = mems[buffer.0 as usize];
                 let fault = |at| record_fault(buffer.0, at);
                 if m.dtype == DType::F64 {
+                    let ix = &regs[op(index)];
                     // Straight into the destination: no copy of the lanes (the index lives
                     // in the other register file).
                     let out = &mut wide[dst];
@@ -287,7 +328,20 @@ fn run_block(
                         };
                     }
                 } else {
-                    regs[dst] = lanes_of(&ix, lanes, m.len, &fault, |i| m.load(i));
+                    // One loop per format, the format chosen outside it.
+                    let len = m.len;
+                    let (out, [ix]) = operands(regs, &mut saved, dst, [op(index)]);
+                    match m.narrow() {
+                        Narrow::Bits32 => {
+                            lanes_of(out, ix, lanes, len, &fault, |i| m.load(Narrow::Bits32, i))
+                        }
+                        Narrow::F16 => {
+                            lanes_of(out, ix, lanes, len, &fault, |i| m.load(Narrow::F16, i))
+                        }
+                        Narrow::BF16 => {
+                            lanes_of(out, ix, lanes, len, &fault, |i| m.load(Narrow::BF16, i))
+                        }
+                    }
                 }
             }
             Inst::Store {
@@ -317,16 +371,17 @@ fn run_block(
             }
             Inst::Unary { op: u, x } if wide_operand(x) => unary64(wide, u, dst, op(x)),
             Inst::Unary { op: u, x } => {
-                let xs = regs[op(x)];
                 let t = ty.expect("typed");
-                regs[dst] = unary(u, t, &xs);
+                let (out, [x]) = operands(regs, &mut saved, dst, [op(x)]);
+                unary(u, t, x, out);
             }
             Inst::Binary { op: o, a, b: bv } if wide_operand(a) => {
                 binary64(wide, o, dst, op(a), op(bv))
             }
             Inst::Binary { op: o, a, b: bv } => {
-                let (xa, xb) = (regs[op(a)], regs[op(bv)]);
-                regs[dst] = binary(o, ty.expect("typed"), &xa, &xb);
+                let t = ty.expect("typed");
+                let (out, [x, y]) = operands(regs, &mut saved, dst, [op(a), op(bv)]);
+                binary(o, t, x, y, out);
             }
             Inst::Cmp { op: c, a, b: bv } if wide_operand(a) => {
                 let (xa, xb) = (wide[op(a)], wide[op(bv)]);
@@ -334,9 +389,9 @@ fn run_block(
                     std::array::from_fn(|l| pick(c, f64::from_bits(xa[l]), f64::from_bits(xb[l])));
             }
             Inst::Cmp { op: c, a, b: bv } => {
-                let (xa, xb) = (regs[op(a)], regs[op(bv)]);
                 let t = k.types[a.0 as usize].expect("typed");
-                regs[dst] = compare(c, t, &xa, &xb);
+                let (out, [x, y]) = operands(regs, &mut saved, dst, [op(a), op(bv)]);
+                compare(c, t, x, y, out);
             }
             Inst::Fma { a, b: bv, c } if is_wide(ty) => {
                 let slots = [op(a), op(bv), op(c), dst];
@@ -350,8 +405,10 @@ fn run_block(
                 fma64_body(wide, slots);
             }
             Inst::Fma { a, b: bv, c } => {
-                let (xa, xb, xc) = (regs[op(a)], regs[op(bv)], regs[op(c)]);
-                regs[dst] = std::array::from_fn(|l| b(f(xa[l]).mul_add(f(xb[l]), f(xc[l]))));
+                let (out, [xa, xb, xc]) = operands(regs, &mut saved, dst, [op(a), op(bv), op(c)]);
+                for l in 0..LANES {
+                    out[l] = b(f(xa[l]).mul_add(f(xb[l]), f(xc[l])));
+                }
             }
             Inst::Select { cond, a, b: bv } if is_wide(ty) => {
                 let xc = &regs[op(cond)];
@@ -364,8 +421,11 @@ fn run_block(
                 );
             }
             Inst::Select { cond, a, b: bv } => {
-                let (xc, xa, xb) = (regs[op(cond)], regs[op(a)], regs[op(bv)]);
-                regs[dst] = std::array::from_fn(|l| if xc[l] != 0 { xa[l] } else { xb[l] });
+                let srcs = [op(cond), op(a), op(bv)];
+                let (out, [xc, xa, xb]) = operands(regs, &mut saved, dst, srcs);
+                for l in 0..LANES {
+                    out[l] = if xc[l] != 0 { xa[l] } else { xb[l] };
+                }
             }
             Inst::RandomBits { key, counter } => {
                 let (k0, k1) = (regs[op(key[0])], regs[op(key[1])]);
@@ -404,6 +464,7 @@ enum Stored<'a> {
 
 /// Stores (or adds atomically) each live lane's value at its index where `when` holds,
 /// noting the fault of an index out of range.
+#[inline(always)]
 fn store_lanes(
     m: Mem,
     ix: &Reg,
@@ -413,47 +474,110 @@ fn store_lanes(
     lanes: usize,
     fault: &impl Fn(u32),
 ) {
-    for l in 0..lanes {
-        if when.is_some_and(|w| w[l] == 0) {
-            continue;
+    // The lanes to write, each index checked; `put` is chosen once, outside the loop.
+    #[inline(always)]
+    fn each(
+        ix: &Reg,
+        when: Option<Reg>,
+        lanes: usize,
+        len: usize,
+        fault: &impl Fn(u32),
+        put: impl Fn(usize, usize),
+    ) {
+        for l in 0..lanes {
+            if when.is_some_and(|w| w[l] == 0) {
+                continue;
+            }
+            let i = ix[l] as usize;
+            if i >= len {
+                fault(ix[l]);
+                continue;
+            }
+            put(l, i);
         }
-        let i = ix[l] as usize;
-        if i >= m.len {
-            fault(ix[l]);
-            continue;
+    }
+    let len = m.len;
+    match (value, atomic) {
+        (Stored::Wide(v), true) => {
+            each(ix, when, lanes, len, fault, |l, i| m.atomic_add64(i, v[l]))
         }
-        match (&value, atomic) {
-            (Stored::Wide(v), true) => m.atomic_add64(i, v[l]),
-            (Stored::Wide(v), false) => m.store64(i, v[l]),
-            (Stored::Narrow(v), true) => m.atomic_add(i, v[l]),
-            (Stored::Narrow(v), false) => m.store(i, v[l]),
+        (Stored::Wide(v), false) => each(ix, when, lanes, len, fault, |l, i| m.store64(i, v[l])),
+        (Stored::Narrow(v), true) => {
+            each(ix, when, lanes, len, fault, |l, i| m.atomic_add(i, v[l]))
         }
+        (Stored::Narrow(v), false) => match m.narrow() {
+            Narrow::Bits32 => each(ix, when, lanes, len, fault, |l, i| {
+                m.store(Narrow::Bits32, i, v[l])
+            }),
+            Narrow::F16 => each(ix, when, lanes, len, fault, |l, i| {
+                m.store(Narrow::F16, i, v[l])
+            }),
+            Narrow::BF16 => each(ix, when, lanes, len, fault, |l, i| {
+                m.store(Narrow::BF16, i, v[l])
+            }),
+        },
     }
 }
 
 /// `load(i)` at each live lane's index below `len`, or the fault noted (the lane left 0).
 #[inline(always)]
-fn lanes_of<T: Copy + Default>(
+fn lanes_of(
+    out: &mut Reg,
     ix: &Reg,
     lanes: usize,
     len: usize,
     fault: &impl Fn(u32),
-    load: impl Fn(usize) -> T,
-) -> [T; LANES] {
-    let mut out = [T::default(); LANES];
+    load: impl Fn(usize) -> u32,
+) {
     for l in 0..lanes {
         let i = ix[l] as usize;
-        if i < len {
-            out[l] = load(i);
+        out[l] = if i < len {
+            load(i)
         } else {
             fault(ix[l]);
-        }
+            0
+        };
     }
-    out
+}
+
+/// The destination slot's lanes and the operand slots' lanes. Where an operand shares the
+/// destination's slot (slots are reused by the instruction that frees them), it reads a copy
+/// of the lanes as they were, kept in `saved`; otherwise no lanes are copied, and the
+/// references do not alias, so the lane loops over them vectorise.
+#[inline(always)]
+fn operands<'a, const N: usize>(
+    regs: &'a mut [Reg],
+    saved: &'a mut Reg,
+    dst: usize,
+    srcs: [usize; N],
+) -> (&'a mut Reg, [&'a Reg; N]) {
+    assert!(
+        dst < regs.len() && srcs.iter().all(|&s| s < regs.len()),
+        "slots in the file"
+    );
+    let aliased = srcs.contains(&dst);
+    if aliased {
+        *saved = regs[dst];
+    }
+    let saved: &'a Reg = saved;
+    let base = regs.as_mut_ptr();
+    // SAFETY: every slot is in the file (asserted); the only mutable reference is to slot
+    // `dst`, and no shared one points at it (an operand in that slot reads `saved`).
+    unsafe {
+        let xs: [&'a Reg; N] = std::array::from_fn(|i| {
+            if aliased && srcs[i] == dst {
+                saved
+            } else {
+                &*base.add(srcs[i])
+            }
+        });
+        (&mut *base.add(dst), xs)
+    }
 }
 
 /// `Inst::Cast` from slot `src` (of type `from`) into slot `dst` (of type `to`), across the
 /// two register files.
+#[inline(always)]
 fn cast_lanes(files: Files<'_>, from: ScalarType, to: ScalarType, src: usize, dst: usize) {
     let Files { regs, wide } = files;
     match (from == ScalarType::F64, to == ScalarType::F64) {
@@ -587,6 +711,7 @@ fn fma64_avx2(wide: &mut [Wide], slots: [usize; 4]) {
 }
 
 /// One `f64` binary operation over every lane, the operation chosen once per instruction.
+#[inline(always)]
 fn binary64(wide: &mut [Wide], op: IrBinary, dst: usize, a: usize, b: usize) {
     macro_rules! go {
         (|$p:ident, $q:ident| $e:expr) => {
@@ -611,6 +736,7 @@ fn binary64(wide: &mut [Wide], op: IrBinary, dst: usize, a: usize, b: usize) {
 }
 
 /// One `f64` unary operation over every lane (see [`binary64`]).
+#[inline(always)]
 fn unary64(wide: &mut [Wide], op: IrUnary, dst: usize, x: usize) {
     macro_rules! go {
         (|$v:ident| $e:expr) => {
@@ -640,6 +766,7 @@ fn unary64(wide: &mut [Wide], op: IrUnary, dst: usize, x: usize) {
     }
 }
 
+#[inline(always)]
 fn cast(from: ScalarType, to: ScalarType, x: u32) -> u32 {
     use ScalarType::*;
     match (from, to) {
@@ -656,42 +783,56 @@ fn cast(from: ScalarType, to: ScalarType, x: u32) -> u32 {
     }
 }
 
-fn unary(op: IrUnary, t: ScalarType, x: &Reg) -> Reg {
-    let fl = |g: fn(f32) -> f32| -> Reg { std::array::from_fn(|l| b(g(f(x[l])))) };
+#[inline(always)]
+fn unary(op: IrUnary, t: ScalarType, x: &Reg, out: &mut Reg) {
+    // Each arm one loop straight into `out`.
+    macro_rules! lanes {
+        (|$v:ident| $e:expr) => {
+            for l in 0..LANES {
+                let $v = x[l];
+                out[l] = $e;
+            }
+        };
+    }
+    macro_rules! fl {
+        ($g:expr) => {
+            lanes!(|v| b($g(f(v))))
+        };
+    }
     match (op, t) {
-        (IrUnary::Neg, ScalarType::F32) => fl(|v| -v),
-        (IrUnary::Neg, _) => std::array::from_fn(|l| (x[l] as i32).wrapping_neg() as u32),
-        (IrUnary::Abs, ScalarType::F32) => fl(f32::abs),
-        (IrUnary::Abs, ScalarType::I32) => {
-            std::array::from_fn(|l| (x[l] as i32).wrapping_abs() as u32)
-        }
-        (IrUnary::Abs, _) => *x,
-        (IrUnary::Not, ScalarType::Bool) => std::array::from_fn(|l| (x[l] == 0) as u32),
-        (IrUnary::Not, _) => std::array::from_fn(|l| !x[l]),
-        (IrUnary::Sqrt, _) => fl(f32::sqrt),
-        (IrUnary::Rsqrt, _) => fl(|v| 1.0 / v.sqrt()),
-        (IrUnary::Recip, _) => fl(|v| 1.0 / v),
-        (IrUnary::Exp, _) => fl(f32::exp),
-        (IrUnary::Exp2, _) => fl(f32::exp2),
-        (IrUnary::Log, _) => fl(f32::ln),
-        (IrUnary::Log2, _) => fl(f32::log2),
-        (IrUnary::Sin, _) => fl(f32::sin),
-        (IrUnary::Cos, _) => fl(f32::cos),
-        (IrUnary::Tan, _) => fl(f32::tan),
-        (IrUnary::Tanh, _) => fl(f32::tanh),
-        (IrUnary::Floor, _) => fl(f32::floor),
-        (IrUnary::Ceil, _) => fl(f32::ceil),
+        (IrUnary::Neg, ScalarType::F32) => fl!(|v: f32| -v),
+        (IrUnary::Neg, _) => lanes!(|v| (v as i32).wrapping_neg() as u32),
+        (IrUnary::Abs, ScalarType::F32) => fl!(f32::abs),
+        (IrUnary::Abs, ScalarType::I32) => lanes!(|v| (v as i32).wrapping_abs() as u32),
+        (IrUnary::Abs, _) => *out = *x,
+        (IrUnary::Not, ScalarType::Bool) => lanes!(|v| (v == 0) as u32),
+        (IrUnary::Not, _) => lanes!(|v| !v),
+        (IrUnary::Sqrt, _) => fl!(f32::sqrt),
+        (IrUnary::Rsqrt, _) => fl!(|v: f32| 1.0 / v.sqrt()),
+        (IrUnary::Recip, _) => fl!(|v: f32| 1.0 / v),
+        (IrUnary::Exp, _) => fl!(exp_f32),
+        (IrUnary::Exp2, _) => fl!(f32::exp2),
+        (IrUnary::Log, _) => fl!(f32::ln),
+        (IrUnary::Log2, _) => fl!(f32::log2),
+        (IrUnary::Sin, _) => fl!(f32::sin),
+        (IrUnary::Cos, _) => fl!(f32::cos),
+        (IrUnary::Tan, _) => fl!(f32::tan),
+        (IrUnary::Tanh, _) => fl!(f32::tanh),
+        (IrUnary::Floor, _) => fl!(f32::floor),
+        (IrUnary::Ceil, _) => fl!(f32::ceil),
     }
 }
 
-fn binary(op: IrBinary, t: ScalarType, x: &Reg, y: &Reg) -> Reg {
+#[inline(always)]
+fn binary(op: IrBinary, t: ScalarType, x: &Reg, y: &Reg, out: &mut Reg) {
     use ScalarType::*;
+    // Each arm one loop straight into `out`.
     macro_rules! lanes {
         (|$a:ident, $b2:ident| $e:expr) => {
-            std::array::from_fn(|l| {
+            for l in 0..LANES {
                 let ($a, $b2) = (x[l], y[l]);
-                $e
-            })
+                out[l] = $e;
+            }
         };
     }
     match (op, t) {
@@ -743,8 +884,9 @@ fn pick<T: PartialOrd>(op: IrCmp, a: T, b: T) -> u32 {
     }) as u32
 }
 
-fn compare(op: IrCmp, t: ScalarType, x: &Reg, y: &Reg) -> Reg {
-    std::array::from_fn(|l| match t {
+#[inline(always)]
+fn compare(op: IrCmp, t: ScalarType, x: &Reg, y: &Reg, out: &mut Reg) {
+    *out = std::array::from_fn(|l| match t {
         ScalarType::F32 => pick(op, f(x[l]), f(y[l])),
         ScalarType::I32 => pick(op, x[l] as i32, y[l] as i32),
         _ => pick(op, x[l], y[l]),
