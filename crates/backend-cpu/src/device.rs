@@ -69,7 +69,37 @@ pub(crate) fn capabilities() -> Capabilities {
 
 /// A zeroed buffer of `len` elements, refused beyond the system memory or what is available.
 pub(crate) fn alloc(dtype: DType, len: usize) -> Result<CpuBuffer> {
+    alloc_as(dtype, len, storage::Storage::zeroed)
+}
+
+/// A buffer of `len` elements for an output written whole: a kept allocation is not cleared
+/// first (see [`storage::Storage::for_write`]).
+pub(crate) fn alloc_for_write(dtype: DType, len: usize) -> Result<CpuBuffer> {
+    alloc_as(dtype, len, storage::Storage::for_write)
+}
+
+/// Requests below this many bytes skip the check against the system's memory, which reads
+/// `/proc/meminfo` (a training step allocates hundreds of buffers; the read cost more than
+/// the allocations).
+const CHECKED_BYTES: u128 = 64 << 20;
+
+fn alloc_as(
+    dtype: DType,
+    len: usize,
+    make: fn(DType, usize) -> Option<storage::Storage>,
+) -> Result<CpuBuffer> {
     let requested = len as u128 * dtype.size_in_bytes() as u128;
+    if requested >= CHECKED_BYTES {
+        check_memory(requested, dtype, len)?;
+    }
+    make(dtype, len)
+        .map(|s| CpuBuffer(Arc::new(s)))
+        .ok_or(Error::OutOfMemory {
+            requested_bytes: requested,
+        })
+}
+
+fn check_memory(requested: u128, dtype: DType, len: usize) -> Result<()> {
     let (total, available) = memory();
     if requested > total as u128 {
         return Err(Error::AllocationTooLarge {
@@ -87,9 +117,5 @@ pub(crate) fn alloc(dtype: DType, len: usize) -> Result<CpuBuffer> {
             requested_bytes: requested,
         });
     }
-    storage::Storage::zeroed(dtype, len)
-        .map(|s| CpuBuffer(Arc::new(s)))
-        .ok_or(Error::OutOfMemory {
-            requested_bytes: requested,
-        })
+    Ok(())
 }

@@ -169,6 +169,10 @@ impl Backend for CpuBackend {
         device::alloc(dtype, len)
     }
 
+    fn alloc_for_write(&self, dtype: DType, len: usize) -> Result<CpuBuffer> {
+        device::alloc_for_write(dtype, len)
+    }
+
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<CpuBuffer> {
         let buf = self.alloc(dtype, validate::upload(dtype, bytes)?)?;
         let _g = exec();

@@ -54,6 +54,16 @@ unsafe impl Sync for Storage {}
 impl Storage {
     /// Zeroed storage, or `None` when the allocator refuses.
     pub fn zeroed(dtype: DType, len: usize) -> Option<Self> {
+        Self::new(dtype, len, true)
+    }
+
+    /// Storage whose contents are unspecified but initialised: a kept allocation as its last
+    /// owner left it (not cleared), or fresh zeroed memory. For outputs written whole.
+    pub fn for_write(dtype: DType, len: usize) -> Option<Self> {
+        Self::new(dtype, len, false)
+    }
+
+    fn new(dtype: DType, len: usize, zero: bool) -> Option<Self> {
         let bytes = len.checked_mul(dtype.size_in_bytes())?;
         if bytes == 0 {
             let ptr = NonNull::new(ALIGN as *mut u8)?; // dangling, aligned, never dereferenced
@@ -80,9 +90,11 @@ impl Storage {
                 found
             };
             if let Some(addr) = reused {
-                // SAFETY: a live allocation of `capacity >= bytes` bytes that nothing else
-                // refers to; only the first `bytes` are ever read.
-                unsafe { std::ptr::write_bytes(addr as *mut u8, 0, bytes) };
+                if zero {
+                    // SAFETY: a live allocation of `capacity >= bytes` bytes that nothing else
+                    // refers to; only the first `bytes` are ever read.
+                    unsafe { std::ptr::write_bytes(addr as *mut u8, 0, bytes) };
+                }
                 return Some(Self {
                     dtype,
                     len,
@@ -179,6 +191,44 @@ impl CpuBuffer {
     pub(crate) fn typed<T: Element>(&self) -> *mut T {
         debug_assert_eq!(self.0.dtype, T::DTYPE);
         self.0.as_ptr() as *mut T
+    }
+}
+
+/// A kernel's temporary array of `T` (dense copies of strided operands, per-head partials),
+/// from the same allocations as buffers: large ones are kept and reused across calls rather
+/// than faulted in from the kernel page by page each time, as a `Vec` of that size is.
+pub(crate) struct Scratch<T> {
+    storage: Storage,
+    _element: std::marker::PhantomData<T>,
+}
+
+impl<T: Element> Scratch<T> {
+    /// `len` zeros; panics where the allocator refuses, as `Vec` does.
+    pub fn zeroed(len: usize) -> Self {
+        let storage = Storage::zeroed(T::DTYPE, len)
+            .unwrap_or_else(|| panic!("out of memory: a scratch array of {len} x {}", T::DTYPE));
+        Self {
+            storage,
+            _element: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T: Element> std::ops::Deref for Scratch<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `len` elements of `T` (the storage's dtype is `T::DTYPE`), initialised
+        // (zeroed at creation), aligned to 64 bytes; owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.storage.as_ptr() as *const T, self.storage.len) }
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for Scratch<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as for `deref`, and `&mut self` makes the access unique.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.storage.as_ptr() as *mut T, self.storage.len)
+        }
     }
 }
 
