@@ -2,7 +2,7 @@
 //! operands' width (f32 or f64), one thread per batch-head. Also the width-generic pieces
 //! `norm.rs` shares: the [`Real`] arithmetic and dense copies in and out of views.
 
-use crate::storage::{CpuBuffer, Dst, Src};
+use crate::storage::{CpuBuffer, Dst, Scratch, Src};
 use hal::attention::keeps;
 use hal::validate::AttentionShape;
 use hal::{AttentionGrads, AttentionInputs, AttentionParams, Element, Layout, View};
@@ -33,19 +33,21 @@ pub(crate) trait Real:
 }
 
 macro_rules! real {
-    ($t:ty) => {
+    ($t:ty, $exp:expr) => {
         impl Real for $t {
             const ZERO: $t = 0.0;
             const NEG_INF: $t = <$t>::NEG_INFINITY;
             fn of(v: f32) -> $t {
                 v as $t
             }
+            #[inline(always)]
             fn exp(self) -> $t {
-                <$t>::exp(self)
+                $exp(self)
             }
             fn ln(self) -> $t {
                 <$t>::ln(self)
             }
+            #[inline(always)]
             fn madd(self, a: $t, b: $t) -> $t {
                 self * a + b
             }
@@ -55,16 +57,17 @@ macro_rules! real {
         }
     };
 }
-real!(f32);
-real!(f64);
+// f32's exponential vectorises (`math::exp_f32`, within 2 ulp); f64's is libm's.
+real!(f32, crate::math::exp_f32);
+real!(f64, f64::exp);
 
 /// A view's elements in row-major order as `T`.
-pub(crate) fn dense<T: Real>(v: View<'_, CpuBuffer>) -> Vec<T> {
+pub(crate) fn dense<T: Real>(v: View<'_, CpuBuffer>) -> Scratch<T> {
     dense_layout(v.buffer.src(), v.layout)
 }
 
-fn dense_layout<T: Real>(src: Src, layout: &Layout) -> Vec<T> {
-    let mut out = vec![T::default(); layout.numel()];
+fn dense_layout<T: Real>(src: Src, layout: &Layout) -> Scratch<T> {
+    let mut out = Scratch::<T>::zeroed(layout.numel());
     let dst = Dst {
         ptr: out.as_mut_ptr() as *mut u8,
         dtype: T::DTYPE,
@@ -87,10 +90,43 @@ pub(crate) fn store<T: Real>(data: &[T], out: View<'_, CpuBuffer>) {
     );
 }
 
+/// `sum a_k b_k` in eight running partial sums (element `k` into sum `k % 8`), added in a
+/// fixed tree at the end: the same order on every machine, and loops of eight the compiler
+/// turns into one or two vector operations. (A head's width is often 16 or 64; a loop
+/// of unknown length that short stays scalar, its vector body being wider than the loop.)
+#[inline(always)]
 fn dot<T: Real>(a: &[T], b: &[T]) -> T {
-    a.iter()
-        .zip(b)
-        .fold(T::ZERO, |acc, (&x, &y)| x.madd(y, acc))
+    let n = a.len().min(b.len());
+    let split = n / 8 * 8;
+    let mut acc = [T::ZERO; 8];
+    for (x, y) in a[..split].chunks_exact(8).zip(b[..split].chunks_exact(8)) {
+        let (x, y): (&[T; 8], &[T; 8]) = (x.try_into().unwrap(), y.try_into().unwrap());
+        for k in 0..8 {
+            acc[k] = x[k].madd(y[k], acc[k]);
+        }
+    }
+    for k in split..n {
+        acc[k - split] = a[k].madd(b[k], acc[k - split]);
+    }
+    let half: [T; 4] = std::array::from_fn(|k| acc[k] + acc[k + 4]);
+    (half[0] + half[2]) + (half[1] + half[3])
+}
+
+/// `y += a x`, eight elements at a time (see [`dot`]).
+#[inline(always)]
+fn axpy<T: Real>(a: T, x: &[T], y: &mut [T]) {
+    let n = x.len().min(y.len());
+    let split = n / 8 * 8;
+    let (y8, tail) = y[..n].split_at_mut(split);
+    for (yc, xc) in y8.chunks_exact_mut(8).zip(x[..split].chunks_exact(8)) {
+        // As arrays: eight lanes the compiler sees, so it makes them one vector operation.
+        let (yc, xc): (&mut [T; 8], &[T; 8]) = (yc.try_into().unwrap(), xc.try_into().unwrap());
+        let (xv, yv) = (*xc, *yc);
+        *yc = std::array::from_fn(|k| a.madd(xv[k], yv[k]));
+    }
+    for (yc, &xc) in tail.iter_mut().zip(&x[split..n]) {
+        *yc = a.madd(xc, *yc);
+    }
 }
 
 /// One batch-head's operands, row-major.
@@ -105,6 +141,7 @@ struct Head<'a, T> {
 
 impl<T: Real> Head<'_, T> {
     /// Row `i`'s scores (`-inf` where masked).
+    #[inline(always)]
     fn scores(&self, s: &AttentionShape, p: &AttentionParams, i: usize, row: &mut [T]) {
         let qi = &self.q[i * s.d..(i + 1) * s.d];
         for (j, out) in row.iter_mut().enumerate() {
@@ -121,6 +158,7 @@ impl<T: Real> Head<'_, T> {
     }
 
     /// The dropout factor of weight `(i, j)`: `1 / (1 - dropout)` or 0.
+    #[inline(always)]
     fn factor(&self, s: &AttentionShape, p: &AttentionParams, i: usize, j: usize) -> T {
         if p.dropout == 0.0 {
             T::of(1.0)
@@ -133,6 +171,7 @@ impl<T: Real> Head<'_, T> {
 }
 
 /// Weights `exp(s - lse)`, 0 where `lse` is `-inf` (a row with nothing to attend to).
+#[inline(always)]
 fn weight<T: Real>(score: T, lse: T) -> T {
     if lse == T::NEG_INF {
         T::ZERO
@@ -175,48 +214,74 @@ pub(crate) fn forward<T: Real>(
         .zip(mask_layout)
         .map(|(m, l)| dense_layout::<T>(m.buffer.src(), l));
     let hs = heads(s, p, &q, &k, &v, mask.as_deref());
-    let parts: Vec<(Vec<T>, Vec<T>)> = hs
-        .par_iter()
-        .map(|h| {
-            let mut o = vec![T::ZERO; s.tq * s.dv];
-            let mut l = vec![T::ZERO; s.tq];
-            let mut row = vec![T::ZERO; s.tk];
-            for i in 0..s.tq {
-                h.scores(s, p, i, &mut row);
-                let max = row
-                    .iter()
-                    .fold(T::NEG_INF, |m, &x| if x > m { x } else { m });
-                let oi = &mut o[i * s.dv..(i + 1) * s.dv];
-                if max == T::NEG_INF {
-                    l[i] = T::NEG_INF;
-                    continue;
-                }
-                // Each exponential once: the row holds exp(s - max), the weights are those over
-                // their sum.
-                let mut sum = T::ZERO;
-                for x in row.iter_mut() {
-                    *x = (*x - max).exp();
-                    sum = sum + *x;
-                }
-                l[i] = max + sum.ln();
-                let inv = T::of(1.0) / sum;
-                for (j, &e) in row.iter().enumerate() {
-                    if e == T::ZERO {
-                        continue;
-                    }
-                    let w = e * inv * h.factor(s, p, i, j);
-                    for (oc, &vc) in oi.iter_mut().zip(&h.v[j * s.dv..(j + 1) * s.dv]) {
-                        *oc = w.madd(vc, *oc);
-                    }
-                }
+    let mut o = Scratch::<T>::zeroed(hs.len() * s.tq * s.dv);
+    let mut l = Scratch::<T>::zeroed(hs.len() * s.tq);
+    o.par_chunks_mut((s.tq * s.dv).max(1))
+        .zip(l.par_chunks_mut(s.tq.max(1)))
+        .zip(&hs)
+        .for_each(|((o, l), h)| {
+            #[cfg(target_arch = "x86_64")]
+            if crate::has_avx2_fma() {
+                // SAFETY: the CPU has AVX2 and FMA (just checked).
+                return unsafe { forward_head_avx2(s, p, h, o, l) };
             }
-            (o, l)
-        })
-        .collect();
-    let o: Vec<T> = parts.iter().flat_map(|(o, _)| o.iter().copied()).collect();
-    let l: Vec<T> = parts.iter().flat_map(|(_, l)| l.iter().copied()).collect();
+            forward_head(s, p, h, o, l)
+        });
     store(&o, out);
     store(&l, lse);
+}
+
+/// [`forward_head`] compiled for AVX2 and FMA (the lane loops over `d` and `dv` vectorise;
+/// the arithmetic is the same, multiplies and adds rounded separately).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn forward_head_avx2<T: Real>(
+    s: &AttentionShape,
+    p: &AttentionParams,
+    h: &Head<'_, T>,
+    o: &mut [T],
+    l: &mut [T],
+) {
+    forward_head(s, p, h, o, l)
+}
+
+/// One batch-head's output rows `o` (zeroed) and log-sum-exps `l`.
+#[inline(always)]
+fn forward_head<T: Real>(
+    s: &AttentionShape,
+    p: &AttentionParams,
+    h: &Head<'_, T>,
+    o: &mut [T],
+    l: &mut [T],
+) {
+    let mut row = vec![T::ZERO; s.tk];
+    for i in 0..s.tq {
+        h.scores(s, p, i, &mut row);
+        let max = row
+            .iter()
+            .fold(T::NEG_INF, |m, &x| if x > m { x } else { m });
+        let oi = &mut o[i * s.dv..(i + 1) * s.dv];
+        if max == T::NEG_INF {
+            l[i] = T::NEG_INF;
+            continue;
+        }
+        // Each exponential once: the row holds exp(s - max), the weights are those over
+        // their sum. (The exponentials in a loop of their own, which vectorises; the sum in
+        // order in another.)
+        for x in row.iter_mut() {
+            *x = (*x - max).exp();
+        }
+        let sum = row.iter().fold(T::ZERO, |a, &e| a + e);
+        l[i] = max + sum.ln();
+        let inv = T::of(1.0) / sum;
+        for (j, &e) in row.iter().enumerate() {
+            if e == T::ZERO {
+                continue;
+            }
+            let w = e * inv * h.factor(s, p, i, j);
+            axpy(w, &h.v[j * s.dv..(j + 1) * s.dv], oi);
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -237,50 +302,88 @@ pub(crate) fn backward<T: Real>(
         .zip(mask_layout)
         .map(|(m, l)| dense_layout::<T>(m.buffer.src(), l));
     let hs = heads(s, p, &q, &k, &v, mask.as_deref());
-    let scale = T::of(p.scale);
-    let parts: Vec<[Vec<T>; 3]> = hs
-        .par_iter()
-        .enumerate()
-        .map(|(bh, h)| {
-            let mut dq = vec![T::ZERO; s.tq * s.d];
-            let mut dk = vec![T::ZERO; s.tk * s.d];
-            let mut dv = vec![T::ZERO; s.tk * s.dv];
-            let mut row = vec![T::ZERO; s.tk];
-            for i in 0..s.tq {
-                let r = bh * s.tq + i;
-                let (li, doi) = (l[r], &dout[r * s.dv..(r + 1) * s.dv]);
-                if li == T::NEG_INF {
-                    continue;
-                }
-                let delta = dot(doi, &o[r * s.dv..(r + 1) * s.dv]);
-                h.scores(s, p, i, &mut row);
-                let qi = &h.q[i * s.d..(i + 1) * s.d];
-                for (j, &sj) in row.iter().enumerate() {
-                    let w = weight(sj, li);
-                    if w == T::ZERO {
-                        continue;
-                    }
-                    let z = h.factor(s, p, i, j);
-                    for (dvc, &g) in dv[j * s.dv..(j + 1) * s.dv].iter_mut().zip(doi) {
-                        *dvc = (w * z).madd(g, *dvc);
-                    }
-                    let dp = z * dot(doi, &h.v[j * s.dv..(j + 1) * s.dv]);
-                    let ds = scale * (w * (dp - delta));
-                    let kj = &h.k[j * s.d..(j + 1) * s.d];
-                    for (dqc, &kc) in dq[i * s.d..(i + 1) * s.d].iter_mut().zip(kj) {
-                        *dqc = ds.madd(kc, *dqc);
-                    }
-                    for (dkc, &qc) in dk[j * s.d..(j + 1) * s.d].iter_mut().zip(qi) {
-                        *dkc = ds.madd(qc, *dkc);
-                    }
-                }
+    let mut dq = Scratch::<T>::zeroed(hs.len() * s.tq * s.d);
+    let mut dk = Scratch::<T>::zeroed(hs.len() * s.tk * s.d);
+    let mut dv = Scratch::<T>::zeroed(hs.len() * s.tk * s.dv);
+    let rows = Rows {
+        o: &o,
+        l: &l,
+        dout: &dout,
+    };
+    dq.par_chunks_mut((s.tq * s.d).max(1))
+        .zip(dk.par_chunks_mut((s.tk * s.d).max(1)))
+        .zip(dv.par_chunks_mut((s.tk * s.dv).max(1)))
+        .zip(hs.par_iter().enumerate())
+        .for_each(|(((dq, dk), dv), (bh, h))| {
+            let grads = [dq, dk, dv];
+            #[cfg(target_arch = "x86_64")]
+            if crate::has_avx2_fma() {
+                // SAFETY: the CPU has AVX2 and FMA (just checked).
+                return unsafe { backward_head_avx2(s, p, h, &rows, bh, grads) };
             }
-            [dq, dk, dv]
-        })
-        .collect();
-    let cat = |n: usize| -> Vec<T> { parts.iter().flat_map(|p| p[n].iter().copied()).collect() };
-    let (dq, dk, dv) = (cat(0), cat(1), cat(2));
+            backward_head(s, p, h, &rows, bh, grads)
+        });
     store(&dq, g.dq);
     store(&dk, g.dk);
     store(&dv, g.dv);
+}
+
+/// The forward's outputs and the incoming gradient, row-major over all batch-heads.
+struct Rows<'a, T> {
+    o: &'a [T],
+    l: &'a [T],
+    dout: &'a [T],
+}
+
+/// [`backward_head`] compiled for AVX2 and FMA (see [`forward_head_avx2`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn backward_head_avx2<T: Real>(
+    s: &AttentionShape,
+    p: &AttentionParams,
+    h: &Head<'_, T>,
+    rows: &Rows<'_, T>,
+    bh: usize,
+    grads: [&mut [T]; 3],
+) {
+    backward_head(s, p, h, rows, bh, grads)
+}
+
+/// Batch-head `bh`'s gradients `[dq, dk, dv]` (zeroed), recomputing its weights.
+#[inline(always)]
+fn backward_head<T: Real>(
+    s: &AttentionShape,
+    p: &AttentionParams,
+    h: &Head<'_, T>,
+    rows: &Rows<'_, T>,
+    bh: usize,
+    [dq, dk, dv]: [&mut [T]; 3],
+) {
+    let scale = T::of(p.scale);
+    let mut row = vec![T::ZERO; s.tk];
+    for i in 0..s.tq {
+        let r = bh * s.tq + i;
+        let (li, doi) = (rows.l[r], &rows.dout[r * s.dv..(r + 1) * s.dv]);
+        if li == T::NEG_INF {
+            continue;
+        }
+        let delta = dot(doi, &rows.o[r * s.dv..(r + 1) * s.dv]);
+        h.scores(s, p, i, &mut row);
+        // The row's weights first, in a loop that vectorises.
+        for x in row.iter_mut() {
+            *x = weight(*x, li);
+        }
+        let qi = &h.q[i * s.d..(i + 1) * s.d];
+        for (j, &w) in row.iter().enumerate() {
+            if w == T::ZERO {
+                continue;
+            }
+            let z = h.factor(s, p, i, j);
+            axpy(w * z, doi, &mut dv[j * s.dv..(j + 1) * s.dv]);
+            let dp = z * dot(doi, &h.v[j * s.dv..(j + 1) * s.dv]);
+            let ds = scale * (w * (dp - delta));
+            axpy(ds, &h.k[j * s.d..(j + 1) * s.d], &mut dq[i * s.d..(i + 1) * s.d]);
+            axpy(ds, qi, &mut dk[j * s.d..(j + 1) * s.d]);
+        }
+    }
 }
