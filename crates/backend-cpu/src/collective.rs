@@ -233,7 +233,7 @@ fn run(calls: &[Call]) -> std::result::Result<(), String> {
             }
         }
     }
-    let _g = exec();
+    let _g = exec("collective");
     let first = &calls[0];
     let dtype = first.dtype;
     let size = calls.len();

@@ -31,6 +31,7 @@ pub mod collective;
 mod device;
 mod math;
 mod ops;
+mod profile;
 mod program;
 mod storage;
 mod walk;
@@ -61,9 +62,29 @@ pub(crate) fn has_avx2_fma() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
-fn exec() -> MutexGuard<'static, ()> {
+/// The execution lock, held for one call; under `HAL_CPU_PROFILE` it also times the call
+/// (see [`profile`]).
+struct Exec<'a> {
+    _lock: MutexGuard<'static, ()>,
+    timing: Option<(&'a str, std::time::Instant)>,
+}
+
+impl Drop for Exec<'_> {
+    fn drop(&mut self) {
+        if let Some((what, start)) = self.timing {
+            profile::add(what, start);
+        }
+    }
+}
+
+/// Takes the execution lock for a call of `what` (a primitive's name, or a program's).
+fn exec(what: &str) -> Exec<'_> {
     // A panic inside a kernel poisons the lock but leaves no state to repair.
-    EXEC.lock().unwrap_or_else(|p| p.into_inner())
+    let lock = EXEC.lock().unwrap_or_else(|p| p.into_inner());
+    Exec {
+        _lock: lock,
+        timing: profile::enabled().then(|| (what, std::time::Instant::now())),
+    }
 }
 
 /// The CPU device handle. Cheap to clone; clones share the kernel cache.
@@ -84,6 +105,13 @@ impl std::fmt::Debug for CpuBackend {
 impl CpuBackend {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Under `HAL_CPU_PROFILE`: the wall time per primitive (programs by name) since the last
+    /// call, divided by `runs`, and the totals started afresh; `None` when not profiling.
+    /// A tuning aid, like the GPU backends' profiles.
+    pub fn take_profile(&self, runs: usize) -> Option<String> {
+        profile::take_report(runs)
     }
     /// Kernels compiled so far (structurally distinct programs).
     pub fn cached_kernels(&self) -> usize {
@@ -175,7 +203,7 @@ impl Backend for CpuBackend {
 
     fn upload_bytes(&self, dtype: DType, bytes: &[u8]) -> Result<CpuBuffer> {
         let buf = self.alloc(dtype, validate::upload(dtype, bytes)?)?;
-        let _g = exec();
+        let _g = exec("upload_bytes");
         // SAFETY: the new buffer has exactly `bytes.len()` bytes.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.0.as_ptr(), bytes.len()) };
         Ok(buf)
@@ -183,20 +211,20 @@ impl Backend for CpuBackend {
 
     fn write_bytes(&self, dst: &CpuBuffer, bytes: &[u8]) -> Result<()> {
         validate::write(dst, bytes)?;
-        let _g = exec();
+        let _g = exec("write_bytes");
         // SAFETY: validate::write proved `bytes` exactly as long as the buffer.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.0.as_ptr(), bytes.len()) };
         Ok(())
     }
 
     fn read_bytes(&self, src: &CpuBuffer) -> Result<Vec<u8>> {
-        let _g = exec();
+        let _g = exec("read_bytes");
         // SAFETY: the storage holds `bytes()` initialised bytes.
         Ok(unsafe { std::slice::from_raw_parts(src.0.as_ptr(), src.0.bytes()) }.to_vec())
     }
 
     fn read_bytes_into(&self, src: &CpuBuffer, dst: &mut [u8]) -> Result<()> {
-        let _g = exec();
+        let _g = exec("read_bytes_into");
         if src.0.bytes() != dst.len() {
             return Err(Error::ShapeMismatch {
                 op: "read_bytes_into",
@@ -212,14 +240,14 @@ impl Backend for CpuBackend {
 
     fn fill(&self, out: V<'_>, value: f64) -> Result<()> {
         validate::fill(out)?;
-        let _g = exec();
+        let _g = exec("fill");
         elementwise::fill(out.buffer.dst(), out.layout, value);
         Ok(())
     }
 
     fn copy(&self, src: V<'_>, out: V<'_>) -> Result<()> {
         validate::copy(src, out)?;
-        let _g = exec();
+        let _g = exec("copy");
         elementwise::copy(src.buffer.src(), src.layout, out.buffer.dst(), out.layout);
         Ok(())
     }
@@ -227,7 +255,7 @@ impl Backend for CpuBackend {
     fn unary(&self, op: UnaryOp, x: V<'_>, out: V<'_>) -> Result<()> {
         let xl = validate::unary(x, out)?;
         f64_offered("unary", &[x.dtype(), out.dtype()])?;
-        let _g = exec();
+        let _g = exec("unary");
         elementwise::unary(op, x.buffer.src(), &xl, out.buffer.dst(), out.layout);
         Ok(())
     }
@@ -235,7 +263,7 @@ impl Backend for CpuBackend {
     fn binary(&self, op: BinaryOp, a: V<'_>, b: V<'_>, out: V<'_>) -> Result<()> {
         let (al, bl) = validate::binary(a, b, out)?;
         f64_offered("binary", &[a.dtype(), b.dtype(), out.dtype()])?;
-        let _g = exec();
+        let _g = exec("binary");
         elementwise::binary(
             op,
             a.buffer.src(),
@@ -251,7 +279,7 @@ impl Backend for CpuBackend {
     fn ternary(&self, op: TernaryOp, a: V<'_>, b: V<'_>, c: V<'_>, out: V<'_>) -> Result<()> {
         let [al, bl, cl] = validate::ternary(a, b, c, out)?;
         f64_offered("ternary", &[a.dtype(), b.dtype(), c.dtype(), out.dtype()])?;
-        let _g = exec();
+        let _g = exec("ternary");
         elementwise::ternary(
             op,
             a.buffer.src(),
@@ -268,7 +296,7 @@ impl Backend for CpuBackend {
 
     fn reduce(&self, op: ReduceOp, x: V<'_>, axes: &[usize], out: V<'_>) -> Result<()> {
         validate::reduce(op, x, axes, out)?;
-        let _g = exec();
+        let _g = exec("reduce");
         reduce::reduce(
             op,
             x.buffer.src(),
@@ -282,7 +310,7 @@ impl Backend for CpuBackend {
 
     fn arg_reduce(&self, op: ArgReduceOp, x: V<'_>, axis: usize, out: V<'_>) -> Result<()> {
         validate::arg_reduce(x, axis, out)?;
-        let _g = exec();
+        let _g = exec("arg_reduce");
         reduce::arg_reduce(
             op,
             x.buffer.src(),
@@ -297,7 +325,7 @@ impl Backend for CpuBackend {
     fn matmul(&self, a: V<'_>, b: V<'_>, out: V<'_>, alpha: f32, beta: f32) -> Result<()> {
         let [am, bm, om] = validate::matmul(a, b, out)?;
         f64_offered("matmul", &[a.dtype(), b.dtype(), out.dtype()])?;
-        let _g = exec();
+        let _g = exec("matmul");
         matmul::matmul(a.buffer, am, b.buffer, bm, out.buffer, om, alpha, beta);
         Ok(())
     }
@@ -312,14 +340,14 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         validate::spmv_csr(&a, x, y)?;
         f64_offered("spmv_csr", &[a.values.dtype(), x.dtype(), y.dtype()])?;
-        let _g = exec();
+        let _g = exec("spmv_csr");
         matmul::spmv_csr(a, x, y, alpha, beta)
     }
 
     fn gather(&self, x: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
         validate::gather(x, axis, index, out)?;
         f64_offered("gather", &[x.dtype(), out.dtype()])?;
-        let _g = exec();
+        let _g = exec("gather");
         check_indices("gather", index, x.layout.shape[axis])?;
         index::gather(
             x.buffer.src(),
@@ -336,7 +364,7 @@ impl Backend for CpuBackend {
     fn scatter_add(&self, src: V<'_>, axis: usize, index: V<'_>, out: V<'_>) -> Result<()> {
         validate::scatter_add(src, axis, index, out)?;
         f64_offered("scatter_add", &[src.dtype(), out.dtype()])?;
-        let _g = exec();
+        let _g = exec("scatter_add");
         check_indices("scatter_add", index, out.layout.shape[axis])?;
         index::scatter_add(
             src.buffer.src(),
@@ -353,7 +381,7 @@ impl Backend for CpuBackend {
     fn im2col(&self, x: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
         validate::im2col(x, g, out)?;
         f64_offered("im2col", &[x.dtype(), out.dtype()])?;
-        let _g = exec();
+        let _g = exec("im2col");
         conv::im2col(x.buffer.src(), x.layout, g, out.buffer.dst(), out.layout);
         Ok(())
     }
@@ -361,7 +389,7 @@ impl Backend for CpuBackend {
     fn col2im(&self, cols: V<'_>, g: &Conv2dGeometry, out: V<'_>) -> Result<()> {
         validate::col2im(cols, g, out)?;
         f64_offered("col2im", &[cols.dtype(), out.dtype()])?;
-        let _g = exec();
+        let _g = exec("col2im");
         conv::col2im(
             cols.buffer.src(),
             cols.layout,
@@ -389,7 +417,7 @@ impl Backend for CpuBackend {
                 self.nearest_centroid(x, c, i, d)
             });
         }
-        let _g = exec();
+        let _g = exec("nearest_centroid");
         let reproducible = self.precision == Precision::Reproducible;
         cluster::nearest_centroid_views([x, c, out_index, out_distance], reproducible);
         Ok(())
@@ -405,7 +433,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         validate::segment_sum(x, segment, weights, sums, counts)?;
         f64_offered("segment_sum", &[x.dtype(), sums.dtype(), counts.dtype()])?;
-        let _g = exec();
+        let _g = exec("segment_sum");
         check_indices("segment_sum", segment, sums.layout.shape[0])?;
         let reproducible = self.precision == Precision::Reproducible;
         segment::segment_sum_views(x, segment, weights, [sums, counts], reproducible);
@@ -414,7 +442,7 @@ impl Backend for CpuBackend {
 
     fn top_k(&self, x: V<'_>, values: V<'_>, indices: V<'_>, largest: bool) -> Result<()> {
         let (rows, n, k) = validate::top_k(x, values, indices)?;
-        let _g = exec();
+        let _g = exec("top_k");
         topk::top_k(x, values, indices, [rows, n, k], largest);
         Ok(())
     }
@@ -426,7 +454,7 @@ impl Backend for CpuBackend {
         labels: V<'_>,
     ) -> Result<()> {
         let shape = validate::ivf_scan(x, distances, labels)?;
-        let _g = exec();
+        let _g = exec("ivf_scan");
         topk::ivf_scan(x, &shape, distances, labels)
     }
 
@@ -437,7 +465,7 @@ impl Backend for CpuBackend {
         scores: V<'_>,
     ) -> Result<()> {
         let shape = validate::candidate_scores(x, scores)?;
-        let _g = exec();
+        let _g = exec("candidate_scores");
         topk::candidate_scores(x, &shape, alpha, scores)
     }
 
@@ -449,7 +477,7 @@ impl Backend for CpuBackend {
         p: &AttentionParams,
     ) -> Result<()> {
         let (s, mask) = validate::attention(x, out, lse, p)?;
-        let _g = exec();
+        let _g = exec("attention");
         if x.q.dtype() == DType::F64 {
             attention::forward::<f64>(&s, mask.as_ref(), x, out, lse, p);
         } else {
@@ -468,7 +496,7 @@ impl Backend for CpuBackend {
         p: &AttentionParams,
     ) -> Result<()> {
         let (s, mask) = validate::attention_backward(x, out, lse, dout, grads, p)?;
-        let _g = exec();
+        let _g = exec("attention_backward");
         if x.q.dtype() == DType::F64 {
             attention::backward::<f64>(&s, mask.as_ref(), x, out, lse, dout, grads, p);
         } else {
@@ -486,7 +514,7 @@ impl Backend for CpuBackend {
         eps: f32,
     ) -> Result<()> {
         let size = validate::layer_norm(x, out, mean, rstd, eps)?;
-        let _g = exec();
+        let _g = exec("layer_norm");
         if norm::is_wide(&x) {
             norm::forward::<f64>(x, size, out, mean, rstd, eps);
         } else {
@@ -504,7 +532,7 @@ impl Backend for CpuBackend {
         grads: NormGrads<'_, CpuBuffer>,
     ) -> Result<()> {
         let size = validate::layer_norm_backward(x, mean, rstd, dout, grads)?;
-        let _g = exec();
+        let _g = exec("layer_norm_backward");
         if norm::is_wide(&x) {
             norm::backward::<f64>(x, size, mean, rstd, dout, grads);
         } else {
@@ -522,7 +550,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         validate::sgd_step(param, grad, momentum_buffer, p)?;
         f64_offered("sgd_step", &[param.dtype()])?;
-        let _g = exec();
+        let _g = exec("sgd_step");
         if param.dtype() == DType::F64 {
             let buf = momentum_buffer.filter(|_| p.momentum != 0.0);
             // SAFETY: validate::sgd_step: f64 buffers of one length.
@@ -557,7 +585,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         validate::adam_step(param, grad, m, v, p)?;
         f64_offered("adam_step", &[param.dtype()])?;
-        let _g = exec();
+        let _g = exec("adam_step");
         if param.dtype() == DType::F64 {
             let ptrs = [param, grad, m, v].map(|b| b.typed::<f64>());
             // SAFETY: validate::adam_step: f64 buffers of one length.
@@ -572,7 +600,7 @@ impl Backend for CpuBackend {
     fn random(&self, out: V<'_>, dist: Distribution, seed: u64, offset: u64) -> Result<()> {
         validate::random(out)?;
         f64_offered("random", &[out.dtype()])?;
-        let _g = exec();
+        let _g = exec("random");
         random::random(out.buffer.dst(), out.layout, dist, seed, offset);
         Ok(())
     }
@@ -583,7 +611,7 @@ impl Backend for CpuBackend {
     }
 
     fn launch(&self, kernel: &CpuKernel, args: &[&CpuBuffer], n: usize) -> Result<()> {
-        let _g = exec();
+        let _g = exec(&kernel.0.program.name);
         program::launch(&kernel.0, args, n)
     }
     fn with_precision(&self, precision: Precision) -> Self {

@@ -61,8 +61,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Seconds of warm-up runs before timed ones (see [`time_it`]).
 const WARM_UP_SECONDS: f64 = 0.5;
 
-/// Under `HAL_WGPU_PROFILE` with the wgpu backend or `HAL_CUDA_PROFILE` with the CUDA one: the
-/// per-kernel GPU time since the last call, divided by the runs given (see the backends'
+/// Under `HAL_WGPU_PROFILE` with the wgpu backend, `HAL_CUDA_PROFILE` with the CUDA one or
+/// `HAL_CPU_PROFILE` with the CPU: the per-kernel (per-call on the CPU) time since the last call, divided by the runs given (see the backends'
 /// `take_profile`).
 type ProfileHook = Box<dyn Fn(usize) -> Option<String> + Send>;
 static PROFILE: std::sync::Mutex<Option<ProfileHook>> = std::sync::Mutex::new(None);
@@ -135,7 +135,12 @@ fn main() -> ExitCode {
         }
     };
     match args.backend.as_str() {
-        "cpu" => run(&CpuBackend::new(), &args, Hooks::default()),
+        "cpu" => {
+            let cpu = CpuBackend::new();
+            let profiled = cpu.clone();
+            set_profile_hook(Box::new(move |runs| profiled.take_profile(runs)));
+            run(&cpu, &args, Hooks::default())
+        }
         "wgpu" => match backend_wgpu::WgpuBackend::with_options(args.wgpu_options) {
             Ok(gpu) => {
                 let profiled = gpu.clone();

@@ -1,5 +1,6 @@
-//! Per-kernel GPU time totals, kept by the GPU backends' tuning profilers
-//! (`HAL_WGPU_PROFILE`, `HAL_CUDA_PROFILE`) and printed by `bench`. Not part of any
+//! Per-kernel time totals, kept by the backends' tuning profilers (`HAL_WGPU_PROFILE`,
+//! `HAL_CUDA_PROFILE`: GPU time per kernel; `HAL_CPU_PROFILE`: wall time per call) and printed
+//! by `bench`. Not part of any
 //! primitive's contract: a tool for finding where a device's time goes.
 
 use std::collections::HashMap;
@@ -58,14 +59,15 @@ impl KernelTimes {
 
     /// The totals divided by `runs` (the runs of some work they cover), heaviest first, as
     /// lines of text headed by `backend`. The busy time against the span shows how much of
-    /// the span the GPU sat idle (the host not keeping up, or barriers).
+    /// the span the device sat idle (the host not keeping up, or barriers; on the CPU, the
+    /// caller's own work between calls).
     pub fn report(&self, backend: &str, runs: usize) -> String {
         let per = runs.max(1) as f64;
         let mut rows: Vec<(&String, &Total)> = self.totals.iter().collect();
         rows.sort_by(|a, b| b.1.ns.total_cmp(&a.1.ns));
         let busy_ns: f64 = rows.iter().map(|(_, t)| t.ns).sum();
         let mut out = format!(
-            "{backend} profile, per run of {runs}: GPU busy {:.3} ms in a {:.3} ms span (from the first timed start to the last timed end of each read-back)\n{:>10} {:>10} {:>10}  kernel\n",
+            "{backend} profile, per run of {runs}: busy {:.3} ms in a {:.3} ms span (from the first timed start to the last timed end of each read-back)\n{:>10} {:>10} {:>10}  kernel\n",
             busy_ns / 1e6 / per,
             self.span_ns / 1e6 / per,
             "ms",
@@ -96,7 +98,7 @@ mod tests {
         k.add("big", 1_000_000.0);
         k.add_span(8_000_000.0);
         let r = k.report("test", 2);
-        assert!(r.contains("GPU busy 2.001 ms in a 4.000 ms span"), "{r}");
+        assert!(r.contains("busy 2.001 ms in a 4.000 ms span"), "{r}");
         let big = r.find("big").unwrap();
         assert!(big < r.find("small").unwrap(), "{r}");
         // 2 ms per run, one launch per run, 2000 us each.
