@@ -226,9 +226,7 @@ impl<T: Element> std::ops::Deref for Scratch<T> {
 impl<T: Element> std::ops::DerefMut for Scratch<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as for `deref`, and `&mut self` makes the access unique.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.storage.as_ptr() as *mut T, self.storage.len)
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.storage.as_ptr() as *mut T, self.storage.len) }
     }
 }
 

@@ -129,31 +129,52 @@ fn axpy<T: Real>(a: T, x: &[T], y: &mut [T]) {
     }
 }
 
+/// `out[j] += sum_c x[c] t[c * stride + j]` for the `j < out.len()`, the terms added in
+/// order of `c`: a row vector times a transposed matrix, one vectorised pass per `c`.
+#[inline(always)]
+fn product_row<T: Real>(x: &[T], t: &[T], stride: usize, out: &mut [T]) {
+    let n = out.len();
+    for (c, &xc) in x.iter().enumerate() {
+        axpy(xc, &t[c * stride..c * stride + n], out);
+    }
+}
+
 /// One batch-head's operands, row-major.
 struct Head<'a, T> {
     q: &'a [T],
-    k: &'a [T],
-    v: &'a [T],
+    /// Keys and values transposed (`d x tk`, `dv x tk`): a row of scores is then `d` loops over
+    /// the keys, which vectorise, rather than `tk` dot products of `d` terms each.
+    kt: &'a [T],
+    vt: &'a [T],
     mask: Option<&'a [T]>,
     /// This head's first weight's position in the dropout stream.
     first: u64,
 }
 
 impl<T: Real> Head<'_, T> {
-    /// Row `i`'s scores (`-inf` where masked).
+    /// The keys row `i` may attend to: `0..min(i + 1, tk)` when causal, else all.
+    #[inline(always)]
+    fn reach(&self, s: &AttentionShape, p: &AttentionParams, i: usize) -> usize {
+        if p.causal { (i + 1).min(s.tk) } else { s.tk }
+    }
+
+    /// Row `i`'s scores (`-inf` where masked). Each is `scale (q_i . k_j)`, the dot product
+    /// summed in order over the head's columns.
     #[inline(always)]
     fn scores(&self, s: &AttentionShape, p: &AttentionParams, i: usize, row: &mut [T]) {
-        let qi = &self.q[i * s.d..(i + 1) * s.d];
-        for (j, out) in row.iter_mut().enumerate() {
-            *out = if p.causal && j > i {
-                T::NEG_INF
-            } else {
-                let raw = T::of(p.scale) * dot(qi, &self.k[j * s.d..(j + 1) * s.d]);
-                match self.mask {
-                    Some(m) => raw + m[i * s.tk + j],
-                    None => raw,
+        let reach = self.reach(s, p, i);
+        let (live, masked) = row.split_at_mut(reach);
+        live.fill(T::ZERO);
+        masked.fill(T::NEG_INF);
+        product_row(&self.q[i * s.d..(i + 1) * s.d], self.kt, s.tk, live);
+        let scale = T::of(p.scale);
+        match self.mask {
+            Some(m) => {
+                for (x, &mv) in live.iter_mut().zip(&m[i * s.tk..i * s.tk + reach]) {
+                    *x = scale * *x + mv;
                 }
-            };
+            }
+            None => live.iter_mut().for_each(|x| *x = scale * *x),
         }
     }
 
@@ -180,20 +201,34 @@ fn weight<T: Real>(score: T, lse: T) -> T {
     }
 }
 
+/// Each head's `tk x width` block of `x` transposed to `width x tk`.
+fn transposed<T: Real>(x: &[T], heads: usize, tk: usize, width: usize) -> Scratch<T> {
+    let mut t = Scratch::<T>::zeroed(heads * tk * width);
+    t.par_chunks_mut((tk * width).max(1))
+        .zip(x.par_chunks((tk * width).max(1)))
+        .for_each(|(t, x)| {
+            for (j, row) in x.chunks_exact(width.max(1)).enumerate() {
+                for (c, &v) in row.iter().enumerate() {
+                    t[c * tk + j] = v;
+                }
+            }
+        });
+    t
+}
+
 /// Each batch-head's slices of the dense operands, and its mask (materialised broadcast).
 fn heads<'a, T: Real>(
     s: &AttentionShape,
     p: &AttentionParams,
     q: &'a [T],
-    k: &'a [T],
-    v: &'a [T],
+    (kt, vt): (&'a [T], &'a [T]),
     mask: Option<&'a [T]>,
 ) -> Vec<Head<'a, T>> {
     (0..s.batch * s.heads)
         .map(|bh| Head {
             q: &q[bh * s.tq * s.d..(bh + 1) * s.tq * s.d],
-            k: &k[bh * s.tk * s.d..(bh + 1) * s.tk * s.d],
-            v: &v[bh * s.tk * s.dv..(bh + 1) * s.tk * s.dv],
+            kt: &kt[bh * s.tk * s.d..(bh + 1) * s.tk * s.d],
+            vt: &vt[bh * s.tk * s.dv..(bh + 1) * s.tk * s.dv],
             mask: mask.map(|m| &m[bh * s.tq * s.tk..(bh + 1) * s.tq * s.tk]),
             first: p.offset + (bh * s.tq * s.tk) as u64,
         })
@@ -213,7 +248,12 @@ pub(crate) fn forward<T: Real>(
         .mask
         .zip(mask_layout)
         .map(|(m, l)| dense_layout::<T>(m.buffer.src(), l));
-    let hs = heads(s, p, &q, &k, &v, mask.as_deref());
+    let bh = s.batch * s.heads;
+    let (kt, vt) = (
+        transposed(&k, bh, s.tk, s.d),
+        transposed(&v, bh, s.tk, s.dv),
+    );
+    let hs = heads(s, p, &q, (&kt, &vt), mask.as_deref());
     let mut o = Scratch::<T>::zeroed(hs.len() * s.tq * s.dv);
     let mut l = Scratch::<T>::zeroed(hs.len() * s.tq);
     o.par_chunks_mut((s.tq * s.dv).max(1))
@@ -257,31 +297,49 @@ fn forward_head<T: Real>(
     let mut row = vec![T::ZERO; s.tk];
     for i in 0..s.tq {
         h.scores(s, p, i, &mut row);
-        let max = row
-            .iter()
-            .fold(T::NEG_INF, |m, &x| if x > m { x } else { m });
+        let reach = h.reach(s, p, i);
+        let max = lanes(&row[..reach], T::NEG_INF, |m, x| if x > m { x } else { m });
         let oi = &mut o[i * s.dv..(i + 1) * s.dv];
         if max == T::NEG_INF {
             l[i] = T::NEG_INF;
             continue;
         }
         // Each exponential once: the row holds exp(s - max), the weights are those over
-        // their sum. (The exponentials in a loop of their own, which vectorises; the sum in
-        // order in another.)
-        for x in row.iter_mut() {
+        // their sum, each loop over the keys vectorised.
+        let live = &mut row[..reach];
+        for x in live.iter_mut() {
             *x = (*x - max).exp();
         }
-        let sum = row.iter().fold(T::ZERO, |a, &e| a + e);
+        let sum = lanes(live, T::ZERO, |a, e| a + e);
         l[i] = max + sum.ln();
         let inv = T::of(1.0) / sum;
-        for (j, &e) in row.iter().enumerate() {
-            if e == T::ZERO {
-                continue;
-            }
-            let w = e * inv * h.factor(s, p, i, j);
-            axpy(w, &h.v[j * s.dv..(j + 1) * s.dv], oi);
+        for (j, x) in live.iter_mut().enumerate() {
+            *x = *x * inv * h.factor(s, p, i, j);
+        }
+        // o_i[c] = sum_j w_j v[j][c]: a dot product over the keys per column, from the
+        // transposed values (no chain of updates to one output row).
+        for (c, oc) in oi.iter_mut().enumerate() {
+            *oc = dot(live, &h.vt[c * s.tk..c * s.tk + reach]);
         }
     }
+}
+
+/// `xs` folded by `f` in eight lanes (element `k` into lane `k % 8`, starting from `init`),
+/// the lanes then folded in a fixed tree: the same on every CPU, and vectorised. For max and
+/// min the result is that of a sequential fold; for sums it differs only by rounding.
+#[inline(always)]
+fn lanes<T: Real>(xs: &[T], init: T, f: impl Fn(T, T) -> T) -> T {
+    let split = xs.len() / 8 * 8;
+    let mut acc = [init; 8];
+    for chunk in xs[..split].chunks_exact(8) {
+        let chunk: &[T; 8] = chunk.try_into().unwrap();
+        acc = std::array::from_fn(|k| f(acc[k], chunk[k]));
+    }
+    for (k, &x) in xs[split..].iter().enumerate() {
+        acc[k] = f(acc[k], x);
+    }
+    let half: [T; 4] = std::array::from_fn(|k| f(acc[k], acc[k + 4]));
+    f(f(half[0], half[2]), f(half[1], half[3]))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -301,7 +359,12 @@ pub(crate) fn backward<T: Real>(
         .mask
         .zip(mask_layout)
         .map(|(m, l)| dense_layout::<T>(m.buffer.src(), l));
-    let hs = heads(s, p, &q, &k, &v, mask.as_deref());
+    let bh = s.batch * s.heads;
+    let (kt, vt) = (
+        transposed(&k, bh, s.tk, s.d),
+        transposed(&v, bh, s.tk, s.dv),
+    );
+    let hs = heads(s, p, &q, (&kt, &vt), mask.as_deref());
     let mut dq = Scratch::<T>::zeroed(hs.len() * s.tq * s.d);
     let mut dk = Scratch::<T>::zeroed(hs.len() * s.tk * s.d);
     let mut dv = Scratch::<T>::zeroed(hs.len() * s.tk * s.dv);
@@ -360,7 +423,7 @@ fn backward_head<T: Real>(
     [dq, dk, dv]: [&mut [T]; 3],
 ) {
     let scale = T::of(p.scale);
-    let mut row = vec![T::ZERO; s.tk];
+    let (mut row, mut dots) = (vec![T::ZERO; s.tk], vec![T::ZERO; s.tk]);
     for i in 0..s.tq {
         let r = bh * s.tq + i;
         let (li, doi) = (rows.l[r], &rows.dout[r * s.dv..(r + 1) * s.dv]);
@@ -369,21 +432,31 @@ fn backward_head<T: Real>(
         }
         let delta = dot(doi, &rows.o[r * s.dv..(r + 1) * s.dv]);
         h.scores(s, p, i, &mut row);
-        // The row's weights first, in a loop that vectorises.
-        for x in row.iter_mut() {
+        let reach = h.reach(s, p, i);
+        // The row's weights and `do_i . v_j` first, in loops over the keys that vectorise.
+        for x in row[..reach].iter_mut() {
             *x = weight(*x, li);
         }
+        let dots = &mut dots[..reach];
+        dots.fill(T::ZERO);
+        product_row(doi, h.vt, s.tk, dots);
         let qi = &h.q[i * s.d..(i + 1) * s.d];
-        for (j, &w) in row.iter().enumerate() {
+        // `dots` becomes the row's score gradients ds_j (0 where the weight is).
+        for (j, (&w, dj)) in row[..reach].iter().zip(dots.iter_mut()).enumerate() {
             if w == T::ZERO {
+                *dj = T::ZERO;
                 continue;
             }
             let z = h.factor(s, p, i, j);
             axpy(w * z, doi, &mut dv[j * s.dv..(j + 1) * s.dv]);
-            let dp = z * dot(doi, &h.v[j * s.dv..(j + 1) * s.dv]);
+            let dp = z * *dj;
             let ds = scale * (w * (dp - delta));
-            axpy(ds, &h.k[j * s.d..(j + 1) * s.d], &mut dq[i * s.d..(i + 1) * s.d]);
+            *dj = ds;
             axpy(ds, qi, &mut dk[j * s.d..(j + 1) * s.d]);
+        }
+        // dq_i[c] = sum_j ds_j k[j][c], a dot product over the keys per column.
+        for (c, dqc) in dq[i * s.d..(i + 1) * s.d].iter_mut().enumerate() {
+            *dqc = dot(dots, &h.kt[c * s.tk..c * s.tk + reach]);
         }
     }
 }
