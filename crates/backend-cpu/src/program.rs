@@ -362,7 +362,7 @@ fn run_block(
                     Stored::Narrow(&regs[op(value)])
                 };
                 let when = match *inst {
-                    Inst::Store { when: Some(w), .. } => Some(regs[op(w)]),
+                    Inst::Store { when: Some(w), .. } => Some(&regs[op(w)]),
                     _ => None,
                 };
                 let atomic = matches!(inst, Inst::AtomicAdd { .. });
@@ -384,9 +384,11 @@ fn run_block(
                 binary(o, t, x, y, out);
             }
             Inst::Cmp { op: c, a, b: bv } if wide_operand(a) => {
-                let (xa, xb) = (wide[op(a)], wide[op(bv)]);
-                regs[dst] =
-                    std::array::from_fn(|l| pick(c, f64::from_bits(xa[l]), f64::from_bits(xb[l])));
+                let (xa, xb) = (&wide[op(a)], &wide[op(bv)]);
+                let out = &mut regs[dst];
+                for l in 0..LANES {
+                    out[l] = pick(c, f64::from_bits(xa[l]), f64::from_bits(xb[l]));
+                }
             }
             Inst::Cmp { op: c, a, b: bv } => {
                 let t = k.types[a.0 as usize].expect("typed");
@@ -469,7 +471,7 @@ fn store_lanes(
     m: Mem,
     ix: &Reg,
     value: Stored<'_>,
-    when: Option<Reg>,
+    when: Option<&Reg>,
     atomic: bool,
     lanes: usize,
     fault: &impl Fn(u32),
@@ -478,7 +480,7 @@ fn store_lanes(
     #[inline(always)]
     fn each(
         ix: &Reg,
-        when: Option<Reg>,
+        when: Option<&Reg>,
         lanes: usize,
         len: usize,
         fault: &impl Fn(u32),
@@ -584,15 +586,18 @@ fn cast_lanes(files: Files<'_>, from: ScalarType, to: ScalarType, src: usize, ds
         (true, true) => wide[dst] = wide[src],
         (true, false) => {
             let xs = wide[src];
-            regs[dst] = std::array::from_fn(|l| cast_from64(to, xs[l]));
+            let out = &mut regs[dst];
+            (0..LANES).for_each(|l| out[l] = cast_from64(to, xs[l]));
         }
         (false, true) => {
             let xs = regs[src];
-            wide[dst] = std::array::from_fn(|l| cast_to64(from, xs[l]));
+            let out = &mut wide[dst];
+            (0..LANES).for_each(|l| out[l] = cast_to64(from, xs[l]));
         }
         (false, false) => {
             let xs = regs[src];
-            regs[dst] = std::array::from_fn(|l| cast(from, to, xs[l]));
+            let out = &mut regs[dst];
+            (0..LANES).for_each(|l| out[l] = cast(from, to, xs[l]));
         }
     }
 }
@@ -853,13 +858,17 @@ fn binary(op: IrBinary, t: ScalarType, x: &Reg, y: &Reg, out: &mut Reg) {
         } else {
             (p as i32).wrapping_div(q as i32) as u32
         }),
-        (IrBinary::Div, _) => lanes!(|p, q| p.checked_div(q).unwrap_or(0)),
+        (IrBinary::Div, _) => lanes!(|p, q| div_u32(p, q)),
         (IrBinary::Rem, I32) => lanes!(|p, q| if q == 0 {
             0
         } else {
             (p as i32).wrapping_rem(q as i32) as u32
         }),
-        (IrBinary::Rem, _) => lanes!(|p, q| p.checked_rem(q).unwrap_or(0)),
+        (IrBinary::Rem, _) => lanes!(|p, q| if q == 0 {
+            0
+        } else {
+            p.wrapping_sub(q.wrapping_mul(div_u32(p, q)))
+        }),
         (IrBinary::Min, I32) => lanes!(|p, q| (p as i32).min(q as i32) as u32),
         (IrBinary::Max, I32) => lanes!(|p, q| (p as i32).max(q as i32) as u32),
         (IrBinary::Min, _) => lanes!(|p, q| p.min(q)),
@@ -871,6 +880,18 @@ fn binary(op: IrBinary, t: ScalarType, x: &Reg, y: &Reg, out: &mut Reg) {
         (IrBinary::Shr, I32) => lanes!(|p, q| (p as i32).wrapping_shr(q) as u32),
         (IrBinary::Shr, _) => lanes!(|p, q| p.wrapping_shr(q)),
     }
+}
+
+/// `p / q` rounded down, 0 where `q` is 0, through `f64`: a vector division, where the
+/// integer one is a scalar instruction of some 25 cycles per lane (index arithmetic such as
+/// `t / classes` runs it for every element). Exact: both operands are below 2^32, so the
+/// correctly rounded `f64` quotient of a non-integer `p / q` stays below the next integer
+/// (their gap, at least `1 / q`, exceeds the quotient's rounding error, at most
+/// `2^-52 p / q`).
+#[inline(always)]
+fn div_u32(p: u32, q: u32) -> u32 {
+    let quotient = (p as f64 / q as f64) as u32;
+    if q == 0 { 0 } else { quotient }
 }
 
 fn pick<T: PartialOrd>(op: IrCmp, a: T, b: T) -> u32 {
@@ -886,9 +907,10 @@ fn pick<T: PartialOrd>(op: IrCmp, a: T, b: T) -> u32 {
 
 #[inline(always)]
 fn compare(op: IrCmp, t: ScalarType, x: &Reg, y: &Reg, out: &mut Reg) {
-    *out = std::array::from_fn(|l| match t {
-        ScalarType::F32 => pick(op, f(x[l]), f(y[l])),
-        ScalarType::I32 => pick(op, x[l] as i32, y[l] as i32),
-        _ => pick(op, x[l], y[l]),
-    })
+    // One loop per type, straight into `out`.
+    match t {
+        ScalarType::F32 => (0..LANES).for_each(|l| out[l] = pick(op, f(x[l]), f(y[l]))),
+        ScalarType::I32 => (0..LANES).for_each(|l| out[l] = pick(op, x[l] as i32, y[l] as i32)),
+        _ => (0..LANES).for_each(|l| out[l] = pick(op, x[l], y[l])),
+    }
 }
