@@ -108,8 +108,7 @@ fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     for k in split..n {
         acc[k - split] = a[k].madd(b[k], acc[k - split]);
     }
-    let half: [T; 4] = std::array::from_fn(|k| acc[k] + acc[k + 4]);
-    (half[0] + half[2]) + (half[1] + half[3])
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
 /// `y += a x`, eight elements at a time (see [`dot`]).
@@ -121,8 +120,13 @@ fn axpy<T: Real>(a: T, x: &[T], y: &mut [T]) {
     for (yc, xc) in y8.chunks_exact_mut(8).zip(x[..split].chunks_exact(8)) {
         // As arrays: eight lanes the compiler sees, so it makes them one vector operation.
         let (yc, xc): (&mut [T; 8], &[T; 8]) = (yc.try_into().unwrap(), xc.try_into().unwrap());
-        let (xv, yv) = (*xc, *yc);
-        *yc = std::array::from_fn(|k| a.madd(xv[k], yv[k]));
+        // By value, in and out: the form the compiler turns into one vector operation.
+        // (Loops, not `array::from_fn`, which is not always inlined.)
+        let (xv, mut yv) = (*xc, *yc);
+        for k in 0..8 {
+            yv[k] = a.madd(xv[k], yv[k]);
+        }
+        *yc = yv;
     }
     for (yc, &xc) in tail.iter_mut().zip(&x[split..n]) {
         *yc = a.madd(xc, *yc);
@@ -333,13 +337,17 @@ fn lanes<T: Real>(xs: &[T], init: T, f: impl Fn(T, T) -> T) -> T {
     let mut acc = [init; 8];
     for chunk in xs[..split].chunks_exact(8) {
         let chunk: &[T; 8] = chunk.try_into().unwrap();
-        acc = std::array::from_fn(|k| f(acc[k], chunk[k]));
+        for k in 0..8 {
+            acc[k] = f(acc[k], chunk[k]);
+        }
     }
     for (k, &x) in xs[split..].iter().enumerate() {
         acc[k] = f(acc[k], x);
     }
-    let half: [T; 4] = std::array::from_fn(|k| f(acc[k], acc[k + 4]));
-    f(f(half[0], half[2]), f(half[1], half[3]))
+    f(
+        f(f(acc[0], acc[4]), f(acc[2], acc[6])),
+        f(f(acc[1], acc[5]), f(acc[3], acc[7])),
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
