@@ -358,8 +358,24 @@ mod tests {
     /// extremes, quotients just below an integer (p = n q - 1) and a seeded sweep.
     #[test]
     fn u32_division_through_f64_is_exact() {
-        let mut pairs = vec![(0, 0), (5, 0), (u32::MAX, 0), (u32::MAX, 1), (u32::MAX, u32::MAX)];
-        for q in [1u32, 2, 3, 7, 50_304, 65_536, (1 << 31) - 1, 1 << 31, u32::MAX - 1] {
+        let mut pairs = vec![
+            (0, 0),
+            (5, 0),
+            (u32::MAX, 0),
+            (u32::MAX, 1),
+            (u32::MAX, u32::MAX),
+        ];
+        for q in [
+            1u32,
+            2,
+            3,
+            7,
+            50_304,
+            65_536,
+            (1 << 31) - 1,
+            1 << 31,
+            u32::MAX - 1,
+        ] {
             for n in [1u32, 2, 3, 1000, u32::MAX / q] {
                 let p = (n as u64 * q as u64).min(u32::MAX as u64) as u32;
                 pairs.extend([(p, q), (p.wrapping_sub(1), q), (p.saturating_add(1), q)]);
