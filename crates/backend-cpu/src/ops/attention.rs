@@ -258,10 +258,10 @@ pub(crate) fn forward<T: Real>(
         transposed(&v, bh, s.tk, s.dv),
     );
     let hs = heads(s, p, &q, (&kt, &vt), mask.as_deref());
-    let mut o = Scratch::<T>::zeroed(hs.len() * s.tq * s.dv);
-    let mut l = Scratch::<T>::zeroed(hs.len() * s.tq);
-    o.par_chunks_mut((s.tq * s.dv).max(1))
-        .zip(l.par_chunks_mut(s.tq.max(1)))
+    let (mut o, o_each) = per_head::<T>(hs.len(), s.tq * s.dv);
+    let (mut l, l_each) = per_head::<T>(hs.len(), s.tq);
+    o.par_chunks_mut(o_each)
+        .zip(l.par_chunks_mut(l_each))
         .zip(&hs)
         .for_each(|((o, l), h)| {
             #[cfg(target_arch = "x86_64")]
@@ -271,8 +271,16 @@ pub(crate) fn forward<T: Real>(
             }
             forward_head(s, p, h, o, l)
         });
-    store(&o, out);
-    store(&l, lse);
+    store(&o[..hs.len() * s.tq * s.dv], out);
+    store(&l[..hs.len() * s.tq], lse);
+}
+
+/// Zeroed outputs of `each` elements per head, and the chunk length that splits them into
+/// exactly one chunk per head, even where `each` is 0 (chunks of 0 elements would end a zip
+/// over the heads before it starts, and leave the other outputs unwritten). The caller
+/// stores the first `heads * each` elements.
+fn per_head<T: Real>(heads: usize, each: usize) -> (Scratch<T>, usize) {
+    (Scratch::zeroed(heads * each.max(1)), each.max(1))
 }
 
 /// [`forward_head`] compiled for AVX2 and FMA (the lane loops over `d` and `dv` vectorise;
@@ -373,17 +381,18 @@ pub(crate) fn backward<T: Real>(
         transposed(&v, bh, s.tk, s.dv),
     );
     let hs = heads(s, p, &q, (&kt, &vt), mask.as_deref());
-    let mut dq = Scratch::<T>::zeroed(hs.len() * s.tq * s.d);
-    let mut dk = Scratch::<T>::zeroed(hs.len() * s.tk * s.d);
-    let mut dv = Scratch::<T>::zeroed(hs.len() * s.tk * s.dv);
+    let n = hs.len();
+    let (mut dq, dq_each) = per_head::<T>(n, s.tq * s.d);
+    let (mut dk, dk_each) = per_head::<T>(n, s.tk * s.d);
+    let (mut dv, dv_each) = per_head::<T>(n, s.tk * s.dv);
     let rows = Rows {
         o: &o,
         l: &l,
         dout: &dout,
     };
-    dq.par_chunks_mut((s.tq * s.d).max(1))
-        .zip(dk.par_chunks_mut((s.tk * s.d).max(1)))
-        .zip(dv.par_chunks_mut((s.tk * s.dv).max(1)))
+    dq.par_chunks_mut(dq_each)
+        .zip(dk.par_chunks_mut(dk_each))
+        .zip(dv.par_chunks_mut(dv_each))
         .zip(hs.par_iter().enumerate())
         .for_each(|(((dq, dk), dv), (bh, h))| {
             let grads = [dq, dk, dv];
@@ -394,9 +403,9 @@ pub(crate) fn backward<T: Real>(
             }
             backward_head(s, p, h, &rows, bh, grads)
         });
-    store(&dq, g.dq);
-    store(&dk, g.dk);
-    store(&dv, g.dv);
+    store(&dq[..n * s.tq * s.d], g.dq);
+    store(&dk[..n * s.tk * s.d], g.dk);
+    store(&dv[..n * s.tk * s.dv], g.dv);
 }
 
 /// The forward's outputs and the incoming gradient, row-major over all batch-heads.
@@ -465,6 +474,103 @@ fn backward_head<T: Real>(
         // dq_i[c] = sum_j ds_j k[j][c], a dot product over the keys per column.
         for (c, dqc) in dq[i * s.d..(i + 1) * s.d].iter_mut().enumerate() {
             *dqc = dot(dots, &h.kt[c * s.tk..c * s.tk + reach]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::CpuBackend;
+    use hal::{
+        AttentionGrads, AttentionInputs, AttentionParams, Backend, BackendExt, Layout, View,
+    };
+
+    /// Heads whose value width (forward) or key width (backward) is 0 still compute what
+    /// does not depend on it: the log-sum-exps, and dv. With `d = 0` every score is 0, so a
+    /// causal row `i` weighs its keys `1 / (i + 1)` each and `dv_j = sum_{i >= j} do_i / (i + 1)`.
+    #[test]
+    fn empty_widths_leave_the_other_results_whole() {
+        let cpu = CpuBackend::new();
+        let (b, h, t) = (1, 2, 5);
+        let p = AttentionParams {
+            causal: true,
+            ..AttentionParams::new(4)
+        };
+        let up = |shape: &[usize], f: &dyn Fn(usize) -> f32| {
+            let n: usize = shape.iter().product();
+            let data: Vec<f32> = (0..n).map(f).collect();
+            (cpu.upload(&data).unwrap(), Layout::contiguous(shape))
+        };
+        // Forward with dv = 0: the lse of row i is ln(i + 1) when d = 0 too.
+        let (q, lq) = up(&[b, h, t, 0], &|_| 0.0);
+        let (v0, lv0) = up(&[b, h, t, 0], &|_| 0.0);
+        let (out, lo) = up(&[b, h, t, 0], &|_| 0.0);
+        let (lse, ll) = up(&[b, h, t], &|_| -7.0);
+        let x = AttentionInputs {
+            q: View::new(&q, &lq),
+            k: View::new(&q, &lq),
+            v: View::new(&v0, &lv0),
+            mask: None,
+        };
+        cpu.attention(x, View::new(&out, &lo), View::new(&lse, &ll), &p)
+            .unwrap();
+        let got = cpu.read::<f32>(&lse).unwrap();
+        for (r, &g) in got.iter().enumerate() {
+            let want = ((r % t + 1) as f32).ln();
+            assert!((g - want).abs() < 1e-6, "lse[{r}] = {g}, want {want}");
+        }
+        // Backward with d = 0 and dv = 3: dv is still the weighted sum of do.
+        let dv_w = 3;
+        let (v, lv) = up(&[b, h, t, dv_w], &|i| i as f32 * 0.25 - 1.0);
+        let (o, lo3) = up(&[b, h, t, dv_w], &|_| 0.0);
+        let x = AttentionInputs {
+            q: View::new(&q, &lq),
+            k: View::new(&q, &lq),
+            v: View::new(&v, &lv),
+            mask: None,
+        };
+        cpu.attention(x, View::new(&o, &lo3), View::new(&lse, &ll), &p)
+            .unwrap();
+        let (dout, _) = up(&[b, h, t, dv_w], &|i| (i % 7) as f32 - 3.0);
+        let (dq, _) = up(&[b, h, t, 0], &|_| 0.0);
+        let (dk, _) = up(&[b, h, t, 0], &|_| 0.0);
+        let (dv, _) = up(&[b, h, t, dv_w], &|_| 9.0);
+        let grads = AttentionGrads {
+            dq: View::new(&dq, &lq),
+            dk: View::new(&dk, &lq),
+            dv: View::new(&dv, &lv),
+        };
+        let x = AttentionInputs {
+            q: View::new(&q, &lq),
+            k: View::new(&q, &lq),
+            v: View::new(&v, &lv),
+            mask: None,
+        };
+        cpu.attention_backward(
+            x,
+            View::new(&o, &lo3),
+            View::new(&lse, &ll),
+            View::new(&dout, &lv),
+            grads,
+            &p,
+        )
+        .unwrap();
+        let (dv, dout) = (
+            cpu.read::<f32>(&dv).unwrap(),
+            cpu.read::<f32>(&dout).unwrap(),
+        );
+        for head in 0..h {
+            for j in 0..t {
+                for c in 0..dv_w {
+                    let at = |i: usize| (head * t + i) * dv_w + c;
+                    let want: f32 = (j..t).map(|i| dout[at(i)] / (i + 1) as f32).sum();
+                    let got = dv[at(j)];
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "dv[{head}, {j}, {c}] = {got}, want {want}"
+                    );
+                }
+            }
         }
     }
 }
