@@ -16,9 +16,9 @@ mod memory;
 use crate::storage::CpuBuffer;
 use hal::ir::{Constant, Inst, Program, ScalarType};
 use hal::{DType, DeviceBuffer, Error, Result};
-use lanes::{
-    binary, binary64, cast_lanes, compare, fma64_avx2, fma64_body, lanes64, pick, unary, unary64,
-};
+#[cfg(target_arch = "x86_64")]
+use lanes::fma64_avx2;
+use lanes::{binary, binary64, cast_lanes, compare, fma64_body, lanes64, pick, unary, unary64};
 use memory::{Mem, Narrow, Stored, lanes_of, store_lanes};
 use rayon::prelude::*;
 use std::sync::Arc;
