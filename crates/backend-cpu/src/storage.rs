@@ -214,6 +214,16 @@ impl<T: Element> Scratch<T> {
     }
 }
 
+impl<T: Element> Scratch<T> {
+    /// Zeroed room for `count` results of `each` elements, and the chunk length that splits
+    /// it into exactly `count` chunks, even where `each` is 0 (chunks of 0 elements would end
+    /// a zip of chunk iterators before it starts, leaving the other outputs of a row or head
+    /// unwritten). The results are the first `count * each` elements.
+    pub fn chunked(count: usize, each: usize) -> (Self, usize) {
+        (Self::zeroed(count * each.max(1)), each.max(1))
+    }
+}
+
 impl<T: Element> std::ops::Deref for Scratch<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {

@@ -86,7 +86,7 @@ pub use layout::{
 pub use norm::{NormGrads, NormInputs};
 pub use ops::{
     AdamParams, ArgReduceOp, BinaryOp, Conv2dGeometry, Distribution, ReduceOp, SgdParams,
-    TernaryOp, UnaryOp, erf_f32, erf_f64,
+    TernaryOp, UnaryOp, erf_f32, erf_f32_with, erf_f64,
 };
 pub use precision::Precision;
 pub use topk::{CandidateInputs, CandidateShape, IvfScanInputs, IvfScanShape};

@@ -78,13 +78,20 @@ pub enum UnaryOp {
 /// (Abramowitz & Stegun 7.1.26: absolute error below 1.5e-7, plus f32 rounding).
 #[inline]
 pub fn erf_f32(x: f32) -> f32 {
+    erf_f32_with(x, f32::exp)
+}
+
+/// [`erf_f32`]'s formula with the exponential supplied: a backend whose loops over it should
+/// vectorise passes an `exp` that does (the CPU's; libm's `expf` is a call per element).
+#[inline(always)]
+pub fn erf_f32_with(x: f32, exp: impl Fn(f32) -> f32) -> f32 {
     // A&S 7.1.26: a degree-5 polynomial in t = 1/(1 + p|x|) times exp(-x^2). Cheap and
     // branch-free, so every backend evaluates the same formula and agrees within a few ulps.
     let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
     let poly = t
         * (0.254_829_6
             + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
-    let r = 1.0 - poly * (-x * x).exp();
+    let r = 1.0 - poly * exp(-x * x);
     if x < 0.0 { -r } else { r }
 }
 

@@ -108,7 +108,16 @@ fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     for k in split..n {
         acc[k - split] = a[k].madd(b[k], acc[k - split]);
     }
-    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+    tree(acc, |x, y| x + y)
+}
+
+/// Eight lanes combined by `f` in a fixed tree: `((0 4) (2 6)) ((1 5) (3 7))`.
+#[inline(always)]
+pub(crate) fn tree<T: Copy>(acc: [T; 8], f: impl Fn(T, T) -> T) -> T {
+    f(
+        f(f(acc[0], acc[4]), f(acc[2], acc[6])),
+        f(f(acc[1], acc[5]), f(acc[3], acc[7])),
+    )
 }
 
 /// `y += a x`, eight elements at a time (see [`dot`]).
@@ -118,10 +127,9 @@ fn axpy<T: Real>(a: T, x: &[T], y: &mut [T]) {
     let split = n / 8 * 8;
     let (y8, tail) = y[..n].split_at_mut(split);
     for (yc, xc) in y8.chunks_exact_mut(8).zip(x[..split].chunks_exact(8)) {
-        // As arrays: eight lanes the compiler sees, so it makes them one vector operation.
+        // Eight lanes as arrays, by value in and out: the form the compiler turns into one
+        // vector operation. (Loops, not `array::from_fn`, which is not always inlined.)
         let (yc, xc): (&mut [T; 8], &[T; 8]) = (yc.try_into().unwrap(), xc.try_into().unwrap());
-        // By value, in and out: the form the compiler turns into one vector operation.
-        // (Loops, not `array::from_fn`, which is not always inlined.)
         let (xv, mut yv) = (*xc, *yc);
         for k in 0..8 {
             yv[k] = a.madd(xv[k], yv[k]);
@@ -195,16 +203,6 @@ impl<T: Real> Head<'_, T> {
     }
 }
 
-/// Weights `exp(s - lse)`, 0 where `lse` is `-inf` (a row with nothing to attend to).
-#[inline(always)]
-fn weight<T: Real>(score: T, lse: T) -> T {
-    if lse == T::NEG_INF {
-        T::ZERO
-    } else {
-        (score - lse).exp()
-    }
-}
-
 /// Each head's `tk x width` block of `x` transposed to `width x tk`.
 fn transposed<T: Real>(x: &[T], heads: usize, tk: usize, width: usize) -> Scratch<T> {
     let mut t = Scratch::<T>::zeroed(heads * tk * width);
@@ -220,23 +218,48 @@ fn transposed<T: Real>(x: &[T], heads: usize, tk: usize, width: usize) -> Scratc
     t
 }
 
-/// Each batch-head's slices of the dense operands, and its mask (materialised broadcast).
-fn heads<'a, T: Real>(
-    s: &AttentionShape,
-    p: &AttentionParams,
-    q: &'a [T],
-    (kt, vt): (&'a [T], &'a [T]),
-    mask: Option<&'a [T]>,
-) -> Vec<Head<'a, T>> {
-    (0..s.batch * s.heads)
-        .map(|bh| Head {
-            q: &q[bh * s.tq * s.d..(bh + 1) * s.tq * s.d],
-            kt: &kt[bh * s.tk * s.d..(bh + 1) * s.tk * s.d],
-            vt: &vt[bh * s.tk * s.dv..(bh + 1) * s.tk * s.dv],
-            mask: mask.map(|m| &m[bh * s.tq * s.tk..(bh + 1) * s.tq * s.tk]),
-            first: p.offset + (bh * s.tq * s.tk) as u64,
-        })
-        .collect()
+/// The operands both passes read: q dense, k and v dense and transposed per head, the mask
+/// materialised (broadcast over batch and heads).
+struct Operands<T: Real> {
+    q: Scratch<T>,
+    kt: Scratch<T>,
+    vt: Scratch<T>,
+    mask: Option<Scratch<T>>,
+}
+
+impl<T: Real> Operands<T> {
+    fn new(
+        s: &AttentionShape,
+        mask_layout: Option<&Layout>,
+        x: &AttentionInputs<'_, CpuBuffer>,
+    ) -> Self {
+        let bh = s.batch * s.heads;
+        Self {
+            q: dense(x.q),
+            kt: transposed(&dense(x.k), bh, s.tk, s.d),
+            vt: transposed(&dense(x.v), bh, s.tk, s.dv),
+            mask: x
+                .mask
+                .zip(mask_layout)
+                .map(|(m, l)| dense_layout(m.buffer.src(), l)),
+        }
+    }
+
+    /// Each batch-head's slices.
+    fn heads(&self, s: &AttentionShape, p: &AttentionParams) -> Vec<Head<'_, T>> {
+        (0..s.batch * s.heads)
+            .map(|bh| Head {
+                q: &self.q[bh * s.tq * s.d..(bh + 1) * s.tq * s.d],
+                kt: &self.kt[bh * s.tk * s.d..(bh + 1) * s.tk * s.d],
+                vt: &self.vt[bh * s.tk * s.dv..(bh + 1) * s.tk * s.dv],
+                mask: self
+                    .mask
+                    .as_deref()
+                    .map(|m| &m[bh * s.tq * s.tk..(bh + 1) * s.tq * s.tk]),
+                first: p.offset + (bh * s.tq * s.tk) as u64,
+            })
+            .collect()
+    }
 }
 
 pub(crate) fn forward<T: Real>(
@@ -247,19 +270,10 @@ pub(crate) fn forward<T: Real>(
     lse: View<'_, CpuBuffer>,
     p: &AttentionParams,
 ) {
-    let (q, k, v) = (dense::<T>(x.q), dense::<T>(x.k), dense::<T>(x.v));
-    let mask = x
-        .mask
-        .zip(mask_layout)
-        .map(|(m, l)| dense_layout::<T>(m.buffer.src(), l));
-    let bh = s.batch * s.heads;
-    let (kt, vt) = (
-        transposed(&k, bh, s.tk, s.d),
-        transposed(&v, bh, s.tk, s.dv),
-    );
-    let hs = heads(s, p, &q, (&kt, &vt), mask.as_deref());
-    let (mut o, o_each) = per_head::<T>(hs.len(), s.tq * s.dv);
-    let (mut l, l_each) = per_head::<T>(hs.len(), s.tq);
+    let operands = Operands::<T>::new(s, mask_layout, &x);
+    let hs = operands.heads(s, p);
+    let (mut o, o_each) = Scratch::<T>::chunked(hs.len(), s.tq * s.dv);
+    let (mut l, l_each) = Scratch::<T>::chunked(hs.len(), s.tq);
     o.par_chunks_mut(o_each)
         .zip(l.par_chunks_mut(l_each))
         .zip(&hs)
@@ -273,14 +287,6 @@ pub(crate) fn forward<T: Real>(
         });
     store(&o[..hs.len() * s.tq * s.dv], out);
     store(&l[..hs.len() * s.tq], lse);
-}
-
-/// Zeroed outputs of `each` elements per head, and the chunk length that splits them into
-/// exactly one chunk per head, even where `each` is 0 (chunks of 0 elements would end a zip
-/// over the heads before it starts, and leave the other outputs unwritten). The caller
-/// stores the first `heads * each` elements.
-fn per_head<T: Real>(heads: usize, each: usize) -> (Scratch<T>, usize) {
-    (Scratch::zeroed(heads * each.max(1)), each.max(1))
 }
 
 /// [`forward_head`] compiled for AVX2 and FMA (the lane loops over `d` and `dv` vectorise;
@@ -352,10 +358,7 @@ fn lanes<T: Real>(xs: &[T], init: T, f: impl Fn(T, T) -> T) -> T {
     for (k, &x) in xs[split..].iter().enumerate() {
         acc[k] = f(acc[k], x);
     }
-    f(
-        f(f(acc[0], acc[4]), f(acc[2], acc[6])),
-        f(f(acc[1], acc[5]), f(acc[3], acc[7])),
-    )
+    tree(acc, f)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -369,22 +372,13 @@ pub(crate) fn backward<T: Real>(
     g: AttentionGrads<'_, CpuBuffer>,
     p: &AttentionParams,
 ) {
-    let (q, k, v) = (dense::<T>(x.q), dense::<T>(x.k), dense::<T>(x.v));
+    let operands = Operands::<T>::new(s, mask_layout, &x);
     let (o, l, dout) = (dense::<T>(out), dense::<T>(lse), dense::<T>(dout));
-    let mask = x
-        .mask
-        .zip(mask_layout)
-        .map(|(m, l)| dense_layout::<T>(m.buffer.src(), l));
-    let bh = s.batch * s.heads;
-    let (kt, vt) = (
-        transposed(&k, bh, s.tk, s.d),
-        transposed(&v, bh, s.tk, s.dv),
-    );
-    let hs = heads(s, p, &q, (&kt, &vt), mask.as_deref());
+    let hs = operands.heads(s, p);
     let n = hs.len();
-    let (mut dq, dq_each) = per_head::<T>(n, s.tq * s.d);
-    let (mut dk, dk_each) = per_head::<T>(n, s.tk * s.d);
-    let (mut dv, dv_each) = per_head::<T>(n, s.tk * s.dv);
+    let (mut dq, dq_each) = Scratch::<T>::chunked(n, s.tq * s.d);
+    let (mut dk, dk_each) = Scratch::<T>::chunked(n, s.tk * s.d);
+    let (mut dv, dv_each) = Scratch::<T>::chunked(n, s.tk * s.dv);
     let rows = Rows {
         o: &o,
         l: &l,
@@ -450,9 +444,10 @@ fn backward_head<T: Real>(
         let delta = dot(doi, &rows.o[r * s.dv..(r + 1) * s.dv]);
         h.scores(s, p, i, &mut row);
         let reach = h.reach(s, p, i);
-        // The row's weights and `do_i . v_j` first, in loops over the keys that vectorise.
+        // The row's weights `exp(s - lse)` (its lse is finite: a row with nothing to attend
+        // to was skipped) and `do_i . v_j` first, in loops over the keys that vectorise.
         for x in row[..reach].iter_mut() {
-            *x = weight(*x, li);
+            *x = (*x - li).exp();
         }
         let dots = &mut dots[..reach];
         dots.fill(T::ZERO);
@@ -481,6 +476,7 @@ fn backward_head<T: Real>(
 #[cfg(test)]
 mod tests {
     use crate::CpuBackend;
+    use approx::assert_abs_diff_eq;
     use hal::{
         AttentionGrads, AttentionInputs, AttentionParams, Backend, BackendExt, Layout, View,
     };
@@ -501,36 +497,29 @@ mod tests {
             let data: Vec<f32> = (0..n).map(f).collect();
             (cpu.upload(&data).unwrap(), Layout::contiguous(shape))
         };
-        // Forward with dv = 0: the lse of row i is ln(i + 1) when d = 0 too.
+        // q and k: zero columns.
         let (q, lq) = up(&[b, h, t, 0], &|_| 0.0);
+        let inputs = |v, lv| AttentionInputs {
+            q: View::new(&q, &lq),
+            k: View::new(&q, &lq),
+            v: View::new(v, lv),
+            mask: None,
+        };
+        // Forward with dv = 0: the lse of row i is ln(i + 1) when d = 0 too.
         let (v0, lv0) = up(&[b, h, t, 0], &|_| 0.0);
         let (out, lo) = up(&[b, h, t, 0], &|_| 0.0);
         let (lse, ll) = up(&[b, h, t], &|_| -7.0);
-        let x = AttentionInputs {
-            q: View::new(&q, &lq),
-            k: View::new(&q, &lq),
-            v: View::new(&v0, &lv0),
-            mask: None,
-        };
-        cpu.attention(x, View::new(&out, &lo), View::new(&lse, &ll), &p)
-            .unwrap();
-        let got = cpu.read::<f32>(&lse).unwrap();
-        for (r, &g) in got.iter().enumerate() {
-            let want = ((r % t + 1) as f32).ln();
-            assert!((g - want).abs() < 1e-6, "lse[{r}] = {g}, want {want}");
+        let (lse_v, out_v) = (View::new(&lse, &ll), View::new(&out, &lo));
+        cpu.attention(inputs(&v0, &lv0), out_v, lse_v, &p).unwrap();
+        for (r, &g) in cpu.read::<f32>(&lse).unwrap().iter().enumerate() {
+            assert_abs_diff_eq!(g, ((r % t + 1) as f32).ln(), epsilon = 1e-6);
         }
         // Backward with d = 0 and dv = 3: dv is still the weighted sum of do.
         let dv_w = 3;
         let (v, lv) = up(&[b, h, t, dv_w], &|i| i as f32 * 0.25 - 1.0);
         let (o, lo3) = up(&[b, h, t, dv_w], &|_| 0.0);
-        let x = AttentionInputs {
-            q: View::new(&q, &lq),
-            k: View::new(&q, &lq),
-            v: View::new(&v, &lv),
-            mask: None,
-        };
-        cpu.attention(x, View::new(&o, &lo3), View::new(&lse, &ll), &p)
-            .unwrap();
+        let o_v = View::new(&o, &lo3);
+        cpu.attention(inputs(&v, &lv), o_v, lse_v, &p).unwrap();
         let (dout, _) = up(&[b, h, t, dv_w], &|i| (i % 7) as f32 - 3.0);
         let (dq, _) = up(&[b, h, t, 0], &|_| 0.0);
         let (dk, _) = up(&[b, h, t, 0], &|_| 0.0);
@@ -540,21 +529,9 @@ mod tests {
             dk: View::new(&dk, &lq),
             dv: View::new(&dv, &lv),
         };
-        let x = AttentionInputs {
-            q: View::new(&q, &lq),
-            k: View::new(&q, &lq),
-            v: View::new(&v, &lv),
-            mask: None,
-        };
-        cpu.attention_backward(
-            x,
-            View::new(&o, &lo3),
-            View::new(&lse, &ll),
-            View::new(&dout, &lv),
-            grads,
-            &p,
-        )
-        .unwrap();
+        let dout_v = View::new(&dout, &lv);
+        cpu.attention_backward(inputs(&v, &lv), o_v, lse_v, dout_v, grads, &p)
+            .unwrap();
         let (dv, dout) = (
             cpu.read::<f32>(&dv).unwrap(),
             cpu.read::<f32>(&dout).unwrap(),
@@ -564,11 +541,7 @@ mod tests {
                 for c in 0..dv_w {
                     let at = |i: usize| (head * t + i) * dv_w + c;
                     let want: f32 = (j..t).map(|i| dout[at(i)] / (i + 1) as f32).sum();
-                    let got = dv[at(j)];
-                    assert!(
-                        (got - want).abs() < 1e-5,
-                        "dv[{head}, {j}, {c}] = {got}, want {want}"
-                    );
+                    assert_abs_diff_eq!(dv[at(j)], want, epsilon = 1e-5);
                 }
             }
         }

@@ -1,7 +1,8 @@
 //! Layer normalisation, the reference: each row in order in the operands' width, rows in
 //! parallel; the parameter gradients sum rows in order per column.
 
-use crate::ops::attention::{Real, dense, store};
+use crate::math::with_avx2;
+use crate::ops::attention::{Real, dense, store, tree};
 use crate::storage::{CpuBuffer, Scratch};
 use hal::{NormGrads, NormInputs, View};
 use rayon::prelude::*;
@@ -19,13 +20,6 @@ fn affine<T: Real>(x: &NormInputs<'_, CpuBuffer>, n: usize) -> (Scratch<T>, Scra
     )
 }
 
-/// Runs `f` compiled for AVX2 and FMA where the CPU has them (the row and column loops
-/// vectorise; the arithmetic is unchanged).
-#[inline(always)]
-fn fast<R>(f: impl FnOnce() -> R) -> R {
-    crate::math::with_avx2(f)
-}
-
 pub(crate) fn forward<T: Real>(
     x: NormInputs<'_, CpuBuffer>,
     (rows, n): (usize, usize),
@@ -37,32 +31,26 @@ pub(crate) fn forward<T: Real>(
     let xs = dense::<T>(x.x);
     let (w, b) = affine::<T>(&x, n);
     let inv_n = T::of(1.0) / T::of(n as f32);
-    let mut y = Scratch::<T>::zeroed(rows * n);
+    // A chunk per row even for empty rows (whose statistics are 0 / 0: NaN).
+    let (mut y, each) = Scratch::<T>::chunked(rows, n);
     let (mut ms, mut rs) = (Scratch::<T>::zeroed(rows), Scratch::<T>::zeroed(rows));
     let (xs, w, b) = (&*xs, &*w, &*b);
-    if n == 0 {
-        // Empty rows have no chunks to walk: their statistics alone (0 / 0: NaN).
-        let m = T::ZERO * inv_n;
-        let rstd = T::of(1.0) / (m + T::of(eps)).sqrt();
-        ms.fill(m);
-        rs.fill(rstd);
-    }
-    y.par_chunks_mut(n.max(1))
+    y.par_chunks_mut(each)
         .zip(ms.par_iter_mut().zip(rs.par_iter_mut()))
         .enumerate()
         .for_each(|(r, (y, (m_out, rs_out)))| {
-            fast(move || {
+            with_avx2(move || {
                 let row = &xs[r * n..(r + 1) * n];
                 let m = pairwise(row, &|v| v) * inv_n;
                 let var = pairwise(row, &|v| (v - m) * (v - m)) * inv_n;
                 let rstd = T::of(1.0) / (var + T::of(eps)).sqrt();
-                for (c, yc) in y.iter_mut().enumerate() {
+                for (c, yc) in y[..n].iter_mut().enumerate() {
                     *yc = ((row[c] - m) * rstd).madd(w[c], b[c]);
                 }
                 (*m_out, *rs_out) = (m, rstd);
             })
         });
-    store(&y, out);
+    store(&y[..rows * n], out);
     store(&ms, mean);
     store(&rs, rstd);
 }
@@ -103,7 +91,7 @@ pub(crate) fn backward<T: Real>(
     let (xs, gs, ms, rs, w) = (&*xs, &*gs, &*ms, &*rs, &*w);
     let mut dx = Scratch::<T>::zeroed(rows * n);
     dx.par_chunks_mut(n.max(1)).enumerate().for_each(|(r, dx)| {
-        fast(move || {
+        with_avx2(move || {
             let (g_row, x_row) = (&gs[r * n..(r + 1) * n], &xs[r * n..(r + 1) * n]);
             let (m, s) = (ms[r], rs[r]);
             // sum g w and sum g w xhat, in eight lanes each (no chain of dependent adds).
@@ -130,7 +118,8 @@ pub(crate) fn backward<T: Real>(
                 a8[c - split] = a8[c - split] + gw;
                 b8[c - split] = gw.madd((x_row[c] - m) * s, b8[c - split]);
             }
-            let (a, bsum) = (tree(a8) * inv_n, tree(b8) * inv_n);
+            let add = |x: T, y: T| x + y;
+            let (a, bsum) = (tree(a8, add) * inv_n, tree(b8, add) * inv_n);
             for (c, d) in dx.iter_mut().enumerate() {
                 *d = s * (g_row[c] * w[c] - a - (x_row[c] - m) * s * bsum);
             }
@@ -157,12 +146,6 @@ pub(crate) fn backward<T: Real>(
     }
 }
 
-/// Eight lanes added in a fixed tree.
-#[inline(always)]
-fn tree<T: Real>(x: [T; 8]) -> T {
-    ((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]))
-}
-
 /// Each column's sum over the rows in order: `add(r, c0, acc)` adds row `r`'s terms for
 /// columns `c0..c0 + acc.len()` into `acc`. Chunks of columns run in parallel; each column
 /// sums its rows in order, as a loop per column would.
@@ -175,7 +158,7 @@ fn column<T: Real>(
     sums.par_chunks_mut(COLUMNS)
         .enumerate()
         .for_each(|(chunk, acc)| {
-            fast(|| {
+            with_avx2(|| {
                 for r in 0..rows {
                     add(r, chunk * COLUMNS, acc);
                 }

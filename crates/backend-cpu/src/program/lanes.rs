@@ -64,10 +64,6 @@ fn cast_to64(from: ScalarType, x: u32) -> u64 {
 /// `wide[dst][l] = g(l, wide[a][l], wide[b][l])` (as `f64` bits) for every lane, in place:
 /// `dst` may be `a` or `b` (slots are reused by the instruction that frees them), so the lanes
 /// go through raw pointers, each read before it is written; no operand is copied.
-///
-/// On x86-64 CPUs with AVX2 and FMA (checked at run time; the build targets baseline x86-64,
-/// SSE2) the loop is compiled for them: four `f64` lanes an instruction and fused
-/// multiply-adds in hardware rather than libm calls.
 #[inline(always)]
 pub(super) fn lanes64(
     wide: &mut [Wide],
@@ -80,37 +76,6 @@ pub(super) fn lanes64(
         dst < wide.len() && a < wide.len() && b < wide.len(),
         "slots in the file"
     );
-    #[cfg(target_arch = "x86_64")]
-    if crate::has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (just checked).
-        unsafe { lanes64_avx2(wide, dst, a, b, g) };
-        return;
-    }
-    lanes64_body(wide, dst, a, b, g)
-}
-
-/// [`lanes64_body`] compiled for AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn lanes64_avx2(
-    wide: &mut [Wide],
-    dst: usize,
-    a: usize,
-    b: usize,
-    g: impl Fn(usize, u64, u64) -> u64,
-) {
-    lanes64_body(wide, dst, a, b, g)
-}
-
-/// The loop of [`lanes64`]; the caller checked the slots.
-#[inline(always)]
-fn lanes64_body(
-    wide: &mut [Wide],
-    dst: usize,
-    a: usize,
-    b: usize,
-    g: impl Fn(usize, u64, u64) -> u64,
-) {
     let base = wide.as_mut_ptr() as *mut u64;
     // SAFETY: the three slots are in bounds (asserted) and `Wide` is `[u64; LANES]`, so lane
     // `l` of slot `s` is element `s * LANES + l`; no references are formed, so the
@@ -127,27 +92,21 @@ fn lanes64_body(
     }
 }
 
-/// `wide[d] = wide[a] * wide[b] + wide[c]` lane by lane, `[a, b, c, d]` in the file (the
-/// caller checked).
+/// `wide[d] = wide[a] * wide[b] + wide[c]` lane by lane, fused (`[a, b, c, d]` slots of the
+/// file; `d` may be an operand's).
 #[inline(always)]
-pub(super) fn fma64_body(wide: &mut [Wide], slots: [usize; 4]) {
+pub(super) fn fma64(wide: &mut [Wide], slots: [usize; 4]) {
+    assert!(slots.iter().all(|&s| s < wide.len()), "slots in the file");
     let base = wide.as_mut_ptr() as *mut u64;
-    // SAFETY: every slot is in the file (checked by the caller) and `Wide` is
-    // `[u64; LANES]`; raw reads and writes, no references, so the destination may be an
-    // operand's slot (lane `l` of every operand is read before lane `l` is written).
+    // SAFETY: every slot is in the file (asserted) and `Wide` is `[u64; LANES]`; raw reads
+    // and writes, no references, so the destination may be an operand's slot (lane `l` of
+    // every operand is read before lane `l` is written).
     let g = |s: usize, l: usize| f64::from_bits(unsafe { *base.add(s * LANES + l) });
     for l in 0..LANES {
         let v = g(slots[0], l).mul_add(g(slots[1], l), g(slots[2], l));
         // SAFETY: as above.
         unsafe { *base.add(slots[3] * LANES + l) = v.to_bits() };
     }
-}
-
-/// [`fma64_body`] compiled for AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn fma64_avx2(wide: &mut [Wide], slots: [usize; 4]) {
-    fma64_body(wide, slots)
 }
 
 /// One `f64` binary operation over every lane, the operation chosen once per instruction.

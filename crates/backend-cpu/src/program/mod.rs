@@ -16,9 +16,7 @@ mod memory;
 use crate::storage::CpuBuffer;
 use hal::ir::{Constant, Inst, Program, ScalarType};
 use hal::{DType, DeviceBuffer, Error, Result};
-#[cfg(target_arch = "x86_64")]
-use lanes::fma64_avx2;
-use lanes::{binary, binary64, cast_lanes, compare, fma64_body, lanes64, pick, unary, unary64};
+use lanes::{binary, binary64, cast_lanes, compare, fma64, lanes64, pick, unary, unary64};
 use memory::{Mem, Narrow, Stored, lanes_of, store_lanes};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -115,21 +113,19 @@ pub(crate) fn launch(k: &CompiledProgram, args: &[&CpuBuffer], n: usize) -> Resu
         },
         |(regs, wide), t| {
             let start = t * LANES * BLOCKS_PER_TASK;
-            let end = (start + LANES * BLOCKS_PER_TASK).min(n);
-            let mut s = start;
-            while s < end {
-                let lanes = LANES.min(end - s);
-                let files = Files { regs, wide };
-                #[cfg(target_arch = "x86_64")]
-                if crate::has_avx2_fma() {
-                    // SAFETY: the CPU has AVX2 and FMA (just checked).
-                    unsafe { run_block_avx2(k, &mems, files, s as u32, lanes, &fault) };
-                    s += lanes;
-                    continue;
-                }
-                run_block(k, &mems, files, s as u32, lanes, &fault);
-                s += lanes;
+            let indices = start..(start + LANES * BLOCKS_PER_TASK).min(n);
+            let task = Task {
+                k,
+                mems: &mems,
+                fault: &fault,
+            };
+            let files = Files { regs, wide };
+            #[cfg(target_arch = "x86_64")]
+            if crate::has_avx2_fma() {
+                // SAFETY: the CPU has AVX2 and FMA (just checked).
+                return unsafe { run_task_avx2(&task, files, indices) };
             }
+            run_task(&task, files, indices)
         },
     );
     match fault.load(Relaxed) {
@@ -146,44 +142,49 @@ pub(crate) fn launch(k: &CompiledProgram, args: &[&CpuBuffer], n: usize) -> Resu
 }
 
 #[inline(always)]
-pub(super) fn f(x: u32) -> f32 {
+fn f(x: u32) -> f32 {
     f32::from_bits(x)
 }
 #[inline(always)]
-pub(super) fn b(x: f32) -> u32 {
+fn b(x: f32) -> u32 {
     x.to_bits()
 }
 
 /// The two register files of one worker.
 struct Files<'a> {
-    pub(super) regs: &'a mut [Reg],
-    pub(super) wide: &'a mut [Wide],
+    regs: &'a mut [Reg],
+    wide: &'a mut [Wide],
 }
 
-/// [`run_block`] with every lane loop compiled for AVX2 and FMA: wider vectors, and `Fma`
-/// in hardware instead of a libm call per lane.
+/// What every block of a launch reads: the program, its buffers, and where the first
+/// out-of-range access is noted.
+struct Task<'a> {
+    k: &'a CompiledProgram,
+    mems: &'a [Mem],
+    fault: &'a AtomicU64,
+}
+
+/// [`run_task`] with every lane loop compiled for AVX2 and FMA: wider vectors, and `Fma` in
+/// hardware instead of a libm call per lane.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn run_block_avx2(
-    k: &CompiledProgram,
-    mems: &[Mem],
-    files: Files<'_>,
-    base: u32,
-    lanes: usize,
-    fault: &AtomicU64,
-) {
-    run_block(k, mems, files, base, lanes, fault)
+fn run_task_avx2(task: &Task<'_>, files: Files<'_>, indices: std::ops::Range<usize>) {
+    run_task(task, files, indices)
+}
+
+/// The launch indices `indices`, a block of [`LANES`] at a time.
+#[inline(always)]
+fn run_task(task: &Task<'_>, files: Files<'_>, indices: std::ops::Range<usize>) {
+    let Files { regs, wide } = files;
+    for base in indices.clone().step_by(LANES) {
+        let lanes = LANES.min(indices.end - base);
+        run_block(task, Files { regs, wide }, base as u32, lanes);
+    }
 }
 
 #[inline(always)]
-fn run_block(
-    k: &CompiledProgram,
-    mems: &[Mem],
-    files: Files<'_>,
-    base: u32,
-    lanes: usize,
-    fault: &AtomicU64,
-) {
+fn run_block(task: &Task<'_>, files: Files<'_>, base: u32, lanes: usize) {
+    let Task { k, mems, fault } = *task;
     let Files { regs, wide } = files;
     // An operand's lanes where the destination reuses its slot (see `operands`).
     let mut saved: Reg = [0; LANES];
@@ -193,7 +194,7 @@ fn run_block(
     for (at, inst) in k.program.insts.iter().enumerate() {
         let ty = k.types[at];
         let dst = k.slots[at];
-        // Copies of operand registers: a value's slot may be reused by this very instruction.
+        // An operand's slot (which this very instruction may reuse for its result).
         let op = |v: hal::ir::Value| k.slots[v.0 as usize];
         let wide_operand = |v: hal::ir::Value| is_wide(k.types[v.0 as usize]);
         match *inst {
@@ -289,17 +290,7 @@ fn run_block(
                 let (out, [x, y]) = operands(regs, &mut saved, dst, [op(a), op(bv)]);
                 compare(c, t, x, y, out);
             }
-            Inst::Fma { a, b: bv, c } if is_wide(ty) => {
-                let slots = [op(a), op(bv), op(c), dst];
-                assert!(slots.iter().all(|&s| s < wide.len()), "slots in the file");
-                #[cfg(target_arch = "x86_64")]
-                if crate::has_avx2_fma() {
-                    // SAFETY: the CPU has AVX2 and FMA (just checked).
-                    unsafe { fma64_avx2(wide, slots) };
-                    continue;
-                }
-                fma64_body(wide, slots);
-            }
+            Inst::Fma { a, b: bv, c } if is_wide(ty) => fma64(wide, [op(a), op(bv), op(c), dst]),
             Inst::Fma { a, b: bv, c } => {
                 let (out, [xa, xb, xc]) = operands(regs, &mut saved, dst, [op(a), op(bv), op(c)]);
                 for l in 0..LANES {

@@ -49,8 +49,14 @@ fn nearest(data: &Matrix, queries: &Matrix, k: usize, score: Score) -> Vec<Vec<u
     let k = k.min(data.rows);
     match Tiles::new(data, queries, k) {
         Some(tiles) => {
+            let job = Job {
+                data,
+                queries,
+                k,
+                score,
+            };
             let blocks = queries.rows.div_ceil(QUERIES);
-            parallel_indices(blocks, &|b| tiles.block(data, queries, b, k, score))
+            parallel_indices(blocks, &|b| tiles.block(&job, b))
                 .into_iter()
                 .flatten()
                 .collect()
@@ -83,6 +89,15 @@ fn scan(data: &Matrix, queries: &Matrix, k: usize, score: Score) -> Vec<Vec<u32>
         }
         best.into_sorted().into_iter().map(|(i, _)| i).collect()
     })
+}
+
+/// One search through the tiles: the data, the queries, how many rows each wants and what
+/// orders them.
+struct Job<'a> {
+    data: &'a Matrix,
+    queries: &'a Matrix,
+    k: usize,
+    score: Score,
 }
 
 /// The data in dimension-major tiles, with each row's `|x|^2` and `|x|`.
@@ -145,20 +160,13 @@ impl Tiles {
 
     /// The results of queries `QUERIES b..QUERIES (b + 1)`, in AVX2 where the CPU has it (the
     /// build targets baseline x86-64, whose vectors are four lanes wide).
-    fn block(
-        &self,
-        data: &Matrix,
-        queries: &Matrix,
-        b: usize,
-        k: usize,
-        score: Score,
-    ) -> Vec<Vec<u32>> {
+    fn block(&self, job: &Job<'_>, b: usize) -> Vec<Vec<u32>> {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2.
-            return unsafe { self.block_avx2(data, queries, b, k, score) };
+            return unsafe { self.block_avx2(job, b) };
         }
-        self.block_body(data, queries, b, k, score)
+        self.block_body(job, b)
     }
 
     /// [`Tiles::block`] compiled for AVX2.
@@ -167,26 +175,18 @@ impl Tiles {
     /// The CPU must have AVX2.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn block_avx2(
-        &self,
-        data: &Matrix,
-        queries: &Matrix,
-        b: usize,
-        k: usize,
-        score: Score,
-    ) -> Vec<Vec<u32>> {
-        self.block_body(data, queries, b, k, score)
+    unsafe fn block_avx2(&self, job: &Job<'_>, b: usize) -> Vec<Vec<u32>> {
+        self.block_body(job, b)
     }
 
     #[inline(always)]
-    fn block_body(
-        &self,
-        data: &Matrix,
-        queries: &Matrix,
-        b: usize,
-        k: usize,
-        score: Score,
-    ) -> Vec<Vec<u32>> {
+    fn block_body(&self, job: &Job<'_>, b: usize) -> Vec<Vec<u32>> {
+        let Job {
+            data,
+            queries,
+            k,
+            score,
+        } = *job;
         let first = b * QUERIES;
         let count = QUERIES.min(queries.rows - first);
         // A short block repeats its last query (those results are dropped).
