@@ -273,8 +273,8 @@ fn exact(c: &Case) -> Exact {
 }
 
 /// Sizes `(b, h, tq, tk, d, dv)`: the special ones first (empty, single, odd, widths past
-/// 64 and up to 128), then random ones.
-const SIZES: [(usize, usize, usize, usize, usize, usize); 10] = [
+/// 64 and up to 128, heads of width 0), then random ones.
+const SIZES: [(usize, usize, usize, usize, usize, usize); 12] = [
     (1, 1, 1, 1, 1, 1),
     (2, 3, 7, 7, 5, 5),
     (1, 2, 65, 65, 64, 64),
@@ -286,6 +286,10 @@ const SIZES: [(usize, usize, usize, usize, usize, usize); 10] = [
     (3, 2, 257, 257, 64, 64),
     // GPT-2's block: the key loop over 32 tiles, 16 query blocks.
     (1, 2, 1024, 1024, 64, 64),
+    // Empty heads: scores of 0 (a uniform softmax over the keys, or over the unmasked
+    // ones), and outputs of width 0 whose log-sum-exp is still defined.
+    (1, 2, 5, 6, 0, 4),
+    (2, 1, 6, 5, 3, 0),
 ];
 
 pub(super) fn attention<B: Backend>(s: &mut Suite<'_, B>) {
