@@ -20,6 +20,11 @@
 //! 5. update (an IR kernel): `v = momentum * v + T * (mean - anchor)`, `anchor += v`, where
 //!    `mean` is the weighted mean of the members and `T` the temperature, cooling
 //!    geometrically from `temperature.0` to `temperature.1`. An anchor with no members stays.
+//!    By default the temperature starts at 1.5 and cools to 1: the early steps overshoot
+//!    the mean (over-relaxed Lloyd steps), which moves anchors across the flat stretches of
+//!    the energy faster than plain steps do; in 20 updates the final energy was lower than
+//!    with plain or damped steps on every set tried (GloVe 50-d, two Gaussian mixtures, 256
+//!    and 1,024 anchors; a start of 1 cooling to 0.7, the earlier default, was the highest).
 //!
 //! Nothing in steps 1-5 depends on a host value, so an update and the next assignment are
 //! recorded once and replayed (one graph launch an iteration on CUDA), except around
@@ -87,7 +92,8 @@ pub struct Config {
     /// Stop early when the energy's relative change falls below this (0: never).
     pub tolerance: f64,
     /// Temperature at the first and the last annealed update (the first 70%), cooled
-    /// geometrically in between.
+    /// geometrically in between: the fraction of the way to its members' mean an anchor
+    /// steps (above 1 it overshoots; see the module docs).
     pub temperature: (f32, f32),
     pub momentum: f32,
     /// Huber threshold as a multiple of the root-mean-square point-to-anchor distance.
@@ -127,7 +133,7 @@ impl Config {
             seed: 0,
             mode: Mode::Fast,
             tolerance: 0.0,
-            temperature: (1.0, 0.7),
+            temperature: (1.5, 1.0),
             momentum: 0.3,
             huber: 3.0,
             polish_huber: 8.0,
