@@ -1,6 +1,10 @@
-//! Scaled dot-product attention, the reference: each batch-head's rows in order, in the
-//! operands' width (f32 or f64), one thread per batch-head. Also the width-generic pieces
-//! `norm.rs` shares: the [`Real`] arithmetic and dense copies in and out of views.
+//! Scaled dot-product attention, the reference: each batch-head on one thread, its query
+//! rows a block of [`ROWS`] at a time, in the operands' width (f32 or f64). A block's scores
+//! are one matrix product with the keys, its softmax runs row by row, and its outputs are one
+//! product of the weights with the values (the backward pass: four products a block), so the
+//! arithmetic runs in faer's matrix kernels rather than one query row at a time. Also the
+//! width-generic pieces `norm.rs` shares: the [`Real`] arithmetic and dense copies in and out
+//! of views.
 
 use crate::storage::{CpuBuffer, Dst, Scratch, Src};
 use hal::attention::keeps;
@@ -30,6 +34,36 @@ pub(crate) trait Real:
     /// `fmaf` call (software where the CPU lacks FMA) cost more than the rest of a GPT step.
     fn madd(self, a: Self, b: Self) -> Self;
     fn sqrt(self) -> Self;
+    /// `c = alpha a b`, or `c += alpha a b` where `add`: `c` row-major (`a`'s rows x `b`'s
+    /// columns, its first that many elements), on the calling thread.
+    fn gemm(c: &mut [Self], a: Mat<'_, Self>, b: Mat<'_, Self>, alpha: Self, add: bool);
+}
+
+/// A dense row-major `rows x cols` matrix (`data` holds exactly that), taken as it is or
+/// transposed.
+#[derive(Clone, Copy)]
+pub(crate) struct Mat<'a, T> {
+    data: &'a [T],
+    rows: usize,
+    cols: usize,
+    transposed: bool,
+}
+
+impl<'a, T> Mat<'a, T> {
+    fn new(data: &'a [T], rows: usize, cols: usize) -> Self {
+        Self {
+            data: &data[..rows * cols],
+            rows,
+            cols,
+            transposed: false,
+        }
+    }
+    fn t(self) -> Self {
+        Self {
+            transposed: !self.transposed,
+            ..self
+        }
+    }
 }
 
 macro_rules! real {
@@ -53,6 +87,38 @@ macro_rules! real {
             }
             fn sqrt(self) -> $t {
                 <$t>::sqrt(self)
+            }
+            fn gemm(c: &mut [$t], a: Mat<'_, $t>, b: Mat<'_, $t>, alpha: $t, add: bool) {
+                fn view<'m>(m: Mat<'m, $t>) -> faer::MatRef<'m, $t> {
+                    let r = faer::MatRef::from_row_major_slice(m.data, m.rows, m.cols);
+                    if m.transposed { r.transpose() } else { r }
+                }
+                let (a, b) = (view(a), view(b));
+                let (m, n, k) = (a.nrows(), b.ncols(), a.ncols());
+                debug_assert_eq!(k, b.nrows());
+                let c = &mut c[..m * n];
+                if m == 0 || n == 0 {
+                    return;
+                }
+                if k == 0 {
+                    // An empty sum (faer is not asked for one).
+                    if !add {
+                        c.fill(0.0);
+                    }
+                    return;
+                }
+                faer::linalg::matmul::matmul(
+                    faer::MatMut::from_row_major_slice_mut(c, m, n),
+                    if add {
+                        faer::Accum::Add
+                    } else {
+                        faer::Accum::Replace
+                    },
+                    a,
+                    b,
+                    alpha,
+                    faer::Par::Seq,
+                );
             }
         }
     };
@@ -120,44 +186,14 @@ pub(crate) fn tree<T: Copy>(acc: [T; 8], f: impl Fn(T, T) -> T) -> T {
     )
 }
 
-/// `y += a x`, eight elements at a time (see [`dot`]).
-#[inline(always)]
-fn axpy<T: Real>(a: T, x: &[T], y: &mut [T]) {
-    let n = x.len().min(y.len());
-    let split = n / 8 * 8;
-    let (y8, tail) = y[..n].split_at_mut(split);
-    for (yc, xc) in y8.chunks_exact_mut(8).zip(x[..split].chunks_exact(8)) {
-        // Eight lanes as arrays, by value in and out: the form the compiler turns into one
-        // vector operation. (Loops, not `array::from_fn`, which is not always inlined.)
-        let (yc, xc): (&mut [T; 8], &[T; 8]) = (yc.try_into().unwrap(), xc.try_into().unwrap());
-        let (xv, mut yv) = (*xc, *yc);
-        for k in 0..8 {
-            yv[k] = a.madd(xv[k], yv[k]);
-        }
-        *yc = yv;
-    }
-    for (yc, &xc) in tail.iter_mut().zip(&x[split..n]) {
-        *yc = a.madd(xc, *yc);
-    }
-}
-
-/// `out[j] += sum_c x[c] t[c * stride + j]` for the `j < out.len()`, the terms added in
-/// order of `c`: a row vector times a transposed matrix, one vectorised pass per `c`.
-#[inline(always)]
-fn product_row<T: Real>(x: &[T], t: &[T], stride: usize, out: &mut [T]) {
-    let n = out.len();
-    for (c, &xc) in x.iter().enumerate() {
-        axpy(xc, &t[c * stride..c * stride + n], out);
-    }
-}
+/// Query rows a block takes: its scores and weights are `ROWS x tk` (twice that backward).
+const ROWS: usize = 64;
 
 /// One batch-head's operands, row-major.
 struct Head<'a, T> {
     q: &'a [T],
-    /// Keys and values transposed (`d x tk`, `dv x tk`): a row of scores is then `d` loops over
-    /// the keys, which vectorise, rather than `tk` dot products of `d` terms each.
-    kt: &'a [T],
-    vt: &'a [T],
+    k: &'a [T],
+    v: &'a [T],
     mask: Option<&'a [T]>,
     /// This head's first weight's position in the dropout stream.
     first: u64,
@@ -170,23 +206,34 @@ impl<T: Real> Head<'_, T> {
         if p.causal { (i + 1).min(s.tk) } else { s.tk }
     }
 
-    /// Row `i`'s scores (`-inf` where masked). Each is `scale (q_i . k_j)`, the dot product
-    /// summed in order over the head's columns.
-    #[inline(always)]
-    fn scores(&self, s: &AttentionShape, p: &AttentionParams, i: usize, row: &mut [T]) {
-        let reach = self.reach(s, p, i);
-        let (live, masked) = row.split_at_mut(reach);
-        live.fill(T::ZERO);
-        masked.fill(T::NEG_INF);
-        product_row(&self.q[i * s.d..(i + 1) * s.d], self.kt, s.tk, live);
-        let scale = T::of(p.scale);
-        match self.mask {
-            Some(m) => {
+    /// The keys any row of the block from row `i0` (`rows` of them) may attend to.
+    fn block_keys(&self, s: &AttentionShape, p: &AttentionParams, i0: usize, rows: usize) -> usize {
+        self.reach(s, p, i0 + rows.max(1) - 1)
+    }
+
+    /// The scores of `rows` query rows from `i0` against the first `keys` keys, row-major
+    /// `rows x keys` in `w`: `scale (q_i . k_j) + mask_ij` (one product), `-inf` beyond each
+    /// row's reach ([`Head::reach`]).
+    fn scores(
+        &self,
+        s: &AttentionShape,
+        p: &AttentionParams,
+        [i0, rows, keys]: [usize; 3],
+        w: &mut [T],
+    ) {
+        let q = Mat::new(&self.q[i0 * s.d..], rows, s.d);
+        T::gemm(w, q, Mat::new(self.k, keys, s.d).t(), T::of(p.scale), false);
+        for r in 0..rows {
+            let row = &mut w[r * keys..(r + 1) * keys];
+            let i = i0 + r;
+            let reach = self.reach(s, p, i).min(keys);
+            let (live, masked) = row.split_at_mut(reach);
+            masked.fill(T::NEG_INF);
+            if let Some(m) = self.mask {
                 for (x, &mv) in live.iter_mut().zip(&m[i * s.tk..i * s.tk + reach]) {
-                    *x = scale * *x + mv;
+                    *x = *x + mv;
                 }
             }
-            None => live.iter_mut().for_each(|x| *x = scale * *x),
         }
     }
 
@@ -203,41 +250,21 @@ impl<T: Real> Head<'_, T> {
     }
 }
 
-/// Each head's `tk x width` block of `x` transposed to `width x tk`.
-fn transposed<T: Real>(x: &[T], heads: usize, tk: usize, width: usize) -> Scratch<T> {
-    let mut t = Scratch::<T>::zeroed(heads * tk * width);
-    t.par_chunks_mut((tk * width).max(1))
-        .zip(x.par_chunks((tk * width).max(1)))
-        .for_each(|(t, x)| {
-            for (j, row) in x.chunks_exact(width.max(1)).enumerate() {
-                for (c, &v) in row.iter().enumerate() {
-                    t[c * tk + j] = v;
-                }
-            }
-        });
-    t
-}
-
-/// The operands both passes read: q dense, k and v dense and transposed per head, the mask
-/// materialised (broadcast over batch and heads).
+/// The operands both passes read, dense, the mask materialised (broadcast over batch and
+/// heads).
 struct Operands<T: Real> {
     q: Scratch<T>,
-    kt: Scratch<T>,
-    vt: Scratch<T>,
+    k: Scratch<T>,
+    v: Scratch<T>,
     mask: Option<Scratch<T>>,
 }
 
 impl<T: Real> Operands<T> {
-    fn new(
-        s: &AttentionShape,
-        mask_layout: Option<&Layout>,
-        x: &AttentionInputs<'_, CpuBuffer>,
-    ) -> Self {
-        let bh = s.batch * s.heads;
+    fn new(mask_layout: Option<&Layout>, x: &AttentionInputs<'_, CpuBuffer>) -> Self {
         Self {
             q: dense(x.q),
-            kt: transposed(&dense(x.k), bh, s.tk, s.d),
-            vt: transposed(&dense(x.v), bh, s.tk, s.dv),
+            k: dense(x.k),
+            v: dense(x.v),
             mask: x
                 .mask
                 .zip(mask_layout)
@@ -250,8 +277,8 @@ impl<T: Real> Operands<T> {
         (0..s.batch * s.heads)
             .map(|bh| Head {
                 q: &self.q[bh * s.tq * s.d..(bh + 1) * s.tq * s.d],
-                kt: &self.kt[bh * s.tk * s.d..(bh + 1) * s.tk * s.d],
-                vt: &self.vt[bh * s.tk * s.dv..(bh + 1) * s.tk * s.dv],
+                k: &self.k[bh * s.tk * s.d..(bh + 1) * s.tk * s.d],
+                v: &self.v[bh * s.tk * s.dv..(bh + 1) * s.tk * s.dv],
                 mask: self
                     .mask
                     .as_deref()
@@ -270,7 +297,7 @@ pub(crate) fn forward<T: Real>(
     lse: View<'_, CpuBuffer>,
     p: &AttentionParams,
 ) {
-    let operands = Operands::<T>::new(s, mask_layout, &x);
+    let operands = Operands::<T>::new(mask_layout, &x);
     let hs = operands.heads(s, p);
     let (mut o, o_each) = Scratch::<T>::chunked(hs.len(), s.tq * s.dv);
     let (mut l, l_each) = Scratch::<T>::chunked(hs.len(), s.tq);
@@ -289,8 +316,9 @@ pub(crate) fn forward<T: Real>(
     store(&l[..hs.len() * s.tq], lse);
 }
 
-/// [`forward_head`] compiled for AVX2 and FMA (the lane loops over `d` and `dv` vectorise;
-/// the arithmetic is the same, multiplies and adds rounded separately).
+/// [`forward_head`] compiled for AVX2 and FMA: the loops over a row's keys (exponentials,
+/// sums, scaling) vectorise 8 wide, their arithmetic unchanged (multiplies and adds rounded
+/// separately); the products are faer's, which picks its kernels at run time either way.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn forward_head_avx2<T: Real>(
@@ -303,7 +331,7 @@ fn forward_head_avx2<T: Real>(
     forward_head(s, p, h, o, l)
 }
 
-/// One batch-head's output rows `o` (zeroed) and log-sum-exps `l`.
+/// One batch-head's output rows `o` and log-sum-exps `l`, a block of rows at a time.
 #[inline(always)]
 fn forward_head<T: Real>(
     s: &AttentionShape,
@@ -312,33 +340,40 @@ fn forward_head<T: Real>(
     o: &mut [T],
     l: &mut [T],
 ) {
-    let mut row = vec![T::ZERO; s.tk];
-    for i in 0..s.tq {
-        h.scores(s, p, i, &mut row);
-        let reach = h.reach(s, p, i);
-        let max = lanes(&row[..reach], T::NEG_INF, |m, x| if x > m { x } else { m });
-        let oi = &mut o[i * s.dv..(i + 1) * s.dv];
-        if max == T::NEG_INF {
-            l[i] = T::NEG_INF;
-            continue;
+    let mut w = Scratch::<T>::zeroed(ROWS.min(s.tq) * s.tk);
+    for i0 in (0..s.tq).step_by(ROWS) {
+        let rows = ROWS.min(s.tq - i0);
+        let keys = h.block_keys(s, p, i0, rows);
+        let w = &mut w[..rows * keys];
+        h.scores(s, p, [i0, rows, keys], w);
+        for r in 0..rows {
+            let i = i0 + r;
+            let reach = h.reach(s, p, i).min(keys);
+            let (live, beyond) = w[r * keys..(r + 1) * keys].split_at_mut(reach);
+            beyond.fill(T::ZERO);
+            let max = lanes(live, T::NEG_INF, |m, x| if x > m { x } else { m });
+            if max == T::NEG_INF {
+                // Nothing to attend to: no weights, an output row of zeros.
+                l[i] = T::NEG_INF;
+                live.fill(T::ZERO);
+                continue;
+            }
+            // Each exponential once: the row holds exp(s - max), the weights are those over
+            // their sum (times the dropout factors).
+            for x in live.iter_mut() {
+                *x = (*x - max).exp();
+            }
+            let sum = lanes(live, T::ZERO, |a, e| a + e);
+            l[i] = max + sum.ln();
+            let inv = T::of(1.0) / sum;
+            for (j, x) in live.iter_mut().enumerate() {
+                *x = *x * inv * h.factor(s, p, i, j);
+            }
         }
-        // Each exponential once: the row holds exp(s - max), the weights are those over
-        // their sum, each loop over the keys vectorised.
-        let live = &mut row[..reach];
-        for x in live.iter_mut() {
-            *x = (*x - max).exp();
-        }
-        let sum = lanes(live, T::ZERO, |a, e| a + e);
-        l[i] = max + sum.ln();
-        let inv = T::of(1.0) / sum;
-        for (j, x) in live.iter_mut().enumerate() {
-            *x = *x * inv * h.factor(s, p, i, j);
-        }
-        // o_i[c] = sum_j w_j v[j][c]: a dot product over the keys per column, from the
-        // transposed values (no chain of updates to one output row).
-        for (c, oc) in oi.iter_mut().enumerate() {
-            *oc = dot(live, &h.vt[c * s.tk..c * s.tk + reach]);
-        }
+        // The block's outputs: its weights times the values.
+        let out = &mut o[i0 * s.dv..(i0 + rows) * s.dv];
+        let v = Mat::new(h.v, keys, s.dv);
+        T::gemm(out, Mat::new(w, rows, keys), v, T::of(1.0), false);
     }
 }
 
@@ -372,7 +407,7 @@ pub(crate) fn backward<T: Real>(
     g: AttentionGrads<'_, CpuBuffer>,
     p: &AttentionParams,
 ) {
-    let operands = Operands::<T>::new(s, mask_layout, &x);
+    let operands = Operands::<T>::new(mask_layout, &x);
     let (o, l, dout) = (dense::<T>(out), dense::<T>(lse), dense::<T>(dout));
     let hs = operands.heads(s, p);
     let n = hs.len();
@@ -423,53 +458,88 @@ fn backward_head_avx2<T: Real>(
     backward_head(s, p, h, rows, bh, grads)
 }
 
-/// Batch-head `bh`'s gradients `[dq, dk, dv]` (zeroed), recomputing its weights.
+/// Batch-head `bh`'s gradients `[dq, dk, dv]` (`dk` and `dv` zeroed), recomputing its
+/// weights `w` a block of rows at a time: per block `dv += (w z)^T do`, `dp = do v^T`,
+/// `ds = scale w (z dp - delta)`, `dq = ds k` and `dk += ds^T q`, with `z` the dropout
+/// factors and `delta_i = do_i . o_i`; the blocks add into `dk` and `dv` in order.
 #[inline(always)]
 fn backward_head<T: Real>(
     s: &AttentionShape,
     p: &AttentionParams,
     h: &Head<'_, T>,
-    rows: &Rows<'_, T>,
+    of: &Rows<'_, T>,
     bh: usize,
     [dq, dk, dv]: [&mut [T]; 3],
 ) {
-    let scale = T::of(p.scale);
-    let (mut row, mut dots) = (vec![T::ZERO; s.tk], vec![T::ZERO; s.tk]);
-    for i in 0..s.tq {
-        let r = bh * s.tq + i;
-        let (li, doi) = (rows.l[r], &rows.dout[r * s.dv..(r + 1) * s.dv]);
-        if li == T::NEG_INF {
-            continue;
-        }
-        let delta = dot(doi, &rows.o[r * s.dv..(r + 1) * s.dv]);
-        h.scores(s, p, i, &mut row);
-        let reach = h.reach(s, p, i);
-        // The row's weights `exp(s - lse)` (its lse is finite: a row with nothing to attend
-        // to was skipped) and `do_i . v_j` first, in loops over the keys that vectorise.
-        for x in row[..reach].iter_mut() {
-            *x = (*x - li).exp();
-        }
-        let dots = &mut dots[..reach];
-        dots.fill(T::ZERO);
-        product_row(doi, h.vt, s.tk, dots);
-        let qi = &h.q[i * s.d..(i + 1) * s.d];
-        // `dots` becomes the row's score gradients ds_j (0 where the weight is).
-        for (j, (&w, dj)) in row[..reach].iter().zip(dots.iter_mut()).enumerate() {
-            if w == T::ZERO {
-                *dj = T::ZERO;
+    let (scale, one) = (T::of(p.scale), T::of(1.0));
+    let block = ROWS.min(s.tq) * s.tk;
+    let (mut w, mut ds) = (Scratch::<T>::zeroed(block), Scratch::<T>::zeroed(block));
+    for i0 in (0..s.tq).step_by(ROWS) {
+        let rows = ROWS.min(s.tq - i0);
+        let keys = h.block_keys(s, p, i0, rows);
+        let (w, ds) = (&mut w[..rows * keys], &mut ds[..rows * keys]);
+        let first = bh * s.tq + i0;
+        let dout = &of.dout[first * s.dv..(first + rows) * s.dv];
+        // The weights `exp(s - lse)`: 0 beyond a row's reach and on a row with nothing to
+        // attend to; in `ds` for now, the weights times the dropout factors.
+        h.scores(s, p, [i0, rows, keys], w);
+        for r in 0..rows {
+            let i = i0 + r;
+            let li = of.l[first + r];
+            let reach = h.reach(s, p, i).min(keys);
+            let (row, zrow) = (
+                &mut w[r * keys..(r + 1) * keys],
+                &mut ds[r * keys..(r + 1) * keys],
+            );
+            if li == T::NEG_INF {
+                row.fill(T::ZERO);
+                zrow.fill(T::ZERO);
                 continue;
             }
-            let z = h.factor(s, p, i, j);
-            axpy(w * z, doi, &mut dv[j * s.dv..(j + 1) * s.dv]);
-            let dp = z * *dj;
-            let ds = scale * (w * (dp - delta));
-            *dj = ds;
-            axpy(ds, qi, &mut dk[j * s.d..(j + 1) * s.d]);
+            let (live, beyond) = row.split_at_mut(reach);
+            beyond.fill(T::ZERO);
+            for x in live.iter_mut() {
+                *x = (*x - li).exp();
+            }
+            for (j, (z, &x)) in zrow.iter_mut().zip(row.iter()).enumerate() {
+                *z = x * h.factor(s, p, i, j);
+            }
         }
-        // dq_i[c] = sum_j ds_j k[j][c], a dot product over the keys per column.
-        for (c, dqc) in dq[i * s.d..(i + 1) * s.d].iter_mut().enumerate() {
-            *dqc = dot(dots, &h.kt[c * s.tk..c * s.tk + reach]);
+        let wz = Mat::new(ds, rows, keys).t();
+        T::gemm(
+            &mut dv[..keys * s.dv],
+            wz,
+            Mat::new(dout, rows, s.dv),
+            one,
+            true,
+        );
+        // ds = do v^T, then the score gradients in place: 0 wherever the weight is (masked,
+        // beyond the reach, a skipped row), whatever the product there.
+        let vt = Mat::new(h.v, keys, s.dv).t();
+        T::gemm(ds, Mat::new(dout, rows, s.dv), vt, one, false);
+        for r in 0..rows {
+            let (i, at) = (i0 + r, first + r);
+            let delta = dot(
+                &dout[r * s.dv..(r + 1) * s.dv],
+                &of.o[at * s.dv..(at + 1) * s.dv],
+            );
+            let (wr, dr) = (
+                &w[r * keys..(r + 1) * keys],
+                &mut ds[r * keys..(r + 1) * keys],
+            );
+            for (j, (d, &wj)) in dr.iter_mut().zip(wr).enumerate() {
+                *d = if wj == T::ZERO {
+                    T::ZERO
+                } else {
+                    scale * (wj * (h.factor(s, p, i, j) * *d - delta))
+                };
+            }
         }
+        let ds = Mat::new(ds, rows, keys);
+        let dq_rows = &mut dq[i0 * s.d..(i0 + rows) * s.d];
+        T::gemm(dq_rows, ds, Mat::new(h.k, keys, s.d), one, false);
+        let q = Mat::new(&h.q[i0 * s.d..], rows, s.d);
+        T::gemm(&mut dk[..keys * s.d], ds.t(), q, one, true);
     }
 }
 
