@@ -444,18 +444,22 @@ pub(crate) fn unary_backward<B: Backend>(
 }
 
 /// `d/dx [x Phi(x)] g = (Phi(x) + x phi(x)) g`, Phi by the same erf formula as the forward.
+/// In f32 the density's `exp(-x^2 / 2)` is the one the erf formula takes at `x / sqrt 2`
+/// (computed once: an exponential is most of the program's work on the CPU).
 fn gelu_grad(b: &mut ProgramBuilder, x: Value, g: Value) -> Value {
     let k = lit(b, x, std::f64::consts::FRAC_1_SQRT_2);
     let z = b.mul(x, k);
-    let e = ir_erf(b, z);
+    let (e, shared) = ir_erf(b, z);
     let one = lit(b, x, 1.0);
     let half = lit(b, x, 0.5);
     let t = b.add(one, e);
     let cdf = b.mul(half, t);
-    let x2 = b.mul(x, x);
-    let mh = lit(b, x, -0.5);
-    let a = b.mul(x2, mh);
-    let ex = b.unary(IrUnary::Exp, a);
+    let ex = shared.unwrap_or_else(|| {
+        let x2 = b.mul(x, x);
+        let mh = lit(b, x, -0.5);
+        let a = b.mul(x2, mh);
+        b.unary(IrUnary::Exp, a)
+    });
     let inv = lit(b, x, 0.398_942_280_401_432_7); // 1 / sqrt(2 pi)
     let pdf = b.mul(ex, inv);
     let d = b.fma(x, pdf, cdf);
@@ -507,10 +511,10 @@ fn lit(b: &mut ProgramBuilder, like: Value, v: f64) -> Value {
 
 /// The error function in IR, by the formula of the forward: `hal::erf_f32`'s
 /// Abramowitz-Stegun approximation in f32, `hal::erf_f64`'s series and continued fraction in
-/// f64.
-fn ir_erf(b: &mut ProgramBuilder, x: Value) -> Value {
+/// f64. In f32 also the `exp(-x^2)` the formula takes, for a caller that needs it too.
+fn ir_erf(b: &mut ProgramBuilder, x: Value) -> (Value, Option<Value>) {
     if b.type_of(x) == Some(ScalarType::F64) {
-        return ir_erf_f64(b, x);
+        return (ir_erf_f64(b, x), None);
     }
     let ax = b.unary(IrUnary::Abs, x);
     let one = b.const_f32(1.0);
@@ -533,7 +537,7 @@ fn ir_erf(b: &mut ProgramBuilder, x: Value) -> Value {
     let zero = b.const_f32(0.0);
     let neg = b.cmp(IrCmp::Lt, x, zero);
     let nr = b.unary(IrUnary::Neg, r);
-    b.select(neg, nr, r)
+    (b.select(neg, nr, r), Some(e))
 }
 
 /// `hal::erf_f64` unrolled (programs have no loops): for |x| < 2.5 the series
