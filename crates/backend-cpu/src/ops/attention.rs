@@ -119,6 +119,7 @@ macro_rules! real {
                     alpha,
                     faer::Par::Seq,
                 );
+                crate::math::clear_upper();
             }
         }
     };

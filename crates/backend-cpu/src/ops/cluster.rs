@@ -218,6 +218,7 @@ fn nearest_by_gemm(xs: &[f32], cs: &[f32], d: usize, m: usize, idx: &mut [u32], 
                     -2.0f32,
                     faer::Par::Seq,
                 );
+                crate::math::clear_upper();
                 #[cfg(target_arch = "x86_64")]
                 if fma {
                     // SAFETY: the CPU supports the enabled features (checked above).

@@ -199,6 +199,7 @@ fn gemm<T: Real>(
                 alpha,
                 par,
             );
+            crate::math::clear_upper();
         }
     };
     let small = m * n * k < (1 << 18);
@@ -214,6 +215,10 @@ fn gemm<T: Real>(
         };
         for bi in 0..om.batch {
             one(bi, par);
+        }
+        if !small {
+            // faer's kernels ran on the pool's threads too.
+            crate::math::clear_upper_everywhere();
         }
     }
 }
