@@ -22,6 +22,9 @@
 //! thread), using rayon's pool inside. Calls are serialised process-wide by one lock, which is
 //! what makes the raw-pointer kernels sound; do not call the backend from inside a rayon
 //! parallel iterator of your own, where a stolen task could try to take the lock again.
+//! A program that calls the backend from its main thread should make that thread one of
+//! rayon's first ([`join_rayon_pool`]): each parallel pass then starts on it instead of
+//! waking the pool and waiting.
 
 // Kernels take each operand as a pointer plus a layout, so eight arguments are the norm, not a
 // smell; bundling them into structs would only rename the problem.
@@ -34,11 +37,13 @@ mod ops;
 mod profile;
 mod program;
 mod storage;
+mod threads;
 mod walk;
 
 pub use collective::CpuCommunicator;
 pub use program::CpuKernel;
 pub use storage::CpuBuffer;
+pub use threads::join_rayon_pool;
 
 use hal::ir::Program;
 use hal::{

@@ -21,6 +21,16 @@ pub use backend_cuda;
 pub use backend_wgpu;
 pub use backend_wgpu::quiet_headless_start;
 
+/// Makes the calling thread the first of rayon's pool ([`backend_cpu::join_rayon_pool`]):
+/// for a binary whose main thread alone drives the backend, so that the CPU backend's
+/// parallel passes start there instead of waking the pool and waiting. Where the pool cannot
+/// be built so (it already exists), `program` says why on standard error and goes on.
+pub fn join_rayon_pool(program: &str) {
+    if let Err(e) = backend_cpu::join_rayon_pool(0) {
+        eprintln!("{program}: {e}");
+    }
+}
+
 /// The best backend present: CUDA if a driver and GPU are there, else wgpu on a hardware GPU
 /// (not a software rasteriser such as lavapipe), else the CPU.
 pub fn best_present() -> &'static str {

@@ -127,6 +127,10 @@ fn time_it(reps: usize, mut prepare: impl FnMut(usize), mut run: impl FnMut()) -
 fn main() -> ExitCode {
     // SAFETY: the first line of main: no other thread exists yet.
     unsafe { backend_wgpu::quiet_headless_start() };
+    // The CPU backend's passes start on this thread (see `join_rayon_pool`).
+    if let Err(e) = backend_cpu::join_rayon_pool(0) {
+        eprintln!("bench: {e}");
+    }
     let args = match cli::parse() {
         Ok(a) => a,
         Err(e) => {

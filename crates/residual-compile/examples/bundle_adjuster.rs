@@ -44,6 +44,7 @@ struct Args {
 fn main() -> ExitCode {
     // SAFETY: the first line of main: no other thread exists yet.
     unsafe { backends::quiet_headless_start() };
+    backends::join_rayon_pool("bundle_adjuster");
     let args = Args::parse();
     let choice = backends::resolve(&args.solve.backend).to_string();
     match backends::on_backend!(choice.as_str(), run(&args)) {

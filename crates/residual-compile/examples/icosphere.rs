@@ -55,6 +55,7 @@ struct Args {
 fn main() -> ExitCode {
     // SAFETY: the first line of main: no other thread exists yet.
     unsafe { backends::quiet_headless_start() };
+    backends::join_rayon_pool("icosphere");
     let args = Args::parse();
     if !(3..=7).contains(&args.level) {
         eprintln!("icosphere: --level must be 3 to 7 (got {})", args.level);

@@ -114,6 +114,10 @@ fn main() -> ExitCode {
     // SAFETY: the first line of main: no other thread exists yet.
     unsafe { backends::quiet_headless_start() };
     let args = Args::parse();
+    if args.devices <= 1 {
+        // One thread drives the backend (ranks are threads of their own otherwise).
+        backends::join_rayon_pool("gpt");
+    }
     let choice = backends::resolve(&args.backend).to_string();
     println!(
         "gpt: backend {choice}, recipe {}, autocast {}",

@@ -37,6 +37,7 @@ struct Args {
 fn main() -> ExitCode {
     // SAFETY: the first line of main: no other thread exists yet.
     unsafe { backends::quiet_headless_start() };
+    backends::join_rayon_pool("mnist_shape");
     let args = Args::parse();
     let choice = backends::resolve(&args.backend).to_string();
     println!("mnist_shape: backend {choice}");

@@ -200,13 +200,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.threads > 0 {
         vlc_anneal::index::set_threads(cli.threads);
-        if let Err(e) = rayon::ThreadPoolBuilder::new()
-            .num_threads(cli.threads)
-            .build_global()
-        {
-            eprintln!("vlc: --threads {}: {e}", cli.threads);
-            return ExitCode::FAILURE;
-        }
+    }
+    // Rayon's pool with this thread as its first (the CPU backend's passes start here).
+    if let Err(e) = backends::backend_cpu::join_rayon_pool(cli.threads) {
+        eprintln!("vlc: --threads {}: {e}", cli.threads);
+        return ExitCode::FAILURE;
     }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
