@@ -213,8 +213,9 @@ impl<T: Real> Head<'_, T> {
     }
 
     /// The scores of `rows` query rows from `i0` against the first `keys` keys, row-major
-    /// `rows x keys` in `w`: `scale (q_i . k_j) + mask_ij` (one product), `-inf` beyond each
-    /// row's reach ([`Head::reach`]).
+    /// `rows x keys` in `w`: `scale (q_i . k_j) + mask_ij` (one product) up to each row's
+    /// reach ([`Head::reach`]); past it the product's values are left for the caller, which
+    /// weighs those keys 0.
     fn scores(
         &self,
         s: &AttentionShape,
@@ -224,16 +225,13 @@ impl<T: Real> Head<'_, T> {
     ) {
         let q = Mat::new(&self.q[i0 * s.d..], rows, s.d);
         T::gemm(w, q, Mat::new(self.k, keys, s.d).t(), T::of(p.scale), false);
+        let Some(m) = self.mask else { return };
         for r in 0..rows {
-            let row = &mut w[r * keys..(r + 1) * keys];
             let i = i0 + r;
             let reach = self.reach(s, p, i).min(keys);
-            let (live, masked) = row.split_at_mut(reach);
-            masked.fill(T::NEG_INF);
-            if let Some(m) = self.mask {
-                for (x, &mv) in live.iter_mut().zip(&m[i * s.tk..i * s.tk + reach]) {
-                    *x = *x + mv;
-                }
+            let live = &mut w[r * keys..r * keys + reach];
+            for (x, &mv) in live.iter_mut().zip(&m[i * s.tk..i * s.tk + reach]) {
+                *x = *x + mv;
             }
         }
     }
@@ -482,7 +480,7 @@ fn backward_head<T: Real>(
         let first = bh * s.tq + i0;
         let dout = &of.dout[first * s.dv..(first + rows) * s.dv];
         // The weights `exp(s - lse)`: 0 beyond a row's reach and on a row with nothing to
-        // attend to; in `ds` for now, the weights times the dropout factors.
+        // attend to; with dropout, in `ds` for now, the weights times its factors.
         h.scores(s, p, [i0, rows, keys], w);
         for r in 0..rows {
             let i = i0 + r;
@@ -502,11 +500,14 @@ fn backward_head<T: Real>(
             for x in live.iter_mut() {
                 *x = (*x - li).exp();
             }
-            for (j, (z, &x)) in zrow.iter_mut().zip(row.iter()).enumerate() {
-                *z = x * h.factor(s, p, i, j);
+            if p.dropout != 0.0 {
+                for (j, (z, &x)) in zrow.iter_mut().zip(row.iter()).enumerate() {
+                    *z = x * h.factor(s, p, i, j);
+                }
             }
         }
-        let wz = Mat::new(ds, rows, keys).t();
+        // Without dropout every factor is 1 and the weights serve as they are.
+        let wz = Mat::new(if p.dropout != 0.0 { &*ds } else { &*w }, rows, keys).t();
         T::gemm(
             &mut dv[..keys * s.dv],
             wz,
