@@ -61,33 +61,28 @@ impl<B: Backend> CholeskyEngine<B> {
             }
         }
         let n = free as usize;
-        // The pattern of J^T J: for each instance, every pair of its free parameters.
-        let mut columns: Vec<Vec<u32>> = vec![Vec::new(); n];
+        // Each instance's free columns couple pairwise in J^T J; the pattern is expanded from
+        // the graph of column groups (`ordering::Compressed`), which the orderings use too.
         let mut problem_groups = Vec::new();
         let free_of = |index: u32| free_index[tangent.col(index) as usize];
+        let (mut clique_ptr, mut clique_cols) = (vec![0usize], Vec::new());
+        let mut in_clique = Vec::new();
         for g in problem.groups() {
             let (p, s) = (g.params_per_instance(), g.slots_per_instance());
             problem_groups.push((g.len(), g.residuals_per_instance(), p));
             for inst in g.param_index.chunks_exact(s) {
-                for &a in &inst[..p] {
-                    for &b in &inst[..p] {
-                        let (fa, fb) = (free_of(a), free_of(b));
-                        if fa != u32::MAX && fb != u32::MAX && fa >= fb {
-                            columns[fb as usize].push(fa);
-                        }
-                    }
-                }
+                in_clique.clear();
+                in_clique.extend(inst[..p].iter().map(|&a| free_of(a)));
+                in_clique.retain(|&f| f != u32::MAX);
+                in_clique.sort_unstable();
+                in_clique.dedup();
+                clique_cols.extend_from_slice(&in_clique);
+                clique_ptr.push(clique_cols.len());
             }
         }
-        let mut col_ptr = vec![0u32; n + 1];
-        let mut row_idx = Vec::new();
-        for (c, rows) in columns.iter_mut().enumerate() {
-            rows.push(c as u32); // the diagonal, even for a parameter no residual touches
-            rows.sort_unstable();
-            rows.dedup();
-            row_idx.extend_from_slice(rows);
-            col_ptr[c + 1] = row_idx.len() as u32;
-        }
+        let compressed = crate::ordering::Compressed::from_cliques(n, &clique_ptr, &clique_cols);
+        drop((clique_ptr, clique_cols));
+        let (col_ptr, row_idx) = compressed.lower_pattern();
         let slot = |row: u32, col: u32| -> u32 {
             let (s, e) = (
                 col_ptr[col as usize] as usize,
@@ -116,10 +111,9 @@ impl<B: Backend> CholeskyEngine<B> {
             }
             pair_slots.push(slots);
         }
-        drop(columns);
         let nnz_normal = row_idx.len();
         let normal = SymbolicSparseColMat::new_checked(n, n, col_ptr, None, row_idx);
-        let symbolic = analyse(normal.as_ref())?;
+        let symbolic = analyse(normal.as_ref(), &compressed)?;
         // The numeric factorisation spreads subtrees over the cores (`supernodal`); faer's own
         // splits only inside supernodes, which are too small here for that to pay. faer
         // factors only when it chose its simplicial method (small problems).
@@ -349,13 +343,19 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
 }
 
 /// The symbolic analysis of the lower-triangular pattern `lower` under the cheaper of two
-/// fill-reducing orders (`crate::ordering`): AMD, and nested dissection where it applies.
-fn analyse(lower: SymbolicSparseColMatRef<'_, u32>) -> Result<SymbolicCholesky<u32>, Error> {
-    let by = |ordering: SymmetricOrdering<'_, u32>| {
+/// fill-reducing orders of its column groups (`crate::ordering`): AMD, and nested
+/// dissection where it applies.
+fn analyse(
+    lower: SymbolicSparseColMatRef<'_, u32>,
+    compressed: &crate::ordering::Compressed,
+) -> Result<SymbolicCholesky<u32>, Error> {
+    let by = |order: Vec<u32>| {
+        let inverse = crate::ordering::inverse(&order);
+        let perm = faer::perm::PermRef::new_checked(&order, &inverse, order.len());
         factorize_symbolic_cholesky(
             lower,
             Side::Lower,
-            ordering,
+            SymmetricOrdering::Custom(perm),
             faer::sparse::linalg::cholesky::CholeskySymbolicParams {
                 // Always supernodal, factorised by `supernodal` on all cores: faer picks its
                 // simplicial method for pose graphs (their 6 x 6 blocks fill little), where
@@ -369,16 +369,8 @@ fn analyse(lower: SymbolicSparseColMatRef<'_, u32>) -> Result<SymbolicCholesky<u
     };
     // The two analyses are independent: side by side where there are threads.
     let (amd, dissected) = rayon::join(
-        || by(SymmetricOrdering::Amd),
-        || {
-            crate::ordering::nested_dissection(lower)
-                .map(|order| {
-                    let inverse = crate::ordering::inverse(&order);
-                    let perm = faer::perm::PermRef::new_checked(&order, &inverse, order.len());
-                    by(SymmetricOrdering::Custom(perm))
-                })
-                .transpose()
-        },
+        || by(compressed.amd_order()?),
+        || compressed.nested_dissection().map(by).transpose(),
     );
     let amd = amd?;
     Ok(match dissected? {

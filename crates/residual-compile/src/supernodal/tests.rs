@@ -86,7 +86,9 @@ fn analyse_by(
 
 /// The analysis under METIS's nested dissection (`crate::ordering`).
 fn analyse_dissected(pattern: &SymbolicSparseColMat<u32>) -> SymbolicCholesky<u32> {
-    let order = crate::ordering::nested_dissection(pattern.as_ref()).expect("an order");
+    let order = crate::ordering::Compressed::from_pattern(pattern.as_ref())
+        .nested_dissection()
+        .expect("an order");
     let inverse = crate::ordering::inverse(&order);
     let perm = faer::perm::PermRef::new_checked(&order, &inverse, order.len());
     analyse_by(pattern, SymmetricOrdering::Custom(perm))
