@@ -20,7 +20,7 @@ use crate::problem::Problem;
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor::{LltError, cholesky_in_place, cholesky_in_place_scratch};
 use faer::{MatMut, Par};
-use hal::{Backend, BackendExt};
+use hal::Backend;
 use web_time::Instant;
 
 /// Where a column goes: the reduced system (its index there), an eliminated block (the block
@@ -74,7 +74,9 @@ pub(super) struct SchurEngine<B: Backend> {
     /// The step over free columns (reduced, then eliminated), and over every column.
     delta: Vec<f64>,
     step: Vec<f64>,
-    /// The Jacobian read at the last linearization (the model reduction reads it again).
+    /// The residuals and the Jacobian read at the last linearization (the model reduction
+    /// reads the Jacobian again; both vectors are reused by the next read).
+    residuals: Vec<f64>,
     jacobian: Vec<f64>,
     /// Per extra thread: its share of `S` and of the right-hand side.
     partial: Vec<(Vec<f64>, Vec<f64>)>,
@@ -257,6 +259,7 @@ impl<B: Backend> SchurEngine<B> {
             scratch,
             delta: vec![0.0; n_free],
             step: vec![0.0; tangent.cols],
+            residuals: Vec::new(),
             jacobian: Vec::new(),
             partial: Vec::new(),
             factors: vec![0.0; blocks * size * size],
@@ -330,8 +333,10 @@ impl<B: Backend> Engine for SchurEngine<B> {
     async fn linearize(&mut self) -> Result<f64, Error> {
         let t = Instant::now();
         let b = &self.compiled.backend;
-        let residuals = b.read_f64_async(&self.it.current.residuals).await?;
-        let jacobian = b.read_f64_async(&self.it.current.jacobian).await?;
+        let mut residuals = std::mem::take(&mut self.residuals);
+        let mut jacobian = std::mem::take(&mut self.jacobian);
+        super::host::read_f64_kept(b, &self.it.current.residuals, &mut residuals).await?;
+        super::host::read_f64_kept(b, &self.it.current.jacobian, &mut jacobian).await?;
         let (reduced, size) = (self.reduced, self.size);
         self.u.iter_mut().for_each(|v| *v = 0.0);
         self.v.iter_mut().for_each(|v| *v = 0.0);
@@ -399,7 +404,7 @@ impl<B: Backend> Engine for SchurEngine<B> {
             }))
             .collect::<Vec<f64>>();
         self.damping.update(diagonal.into_iter());
-        self.jacobian = jacobian;
+        (self.residuals, self.jacobian) = (residuals, jacobian);
         self.it.times.linearize += t.elapsed().as_secs_f64();
         Ok(self.gradient.iter().fold(0.0, |m, g| m.max(g.abs())))
     }
