@@ -366,16 +366,19 @@ fn subtract_update(
     while c0 < mid {
         let c1 = (c0 + UPDATE_BLOCK).min(mid);
         let (h, w) = (rows - c0, c1 - c0);
-        scratch.product.clear();
-        scratch.product.resize(h * w, 0.0);
+        if scratch.product.len() < h * w {
+            scratch.product.resize(h * w, 0.0);
+        }
+        let product = &mut scratch.product[..h * w];
         let multiply_adds = h * w * d_width;
         if multiply_adds >= UPDATE_MATMUL_MIN {
+            // (The product replaces what the block held: no zeroing first.)
             // Rows top + c0.. of L_d; the right operand is their first w rows.
             let lhs =
                 MatRef::from_column_major_slice_with_stride(&ld[top + c0..], h, d_width, d_rows);
             let rhs = lhs.subrows(0, w);
             faer::linalg::matmul::matmul(
-                MatMut::from_column_major_slice_mut(&mut scratch.product, h, w),
+                MatMut::from_column_major_slice_mut(product, h, w),
                 Accum::Replace,
                 lhs,
                 rhs.transpose(),
@@ -383,8 +386,9 @@ fn subtract_update(
                 dense_par(multiply_adds),
             );
         } else {
+            product.fill(0.0);
             for jj in 0..w {
-                let column = &mut scratch.product[jj * h..(jj + 1) * h];
+                let column = &mut product[jj * h..(jj + 1) * h];
                 for k in 0..d_width {
                     let source = &ld[k * d_rows + top + c0..][..h];
                     let scale = source[jj];
@@ -401,7 +405,7 @@ fn subtract_update(
         for jj in 0..w {
             let a = c0 + jj;
             let column = &mut own[local_rows[a] as usize * nrows..];
-            let product = &scratch.product[jj * h..(jj + 1) * h];
+            let product = &product[jj * h..(jj + 1) * h];
             while runs[run + 1] as usize <= a {
                 run += 1;
             }
