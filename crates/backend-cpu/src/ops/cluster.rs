@@ -225,7 +225,7 @@ fn nearest_by_gemm(xs: &[f32], cs: &[f32], d: usize, m: usize, idx: &mut [u32], 
                     unsafe { pick_rows_fma(&tile, x, cs, d, &norms, largest_norm, ib, db) };
                     return;
                 }
-                pick_rows(&tile, x, cs, d, &norms, largest_norm, ib, db);
+                pick_rows(&tile, x, cs, d, &norms, largest_norm, ib, db, hit_mask);
             });
         });
 }
@@ -247,6 +247,7 @@ fn score_slack(d: usize, x_norm: f32, c_norm: f32) -> f32 {
 /// distance; then the winners' exact distances, eight rows at a time so that their fused
 /// multiply-add chains overlap (each summed in the reference order).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn pick_rows(
     tile: &[f32],
     xs: &[f32],
@@ -256,6 +257,7 @@ fn pick_rows(
     largest_norm: f32,
     ib: &mut [u32],
     db: &mut [f32],
+    hit_mask: impl Fn(&[f32], &[f32], f32) -> u32,
 ) {
     let m = norms.len();
     let mut found: Vec<u32> = Vec::new();
@@ -338,7 +340,37 @@ unsafe fn pick_rows_fma(
     ib: &mut [u32],
     db: &mut [f32],
 ) {
-    pick_rows(tile, xs, cs, d, norms, largest_norm, ib, db)
+    // SAFETY: this function runs only where AVX2 is present (its caller checks).
+    let hit = |t: &[f32], n: &[f32], limit: f32| unsafe { hit_mask_avx(t, n, limit) };
+    pick_rows(tile, xs, cs, d, norms, largest_norm, ib, db, hit)
+}
+
+/// [`hit_mask`] in two AVX compares of eight scores (the candidate scan's inner step: half
+/// the instructions of the four SSE compares).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn hit_mask_avx(t: &[f32], n: &[f32], limit: f32) -> u32 {
+    use std::arch::x86_64::{
+        _CMP_LE_OQ, _mm256_add_ps, _mm256_cmp_ps, _mm256_loadu_ps, _mm256_movemask_ps,
+        _mm256_set1_ps,
+    };
+    let (t, n): (&[f32; 16], &[f32; 16]) = (t.try_into().expect("16"), n.try_into().expect("16"));
+    let limit = _mm256_set1_ps(limit);
+    let mut mask = 0u32;
+    for h in 0..2 {
+        // SAFETY: the loads read t[8h..8h + 8] and n[8h..8h + 8], inside the arrays. The
+        // ordered compare is false for NaN, as the SSE one is.
+        let bits = unsafe {
+            let v = _mm256_add_ps(
+                _mm256_loadu_ps(t.as_ptr().add(8 * h)),
+                _mm256_loadu_ps(n.as_ptr().add(8 * h)),
+            );
+            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(v, limit))
+        };
+        mask |= (bits as u32) << (8 * h);
+    }
+    mask
 }
 
 /// Bit `j` set where `t[j] + n[j] <= limit`, for sixteen scores: four SSE compares and their
