@@ -10,10 +10,14 @@
 // run of 32 stays far inside it. The list is flushed into the per-column accumulators whenever
 // it could overflow; every loop stays far below lavapipe's 65535 iterations where that
 // applies (the backend uses this file there only for short inputs).
-// Blocks: 0 segment ids, 1 weights. Scalars: 0 n, 1 d (d + 1 <= 1024), 2 m, 3 x's offset,
-// 4-5 x's strides, 7 whether there are weights, 11 whether fma() is fused, 12 zero
-// (keep.wgsl), 13 whether to add in compensated runs. Output: B4, [m, d + 1]
-// accumulators (column d the count).
+// A dispatch takes the rows [scalar 8, scalar 0); with scalar 9 = 1 it continues from the
+// accumulators an earlier dispatch left in B4 (the reproducible chain goes on exactly; in
+// compensated runs only the compensation restarts), so a software rasteriser takes long
+// inputs in row ranges short enough for its loop cap.
+// Blocks: 0 segment ids, 1 weights. Scalars: 0 end row, 1 d (d + 1 <= 1024), 2 m, 3 x's
+// offset, 4-5 x's strides, 7 whether there are weights, 8 first row, 9 continue, 11 whether
+// fma() is fused, 12 zero (keep.wgsl), 13 whether to add in compensated runs. Output: B4,
+// [m, d + 1] accumulators (column d the count).
 
 // @include fma_exact.wgsl
 // @include keep.wgsl
@@ -46,12 +50,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if (seg >= s(2u)) { return; }
     let n = s(0u);
     let d = s(1u);
-    for (var k = li; k <= d; k = k + THREADS) { acc[k] = 0.0; }
+    for (var k = li; k <= d; k = k + THREADS) {
+        acc[k] = 0.0;
+        if (s(9u) == 1u) { acc[k] = ld4(i32(seg * (d + 1u) + k)); }
+    }
     // Kahan compensation of this thread's columns li, li + 256, ... (d + 1 <= 1024: four).
     var comp = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
     let runs = s(13u) == 1u;
     var listed = 0u;
-    for (var base = 0u; base < n; base = base + 4u * THREADS) {
+    for (var base = s(8u); base < n; base = base + 4u * THREADS) {
         var mine = array<u32, 4>(0u, 0u, 0u, 0u);
         var c = 0u;
         for (var q = 0u; q < 4u; q = q + 1u) {
