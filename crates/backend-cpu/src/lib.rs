@@ -230,14 +230,7 @@ impl Backend for CpuBackend {
 
     fn read_bytes_into(&self, src: &CpuBuffer, dst: &mut [u8]) -> Result<()> {
         let _g = exec("read_bytes_into");
-        if src.0.bytes() != dst.len() {
-            return Err(Error::ShapeMismatch {
-                op: "read_bytes_into",
-                expected: vec![src.0.bytes()],
-                got: vec![dst.len()],
-                detail: "bytes of the buffer, bytes of the destination".into(),
-            });
-        }
+        hal::validate::read_into(src.0.bytes(), dst.len())?;
         // SAFETY: the storage holds `bytes()` initialised bytes; `dst` is a distinct slice.
         dst.copy_from_slice(unsafe { std::slice::from_raw_parts(src.0.as_ptr(), src.0.bytes()) });
         Ok(())

@@ -172,6 +172,14 @@ impl Backend for WgpuBackend {
         browser::read_bytes_async(self, src)
     }
 
+    #[cfg(target_arch = "wasm32")]
+    async fn read_bytes_into_async(&self, src: &WgpuBuffer, dst: &mut [u8]) -> Result<()> {
+        let bytes = browser::read_bytes_async(self, src).await?;
+        hal::validate::read_into(bytes.len(), dst.len())?;
+        dst.copy_from_slice(&bytes);
+        Ok(())
+    }
+
     fn fill(&self, out: V<'_>, value: f64) -> Result<()> {
         self.f64_offered("fill", &[out.dtype()])?;
         elementwise::fill(self, out, value)

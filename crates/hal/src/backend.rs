@@ -168,16 +168,20 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// the host's copies once, into pages already touched).
     fn read_bytes_into(&self, src: &Self::Buffer, dst: &mut [u8]) -> Result<()> {
         let bytes = self.read_bytes(src)?;
-        if bytes.len() != dst.len() {
-            return Err(Error::ShapeMismatch {
-                op: "read_bytes_into",
-                expected: vec![bytes.len()],
-                got: vec![dst.len()],
-                detail: "bytes of the buffer, bytes of the destination".into(),
-            });
-        }
+        crate::validate::read_into(bytes.len(), dst.len())?;
         dst.copy_from_slice(&bytes);
         Ok(())
+    }
+
+    /// [`Backend::read_bytes_into`] as a future, as [`Backend::read_bytes_async`] is of
+    /// `read_bytes`: ready at once natively (the default), resolved once the browser has
+    /// mapped the copy on WebGPU (`backend-wgpu` on wasm32). Same result and errors.
+    fn read_bytes_into_async<'a>(
+        &'a self,
+        src: &'a Self::Buffer,
+        dst: &'a mut [u8],
+    ) -> impl std::future::Future<Output = Result<()>> + 'a {
+        std::future::ready(self.read_bytes_into(src, dst))
     }
 
     // ----- elementwise -----
@@ -729,6 +733,28 @@ pub trait BackendExt: Backend {
         async move {
             let bytes = self.read_bytes_async(src).await?;
             Ok(widen_to_f64(src.dtype(), &bytes))
+        }
+    }
+
+    /// [`BackendExt::read_f64_async`] into `dst`, resized to the buffer's length: a caller
+    /// that reads round after round (a solver's Jacobian, megabytes a linearization) keeps
+    /// one vector, whose pages are faulted in once. An `f64` buffer goes straight in through
+    /// [`Backend::read_bytes_into_async`] (one copy on the CPU backend); other dtypes are
+    /// widened from a read of their bytes.
+    fn read_f64_into_async<'a>(
+        &'a self,
+        src: &'a Self::Buffer,
+        dst: &'a mut Vec<f64>,
+    ) -> impl std::future::Future<Output = Result<()>> + 'a {
+        async move {
+            if src.dtype() == DType::F64 {
+                dst.resize(src.len(), 0.0);
+                self.read_bytes_into_async(src, bytemuck::cast_slice_mut(dst))
+                    .await
+            } else {
+                *dst = self.read_f64_async(src).await?;
+                Ok(())
+            }
         }
     }
 

@@ -36,6 +36,19 @@ use crate::{
     View,
 };
 
+/// A read into a host slice: `bytes` (the buffer's size) must equal `dst` (the slice's).
+pub fn read_into(bytes: usize, dst: usize) -> Result<()> {
+    if bytes != dst {
+        return Err(Error::ShapeMismatch {
+            op: "read_bytes_into",
+            expected: vec![bytes],
+            got: vec![dst],
+            detail: "bytes of the buffer, bytes of the destination".into(),
+        });
+    }
+    Ok(())
+}
+
 pub fn fill<B: DeviceBuffer>(out: View<'_, B>) -> Result<()> {
     output("fill", out)
 }

@@ -11,7 +11,7 @@ use faer::sparse::linalg::cholesky::{
 };
 use faer::sparse::{SparseColMatRef, SymbolicSparseColMat, SymbolicSparseColMatRef};
 use faer::{Conj, Par, Side};
-use hal::Backend;
+use hal::{Backend, BackendExt};
 use web_time::Instant;
 
 pub(super) struct CholeskyEngine<B: Backend> {
@@ -233,8 +233,10 @@ impl<B: Backend> Engine for CholeskyEngine<B> {
         let t = Instant::now();
         let b = &self.compiled.backend;
         let (residuals, jacobian) = (&mut self.host_residuals, &mut self.host_jacobian);
-        super::host::read_f64_kept(b, &self.it.current.residuals, residuals).await?;
-        super::host::read_f64_kept(b, &self.it.current.jacobian, jacobian).await?;
+        b.read_f64_into_async(&self.it.current.residuals, residuals)
+            .await?;
+        b.read_f64_into_async(&self.it.current.jacobian, jacobian)
+            .await?;
         self.normal_values.iter_mut().for_each(|v| *v = 0.0);
         self.gradient.iter_mut().for_each(|v| *v = 0.0);
         let cols = &self.compiled.host_col_indices;

@@ -5,7 +5,7 @@
 use super::Scaling;
 use crate::Error;
 use crate::compile::{CompiledProblem, Evaluation};
-use hal::{Backend, BackendExt, DeviceBuffer};
+use hal::{Backend, BackendExt};
 
 /// Evaluates at the host point `x` (written to `params` in the solve's precision) into `out`;
 /// the cost summed in `f64` from the per-block costs.
@@ -23,25 +23,6 @@ pub(super) async fn evaluate_at<B: Backend>(
         .await?
         .iter()
         .sum())
-}
-
-/// Reads `src` as `f64` into `dst`, keeping `dst`'s allocation: every linearization reads the
-/// residuals and the Jacobian (megabytes on a large problem), and a fresh vector each time
-/// faulted its pages in anew (sphere2500's 2.9 MB Jacobian: 3.1 ms a read against 0.6 ms
-/// into a kept vector). A native `f64` buffer is copied straight in; anything else (an `f32`
-/// solve, or a browser, whose reads complete only asynchronously) goes through the async read.
-pub(super) async fn read_f64_kept<B: Backend>(
-    backend: &B,
-    src: &B::Buffer,
-    dst: &mut Vec<f64>,
-) -> Result<(), Error> {
-    if cfg!(not(target_arch = "wasm32")) && src.dtype() == hal::DType::F64 {
-        dst.resize(src.len(), 0.0);
-        backend.read_into(src, dst)?;
-    } else {
-        *dst = backend.read_f64_async(src).await?;
-    }
-    Ok(())
 }
 
 /// The [`super::Engine`] methods every host engine has alike: its iterates in `it`, its

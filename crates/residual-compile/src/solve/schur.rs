@@ -20,7 +20,7 @@ use crate::problem::Problem;
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor::{LltError, cholesky_in_place, cholesky_in_place_scratch};
 use faer::{MatMut, Par};
-use hal::Backend;
+use hal::{Backend, BackendExt};
 use web_time::Instant;
 
 /// Where a column goes: the reduced system (its index there), an eliminated block (the block
@@ -335,8 +335,10 @@ impl<B: Backend> Engine for SchurEngine<B> {
         let b = &self.compiled.backend;
         let mut residuals = std::mem::take(&mut self.residuals);
         let mut jacobian = std::mem::take(&mut self.jacobian);
-        super::host::read_f64_kept(b, &self.it.current.residuals, &mut residuals).await?;
-        super::host::read_f64_kept(b, &self.it.current.jacobian, &mut jacobian).await?;
+        b.read_f64_into_async(&self.it.current.residuals, &mut residuals)
+            .await?;
+        b.read_f64_into_async(&self.it.current.jacobian, &mut jacobian)
+            .await?;
         let (reduced, size) = (self.reduced, self.size);
         self.u.iter_mut().for_each(|v| *v = 0.0);
         self.v.iter_mut().for_each(|v| *v = 0.0);
