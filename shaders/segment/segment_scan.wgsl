@@ -1,5 +1,6 @@
-// Segment sums for few segments times few rows (either precision): one workgroup per segment
-// finds its rows by scanning every segment id (four per thread per step; a workgroup-wide
+// Segment sums for few segments times few rows (either precision), and on a software
+// rasteriser every reproducible one: one workgroup per segment finds its rows by scanning
+// every segment id (four per thread per step; a workgroup-wide
 // prefix sum keeps them in ascending order in a shared list), then adds them in row order.
 // Under Precision::Reproducible (scalar 13 = 0) it adds exactly as segment_sum_ordered.wgsl
 // does: the same terms in the same order from 0, a correctly rounded fused multiply-add per
@@ -9,7 +10,7 @@
 // (a broadcast row, hundreds of times) drifts past the Sum tolerance, 2^-17 sum|x|, while a
 // run of 32 stays far inside it. The list is flushed into the per-column accumulators whenever
 // it could overflow; every loop stays far below lavapipe's 65535 iterations where that
-// applies (the backend uses this file there only for short inputs).
+// applies (the backend gives it at most 8,192 rows a dispatch there).
 // A dispatch takes the rows [scalar 8, scalar 0); with scalar 9 = 1 it continues from the
 // accumulators an earlier dispatch left in B4 (the reproducible chain goes on exactly; in
 // compensated runs only the compensation restarts), so a software rasteriser takes long

@@ -288,54 +288,37 @@ impl WgpuBackend {
             .matrix(3, x.layout)
             .scalar(7, weights.is_some() as u32)
             .scalar(11, fused as u32);
+        // Both kernels take rows [scalar 8, scalar 0) a dispatch, continuing (scalar 9) from
+        // the accumulators the previous range left: ranges within a software rasteriser's
+        // loop cap where the kernel loops over them.
         let capped = !self.info().kind.is_hardware_gpu();
+        let ranges = |range: usize| {
+            (0..n.max(1))
+                .step_by(range)
+                .map(move |first| (first, (first + range).min(n)))
+        };
+        let range_params = |(first, end): (usize, usize)| {
+            params
+                .clone()
+                .scalar(0, end as u32)
+                .scalar(8, first as u32)
+                .scalar(9, (first > 0) as u32)
+        };
         if self.scan_fits(n, m, d) || (capped && d < 1024) {
-            // Whole, or on a software rasteriser in row ranges within its loop cap: there a
-            // workgroup per segment reading every id (m n reads) beats a thread per segment
-            // and column testing every id (m (d + 1) n): vlc's exact product-quantiser
-            // training (24,000 rows, 2,048 segments, d = 7) took 7.5 s a range on lavapipe
-            // the other way.
+            // Whole, or on a software rasteriser every sum in ranges: there a workgroup per
+            // segment reading every id (m n reads) beats a thread per segment and column
+            // testing every id (m (d + 1) n): vlc's exact product-quantiser training (24,000
+            // rows, 2,048 segments, d = 7) took 7.5 s a range on lavapipe the other way.
             let pipeline = self.kernel(&Spec::new("segment_scan.wgsl").bindings(bindings))?;
-            let range = if self.scan_fits(n, m, d) {
-                n.max(1)
-            } else {
-                LOOP_BUDGET
-            };
-            let mut first = 0;
-            loop {
-                let end = (first + range).min(n);
-                self.dispatch_groups(
-                    &pipeline,
-                    &params
-                        .clone()
-                        .scalar(0, end as u32)
-                        .scalar(2, m as u32)
-                        .scalar(8, first as u32)
-                        .scalar(9, (first > 0) as u32)
-                        .scalar(13, (self.1 != Precision::Reproducible) as u32),
-                    &buffers,
-                    self.row_groups(m),
-                )?;
-                first = end;
-                if first >= n {
-                    break;
-                }
+            let runs = (self.1 != Precision::Reproducible) as u32;
+            for range in ranges(if capped { LOOP_BUDGET } else { n.max(1) }) {
+                let p = range_params(range).scalar(2, m as u32).scalar(13, runs);
+                self.dispatch_groups(&pipeline, &p, &buffers, self.row_groups(m))?;
             }
         } else {
             let spec = Spec::new("segment_sum_ordered.wgsl").bindings(bindings);
-            let mut first = 0;
-            loop {
-                let end = (first + LOOP_BUDGET).min(n);
-                let p = params
-                    .clone()
-                    .scalar(0, end as u32)
-                    .scalar(8, first as u32)
-                    .scalar(9, (first > 0) as u32);
-                self.run(spec.clone(), p, &buffers, m * (d + 1))?;
-                first = end;
-                if first >= n {
-                    break;
-                }
+            for range in ranges(LOOP_BUDGET) {
+                self.run(spec.clone(), range_params(range), &buffers, m * (d + 1))?;
             }
         }
         let parts_last = Layout::contiguous(&[m, d + 1, 1]);
